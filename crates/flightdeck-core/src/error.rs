@@ -1,0 +1,406 @@
+//! Error types shared by every flightdeck layer.
+//!
+//! Layers return `BoxError`; these small types are what you downcast to
+//! (`err.is::<WaitTimeout>()`) or find in the `source()` chain with
+//! [`find`]. The HTTP and gRPC adapters map them to responses through
+//! [`ErrorClass`], in one place.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::key::StageName;
+
+/// The boxed error type used by flightdeck's generic layers.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Finds the first error of type `E` in `err` or its `source()` chain.
+///
+/// Errors shared with waiters are wrapped in [`SharedError`], so a plain
+/// `downcast_ref` on the outer error does not see the inner service's error;
+/// this does.
+pub fn find<'a, E: StdError + 'static>(err: &'a (dyn StdError + 'static)) -> Option<&'a E> {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// How an error should be reported to a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// A dependency (the coordination layer, a breaker) is unavailable:
+    /// HTTP 503, gRPC `UNAVAILABLE`.
+    Unavailable,
+    /// A bound of ours was hit (flights, waiters): HTTP 503, gRPC
+    /// `RESOURCE_EXHAUSTED`.
+    Overloaded,
+    /// Too many concurrent executions for a stage: HTTP 429, gRPC
+    /// `RESOURCE_EXHAUSTED`.
+    TooManyRequests,
+    /// A deadline or wait timeout passed: HTTP 504, gRPC `DEADLINE_EXCEEDED`.
+    DeadlineExceeded,
+    /// The work is running elsewhere and the stage returns instead of
+    /// waiting: HTTP 202, gRPC `UNAVAILABLE` (retry later).
+    InProgress,
+    /// The work failed in a way the client cannot act on (a panic, an
+    /// unknown error): HTTP 500, gRPC `INTERNAL`.
+    Internal,
+}
+
+impl ErrorClass {
+    /// The HTTP status code for this class.
+    pub const fn http_status(self) -> u16 {
+        match self {
+            Self::Unavailable | Self::Overloaded => 503,
+            Self::TooManyRequests => 429,
+            Self::DeadlineExceeded => 504,
+            Self::InProgress => 202,
+            Self::Internal => 500,
+        }
+    }
+
+    /// The gRPC status code (as in `grpc-status`) for this class.
+    pub const fn grpc_code(self) -> u8 {
+        match self {
+            Self::Unavailable | Self::InProgress => 14,
+            Self::Overloaded | Self::TooManyRequests => 8,
+            Self::DeadlineExceeded => 4,
+            Self::Internal => 13,
+        }
+    }
+
+    /// Classifies an error by the first flightdeck error in its chain;
+    /// anything else is [`ErrorClass::Internal`].
+    pub fn of(err: &(dyn StdError + 'static)) -> Self {
+        let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
+        while let Some(e) = cur {
+            if let Some(class) = classify_one(e) {
+                return class;
+            }
+            cur = e.source();
+        }
+        Self::Internal
+    }
+}
+
+fn classify_one(e: &(dyn StdError + 'static)) -> Option<ErrorClass> {
+    if e.is::<WaitTimeout>() || e.is::<DeadlineExceeded>() {
+        Some(ErrorClass::DeadlineExceeded)
+    } else if e.is::<TooManyFlights>() || e.is::<TooManyWaiters>() {
+        Some(ErrorClass::Overloaded)
+    } else if e.is::<BulkheadFull>() {
+        Some(ErrorClass::TooManyRequests)
+    } else if e.is::<CircuitOpen>() || e.is::<CoordinationUnavailable>() {
+        Some(ErrorClass::Unavailable)
+    } else if e.is::<InProgress>() {
+        Some(ErrorClass::InProgress)
+    } else if e.is::<WorkPanicked>() {
+        Some(ErrorClass::Internal)
+    } else {
+        None
+    }
+}
+
+macro_rules! stage_error {
+    ($(#[$m:meta])* $name:ident, $msg:literal) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name {
+            stage: Option<StageName>,
+        }
+
+        impl $name {
+            /// Creates the error for a stage (if known).
+            pub fn new(stage: Option<StageName>) -> Self {
+                Self { stage }
+            }
+
+            /// The stage the error happened in, if known.
+            pub fn stage(&self) -> Option<&StageName> {
+                self.stage.as_ref()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match &self.stage {
+                    Some(s) => write!(f, concat!($msg, " (stage {})"), s),
+                    None => f.write_str($msg),
+                }
+            }
+        }
+
+        impl StdError for $name {}
+    };
+}
+
+stage_error!(
+    /// The work panicked. Every waiter of the flight gets this error; the
+    /// key is free again for the next call.
+    WorkPanicked,
+    "work panicked"
+);
+
+stage_error!(
+    /// The bulkhead of a stage is full (and its queue, if any, too).
+    BulkheadFull,
+    "bulkhead full"
+);
+
+stage_error!(
+    /// The work is in progress on another node and the stage is configured
+    /// to answer "in progress" instead of waiting.
+    InProgress,
+    "work in progress elsewhere"
+);
+
+/// A waiter gave up after its wait timeout. The flight itself goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitTimeout {
+    stage: Option<StageName>,
+    waited: Duration,
+}
+
+impl WaitTimeout {
+    /// Creates the error.
+    pub fn new(stage: Option<StageName>, waited: Duration) -> Self {
+        Self { stage, waited }
+    }
+
+    /// How long the waiter waited.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+}
+
+impl fmt::Display for WaitTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "wait timed out after {:?}", self.waited)?;
+        if let Some(s) = &self.stage {
+            write!(f, " (stage {s})")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for WaitTimeout {}
+
+macro_rules! limit_error {
+    ($(#[$m:meta])* $name:ident, $msg:literal) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name {
+            stage: Option<StageName>,
+            limit: usize,
+        }
+
+        impl $name {
+            /// Creates the error.
+            pub fn new(stage: Option<StageName>, limit: usize) -> Self {
+                Self { stage, limit }
+            }
+
+            /// The limit that was hit.
+            pub fn limit(&self) -> usize {
+                self.limit
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($msg, " (limit {})"), self.limit)?;
+                if let Some(s) = &self.stage {
+                    write!(f, " (stage {s})")?;
+                }
+                Ok(())
+            }
+        }
+
+        impl StdError for $name {}
+    };
+}
+
+limit_error!(
+    /// The maximum number of concurrent flights was reached; the request
+    /// was rejected instead of starting one more.
+    TooManyFlights,
+    "too many flights"
+);
+
+limit_error!(
+    /// The maximum number of waiters on one flight was reached.
+    TooManyWaiters,
+    "too many waiters"
+);
+
+/// A circuit breaker is open and rejected the call without running it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CircuitOpen {
+    name: Arc<str>,
+}
+
+impl CircuitOpen {
+    /// Creates the error for the named breaker.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self { name: name.into() }
+    }
+
+    /// The breaker's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "circuit open (breaker {})", self.name)
+    }
+}
+
+impl StdError for CircuitOpen {}
+
+/// A time budget ran out before or during a phase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadlineExceeded {
+    phase: &'static str,
+}
+
+impl DeadlineExceeded {
+    /// Creates the error for the named phase (`"coordination"`,
+    /// `"execution"`, `"result"`, `"request"`).
+    pub const fn new(phase: &'static str) -> Self {
+        Self { phase }
+    }
+
+    /// The phase that ran out of time.
+    pub fn phase(&self) -> &'static str {
+        self.phase
+    }
+}
+
+impl fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "deadline exceeded ({})", self.phase)
+    }
+}
+
+impl StdError for DeadlineExceeded {}
+
+/// The coordination layer (e.g. Redis) could not be reached before the work
+/// was acquired. Carries the underlying error as its source.
+#[derive(Debug)]
+pub struct CoordinationUnavailable {
+    source: BoxError,
+}
+
+impl CoordinationUnavailable {
+    /// Wraps the underlying error.
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+}
+
+impl fmt::Display for CoordinationUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "coordination unavailable: {}", self.source)
+    }
+}
+
+impl StdError for CoordinationUnavailable {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// The error of the one execution, shared with every waiter of the flight.
+///
+/// `Display` shows the inner error's message; `source()` is the inner error,
+/// so [`find`] reaches the original type.
+#[derive(Clone)]
+pub struct SharedError(Arc<BoxError>);
+
+impl SharedError {
+    /// Wraps an error for sharing.
+    pub fn new(err: impl Into<BoxError>) -> Self {
+        Self(Arc::new(err.into()))
+    }
+
+    /// The inner error.
+    pub fn inner(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &**self.0
+    }
+}
+
+impl fmt::Debug for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SharedError").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl StdError for SharedError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&**self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Mine;
+    impl fmt::Display for Mine {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("mine")
+        }
+    }
+    impl StdError for Mine {}
+
+    #[test]
+    fn find_walks_shared_errors() {
+        let shared: BoxError = Box::new(SharedError::new(Mine));
+        assert!(find::<Mine>(&*shared).is_some());
+        assert_eq!(shared.to_string(), "mine");
+        assert_eq!(ErrorClass::of(&*shared), ErrorClass::Internal);
+    }
+
+    #[test]
+    fn classes_map_to_statuses() {
+        let open: BoxError = Box::new(SharedError::new(CircuitOpen::new("redis")));
+        assert_eq!(ErrorClass::of(&*open), ErrorClass::Unavailable);
+        assert_eq!(ErrorClass::of(&*open).http_status(), 503);
+        assert_eq!(ErrorClass::of(&*open).grpc_code(), 14);
+        let t = WaitTimeout::new(None, Duration::from_secs(1));
+        assert_eq!(ErrorClass::of(&t).http_status(), 504);
+        let full = BulkheadFull::new(None);
+        assert_eq!(ErrorClass::of(&full).http_status(), 429);
+        assert_eq!(ErrorClass::of(&full).grpc_code(), 8);
+        assert_eq!(ErrorClass::of(&TooManyWaiters::new(None, 3)).grpc_code(), 8);
+    }
+
+    #[test]
+    fn messages_are_lowercase_and_name_the_stage() {
+        let s = StageName::new("score").unwrap();
+        assert_eq!(
+            TooManyFlights::new(Some(s.clone()), 4).to_string(),
+            "too many flights (limit 4) (stage score)"
+        );
+        assert_eq!(WorkPanicked::new(Some(s)).to_string(), "work panicked (stage score)");
+        assert_eq!(CircuitOpen::new("redis").to_string(), "circuit open (breaker redis)");
+    }
+}

@@ -1,0 +1,398 @@
+//! Flight keys: who may share a result.
+//!
+//! A [`FlightKey`] names one unit of work. Two requests with equal keys are
+//! collapsed into one execution, so the key decides who may see whose result.
+//! It is made of a [`StageName`] (the kind of work, e.g. `"score"`), an
+//! optional tenant [`Digest`] (the scope: requests of different tenants never
+//! share) and the [`Digest`] of the request's meaningful fields.
+//!
+//! Keys never hold raw user input: both scope and request are 32-byte BLAKE3
+//! digests, so a key is safe to put into Redis key names, logs and metrics.
+//! [`KeyEncoder`] builds digests from fields with a length-prefixed, versioned
+//! encoding, so that `("ab", "c")` and `("a", "bc")` never collide and a future
+//! change of the encoding never collides with today's keys.
+//!
+//! ```
+//! use flightdeck_core::{FlightKey, KeyEncoder, StageName};
+//!
+//! let stage = StageName::new("score").unwrap();
+//! let key = KeyEncoder::new()
+//!     .field(b"GET")
+//!     .field(b"/v1/score")
+//!     .finish_key(stage, None);
+//! assert_eq!(key.stage().as_str(), "score");
+//! // Display never shows raw input, only the stage and a short digest.
+//! assert!(key.to_string().starts_with("score/"));
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Maximum length of a stage name, in bytes.
+pub const MAX_STAGE_NAME_LEN: usize = 64;
+
+/// The name of a stage: a kind of work with its own policy (e.g. `"score"`,
+/// `"report"`).
+///
+/// Stage names appear in metric labels and Redis key names, so they are
+/// restricted to 1–64 ASCII letters, digits, `_`, `-` and `.`.
+/// Cloning is cheap (an `Arc<str>`).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StageName(Arc<str>);
+
+impl StageName {
+    /// Validates and creates a stage name.
+    pub fn new(name: impl AsRef<str>) -> Result<Self, InvalidStageName> {
+        let name = name.as_ref();
+        if name.is_empty() {
+            return Err(InvalidStageName::new(name, "is empty"));
+        }
+        if name.len() > MAX_STAGE_NAME_LEN {
+            return Err(InvalidStageName::new(name, "is longer than 64 bytes"));
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        {
+            return Err(InvalidStageName::new(
+                name,
+                "may only contain ASCII letters, digits, '_', '-' and '.'",
+            ));
+        }
+        Ok(Self(Arc::from(name)))
+    }
+
+    /// The name as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as a shared string (for metric labels without copying).
+    pub fn as_arc(&self) -> &Arc<str> {
+        &self.0
+    }
+}
+
+impl fmt::Debug for StageName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for StageName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for StageName {
+    type Err = InvalidStageName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<&str> for StageName {
+    type Error = InvalidStageName;
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+/// A stage name was rejected by [`StageName::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidStageName {
+    // Escaped and truncated so the error itself is safe to log.
+    name: String,
+    reason: &'static str,
+}
+
+impl InvalidStageName {
+    fn new(name: &str, reason: &'static str) -> Self {
+        let name: String = name.chars().take(80).collect::<String>().escape_debug().to_string();
+        Self { name, reason }
+    }
+}
+
+impl fmt::Display for InvalidStageName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid stage name \"{}\": {}", self.name, self.reason)
+    }
+}
+
+impl std::error::Error for InvalidStageName {}
+
+/// A 32-byte BLAKE3 digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest([u8; 32]);
+
+impl Digest {
+    /// Wraps raw digest bytes (e.g. computed elsewhere).
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The digest bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The full digest as 64 lowercase hex characters.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(char::from(HEX[usize::from(b >> 4)]));
+            s.push(char::from(HEX[usize::from(b & 0x0f)]));
+        }
+        s
+    }
+
+    /// The first 6 bytes as 12 hex characters: enough to tell keys apart in
+    /// logs, too short to be used to guess the input.
+    pub fn short(&self) -> ShortDigest {
+        ShortDigest(*self)
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.short())
+    }
+}
+
+/// Displays the first 12 hex characters of a [`Digest`].
+#[derive(Clone, Copy)]
+pub struct ShortDigest(Digest);
+
+impl fmt::Display for ShortDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0 .0[..6] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ShortDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// The identity of one unit of coalescable work.
+///
+/// Equal keys share one execution. Cheap to clone (one `Arc` and two
+/// 32-byte arrays) and to hash. Put it into a request's extensions (that is
+/// what `KeyLayer` does) or return it from a key closure.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct FlightKey {
+    stage: StageName,
+    scope: Option<Digest>,
+    digest: Digest,
+}
+
+impl FlightKey {
+    /// Builds a key from its parts.
+    pub fn new(stage: StageName, scope: Option<Digest>, digest: Digest) -> Self {
+        Self {
+            stage,
+            scope,
+            digest,
+        }
+    }
+
+    /// Shortcut for tests and simple services: the digest of one opaque
+    /// byte string, no scope.
+    pub fn from_bytes(stage: StageName, bytes: impl AsRef<[u8]>) -> Self {
+        KeyEncoder::new().field(bytes.as_ref()).finish_key(stage, None)
+    }
+
+    /// The stage this work belongs to.
+    pub fn stage(&self) -> &StageName {
+        &self.stage
+    }
+
+    /// The tenant scope, if any.
+    pub fn scope(&self) -> Option<&Digest> {
+        self.scope.as_ref()
+    }
+
+    /// The digest of the request's fields.
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+
+    /// One digest over stage, scope and request digest: the name of this
+    /// flight in shared stores (e.g. the `{h}` of Redis key names).
+    pub fn flight_digest(&self) -> Digest {
+        let mut enc = KeyEncoder::with_domain(b"flightdeck.flight");
+        enc = enc.field(self.stage.as_str().as_bytes());
+        enc = match &self.scope {
+            Some(s) => enc.field(b"s").field(s.as_bytes()),
+            None => enc.field(b"-"),
+        };
+        enc.field(self.digest.as_bytes()).finish()
+    }
+}
+
+impl fmt::Display for FlightKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.stage, self.digest.short())
+    }
+}
+
+impl fmt::Debug for FlightKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlightKey")
+            .field("stage", &self.stage)
+            .field("scope", &self.scope.map(|s| s.short()))
+            .field("digest", &self.digest.short())
+            .finish()
+    }
+}
+
+/// Version of the field encoding. Bumping it changes every digest, so a new
+/// encoding never collides with keys written by an older one.
+pub const KEY_ENCODING_VERSION: u8 = 1;
+
+/// Builds a [`Digest`] from a sequence of fields.
+///
+/// Each field is written as its length (u64, little endian) followed by its
+/// bytes, after a versioned domain prefix. Different field lists therefore
+/// always produce different hash inputs.
+#[derive(Clone)]
+pub struct KeyEncoder {
+    hasher: blake3::Hasher,
+}
+
+impl KeyEncoder {
+    /// A new encoder in the default domain (`flightdeck.key`).
+    pub fn new() -> Self {
+        Self::with_domain(b"flightdeck.key")
+    }
+
+    /// A new encoder in a caller-chosen domain: digests from different
+    /// domains never collide.
+    pub fn with_domain(domain: &[u8]) -> Self {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&[KEY_ENCODING_VERSION]);
+        hasher.update(&(domain.len() as u64).to_le_bytes());
+        hasher.update(domain);
+        Self { hasher }
+    }
+
+    /// Appends one length-prefixed field.
+    #[must_use]
+    pub fn field(mut self, bytes: &[u8]) -> Self {
+        self.push(bytes);
+        self
+    }
+
+    /// Appends one length-prefixed field in place.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.hasher.update(&(bytes.len() as u64).to_le_bytes());
+        self.hasher.update(bytes);
+    }
+
+    /// Appends one field whose content arrives in pieces (e.g. a body in
+    /// frames). `len` must be the total length of the pieces.
+    pub fn push_parts<'a>(&mut self, len: u64, parts: impl IntoIterator<Item = &'a [u8]>) {
+        self.hasher.update(&len.to_le_bytes());
+        for p in parts {
+            self.hasher.update(p);
+        }
+    }
+
+    /// The digest of everything written so far.
+    pub fn finish(&self) -> Digest {
+        Digest(*self.hasher.finalize().as_bytes())
+    }
+
+    /// Finishes into a [`FlightKey`].
+    pub fn finish_key(&self, stage: StageName, scope: Option<Digest>) -> FlightKey {
+        FlightKey::new(stage, scope, self.finish())
+    }
+}
+
+impl Default for KeyEncoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for KeyEncoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyEncoder").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage() -> StageName {
+        StageName::new("score").unwrap()
+    }
+
+    #[test]
+    fn stage_names_are_validated() {
+        assert!(StageName::new("ai.score-v2_x").is_ok());
+        assert!(StageName::new("").unwrap_err().to_string().contains("is empty"));
+        assert!(StageName::new("a b").is_err());
+        assert!(StageName::new("é").is_err());
+        assert!(StageName::new("x".repeat(65)).is_err());
+        let err = StageName::new("bad\nname").unwrap_err().to_string();
+        assert!(!err.contains('\n'), "error must be log-safe: {err}");
+    }
+
+    #[test]
+    fn length_prefix_prevents_concatenation_collisions() {
+        let a = KeyEncoder::new().field(b"ab").field(b"c").finish();
+        let b = KeyEncoder::new().field(b"a").field(b"bc").finish();
+        let c = KeyEncoder::new().field(b"abc").finish();
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(b, c);
+    }
+
+    #[test]
+    fn push_parts_equals_single_field() {
+        let mut e = KeyEncoder::new();
+        e.push_parts(6, [&b"abc"[..], &b"def"[..]]);
+        assert_eq!(e.finish(), KeyEncoder::new().field(b"abcdef").finish());
+    }
+
+    #[test]
+    fn domains_separate() {
+        let a = KeyEncoder::with_domain(b"x").field(b"1").finish();
+        let b = KeyEncoder::with_domain(b"y").field(b"1").finish();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn display_never_shows_input() {
+        let key = FlightKey::from_bytes(stage(), "secret-user-input");
+        let shown = format!("{key} {key:?}");
+        assert!(!shown.contains("secret"));
+        assert!(shown.starts_with("score/"));
+        assert_eq!(key.digest().short().to_string().len(), 12);
+        assert_eq!(key.digest().to_hex().len(), 64);
+    }
+
+    #[test]
+    fn scope_separates_flights() {
+        let d = KeyEncoder::new().field(b"x").finish();
+        let t1 = KeyEncoder::new().field(b"tenant-1").finish();
+        let t2 = KeyEncoder::new().field(b"tenant-2").finish();
+        let a = FlightKey::new(stage(), Some(t1), d);
+        let b = FlightKey::new(stage(), Some(t2), d);
+        let c = FlightKey::new(stage(), None, d);
+        assert_ne!(a, b);
+        assert_ne!(a.flight_digest(), b.flight_digest());
+        assert_ne!(a.flight_digest(), c.flight_digest());
+        let other_stage = FlightKey::new(StageName::new("report").unwrap(), Some(t1), d);
+        assert_ne!(a.flight_digest(), other_stage.flight_digest());
+    }
+}

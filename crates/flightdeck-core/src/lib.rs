@@ -1,0 +1,26 @@
+//! The shared vocabulary of flightdeck.
+//!
+//! Every flightdeck layer speaks in these terms, so that the layers can be
+//! stacked without knowing each other:
+//!
+//! - [`FlightKey`]: which requests are "the same work" (stage, tenant scope,
+//!   digest). Keys travel as request extensions.
+//! - [`StageName`]: the kind of work, with its own policy.
+//! - [`Share`]: how one response is handed to many waiters
+//!   ([`CloneShare`], and `http::HttpShare` behind the `http` feature).
+//! - [`error`]: the small error types all layers return, and the
+//!   [`ErrorClass`] that maps them to HTTP and gRPC statuses.
+//! - [`metric`]: the metric names, in one place.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod error;
+#[cfg(feature = "http")]
+pub mod http;
+pub mod key;
+pub mod metric;
+pub mod share;
+
+pub use error::{BoxError, ErrorClass, SharedError};
+pub use key::{Digest, FlightKey, KeyEncoder, StageName};
+pub use share::{CloneShare, Share, Shareable};
