@@ -97,7 +97,10 @@ fn classify_one(e: &(dyn StdError + 'static)) -> Option<ErrorClass> {
         Some(ErrorClass::Overloaded)
     } else if e.is::<BulkheadFull>() {
         Some(ErrorClass::TooManyRequests)
-    } else if e.is::<CircuitOpen>() || e.is::<CoordinationUnavailable>() {
+    } else if e.is::<CircuitOpen>()
+        || e.is::<CoordinationUnavailable>()
+        || e.is::<FlightAbandoned>()
+    {
         Some(ErrorClass::Unavailable)
     } else if e.is::<InProgress>() {
         Some(ErrorClass::InProgress)
@@ -146,6 +149,13 @@ stage_error!(
     /// key is free again for the next call.
     WorkPanicked,
     "work panicked"
+);
+
+stage_error!(
+    /// The flight ended without a result for this waiter (its work was
+    /// cancelled, e.g. the runtime shut down). Safe to retry.
+    FlightAbandoned,
+    "flight abandoned"
 );
 
 stage_error!(

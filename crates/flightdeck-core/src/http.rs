@@ -54,7 +54,7 @@ use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 
 use crate::error::{BoxError, ErrorClass};
-use crate::share::{Share, Shareable};
+use crate::share::{Share, SharedForm, Shareable};
 
 /// Default cap on a shared response body: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
@@ -201,12 +201,15 @@ type ShareFuture<B> = Pin<
     >,
 >;
 
+impl SharedForm for HttpShare {
+    type Shared = SharedResponse;
+}
+
 impl<B> Share<Response<B>> for HttpShare
 where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    type Shared = SharedResponse;
     type Output = Response<FlightBody<B>>;
     // One allocation per execution (not per waiter): buffering needs an
     // async block, and the execution it follows is the expensive part.

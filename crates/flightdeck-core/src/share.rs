@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::future::{ready, Future, Ready};
+use std::marker::PhantomData;
 
 use crate::error::BoxError;
 
@@ -26,14 +27,22 @@ pub enum Shareable<S, O> {
     Unshared(O),
 }
 
+/// The cheap-to-clone form a [`Share`] adapter produces.
+///
+/// It is separate from [`Share`] because coalescing layers create their
+/// state (the in-flight map holding shared results) when the layer is
+/// built, before they know the response type of the service they wrap.
+pub trait SharedForm: Clone + Send + Sync + 'static {
+    /// The cheap-to-clone form handed to every waiter.
+    type Shared: Clone + Send + Sync + 'static;
+}
+
 /// Turns a service's response into a cheap-to-clone shared form and back.
 ///
 /// `Output` is what the coalescing layer returns to its callers: the same
 /// type for every caller, whether it got a shared copy, its own response,
 /// or the leader's unshared original.
-pub trait Share<T>: Clone + Send + Sync + 'static {
-    /// The cheap-to-clone form handed to every waiter.
-    type Shared: Clone + Send + Sync + 'static;
+pub trait Share<T>: SharedForm {
     /// What callers of the layer receive.
     type Output: Send + 'static;
     /// Converting may need to read a body, so it is asynchronous.
@@ -53,21 +62,48 @@ pub trait Share<T>: Clone + Send + Sync + 'static {
     fn passthrough(&self, value: T) -> Self::Output;
 }
 
-/// Shares values that are `Clone` by cloning them.
-#[derive(Clone, Copy, Default)]
-pub struct CloneShare;
+/// Shares values of type `T` that are `Clone` by cloning them (wrap large
+/// values in an `Arc`).
+pub struct CloneShare<T>(PhantomData<fn() -> T>);
 
-impl fmt::Debug for CloneShare {
+impl<T> CloneShare<T> {
+    /// Creates the adapter.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T> Clone for CloneShare<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for CloneShare<T> {}
+
+impl<T> Default for CloneShare<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> fmt::Debug for CloneShare<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("CloneShare")
     }
 }
 
-impl<T> Share<T> for CloneShare
+impl<T> SharedForm for CloneShare<T>
 where
     T: Clone + Send + Sync + 'static,
 {
     type Shared = T;
+}
+
+impl<T> Share<T> for CloneShare<T>
+where
+    T: Clone + Send + Sync + 'static,
+{
     type Output = T;
     type Future = Ready<Result<Shareable<T, T>, BoxError>>;
 
