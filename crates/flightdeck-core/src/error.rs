@@ -52,6 +52,13 @@ pub enum ErrorClass {
     /// The work failed in a way the client cannot act on (a panic, an
     /// unknown error): HTTP 500, gRPC `INTERNAL`.
     Internal,
+    /// The request itself is broken (e.g. its body failed to read): HTTP 400,
+    /// gRPC `INVALID_ARGUMENT`.
+    InvalidRequest,
+    /// The request is well-formed but contradicts an earlier one (an
+    /// `Idempotency-Key` reused with a different payload): HTTP 422, gRPC
+    /// `FAILED_PRECONDITION`.
+    Unprocessable,
 }
 
 impl ErrorClass {
@@ -63,6 +70,8 @@ impl ErrorClass {
             Self::DeadlineExceeded => 504,
             Self::InProgress => 202,
             Self::Internal => 500,
+            Self::InvalidRequest => 400,
+            Self::Unprocessable => 422,
         }
     }
 
@@ -73,6 +82,8 @@ impl ErrorClass {
             Self::Overloaded | Self::TooManyRequests => 8,
             Self::DeadlineExceeded => 4,
             Self::Internal => 13,
+            Self::InvalidRequest => 3,
+            Self::Unprocessable => 9,
         }
     }
 
@@ -106,6 +117,10 @@ fn classify_one(e: &(dyn StdError + 'static)) -> Option<ErrorClass> {
         Some(ErrorClass::InProgress)
     } else if e.is::<WorkPanicked>() {
         Some(ErrorClass::Internal)
+    } else if e.is::<RequestBodyError>() {
+        Some(ErrorClass::InvalidRequest)
+    } else if e.is::<IdempotencyConflict>() {
+        Some(ErrorClass::Unprocessable)
     } else {
         None
     }
@@ -170,6 +185,44 @@ stage_error!(
     InProgress,
     "work in progress elsewhere"
 );
+
+stage_error!(
+    /// An `Idempotency-Key` was reused with a different request payload
+    /// (IETF `draft-ietf-httpapi-idempotency-key-header`): the request is
+    /// rejected instead of being given the first request's result. The
+    /// message never contains the key itself.
+    IdempotencyConflict,
+    "idempotency key reused with a different request"
+);
+
+/// The request body could not be read while computing the flight key (the
+/// client went away, a malformed chunk, ...). Carries the body's error as its
+/// source; the message does not repeat it, so it is safe to send to clients.
+#[derive(Debug)]
+pub struct RequestBodyError {
+    source: BoxError,
+}
+
+impl RequestBodyError {
+    /// Wraps the body's error.
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+}
+
+impl fmt::Display for RequestBodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("failed to read the request body")
+    }
+}
+
+impl StdError for RequestBodyError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
 
 /// A waiter gave up after its wait timeout. The flight itself goes on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -401,6 +454,13 @@ mod tests {
         assert_eq!(ErrorClass::of(&full).http_status(), 429);
         assert_eq!(ErrorClass::of(&full).grpc_code(), 8);
         assert_eq!(ErrorClass::of(&TooManyWaiters::new(None, 3)).grpc_code(), 8);
+        let conflict = IdempotencyConflict::new(None);
+        assert_eq!(ErrorClass::of(&conflict).http_status(), 422);
+        assert_eq!(ErrorClass::of(&conflict).grpc_code(), 9);
+        let body = RequestBodyError::new(Mine);
+        assert_eq!(ErrorClass::of(&body).http_status(), 400);
+        assert_eq!(ErrorClass::of(&body).grpc_code(), 3);
+        assert!(find::<Mine>(&body).is_some());
     }
 
     #[test]
