@@ -1,0 +1,79 @@
+//! In-process single-flight (L1): one execution per key, shared with every
+//! waiter.
+//!
+//! When many requests with the same [`FlightKey`] arrive at once, the first
+//! one (the *leader*) starts the work and the others *wait* for its result.
+//! Everybody gets the same outcome: the same value, or the same error
+//! (wrapped in [`SharedError`]).
+//!
+//! - **Detached work.** The work runs in its own task. If the caller that
+//!   started it goes away, the work goes on for the others; when the *last*
+//!   caller is gone it is cancelled, unless the policy says
+//!   [`OnAbandon::Finish`].
+//! - **Panics** in the work become [`WorkPanicked`] for every waiter, and
+//!   the key is free again at once.
+//! - **Event-driven waiting.** Waiters sleep on a channel and are woken
+//!   once; 10,000 waiters cost memory, not CPU.
+//! - **Four clocks** (see [`FlightPolicy`]): wait timeout, flight TTL,
+//!   replay TTL, and the execution budget (not ours).
+//! - **Bounded**: max flights and max waiters per flight, with typed
+//!   rejections.
+//! - **Responses need not be `Clone`.** A [`Share`] adapter turns the one
+//!   response into a cheap-to-clone form: [`CloneShare`] for `Clone`
+//!   values, `HttpShare` (feature `http`) for `http::Response`s. Results
+//!   that cannot be shared (streams, oversize bodies) go to the leader
+//!   intact, and waiters run the service themselves.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use flightdeck_core::{FlightKey, StageName};
+//! use flightdeck_local::{FlightPolicy, LocalFlightLayer};
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let stage = StageName::new("score").unwrap();
+//! let calls = Arc::new(AtomicUsize::new(0));
+//! let counter = calls.clone();
+//! let svc = ServiceBuilder::new()
+//!     .layer(LocalFlightLayer::with_key(
+//!         FlightPolicy::new(),
+//!         move |q: &String| Some(FlightKey::from_bytes(stage.clone(), q)),
+//!     ))
+//!     .service(service_fn(move |q: String| {
+//!         let counter = counter.clone();
+//!         async move {
+//!             counter.fetch_add(1, Ordering::SeqCst);
+//!             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+//!             Ok::<_, std::convert::Infallible>(q.len())
+//!         }
+//!     }));
+//!
+//! let a = svc.clone().oneshot("same question".to_owned());
+//! let b = svc.clone().oneshot("same question".to_owned());
+//! let (a, b) = tokio::join!(a, b);
+//! assert_eq!((a.unwrap(), b.unwrap()), (13, 13));
+//! assert_eq!(calls.load(Ordering::SeqCst), 1);
+//! # }
+//! ```
+//!
+//! [`FlightKey`]: flightdeck_core::FlightKey
+//! [`SharedError`]: flightdeck_core::SharedError
+//! [`WorkPanicked`]: flightdeck_core::error::WorkPanicked
+//! [`Share`]: flightdeck_core::Share
+//! [`CloneShare`]: flightdeck_core::CloneShare
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod future;
+mod group;
+mod key;
+mod layer;
+mod policy;
+mod service;
+
+pub use key::{FromExtension, KeyExtractor};
+pub use layer::LocalFlightLayer;
+pub use policy::{FlightPolicy, OnAbandon};
+pub use service::LocalFlight;

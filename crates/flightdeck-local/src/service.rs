@@ -1,0 +1,169 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use flightdeck_core::{metric, BoxError, Share, SharedForm};
+use tower_service::Service;
+use tracing::Instrument;
+
+use crate::future::ResponseFuture;
+use crate::group::{stage_label, Completion, Group, Join, Outcome};
+use crate::key::KeyExtractor;
+
+/// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
+pub struct LocalFlight<S, K, Sh: SharedForm> {
+    inner: S,
+    key: K,
+    share: Sh,
+    group: Arc<Group<Sh::Shared>>,
+}
+
+impl<S, K, Sh: SharedForm> LocalFlight<S, K, Sh> {
+    pub(crate) fn from_parts(inner: S, key: K, share: Sh, group: Arc<Group<Sh::Shared>>) -> Self {
+        Self {
+            inner,
+            key,
+            share,
+            group,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K: Clone, Sh: SharedForm> Clone for LocalFlight<S, K, Sh> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            key: self.key.clone(),
+            share: self.share.clone(),
+            group: Arc::clone(&self.group),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, Sh: SharedForm + fmt::Debug> fmt::Debug for LocalFlight<S, K, Sh> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalFlight")
+            .field("inner", &self.inner)
+            .field("share", &self.share)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, Sh, Req> Service<Req> for LocalFlight<S, K, Sh>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Response: Send + 'static,
+    K: KeyExtractor<Req>,
+    Sh: Share<S::Response>,
+    Req: Send + 'static,
+{
+    type Response = Sh::Output;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req, Sh>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let Some(key) = self.key.key(&req) else {
+            return ResponseFuture::bypass(self.inner.call(req), self.share.clone());
+        };
+        match self.group.join(&key) {
+            Join::Replay(value) => {
+                metrics::counter!(metric::LOCAL_REPLAY_TOTAL, metric::LABEL_STAGE => stage_label(&key))
+                    .increment(1);
+                ResponseFuture::ready(Ok(self.share.restore(&value)), self.share.clone())
+            }
+            Join::Rejected(err) => {
+                metrics::counter!(metric::LOCAL_REJECTED_TOTAL, metric::LABEL_STAGE => stage_label(&key))
+                    .increment(1);
+                ResponseFuture::ready(Err(err), self.share.clone())
+            }
+            Join::Waiter(flight, rx) => {
+                metrics::counter!(metric::LOCAL_WAITER_TOTAL, metric::LABEL_STAGE => stage_label(&key))
+                    .increment(1);
+                // The waiter keeps its request and an (unready) clone of the
+                // service, in case the result cannot be shared and it must
+                // run alone.
+                let fallback = (self.inner.clone(), req);
+                ResponseFuture::wait(
+                    Arc::clone(&self.group),
+                    flight,
+                    rx,
+                    Some(fallback),
+                    self.share.clone(),
+                )
+            }
+            Join::Leader(flight, rx) => {
+                metrics::counter!(metric::LOCAL_OWNER_TOTAL, metric::LABEL_STAGE => stage_label(&key))
+                    .increment(1);
+                // Armed before calling the inner service: if `call` itself
+                // panics, waiters that already joined get `WorkPanicked`.
+                let completion = Completion {
+                    group: Arc::clone(&self.group),
+                    flight: Arc::clone(&flight),
+                    done: false,
+                };
+                let work = self.inner.call(req);
+                let share = self.share.clone();
+                let span = tracing::debug_span!(
+                    "flight",
+                    role = "leader",
+                    stage = %key.stage(),
+                    key = %key.digest().short(),
+                );
+                let task = tokio::spawn(run(work, share, completion).instrument(span));
+                self.group.set_abort(&flight, task.abort_handle());
+                ResponseFuture::wait(
+                    Arc::clone(&self.group),
+                    flight,
+                    rx,
+                    None,
+                    self.share.clone(),
+                )
+            }
+        }
+    }
+}
+
+/// The detached work: runs the inner future, shares its result, delivers.
+async fn run<F, T, E, Sh>(work: F, share: Sh, completion: Completion<Sh::Shared>)
+where
+    F: std::future::Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    Sh: Share<T>,
+{
+    let started = tokio::time::Instant::now();
+    // Convert the error before anything else is awaited: `E` need not be
+    // `Send`, `BoxError` is.
+    let result = work.await.map_err(Into::into);
+    let outcome = match result {
+        Ok(resp) => match share.share(resp).await {
+            Ok(flightdeck_core::Shareable::Shared(v)) => Outcome::Value(v),
+            Ok(flightdeck_core::Shareable::Unshared(o)) => Outcome::Unshared(Box::new(o)),
+            Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
+        },
+        Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
+    };
+    metrics::histogram!(metric::EXECUTION_DURATION, metric::LABEL_STAGE => stage_label(&completion.flight.key))
+        .record(started.elapsed().as_secs_f64());
+    completion.complete(outcome).await;
+}

@@ -1,0 +1,496 @@
+//! Behaviour of the local single-flight layer (paused tokio time).
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flightdeck_core::error::find;
+use flightdeck_core::error::{TooManyFlights, TooManyWaiters, WaitTimeout, WorkPanicked};
+use flightdeck_core::{BoxError, FlightKey, StageName};
+use flightdeck_local::{FlightPolicy, LocalFlightLayer, OnAbandon};
+use tokio::time::sleep;
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+fn key(s: &str) -> Option<FlightKey> {
+    Some(FlightKey::from_bytes(StageName::new("test").unwrap(), s))
+}
+
+#[derive(Debug)]
+struct Boom(&'static str);
+impl std::fmt::Display for Boom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+impl std::error::Error for Boom {}
+
+/// A service whose work takes `work` and counts its executions.
+fn counted(
+    calls: Arc<AtomicUsize>,
+    work: Duration,
+) -> impl Service<String, Response = String, Error = Infallible, Future = impl Send> + Clone {
+    service_fn(move |q: String| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            sleep(work).await;
+            Ok::<_, Infallible>(format!("answer to {q}"))
+        }
+    })
+}
+
+fn layer(
+    policy: FlightPolicy,
+) -> LocalFlightLayer<fn(&String) -> Option<FlightKey>, flightdeck_core::CloneShare<String>> {
+    LocalFlightLayer::with_key(policy, |q: &String| key(q))
+}
+
+#[tokio::test(start_paused = true)]
+async fn thousand_callers_one_execution_same_value() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(FlightPolicy::new()).layer(counted(calls.clone(), Duration::from_millis(100)));
+    let barrier = Arc::new(tokio::sync::Barrier::new(1000));
+    let mut tasks = Vec::new();
+    for _ in 0..1000 {
+        let svc = svc.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            svc.oneshot("q".to_owned()).await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), "answer to q");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_is_shared_with_every_waiter() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let inner = service_fn(move |_q: String| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            sleep(Duration::from_millis(50)).await;
+            Err::<String, _>(Boom("model unavailable"))
+        }
+    });
+    let svc = layer(FlightPolicy::new()).layer(inner);
+    let mut tasks = Vec::new();
+    for _ in 0..1000 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(svc.oneshot("q".to_owned())));
+    }
+    for t in tasks {
+        let err = t.await.unwrap().unwrap_err();
+        assert_eq!(err.to_string(), "model unavailable");
+        assert!(
+            find::<Boom>(&*err).is_some(),
+            "the original error is in the chain"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn different_keys_run_separately() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(FlightPolicy::new()).layer(counted(calls.clone(), Duration::from_millis(10)));
+    let (a, b) = tokio::join!(
+        svc.clone().oneshot("a".into()),
+        svc.clone().oneshot("b".into())
+    );
+    assert_eq!(a.unwrap(), "answer to a");
+    assert_eq!(b.unwrap(), "answer to b");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_without_a_key_bypass() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = LocalFlightLayer::with_key(FlightPolicy::new(), |_q: &String| None)
+        .layer(counted(calls.clone(), Duration::from_millis(10)));
+    let (a, b) = tokio::join!(
+        svc.clone().oneshot("a".into()),
+        svc.clone().oneshot("a".into())
+    );
+    assert_eq!(a.unwrap(), b.unwrap());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Sets a flag when dropped: observes cancellation of the work.
+struct DropFlag(Arc<AtomicBool>);
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+fn guarded(
+    calls: Arc<AtomicUsize>,
+    dropped: Arc<AtomicBool>,
+    completed: Arc<AtomicBool>,
+) -> impl Service<String, Response = String, Error = Infallible, Future = impl Send> + Clone {
+    service_fn(move |q: String| {
+        let (calls, dropped, completed) = (calls.clone(), dropped.clone(), completed.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let _guard = DropFlag(dropped);
+            sleep(Duration::from_secs(10)).await;
+            completed.store(true, Ordering::SeqCst);
+            Ok::<_, Infallible>(format!("answer to {q}"))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_dropped_others_still_get_the_result() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let completed = Arc::new(AtomicBool::new(false));
+    let l = layer(FlightPolicy::new());
+    let svc = l.layer(guarded(calls.clone(), dropped.clone(), completed.clone()));
+    let leader = tokio::spawn(svc.clone().oneshot("q".into()));
+    tokio::task::yield_now().await;
+    let waiter = tokio::spawn(svc.clone().oneshot("q".into()));
+    tokio::task::yield_now().await;
+    sleep(Duration::from_secs(1)).await;
+    leader.abort();
+    assert!(leader.await.unwrap_err().is_cancelled());
+    assert_eq!(waiter.await.unwrap().unwrap(), "answer to q");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(completed.load(Ordering::SeqCst));
+    assert_eq!(l.running_flights(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_callers_dropped_cancels_the_work() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let completed = Arc::new(AtomicBool::new(false));
+    let l = layer(FlightPolicy::new());
+    let svc = l.layer(guarded(calls.clone(), dropped.clone(), completed.clone()));
+    let a = tokio::spawn(svc.clone().oneshot("q".into()));
+    let b = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(l.running_flights(), 1);
+    a.abort();
+    b.abort();
+    let _ = (a.await, b.await);
+    tokio::task::yield_now().await;
+    assert!(dropped.load(Ordering::SeqCst), "work future was dropped");
+    sleep(Duration::from_secs(20)).await;
+    assert!(
+        !completed.load(Ordering::SeqCst),
+        "work must not run to completion"
+    );
+    assert_eq!(l.running_flights(), 0);
+    assert_eq!(l.map_entries(), 0);
+    // The key is free: the next call runs fresh.
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn finish_policy_completes_abandoned_work() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let completed = Arc::new(AtomicBool::new(false));
+    let l = layer(FlightPolicy::new().on_abandon(OnAbandon::Finish));
+    let svc = l.layer(guarded(calls.clone(), dropped.clone(), completed.clone()));
+    let a = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_secs(1)).await;
+    a.abort();
+    let _ = a.await;
+    sleep(Duration::from_secs(20)).await;
+    assert!(completed.load(Ordering::SeqCst), "work ran to completion");
+    assert_eq!(l.running_flights(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_is_an_error_for_every_waiter_and_the_key_is_free_again() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let inner = service_fn(move |q: String| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            sleep(Duration::from_millis(10)).await;
+            if n == 0 {
+                panic!("model client bug");
+            }
+            Ok::<_, Infallible>(q)
+        }
+    });
+    let l = layer(FlightPolicy::new());
+    let svc = l.layer(inner);
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        tasks.push(tokio::spawn(svc.clone().oneshot("q".to_owned())));
+    }
+    for t in tasks {
+        let err = t.await.unwrap().unwrap_err();
+        assert!(err.is::<WorkPanicked>(), "{err}");
+    }
+    assert_eq!(svc.clone().oneshot("q".into()).await.unwrap(), "q");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(l.running_flights(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_timeout_leaves_the_flight_running() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().wait_timeout(Some(Duration::from_secs(1))));
+    let svc = l.layer(counted(calls.clone(), Duration::from_millis(1500)));
+    let first = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(700)).await;
+    let second = tokio::spawn(svc.clone().oneshot("q".into()));
+    // The first caller times out at t=1000ms, the work ends at t=1500ms.
+    let err = first.await.unwrap().unwrap_err();
+    let timeout = err.downcast_ref::<WaitTimeout>().expect("wait timeout");
+    assert_eq!(timeout.waited(), Duration::from_secs(1));
+    assert_eq!(l.running_flights(), 1, "the flight stays");
+    // A later caller still joins the same flight.
+    let third = tokio::spawn(svc.clone().oneshot("q".into()));
+    assert_eq!(second.await.unwrap().unwrap(), "answer to q");
+    assert_eq!(third.await.unwrap().unwrap(), "answer to q");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_only_waiter_timing_out_does_not_cancel_the_work() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().wait_timeout(Some(Duration::from_secs(1))));
+    let svc = l.layer(counted(calls.clone(), Duration::from_secs(2)));
+    assert!(svc
+        .clone()
+        .oneshot("q".into())
+        .await
+        .unwrap_err()
+        .is::<WaitTimeout>());
+    sleep(Duration::from_millis(500)).await;
+    // Joins the flight that is still running (t=1.5s, ends at t=2s).
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn replay_ttl_serves_a_finished_result() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().replay_ttl(Duration::from_secs(5)));
+    let svc = l.layer(counted(calls.clone(), Duration::from_millis(10)));
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "replayed");
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(l.map_entries(), 0, "replay entry expired and removed");
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "fresh after the window");
+}
+
+#[tokio::test(start_paused = true)]
+async fn replay_ttl_zero_runs_fresh() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new());
+    let svc = l.layer(counted(calls.clone(), Duration::from_millis(10)));
+    svc.clone().oneshot("q".into()).await.unwrap();
+    svc.clone().oneshot("q".into()).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(l.map_entries(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_are_not_replayed() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let inner = service_fn(move |_q: String| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Err::<String, _>(Boom("nope")) }
+    });
+    let svc = layer(FlightPolicy::new().replay_ttl(Duration::from_secs(5))).layer(inner);
+    assert!(svc.clone().oneshot("q".into()).await.is_err());
+    assert!(svc.clone().oneshot("q".into()).await.is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn flight_ttl_bounds_joining() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().flight_ttl(Duration::from_secs(1)));
+    let svc = l.layer(counted(calls.clone(), Duration::from_secs(3)));
+    let a = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(500)).await;
+    let b = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(1000)).await;
+    // t=1.5s: the first flight may no longer be joined.
+    let c = tokio::spawn(svc.clone().oneshot("q".into()));
+    for t in [a, b, c] {
+        assert_eq!(t.await.unwrap().unwrap(), "answer to q");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(l.running_flights(), 0);
+    assert_eq!(
+        l.map_entries(),
+        0,
+        "the older flight did not leave a stale entry"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_waiters_rejects_with_a_typed_error() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(FlightPolicy::new().max_waiters(3))
+        .layer(counted(calls.clone(), Duration::from_secs(1)));
+    let held: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(svc.clone().oneshot("q".to_owned())))
+        .collect();
+    tokio::task::yield_now().await;
+    let err = svc.clone().oneshot("q".into()).await.unwrap_err();
+    let e = err
+        .downcast_ref::<TooManyWaiters>()
+        .expect("typed rejection");
+    assert_eq!(e.limit(), 3);
+    assert!(err.to_string().contains("too many waiters"));
+    for t in held {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_flights_rejects_with_a_typed_error() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().max_flights(2));
+    let svc = l.layer(counted(calls.clone(), Duration::from_secs(1)));
+    let a = tokio::spawn(svc.clone().oneshot("a".to_owned()));
+    let b = tokio::spawn(svc.clone().oneshot("b".to_owned()));
+    tokio::task::yield_now().await;
+    let err = svc.clone().oneshot("c".into()).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<TooManyFlights>().unwrap().limit(), 2);
+    // Joining a running flight is still fine.
+    assert_eq!(
+        svc.clone().oneshot("a".into()).await.unwrap(),
+        "answer to a"
+    );
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+    // Room again.
+    assert_eq!(
+        svc.clone().oneshot("c".into()).await.unwrap(),
+        "answer to c"
+    );
+    assert_eq!(l.running_flights(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn coalesces_across_clones_and_rebuilt_services() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new());
+    let inner = counted(calls.clone(), Duration::from_millis(100));
+    // axum rebuilds the layered service per request (`layer()` each time)
+    // and clones it for `with_state` routers: both must share one map.
+    let rebuilt_a = l.layer(inner.clone());
+    let rebuilt_b = l.clone().layer(inner.clone());
+    let cloned = rebuilt_a.clone();
+    let (x, y, z) = tokio::join!(
+        rebuilt_a.oneshot("q".into()),
+        rebuilt_b.oneshot("q".into()),
+        cloned.oneshot("q".into())
+    );
+    assert_eq!((x.unwrap(), y.unwrap(), z.unwrap()).0, "answer to q");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_is_passed_through() {
+    let (mut svc, mut handle) =
+        tower_test::mock::spawn_layer::<String, String, _>(layer(FlightPolicy::new()));
+    handle.allow(0);
+    assert!(svc.poll_ready().is_pending());
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let fut = svc.call("q".into());
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req, "q");
+    send.send_response("a".into());
+    assert_eq!(fut.await.unwrap(), "a");
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_thousand_waiters_are_all_woken() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().max_waiters(20_000));
+    let svc = l.layer(counted(calls.clone(), Duration::from_millis(200)));
+    let futs: Vec<_> = (0..10_000)
+        .map(|_| svc.clone().oneshot("q".to_owned()))
+        .collect();
+    let results = futures_join_all(futs).await;
+    assert!(results
+        .iter()
+        .all(|r| r.as_deref().ok() == Some("answer to q")));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(l.map_entries(), 0);
+}
+
+async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut out = Vec::with_capacity(futs.len());
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_count_owners_and_waiters() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(FlightPolicy::new()).layer(counted(calls.clone(), Duration::from_millis(50)));
+    metrics::with_local_recorder(&recorder, || {
+        // Calls are made (and counters recorded) synchronously here.
+        let futs: Vec<_> = (0..5)
+            .map(|_| {
+                let mut s = svc.clone();
+                s.call("q".to_owned())
+            })
+            .collect();
+        drop(futs);
+    });
+    let counters: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(k, _, _, v)| match v {
+            DebugValue::Counter(n) => Some((k.key().name().to_owned(), n)),
+            _ => None,
+        })
+        .collect();
+    let get = |name: &str| counters.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    assert_eq!(get("singleflight_local_owner_total"), Some(1));
+    assert_eq!(get("singleflight_local_waiter_total"), Some(4));
+    let _ = BoxError::from("unused");
+}

@@ -1,0 +1,111 @@
+//! Quickstart: 100 identical requests, one execution.
+//!
+//! An axum app whose slow "scoring" handler counts how often it really runs,
+//! behind `LocalFlightLayer`. It binds a free loopback port, sends N
+//! concurrent identical requests to itself over real HTTP, prints a summary
+//! and exits. Needs no Redis.
+//!
+//! ```text
+//! cargo run --example quickstart            # N = 100
+//! cargo run --example quickstart -- 500     # N = 500
+//! ```
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use flightdeck::core::http::{ErrorResponseLayer, HttpShare};
+use flightdeck::{FlightKey, FlightPolicy, KeyEncoder, LocalFlightLayer, StageName};
+use http::Request;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::ServiceBuilder;
+
+#[tokio::main]
+async fn main() -> Result<(), flightdeck::core::BoxError> {
+    let n: usize = match std::env::args().nth(1) {
+        Some(arg) => arg
+            .parse()
+            .map_err(|_| format!("the request count must be a positive number, got {arg:?}"))?,
+        None => 100,
+    };
+
+    // The expensive call: pretend it is a model that takes 500 ms.
+    let executions = Arc::new(AtomicUsize::new(0));
+    async fn score(State(executions): State<Arc<AtomicUsize>>) -> String {
+        let nth = executions.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        format!("{{\"score\":0.93,\"execution\":{nth}}}")
+    }
+
+    // Key: method and path. (`flightdeck-key`'s KeyLayer builds richer,
+    // tenant-scoped keys; a closure is enough here.)
+    let stage = StageName::new("score")?;
+    let key = move |req: &Request<Body>| -> Option<FlightKey> {
+        Some(
+            KeyEncoder::new()
+                .field(req.method().as_str().as_bytes())
+                .field(req.uri().path().as_bytes())
+                .finish_key(stage.clone(), None),
+        )
+    };
+    let flights = LocalFlightLayer::new(FlightPolicy::new(), key, HttpShare::new());
+
+    let app = Router::new()
+        .route("/score", get(score))
+        .with_state(executions.clone())
+        .layer(
+            ServiceBuilder::new()
+                // Our errors become 503/504 responses: axum needs Infallible.
+                .layer(ErrorResponseLayer::new())
+                .layer(flights),
+        );
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let started = Instant::now();
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let client = client.clone();
+        let barrier = barrier.clone();
+        let uri = format!("http://{addr}/score");
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let resp = client.get(uri.parse()?).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body))
+        }));
+    }
+    let mut ok = 0;
+    let mut bodies = std::collections::BTreeSet::new();
+    for t in tasks {
+        let (status, body) = t.await??;
+        if status.is_success() {
+            ok += 1;
+        }
+        bodies.insert(body);
+    }
+    let elapsed = started.elapsed();
+    server.abort();
+
+    let e = executions.load(Ordering::SeqCst);
+    println!("flightdeck quickstart: {n} concurrent GET /score over HTTP on {addr}");
+    println!(
+        "  successful responses: {ok}/{n}, distinct bodies: {}",
+        bodies.len()
+    );
+    println!("  handler executions:   {e} (without flightdeck: {n})");
+    println!("  wall time:            {elapsed:?}");
+    println!("requests={n} executions={e}");
+    Ok(())
+}
