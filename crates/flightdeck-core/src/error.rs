@@ -111,6 +111,9 @@ fn classify_one(e: &(dyn StdError + 'static)) -> Option<ErrorClass> {
     } else if e.is::<CircuitOpen>()
         || e.is::<CoordinationUnavailable>()
         || e.is::<FlightAbandoned>()
+        || e.is::<ProtocolError>()
+        || e.is::<OutcomeUnknown>()
+        || e.is::<LeaseLost>()
     {
         Some(ErrorClass::Unavailable)
     } else if e.is::<InProgress>() {
@@ -384,6 +387,114 @@ impl StdError for CoordinationUnavailable {
     }
 }
 
+/// The coordination layer answered something this version does not
+/// understand: an unknown script action, a malformed reply, a stored result
+/// with an unknown version or codec, bytes that do not decode. Distinct from
+/// [`CoordinationUnavailable`] so that a fallback can also raise an alert.
+#[derive(Debug)]
+pub struct ProtocolError {
+    message: String,
+    source: Option<BoxError>,
+}
+
+impl ProtocolError {
+    /// A protocol error described by `message` (no raw keys or payloads).
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A protocol error caused by `source`.
+    pub fn with_source(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// What was wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "coordination protocol error: {}", self.message)
+    }
+}
+
+impl StdError for ProtocolError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// A write to the coordination layer may or may not have happened (the
+/// connection dropped or the call timed out after it was sent). Retry only
+/// with the same owner token, which the scripts treat idempotently.
+#[derive(Debug)]
+pub struct OutcomeUnknown {
+    source: BoxError,
+}
+
+impl OutcomeUnknown {
+    /// Wraps the underlying error.
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+}
+
+impl fmt::Display for OutcomeUnknown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "coordination outcome unknown: {}", self.source)
+    }
+}
+
+impl StdError for OutcomeUnknown {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// The owner lost its lease while the work ran (another node may own the
+/// flight now) and the stage cancels work on lease loss.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseLost {
+    stage: Option<StageName>,
+    generation: u64,
+}
+
+impl LeaseLost {
+    /// Creates the error for the generation that was lost.
+    pub fn new(stage: Option<StageName>, generation: u64) -> Self {
+        Self { stage, generation }
+    }
+
+    /// The generation (fencing token) that was lost.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lease lost (generation {})", self.generation)?;
+        if let Some(s) = &self.stage {
+            write!(f, " (stage {s})")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for LeaseLost {}
+
 /// The error of the one execution, shared with every waiter of the flight.
 ///
 /// `Display` shows the inner error's message; `source()` is the inner error,
@@ -435,6 +546,19 @@ mod tests {
     impl StdError for Mine {}
 
     #[test]
+    fn coordination_errors_are_unavailable() {
+        let p = ProtocolError::with_source("bad reply", Mine);
+        assert_eq!(ErrorClass::of(&p).http_status(), 503);
+        assert!(find::<Mine>(&p).is_some());
+        assert_eq!(p.to_string(), "coordination protocol error: bad reply");
+        let u = OutcomeUnknown::new(Mine);
+        assert_eq!(ErrorClass::of(&u).grpc_code(), 14);
+        let l = LeaseLost::new(None, 3);
+        assert_eq!(l.to_string(), "lease lost (generation 3)");
+        assert_eq!(ErrorClass::of(&l), ErrorClass::Unavailable);
+    }
+
+    #[test]
     fn find_walks_shared_errors() {
         let shared: BoxError = Box::new(SharedError::new(Mine));
         assert!(find::<Mine>(&*shared).is_some());
@@ -470,7 +594,13 @@ mod tests {
             TooManyFlights::new(Some(s.clone()), 4).to_string(),
             "too many flights (limit 4) (stage score)"
         );
-        assert_eq!(WorkPanicked::new(Some(s)).to_string(), "work panicked (stage score)");
-        assert_eq!(CircuitOpen::new("redis").to_string(), "circuit open (breaker redis)");
+        assert_eq!(
+            WorkPanicked::new(Some(s)).to_string(),
+            "work panicked (stage score)"
+        );
+        assert_eq!(
+            CircuitOpen::new("redis").to_string(),
+            "circuit open (breaker redis)"
+        );
     }
 }

@@ -32,3 +32,24 @@ pub const ACTIVE_FLIGHTS: &str = "singleflight_active_flights";
 pub const WAIT_DURATION: &str = "singleflight_wait_duration";
 /// Histogram (seconds): how long the one execution took.
 pub const EXECUTION_DURATION: &str = "singleflight_execution_duration";
+/// Counter: L2 acquisitions that made this node the owner of a flight.
+pub const OWNER_TOTAL: &str = "singleflight_owner_total";
+/// Counter: L2 acquisitions that found another node's flight running.
+pub const FOLLOWER_TOTAL: &str = "singleflight_follower_total";
+/// Counter: L2 acquisitions answered from a stored result.
+pub const HIT_TOTAL: &str = "singleflight_hit_total";
+/// Counter: followers that took over a flight whose owner's lease expired.
+pub const TAKEOVER_TOTAL: &str = "singleflight_takeover_total";
+/// Counter: results that could not be written after execution (the value
+/// was still returned to local callers).
+pub const RESULT_WRITE_FAILURE_TOTAL: &str = "singleflight_result_write_failure_total";
+/// Counter: heartbeats that found the lease lost.
+pub const HEARTBEAT_LOST_TOTAL: &str = "singleflight_heartbeat_lost_total";
+/// Counter: commits rejected because a newer owner holds the flight.
+pub const FENCED_TOTAL: &str = "singleflight_fenced_total";
+/// Counter: protocol errors (unknown action, malformed reply, bad stored
+/// result); `reason` label. Alert on any.
+pub const UNKNOWN_ACTION_TOTAL: &str = "singleflight_unknown_action_total";
+/// Counter: coordination calls that failed (`kind` = `unavailable` |
+/// `outcome_unknown` | `protocol`, `op` = the call).
+pub const COORDINATION_ERROR_TOTAL: &str = "singleflight_coordination_error_total";
