@@ -1,0 +1,469 @@
+//! The coordination backend: leases, heartbeats, commits, notifications.
+//!
+//! [`Backend`] is the contract between the L2 layer and a shared store (the
+//! Redis backend in `flightdeck-redis`, the in-memory one in
+//! `flightdeck-testkit`). Its semantics are those of the Redis scripts of
+//! ARCHITECTURE §4:
+//!
+//! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored,
+//!   [`Acquired::Follower`] when another token holds the lease,
+//!   [`Acquired::Owner`] when this token holds it (also on a retry with the
+//!   same token: acquire is idempotent), [`Acquired::Expired`] when a dead
+//!   owner's lease ran out and takeover is not allowed. Every grant increases
+//!   the generation (the fencing token).
+//! - [`Backend::heartbeat`] extends a lease only if (token, generation) still
+//!   holds it; it never re-creates a lost lease.
+//! - [`Backend::commit`] stores the result only for the current owner (or,
+//!   after its lease expired, if nobody else was granted the flight since),
+//!   ends the lease and notifies followers (payload inline when small).
+//!   A retry of a commit that already happened answers [`Committed::Committed`].
+//! - [`Backend::abandon`] releases the lease at once and wakes followers.
+//! - [`Backend::subscribe`] delivers [`Notice`]s for one flight. Delivery is
+//!   at most once: callers must also poll.
+//!
+//! All durations are measured by the backend's clock (Redis: `PEXPIRE` and
+//! `PTTL`), never by the callers'.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_core::error::BoxError;
+use flightdeck_core::{Digest, FlightKey};
+use tokio::sync::broadcast;
+
+/// The future returned by [`Backend`] methods.
+pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;
+
+/// The name of one flight in the backend: the flight digest of its key
+/// ([`FlightKey::flight_digest`]). Never contains raw input.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlightId(Digest);
+
+impl FlightId {
+    /// The id of a key's flight.
+    pub fn of(key: &FlightKey) -> Self {
+        Self(key.flight_digest())
+    }
+
+    /// Wraps a digest computed elsewhere.
+    pub const fn from_digest(digest: Digest) -> Self {
+        Self(digest)
+    }
+
+    /// The digest.
+    pub fn digest(&self) -> &Digest {
+        &self.0
+    }
+
+    /// The digest as 64 hex characters (the `{h}` of Redis key names).
+    pub fn to_hex(&self) -> String {
+        self.0.to_hex()
+    }
+}
+
+impl fmt::Debug for FlightId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FlightId({})", self.0.short())
+    }
+}
+
+impl fmt::Display for FlightId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.short(), f)
+    }
+}
+
+/// A random token naming one attempt to own a flight. Retries of the same
+/// attempt reuse it, which is what makes acquire and commit idempotent.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct OwnerToken(String);
+
+impl OwnerToken {
+    /// A fresh random token (128 bits, hex).
+    pub fn random() -> Self {
+        let v: u128 = rand::random();
+        Self(format!("{v:032x}"))
+    }
+
+    /// A token from a string (tests, or callers with their own ids). Must be
+    /// non-empty ASCII without `|`; invalid input gets a random token.
+    pub fn from_string(s: impl Into<String>) -> Self {
+        let s = s.into();
+        if s.is_empty() || s.len() > 128 || !s.bytes().all(|b| b.is_ascii_graphic() && b != b'|') {
+            return Self::random();
+        }
+        Self(s)
+    }
+
+    /// The token text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({})", &self.0[..self.0.len().min(8)])
+    }
+}
+
+/// The fencing token of an owner: put into the request's extensions so the
+/// handler can guard its own downstream writes (reject writes carrying a
+/// lower generation than one already seen).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FencingToken {
+    /// Increases on every grant of the flight, takeovers included.
+    pub generation: u64,
+    /// The owner's token for this attempt.
+    pub owner: OwnerToken,
+}
+
+/// How a stored result ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResultStatus {
+    /// The owner's work succeeded; the payload is the encoded result.
+    Ok,
+    /// The owner's work failed and the stage caches failures; the payload is
+    /// the error message (UTF-8).
+    Failed,
+}
+
+impl ResultStatus {
+    /// The wire name (`ok` | `err`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Failed => "err",
+        }
+    }
+}
+
+/// A result stored by a committed owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResult {
+    /// The generation that committed it.
+    pub generation: u64,
+    /// Success or cached failure.
+    pub status: ResultStatus,
+    /// The encoded result, or the failure message.
+    pub payload: Bytes,
+}
+
+/// The answer to [`Backend::acquire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// A result is stored: replay it.
+    Hit(StoredResult),
+    /// This token owns the flight with this generation.
+    Owner {
+        /// The fencing generation.
+        generation: u64,
+        /// True when the grant took over a dead owner's flight.
+        takeover: bool,
+    },
+    /// Another token owns the flight.
+    Follower {
+        /// The owner's generation.
+        generation: u64,
+        /// The owner's remaining lease, by the backend's clock.
+        lease_remaining: Duration,
+    },
+    /// The owner's lease expired without a commit and takeover was not
+    /// allowed.
+    Expired {
+        /// The dead owner's generation.
+        generation: u64,
+    },
+}
+
+/// The answer to [`Backend::heartbeat`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease was extended.
+    Renewed,
+    /// The lease is gone or belongs to someone else; it was not re-created.
+    Lost,
+}
+
+/// The answer to [`Backend::commit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Committed {
+    /// The result is stored (now, or by an earlier try of the same commit).
+    Committed,
+    /// A newer owner holds the flight; nothing was written.
+    Fenced,
+}
+
+/// The answer to [`Backend::abandon`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The lease was released and followers were woken.
+    Released,
+    /// The lease was not held by this (token, generation).
+    NotOwner,
+}
+
+/// Lease parameters for [`Backend::acquire`] and [`Backend::heartbeat`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTerms {
+    /// How long a grant or heartbeat keeps the lease.
+    pub lease: Duration,
+    /// How long the flight's generation counter is kept (longer than the
+    /// lease and the result TTL, so generations never restart while anything
+    /// of the flight lives).
+    pub state_ttl: Duration,
+    /// Whether an expired, uncommitted flight may be taken over.
+    pub allow_takeover: bool,
+}
+
+/// What [`Backend::commit`] writes.
+#[derive(Clone, Debug)]
+pub struct CommitArgs {
+    /// The encoded result.
+    pub payload: Bytes,
+    /// How long the result is replayed.
+    pub ttl: Duration,
+    /// Payloads up to this size travel inline in the completion notice.
+    pub inline_below: usize,
+    /// See [`LeaseTerms::state_ttl`].
+    pub state_ttl: Duration,
+}
+
+/// What [`Backend::abandon`] writes.
+#[derive(Clone, Debug)]
+pub struct AbandonArgs {
+    /// A failure message to cache for `failure_ttl` (none: followers re-race
+    /// at once).
+    pub failure: Option<Bytes>,
+    /// How long the failure is replayed (zero: not cached).
+    pub failure_ttl: Duration,
+    /// See [`LeaseTerms::state_ttl`].
+    pub state_ttl: Duration,
+}
+
+/// A message about one flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// A generation committed; small payloads come inline.
+    Committed {
+        /// The generation that committed.
+        generation: u64,
+        /// The payload, when it was small enough to travel inline.
+        inline: Option<Bytes>,
+    },
+    /// A generation was abandoned: race for the flight again.
+    Abandoned {
+        /// The generation that was abandoned.
+        generation: u64,
+    },
+    /// Messages may have been lost (reconnect, lag): re-check now.
+    Resync,
+}
+
+/// A subscription to one flight's notices. Dropping it releases the
+/// backend's (reference-counted) subscription.
+pub struct Subscription {
+    rx: broadcast::Receiver<Notice>,
+    _guard: Box<dyn Send + Sync + 'static>,
+}
+
+impl Subscription {
+    /// Wraps a receiver and a guard that is dropped with the subscription.
+    pub fn new(rx: broadcast::Receiver<Notice>, guard: impl Send + Sync + 'static) -> Self {
+        Self {
+            rx,
+            _guard: Box::new(guard),
+        }
+    }
+
+    /// The next notice; [`Notice::Resync`] if some were lost; `None` once the
+    /// backend closed the subscription (fall back to polling).
+    pub async fn recv(&mut self) -> Option<Notice> {
+        match self.rx.recv().await {
+            Ok(n) => Some(n),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some(Notice::Resync),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
+/// A shared coordination store for distributed single-flight.
+///
+/// See the module docs for the semantics every implementation must keep;
+/// `flightdeck-testkit`'s conformance suite checks them.
+pub trait Backend: Send + Sync + 'static {
+    /// Tries to own the flight (see [`Acquired`]).
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired>;
+
+    /// Extends the lease held by (token, generation).
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal>;
+
+    /// Stores the result of (token, generation), ends the lease and notifies
+    /// followers.
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed>;
+
+    /// Releases the lease of (token, generation) without a result and wakes
+    /// followers.
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released>;
+
+    /// Subscribes to the flight's notices. Subscribe BEFORE re-checking the
+    /// flight, so a notice sent in between is not missed.
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription>;
+}
+
+/// The three ways a backend call can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendErrorKind {
+    /// The backend could not be reached; nothing happened.
+    Unavailable,
+    /// The backend answered something we do not understand, or refused the
+    /// call for a reason retrying will not fix.
+    Protocol,
+    /// The call may or may not have taken effect (timeout or connection
+    /// loss after sending). Retry with the same token.
+    OutcomeUnknown,
+}
+
+impl BackendErrorKind {
+    /// A short label for metrics (`unavailable`, `protocol`,
+    /// `outcome_unknown`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Protocol => "protocol",
+            Self::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+}
+
+/// A failed backend call, classified.
+#[derive(Debug)]
+pub struct BackendError {
+    kind: BackendErrorKind,
+    source: BoxError,
+}
+
+impl BackendError {
+    /// A classified error.
+    pub fn new(kind: BackendErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    /// The backend could not be reached.
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        Self::new(BackendErrorKind::Unavailable, source)
+    }
+
+    /// The backend's answer made no sense.
+    pub fn protocol(source: impl Into<BoxError>) -> Self {
+        Self::new(BackendErrorKind::Protocol, source)
+    }
+
+    /// The call may have happened.
+    pub fn outcome_unknown(source: impl Into<BoxError>) -> Self {
+        Self::new(BackendErrorKind::OutcomeUnknown, source)
+    }
+
+    /// The class of the failure.
+    pub fn kind(&self) -> BackendErrorKind {
+        self.kind
+    }
+
+    /// Converts into the matching flightdeck-core error
+    /// ([`CoordinationUnavailable`](flightdeck_core::error::CoordinationUnavailable),
+    /// [`ProtocolError`](flightdeck_core::error::ProtocolError) or
+    /// [`OutcomeUnknown`](flightdeck_core::error::OutcomeUnknown)), keeping
+    /// this error as the source.
+    pub fn into_core(self) -> BoxError {
+        use flightdeck_core::error::{CoordinationUnavailable, OutcomeUnknown, ProtocolError};
+        match self.kind {
+            BackendErrorKind::Unavailable => Box::new(CoordinationUnavailable::new(self)),
+            BackendErrorKind::Protocol => {
+                Box::new(ProtocolError::with_source("backend reply", self))
+            }
+            BackendErrorKind::OutcomeUnknown => Box::new(OutcomeUnknown::new(self)),
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            BackendErrorKind::Unavailable => "backend unavailable",
+            BackendErrorKind::Protocol => "backend protocol error",
+            BackendErrorKind::OutcomeUnknown => "backend outcome unknown",
+        };
+        write!(f, "{what}: {}", self.source)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_and_validated() {
+        assert_ne!(OwnerToken::random(), OwnerToken::random());
+        assert_eq!(OwnerToken::random().as_str().len(), 32);
+        assert_eq!(OwnerToken::from_string("node-1").as_str(), "node-1");
+        assert_ne!(OwnerToken::from_string("a|b").as_str(), "a|b");
+        assert_ne!(OwnerToken::from_string("").as_str(), "");
+    }
+
+    #[test]
+    fn errors_convert_to_core_types() {
+        use flightdeck_core::error::{
+            find, CoordinationUnavailable, OutcomeUnknown, ProtocolError,
+        };
+        let e = BackendError::unavailable("refused").into_core();
+        assert!(e.is::<CoordinationUnavailable>());
+        assert!(find::<BackendError>(&*e).is_some());
+        assert!(BackendError::protocol("x")
+            .into_core()
+            .is::<ProtocolError>());
+        assert!(BackendError::outcome_unknown("x")
+            .into_core()
+            .is::<OutcomeUnknown>());
+    }
+}

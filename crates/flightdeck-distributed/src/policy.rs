@@ -1,0 +1,349 @@
+//! The stage policy of distributed single-flight, validated.
+//!
+//! ```
+//! use std::time::Duration;
+//! use flightdeck_distributed::DistributedPolicy;
+//!
+//! let policy = DistributedPolicy::new()
+//!     .lease(Duration::from_secs(9))
+//!     .heartbeat(Duration::from_secs(3))
+//!     .validate()
+//!     .unwrap();
+//! assert_eq!(policy.heartbeat_interval(), Duration::from_secs(3));
+//!
+//! // A heartbeat slower than a third of the lease is rejected, naming the field.
+//! let err = DistributedPolicy::new()
+//!     .lease(Duration::from_secs(10))
+//!     .heartbeat(Duration::from_secs(5))
+//!     .validate()
+//!     .unwrap_err();
+//! assert!(err.to_string().contains("heartbeat"));
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+/// How one stage coordinates across nodes (ARCHITECTURE §5). Build with the
+/// setters, then [`validate`](Self::validate).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DistributedPolicy {
+    lease: Duration,
+    heartbeat: Duration,
+    wait_timeout: Duration,
+    poll_interval: Duration,
+    result_ttl: Duration,
+    failure_ttl: Duration,
+    compress_above: usize,
+    inline_below: usize,
+    max_result_bytes: usize,
+    allow_takeover: bool,
+    cancel_on_lease_loss: bool,
+    call_timeout: Duration,
+    commit_attempts: u32,
+}
+
+impl DistributedPolicy {
+    /// The defaults: lease 30 s, heartbeat 5 s, wait timeout 35 s, poll
+    /// every 1 s, result TTL 60 s, failures not cached, compression above
+    /// 16 KiB, inline notices up to 8 KiB, results up to 8 MiB, takeover
+    /// allowed, work not cancelled on lease loss, 1 s per backend call,
+    /// 3 commit attempts.
+    pub const fn new() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(35),
+            poll_interval: Duration::from_secs(1),
+            result_ttl: Duration::from_secs(60),
+            failure_ttl: Duration::ZERO,
+            compress_above: 16 * 1024,
+            inline_below: 8 * 1024,
+            max_result_bytes: 8 * 1024 * 1024,
+            allow_takeover: true,
+            cancel_on_lease_loss: false,
+            call_timeout: Duration::from_secs(1),
+            commit_attempts: 3,
+        }
+    }
+
+    /// How long an owner holds a flight without a heartbeat.
+    #[must_use]
+    pub const fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+
+    /// How often the owner renews its lease (at most a third of the lease).
+    #[must_use]
+    pub const fn heartbeat(mut self, d: Duration) -> Self {
+        self.heartbeat = d;
+        self
+    }
+
+    /// How long a follower waits for another node's result.
+    #[must_use]
+    pub const fn wait_timeout(mut self, d: Duration) -> Self {
+        self.wait_timeout = d;
+        self
+    }
+
+    /// The longest a follower goes without re-checking the flight (with
+    /// jitter), whatever pub/sub does.
+    #[must_use]
+    pub const fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+
+    /// How long a committed result is replayed to later requests.
+    #[must_use]
+    pub const fn result_ttl(mut self, d: Duration) -> Self {
+        self.result_ttl = d;
+        self
+    }
+
+    /// How long an owner's failure is replayed (zero: followers race again
+    /// at once).
+    #[must_use]
+    pub const fn failure_ttl(mut self, d: Duration) -> Self {
+        self.failure_ttl = d;
+        self
+    }
+
+    /// Encoded results larger than this are compressed (lz4).
+    #[must_use]
+    pub const fn compress_above(mut self, bytes: usize) -> Self {
+        self.compress_above = bytes;
+        self
+    }
+
+    /// Stored results up to this size travel inline in the completion
+    /// notice, sparing followers a read.
+    #[must_use]
+    pub const fn inline_below(mut self, bytes: usize) -> Self {
+        self.inline_below = bytes;
+        self
+    }
+
+    /// Larger results are not stored: the owner's callers get the value,
+    /// followers race again.
+    #[must_use]
+    pub const fn max_result_bytes(mut self, bytes: usize) -> Self {
+        self.max_result_bytes = bytes;
+        self
+    }
+
+    /// Whether a follower may take over a flight whose owner died.
+    #[must_use]
+    pub const fn allow_takeover(mut self, yes: bool) -> Self {
+        self.allow_takeover = yes;
+        self
+    }
+
+    /// Whether the owner's work is cancelled when a heartbeat finds the
+    /// lease lost (the caller gets `LeaseLost`). Off by default: the work
+    /// finishes, its commit is fenced and the value is served locally.
+    #[must_use]
+    pub const fn cancel_on_lease_loss(mut self, yes: bool) -> Self {
+        self.cancel_on_lease_loss = yes;
+        self
+    }
+
+    /// The deadline of every single backend call.
+    #[must_use]
+    pub const fn call_timeout(mut self, d: Duration) -> Self {
+        self.call_timeout = d;
+        self
+    }
+
+    /// How many times a commit is tried (same token, idempotent).
+    #[must_use]
+    pub const fn commit_attempts(mut self, n: u32) -> Self {
+        self.commit_attempts = n;
+        self
+    }
+
+    /// Checks the policy; the error names the field.
+    pub fn validate(self) -> Result<Self, PolicyError> {
+        let err = |field, reason| Err(PolicyError { field, reason });
+        if self.lease < Duration::from_millis(10) {
+            return err("lease", "must be at least 10ms");
+        }
+        if self.heartbeat.is_zero() {
+            return err("heartbeat", "must be positive");
+        }
+        if self.heartbeat.saturating_mul(3) > self.lease {
+            return err("heartbeat", "must be at most a third of the lease");
+        }
+        if self.poll_interval.is_zero() {
+            return err("poll_interval", "must be positive");
+        }
+        if self.result_ttl <= self.poll_interval {
+            return err("result_ttl", "must be longer than the poll interval");
+        }
+        if self.wait_timeout.is_zero() {
+            return err("wait_timeout", "must be positive");
+        }
+        if self.allow_takeover && self.wait_timeout < self.lease {
+            return err(
+                "wait_timeout",
+                "must be at least the lease when takeover is allowed (followers must outlive a dead owner's lease)",
+            );
+        }
+        if self.call_timeout.is_zero() {
+            return err("call_timeout", "must be positive");
+        }
+        if self.call_timeout >= self.lease {
+            return err("call_timeout", "must be shorter than the lease");
+        }
+        if self.commit_attempts == 0 {
+            return err("commit_attempts", "must be at least 1");
+        }
+        if self.max_result_bytes == 0 {
+            return err("max_result_bytes", "must be positive");
+        }
+        Ok(self)
+    }
+
+    /// The lease.
+    pub const fn lease_duration(&self) -> Duration {
+        self.lease
+    }
+    /// The heartbeat interval.
+    pub const fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat
+    }
+    /// The follower wait timeout.
+    pub const fn wait_timeout_duration(&self) -> Duration {
+        self.wait_timeout
+    }
+    /// The follower poll bound.
+    pub const fn poll_interval_duration(&self) -> Duration {
+        self.poll_interval
+    }
+    /// The result TTL.
+    pub const fn result_ttl_duration(&self) -> Duration {
+        self.result_ttl
+    }
+    /// The failure TTL.
+    pub const fn failure_ttl_duration(&self) -> Duration {
+        self.failure_ttl
+    }
+    /// The compression threshold.
+    pub const fn compress_above_bytes(&self) -> usize {
+        self.compress_above
+    }
+    /// The inline notice limit.
+    pub const fn inline_below_bytes(&self) -> usize {
+        self.inline_below
+    }
+    /// The stored result limit.
+    pub const fn max_result_size(&self) -> usize {
+        self.max_result_bytes
+    }
+    /// Whether takeover is allowed.
+    pub const fn takeover_allowed(&self) -> bool {
+        self.allow_takeover
+    }
+    /// Whether work is cancelled on lease loss.
+    pub const fn cancels_on_lease_loss(&self) -> bool {
+        self.cancel_on_lease_loss
+    }
+    /// The per-call deadline.
+    pub const fn call_timeout_duration(&self) -> Duration {
+        self.call_timeout
+    }
+    /// The number of commit attempts.
+    pub const fn commit_attempt_count(&self) -> u32 {
+        self.commit_attempts
+    }
+
+    /// How long the generation counter lives: longer than anything else of
+    /// the flight, so generations never restart while a lease or result
+    /// lives.
+    pub fn state_ttl(&self) -> Duration {
+        self.lease
+            .saturating_mul(2)
+            .saturating_add(self.result_ttl.max(self.failure_ttl))
+    }
+}
+
+impl Default for DistributedPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A [`DistributedPolicy`] was rejected by [`DistributedPolicy::validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyError {
+    field: &'static str,
+    reason: &'static str,
+}
+
+impl PolicyError {
+    /// The offending field.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid distributed policy: {} {}",
+            self.field, self.reason
+        )
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        DistributedPolicy::new().validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let ms = Duration::from_millis;
+        let cases = [
+            (DistributedPolicy::new().heartbeat(ms(15_000)), "heartbeat"),
+            (DistributedPolicy::new().heartbeat(ms(10_001)), "heartbeat"),
+            (
+                DistributedPolicy::new().heartbeat(Duration::ZERO),
+                "heartbeat",
+            ),
+            (DistributedPolicy::new().result_ttl(ms(1000)), "result_ttl"),
+            (
+                DistributedPolicy::new().wait_timeout(ms(29_000)),
+                "wait_timeout",
+            ),
+            (
+                DistributedPolicy::new().call_timeout(ms(30_000)),
+                "call_timeout",
+            ),
+            (DistributedPolicy::new().lease(ms(1)), "lease"),
+            (
+                DistributedPolicy::new().commit_attempts(0),
+                "commit_attempts",
+            ),
+        ];
+        for (p, field) in cases {
+            let e = p.validate().unwrap_err();
+            assert_eq!(e.field(), field, "{e}");
+            assert!(e.to_string().contains(field));
+        }
+        // Without takeover a short wait is fine.
+        DistributedPolicy::new()
+            .allow_takeover(false)
+            .wait_timeout(ms(2000))
+            .validate()
+            .unwrap();
+    }
+}

@@ -1,0 +1,398 @@
+//! Real `redis-server` processes for tests.
+//!
+//! [`RedisServer::start`] picks a free loopback port, starts `redis-server`
+//! with no persistence (`--save "" --appendonly no`) and waits until it
+//! answers `PING`. The process is killed when the value is dropped. Faults:
+//! [`kill`](RedisServer::kill), [`pause`](RedisServer::pause) /
+//! [`resume`](RedisServer::resume) (SIGSTOP / SIGCONT),
+//! [`restart`](RedisServer::restart) on the same port,
+//! [`flush_scripts`](RedisServer::flush_scripts). [`cmd`](RedisServer::cmd)
+//! sends one command over a plain connection (for `INFO`, `SET`, ...).
+//!
+//! The binary is looked up in `$FLIGHTDECK_REDIS_SERVER`, then `PATH`, then
+//! `/usr/bin`; if it is missing, `start` fails with a message naming it and
+//! how to install it.
+//!
+//! ```no_run
+//! use flightdeck_testkit::RedisServer;
+//!
+//! let mut redis = RedisServer::start().unwrap();
+//! assert_eq!(redis.cmd(&["PING"]).unwrap().as_str(), Some("PONG"));
+//! redis.pause().unwrap();
+//! redis.resume().unwrap();
+//! redis.restart().unwrap();
+//! println!("{}", redis.url());
+//! ```
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long to wait for a started server to answer `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read/write timeout of [`RedisServer::cmd`].
+const CMD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A `redis-server` process owned by a test (see the module docs).
+pub struct RedisServer {
+    binary: PathBuf,
+    port: u16,
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// Starting or controlling a [`RedisServer`] failed.
+#[derive(Debug)]
+pub struct RedisServerError(String);
+
+impl fmt::Display for RedisServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RedisServerError {}
+
+fn err(msg: impl Into<String>) -> RedisServerError {
+    RedisServerError(msg.into())
+}
+
+fn find_binary() -> Result<PathBuf, RedisServerError> {
+    if let Some(p) = std::env::var_os("FLIGHTDECK_REDIS_SERVER") {
+        return Ok(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/bin")]) {
+        let cand = dir.join("redis-server");
+        if cand.is_file() {
+            return Ok(cand);
+        }
+    }
+    Err(err(
+        "redis-server not found in $FLIGHTDECK_REDIS_SERVER, PATH or /usr/bin; \
+         install it (Debian/Ubuntu: `apt-get install -y redis-server`, macOS: `brew install redis`)",
+    ))
+}
+
+/// A free loopback port, as the OS hands out for port 0.
+fn free_port() -> Result<u16, RedisServerError> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| err(format!("cannot bind a loopback port: {e}")))?;
+    let port = l
+        .local_addr()
+        .map_err(|e| err(format!("cannot read the bound port: {e}")))?
+        .port();
+    Ok(port)
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers.
+    pub fn start() -> Result<Self, RedisServerError> {
+        let binary = find_binary()?;
+        let mut last = None;
+        // The port is free when picked; another process may grab it before
+        // redis binds it, so try a few.
+        for _ in 0..5 {
+            let port = free_port()?;
+            let mut server = Self {
+                binary: binary.clone(),
+                port,
+                child: None,
+                paused: false,
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| err("could not start redis-server")))
+    }
+
+    fn spawn(&mut self) -> Result<(), RedisServerError> {
+        let child = Command::new(&self.binary)
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+                "--dir",
+                &std::env::temp_dir().to_string_lossy(),
+                "--loglevel",
+                "warning",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| err(format!("cannot run {}: {e}", self.binary.display())))?;
+        self.child = Some(child);
+        self.paused = false;
+        let started = Instant::now();
+        loop {
+            if let Ok(reply) = self.cmd(&["PING"]) {
+                if reply.as_str() == Some("PONG") {
+                    return Ok(());
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(err(format!(
+                        "redis-server exited at start on port {} ({status})",
+                        self.port
+                    )));
+                }
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                self.kill();
+                return Err(err(format!(
+                    "redis-server did not answer PING on port {} within {READY_TIMEOUT:?}",
+                    self.port
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is running (paused counts as running).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn signal(&self, sig: &str) -> Result<(), RedisServerError> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| err("redis-server is not running"))?;
+        let status = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .map_err(|e| err(format!("cannot run kill: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(err(format!("kill {sig} {pid} failed: {status}")))
+        }
+    }
+
+    /// Kills the process (SIGKILL) and reaps it. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused = false;
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open, nothing
+    /// answers.
+    pub fn pause(&mut self) -> Result<(), RedisServerError> {
+        self.signal("-STOP")?;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// Thaws a paused process (SIGCONT).
+    pub fn resume(&mut self) -> Result<(), RedisServerError> {
+        self.signal("-CONT")?;
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Kills the process if it runs, then starts a new one on the same port
+    /// (empty: no persistence) and waits until it answers.
+    pub fn restart(&mut self) -> Result<(), RedisServerError> {
+        self.kill();
+        let started = Instant::now();
+        loop {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                // The old socket may linger briefly.
+                Err(e) if started.elapsed() > READY_TIMEOUT => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// `SCRIPT FLUSH`: empties the script cache (as a restart or failover
+    /// would).
+    pub fn flush_scripts(&self) -> Result<(), RedisServerError> {
+        match self.cmd(&["SCRIPT", "FLUSH"])? {
+            Resp::Simple(s) if s == "OK" => Ok(()),
+            other => Err(err(format!("SCRIPT FLUSH answered {other:?}"))),
+        }
+    }
+
+    /// Sends one command on a fresh connection and reads the reply.
+    pub fn cmd(&self, args: &[&str]) -> Result<Resp, RedisServerError> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.cmd_bytes(&args)
+    }
+
+    /// Like [`cmd`](Self::cmd), with binary arguments.
+    pub fn cmd_bytes(&self, args: &[&[u8]]) -> Result<Resp, RedisServerError> {
+        let io = |e: std::io::Error| err(format!("redis on port {}: {e}", self.port));
+        let stream = TcpStream::connect_timeout(&self.addr(), CMD_TIMEOUT).map_err(io)?;
+        stream.set_read_timeout(Some(CMD_TIMEOUT)).map_err(io)?;
+        stream.set_write_timeout(Some(CMD_TIMEOUT)).map_err(io)?;
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        (&stream).write_all(&out).map_err(io)?;
+        let mut reader = BufReader::new(stream);
+        read_resp(&mut reader).map_err(io)
+    }
+
+    /// Sum of `calls` over every command in `INFO commandstats` whose name
+    /// starts with `prefix` (e.g. `evalsha`, `publish`).
+    pub fn command_calls(&self, prefix: &str) -> Result<u64, RedisServerError> {
+        let info = self.cmd(&["INFO", "commandstats"])?;
+        let text = info
+            .as_str()
+            .ok_or_else(|| err("INFO did not answer text"))?
+            .to_owned();
+        let mut total = 0;
+        for line in text.lines() {
+            // cmdstat_evalsha:calls=3,usec=...
+            let Some(rest) = line.strip_prefix("cmdstat_") else {
+                continue;
+            };
+            let Some((name, stats)) = rest.split_once(':') else {
+                continue;
+            };
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            if let Some(calls) = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                total += calls;
+            }
+        }
+        Ok(total)
+    }
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .field("pid", &self.pid())
+            .field("paused", &self.paused)
+            .finish()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.paused {
+            // A stopped process still dies of SIGKILL; resume anyway so it
+            // never lingers stopped if the kill fails.
+            let _ = self.signal("-CONT");
+        }
+        self.kill();
+    }
+}
+
+/// A RESP2 reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resp {
+    /// `+OK`
+    Simple(String),
+    /// `-ERR ...`
+    Error(String),
+    /// `:1`
+    Int(i64),
+    /// `$n ...` (None for nil)
+    Bulk(Option<Vec<u8>>),
+    /// `*n ...` (None for nil)
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// The reply as text, for simple strings and UTF-8 bulk strings.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::Simple(s) => Some(s),
+            Self::Bulk(Some(b)) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+}
+
+fn bad(msg: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_owned())
+}
+
+fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let line = line.trim_end_matches(['\r', '\n']);
+    let (kind, rest) = line.split_at_checked(1).ok_or_else(|| bad("empty reply"))?;
+    let num = || rest.parse::<i64>().map_err(|_| bad("bad length"));
+    Ok(match kind {
+        "+" => Resp::Simple(rest.to_owned()),
+        "-" => Resp::Error(rest.to_owned()),
+        ":" => Resp::Int(num()?),
+        "$" => {
+            let n = num()?;
+            if n < 0 {
+                Resp::Bulk(None)
+            } else {
+                let n = usize::try_from(n).map_err(|_| bad("bad length"))?;
+                let mut buf = vec![0; n + 2];
+                r.read_exact(&mut buf)?;
+                buf.truncate(n);
+                Resp::Bulk(Some(buf))
+            }
+        }
+        "*" => {
+            let n = num()?;
+            if n < 0 {
+                Resp::Array(None)
+            } else {
+                let mut items = Vec::new();
+                for _ in 0..n {
+                    items.push(read_resp(r)?);
+                }
+                Resp::Array(Some(items))
+            }
+        }
+        _ => return Err(bad("unknown reply type")),
+    })
+}
