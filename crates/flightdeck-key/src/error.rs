@@ -1,0 +1,43 @@
+//! Errors of key extraction.
+//!
+//! Request-time errors are core types, so that every HTTP and gRPC adapter
+//! of flightdeck maps them the same way (`ErrorClass`):
+//! [`RequestBodyError`] (400 / `INVALID_ARGUMENT`) and
+//! [`IdempotencyConflict`] (422 / `FAILED_PRECONDITION`). Configuration
+//! mistakes are reported once, when an extractor is built, as
+//! [`ConfigError`].
+
+use std::fmt;
+
+pub use flightdeck_core::error::{IdempotencyConflict, RequestBodyError};
+
+/// An extractor was configured with an invalid value (a bad stage name,
+/// route pattern or header name). Names the first problem found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
+}
+
+impl ConfigError {
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn new(what: &str, value: &str, problem: impl fmt::Display) -> Self {
+        // Escaped and truncated: configuration may come from a file.
+        let value: String = value
+            .chars()
+            .take(80)
+            .collect::<String>()
+            .escape_debug()
+            .to_string();
+        Self {
+            message: format!("invalid {what} \"{value}\": {problem}"),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,207 @@
+//! Reading a request body into the key, and putting it back.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use flightdeck_core::error::{IdempotencyConflict, RequestBodyError};
+use flightdeck_core::http::FlightBody;
+use flightdeck_core::{BoxError, Digest, KeyEncoder, StageName};
+use http::header::CONTENT_LENGTH;
+use http::request::Parts;
+use http::{HeaderMap, Request};
+use http_body::Body;
+
+use super::idempotency::IdempotencyTable;
+use crate::extract::{Decision, Extracted, Extraction, NotCoalescable, Reason};
+
+/// What is known once the head was read: the encoder with every head field
+/// written, the stage and scope, the body cap and the idempotency check.
+pub(crate) struct Plan {
+    pub(crate) encoder: KeyEncoder,
+    pub(crate) stage: StageName,
+    pub(crate) scope: Option<Digest>,
+    /// `None`: bodies are not hashed for this request.
+    pub(crate) cap: Option<usize>,
+    pub(crate) idempotency: Option<(Arc<IdempotencyTable>, Digest)>,
+}
+
+impl Plan {
+    /// Writes the body as the last field and decides.
+    fn finish(mut self, body: &[u8]) -> Result<Decision, BoxError> {
+        self.encoder.push(body);
+        let digest = self.encoder.finish();
+        if let Some((table, slot)) = &self.idempotency {
+            if !table.check(*slot, digest) {
+                return Err(IdempotencyConflict::new(Some(self.stage)).into());
+            }
+        }
+        Ok(Decision::Key(flightdeck_core::FlightKey::new(
+            self.stage, self.scope, digest,
+        )))
+    }
+}
+
+pub(crate) type Output<B> = Extraction<Request<FlightBody<B>>, KeyFuture<B>>;
+
+/// Passes the request through untouched, marked with `reason`.
+pub(crate) fn bypass<B>(parts: Parts, body: B, reason: Reason) -> Output<B> {
+    let req = Request::from_parts(parts, FlightBody::inner(body));
+    Extraction::Ready(Ok(Extracted::new(req, NotCoalescable::new(reason))))
+}
+
+/// Finishes at once when the body is known to be empty, refuses bodies that
+/// cannot be hashed or declare more than the cap, and otherwise reads the
+/// body in a [`KeyFuture`].
+pub(crate) fn start<B>(parts: Parts, body: B, plan: Plan) -> Output<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    if body.is_end_stream() || body.size_hint().exact() == Some(0) {
+        let decision = plan.finish(&[]);
+        let req = Request::from_parts(parts, FlightBody::inner(body));
+        return Extraction::Ready(decision.map(|d| Extracted::new(req, d)));
+    }
+    let Some(cap) = plan.cap else {
+        return bypass(parts, body, Reason::UnhashedBody);
+    };
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap as u64) || body.size_hint().lower() > cap as u64 {
+        return bypass(parts, body, Reason::BodyTooLarge);
+    }
+    Extraction::Pending(KeyFuture {
+        state: Some(Reading {
+            parts,
+            body,
+            plan,
+            cap,
+            first: None,
+            buf: BytesMut::new(),
+            trailers: None,
+        }),
+    })
+}
+
+/// Future of an extraction that reads the body: collects it up to the cap,
+/// hashes it, and re-attaches it byte for byte (as one data frame, plus the
+/// trailers if any). Over the cap, the bytes read so far are put back in
+/// front of the rest of the stream and the request is not coalesced.
+///
+/// A hand-written state machine rather than an `async` block, so it can be
+/// named without boxing. It requires `B: Unpin` (axum's, tonic's and hyper's
+/// bodies are) to move the body back into the request when done.
+pub struct KeyFuture<B> {
+    state: Option<Reading<B>>,
+}
+
+struct Reading<B> {
+    parts: Parts,
+    body: B,
+    plan: Plan,
+    cap: usize,
+    // The first data frame, kept without copying in the common case of a
+    // body that arrives in one frame.
+    first: Option<Bytes>,
+    buf: BytesMut,
+    trailers: Option<HeaderMap>,
+}
+
+impl<B> Reading<B> {
+    fn len(&self) -> usize {
+        self.first.as_ref().map_or(0, Bytes::len) + self.buf.len()
+    }
+
+    fn push(&mut self, data: Bytes) {
+        if self.first.is_none() && self.buf.is_empty() {
+            self.first = Some(data);
+            return;
+        }
+        if let Some(first) = self.first.take() {
+            self.buf.extend_from_slice(&first);
+        }
+        self.buf.extend_from_slice(&data);
+    }
+
+    fn take_bytes(&mut self) -> Bytes {
+        match self.first.take() {
+            Some(first) => first,
+            None => std::mem::take(&mut self.buf).freeze(),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for KeyFuture<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyFuture")
+            .field("read", &self.state.as_ref().map(Reading::len))
+            .finish()
+    }
+}
+
+impl<B> Future for KeyFuture<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<Extracted<Request<FlightBody<B>>>, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(reading) = self.state.as_mut() else {
+            return Poll::Ready(Err("key future polled after completion".into()));
+        };
+        loop {
+            match Pin::new(&mut reading.body).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => {
+                    self.state = None;
+                    return Poll::Ready(Err(RequestBodyError::new(e).into()));
+                }
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        reading.push(data);
+                        if reading.len() > reading.cap {
+                            break;
+                        }
+                    }
+                    Err(frame) => {
+                        if let Ok(t) = frame.into_trailers() {
+                            match &mut reading.trailers {
+                                Some(all) => all.extend(t),
+                                None => reading.trailers = Some(t),
+                            }
+                        }
+                    }
+                },
+                Poll::Ready(None) => break,
+            }
+        }
+        let Some(mut r) = self.state.take() else {
+            return Poll::Ready(Err("key future polled after completion".into()));
+        };
+        let data = r.take_bytes();
+        if r.len() + data.len() > r.cap {
+            let req = Request::from_parts(r.parts, FlightBody::resumed(data, r.body));
+            return Poll::Ready(Ok(Extracted::new(
+                req,
+                NotCoalescable::new(Reason::BodyTooLarge),
+            )));
+        }
+        if r.trailers.is_some() {
+            let req = Request::from_parts(r.parts, FlightBody::replay(data, r.trailers));
+            return Poll::Ready(Ok(Extracted::new(
+                req,
+                NotCoalescable::new(Reason::Trailers),
+            )));
+        }
+        let decision = r.plan.finish(&data);
+        let req = Request::from_parts(r.parts, FlightBody::replay(data, None));
+        Poll::Ready(decision.map(|d| Extracted::new(req, d)))
+    }
+}

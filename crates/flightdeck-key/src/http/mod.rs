@@ -1,0 +1,572 @@
+//! The HTTP extractor: which HTTP requests are "the same work".
+//!
+//! [`HttpKeyExtractor`] keys an `http::Request<B>` by:
+//!
+//! - **stage**: the first matching route rule (method + path pattern), else
+//!   the stage header (only stages from its allowed list), else the default
+//!   stage; with none of these the request is not coalesced;
+//! - **method**, **authority** (URI authority or `Host`, ASCII-lowercased)
+//!   and **path** (raw, byte for byte: `/a%41` and `/aA` may route
+//!   differently, so they are different keys);
+//! - **query**, normalized (see below), minus the ignored parameters;
+//! - **selected headers**, by default `Accept`, `Accept-Encoding` and
+//!   `Accept-Language`: every value, in order, as raw bytes (a non-UTF-8
+//!   value is hashed as it is, never replaced or dropped; an absent header
+//!   differs from an empty one);
+//! - **body**, when body hashing is enabled for the request: read up to the
+//!   cap, hashed, re-attached byte for byte. A request with a body that is
+//!   not hashed is not coalesced (two requests that differ only in unhashed
+//!   bytes must not share); over the cap, it is not coalesced and the body
+//!   reaches the handler intact;
+//! - **tenant scope**, see [`Scope`]: by default a hash of `Authorization`
+//!   and `Cookie`, so different users never share.
+//!
+//! Only `GET` and `HEAD` are coalesced by default. Other methods are
+//! coalesced through an explicit route rule, or when they carry an
+//! `Idempotency-Key`: then the key and the whole request (body included,
+//! up to [`HttpKeyBuilder::idempotency_body_cap`]) are part of the flight
+//! key, and reusing the key with a different request within the window is
+//! an [`IdempotencyConflict`](crate::error::IdempotencyConflict) (HTTP 422
+//! through `flightdeck_core::http::ErrorResponseLayer`).
+//!
+//! # Query canonical form
+//!
+//! Parameters are split on `&` (empty pieces dropped, so no query, `?` and
+//! `?&` are equal), names and values are form-urlencoded-decoded (`%41` ≡
+//! `A`, `+` ≡ `%20`, `%2B` is a literal `+`; broken escapes stay literal),
+//! `a` ≡ `a=`, ignored names are dropped, then parameters are sorted by
+//! name, stably: repeated parameters keep their order and multiplicity
+//! (`a=1&a=2` ≠ `a=2&a=1`, `a=1&a=1` ≠ `a=1`).
+//!
+//! # Example
+//!
+//! ```
+//! use axum::{body::Body, routing::get, Router};
+//! use flightdeck_core::{http::ErrorResponseLayer, FlightKey};
+//! use flightdeck_key::{http::HttpKeyExtractor, KeyLayer};
+//! use http::{Method, Request};
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let keys = HttpKeyExtractor::builder()
+//!     .route(Method::GET, "/v1/score/{id}", "score")
+//!     .ignore_query_params(["_", "ts"])
+//!     .build()?;
+//!
+//! let app = Router::new()
+//!     .route(
+//!         "/v1/score/{id}",
+//!         get(|req: Request<Body>| async move {
+//!             // Layers below (single-flight) read the key the same way.
+//!             req.extensions().get::<FlightKey>().map(|k| k.stage().to_string()).unwrap_or_default()
+//!         }),
+//!     )
+//!     .layer(
+//!         ServiceBuilder::new()
+//!             .layer(ErrorResponseLayer::new()) // 422 / 400 for key errors
+//!             .layer(KeyLayer::new(keys)),
+//!     );
+//!
+//! let req = Request::get("/v1/score/7?ts=123").body(Body::empty())?;
+//! let resp = app.oneshot(req).await?;
+//! let body = axum::body::to_bytes(resp.into_body(), 1024).await?;
+//! assert_eq!(&body[..], b"score");
+//! # Ok(())
+//! # }
+//! ```
+
+pub(crate) mod body;
+mod idempotency;
+mod query;
+mod route;
+mod scope;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_core::{BoxError, Digest, KeyEncoder, StageName};
+use http::header::{GetAll, ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, HOST};
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method, Request};
+use http_body::Body;
+
+pub use self::body::KeyFuture;
+pub use self::scope::{Scope, ScopeId};
+
+use self::body::Plan;
+use self::idempotency::IdempotencyTable;
+use self::route::Pattern;
+use crate::error::ConfigError;
+use crate::extract::{Extraction, KeyExtractor, Reason};
+
+pub use flightdeck_core::http::FlightBody;
+
+/// Default cap on a hashed body: 64 KiB.
+pub const DEFAULT_BODY_CAP: usize = 64 * 1024;
+
+/// Default cap on the body of a request with an `Idempotency-Key`: 1 MiB.
+pub const DEFAULT_IDEMPOTENCY_BODY_CAP: usize = 1024 * 1024;
+
+/// Default time an `Idempotency-Key` is remembered: 24 hours.
+pub const DEFAULT_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Default number of `Idempotency-Key`s remembered (oldest evicted first).
+pub const DEFAULT_IDEMPOTENCY_CAPACITY: usize = 100_000;
+
+/// The `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Keys HTTP requests (see the module docs). Cheap to clone.
+#[derive(Clone)]
+pub struct HttpKeyExtractor {
+    config: Arc<Config>,
+}
+
+struct Config {
+    routes: Vec<RouteRule>,
+    stage_header: Option<(HeaderName, Vec<StageName>)>,
+    default_stage: Option<StageName>,
+    ignore_query: Vec<Box<[u8]>>,
+    headers: Vec<HeaderName>,
+    body_cap: Option<usize>,
+    idempotency_body_cap: usize,
+    idempotency: Arc<IdempotencyTable>,
+    scope: Scope,
+    scope_secret: Box<[u8]>,
+}
+
+struct RouteRule {
+    method: Method,
+    pattern: Pattern,
+    stage: StageName,
+    body_cap: Option<usize>,
+}
+
+impl HttpKeyExtractor {
+    /// Starts a configuration.
+    pub fn builder() -> HttpKeyBuilder {
+        HttpKeyBuilder::new()
+    }
+}
+
+impl fmt::Debug for HttpKeyExtractor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &*self.config;
+        f.debug_struct("HttpKeyExtractor")
+            .field("routes", &c.routes.len())
+            .field("default_stage", &c.default_stage)
+            .field("headers", &c.headers)
+            .field("body_cap", &c.body_cap)
+            .field("scope", &c.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A route rule: requests with this method whose path matches the pattern
+/// belong to this stage. Rules also make methods other than GET and HEAD
+/// coalescable.
+#[derive(Debug, Clone)]
+pub struct Route {
+    method: Method,
+    pattern: String,
+    stage: String,
+    body_cap: Option<usize>,
+}
+
+impl Route {
+    /// A rule for `method` on `pattern` (`/v1/items/{id}`, `/v1/:id`,
+    /// `/files/{*rest}`; matched against the raw path).
+    pub fn new(method: Method, pattern: impl Into<String>, stage: impl Into<String>) -> Self {
+        Self {
+            method,
+            pattern: pattern.into(),
+            stage: stage.into(),
+            body_cap: None,
+        }
+    }
+
+    /// Hashes the body of matching requests, up to `cap` bytes.
+    pub fn hash_body(mut self, cap: usize) -> Self {
+        self.body_cap = Some(cap);
+        self
+    }
+}
+
+/// Configuration of an [`HttpKeyExtractor`].
+#[derive(Debug)]
+pub struct HttpKeyBuilder {
+    routes: Vec<Route>,
+    stage_header: Option<(String, Vec<String>)>,
+    default_stage: Option<String>,
+    ignore_query: Vec<String>,
+    headers: Vec<String>,
+    body_cap: Option<usize>,
+    idempotency_body_cap: usize,
+    idempotency_window: Duration,
+    idempotency_capacity: usize,
+    scope: Scope,
+    scope_secret: Vec<u8>,
+}
+
+impl HttpKeyBuilder {
+    fn new() -> Self {
+        Self {
+            routes: Vec::new(),
+            stage_header: None,
+            default_stage: None,
+            ignore_query: Vec::new(),
+            headers: [ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE]
+                .iter()
+                .map(|h| h.as_str().to_owned())
+                .collect(),
+            body_cap: None,
+            idempotency_body_cap: DEFAULT_IDEMPOTENCY_BODY_CAP,
+            idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
+            idempotency_capacity: DEFAULT_IDEMPOTENCY_CAPACITY,
+            scope: Scope::credentials(),
+            scope_secret: Vec::new(),
+        }
+    }
+
+    /// Adds a route rule: `method` on `pattern` belongs to `stage`. Rules
+    /// are tried in the order they were added.
+    pub fn route(self, method: Method, pattern: &str, stage: &str) -> Self {
+        self.add_route(Route::new(method, pattern, stage))
+    }
+
+    /// Adds a route rule built with [`Route`] (e.g. with body hashing).
+    pub fn add_route(mut self, route: Route) -> Self {
+        self.routes.push(route);
+        self
+    }
+
+    /// Takes the stage from a header, when no route rule matched. Only the
+    /// listed stages are accepted: a header naming any other stage makes
+    /// the request not coalesced, so clients cannot invent stages.
+    pub fn stage_header<I, S>(mut self, name: &str, allowed: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.stage_header = Some((
+            name.to_owned(),
+            allowed.into_iter().map(Into::into).collect(),
+        ));
+        self
+    }
+
+    /// The stage of GET and HEAD requests (and of requests with an
+    /// `Idempotency-Key`) that no rule or header placed. Without it, such
+    /// requests are not coalesced.
+    pub fn default_stage(mut self, stage: &str) -> Self {
+        self.default_stage = Some(stage.to_owned());
+        self
+    }
+
+    /// Query parameters that never change the response (cache busters such
+    /// as `_`, `ts`, `nonce`): dropped before hashing. Compared with the
+    /// decoded name, case-sensitively.
+    pub fn ignore_query_params<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.ignore_query.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Adds a header to the key (besides `Accept`, `Accept-Encoding` and
+    /// `Accept-Language`): e.g. a model or API version header.
+    pub fn header(mut self, name: &str) -> Self {
+        self.headers.push(name.to_owned());
+        self
+    }
+
+    /// Removes every header from the key, including the default ones.
+    pub fn clear_headers(mut self) -> Self {
+        self.headers.clear();
+        self
+    }
+
+    /// Hashes request bodies of every coalesced request up to `cap` bytes
+    /// (route rules may set their own cap).
+    pub fn hash_bodies(mut self, cap: usize) -> Self {
+        self.body_cap = Some(cap);
+        self
+    }
+
+    /// The body cap for requests with an `Idempotency-Key` (default 1 MiB).
+    pub fn idempotency_body_cap(mut self, cap: usize) -> Self {
+        self.idempotency_body_cap = cap;
+        self
+    }
+
+    /// How long an `Idempotency-Key` is remembered for conflict detection
+    /// (default 24 h).
+    pub fn idempotency_window(mut self, window: Duration) -> Self {
+        self.idempotency_window = window;
+        self
+    }
+
+    /// How many `Idempotency-Key`s are remembered (default 100 000, about
+    /// 100 bytes each).
+    pub fn idempotency_capacity(mut self, entries: usize) -> Self {
+        self.idempotency_capacity = entries;
+        self
+    }
+
+    /// Where the tenant scope comes from (default: [`Scope::credentials`]).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Lets every user share results with every other user.
+    ///
+    /// # Warning
+    ///
+    /// See [`Scope::shared_across_users`]: one user's answer is handed to
+    /// another. Only for responses that do not depend on who asks.
+    pub fn shared_across_users(self) -> Self {
+        self.scope(Scope::shared_across_users())
+    }
+
+    /// A deployment secret mixed into scope digests, so that digests of
+    /// low-entropy credentials (Basic auth) in Redis key names cannot be
+    /// brute-forced offline. Use the same secret on every node.
+    pub fn scope_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.scope_secret = secret.as_ref().to_vec();
+        self
+    }
+
+    /// Validates the configuration.
+    pub fn build(self) -> Result<HttpKeyExtractor, ConfigError> {
+        self.scope.validate()?;
+        let routes = self
+            .routes
+            .into_iter()
+            .map(|r| {
+                Ok(RouteRule {
+                    pattern: Pattern::parse(&r.pattern)
+                        .map_err(|e| ConfigError::new("route pattern", &r.pattern, e))?,
+                    stage: stage(&r.stage)?,
+                    method: r.method,
+                    body_cap: r.body_cap,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let stage_header = match self.stage_header {
+            Some((name, allowed)) => Some((
+                header_name(&name)?,
+                allowed.iter().map(|s| stage(s)).collect::<Result<_, _>>()?,
+            )),
+            None => None,
+        };
+        let mut headers = self
+            .headers
+            .iter()
+            .map(|h| header_name(h))
+            .collect::<Result<Vec<_>, _>>()?;
+        headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        headers.dedup();
+        Ok(HttpKeyExtractor {
+            config: Arc::new(Config {
+                routes,
+                stage_header,
+                default_stage: self.default_stage.as_deref().map(stage).transpose()?,
+                ignore_query: self
+                    .ignore_query
+                    .iter()
+                    .map(|s| query::decode(s).into_owned().into_boxed_slice())
+                    .collect(),
+                headers,
+                body_cap: self.body_cap,
+                idempotency_body_cap: self.idempotency_body_cap,
+                idempotency: Arc::new(IdempotencyTable::new(
+                    self.idempotency_window,
+                    self.idempotency_capacity,
+                )),
+                scope: self.scope,
+                scope_secret: self.scope_secret.into_boxed_slice(),
+            }),
+        })
+    }
+}
+
+fn stage(name: &str) -> Result<StageName, ConfigError> {
+    StageName::new(name).map_err(|e| ConfigError::new("stage", name, e))
+}
+
+fn header_name(name: &str) -> Result<HeaderName, ConfigError> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|e| ConfigError::new("header name", name, e))
+}
+
+/// Writes every value of a header: the count, then each value's raw bytes.
+pub(crate) fn write_values(enc: &mut KeyEncoder, values: GetAll<'_, HeaderValue>) {
+    enc.push(&(values.iter().count() as u64).to_le_bytes());
+    for v in values.iter() {
+        enc.push(v.as_bytes());
+    }
+}
+
+/// Writes each selected header: name, count, values.
+pub(crate) fn write_headers(enc: &mut KeyEncoder, parts: &Parts, names: &[HeaderName]) {
+    for name in names {
+        enc.push(name.as_str().as_bytes());
+        write_values(enc, parts.headers.get_all(name));
+    }
+}
+
+/// The scope of a request, or the reason it has none although a rule asks
+/// for one.
+pub(crate) fn scope_of(
+    scope: &Scope,
+    parts: &Parts,
+    secret: &[u8],
+) -> Result<Option<Digest>, Reason> {
+    scope.compute(parts, secret).map_err(|()| Reason::NoScope)
+}
+
+enum Idempotency<'a> {
+    None,
+    Key(&'a [u8]),
+    Bad,
+}
+
+fn idempotency_key(parts: &Parts) -> Idempotency<'_> {
+    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(first) = values.next() else {
+        return Idempotency::None;
+    };
+    if values.next().is_some() {
+        return Idempotency::Bad;
+    }
+    // The draft sends the key as a structured-field string: `"abc"` and a
+    // bare `abc` name the same key.
+    let bytes = first.as_bytes();
+    let bytes = bytes
+        .strip_prefix(b"\"")
+        .and_then(|b| b.strip_suffix(b"\""))
+        .unwrap_or(bytes);
+    if bytes.is_empty() {
+        Idempotency::Bad
+    } else {
+        Idempotency::Key(bytes)
+    }
+}
+
+impl Config {
+    /// Reads the head: either a bypass reason, or the plan for the body.
+    fn plan(&self, parts: &Parts) -> Result<Plan, Reason> {
+        let method = &parts.method;
+        let path = parts.uri.path();
+        let safe = *method == Method::GET || *method == Method::HEAD;
+        let route = self
+            .routes
+            .iter()
+            .find(|r| r.method == *method && r.pattern.matches(path));
+        let idem = if safe {
+            None
+        } else {
+            match idempotency_key(parts) {
+                Idempotency::None => None,
+                Idempotency::Key(k) => Some(k),
+                Idempotency::Bad => return Err(Reason::BadIdempotencyKey),
+            }
+        };
+        if route.is_none() && !safe && idem.is_none() {
+            return Err(Reason::Method);
+        }
+        let stage = match route {
+            Some(r) => r.stage.clone(),
+            None => self.header_stage(parts)?.ok_or(Reason::NoStage)?,
+        };
+        let scope = scope_of(&self.scope, parts, &self.scope_secret)?;
+
+        let mut enc = KeyEncoder::with_domain(b"flightdeck-key/http/1");
+        enc.push(method.as_str().as_bytes());
+        write_authority(&mut enc, parts);
+        enc.push(path.as_bytes());
+        query::write_query(&mut enc, parts.uri.query(), &self.ignore_query);
+        write_headers(&mut enc, parts, &self.headers);
+        let idempotency = match idem {
+            Some(key) => {
+                enc.push(b"idempotency-key");
+                enc.push(key);
+                let mut slot = KeyEncoder::with_domain(b"flightdeck-key/idempotency/1");
+                slot.push(stage.as_str().as_bytes());
+                slot.push(scope.as_ref().map_or(&[][..], |d| d.as_bytes()));
+                slot.push(method.as_str().as_bytes());
+                write_authority(&mut slot, parts);
+                slot.push(path.as_bytes());
+                slot.push(key);
+                Some((Arc::clone(&self.idempotency), slot.finish()))
+            }
+            None => {
+                enc.push(b"-");
+                None
+            }
+        };
+        let cap = route
+            .and_then(|r| r.body_cap)
+            .or(self.body_cap)
+            .or(idem.map(|_| self.idempotency_body_cap));
+        Ok(Plan {
+            encoder: enc,
+            stage,
+            scope,
+            cap,
+            idempotency,
+        })
+    }
+
+    fn header_stage(&self, parts: &Parts) -> Result<Option<StageName>, Reason> {
+        if let Some((name, allowed)) = &self.stage_header {
+            if let Some(value) = parts.headers.get(name) {
+                return allowed
+                    .iter()
+                    .find(|s| s.as_str().as_bytes() == value.as_bytes())
+                    .cloned()
+                    .map(Some)
+                    .ok_or(Reason::UnknownStage);
+            }
+        }
+        Ok(self.default_stage.clone())
+    }
+}
+
+/// The authority (URI authority, else `Host`), ASCII-lowercased.
+fn write_authority(enc: &mut KeyEncoder, parts: &Parts) {
+    let raw: &[u8] = match parts.uri.authority() {
+        Some(a) => a.as_str().as_bytes(),
+        None => parts
+            .headers
+            .get(HOST)
+            .map_or(&[][..], HeaderValue::as_bytes),
+    };
+    if raw.iter().any(u8::is_ascii_uppercase) {
+        enc.push(&raw.to_ascii_lowercase());
+    } else {
+        enc.push(raw);
+    }
+}
+
+impl<B> KeyExtractor<Request<B>> for HttpKeyExtractor
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Request = Request<FlightBody<B>>;
+    type Future = KeyFuture<B>;
+
+    fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
+        let (parts, body) = req.into_parts();
+        match self.config.plan(&parts) {
+            Ok(plan) => body::start(parts, body, plan),
+            Err(reason) => body::bypass(parts, body, reason),
+        }
+    }
+}
