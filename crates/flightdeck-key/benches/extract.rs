@@ -22,7 +22,10 @@ const GET_HEADERS: [(&str, &str); 6] = [
     ("accept-encoding", "gzip, br"),
     ("accept-language", "en-US,en;q=0.9"),
     ("user-agent", "bench/1.0"),
-    ("authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ1c2VyLTQyIn0.sig"),
+    (
+        "authorization",
+        "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ1c2VyLTQyIn0.sig",
+    ),
 ];
 const GET_URI: &str = "/v1/score/42?lang=en&model=v2&_=1700000000000&page=3";
 const POST_URI: &str = "/v1/report";
