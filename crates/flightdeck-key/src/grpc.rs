@@ -14,7 +14,7 @@
 //! encodings are not canonical, so two equal messages encoded differently
 //! get different keys (a missed merge, never a wrong one). `grpc-timeout`
 //! is never part of the key. The tenant scope works as for HTTP
-//! ([`Scope`]): by default, calls with different `authorization` metadata
+//! ([`Scope`](crate::http::Scope)): by default, calls with different `authorization` metadata
 //! never share.
 //!
 //! No tonic dependency: put the [`KeyLayer`](crate::KeyLayer) on
@@ -59,7 +59,7 @@ use http_body::Body;
 
 use crate::error::ConfigError;
 use crate::extract::{Extraction, KeyExtractor, Reason};
-use crate::http::{scope_of, write_headers, KeyFuture, Scope};
+use crate::http::{write_headers, KeyFuture, ScopeConfig};
 
 /// Default cap on a hashed gRPC message: 1 MiB.
 pub const DEFAULT_MESSAGE_CAP: usize = 1024 * 1024;
@@ -76,8 +76,7 @@ struct Config {
     methods: HashMap<Box<str>, StageName>,
     metadata: Vec<HeaderName>,
     cap: usize,
-    scope: Scope,
-    scope_secret: Box<[u8]>,
+    scope: ScopeConfig,
 }
 
 impl GrpcKeyExtractor {
@@ -87,8 +86,7 @@ impl GrpcKeyExtractor {
             methods: Vec::new(),
             metadata: Vec::new(),
             cap: DEFAULT_MESSAGE_CAP,
-            scope: Scope::credentials(),
-            scope_secret: Vec::new(),
+            scope: ScopeConfig::default(),
         }
     }
 }
@@ -99,7 +97,7 @@ impl fmt::Debug for GrpcKeyExtractor {
             .field("methods", &self.config.methods.len())
             .field("metadata", &self.config.metadata)
             .field("cap", &self.config.cap)
-            .field("scope", &self.config.scope)
+            .field("scope", &self.config.scope.scope)
             .finish_non_exhaustive()
     }
 }
@@ -110,8 +108,7 @@ pub struct GrpcKeyBuilder {
     methods: Vec<(String, String)>,
     metadata: Vec<String>,
     cap: usize,
-    scope: Scope,
-    scope_secret: Vec<u8>,
+    scope: ScopeConfig,
 }
 
 impl GrpcKeyBuilder {
@@ -134,31 +131,11 @@ impl GrpcKeyBuilder {
         self
     }
 
-    /// Where the tenant scope comes from (default: [`Scope::credentials`]).
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.scope = scope;
-        self
-    }
-
-    /// Lets every caller share results with every other caller.
-    ///
-    /// # Warning
-    ///
-    /// See [`Scope::shared_across_users`].
-    pub fn shared_across_users(self) -> Self {
-        self.scope(Scope::shared_across_users())
-    }
-
-    /// A deployment secret mixed into scope digests (see
-    /// [`HttpKeyBuilder::scope_secret`](crate::http::HttpKeyBuilder::scope_secret)).
-    pub fn scope_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.scope_secret = secret.as_ref().to_vec();
-        self
-    }
+    scope_setters!();
 
     /// Validates the configuration.
     pub fn build(self) -> Result<GrpcKeyExtractor, ConfigError> {
-        self.scope.validate()?;
+        self.scope.scope.validate()?;
         let mut methods = HashMap::new();
         for (path, stage) in self.methods {
             let valid = path.len() > 3
@@ -191,7 +168,6 @@ impl GrpcKeyBuilder {
                 metadata,
                 cap: self.cap,
                 scope: self.scope,
-                scope_secret: self.scope_secret.into_boxed_slice(),
             }),
         })
     }
@@ -216,7 +192,7 @@ impl Config {
             .get(path)
             .ok_or(Reason::NotAllowlisted)?
             .clone();
-        let scope = scope_of(&self.scope, parts, &self.scope_secret)?;
+        let scope = self.scope.of(parts)?;
         let mut enc = KeyEncoder::with_domain(b"flightdeck-key/grpc/1");
         enc.push(path.as_bytes());
         let encoding = parts
@@ -244,10 +220,6 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        let (parts, body) = req.into_parts();
-        match self.config.plan(&parts) {
-            Ok(plan) => crate::http::body::start(parts, body, plan),
-            Err(reason) => crate::http::body::bypass(parts, body, reason),
-        }
+        crate::http::body::extract_with(req, |parts| self.config.plan(parts))
     }
 }

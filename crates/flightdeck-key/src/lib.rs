@@ -57,6 +57,10 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "http")]
+#[macro_use]
+mod macros;
+
 pub mod error;
 mod extract;
 pub mod future;

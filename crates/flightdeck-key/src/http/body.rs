@@ -46,8 +46,24 @@ impl Plan {
 
 pub(crate) type Output<B> = Extraction<Request<FlightBody<B>>, KeyFuture<B>>;
 
+/// Plans from the head, then finishes or reads the body.
+pub(crate) fn extract_with<B>(
+    req: Request<B>,
+    plan: impl FnOnce(&Parts) -> Result<Plan, Reason>,
+) -> Output<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    match plan(&parts) {
+        Ok(plan) => start(parts, body, plan),
+        Err(reason) => bypass(parts, body, reason),
+    }
+}
+
 /// Passes the request through untouched, marked with `reason`.
-pub(crate) fn bypass<B>(parts: Parts, body: B, reason: Reason) -> Output<B> {
+fn bypass<B>(parts: Parts, body: B, reason: Reason) -> Output<B> {
     let req = Request::from_parts(parts, FlightBody::inner(body));
     Extraction::Ready(Ok(Extracted::new(req, NotCoalescable::new(reason))))
 }
@@ -55,7 +71,7 @@ pub(crate) fn bypass<B>(parts: Parts, body: B, reason: Reason) -> Output<B> {
 /// Finishes at once when the body is known to be empty, refuses bodies that
 /// cannot be hashed or declare more than the cap, and otherwise reads the
 /// body in a [`KeyFuture`].
-pub(crate) fn start<B>(parts: Parts, body: B, plan: Plan) -> Output<B>
+fn start<B>(parts: Parts, body: B, plan: Plan) -> Output<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,

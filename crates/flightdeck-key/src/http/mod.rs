@@ -87,13 +87,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightdeck_core::{BoxError, Digest, KeyEncoder, StageName};
+use flightdeck_core::{BoxError, KeyEncoder, StageName};
 use http::header::{GetAll, ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, HOST};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body::Body;
 
 pub use self::body::KeyFuture;
+pub(crate) use self::scope::ScopeConfig;
 pub use self::scope::{Scope, ScopeId};
 
 use self::body::Plan;
@@ -134,8 +135,7 @@ struct Config {
     body_cap: Option<usize>,
     idempotency_body_cap: usize,
     idempotency: Arc<IdempotencyTable>,
-    scope: Scope,
-    scope_secret: Box<[u8]>,
+    scope: ScopeConfig,
 }
 
 struct RouteRule {
@@ -160,7 +160,7 @@ impl fmt::Debug for HttpKeyExtractor {
             .field("default_stage", &c.default_stage)
             .field("headers", &c.headers)
             .field("body_cap", &c.body_cap)
-            .field("scope", &c.scope)
+            .field("scope", &c.scope.scope)
             .finish_non_exhaustive()
     }
 }
@@ -207,8 +207,7 @@ pub struct HttpKeyBuilder {
     idempotency_body_cap: usize,
     idempotency_window: Duration,
     idempotency_capacity: usize,
-    scope: Scope,
-    scope_secret: Vec<u8>,
+    scope: ScopeConfig,
 }
 
 impl HttpKeyBuilder {
@@ -226,8 +225,7 @@ impl HttpKeyBuilder {
             idempotency_body_cap: DEFAULT_IDEMPOTENCY_BODY_CAP,
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_capacity: DEFAULT_IDEMPOTENCY_CAPACITY,
-            scope: Scope::credentials(),
-            scope_secret: Vec::new(),
+            scope: ScopeConfig::default(),
         }
     }
 
@@ -318,33 +316,11 @@ impl HttpKeyBuilder {
         self
     }
 
-    /// Where the tenant scope comes from (default: [`Scope::credentials`]).
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.scope = scope;
-        self
-    }
-
-    /// Lets every user share results with every other user.
-    ///
-    /// # Warning
-    ///
-    /// See [`Scope::shared_across_users`]: one user's answer is handed to
-    /// another. Only for responses that do not depend on who asks.
-    pub fn shared_across_users(self) -> Self {
-        self.scope(Scope::shared_across_users())
-    }
-
-    /// A deployment secret mixed into scope digests, so that digests of
-    /// low-entropy credentials (Basic auth) in Redis key names cannot be
-    /// brute-forced offline. Use the same secret on every node.
-    pub fn scope_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.scope_secret = secret.as_ref().to_vec();
-        self
-    }
+    scope_setters!();
 
     /// Validates the configuration.
     pub fn build(self) -> Result<HttpKeyExtractor, ConfigError> {
-        self.scope.validate()?;
+        self.scope.scope.validate()?;
         let routes = self
             .routes
             .into_iter()
@@ -390,7 +366,6 @@ impl HttpKeyBuilder {
                     self.idempotency_capacity,
                 )),
                 scope: self.scope,
-                scope_secret: self.scope_secret.into_boxed_slice(),
             }),
         })
     }
@@ -418,16 +393,6 @@ pub(crate) fn write_headers(enc: &mut KeyEncoder, parts: &Parts, names: &[Header
         enc.push(name.as_str().as_bytes());
         write_values(enc, parts.headers.get_all(name));
     }
-}
-
-/// The scope of a request, or the reason it has none although a rule asks
-/// for one.
-pub(crate) fn scope_of(
-    scope: &Scope,
-    parts: &Parts,
-    secret: &[u8],
-) -> Result<Option<Digest>, Reason> {
-    scope.compute(parts, secret).map_err(|()| Reason::NoScope)
 }
 
 enum Idempotency<'a> {
@@ -484,7 +449,7 @@ impl Config {
             Some(r) => r.stage.clone(),
             None => self.header_stage(parts)?.ok_or(Reason::NoStage)?,
         };
-        let scope = scope_of(&self.scope, parts, &self.scope_secret)?;
+        let scope = self.scope.of(parts)?;
 
         let mut enc = KeyEncoder::with_domain(b"flightdeck-key/http/1");
         enc.push(method.as_str().as_bytes());
@@ -563,10 +528,6 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        let (parts, body) = req.into_parts();
-        match self.config.plan(&parts) {
-            Ok(plan) => body::start(parts, body, plan),
-            Err(reason) => body::bypass(parts, body, reason),
-        }
+        body::extract_with(req, |parts| self.config.plan(parts))
     }
 }

@@ -10,6 +10,7 @@ use http::request::Parts;
 use http::HeaderName;
 
 use crate::error::ConfigError;
+use crate::extract::Reason;
 
 type ScopeWriter = dyn Fn(&Parts, &mut KeyEncoder) -> bool + Send + Sync;
 
@@ -68,16 +69,13 @@ impl Scope {
     where
         T: ScopeId + Send + Sync + 'static,
     {
-        let writer = |parts: &Parts, enc: &mut KeyEncoder| match parts.extensions.get::<T>() {
-            Some(id) => {
-                enc.push(&id.scope_bytes());
-                true
-            }
-            None => false,
-        };
-        Self {
-            kind: Kind::Rule(Arc::new(writer)),
-        }
+        Self::rule(|parts: &Parts, enc: &mut KeyEncoder| {
+            parts
+                .extensions
+                .get::<T>()
+                .map(|id| enc.push(&id.scope_bytes()))
+                .is_some()
+        })
     }
 
     /// A closure over the request head, returning owned bytes (a `String`,
@@ -88,13 +86,12 @@ impl Scope {
         F: Fn(&Parts) -> Option<V> + Send + Sync + 'static,
         V: AsRef<[u8]>,
     {
-        let writer = move |parts: &Parts, enc: &mut KeyEncoder| match f(parts) {
-            Some(v) => {
-                enc.push(v.as_ref());
-                true
-            }
-            None => false,
-        };
+        Self::rule(move |parts: &Parts, enc: &mut KeyEncoder| {
+            f(parts).map(|v| enc.push(v.as_ref())).is_some()
+        })
+    }
+
+    fn rule(writer: impl Fn(&Parts, &mut KeyEncoder) -> bool + Send + Sync + 'static) -> Self {
         Self {
             kind: Kind::Rule(Arc::new(writer)),
         }
@@ -156,6 +153,23 @@ impl Scope {
                 }
             }
         }
+    }
+}
+
+/// A scope rule and the deployment secret mixed into its digests.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ScopeConfig {
+    pub(crate) scope: Scope,
+    pub(crate) secret: Vec<u8>,
+}
+
+impl ScopeConfig {
+    /// The scope of a request, or the reason it has none although a rule
+    /// asks for one.
+    pub(crate) fn of(&self, parts: &Parts) -> Result<Option<Digest>, Reason> {
+        self.scope
+            .compute(parts, &self.secret)
+            .map_err(|()| Reason::NoScope)
     }
 }
 
