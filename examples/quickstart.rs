@@ -29,11 +29,41 @@ use tower::ServiceBuilder;
 #[tokio::main]
 async fn main() -> Result<(), flightdeck::core::BoxError> {
     let n: usize = match std::env::args().nth(1) {
-        Some(arg) => arg
-            .parse()
-            .map_err(|_| format!("the request count must be a positive number, got {arg:?}"))?,
+        Some(arg) => match arg.parse() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(format!("the request count must be a positive number, got {arg:?}").into()),
+        },
         None => 100,
     };
+    let s = run(n).await?;
+    println!("flightdeck quickstart: {n} concurrent GET /score over HTTP on {}", s.addr);
+    println!(
+        "  successful responses: {}/{n}, distinct bodies: {}",
+        s.ok, s.distinct_bodies
+    );
+    println!("  handler executions:   {} (without flightdeck: {n})", s.executions);
+    println!("  wall time:            {:?}", s.elapsed);
+    println!("requests={n} executions={}", s.executions);
+    Ok(())
+}
+
+/// What one quickstart run observed.
+pub struct Summary {
+    /// Where the app listened.
+    pub addr: std::net::SocketAddr,
+    /// Responses with a 2xx status.
+    pub ok: usize,
+    /// Distinct response bodies (1 when everybody shared one result).
+    pub distinct_bodies: usize,
+    /// How often the handler really ran.
+    pub executions: usize,
+    /// Wall time of the burst.
+    pub elapsed: Duration,
+}
+
+/// Starts the app on a free loopback port and sends it `n` concurrent
+/// identical requests over HTTP.
+pub async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError> {
 
     // The expensive call: pretend it is a model that takes 500 ms.
     let executions = Arc::new(AtomicUsize::new(0));
@@ -98,14 +128,11 @@ async fn main() -> Result<(), flightdeck::core::BoxError> {
     let elapsed = started.elapsed();
     server.abort();
 
-    let e = executions.load(Ordering::SeqCst);
-    println!("flightdeck quickstart: {n} concurrent GET /score over HTTP on {addr}");
-    println!(
-        "  successful responses: {ok}/{n}, distinct bodies: {}",
-        bodies.len()
-    );
-    println!("  handler executions:   {e} (without flightdeck: {n})");
-    println!("  wall time:            {elapsed:?}");
-    println!("requests={n} executions={e}");
-    Ok(())
+    Ok(Summary {
+        addr,
+        ok,
+        distinct_bodies: bodies.len(),
+        executions: executions.load(Ordering::SeqCst),
+        elapsed,
+    })
 }

@@ -50,6 +50,7 @@ pin_project! {
             guard: WaiterGuard<Sh::Shared>,
             fallback: Option<(S, Req)>,
             since: Instant,
+            span: tracing::Span,
         },
         // The result was not shareable: this waiter runs the service itself.
         RunAlone { #[pin] fut: Oneshot<S, Req> },
@@ -85,6 +86,12 @@ where
         share: Sh,
     ) -> Self {
         let since = Instant::now();
+        let span = tracing::debug_span!(
+            "flight_wait",
+            role = if fallback.is_some() { "waiter" } else { "leader" },
+            stage = %flight.key.stage(),
+            key = %flight.key.digest().short(),
+        );
         let sleep = group
             .policy
             .wait_timeout
@@ -100,6 +107,7 @@ where
                 },
                 fallback,
                 since,
+                span,
             },
             share,
         }
@@ -157,7 +165,9 @@ where
                     guard,
                     fallback,
                     since,
+                    span,
                 } => {
+                    let _entered = span.enter();
                     let msg = match Pin::new(rx).poll(cx) {
                         Poll::Ready(msg) => msg,
                         Poll::Pending => {

@@ -1,0 +1,167 @@
+//! Fan-out: 10,000 waiters on one key whose work takes 200 ms.
+//!
+//! For flightdeck and each peer, in the same run: executions, CPU time the
+//! process used while the waiters waited (getrusage, from 50 ms into the
+//! work until the work returns), and the delay from the work's completion
+//! until the last waiter woke up.
+//!
+//! `cargo bench -p flightdeck-local --bench fanout` (add `-- 1000` for
+//! another waiter count).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flightdeck_core::{FlightKey, StageName};
+use flightdeck_local::{FlightPolicy, LocalFlightLayer};
+use tower::{service_fn, Layer, ServiceExt};
+
+const WORK: Duration = Duration::from_millis(200);
+const SETTLE: Duration = Duration::from_millis(50);
+
+fn cpu_time() -> Duration {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000)
+    };
+    tv(u.user_time()) + tv(u.system_time())
+}
+
+/// What the work records: its executions, the CPU time at SETTLE, and the
+/// instant it finished.
+#[derive(Default)]
+struct Probe {
+    executions: AtomicUsize,
+    cpu_at_settle: Mutex<Option<Duration>>,
+    cpu_at_done: Mutex<Option<Duration>>,
+    done_at: Mutex<Option<Instant>>,
+    last_wake_nanos: AtomicU64,
+}
+
+impl Probe {
+    async fn work(self: Arc<Self>) -> u64 {
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(SETTLE).await;
+        *self.cpu_at_settle.lock().unwrap() = Some(cpu_time());
+        tokio::time::sleep(WORK - SETTLE).await;
+        *self.cpu_at_done.lock().unwrap() = Some(cpu_time());
+        *self.done_at.lock().unwrap() = Some(Instant::now());
+        42
+    }
+
+    fn woke(&self, base: Instant) {
+        let n = base.elapsed().as_nanos() as u64;
+        self.last_wake_nanos.fetch_max(n, Ordering::SeqCst);
+    }
+}
+
+struct Row {
+    name: &'static str,
+    executions: usize,
+    cpu_waiting: Duration,
+    last_wake: Duration,
+}
+
+type Call = Arc<dyn Fn(Arc<Probe>) -> Pin<Box<dyn Future<Output = u64> + Send>> + Send + Sync>;
+
+async fn run(name: &'static str, waiters: usize, call: Call) -> Row {
+    let probe = Arc::new(Probe::default());
+    let base = Instant::now();
+    let mut tasks = Vec::with_capacity(waiters);
+    for _ in 0..waiters {
+        let (probe, call) = (probe.clone(), call.clone());
+        tasks.push(tokio::spawn(async move {
+            let v = call(probe.clone()).await;
+            probe.woke(base);
+            v
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 42);
+    }
+    let done_at = probe.done_at.lock().unwrap().expect("work ran");
+    let last_wake = base + Duration::from_nanos(probe.last_wake_nanos.load(Ordering::SeqCst));
+    let settle = probe.cpu_at_settle.lock().unwrap().unwrap();
+    let done = probe.cpu_at_done.lock().unwrap().unwrap();
+    Row {
+        name,
+        executions: probe.executions.load(Ordering::SeqCst),
+        cpu_waiting: done.saturating_sub(settle),
+        last_wake: last_wake.saturating_duration_since(done_at),
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PeerError;
+
+fn main() {
+    let waiters: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(10_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let stage = StageName::new("fanout").unwrap();
+        let ours = LocalFlightLayer::with_key(
+            FlightPolicy::new().max_waiters(waiters + 1),
+            move |_p: &Arc<Probe>| Some(FlightKey::from_bytes(stage.clone(), "one-key")),
+        )
+        .layer(service_fn(|p: Arc<Probe>| async move { Ok::<_, Infallible>(p.work().await) }));
+        let ours: Call = Arc::new(move |p| {
+            let svc = ours.clone();
+            Box::pin(async move { svc.oneshot(p).await.unwrap() })
+        });
+
+        let coalesce = tower_resilience_coalesce::CoalesceLayer::new(|_p: &Arc<Probe>| 1u8)
+            .layer(service_fn(|p: Arc<Probe>| async move { Ok::<_, PeerError>(p.work().await) }));
+        let coalesce: Call = Arc::new(move |p| {
+            let svc = coalesce.clone();
+            Box::pin(async move { svc.oneshot(p).await.unwrap() })
+        });
+
+        let group: Arc<async_singleflight::Group<u8, u64, PeerError>> =
+            Arc::new(async_singleflight::Group::new());
+        let sf: Call = Arc::new(move |p| {
+            let group = group.clone();
+            Box::pin(async move { group.work(&1u8, async move { Ok(p.work().await) }).await.unwrap() })
+        });
+
+        let cache: moka::future::Cache<u8, u64> = moka::future::Cache::new(16);
+        let moka_call: Call = Arc::new(move |p| {
+            let cache = cache.clone();
+            Box::pin(async move { cache.get_with(1u8, p.work()).await })
+        });
+
+        let mut rows = Vec::new();
+        rows.push(run("flightdeck_local", waiters, ours).await);
+        rows.push(run("async_singleflight", waiters, sf).await);
+        rows.push(run("moka_get_with", waiters, moka_call).await);
+        rows.push(run("tower_resilience_coalesce", waiters, coalesce).await);
+
+        println!("fan-out: {waiters} waiters on one key, work {WORK:?}, 2 worker threads");
+        println!(
+            "{:<28} {:>10} {:>16} {:>16} {:>12}",
+            "implementation", "executions", "cpu_while_wait", "last_wake_delay", "cpu_ratio"
+        );
+        let ours_cpu = rows[0].cpu_waiting.as_secs_f64().max(1e-9);
+        for r in &rows {
+            println!(
+                "{:<28} {:>10} {:>13.3} ms {:>13.3} ms {:>11.1}x",
+                r.name,
+                r.executions,
+                r.cpu_waiting.as_secs_f64() * 1e3,
+                r.last_wake.as_secs_f64() * 1e3,
+                r.cpu_waiting.as_secs_f64() / ours_cpu,
+            );
+        }
+        println!("(cpu_ratio: the implementation's CPU while waiting / flightdeck's, same run)");
+    });
+}
