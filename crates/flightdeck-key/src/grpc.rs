@@ -9,7 +9,8 @@
 //!
 //! The key of an allowlisted call covers the method path, the
 //! `grpc-encoding` (absent ≡ `identity`; compressed frames differ byte for
-//! byte), the selected metadata (raw bytes, `-bin` values as sent) and the
+//! byte), the `content-type` (the codec) and `grpc-accept-encoding` (a
+//! shared response must be decodable by every caller), the selected metadata (raw bytes, `-bin` values as sent) and the
 //! message bytes, read up to the cap and re-attached byte for byte. Protobuf
 //! encodings are not canonical, so two equal messages encoded differently
 //! get different keys (a missed merge, never a wrong one). `grpc-timeout`
@@ -65,6 +66,7 @@ use crate::http::{write_headers, KeyFuture, ScopeConfig};
 pub const DEFAULT_MESSAGE_CAP: usize = 1024 * 1024;
 
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+const GRPC_ACCEPT_ENCODING: HeaderName = HeaderName::from_static("grpc-accept-encoding");
 
 /// Keys allowlisted unary gRPC calls (see the module docs). Cheap to clone.
 #[derive(Clone)]
@@ -200,6 +202,9 @@ impl Config {
             .get(GRPC_ENCODING)
             .map_or(&b"identity"[..], |v| v.as_bytes());
         enc.push(encoding);
+        // The codec (`application/grpc+proto`, `+json`) and the encodings the
+        // caller can decode shape the response that will be shared.
+        write_headers(&mut enc, parts, &[CONTENT_TYPE, GRPC_ACCEPT_ENCODING]);
         write_headers(&mut enc, parts, &self.metadata);
         Ok(crate::http::body::Plan {
             encoder: enc,

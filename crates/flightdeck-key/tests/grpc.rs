@@ -68,6 +68,16 @@ fn grpc_encoding_and_metadata_are_part_of_the_key() {
     r.headers_mut()
         .insert("x-model-version", HeaderValue::from_static("2"));
     assert_ne!(key(r).unwrap(), plain);
+    let mut r = call(CHECK, b"m");
+    r.headers_mut()
+        .insert("grpc-accept-encoding", HeaderValue::from_static("gzip"));
+    assert_ne!(key(r).unwrap(), plain, "the shared reply must be decodable");
+    let mut r = call(CHECK, b"m");
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/grpc+json"),
+    );
+    assert_ne!(key(r).unwrap(), plain, "another codec");
     // Deadlines and unselected metadata never split flights.
     let mut r = call(CHECK, b"m");
     r.headers_mut()

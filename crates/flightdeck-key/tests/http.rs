@@ -398,6 +398,15 @@ fn hashed_bodies_are_part_of_the_key() {
         .unwrap()
     };
     assert_eq!(post("{\"a\":1}"), post("{\"a\":1}"));
+    let typed = key_now(
+        &ex,
+        Request::post("/render")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Full::new(Bytes::from("{\"a\":1}")))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_ne!(typed, post("{\"a\":1}"), "content type is part of the key");
     assert_ne!(post("{\"a\":1}"), post("{\"a\":2}"));
     // Frames do not matter, only bytes.
     let framed = key_now(

@@ -13,6 +13,8 @@
 //!   `Accept-Language`: every value, in order, as raw bytes (a non-UTF-8
 //!   value is hashed as it is, never replaced or dropped; an absent header
 //!   differs from an empty one);
+//! - `Content-Type` and `Content-Encoding`, always (they say what the body
+//!   means);
 //! - **body**, when body hashing is enabled for the request: read up to the
 //!   cap, hashed, re-attached byte for byte. A request with a body that is
 //!   not hashed is not coalesced (two requests that differ only in unhashed
@@ -88,7 +90,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_core::{BoxError, KeyEncoder, StageName};
-use http::header::{GetAll, ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, HOST};
+use http::header::{
+    GetAll, ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, CONTENT_ENCODING, CONTENT_TYPE, HOST,
+};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body::Body;
@@ -119,6 +123,9 @@ pub const DEFAULT_IDEMPOTENCY_CAPACITY: usize = 100_000;
 
 /// The `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Headers that say how the body is to be read: always part of the key.
+const BODY_HEADERS: [HeaderName; 2] = [CONTENT_TYPE, CONTENT_ENCODING];
 
 /// Keys HTTP requests (see the module docs). Cheap to clone.
 #[derive(Clone)]
@@ -456,6 +463,8 @@ impl Config {
         write_authority(&mut enc, parts);
         enc.push(path.as_bytes());
         query::write_query(&mut enc, parts.uri.query(), &self.ignore_query);
+        // How the body is to be read is part of what it means.
+        write_headers(&mut enc, parts, &BODY_HEADERS);
         write_headers(&mut enc, parts, &self.headers);
         let idempotency = match idem {
             Some(key) => {
