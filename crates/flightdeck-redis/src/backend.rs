@@ -1,0 +1,706 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_distributed::backend::{
+    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
+    LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
+};
+use fred::clients::SubscriberClient;
+use fred::prelude::*;
+use fred::types::Message;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::classify::classify;
+use crate::scripts;
+
+/// Settings of a [`RedisBackend`].
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    url: String,
+    prefix: String,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    reconnect_max_delay: Duration,
+}
+
+impl RedisConfig {
+    /// Connects to `url` (`redis://host:port[/db]`, see fred's
+    /// `Config::from_url`), key prefix `fd`, 1 s per command, 1 s to
+    /// connect, reconnecting forever with backoff up to 1 s.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: "fd".to_owned(),
+            command_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            reconnect_max_delay: Duration::from_secs(1),
+        }
+    }
+
+    /// The first part of every key name (`{prefix}:{h}:lease`); letters,
+    /// digits, `_`, `-`, `.` and `:` only.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The deadline of every command (also the unresponsive-connection
+    /// bound, doubled).
+    pub fn command_timeout(mut self, d: Duration) -> Self {
+        self.command_timeout = d;
+        self
+    }
+
+    /// The deadline of connecting.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// The longest pause between reconnection attempts.
+    pub fn reconnect_max_delay(mut self, d: Duration) -> Self {
+        self.reconnect_max_delay = d;
+        self
+    }
+}
+
+/// The Redis coordination backend (see the crate docs). Cheap to clone:
+/// clones share the clients and the subscriber.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    opts: Options,
+    prefix: String,
+    timeout: Duration,
+    shas: [String; 4],
+    subs: Arc<Subs>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The node's one subscriber connection, shared by every follower.
+struct Subs {
+    subscriber: SubscriberClient,
+    channels: Mutex<HashMap<String, Channel>>,
+    // Serializes SUBSCRIBE/UNSUBSCRIBE so a late UNSUBSCRIBE never undoes a
+    // newer SUBSCRIBE of the same channel.
+    commands: tokio::sync::Mutex<()>,
+    timeout: Duration,
+}
+
+struct Channel {
+    tx: broadcast::Sender<Notice>,
+    refs: usize,
+}
+
+impl Subs {
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn dispatch(&self, msg: &Message) {
+        let Some(payload) = msg.value.as_bytes() else {
+            return;
+        };
+        let notice = parse_notice(payload);
+        let channels = self.channels();
+        if let Some(ch) = channels.get(&*msg.channel) {
+            match notice {
+                Some(n) => {
+                    let _ = ch.tx.send(n);
+                }
+                None => {
+                    tracing::warn!("unparseable completion message; re-checking");
+                    let _ = ch.tx.send(Notice::Resync);
+                }
+            }
+        }
+    }
+
+    fn resync_all(&self) {
+        for ch in self.channels().values() {
+            let _ = ch.tx.send(Notice::Resync);
+        }
+    }
+}
+
+/// Parses `<gen>|c|<payload>`, `<gen>|c`, `<gen>|a`.
+fn parse_notice(payload: &[u8]) -> Option<Notice> {
+    let bar = payload.iter().position(|b| *b == b'|')?;
+    let generation: u64 = std::str::from_utf8(&payload[..bar]).ok()?.parse().ok()?;
+    match &payload[bar + 1..] {
+        b"a" => Some(Notice::Abandoned { generation }),
+        b"c" => Some(Notice::Committed {
+            generation,
+            inline: None,
+        }),
+        [b'c', b'|', inline @ ..] => Some(Notice::Committed {
+            generation,
+            inline: Some(Bytes::copy_from_slice(inline)),
+        }),
+        _ => None,
+    }
+}
+
+/// Releases one reference to a channel; the last one unsubscribes.
+struct SubGuard {
+    subs: Arc<Subs>,
+    channel: String,
+}
+
+impl Drop for SubGuard {
+    fn drop(&mut self) {
+        let last = {
+            let mut channels = self.subs.channels();
+            match channels.get_mut(&self.channel) {
+                Some(ch) if ch.refs <= 1 => {
+                    channels.remove(&self.channel);
+                    true
+                }
+                Some(ch) => {
+                    ch.refs -= 1;
+                    false
+                }
+                None => false,
+            }
+        };
+        if !last {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let subs = self.subs.clone();
+        let channel = std::mem::take(&mut self.channel);
+        handle.spawn(async move {
+            let _serial = subs.commands.lock().await;
+            if subs.channels().contains_key(&channel) {
+                return;
+            }
+            let _ = tokio::time::timeout(subs.timeout, subs.subscriber.unsubscribe(channel)).await;
+        });
+    }
+}
+
+fn valid_prefix(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 64
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+}
+
+fn timed_out(what: &str, after: Duration) -> BackendError {
+    BackendError::outcome_unknown(format!("redis {what} timed out after {after:?}"))
+}
+
+impl RedisBackend {
+    /// Connects the command client and the subscriber, and loads the
+    /// scripts. Fails (classified) if Redis cannot be reached in time.
+    pub async fn connect(config: RedisConfig) -> Result<Self, BackendError> {
+        if !valid_prefix(&config.prefix) {
+            return Err(BackendError::protocol(format!(
+                "invalid key prefix {:?}: use 1-64 ASCII letters, digits, '_', '-', '.', ':'",
+                config.prefix.escape_debug().to_string()
+            )));
+        }
+        let fred_config = Config::from_url(&config.url).map_err(classify)?;
+        let mut builder = Builder::from_config(fred_config);
+        let cmd = config.command_timeout;
+        let connect = config.connect_timeout;
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = connect;
+                // A hung server completes the TCP handshake: this bounds init.
+                c.internal_command_timeout = cmd.max(connect);
+                // In-flight commands are not replayed after a reconnect: an
+                // IO error means "outcome unknown", and we retry ourselves.
+                c.max_command_attempts = 1;
+                c.unresponsive.max_timeout = Some(cmd * 2);
+                c.unresponsive.interval = (cmd / 2).max(Duration::from_millis(50));
+            })
+            .with_performance_config(|p| p.default_command_timeout = cmd)
+            .set_policy(ReconnectPolicy::new_exponential(
+                0,
+                50,
+                u32::try_from(config.reconnect_max_delay.as_millis()).unwrap_or(u32::MAX),
+                2,
+            ));
+        let client = builder.build().map_err(classify)?;
+        let subscriber = builder.build_subscriber_client().map_err(classify)?;
+        let init_deadline = connect + cmd;
+        tokio::time::timeout(init_deadline, client.init())
+            .await
+            .map_err(|_| BackendError::unavailable("redis connect timed out"))?
+            .map_err(BackendError::unavailable)?;
+        let sub_init = tokio::time::timeout(init_deadline, subscriber.init()).await;
+        match sub_init {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                let _ = client.quit().await;
+                return Err(BackendError::unavailable(e));
+            }
+            Err(_) => {
+                let _ = client.quit().await;
+                return Err(BackendError::unavailable(
+                    "redis subscriber connect timed out",
+                ));
+            }
+        }
+        let subs = Arc::new(Subs {
+            subscriber: subscriber.clone(),
+            channels: Mutex::new(HashMap::new()),
+            commands: tokio::sync::Mutex::new(()),
+            timeout: cmd,
+        });
+        let mut tasks = Vec::new();
+        // Resubscribe every tracked channel after a reconnect.
+        let manage = subscriber.manage_subscriptions();
+        tasks.push(tokio::spawn(async move {
+            let _ = manage.await;
+        }));
+        let mut messages = subscriber.message_rx();
+        let dispatch = subs.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match messages.recv().await {
+                    Ok(msg) => dispatch.dispatch(&msg),
+                    Err(broadcast::error::RecvError::Lagged(_)) => dispatch.resync_all(),
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        }));
+        // Messages sent while disconnected are lost: re-check on reconnect.
+        let mut reconnects = subscriber.reconnect_rx();
+        let resync = subs.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = reconnects.recv().await
+            {
+                resync.resync_all();
+            }
+        }));
+
+        let opts = Options {
+            timeout: Some(cmd),
+            max_attempts: Some(1),
+            fail_fast: true,
+            ..Default::default()
+        };
+        let with = client.with_options(&opts);
+        let mut shas = [String::new(), String::new(), String::new(), String::new()];
+        for (sha, src) in shas.iter_mut().zip(SOURCES) {
+            *sha = tokio::time::timeout(cmd, with.script_load::<String, _>(src))
+                .await
+                .map_err(|_| timed_out("SCRIPT LOAD", cmd))?
+                .map_err(classify)?;
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                opts,
+                prefix: config.prefix,
+                timeout: cmd,
+                shas,
+                subs,
+                tasks,
+            }),
+        })
+    }
+
+    /// The Redis key names of a flight: lease, state, result, channel.
+    pub fn keys(&self, flight: &FlightId) -> [String; 4] {
+        let p = &self.inner.prefix;
+        let h = flight.to_hex();
+        [
+            format!("{p}:{{{h}}}:lease"),
+            format!("{p}:{{{h}}}:state"),
+            format!("{p}:{{{h}}}:result"),
+            format!("{p}:{{{h}}}:done"),
+        ]
+    }
+
+    /// The command client (for tests and diagnostics).
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// How many channels this node is subscribed to.
+    pub fn subscribed_channels(&self) -> usize {
+        self.inner.subs.channels().len()
+    }
+
+    /// Closes both connections.
+    pub async fn quit(&self) {
+        let _ = self.inner.client.quit().await;
+        let _ = self.inner.subs.subscriber.quit().await;
+    }
+
+    /// Runs one script by SHA; on `NOSCRIPT` (restart, failover, `SCRIPT
+    /// FLUSH`) loads it and runs it again, once.
+    async fn eval(
+        &self,
+        script: usize,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value, BackendError> {
+        let inner = &*self.inner;
+        let with = inner.client.with_options(&inner.opts);
+        let t = inner.timeout;
+        let sha = inner.shas[script].as_str();
+        let first = tokio::time::timeout(
+            t,
+            with.evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone()),
+        )
+        .await
+        .map_err(|_| timed_out("EVALSHA", t))?;
+        match first {
+            Ok(v) => Ok(v),
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                tracing::debug!("script cache empty; reloading");
+                let loaded =
+                    tokio::time::timeout(t, with.script_load::<String, _>(SOURCES[script]))
+                        .await
+                        .map_err(|_| timed_out("SCRIPT LOAD", t))?;
+                // NOSCRIPT that cannot be reloaded: the backend is unusable.
+                loaded.map_err(BackendError::unavailable)?;
+                tokio::time::timeout(t, with.evalsha::<Value, _, _, _>(sha, keys, args))
+                    .await
+                    .map_err(|_| timed_out("EVALSHA", t))?
+                    .map_err(classify)
+            }
+            Err(e) => Err(classify(e)),
+        }
+    }
+}
+
+const SOURCES: [&str; 4] = [
+    scripts::ACQUIRE,
+    scripts::HEARTBEAT,
+    scripts::COMMIT,
+    scripts::ABANDON,
+];
+const ACQUIRE: usize = 0;
+const HEARTBEAT: usize = 1;
+const COMMIT: usize = 2;
+const ABANDON: usize = 3;
+
+fn ms(d: Duration) -> Value {
+    Value::Integer(i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1))
+}
+
+fn text(s: &str) -> Value {
+    Value::String(s.into())
+}
+
+fn bytes(b: &Bytes) -> Value {
+    Value::Bytes(b.clone())
+}
+
+fn bad_reply(what: &str, v: &Value) -> BackendError {
+    BackendError::protocol(format!("unexpected {what} reply of kind {:?}", v.kind()))
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(i) => Some(*i),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn gen(v: &Value) -> Option<u64> {
+    int(v).and_then(|i| u64::try_from(i).ok())
+}
+
+fn parse_acquire(v: &Value) -> Result<Acquired, BackendError> {
+    let Value::Array(items) = v else {
+        return Err(bad_reply("ACQUIRE", v));
+    };
+    let action = items.first().and_then(Value::as_str);
+    let bad = || bad_reply("ACQUIRE", v);
+    Ok(match (action.as_deref(), items.len()) {
+        (Some("HIT"), 4) => {
+            let status = match items[2].as_str().as_deref() {
+                Some("ok") => ResultStatus::Ok,
+                Some("err") => ResultStatus::Failed,
+                _ => return Err(bad()),
+            };
+            let payload = match &items[3] {
+                Value::Bytes(b) => b.clone(),
+                other => Bytes::copy_from_slice(other.as_bytes().ok_or_else(bad)?),
+            };
+            Acquired::Hit(StoredResult {
+                generation: gen(&items[1]).ok_or_else(bad)?,
+                status,
+                payload,
+            })
+        }
+        (Some("OWNER"), 3) => Acquired::Owner {
+            generation: gen(&items[1]).ok_or_else(bad)?,
+            takeover: int(&items[2]).ok_or_else(bad)? == 1,
+        },
+        (Some("FOLLOWER"), 3) => Acquired::Follower {
+            generation: gen(&items[1]).ok_or_else(bad)?,
+            lease_remaining: Duration::from_millis(
+                u64::try_from(int(&items[2]).ok_or_else(bad)?).unwrap_or(0),
+            ),
+        },
+        (Some("EXPIRED"), 2) => Acquired::Expired {
+            generation: gen(&items[1]).ok_or_else(bad)?,
+        },
+        _ => {
+            return Err(BackendError::protocol(format!(
+                "unknown ACQUIRE action {:?}",
+                action.as_deref().unwrap_or("?")
+            )))
+        }
+    })
+}
+
+/// Maps a one-word script answer through `table`; anything else is a
+/// protocol error.
+fn answer<T: Copy>(what: &str, v: &Value, table: &[(&str, T)]) -> Result<T, BackendError> {
+    let word = v.as_str().ok_or_else(|| bad_reply(what, v))?;
+    table
+        .iter()
+        .find(|(w, _)| *w == word)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| BackendError::protocol(format!("unknown {what} answer {word:?}")))
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let subscriber = self.subs.subscriber.clone();
+            let t = self.timeout;
+            handle.spawn(async move {
+                let _ = tokio::time::timeout(t, client.quit()).await;
+                let _ = tokio::time::timeout(t, subscriber.quit()).await;
+            });
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        Box::pin(async move {
+            let args = vec![
+                text(token.as_str()),
+                ms(terms.lease),
+                text(if terms.allow_takeover { "1" } else { "0" }),
+                ms(terms.state_ttl),
+            ];
+            let v = self.eval(ACQUIRE, self.keys(flight).to_vec(), args).await?;
+            parse_acquire(&v)
+        })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        Box::pin(async move {
+            let args = vec![
+                text(token.as_str()),
+                text(&generation.to_string()),
+                ms(terms.lease),
+                ms(terms.state_ttl),
+            ];
+            let v = self
+                .eval(HEARTBEAT, self.keys(flight).to_vec(), args)
+                .await?;
+            answer(
+                "HEARTBEAT",
+                &v,
+                &[("RENEWED", Renewal::Renewed), ("LOST", Renewal::Lost)],
+            )
+        })
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        Box::pin(async move {
+            let argv = vec![
+                text(token.as_str()),
+                text(&generation.to_string()),
+                bytes(&args.payload),
+                ms(args.ttl),
+                Value::Integer(i64::try_from(args.inline_below).unwrap_or(i64::MAX)),
+                ms(args.state_ttl),
+            ];
+            let v = self.eval(COMMIT, self.keys(flight).to_vec(), argv).await?;
+            answer(
+                "COMMIT",
+                &v,
+                &[
+                    ("COMMITTED", Committed::Committed),
+                    ("FENCED", Committed::Fenced),
+                ],
+            )
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        Box::pin(async move {
+            let argv = vec![
+                text(token.as_str()),
+                text(&generation.to_string()),
+                Value::Bytes(args.failure.clone().unwrap_or_default()),
+                Value::Integer(i64::try_from(args.failure_ttl.as_millis()).unwrap_or(i64::MAX)),
+                ms(args.state_ttl),
+            ];
+            let v = self.eval(ABANDON, self.keys(flight).to_vec(), argv).await?;
+            answer(
+                "ABANDON",
+                &v,
+                &[
+                    ("RELEASED", Released::Released),
+                    ("NOT_OWNER", Released::NotOwner),
+                ],
+            )
+        })
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        Box::pin(async move {
+            let subs = &self.inner.subs;
+            let [_, _, _, channel] = self.keys(flight);
+            let _serial = subs.commands.lock().await;
+            let (rx, new) = {
+                let mut channels = subs.channels();
+                match channels.get_mut(&channel) {
+                    Some(ch) => {
+                        ch.refs += 1;
+                        (ch.tx.subscribe(), false)
+                    }
+                    None => {
+                        let (tx, rx) = broadcast::channel(16);
+                        channels.insert(channel.clone(), Channel { tx, refs: 1 });
+                        (rx, true)
+                    }
+                }
+            };
+            // From here the guard owns one reference, released on any error.
+            let guard = SubGuard {
+                subs: subs.clone(),
+                channel: channel.clone(),
+            };
+            if new {
+                let res = tokio::time::timeout(subs.timeout, subs.subscriber.subscribe(channel))
+                    .await
+                    .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
+                res.map_err(classify)?;
+            }
+            drop(_serial);
+            Ok(Subscription::new(rx, guard))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_parse_and_garbage_does_not() {
+        assert_eq!(
+            parse_notice(b"7|c|\x00a|b"),
+            Some(Notice::Committed {
+                generation: 7,
+                inline: Some(Bytes::from_static(b"\x00a|b"))
+            })
+        );
+        assert_eq!(
+            parse_notice(b"7|c"),
+            Some(Notice::Committed {
+                generation: 7,
+                inline: None
+            })
+        );
+        assert_eq!(
+            parse_notice(b"3|a"),
+            Some(Notice::Abandoned { generation: 3 })
+        );
+        for bad in [&b""[..], b"|", b"x|a", b"1|", b"1|z", b"-1|a", b"1|cx"] {
+            assert_eq!(parse_notice(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn acquire_replies_are_checked() {
+        let ok = Value::Array(vec![text("OWNER"), Value::Integer(3), Value::Integer(1)]);
+        assert_eq!(
+            parse_acquire(&ok).unwrap(),
+            Acquired::Owner {
+                generation: 3,
+                takeover: true
+            }
+        );
+        for bad in [
+            Value::Null,
+            Value::Array(vec![]),
+            Value::Array(vec![text("SURPRISE"), Value::Integer(1)]),
+            Value::Array(vec![text("OWNER"), text("x"), Value::Integer(0)]),
+            Value::Array(vec![
+                text("HIT"),
+                Value::Integer(1),
+                text("maybe"),
+                text(""),
+            ]),
+            Value::Array(vec![
+                text("FOLLOWER"),
+                Value::Integer(-1),
+                Value::Integer(5),
+            ]),
+        ] {
+            let e = parse_acquire(&bad).unwrap_err();
+            assert_eq!(e.kind(), flightdeck_distributed::BackendErrorKind::Protocol);
+        }
+    }
+
+    #[test]
+    fn prefixes_are_validated() {
+        assert!(valid_prefix("fd:prod"));
+        assert!(!valid_prefix("a{b}"));
+        assert!(!valid_prefix(""));
+        assert!(!valid_prefix("with space"));
+    }
+}

@@ -1,0 +1,93 @@
+//! fred errors → the three classes the L2 layer acts on.
+//!
+//! fred maps most server replies to `ErrorKind::Unknown`, so those are
+//! classified by the reply's first word (fred-notes §3).
+
+use flightdeck_distributed::BackendError;
+use fred::error::{Error, ErrorKind};
+
+/// Server replies that mean "try later", not "your call is wrong".
+const TRANSIENT: [&str; 7] = [
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "NOSCRIPT",
+];
+
+/// Classifies a fred error:
+/// - the command may have been sent (timeout, IO on the connection): outcome
+///   unknown;
+/// - nothing was sent or Redis cannot serve now (canceled while
+///   disconnected, routing, cluster, backpressure, LOADING, READONLY, ...):
+///   unavailable;
+/// - anything else (Lua errors, CROSSSLOT, WRONGTYPE, parse errors, bad
+///   config): protocol.
+pub fn classify(e: Error) -> BackendError {
+    let first_word = e.details().split_whitespace().next().unwrap_or("");
+    let unknown_transient =
+        TRANSIENT.contains(&first_word) || e.details().contains("channel closed");
+    match e.kind() {
+        ErrorKind::Timeout | ErrorKind::IO => BackendError::outcome_unknown(e),
+        ErrorKind::Canceled
+        | ErrorKind::Routing
+        | ErrorKind::Cluster
+        | ErrorKind::Sentinel
+        | ErrorKind::Backpressure => BackendError::unavailable(e),
+        ErrorKind::Unknown if unknown_transient => BackendError::unavailable(e),
+        _ => BackendError::protocol(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flightdeck_distributed::BackendErrorKind as K;
+
+    #[test]
+    fn classes() {
+        let cases = [
+            (ErrorKind::Timeout, "Request timed out.", K::OutcomeUnknown),
+            (ErrorKind::IO, "Connection closed.", K::OutcomeUnknown),
+            (
+                ErrorKind::Canceled,
+                "Connection closed unexpectedly.",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::Unknown,
+                "LOADING Redis is loading",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::Unknown,
+                "READONLY You can't write",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::Unknown,
+                "NOSCRIPT No matching script.",
+                K::Unavailable,
+            ),
+            (ErrorKind::Unknown, "channel closed", K::Unavailable),
+            (ErrorKind::Unknown, "ERR user_script:1: boom", K::Protocol),
+            (ErrorKind::Unknown, "CROSSSLOT Keys in request", K::Protocol),
+            (
+                ErrorKind::InvalidArgument,
+                "WRONGTYPE Operation",
+                K::Protocol,
+            ),
+            (ErrorKind::Parse, "Invalid integer string.", K::Protocol),
+            (ErrorKind::Cluster, "MOVED 1 x", K::Unavailable),
+        ];
+        for (kind, details, class) in cases {
+            assert_eq!(
+                classify(Error::new(kind, details)).kind(),
+                class,
+                "{details}"
+            );
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! The Redis coordination backend of flightdeck's distributed
+//! single-flight, on [fred](https://docs.rs/fred).
+//!
+//! [`RedisBackend`] implements
+//! [`Backend`](flightdeck_distributed::Backend) with four Lua scripts,
+//! ACQUIRE / HEARTBEAT / COMMIT / ABANDON (see [`scripts`] for the exact
+//! protocol), run by `EVALSHA` with a transparent reload on `NOSCRIPT`. Key
+//! names are `{prefix}:{h}:lease|state|result` and the channel
+//! `{prefix}:{h}:done`, where `h` is the flight digest in hex: one hash tag
+//! per flight, no raw input. Lease times come from Redis (`PEXPIRE`,
+//! `PTTL`).
+//!
+//! One [`RedisBackend`] holds one command connection and one subscriber
+//! connection per node; followers share the subscriber, reference-counted
+//! per channel, and it resubscribes after reconnects (a reconnect also
+//! makes every follower re-check, since pub/sub messages sent meanwhile are
+//! lost). Every command has a deadline and is sent at most once (fred would
+//! otherwise replay in-flight commands after a reconnect); errors are
+//! classified as unavailable, protocol or outcome-unknown ([`classify`]).
+//!
+//! ```no_run
+//! use flightdeck_core::{CloneShare, FlightKey, StageName};
+//! use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, KeyFn, PostcardCodec};
+//! use flightdeck_redis::{RedisBackend, RedisConfig};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let backend = RedisBackend::connect(RedisConfig::new("redis://127.0.0.1:6390")).await?;
+//! let stage = StageName::new("report")?;
+//! let layer = DistributedFlightLayer::new(
+//!     backend,
+//!     DistributedPolicy::new(),
+//!     CloneShare::<String>::new(),
+//!     PostcardCodec::<String>::new(),
+//!     KeyFn::new(move |req: &String| Some(FlightKey::from_bytes(stage.clone(), req))),
+//! )?;
+//! let svc = ServiceBuilder::new().layer(layer).service(service_fn(|req: String| async move {
+//!     Ok::<_, std::convert::Infallible>(format!("report for {req}"))
+//! }));
+//! let report = svc.oneshot("tenant-42".to_owned()).await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+pub mod classify;
+pub mod scripts;
+
+pub use backend::{RedisBackend, RedisConfig};

@@ -1,0 +1,664 @@
+//! The Redis backend and the L2 layer against real `redis-server` processes
+//! started by the testkit (each test its own server on a free port).
+//!
+//! Each test names the invariant of anchors-distributed.md §6 it checks.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use flightdeck_core::error::{find, BoxError, ErrorClass, ProtocolError};
+use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
+use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
+use flightdeck_distributed::{
+    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, FlightId, FlightRequest,
+    OwnerToken, PostcardCodec,
+};
+use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_testkit::{conformance, RedisServer, Resp};
+use fred::interfaces::ClientLike;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::time::Instant;
+use tower::util::BoxCloneService;
+use tower::{service_fn, Layer, ServiceExt};
+
+const LEASE: Duration = Duration::from_millis(600);
+
+fn snapshotter() -> &'static Snapshotter {
+    static S: OnceLock<Snapshotter> = OnceLock::new();
+    S.get_or_init(|| {
+        let rec = DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        rec.install()
+            .expect("the only recorder in this test binary");
+        snap
+    })
+}
+
+/// The value of a counter for one stage (0 if never incremented).
+fn counter(name: &str, stage: &str) -> u64 {
+    snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| {
+            k.key().name() == name
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == metric::LABEL_STAGE && l.value() == stage)
+        })
+        .map(|(.., v)| match v {
+            DebugValue::Counter(c) => c,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn policy() -> DistributedPolicy {
+    DistributedPolicy::new()
+        .lease(LEASE)
+        .heartbeat(Duration::from_millis(150))
+        .poll_interval(Duration::from_millis(100))
+        .wait_timeout(Duration::from_secs(5))
+        .result_ttl(Duration::from_secs(10))
+        .call_timeout(Duration::from_millis(300))
+        .commit_attempts(2)
+}
+
+async fn backend(redis: &RedisServer) -> RedisBackend {
+    backend_at(redis.url()).await
+}
+
+async fn backend_at(url: String) -> RedisBackend {
+    RedisBackend::connect(
+        RedisConfig::new(url)
+            .command_timeout(Duration::from_millis(300))
+            .reconnect_max_delay(Duration::from_millis(200)),
+    )
+    .await
+    .expect("connects to the test redis")
+}
+
+/// Keys: the stage plus the request text.
+#[derive(Clone)]
+struct Keys(StageName);
+
+impl FlightRequest<String> for Keys {
+    fn key(&self, req: &String) -> Option<FlightKey> {
+        Some(FlightKey::from_bytes(self.0.clone(), req))
+    }
+}
+
+fn stage(name: &str) -> StageName {
+    StageName::new(name).unwrap()
+}
+
+type Layer2 = DistributedFlightLayer<RedisBackend, CloneShare<String>, PostcardCodec<String>, Keys>;
+
+fn layer(b: RedisBackend, stage_name: &str, policy: DistributedPolicy) -> Layer2 {
+    // Metrics recorded before the recorder is installed would be lost.
+    snapshotter();
+    DistributedFlightLayer::new(
+        b,
+        policy,
+        CloneShare::new(),
+        PostcardCodec::new(),
+        Keys(stage(stage_name)),
+    )
+    .unwrap()
+}
+
+type Svc = BoxCloneService<String, String, BoxError>;
+
+/// A service that counts its executions and answers `"{tag}:{req}"` after
+/// `delay`.
+fn work(calls: Arc<AtomicUsize>, tag: &'static str, delay: Duration) -> Svc {
+    BoxCloneService::new(service_fn(move |req: String| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            Ok::<_, BoxError>(format!("{tag}:{req}"))
+        }
+    }))
+}
+
+fn flight_of(stage_name: &str, req: &str) -> FlightId {
+    FlightId::of(&FlightKey::from_bytes(stage(stage_name), req))
+}
+
+#[tokio::test]
+async fn redis_backend_conforms() {
+    let redis = RedisServer::start().unwrap();
+    conformance::run_all(Arc::new(backend(&redis).await)).await;
+}
+
+/// Invariant 13 (keys): one hash tag per flight, every key in one slot, no
+/// raw input in key names.
+#[tokio::test]
+async fn keys_share_a_slot_and_hide_the_input() {
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let flight = flight_of("keys", "secret-user-input");
+    let tok = OwnerToken::random();
+    let terms = conformance::terms(true);
+    b.acquire(&flight, &tok, &terms).await.unwrap();
+    let names = b.keys(&flight);
+    let slot = fred::util::redis_keyslot(names[0].as_bytes());
+    for n in &names {
+        assert_eq!(fred::util::redis_keyslot(n.as_bytes()), slot, "{n}");
+        assert!(n.contains(&format!("{{{}}}", flight.to_hex())), "{n}");
+        assert!(!n.contains("secret"));
+    }
+    let Resp::Array(Some(stored)) = redis.cmd(&["KEYS", "*"]).unwrap() else {
+        panic!("KEYS answers an array");
+    };
+    assert_eq!(stored.len(), 2, "lease and state exist before a commit");
+    for k in stored {
+        let k = k.as_str().unwrap().to_owned();
+        assert!(names.contains(&k), "{k}");
+    }
+}
+
+/// Issue 5: 3 nodes (3 clients and stacks, L1 in front of L2) x 100
+/// concurrent identical requests -> 1 execution, 300 identical results,
+/// and only the L1 leaders talk to Redis. Invariant 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_one_execution() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let l2 = layer(backend(&redis).await, "three", policy());
+        let l1 = flightdeck_local::LocalFlightLayer::with_key(
+            flightdeck_local::FlightPolicy::new(),
+            |q: &String| Some(FlightKey::from_bytes(StageName::new("three").unwrap(), q)),
+        );
+        let stack = l1.layer(l2.layer(work(calls.clone(), "v", Duration::from_millis(300))));
+        nodes.push(Svc::new(stack));
+    }
+    redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(300));
+    let mut tasks = Vec::new();
+    for node in &nodes {
+        for _ in 0..100 {
+            let svc = node.clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                svc.oneshot("same".to_owned()).await
+            }));
+        }
+    }
+    for t in tasks {
+        let v = t.await.unwrap().map_err(|e| e.to_string()).unwrap();
+        assert_eq!(v, "v:same");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one execution across 3 nodes"
+    );
+    let scripts = redis.command_calls("evalsha").unwrap();
+    let subscribes = redis.command_calls("subscribe").unwrap();
+    eprintln!("3 nodes x 100 requests: {scripts} EVALSHA, {subscribes} SUBSCRIBE");
+    // 300 requests without L1 would need at least 300 acquires.
+    assert!(
+        scripts <= 30,
+        "only L1 leaders reach Redis: {scripts} scripts"
+    );
+}
+
+/// Issue 5: a replay within the result TTL is 1 script call and no
+/// execution. Also the command counts per role (printed).
+#[tokio::test]
+async fn replay_is_one_script_call_and_command_counts() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    // Long poll and heartbeat, so the counts show the protocol itself.
+    let quiet = DistributedPolicy::new()
+        .lease(Duration::from_secs(3))
+        .heartbeat(Duration::from_secs(1))
+        .call_timeout(Duration::from_millis(300));
+    let a = layer(backend(&redis).await, "counts", quiet.clone()).layer(work(
+        calls.clone(),
+        "v",
+        Duration::from_millis(300),
+    ));
+    let b = layer(backend(&redis).await, "counts", quiet).layer(work(
+        calls.clone(),
+        "v",
+        Duration::from_millis(300),
+    ));
+
+    // Owner: ACQUIRE + COMMIT.
+    redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    assert_eq!(a.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    let owner = redis.command_calls("evalsha").unwrap();
+
+    // Hit: one ACQUIRE that returns the payload.
+    redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    assert_eq!(b.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    let hit = redis.command_calls("evalsha").unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Follower: ACQUIRE + SUBSCRIBE + re-check ACQUIRE + inline notice.
+    let owner_call = tokio::spawn(a.clone().oneshot("y".into()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    assert_eq!(b.clone().oneshot("y".into()).await.unwrap(), "v:y");
+    owner_call.await.unwrap().unwrap();
+    let window_scripts = redis.command_calls("evalsha").unwrap();
+    let window_subscribe = redis.command_calls("subscribe").unwrap();
+    let window_get = redis.command_calls("get").unwrap() + redis.command_calls("hget").unwrap();
+    eprintln!(
+        "commands per flight: owner {owner} EVALSHA; hit {hit} EVALSHA; \
+         follower window (follower + owner's commit) {window_scripts} EVALSHA, \
+         {window_subscribe} SUBSCRIBE, {window_get} GET"
+    );
+    assert_eq!(owner, 2);
+    assert_eq!(hit, 1);
+    assert_eq!(
+        window_scripts, 3,
+        "follower: acquire + re-check; owner: commit"
+    );
+    assert_eq!(window_subscribe, 1);
+    assert_eq!(window_get, 0, "small payloads travel inline");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Issue 5 / invariant 2: the owner is stalled past its lease (its whole
+/// runtime frozen, like a GC pause), a follower takes over and commits;
+/// when the stale owner resumes, its commit is FENCED, it serves its value
+/// locally, and the new result stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_owner_is_fenced() {
+    let redis = RedisServer::start().unwrap();
+    let url = redis.url();
+    let (acquired_tx, acquired_rx) = std::sync::mpsc::channel::<()>();
+    let stale = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let b = RedisBackend::connect(
+                RedisConfig::new(url).command_timeout(Duration::from_millis(300)),
+            )
+            .await
+            .unwrap();
+            let svc = layer(b, "stale", policy()).layer(service_fn(move |req: String| {
+                let tx = acquired_tx.clone();
+                async move {
+                    let _ = tx.send(());
+                    // Freezes this runtime: no heartbeat can run.
+                    std::thread::sleep(LEASE * 2);
+                    Ok::<_, Infallible>(format!("stale:{req}"))
+                }
+            }));
+            svc.oneshot("k".to_owned()).await.map_err(|e| e.to_string())
+        })
+    });
+    acquired_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let fresh = layer(backend(&redis).await, "stale", policy()).layer(work(
+        calls.clone(),
+        "fresh",
+        Duration::from_millis(50),
+    ));
+    assert_eq!(fresh.clone().oneshot("k".into()).await.unwrap(), "fresh:k");
+    assert_eq!(counter(metric::TAKEOVER_TOTAL, "stale"), 1);
+    let stale_answer = tokio::task::spawn_blocking(move || stale.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(stale_answer.unwrap(), "stale:k", "served locally");
+    assert_eq!(counter(metric::FENCED_TOTAL, "stale"), 1);
+    assert_eq!(
+        fresh.oneshot("k".into()).await.unwrap(),
+        "fresh:k",
+        "the new result stands"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 5 / invariant 4: a dead owner (acquired, then gone without
+/// ABANDON) -> exactly one of 50 waiting followers on 2 nodes takes over
+/// after lease expiry; the others get its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_owner_one_takeover_among_50() {
+    let redis = RedisServer::start().unwrap();
+    let raw = backend(&redis).await;
+    let dead = OwnerToken::random();
+    let terms = LeaseTerms {
+        lease: LEASE,
+        state_ttl: Duration::from_secs(30),
+        allow_takeover: true,
+    };
+    let flight = flight_of("dead", "k");
+    assert!(matches!(
+        raw.acquire(&flight, &dead, &terms).await.unwrap(),
+        Acquired::Owner { generation: 1, .. }
+    ));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let nodes = [
+        layer(backend(&redis).await, "dead", policy()).layer(work(
+            calls.clone(),
+            "v",
+            Duration::from_millis(100),
+        )),
+        layer(backend(&redis).await, "dead", policy()).layer(work(
+            calls.clone(),
+            "v",
+            Duration::from_millis(100),
+        )),
+    ];
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let svc = nodes[i % 2].clone();
+        tasks.push(tokio::spawn(svc.oneshot("k".to_owned())));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), "v:k");
+    }
+    assert!(
+        started.elapsed() >= LEASE / 2,
+        "nobody ran before the lease expired"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "exactly one takeover");
+    assert_eq!(counter(metric::TAKEOVER_TOTAL, "dead"), 1);
+}
+
+/// Issue 5 / invariant 5-6: pub/sub broken (the subscriber connection is
+/// cut while followers wait) -> followers still finish, by polling, without
+/// running the work themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_finish_by_polling_when_pubsub_is_cut() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let owner = layer(backend(&redis).await, "cut", policy()).layer(work(
+        calls.clone(),
+        "v",
+        Duration::from_millis(500),
+    ));
+    let follower_node = layer(backend(&redis).await, "cut", policy()).layer(work(
+        calls.clone(),
+        "v",
+        Duration::from_millis(500),
+    ));
+    let owner_call = tokio::spawn(owner.oneshot("k".to_owned()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut followers = Vec::new();
+    for _ in 0..20 {
+        followers.push(tokio::spawn(follower_node.clone().oneshot("k".to_owned())));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let killed = redis.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
+    assert!(matches!(killed, Resp::Int(n) if n >= 1), "{killed:?}");
+    assert_eq!(owner_call.await.unwrap().unwrap(), "v:k");
+    let done = Instant::now();
+    for f in followers {
+        assert_eq!(f.await.unwrap().unwrap(), "v:k");
+    }
+    // Poll bound (100 ms) + a round trip, with generous slack for 2 shared
+    // cores: the point is that nobody waited for the 5 s wait timeout.
+    assert!(
+        done.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        done.elapsed()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 5 / invariant 13: SCRIPT FLUSH mid-run and a Redis restart are
+/// transparent (EVALSHA reloads on NOSCRIPT; fred reconnects).
+#[tokio::test]
+async fn script_flush_and_restart_are_transparent() {
+    let mut redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let client = b.client().clone();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(b, "flush", policy()).layer(work(calls.clone(), "v", Duration::ZERO));
+    assert_eq!(svc.clone().oneshot("a".into()).await.unwrap(), "v:a");
+    redis.flush_scripts().unwrap();
+    assert_eq!(svc.clone().oneshot("b".into()).await.unwrap(), "v:b");
+    assert!(redis.command_calls("script").unwrap() >= 2, "reloaded");
+
+    redis.restart().unwrap();
+    // Wait for the client to reconnect (bounded), then it must just work.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ping: Result<String, _> = client.ping(None).await;
+        if ping.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "client did not reconnect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(svc.clone().oneshot("c".into()).await.unwrap(), "v:c");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// Issue 5 / invariant 14: a corrupt or foreign value at a result key is a
+/// protocol error, not a panic.
+#[tokio::test]
+async fn corrupt_and_foreign_results_are_protocol_errors() {
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(b.clone(), "corrupt", policy()).layer(work(calls.clone(), "v", Duration::ZERO));
+
+    let result_key = |req: &str| b.keys(&flight_of("corrupt", req))[2].clone();
+    let cases: [(&str, Vec<&[u8]>); 4] = [
+        (
+            "garbage",
+            vec![
+                b"HSET",
+                b"",
+                b"gen",
+                b"1",
+                b"tok",
+                b"x",
+                b"st",
+                b"ok",
+                b"body",
+                b"\xff\x00garbage",
+            ],
+        ),
+        (
+            "version",
+            vec![
+                b"HSET",
+                b"",
+                b"gen",
+                b"1",
+                b"tok",
+                b"x",
+                b"st",
+                b"ok",
+                b"body",
+                b"\x09\x01\x00abc",
+            ],
+        ),
+        (
+            "status",
+            vec![
+                b"HSET", b"", b"gen", b"1", b"tok", b"x", b"st", b"maybe", b"body", b"x",
+            ],
+        ),
+        ("wrongtype", vec![b"SET", b"", b"a plain string"]),
+    ];
+    for (req, mut cmd) in cases {
+        let key = result_key(req);
+        cmd[1] = key.as_bytes();
+        redis.cmd_bytes(&cmd).unwrap();
+        let err = svc.clone().oneshot(req.to_owned()).await.unwrap_err();
+        assert!(find::<ProtocolError>(&*err).is_some(), "{req}: {err}");
+        assert_eq!(ErrorClass::of(&*err), ErrorClass::Unavailable);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(counter(metric::UNKNOWN_ACTION_TOTAL, "corrupt") >= 4);
+}
+
+/// Issue 5 / invariant 7: the commit fails after execution (Redis frozen)
+/// -> the value still reaches the caller, no re-execution, and
+/// `singleflight_result_write_failure_total` increments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_failure_still_returns_the_value() {
+    let redis = Arc::new(Mutex::new(RedisServer::start().unwrap()));
+    let url = redis.lock().unwrap().url();
+    let b = backend_at(url).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (r, c) = (redis.clone(), calls.clone());
+    let svc = layer(b, "commitfail", policy()).layer(service_fn(move |req: String| {
+        let (r, c) = (r.clone(), c.clone());
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            r.lock().unwrap().pause().unwrap();
+            Ok::<_, Infallible>(format!("v:{req}"))
+        }
+    }));
+    let started = Instant::now();
+    assert_eq!(svc.oneshot("k".into()).await.unwrap(), "v:k");
+    let took = started.elapsed();
+    redis.lock().unwrap().resume().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(counter(metric::RESULT_WRITE_FAILURE_TOTAL, "commitfail"), 1);
+    assert!(
+        took < Duration::from_secs(3),
+        "commit retries are bounded: {took:?}"
+    );
+}
+
+/// Issue 5 / invariant 8: an ambiguous acquire (timed out while Redis was
+/// frozen, executed when it thawed) retried with the same token answers
+/// OWNER with the same generation.
+#[tokio::test]
+async fn ambiguous_acquire_retry_is_owner_same_generation() {
+    let mut redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let flight = flight_of("ambiguous", "k");
+    let tok = OwnerToken::random();
+    let terms = conformance::terms(true);
+    redis.pause().unwrap();
+    let err = b.acquire(&flight, &tok, &terms).await.unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::OutcomeUnknown);
+    redis.resume().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let retried = loop {
+        match b.acquire(&flight, &tok, &terms).await {
+            Ok(a) => break a,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "never recovered: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(
+        retried,
+        Acquired::Owner {
+            generation: 1,
+            takeover: false
+        }
+    );
+    let other = OwnerToken::random();
+    assert!(matches!(
+        b.acquire(&flight, &other, &terms).await.unwrap(),
+        Acquired::Follower { generation: 1, .. }
+    ));
+}
+
+/// Failure table, "before acquire": Redis killed or frozen -> a typed
+/// coordination error within the call deadlines; nothing hangs.
+#[tokio::test]
+async fn killed_or_paused_redis_gives_typed_errors_quickly() {
+    let mut redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(backend(&redis).await, "down", policy()).layer(work(
+        calls.clone(),
+        "v",
+        Duration::ZERO,
+    ));
+
+    redis.pause().unwrap();
+    let started = Instant::now();
+    let err = svc.clone().oneshot("a".into()).await.unwrap_err();
+    let paused_took = started.elapsed();
+    assert_eq!(ErrorClass::of(&*err), ErrorClass::Unavailable, "{err}");
+    redis.resume().unwrap();
+
+    redis.kill();
+    let started = Instant::now();
+    let err = svc.clone().oneshot("b".into()).await.unwrap_err();
+    let killed_took = started.elapsed();
+    assert_eq!(ErrorClass::of(&*err), ErrorClass::Unavailable, "{err}");
+    eprintln!("paused: error after {paused_took:?}; killed: error after {killed_took:?}");
+    // Two acquire attempts of at most 300 ms each, plus slack.
+    assert!(paused_took < Duration::from_secs(3));
+    assert!(killed_took < Duration::from_secs(3));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// One subscriber connection per node, reference-counted per channel.
+#[tokio::test]
+async fn subscriptions_are_shared_and_reference_counted() {
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let flight = flight_of("subs", "k");
+    let channel = b.keys(&flight)[3].clone();
+    let numsub = || match redis.cmd(&["PUBSUB", "NUMSUB", &channel]).unwrap() {
+        Resp::Array(Some(v)) => match v[1] {
+            Resp::Int(n) => n,
+            _ => -1,
+        },
+        _ => -1,
+    };
+    let s1 = b.subscribe(&flight).await.unwrap();
+    let s2 = b.subscribe(&flight).await.unwrap();
+    assert_eq!(numsub(), 1);
+    assert_eq!(b.subscribed_channels(), 1);
+    drop(s1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(numsub(), 1);
+    drop(s2);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while numsub() != 0 {
+        assert!(Instant::now() < deadline, "never unsubscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.subscribed_channels(), 0);
+}
+
+/// For scale (printed, not asserted): the owner path (acquire + commit) per
+/// flight against a bare PING round trip through the same client.
+#[tokio::test]
+async fn measure_owner_path_against_a_round_trip() {
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let client = b.client().clone();
+    let svc = layer(b, "measure", policy()).layer(service_fn(|req: String| async move {
+        Ok::<_, Infallible>(req)
+    }));
+    const N: u32 = 300;
+    let started = Instant::now();
+    for _ in 0..N {
+        let _: String = client.ping(None).await.unwrap();
+    }
+    let rtt = started.elapsed() / N;
+    let started = Instant::now();
+    for i in 0..N {
+        svc.clone().oneshot(format!("k{i}")).await.unwrap();
+    }
+    let owner = started.elapsed() / N;
+    let started = Instant::now();
+    for i in 0..N {
+        svc.clone().oneshot(format!("k{i}")).await.unwrap();
+    }
+    let hit = started.elapsed() / N;
+    eprintln!(
+        "loopback, {N} sequential calls (debug build): PING {rtt:?}; owner path {owner:?} ({:.1}x); hit {hit:?} ({:.1}x)",
+        owner.as_secs_f64() / rtt.as_secs_f64(),
+        hit.as_secs_f64() / rtt.as_secs_f64()
+    );
+}
