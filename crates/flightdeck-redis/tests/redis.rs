@@ -3,6 +3,7 @@
 //!
 //! Each test names the invariant of anchors-distributed.md §6 it checks.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -38,21 +39,26 @@ fn snapshotter() -> &'static Snapshotter {
 
 /// The value of a counter for one stage (0 if never incremented).
 fn counter(name: &str, stage: &str) -> u64 {
-    snapshotter()
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| {
-            k.key().name() == name
-                && k.key()
-                    .labels()
-                    .any(|l| l.key() == metric::LABEL_STAGE && l.value() == stage)
-        })
-        .map(|(.., v)| match v {
-            DebugValue::Counter(c) => c,
-            _ => 0,
-        })
-        .sum()
+    // A snapshot resets the recorder's counters, and tests run in parallel:
+    // fold every snapshot into one running total.
+    static TOTALS: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
+    let mut totals = TOTALS.get_or_init(Default::default).lock().unwrap();
+    for (k, _, _, v) in snapshotter().snapshot().into_vec() {
+        let DebugValue::Counter(c) = v else { continue };
+        let label = k
+            .key()
+            .labels()
+            .find(|l| l.key() == metric::LABEL_STAGE)
+            .map(|l| l.value().to_owned())
+            .unwrap_or_default();
+        *totals
+            .entry((k.key().name().to_owned(), label))
+            .or_default() += c;
+    }
+    totals
+        .get(&(name.to_owned(), stage.to_owned()))
+        .copied()
+        .unwrap_or(0)
 }
 
 fn policy() -> DistributedPolicy {

@@ -62,6 +62,7 @@ struct Inner {
 struct Faults {
     unavailable: AtomicBool,
     fail_commits: AtomicBool,
+    fail_heartbeats: AtomicBool,
     drop_notices: AtomicBool,
 }
 
@@ -176,6 +177,12 @@ impl MemoryBackend {
     /// Makes commits fail with an "outcome unknown" error, without writing.
     pub fn set_fail_commits(&self, yes: bool) {
         self.inner.faults.fail_commits.store(yes, Ordering::Relaxed);
+    }
+
+    /// Makes heartbeats fail with an "unavailable" error, so a running
+    /// owner's lease runs out (a network partition around one owner).
+    pub fn set_fail_heartbeats(&self, yes: bool) {
+        self.inner.faults.fail_heartbeats.store(yes, Ordering::Relaxed);
     }
 
     /// Drops every notice (a broken pub/sub): followers must poll.
@@ -337,7 +344,8 @@ impl MemoryBackend {
         f.cgen = gen;
         f.state_expires = Some(now + args.state_ttl);
         if let Some(msg) = &args.failure {
-            if !args.failure_ttl.is_zero() {
+            // Like the script: an empty message is not cached.
+            if !msg.is_empty() && !args.failure_ttl.is_zero() {
                 f.result = Some(Stored {
                     gen,
                     token: token.clone(),
@@ -407,19 +415,25 @@ impl Backend for MemoryBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Renewal> {
         self.inner.calls.heartbeat.fetch_add(1, Ordering::Relaxed);
-        let res = self.check().map(|()| {
+        let res = self.check().and_then(|()| {
+            if self.inner.faults.fail_heartbeats.load(Ordering::Relaxed) {
+                return Err(BackendError::unavailable(
+                    "memory backend: injected heartbeat failure",
+                ));
+            }
             let now = Instant::now();
             let mut flights = self.flights();
             let f = flights.entry(*flight).or_default();
             f.expire(now);
-            match &mut f.lease {
+            let renewal = match &mut f.lease {
                 Some(l) if l.token == *token && l.gen == generation => {
                     l.expires = now + terms.lease;
                     f.state_expires = Some(now + terms.state_ttl);
                     Renewal::Renewed
                 }
                 _ => Renewal::Lost,
-            }
+            };
+            Ok(renewal)
         });
         Box::pin(async move { res })
     }

@@ -1,0 +1,619 @@
+//! The L2 layer's logic against the in-memory backend, with paused time.
+//! (The same paths against real Redis are in flightdeck-redis's tests.)
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use flightdeck_core::error::{
+    find, BoxError, CoordinationUnavailable, ErrorClass, LeaseLost, WaitTimeout,
+};
+use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
+use flightdeck_distributed::backend::{
+    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, LeaseTerms, Released,
+    Renewal, Subscription,
+};
+use flightdeck_distributed::error::RemoteFailure;
+use flightdeck_distributed::{
+    DistributedFlightLayer, DistributedPolicy, FencingToken, FlightId, KeyFn, OwnerToken,
+    PostcardCodec,
+};
+use flightdeck_testkit::MemoryBackend;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::time::Instant;
+use tower::util::BoxCloneService;
+use tower::{service_fn, Layer, ServiceExt};
+
+fn snapshotter() -> &'static Snapshotter {
+    static S: OnceLock<Snapshotter> = OnceLock::new();
+    S.get_or_init(|| {
+        let rec = DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        rec.install()
+            .expect("the only recorder in this test binary");
+        snap
+    })
+}
+
+fn counter(name: &str, stage: &str) -> u64 {
+    // A snapshot resets the recorder's counters, and tests run in parallel:
+    // fold every snapshot into one running total.
+    static TOTALS: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
+    let mut totals = TOTALS.get_or_init(Default::default).lock().unwrap();
+    for (k, _, _, v) in snapshotter().snapshot().into_vec() {
+        let DebugValue::Counter(c) = v else { continue };
+        let label = k
+            .key()
+            .labels()
+            .find(|l| l.key() == metric::LABEL_STAGE)
+            .map(|l| l.value().to_owned())
+            .unwrap_or_default();
+        *totals
+            .entry((k.key().name().to_owned(), label))
+            .or_default() += c;
+    }
+    totals
+        .get(&(name.to_owned(), stage.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn policy() -> DistributedPolicy {
+    DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .poll_interval(SEC / 2)
+        .wait_timeout(30 * SEC)
+        .result_ttl(60 * SEC)
+}
+
+type Svc = BoxCloneService<String, String, BoxError>;
+
+fn key_of(stage: &str, req: &str) -> FlightKey {
+    FlightKey::from_bytes(StageName::new(stage).unwrap(), req)
+}
+
+/// A node: the L2 layer over `backend` around `inner`.
+fn node<B: Backend + Clone>(
+    backend: &B,
+    stage: &'static str,
+    policy: DistributedPolicy,
+    inner: Svc,
+) -> Svc {
+    snapshotter();
+    let layer = DistributedFlightLayer::new(
+        backend.clone(),
+        policy,
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+        KeyFn::new(move |req: &String| Some(key_of(stage, req))),
+    )
+    .unwrap();
+    BoxCloneService::new(layer.layer(inner))
+}
+
+/// Counts executions, answers `"{tag}:{req}"` after `delay`.
+fn work(calls: &Arc<AtomicUsize>, tag: &'static str, delay: Duration) -> Svc {
+    let calls = calls.clone();
+    BoxCloneService::new(service_fn(move |req: String| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            Ok::<_, BoxError>(format!("{tag}:{req}"))
+        }
+    }))
+}
+
+fn failing(calls: &Arc<AtomicUsize>) -> Svc {
+    let calls = calls.clone();
+    BoxCloneService::new(service_fn(move |_req: String| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(SEC).await;
+            Err::<String, BoxError>("database on fire".into())
+        }
+    }))
+}
+
+#[tokio::test(start_paused = true)]
+async fn owner_then_hit_without_execution() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = node(&b, "hit", policy(), work(&calls, "v", SEC));
+    assert_eq!(svc.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    let before = b.calls();
+    assert_eq!((before.acquire, before.commit), (1, 1), "owner: 2 calls");
+    assert_eq!(svc.oneshot("x".into()).await.unwrap(), "v:x");
+    assert_eq!(b.calls().acquire, before.acquire + 1, "hit: 1 call");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(counter(metric::OWNER_TOTAL, "hit"), 1);
+    assert_eq!(counter(metric::HIT_TOTAL, "hit"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_without_a_key_bypass() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = DistributedFlightLayer::new(
+        b.clone(),
+        policy(),
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+        KeyFn::new(|_: &String| None),
+    )
+    .unwrap();
+    let svc = layer.layer(work(&calls, "v", SEC));
+    assert_eq!(svc.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    assert_eq!(svc.oneshot("x".into()).await.unwrap(), "v:x");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(b.calls().acquire, 0);
+}
+
+/// The owner's fencing token reaches the handler.
+#[tokio::test(start_paused = true)]
+async fn fencing_token_reaches_the_handler() {
+    let b = MemoryBackend::new();
+    let layer = DistributedFlightLayer::new(
+        b.clone(),
+        policy(),
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+        KeyFn::new(|req: &(String, Option<FencingToken>)| Some(key_of("fence", &req.0)))
+            .with_fence(|req: &mut (String, Option<FencingToken>), t| req.1 = Some(t)),
+    )
+    .unwrap();
+    let svc = layer.layer(service_fn(
+        |req: (String, Option<FencingToken>)| async move {
+            let t = req.1.expect("fencing token set for the owner");
+            Ok::<_, Infallible>(format!("{}@{}", req.0, t.generation))
+        },
+    ));
+    assert_eq!(svc.oneshot(("x".into(), None)).await.unwrap(), "x@1");
+}
+
+/// Followers on other nodes get the owner's result inline; the owner's
+/// heartbeats keep them from taking over a long execution (invariants 6, 9).
+#[tokio::test(start_paused = true)]
+async fn followers_wait_through_a_long_heartbeating_execution() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = node(&b, "long", policy(), work(&calls, "v", 10 * SEC));
+    let f = node(&b, "long", policy(), work(&calls, "v", 10 * SEC));
+    let owner = tokio::spawn(a.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    let started = Instant::now();
+    let mut followers = Vec::new();
+    for _ in 0..10 {
+        followers.push(tokio::spawn(f.clone().oneshot("x".into())));
+    }
+    for t in followers {
+        assert_eq!(t.await.unwrap().unwrap(), "v:x");
+    }
+    assert_eq!(owner.await.unwrap().unwrap(), "v:x");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(b.calls().heartbeat >= 9, "{:?}", b.calls());
+    // Woken by the inline notice, not by a poll.
+    assert!(started.elapsed() <= 10 * SEC, "{:?}", started.elapsed());
+    assert_eq!(counter(metric::FOLLOWER_TOTAL, "long"), 10);
+    assert_eq!(counter(metric::TAKEOVER_TOTAL, "long"), 0);
+}
+
+/// Pub/sub fully broken: followers finish by polling, within the poll bound
+/// (invariant 5).
+#[tokio::test(start_paused = true)]
+async fn followers_poll_when_notices_are_lost() {
+    let b = MemoryBackend::new();
+    b.set_drop_notices(true);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = node(&b, "poll", policy(), work(&calls, "v", 2 * SEC));
+    let f = node(&b, "poll", policy(), work(&calls, "v", 2 * SEC));
+    let owner = tokio::spawn(a.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    let started = Instant::now();
+    assert_eq!(f.oneshot("x".into()).await.unwrap(), "v:x");
+    owner.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() <= 2 * SEC + SEC / 2,
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A backend whose first `subscribe` lets the owner commit first: the
+/// completion is published before the follower subscribed.
+#[derive(Clone)]
+struct CommitBeforeSubscribe {
+    inner: MemoryBackend,
+    owner: Arc<Mutex<Option<(FlightId, OwnerToken)>>>,
+}
+
+impl Backend for CommitBeforeSubscribe {
+    fn acquire<'a>(
+        &'a self,
+        f: &'a FlightId,
+        t: &'a OwnerToken,
+        l: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.inner.acquire(f, t, l)
+    }
+    fn heartbeat<'a>(
+        &'a self,
+        f: &'a FlightId,
+        t: &'a OwnerToken,
+        g: u64,
+        l: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        self.inner.heartbeat(f, t, g, l)
+    }
+    fn commit<'a>(
+        &'a self,
+        f: &'a FlightId,
+        t: &'a OwnerToken,
+        g: u64,
+        a: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        self.inner.commit(f, t, g, a)
+    }
+    fn abandon<'a>(
+        &'a self,
+        f: &'a FlightId,
+        t: &'a OwnerToken,
+        g: u64,
+        a: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.abandon(f, t, g, a)
+    }
+    fn subscribe<'a>(&'a self, f: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        Box::pin(async move {
+            let owner = self.owner.lock().unwrap().take();
+            if let Some((flight, tok)) = owner {
+                let payload = flightdeck_distributed::Envelope::new(1 << 20, 1 << 20)
+                    .seal(&PostcardCodec::<String>::new(), &"early".to_owned())
+                    .unwrap();
+                let args = CommitArgs {
+                    payload,
+                    ttl: 60 * SEC,
+                    inline_below: 1 << 20,
+                    state_ttl: 120 * SEC,
+                };
+                assert_eq!(
+                    self.inner.commit(&flight, &tok, 1, &args).await.unwrap(),
+                    Committed::Committed
+                );
+            }
+            self.inner.subscribe(f).await
+        })
+    }
+}
+
+/// Publish-before-subscribe: the re-check after subscribing sees the
+/// result at once; no lost wakeup (invariant 5).
+#[tokio::test(start_paused = true)]
+async fn publish_before_subscribe_is_not_a_lost_wakeup() {
+    let mem = MemoryBackend::new();
+    let flight = FlightId::of(&key_of("race", "x"));
+    let tok = OwnerToken::random();
+    let terms = LeaseTerms {
+        lease: 3 * SEC,
+        state_ttl: 120 * SEC,
+        allow_takeover: true,
+    };
+    mem.acquire(&flight, &tok, &terms).await.unwrap();
+    let b = CommitBeforeSubscribe {
+        inner: mem.clone(),
+        owner: Arc::new(Mutex::new(Some((flight, tok)))),
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let f = node(&b, "race", policy(), work(&calls, "v", SEC));
+    let started = Instant::now();
+    assert_eq!(f.oneshot("x".into()).await.unwrap(), "early");
+    assert_eq!(started.elapsed(), Duration::ZERO, "no wait for a poll");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// The owner is cut off (heartbeats fail) past its lease; a follower takes
+/// over and commits; the old owner's heartbeat then finds LOST (counted),
+/// its commit is FENCED, and it serves its own value locally (invariants 1,
+/// 2, 3).
+#[tokio::test(start_paused = true)]
+async fn lost_lease_is_counted_and_the_late_commit_fenced() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = node(&b, "lost", policy(), work(&calls, "old", 10 * SEC));
+    let f = node(&b, "lost", policy(), work(&calls, "new", SEC / 10));
+    b.set_fail_heartbeats(true);
+    let owner = tokio::spawn(a.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    assert_eq!(f.clone().oneshot("x".into()).await.unwrap(), "new:x");
+    assert_eq!(counter(metric::TAKEOVER_TOTAL, "lost"), 1);
+    b.set_fail_heartbeats(false);
+    assert_eq!(owner.await.unwrap().unwrap(), "old:x", "served locally");
+    assert_eq!(counter(metric::HEARTBEAT_LOST_TOTAL, "lost"), 1);
+    assert_eq!(counter(metric::FENCED_TOTAL, "lost"), 1);
+    assert_eq!(
+        f.oneshot("x".into()).await.unwrap(),
+        "new:x",
+        "the new result stands"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// With `cancel_on_lease_loss`, the work stops when the lease is lost.
+#[tokio::test(start_paused = true)]
+async fn lost_lease_can_cancel_the_work() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = node(
+        &b,
+        "cancel",
+        policy().cancel_on_lease_loss(true),
+        work(&calls, "old", 60 * SEC),
+    );
+    let f = node(&b, "cancel", policy(), work(&calls, "new", SEC / 10));
+    b.set_fail_heartbeats(true);
+    let started = Instant::now();
+    let owner = tokio::spawn(a.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    assert_eq!(f.oneshot("x".into()).await.unwrap(), "new:x");
+    b.set_fail_heartbeats(false);
+    let err = owner.await.unwrap().unwrap_err();
+    let lost = find::<LeaseLost>(&*err).expect("LeaseLost");
+    assert_eq!(lost.generation(), 1);
+    assert!(started.elapsed() < 10 * SEC);
+}
+
+/// A failed commit still returns the value, never re-executes, retries with
+/// the same token, and is counted (invariant 7).
+#[tokio::test(start_paused = true)]
+async fn commit_failure_returns_the_value() {
+    let b = MemoryBackend::new();
+    b.set_fail_commits(true);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = node(&b, "cfail", policy(), work(&calls, "v", SEC));
+    assert_eq!(svc.oneshot("x".into()).await.unwrap(), "v:x");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(b.calls().commit, 3, "default commit attempts");
+    assert_eq!(counter(metric::RESULT_WRITE_FAILURE_TOTAL, "cfail"), 1);
+}
+
+/// The owner's business error: by default followers race again (one of
+/// them runs); with a failure TTL they get the owner's error.
+#[tokio::test(start_paused = true)]
+async fn owner_errors_release_or_are_cached() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = node(&b, "err", policy(), failing(&calls));
+    let f = node(&b, "err", policy(), work(&calls, "v", SEC));
+    let owner = tokio::spawn(a.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    let started = Instant::now();
+    assert_eq!(f.oneshot("x".into()).await.unwrap(), "v:x");
+    assert!(
+        started.elapsed() < 2 * SEC + SEC / 10,
+        "woken by ABANDON, not by expiry"
+    );
+    let err = owner.await.unwrap().unwrap_err();
+    assert_eq!(err.to_string(), "database on fire");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let cached = policy().failure_ttl(10 * SEC);
+    let a = node(&b, "errc", cached.clone(), failing(&calls));
+    let f = node(&b, "errc", cached, work(&calls, "v", SEC));
+    let owner = tokio::spawn(a.oneshot("y".into()));
+    tokio::time::sleep(SEC / 10).await;
+    let err = f.oneshot("y".into()).await.unwrap_err();
+    let remote = find::<RemoteFailure>(&*err).expect("RemoteFailure");
+    assert_eq!(remote.message(), "database on fire");
+    owner.await.unwrap().unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// A dropped owner (its caller went away) releases the lease at once, so
+/// followers do not wait for the lease to expire.
+#[tokio::test(start_paused = true)]
+async fn dropped_owner_releases_the_lease() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = node(&b, "drop", policy(), work(&calls, "old", 60 * SEC));
+    let f = node(&b, "drop", policy(), work(&calls, "new", SEC / 10));
+    let owner = tokio::spawn(a.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    let follower = tokio::spawn(f.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    owner.abort();
+    let started = Instant::now();
+    assert_eq!(follower.await.unwrap().unwrap(), "new:x");
+    assert!(started.elapsed() < SEC, "{:?}", started.elapsed());
+    assert_eq!(b.calls().abandon, 1);
+    assert_eq!(counter(metric::TAKEOVER_TOTAL, "drop"), 0);
+}
+
+/// Without takeover, a dead owner's flight makes followers wait out their
+/// wait timeout (typed), never run the work.
+#[tokio::test(start_paused = true)]
+async fn expired_flight_without_takeover_times_out() {
+    let b = MemoryBackend::new();
+    let flight = FlightId::of(&key_of("notake", "x"));
+    let terms = LeaseTerms {
+        lease: 3 * SEC,
+        state_ttl: 120 * SEC,
+        allow_takeover: true,
+    };
+    b.acquire(&flight, &OwnerToken::random(), &terms)
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = policy().allow_takeover(false).wait_timeout(10 * SEC);
+    let f = node(&b, "notake", p, work(&calls, "v", SEC));
+    let started = Instant::now();
+    let err = f.oneshot("x".into()).await.unwrap_err();
+    assert!(err.is::<WaitTimeout>(), "{err}");
+    assert_eq!(started.elapsed(), 10 * SEC);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// An unreachable backend before acquiring is a typed, retryable error;
+/// the work does not run.
+#[tokio::test(start_paused = true)]
+async fn unavailable_backend_is_a_typed_error() {
+    let b = MemoryBackend::new();
+    b.set_unavailable(true);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = node(&b, "down", policy(), work(&calls, "v", SEC));
+    let err = svc.oneshot("x".into()).await.unwrap_err();
+    assert!(err.is::<CoordinationUnavailable>(), "{err}");
+    assert_eq!(ErrorClass::of(&*err).http_status(), 503);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// A backend call that never answers is cut by the call timeout, retried
+/// once (same token), then reported.
+#[tokio::test(start_paused = true)]
+async fn hanging_backend_is_cut_by_the_call_timeout() {
+    #[derive(Clone)]
+    struct Hang;
+    impl Backend for Hang {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a FlightId,
+            _: &'a OwnerToken,
+            _: &'a LeaseTerms,
+        ) -> BackendFuture<'a, Acquired> {
+            Box::pin(std::future::pending())
+        }
+        fn heartbeat<'a>(
+            &'a self,
+            _: &'a FlightId,
+            _: &'a OwnerToken,
+            _: u64,
+            _: &'a LeaseTerms,
+        ) -> BackendFuture<'a, Renewal> {
+            Box::pin(std::future::pending())
+        }
+        fn commit<'a>(
+            &'a self,
+            _: &'a FlightId,
+            _: &'a OwnerToken,
+            _: u64,
+            _: &'a CommitArgs,
+        ) -> BackendFuture<'a, Committed> {
+            Box::pin(std::future::pending())
+        }
+        fn abandon<'a>(
+            &'a self,
+            _: &'a FlightId,
+            _: &'a OwnerToken,
+            _: u64,
+            _: &'a AbandonArgs,
+        ) -> BackendFuture<'a, Released> {
+            Box::pin(std::future::pending())
+        }
+        fn subscribe<'a>(&'a self, _: &'a FlightId) -> BackendFuture<'a, Subscription> {
+            Box::pin(std::future::pending())
+        }
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = node(&Hang, "hang", policy(), work(&calls, "v", SEC));
+    let started = Instant::now();
+    let err = svc.oneshot("x".into()).await.unwrap_err();
+    assert_eq!(
+        started.elapsed(),
+        2 * SEC,
+        "two attempts of the 1 s call timeout"
+    );
+    assert_eq!(ErrorClass::of(&*err), ErrorClass::Unavailable, "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// A corrupt stored value is a protocol error, never a panic (invariant 14).
+#[tokio::test(start_paused = true)]
+async fn corrupt_stored_value_is_a_protocol_error() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = node(&b, "corrupt", policy(), work(&calls, "v", SEC));
+    let flight = FlightId::of(&key_of("corrupt", "x"));
+    b.put_raw_result(
+        &flight,
+        bytes::Bytes::from_static(b"\x01\x01\x00\xff\xff\xff"),
+        60 * SEC,
+    );
+    let err = svc.oneshot("x".into()).await.unwrap_err();
+    assert!(err.is::<flightdeck_core::error::ProtocolError>(), "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[cfg(feature = "http")]
+mod http_responses {
+    use super::*;
+    use bytes::Bytes;
+    use flightdeck_core::http::{FlightBody, HttpShare};
+    use flightdeck_distributed::{ExtensionKey, HttpCodec};
+    use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+
+    /// HTTP responses (status, non-UTF-8 headers, body, trailers) travel
+    /// between nodes; the key comes from the request extension and the
+    /// fencing token is inserted for the owner.
+    #[tokio::test(start_paused = true)]
+    async fn http_response_replays_on_another_node() {
+        let b = MemoryBackend::new();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let make = |calls: Arc<AtomicUsize>| {
+            let layer = DistributedFlightLayer::new(
+                b.clone(),
+                policy(),
+                HttpShare::new().buffer_unknown_length(true),
+                HttpCodec::new(),
+                ExtensionKey::new(),
+            )
+            .unwrap();
+            layer.layer(service_fn(move |req: Request<()>| {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    let gen = req.extensions().get::<FencingToken>().map(|t| t.generation);
+                    let mut trailers = HeaderMap::new();
+                    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                    let body = Full::new(Bytes::from_static(b"\x00body\xff"))
+                        .with_trailers(async move { Some(Ok(trailers)) })
+                        .boxed_unsync();
+                    let mut resp = Response::new(body);
+                    *resp.status_mut() = StatusCode::ACCEPTED;
+                    resp.headers_mut()
+                        .insert("x-bin", HeaderValue::from_bytes(b"\xfe\x80ok").unwrap());
+                    resp.headers_mut()
+                        .insert("x-gen", HeaderValue::from(gen.unwrap_or(0)));
+                    Ok::<_, Infallible>(resp)
+                }
+            }))
+        };
+        let req = || {
+            let mut r = Request::new(());
+            r.extensions_mut().insert(key_of("http", "GET /x"));
+            r
+        };
+        let check = |resp: Response<FlightBody<_>>| async move {
+            assert_eq!(resp.status(), StatusCode::ACCEPTED);
+            assert_eq!(resp.headers()["x-bin"].as_bytes(), b"\xfe\x80ok");
+            assert_eq!(resp.headers()["x-gen"], "1");
+            let collected = resp.into_body().collect().await.unwrap();
+            assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+            assert_eq!(collected.to_bytes(), Bytes::from_static(b"\x00body\xff"));
+        };
+        let first = make(calls.clone()).oneshot(req()).await.unwrap();
+        check(first).await;
+        let second = make(calls.clone()).oneshot(req()).await.unwrap();
+        check(second).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Without the extension the request bypasses the layer.
+        make(calls.clone()).oneshot(Request::new(())).await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+}
