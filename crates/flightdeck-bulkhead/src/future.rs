@@ -1,0 +1,163 @@
+//! The response future.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use flightdeck_core::BoxError;
+use pin_project_lite::pin_project;
+use tokio::sync::oneshot;
+use tokio::time::{sleep_until, Instant, Sleep};
+use tower_service::Service;
+
+use crate::error::QueueTimeout;
+use crate::shared::{Permit, Shared};
+
+pin_project! {
+    /// Response future of [`Bulkhead`](crate::Bulkhead): waits in the queue
+    /// if it must, then runs the inner call holding a slot, released when
+    /// the call finishes or the future is dropped.
+    pub struct ResponseFuture<F, S, Req> {
+        #[pin]
+        state: State<F, S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, S, Req> {
+        Running {
+            #[pin]
+            fut: F,
+            permit: Option<Permit>,
+        },
+        Queued {
+            // Boxed: the waiting state (a timer, the service and the
+            // request) is big, and most calls never wait; keeping it inline
+            // would make every call's future that big.
+            waiting: Box<Waiting<S, Req>>,
+        },
+        Rejected {
+            err: Option<BoxError>,
+        },
+    }
+}
+
+struct Waiting<S, Req> {
+    rx: oneshot::Receiver<Permit>,
+    sleep: Pin<Box<Sleep>>,
+    svc: Option<S>,
+    req: Option<Req>,
+    timeout: Duration,
+    shared: Arc<Shared>,
+}
+
+impl<F, S, Req> ResponseFuture<F, S, Req> {
+    pub(crate) fn running(fut: F, permit: Permit) -> Self {
+        Self {
+            state: State::Running {
+                fut,
+                permit: Some(permit),
+            },
+        }
+    }
+
+    pub(crate) fn queued(
+        rx: oneshot::Receiver<Permit>,
+        svc: S,
+        req: Req,
+        timeout: Duration,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Self {
+            state: State::Queued {
+                waiting: Box::new(Waiting {
+                    rx,
+                    sleep: Box::pin(sleep_until(Instant::now() + timeout)),
+                    svc: Some(svc),
+                    req: Some(req),
+                    timeout,
+                    shared,
+                }),
+            },
+        }
+    }
+
+    pub(crate) fn rejected(err: BoxError) -> Self {
+        Self {
+            state: State::Rejected { err: Some(err) },
+        }
+    }
+}
+
+impl<F, S, Req> fmt::Debug for ResponseFuture<F, S, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Running { .. } => "running",
+            State::Queued { .. } => "queued",
+            State::Rejected { .. } => "rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, Req> Future for ResponseFuture<S::Future, S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let mut this = self.as_mut().project();
+            match this.state.as_mut().project() {
+                StateProj::Running { fut, permit } => {
+                    let out = ready!(fut.poll(cx));
+                    // Free the slot as soon as the call is done.
+                    drop(permit.take());
+                    return Poll::Ready(out.map_err(Into::into));
+                }
+                StateProj::Queued { waiting } => {
+                    let Waiting {
+                        rx,
+                        sleep,
+                        svc,
+                        req,
+                        timeout,
+                        shared,
+                    } = &mut **waiting;
+                    let permit = match Pin::new(rx).poll(cx) {
+                        Poll::Ready(Ok(permit)) => permit,
+                        // The bulkhead itself is gone: cannot happen while
+                        // we hold `shared`, but do not hang if it does.
+                        Poll::Ready(Err(_)) => {
+                            return Poll::Ready(Err(shared.full().into()));
+                        }
+                        Poll::Pending => {
+                            ready!(sleep.as_mut().poll(cx));
+                            shared.reject("queue_timeout");
+                            let err = QueueTimeout::new(*timeout, shared.full());
+                            return Poll::Ready(Err(err.into()));
+                        }
+                    };
+                    let mut svc = svc.take().expect("queued future polled after completion");
+                    let req = req.take().expect("queued future polled after completion");
+                    let fut = svc.call(req);
+                    this.state.set(State::Running {
+                        fut,
+                        permit: Some(permit),
+                    });
+                }
+                StateProj::Rejected { err } => {
+                    return Poll::Ready(Err(err.take().expect("polled after completion")));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The state shared by every clone: counters, queue, rate limiter.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use flightdeck_core::error::BulkheadFull;
+use flightdeck_core::StageName;
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+use tokio::sync::oneshot;
+
+use crate::clock::{TokioClock, TokioInstant};
+use crate::error::RateLimited;
+use crate::metric;
+
+type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
+
+/// Settings of a bulkhead.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
+///
+/// let layer = BulkheadLayer::from_config(
+///     BulkheadConfig::new(32)
+///         .queue(64, Duration::from_millis(200))
+///         .degraded_limit(8)
+///         .rate_limit(NonZeroU32::new(500).unwrap(), NonZeroU32::new(50).unwrap()),
+/// );
+/// assert_eq!(layer.handle().limit(), 32);
+/// ```
+#[derive(Debug, Clone)]
+pub struct BulkheadConfig {
+    limit: usize,
+    degraded_limit: Option<usize>,
+    queue: Option<(usize, Duration)>,
+    rate: Option<(NonZeroU32, NonZeroU32)>,
+    stage: Option<StageName>,
+}
+
+impl BulkheadConfig {
+    /// At most `limit` concurrent calls; no queue, no rate limit. A limit of
+    /// 0 rejects every call.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            degraded_limit: None,
+            queue: None,
+            rate: None,
+            stage: None,
+        }
+    }
+
+    /// Lets up to `max` calls wait, each for at most `timeout`, for a slot
+    /// (in arrival order) instead of being rejected at once.
+    pub fn queue(mut self, max: usize, timeout: Duration) -> Self {
+        self.queue = Some((max, timeout));
+        self
+    }
+
+    /// The limit while degraded (see [`BulkheadHandle::set_degraded`]);
+    /// defaults to the normal limit.
+    pub fn degraded_limit(mut self, limit: usize) -> Self {
+        self.degraded_limit = Some(limit);
+        self
+    }
+
+    /// Also limits the call rate: `per_second` permits, bursts of up to
+    /// `burst` (through the `governor` crate, on tokio's clock).
+    pub fn rate_limit(mut self, per_second: NonZeroU32, burst: NonZeroU32) -> Self {
+        self.rate = Some((per_second, burst));
+        self
+    }
+
+    /// Names the stage in errors and metrics.
+    pub fn stage(mut self, stage: StageName) -> Self {
+        self.stage = Some(stage);
+        self
+    }
+}
+
+pub(crate) struct Shared {
+    stage: Option<StageName>,
+    stage_label: String,
+    normal: AtomicUsize,
+    degraded_limit: AtomicUsize,
+    degraded: AtomicBool,
+    limit: AtomicUsize,
+    active: AtomicUsize,
+    pub(crate) queue: Option<(usize, Duration)>,
+    waiters: Mutex<VecDeque<oneshot::Sender<Permit>>>,
+    rate: Option<Limiter>,
+}
+
+pub(crate) enum Admission {
+    Now(Permit),
+    Queued(oneshot::Receiver<Permit>),
+}
+
+impl Shared {
+    pub(crate) fn new(cfg: BulkheadConfig) -> Arc<Self> {
+        let stage_label = cfg
+            .stage
+            .as_ref()
+            .map_or_else(|| "default".to_owned(), |s| s.as_str().to_owned());
+        Arc::new(Self {
+            stage: cfg.stage,
+            stage_label,
+            normal: AtomicUsize::new(cfg.limit),
+            degraded_limit: AtomicUsize::new(cfg.degraded_limit.unwrap_or(cfg.limit)),
+            degraded: AtomicBool::new(false),
+            limit: AtomicUsize::new(cfg.limit),
+            active: AtomicUsize::new(0),
+            queue: cfg.queue,
+            waiters: Mutex::new(VecDeque::new()),
+            rate: cfg.rate.map(|(per_second, burst)| {
+                RateLimiter::direct_with_clock(
+                    Quota::per_second(per_second).allow_burst(burst),
+                    TokioClock,
+                )
+            }),
+        })
+    }
+
+    pub(crate) fn full(&self) -> BulkheadFull {
+        BulkheadFull::new(self.stage.clone())
+    }
+
+    pub(crate) fn reject(&self, reason: &'static str) {
+        metrics::counter!(
+            metric::BULKHEAD_REJECTED_TOTAL,
+            flightdeck_core::metric::LABEL_STAGE => self.stage_label.clone(),
+            "reason" => reason
+        )
+        .increment(1);
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, VecDeque<oneshot::Sender<Permit>>> {
+        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn try_take(&self) -> bool {
+        // Relaxed is enough: the counter guards no other memory, it only
+        // bounds how many calls run.
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut cur = self.active.load(Ordering::Relaxed);
+        loop {
+            if cur >= limit {
+                return false;
+            }
+            match self.active.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Admits a call now, queues it, or says why not.
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission, flightdeck_core::BoxError> {
+        if let Some(rate) = &self.rate {
+            if rate.check().is_err() {
+                self.reject("rate");
+                return Err(RateLimited::new(self.full()).into());
+            }
+        }
+        if self.try_take() {
+            return Ok(Admission::Now(Permit::armed(self.clone())));
+        }
+        let Some((max, _)) = self.queue else {
+            self.reject("full");
+            return Err(self.full().into());
+        };
+        let mut q = self.waiters();
+        // Re-check under the lock: releases hand slots over under it too, so
+        // a slot freed since the check above is not missed.
+        if self.try_take() {
+            return Ok(Admission::Now(Permit::armed(self.clone())));
+        }
+        q.retain(|tx| !tx.is_closed());
+        if q.len() >= max {
+            drop(q);
+            self.reject("full");
+            return Err(self.full().into());
+        }
+        let (tx, rx) = oneshot::channel();
+        q.push_back(tx);
+        Ok(Admission::Queued(rx))
+    }
+
+    fn release(self: &Arc<Self>) {
+        if self.queue.is_none() {
+            self.active.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        let mut q = self.waiters();
+        if self.active.load(Ordering::Acquire) <= self.limit.load(Ordering::Acquire) {
+            // Hand the slot to the oldest live waiter: `active` stays as is.
+            while let Some(tx) = q.pop_front() {
+                match tx.send(Permit::armed(self.clone())) {
+                    Ok(()) => return,
+                    Err(mut unsent) => unsent.disarm(),
+                }
+            }
+        }
+        self.active.fetch_sub(1, Ordering::Release);
+    }
+
+    /// After the limit went up: give the new slots to waiters.
+    fn wake_waiters(self: &Arc<Self>) {
+        if self.queue.is_none() {
+            return;
+        }
+        let mut q = self.waiters();
+        while !q.is_empty() && self.try_take() {
+            let mut sent = false;
+            while let Some(tx) = q.pop_front() {
+                match tx.send(Permit::armed(self.clone())) {
+                    Ok(()) => {
+                        sent = true;
+                        break;
+                    }
+                    Err(mut unsent) => unsent.disarm(),
+                }
+            }
+            if !sent {
+                self.active.fetch_sub(1, Ordering::Release);
+            }
+        }
+    }
+
+    fn apply_limit(self: &Arc<Self>) {
+        let limit = if self.degraded.load(Ordering::Acquire) {
+            self.degraded_limit.load(Ordering::Acquire)
+        } else {
+            self.normal.load(Ordering::Acquire)
+        };
+        let old = self.limit.swap(limit, Ordering::AcqRel);
+        if limit > old {
+            self.wake_waiters();
+        }
+    }
+}
+
+/// One slot of the bulkhead, released when dropped.
+pub(crate) struct Permit {
+    shared: Option<Arc<Shared>>,
+}
+
+impl Permit {
+    fn armed(shared: Arc<Shared>) -> Self {
+        Self {
+            shared: Some(shared),
+        }
+    }
+
+    /// Forgets the slot (it was never taken, or is accounted for elsewhere).
+    fn disarm(&mut self) {
+        self.shared = None;
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.release();
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("armed", &self.shared.is_some())
+            .finish()
+    }
+}
+
+/// A handle on a bulkhead's shared state: read the load, switch the
+/// degraded limit. Cheap to clone.
+#[derive(Clone)]
+pub struct BulkheadHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl BulkheadHandle {
+    /// Switches to (or back from) the degraded limit. New calls see the new
+    /// limit at once; calls already running are not touched (when the limit
+    /// drops below the running count, slots are simply not handed on until
+    /// the count is under it).
+    pub fn set_degraded(&self, degraded: bool) {
+        let was = self.shared.degraded.swap(degraded, Ordering::AcqRel);
+        self.shared.apply_limit();
+        if was != degraded {
+            let s = &self.shared;
+            if degraded {
+                tracing::warn!(stage = %s.stage_label, limit = self.limit(), "bulkhead degraded");
+            } else {
+                tracing::info!(stage = %s.stage_label, limit = self.limit(), "bulkhead back to normal");
+            }
+            metrics::gauge!(metric::BULKHEAD_DEGRADED, flightdeck_core::metric::LABEL_STAGE => s.stage_label.clone())
+                .set(if degraded { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// True while the degraded limit applies.
+    pub fn is_degraded(&self) -> bool {
+        self.shared.degraded.load(Ordering::Acquire)
+    }
+
+    /// Changes the normal and degraded limits.
+    pub fn set_limits(&self, normal: usize, degraded: usize) {
+        self.shared.normal.store(normal, Ordering::Release);
+        self.shared
+            .degraded_limit
+            .store(degraded, Ordering::Release);
+        self.shared.apply_limit();
+    }
+
+    /// The limit in force now.
+    pub fn limit(&self) -> usize {
+        self.shared.limit.load(Ordering::Acquire)
+    }
+
+    /// Calls running now.
+    pub fn active(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    /// Calls waiting in the queue now.
+    pub fn queued(&self) -> usize {
+        self.shared
+            .waiters()
+            .iter()
+            .filter(|tx| !tx.is_closed())
+            .count()
+    }
+}
+
+impl fmt::Debug for BulkheadHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadHandle")
+            .field("stage", &self.shared.stage_label)
+            .field("limit", &self.limit())
+            .field("active", &self.active())
+            .field("degraded", &self.is_degraded())
+            .finish()
+    }
+}

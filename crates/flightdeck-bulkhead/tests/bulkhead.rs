@@ -1,0 +1,290 @@
+//! Limits, queue, degraded switch and rate limit, on tokio's paused clock.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer, QueueTimeout, RateLimited};
+use flightdeck_core::error::BulkheadFull;
+use flightdeck_core::{ErrorClass, StageName};
+use tokio::sync::{Barrier, Notify};
+use tokio::time::advance;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+/// An inner service that counts running calls and keeps an atomic
+/// high-water mark, and waits for `release` (or `ms` of time).
+#[derive(Clone, Default)]
+struct Probe {
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+    done: Arc<AtomicUsize>,
+    release: Arc<Notify>,
+}
+
+impl Probe {
+    fn service(
+        &self,
+    ) -> impl Service<u64, Response = (), Error = std::convert::Infallible, Future = impl Send>
+           + Clone
+           + Send
+           + 'static {
+        let p = self.clone();
+        service_fn(move |ms: u64| {
+            let p = p.clone();
+            async move {
+                let now = p.running.fetch_add(1, Ordering::SeqCst) + 1;
+                p.peak.fetch_max(now, Ordering::SeqCst);
+                if ms == 0 {
+                    p.release.notified().await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                p.running.fetch_sub(1, Ordering::SeqCst);
+                p.done.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_concurrent_callers_never_exceed_the_limit() {
+    let layer = BulkheadLayer::new(8);
+    let probe = Probe::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(probe.service());
+    let barrier = Arc::new(Barrier::new(1000));
+    let tasks: Vec<_> = (0..1000u64)
+        .map(|i| {
+            let svc = svc.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                svc.oneshot(1 + i % 7).await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut full = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                assert!(e.is::<BulkheadFull>());
+                assert_eq!(ErrorClass::of(&*e).http_status(), 429);
+                full += 1;
+            }
+        }
+    }
+    assert_eq!(ok + full, 1000);
+    assert_eq!(probe.peak.load(Ordering::SeqCst), 8, "high-water mark");
+    assert!(ok >= 8);
+    assert_eq!(layer.handle().active(), 0, "every slot released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_callers_through_a_queue_never_exceed_the_limit() {
+    let layer =
+        BulkheadLayer::from_config(BulkheadConfig::new(4).queue(1000, Duration::from_secs(60)));
+    let probe = Probe::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(probe.service());
+    let tasks: Vec<_> = (0..1000u64)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(10).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(probe.done.load(Ordering::SeqCst), 1000);
+    assert_eq!(probe.peak.load(Ordering::SeqCst), 4);
+    assert_eq!((layer.handle().active(), layer.handle().queued()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejects_in_call_without_waiting_on_poll_ready() {
+    let layer = BulkheadLayer::new(1);
+    let probe = Probe::default();
+    let mut svc = ServiceBuilder::new().layer(layer).service(probe.service());
+    // poll_ready stays Ready when full: the decision is made in call.
+    let first = svc.ready().await.unwrap().call(0);
+    let first = tokio::spawn(first);
+    tokio::task::yield_now().await;
+    let err = svc.ready().await.unwrap().call(0).await.unwrap_err();
+    assert!(err.is::<BulkheadFull>());
+    probe.release.notify_waiters();
+    first.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_waits_in_order_then_times_out() {
+    let layer = BulkheadLayer::from_config(
+        BulkheadConfig::new(1)
+            .queue(1, Duration::from_millis(100))
+            .stage(StageName::new("score").unwrap()),
+    );
+    let probe = Probe::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(probe.service());
+    let running = tokio::spawn(svc.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    let queued = tokio::spawn(svc.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    assert_eq!(layer.handle().queued(), 1);
+    // The queue (1) is full too: immediate rejection.
+    let err = svc.clone().oneshot(0).await.unwrap_err();
+    assert_eq!(err.to_string(), "bulkhead full (stage score)");
+    advance(Duration::from_millis(100)).await;
+    let err = queued.await.unwrap().unwrap_err();
+    let timeout = err.downcast_ref::<QueueTimeout>().expect("queue timeout");
+    assert_eq!(timeout.waited(), Duration::from_millis(100));
+    assert_eq!(ErrorClass::of(&*err).http_status(), 429);
+    assert_eq!(layer.handle().queued(), 0);
+    // A queued call gets the slot when the running one finishes.
+    let queued = tokio::spawn(svc.clone().oneshot(5));
+    tokio::task::yield_now().await;
+    probe.release.notify_waiters();
+    running.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap();
+    assert_eq!(probe.peak.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.handle().active(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn degraded_limit_applies_to_new_calls_and_spares_running_ones() {
+    let layer = BulkheadLayer::from_config(BulkheadConfig::new(4).degraded_limit(1));
+    let handle = layer.handle();
+    let probe = Probe::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(probe.service());
+    let running: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(svc.clone().oneshot(0)))
+        .collect();
+    tokio::task::yield_now().await;
+    assert_eq!(probe.running.load(Ordering::SeqCst), 3);
+
+    handle.set_degraded(true);
+    assert!(handle.is_degraded());
+    assert_eq!(handle.limit(), 1);
+    let err = svc.clone().oneshot(0).await.unwrap_err();
+    assert!(err.is::<BulkheadFull>(), "new calls see the degraded limit");
+    assert_eq!(
+        probe.running.load(Ordering::SeqCst),
+        3,
+        "running calls untouched"
+    );
+
+    probe.release.notify_waiters();
+    for r in running {
+        r.await.unwrap().unwrap();
+    }
+    // Under the degraded limit once the running calls are done.
+    let one = tokio::spawn(svc.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    assert!(svc.clone().oneshot(0).await.is_err());
+    handle.set_degraded(false);
+    let two = tokio::spawn(svc.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    assert_eq!(probe.running.load(Ordering::SeqCst), 2);
+    probe.release.notify_waiters();
+    one.await.unwrap().unwrap();
+    two.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn raising_the_limit_hands_slots_to_queued_calls() {
+    let layer = BulkheadLayer::from_config(
+        BulkheadConfig::new(2)
+            .degraded_limit(1)
+            .queue(10, Duration::from_secs(10)),
+    );
+    let handle = layer.handle();
+    handle.set_degraded(true);
+    let probe = Probe::default();
+    let svc = ServiceBuilder::new().layer(layer).service(probe.service());
+    let a = tokio::spawn(svc.clone().oneshot(0));
+    let b = tokio::spawn(svc.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    assert_eq!((handle.active(), handle.queued()), (1, 1));
+    handle.set_degraded(false);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        probe.running.load(Ordering::SeqCst),
+        2,
+        "queued call got the new slot"
+    );
+    probe.release.notify_waiters();
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_through_governor_on_tokio_time() {
+    let layer = BulkheadLayer::from_config(
+        BulkheadConfig::new(100)
+            .rate_limit(NonZeroU32::new(10).unwrap(), NonZeroU32::new(2).unwrap()),
+    );
+    let probe = Probe::default();
+    let svc = ServiceBuilder::new().layer(layer).service(probe.service());
+    svc.clone().oneshot(1).await.unwrap();
+    svc.clone().oneshot(1).await.unwrap();
+    let err = svc.clone().oneshot(1).await.unwrap_err();
+    assert!(err.is::<RateLimited>());
+    assert_eq!(err.to_string(), "rate limited");
+    assert_eq!(ErrorClass::of(&*err).grpc_code(), 8);
+    // 10/s: one permit back every 100 ms of (paused) tokio time.
+    advance(Duration::from_millis(100)).await;
+    svc.clone().oneshot(1).await.unwrap();
+    assert!(svc.clone().oneshot(1).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_call_releases_its_slot() {
+    let layer = BulkheadLayer::new(1);
+    let probe = Probe::default();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(probe.service());
+    let fut = svc.ready().await.unwrap().call(0);
+    assert_eq!(layer.handle().active(), 1);
+    drop(fut);
+    assert_eq!(layer.handle().active(), 0);
+}
+
+#[test]
+fn rejections_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let layer = BulkheadLayer::from_config(
+                BulkheadConfig::new(0).stage(StageName::new("s").unwrap()),
+            );
+            let svc = ServiceBuilder::new()
+                .layer(layer)
+                .service(Probe::default().service());
+            assert!(svc.oneshot(1).await.is_err());
+        });
+    });
+    let snap = snapshotter.snapshot().into_vec();
+    let hit = snap.iter().any(|(k, _, _, v)| {
+        k.key().name() == "singleflight_bulkhead_rejected_total"
+            && k.key()
+                .labels()
+                .any(|l| l.key() == "stage" && l.value() == "s")
+            && *v == DebugValue::Counter(1)
+    });
+    assert!(hit, "{snap:?}");
+}
