@@ -1,0 +1,564 @@
+//! The shared state machine behind every clone of a breaker.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use flightdeck_core::error::CircuitOpen;
+use rand::Rng;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use crate::classify::Outcome;
+use crate::config::{BreakerConfig, ConfigError};
+use crate::layer::CircuitBreakerLayer;
+use crate::metric;
+use crate::state::{CircuitState, Reason, Transition};
+use crate::window::{Window, WindowStats};
+
+// Internal states, packed with the epoch into one atomic word so the closed
+// fast path is a single load.
+const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
+const HALF_OPEN: u64 = 2;
+const RAMPING: u64 = 3;
+const FORCED_OPEN: u64 = 4;
+const FORCED_CLOSED: u64 = 5;
+
+/// Far enough to mean "until someone resets it", without overflowing.
+const FAR_FUTURE: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
+
+const fn public(tag: u64) -> CircuitState {
+    match tag {
+        OPEN => CircuitState::Open,
+        HALF_OPEN => CircuitState::HalfOpen,
+        FORCED_OPEN => CircuitState::ForcedOpen,
+        FORCED_CLOSED => CircuitState::ForcedClosed,
+        _ => CircuitState::Closed,
+    }
+}
+
+/// A circuit breaker: the state machine, shared by every clone, every layer
+/// built from it and every service those layers produce. It is also the
+/// handle to read, force, reset and watch the state.
+///
+/// Use it through [`CircuitBreakerLayer`], or directly with
+/// [`try_acquire`](Self::try_acquire) and [`Permit::record`] to guard code
+/// that is not a tower service.
+///
+/// ```
+/// use flightdeck_breaker::{Breaker, BreakerConfig, CircuitState, Outcome};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let breaker = Breaker::new("redis", BreakerConfig::default().consecutive_failures(2)).unwrap();
+/// for _ in 0..2 {
+///     breaker.try_acquire().unwrap().record(Outcome::Failure);
+/// }
+/// assert_eq!(breaker.state(), CircuitState::Open);
+/// assert!(breaker.try_acquire().is_err());
+/// breaker.reset();
+/// assert_eq!(breaker.state(), CircuitState::Closed);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Breaker {
+    core: Arc<Core>,
+}
+
+struct Core {
+    name: Arc<str>,
+    cfg: BreakerConfig,
+    clock_on_admit: bool,
+    word: AtomicU64,
+    inner: Mutex<Inner>,
+    events: broadcast::Sender<Transition>,
+}
+
+#[derive(Clone, Copy)]
+struct Probe {
+    seq: u64,
+    started: Instant,
+}
+
+struct Inner {
+    tag: u64,
+    epoch: u64,
+    window: Window,
+    consecutive: u32,
+    open_until: Instant,
+    opens_in_row: u32,
+    probes: Vec<Option<Probe>>,
+    next_seq: u64,
+    successes: u32,
+    ramp_started: Instant,
+    ramp_step: usize,
+    ramp_count: u64,
+}
+
+/// Computes `Instant::now()` at most once, and only when needed.
+struct LazyNow(Option<Instant>);
+
+impl LazyNow {
+    fn get(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
+impl Breaker {
+    /// Creates a breaker after validating its settings.
+    pub fn new(name: impl Into<Arc<str>>, cfg: BreakerConfig) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let now = Instant::now();
+        let name = name.into();
+        let (events, _) = broadcast::channel(64);
+        let inner = Inner {
+            tag: CLOSED,
+            epoch: 0,
+            window: Window::new(cfg.window, now),
+            consecutive: 0,
+            open_until: now,
+            opens_in_row: 0,
+            probes: vec![None; cfg.half_open_probes as usize],
+            next_seq: 0,
+            successes: 0,
+            ramp_started: now,
+            ramp_step: 0,
+            ramp_count: 0,
+        };
+        metrics::gauge!(metric::CIRCUIT_STATE, metric::LABEL_BREAKER => name.to_string())
+            .set(CircuitState::Closed.gauge_value());
+        Ok(Self {
+            core: Arc::new(Core {
+                clock_on_admit: cfg.slow_call.is_some(),
+                name,
+                cfg,
+                word: AtomicU64::new(CLOSED),
+                inner: Mutex::new(inner),
+                events,
+            }),
+        })
+    }
+
+    /// A layer that guards services with this breaker, classifying
+    /// results with [`ErrIsFailure`](crate::ErrIsFailure).
+    pub fn layer(&self) -> CircuitBreakerLayer {
+        CircuitBreakerLayer::new(self.clone())
+    }
+
+    /// The breaker's name.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.core.cfg
+    }
+
+    /// The current state. An open breaker whose wait has passed reports
+    /// (and becomes) [`CircuitState::HalfOpen`].
+    pub fn state(&self) -> CircuitState {
+        let tag = self.core.word.load(Ordering::Acquire) & 0xff;
+        if tag != OPEN {
+            return public(tag);
+        }
+        let mut inner = self.core.lock();
+        self.core.advance_open(&mut inner, Instant::now());
+        public(inner.tag)
+    }
+
+    /// While a ramp runs after closing: the share of calls let through now.
+    pub fn ramp_share(&self) -> Option<f64> {
+        let inner = self.core.lock();
+        if inner.tag != RAMPING {
+            return None;
+        }
+        let ramp = self.core.cfg.ramp.as_ref()?;
+        let step = ramp_step_at(&inner, ramp.step, Instant::now());
+        ramp.shares.get(step).copied()
+    }
+
+    /// When an open breaker starts probing (jitter included).
+    pub fn open_until(&self) -> Option<Instant> {
+        let inner = self.core.lock();
+        (inner.tag == OPEN).then_some(inner.open_until)
+    }
+
+    /// Calls and failures in the window.
+    pub fn stats(&self) -> WindowStats {
+        let mut inner = self.core.lock();
+        inner.window.stats(Instant::now)
+    }
+
+    /// Receives every transition from now on. A slow receiver loses the
+    /// oldest events (it is told how many) rather than blocking the breaker.
+    pub fn subscribe(&self) -> broadcast::Receiver<Transition> {
+        self.core.events.subscribe()
+    }
+
+    /// Rejects every call until [`reset`](Self::reset).
+    pub fn force_open(&self) {
+        self.core.manual(FORCED_OPEN);
+    }
+
+    /// Lets every call through, recording nothing, until
+    /// [`reset`](Self::reset).
+    pub fn force_closed(&self) {
+        self.core.manual(FORCED_CLOSED);
+    }
+
+    /// Back to closed with an empty window (no ramp), forgetting past
+    /// openings.
+    pub fn reset(&self) {
+        self.core.manual(CLOSED);
+    }
+
+    /// Asks to run one call. `Err` means the circuit rejects it; `Ok` gives a
+    /// permit to [`record`](Permit::record) the outcome with. Dropping the
+    /// permit without recording (the call was cancelled) records nothing and
+    /// frees a half-open probe slot.
+    pub fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
+        let word = self.core.word.load(Ordering::Acquire);
+        match word & 0xff {
+            CLOSED => Ok(Permit {
+                core: self.core.clone(),
+                epoch: word >> 8,
+                start: self.core.clock_on_admit.then(Instant::now),
+                probe: None,
+                counted: true,
+            }),
+            FORCED_CLOSED => Ok(Permit {
+                core: self.core.clone(),
+                epoch: word >> 8,
+                start: None,
+                probe: None,
+                counted: false,
+            }),
+            _ => Core::acquire_slow(&self.core),
+        }
+    }
+}
+
+impl fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Breaker")
+            .field("name", &self.core.name)
+            .field(
+                "state",
+                &public(self.core.word.load(Ordering::Relaxed) & 0xff),
+            )
+            .finish()
+    }
+}
+
+fn ramp_step_at(inner: &Inner, step: Duration, now: Instant) -> usize {
+    let elapsed = now.saturating_duration_since(inner.ramp_started);
+    (elapsed.as_nanos() / step.as_nanos()).min(usize::MAX as u128) as usize
+}
+
+impl Core {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn acquire_slow(this: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+        let now = Instant::now();
+        let mut inner = this.lock();
+        this.advance_open(&mut inner, now);
+        let admit = |probe: Option<(usize, u64)>, counted: bool, inner: &Inner| Permit {
+            core: this.clone(),
+            epoch: inner.epoch,
+            start: (this.clock_on_admit || probe.is_some()).then_some(now),
+            probe,
+            counted,
+        };
+        match inner.tag {
+            CLOSED => return Ok(admit(None, true, &inner)),
+            FORCED_CLOSED => return Ok(admit(None, false, &inner)),
+            HALF_OPEN => {
+                let timeout = this.cfg.probe_timeout;
+                for slot in inner.probes.iter_mut() {
+                    if slot.is_some_and(|p| now.saturating_duration_since(p.started) >= timeout) {
+                        tracing::warn!(breaker = %this.name, "half-open probe did not finish in time; its slot is freed");
+                        *slot = None;
+                    }
+                }
+                if let Some(i) = inner.probes.iter().position(Option::is_none) {
+                    let seq = inner.next_seq;
+                    inner.next_seq += 1;
+                    inner.probes[i] = Some(Probe { seq, started: now });
+                    return Ok(admit(Some((i, seq)), true, &inner));
+                }
+            }
+            RAMPING => {
+                let ramp = this.cfg.ramp.as_ref().expect("ramping implies a ramp");
+                let step = ramp_step_at(&inner, ramp.step, now);
+                match ramp.shares.get(step) {
+                    None => {
+                        inner.tag = CLOSED;
+                        this.store_word(&inner);
+                        tracing::info!(breaker = %this.name, "ramp finished: all calls admitted");
+                        return Ok(admit(None, true, &inner));
+                    }
+                    Some(&share) => {
+                        if step != inner.ramp_step {
+                            inner.ramp_step = step;
+                            inner.ramp_count = 0;
+                        }
+                        let n = inner.ramp_count as f64;
+                        inner.ramp_count += 1;
+                        // Admit exactly `share` of the calls of this step,
+                        // spread evenly, to within one call.
+                        if ((n + 1.0) * share).floor() > (n * share).floor() {
+                            return Ok(admit(None, true, &inner));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        drop(inner);
+        metrics::counter!(metric::CIRCUIT_REJECTED_TOTAL, metric::LABEL_BREAKER => this.name.to_string())
+            .increment(1);
+        Err(CircuitOpen::new(this.name.clone()))
+    }
+
+    fn record(&self, permit: &Permit, outcome: Outcome) {
+        if !permit.counted || (outcome == Outcome::Ignore && permit.probe.is_none()) {
+            return;
+        }
+        let mut now = LazyNow(None);
+        let slow = match (self.cfg.slow_call, permit.start) {
+            (Some(threshold), Some(start)) => {
+                now.get().saturating_duration_since(start) >= threshold
+            }
+            _ => false,
+        };
+        let failure = outcome == Outcome::Failure || (outcome == Outcome::Success && slow);
+        let mut inner = self.lock();
+        if inner.epoch != permit.epoch {
+            // Admitted before the last transition: not about the present state.
+            return;
+        }
+        if let Some((slot, seq)) = permit.probe {
+            if inner.tag != HALF_OPEN || inner.probes[slot].map(|p| p.seq) != Some(seq) {
+                return;
+            }
+            inner.probes[slot] = None;
+            match outcome {
+                Outcome::Ignore => {}
+                _ if failure => self.open(&mut inner, now.get(), Reason::ProbeFailed),
+                _ => {
+                    inner.successes += 1;
+                    if inner.successes >= self.cfg.successes_needed() {
+                        self.close(&mut inner, now.get());
+                    }
+                }
+            }
+            return;
+        }
+        if inner.tag != CLOSED && inner.tag != RAMPING {
+            return;
+        }
+        let needs_clock = inner.window.needs_clock();
+        let at = if needs_clock { Some(now.get()) } else { None };
+        inner.window.record(failure, || at.expect("clock read"));
+        if !failure {
+            inner.consecutive = 0;
+            return;
+        }
+        inner.consecutive += 1;
+        if let Some(k) = self.cfg.consecutive_failures {
+            if inner.consecutive >= k {
+                let n = inner.consecutive;
+                self.open(&mut inner, now.get(), Reason::ConsecutiveFailures(n));
+                return;
+            }
+        }
+        let stats = inner.window.stats(|| at.expect("clock read"));
+        if stats.calls >= self.cfg.min_calls && stats.failure_rate() >= self.cfg.failure_rate {
+            let reason = Reason::FailureRate {
+                rate: stats.failure_rate(),
+                calls: stats.calls,
+            };
+            self.open(&mut inner, now.get(), reason);
+        }
+    }
+
+    fn release_probe(&self, epoch: u64, slot: usize, seq: u64) {
+        let mut inner = self.lock();
+        if inner.epoch == epoch
+            && inner.tag == HALF_OPEN
+            && inner.probes[slot].map(|p| p.seq) == Some(seq)
+        {
+            inner.probes[slot] = None;
+        }
+    }
+
+    fn advance_open(&self, inner: &mut Inner, now: Instant) {
+        if inner.tag == OPEN && now >= inner.open_until {
+            self.set_state(inner, HALF_OPEN, now);
+            self.emit(
+                CircuitState::Open,
+                CircuitState::HalfOpen,
+                Reason::WaitElapsed,
+                now,
+                None,
+            );
+        }
+    }
+
+    fn open_wait(&self, opens_in_row: u32) -> Duration {
+        let cfg = &self.cfg;
+        let mut base = cfg.wait_in_open;
+        if cfg.wait_growth > 1.0 && opens_in_row > 1 {
+            let factor = cfg
+                .wait_growth
+                .powi(opens_in_row.saturating_sub(1).min(1_000) as i32);
+            let grown = base.as_secs_f64() * factor;
+            base = Duration::try_from_secs_f64(grown)
+                .unwrap_or(Duration::MAX)
+                .min(cfg.max_wait.max(cfg.wait_in_open));
+        }
+        let (lo, hi) = cfg.jitter;
+        let u = if hi > lo {
+            rand::rng().random_range(lo..=hi)
+        } else {
+            lo
+        };
+        Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 + u)).unwrap_or(FAR_FUTURE)
+    }
+
+    fn open(&self, inner: &mut Inner, now: Instant, reason: Reason) {
+        let from = public(inner.tag);
+        inner.opens_in_row = inner.opens_in_row.saturating_add(1);
+        let wait = self.open_wait(inner.opens_in_row).min(FAR_FUTURE);
+        inner.open_until = now + wait;
+        self.set_state(inner, OPEN, now);
+        self.emit(from, CircuitState::Open, reason, now, Some(wait));
+    }
+
+    fn close(&self, inner: &mut Inner, now: Instant) {
+        inner.opens_in_row = 0;
+        let tag = if self.cfg.ramp.is_some() {
+            inner.ramp_started = now;
+            inner.ramp_step = 0;
+            inner.ramp_count = 0;
+            RAMPING
+        } else {
+            CLOSED
+        };
+        self.set_state(inner, tag, now);
+        self.emit(
+            CircuitState::HalfOpen,
+            CircuitState::Closed,
+            Reason::ProbesSucceeded,
+            now,
+            None,
+        );
+    }
+
+    fn manual(&self, tag: u64) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let from = public(inner.tag);
+        inner.opens_in_row = 0;
+        self.set_state(&mut inner, tag, now);
+        self.emit(from, public(tag), Reason::Manual, now, None);
+    }
+
+    fn set_state(&self, inner: &mut Inner, tag: u64, now: Instant) {
+        inner.tag = tag;
+        inner.epoch += 1;
+        inner.window.clear(now);
+        inner.consecutive = 0;
+        inner.probes.fill(None);
+        inner.successes = 0;
+        self.store_word(inner);
+    }
+
+    fn store_word(&self, inner: &Inner) {
+        self.word
+            .store((inner.epoch << 8) | inner.tag, Ordering::Release);
+    }
+
+    fn emit(
+        &self,
+        from: CircuitState,
+        to: CircuitState,
+        reason: Reason,
+        at: Instant,
+        open_for: Option<Duration>,
+    ) {
+        let name = self.name.to_string();
+        if matches!(to, CircuitState::Open | CircuitState::ForcedOpen) {
+            tracing::warn!(breaker = %name, %from, %to, ?reason, ?open_for, "circuit breaker opened");
+            metrics::counter!(metric::CIRCUIT_OPEN_TOTAL, metric::LABEL_BREAKER => name.clone())
+                .increment(1);
+        } else {
+            tracing::info!(breaker = %name, %from, %to, ?reason, "circuit breaker transition");
+        }
+        metrics::gauge!(metric::CIRCUIT_STATE, metric::LABEL_BREAKER => name).set(to.gauge_value());
+        let _no_subscriber_is_fine = self.events.send(Transition {
+            breaker: self.name.clone(),
+            from,
+            to,
+            reason,
+            at,
+            open_for,
+        });
+    }
+}
+
+/// Permission to run one call, from [`Breaker::try_acquire`].
+///
+/// Record the outcome with [`record`](Self::record). Dropping it unrecorded
+/// means the call was cancelled: nothing is recorded, and a half-open probe
+/// slot is freed at once.
+pub struct Permit {
+    core: Arc<Core>,
+    epoch: u64,
+    start: Option<Instant>,
+    probe: Option<(usize, u64)>,
+    counted: bool,
+}
+
+impl Permit {
+    /// Records the call's outcome.
+    pub fn record(mut self, outcome: Outcome) {
+        self.core.record(&self, outcome);
+        // Recorded: the drop below must not free the slot a second time.
+        self.probe = None;
+    }
+
+    /// True when this call is a half-open probe.
+    pub fn is_probe(&self) -> bool {
+        self.probe.is_some()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some((slot, seq)) = self.probe {
+            self.core.release_probe(self.epoch, slot, seq);
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("breaker", &self.core.name)
+            .field("probe", &self.probe.is_some())
+            .finish()
+    }
+}
+
+impl Breaker {
+    /// True when nothing but the caller's handle holds this breaker.
+    pub(crate) fn is_unused(&self) -> bool {
+        Arc::strong_count(&self.core) == 1
+    }
+}
