@@ -20,7 +20,7 @@ use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FencingToken, FlightId, KeyFn, OwnerToken,
     PostcardCodec,
 };
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_testkit::{Hooked, MemoryBackend};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
@@ -226,73 +226,6 @@ async fn followers_poll_when_notices_are_lost() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-/// A backend whose first `subscribe` lets the owner commit first: the
-/// completion is published before the follower subscribed.
-#[derive(Clone)]
-struct CommitBeforeSubscribe {
-    inner: MemoryBackend,
-    owner: Arc<Mutex<Option<(FlightId, OwnerToken)>>>,
-}
-
-impl Backend for CommitBeforeSubscribe {
-    fn acquire<'a>(
-        &'a self,
-        f: &'a FlightId,
-        t: &'a OwnerToken,
-        l: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.inner.acquire(f, t, l)
-    }
-    fn heartbeat<'a>(
-        &'a self,
-        f: &'a FlightId,
-        t: &'a OwnerToken,
-        g: u64,
-        l: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Renewal> {
-        self.inner.heartbeat(f, t, g, l)
-    }
-    fn commit<'a>(
-        &'a self,
-        f: &'a FlightId,
-        t: &'a OwnerToken,
-        g: u64,
-        a: &'a CommitArgs,
-    ) -> BackendFuture<'a, Committed> {
-        self.inner.commit(f, t, g, a)
-    }
-    fn abandon<'a>(
-        &'a self,
-        f: &'a FlightId,
-        t: &'a OwnerToken,
-        g: u64,
-        a: &'a AbandonArgs,
-    ) -> BackendFuture<'a, Released> {
-        self.inner.abandon(f, t, g, a)
-    }
-    fn subscribe<'a>(&'a self, f: &'a FlightId) -> BackendFuture<'a, Subscription> {
-        Box::pin(async move {
-            let owner = self.owner.lock().unwrap().take();
-            if let Some((flight, tok)) = owner {
-                let payload = flightdeck_distributed::Envelope::new(1 << 20, 1 << 20)
-                    .seal(&PostcardCodec::<String>::new(), &"early".to_owned())
-                    .unwrap();
-                let args = CommitArgs {
-                    payload,
-                    ttl: 60 * SEC,
-                    inline_below: 1 << 20,
-                    state_ttl: 120 * SEC,
-                };
-                assert_eq!(
-                    self.inner.commit(&flight, &tok, 1, &args).await.unwrap(),
-                    Committed::Committed
-                );
-            }
-            self.inner.subscribe(f).await
-        })
-    }
-}
-
 /// Publish-before-subscribe: the re-check after subscribing sees the
 /// result at once; no lost wakeup (invariant 5).
 #[tokio::test(start_paused = true)]
@@ -306,10 +239,28 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
         allow_takeover: true,
     };
     mem.acquire(&flight, &tok, &terms).await.unwrap();
-    let b = CommitBeforeSubscribe {
-        inner: mem.clone(),
-        owner: Arc::new(Mutex::new(Some((flight, tok)))),
-    };
+    // The owner commits after the follower's acquire, before its subscribe.
+    let owner = Arc::new(Mutex::new(Some(tok)));
+    let inner = mem.clone();
+    let b = Hooked::new(mem.clone()).before_subscribe(move |flight| {
+        let (owner, inner) = (owner.clone(), inner.clone());
+        async move {
+            let Some(tok) = owner.lock().unwrap().take() else {
+                return;
+            };
+            let payload = flightdeck_distributed::Envelope::new(1 << 20, 1 << 20)
+                .seal(&PostcardCodec::<String>::new(), &"early".to_owned())
+                .unwrap();
+            let args = CommitArgs {
+                payload,
+                ttl: 60 * SEC,
+                inline_below: 1 << 20,
+                state_ttl: 120 * SEC,
+            };
+            let done = inner.commit(&flight, &tok, 1, &args).await.unwrap();
+            assert_eq!(done, Committed::Committed);
+        }
+    });
     let calls = Arc::new(AtomicUsize::new(0));
     let f = node(&b, "race", policy(), work(&calls, "v", SEC));
     let started = Instant::now();

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use flightdeck_core::error::{find, BoxError, ErrorClass, ProtocolError};
 use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
-use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
+use flightdeck_distributed::backend::{Acquired, Backend, CommitArgs, Committed, LeaseTerms};
 use flightdeck_distributed::{
-    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, FlightId, FlightRequest,
+    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, Envelope, FlightId, FlightRequest,
     OwnerToken, PostcardCodec,
 };
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{conformance, RedisServer, Resp};
+use flightdeck_testkit::{conformance, Hooked, RedisServer, Resp};
 use fred::interfaces::ClientLike;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
@@ -299,7 +299,7 @@ async fn stale_owner_is_fenced() {
                 async move {
                     let _ = tx.send(());
                     // Freezes this runtime: no heartbeat can run.
-                    std::thread::sleep(LEASE * 2);
+                    std::thread::sleep(LEASE * 3);
                     Ok::<_, Infallible>(format!("stale:{req}"))
                 }
             }));
@@ -415,6 +415,70 @@ async fn followers_finish_by_polling_when_pubsub_is_cut() {
         done.elapsed()
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 5 / invariant 5: publish-before-subscribe. The owner commits (and
+/// publishes, to nobody) after the follower's ACQUIRE and before its
+/// SUBSCRIBE; the re-check after subscribing finds the result, so the
+/// follower does not wait for a poll (set to 5 s here).
+#[tokio::test]
+async fn publish_before_subscribe_is_not_a_lost_wakeup() {
+    let redis = RedisServer::start().unwrap();
+    let raw = backend(&redis).await;
+    let flight = flight_of("race", "k");
+    let tok = OwnerToken::random();
+    let slow_poll = DistributedPolicy::new()
+        .lease(Duration::from_secs(15))
+        .heartbeat(Duration::from_secs(5))
+        .poll_interval(Duration::from_secs(5))
+        .wait_timeout(Duration::from_secs(20))
+        .call_timeout(Duration::from_millis(300));
+    let terms = LeaseTerms {
+        lease: slow_poll.lease_duration(),
+        state_ttl: slow_poll.state_ttl(),
+        allow_takeover: true,
+    };
+    raw.acquire(&flight, &tok, &terms).await.unwrap();
+    let owner = Arc::new(Mutex::new(Some(tok)));
+    let committer = raw.clone();
+    let hooked = Hooked::new(backend(&redis).await).before_subscribe(move |flight| {
+        let (owner, committer) = (owner.clone(), committer.clone());
+        async move {
+            let Some(tok) = owner.lock().unwrap().take() else {
+                return;
+            };
+            let payload = Envelope::new(1 << 20, 1 << 20)
+                .seal(&PostcardCodec::<String>::new(), &"early".to_owned())
+                .unwrap();
+            let args = CommitArgs {
+                payload,
+                ttl: Duration::from_secs(10),
+                inline_below: 1 << 20,
+                state_ttl: Duration::from_secs(60),
+            };
+            let done = committer.commit(&flight, &tok, 1, &args).await.unwrap();
+            assert_eq!(done, Committed::Committed);
+        }
+    });
+    snapshotter();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = DistributedFlightLayer::new(
+        hooked,
+        slow_poll,
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+        Keys(stage("race")),
+    )
+    .unwrap();
+    let svc = layer.layer(work(calls.clone(), "v", Duration::ZERO));
+    let started = Instant::now();
+    assert_eq!(svc.oneshot("k".into()).await.unwrap(), "early");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
 /// Issue 5 / invariant 13: SCRIPT FLUSH mid-run and a Redis restart are

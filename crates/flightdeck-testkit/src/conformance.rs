@@ -27,7 +27,7 @@ use flightdeck_distributed::backend::{
 };
 
 /// The lease used by the expiry checks.
-pub const LEASE: Duration = Duration::from_millis(250);
+pub const LEASE: Duration = Duration::from_millis(400);
 
 /// A fresh flight id.
 pub fn fresh_flight() -> FlightId {
@@ -154,8 +154,8 @@ pub async fn heartbeat_never_resurrects<B: Backend>(b: &B) {
     let t = terms(true);
     b.acquire(&f, &a, &t).await.unwrap();
     // Renewing keeps the lease past its first expiry.
-    for _ in 0..3 {
-        tokio::time::sleep(LEASE / 2).await;
+    for _ in 0..6 {
+        tokio::time::sleep(LEASE / 4).await;
         assert_eq!(b.heartbeat(&f, &a, 1, &t).await.unwrap(), Renewal::Renewed);
     }
     assert!(matches!(

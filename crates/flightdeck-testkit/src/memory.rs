@@ -182,7 +182,10 @@ impl MemoryBackend {
     /// Makes heartbeats fail with an "unavailable" error, so a running
     /// owner's lease runs out (a network partition around one owner).
     pub fn set_fail_heartbeats(&self, yes: bool) {
-        self.inner.faults.fail_heartbeats.store(yes, Ordering::Relaxed);
+        self.inner
+            .faults
+            .fail_heartbeats
+            .store(yes, Ordering::Relaxed);
     }
 
     /// Drops every notice (a broken pub/sub): followers must poll.

@@ -1,0 +1,127 @@
+//! A [`Backend`] wrapper that runs a hook before calls, to force races
+//! deterministically (e.g. "the owner commits between the follower's
+//! acquire and its subscribe": publish before subscribe).
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use flightdeck_distributed::Backend;
+//! use flightdeck_testkit::{conformance, Hooked, MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let seen = Arc::new(AtomicUsize::new(0));
+//! let counter = seen.clone();
+//! let backend = Hooked::new(MemoryBackend::new()).before_subscribe(move |_flight| {
+//!     let counter = counter.clone();
+//!     async move {
+//!         counter.fetch_add(1, Ordering::SeqCst);
+//!     }
+//! });
+//! let _sub = backend.subscribe(&conformance::fresh_flight()).await.unwrap();
+//! assert_eq!(seen.load(Ordering::SeqCst), 1);
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use flightdeck_distributed::backend::{
+    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms,
+    OwnerToken, Released, Renewal, Subscription,
+};
+
+type Hook = Arc<dyn Fn(FlightId) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Wraps a backend and runs hooks before some of its calls.
+#[derive(Clone)]
+pub struct Hooked<B> {
+    inner: B,
+    before_subscribe: Option<Hook>,
+}
+
+impl<B> Hooked<B> {
+    /// Wraps `inner` with no hooks.
+    pub fn new(inner: B) -> Self {
+        Self {
+            inner,
+            before_subscribe: None,
+        }
+    }
+
+    /// Runs `hook(flight)` to completion before every `subscribe`.
+    pub fn before_subscribe<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(FlightId) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.before_subscribe = Some(Arc::new(move |f| Box::pin(hook(f))));
+        self
+    }
+
+    /// The wrapped backend.
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for Hooked<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hooked")
+            .field("inner", &self.inner)
+            .field("before_subscribe", &self.before_subscribe.is_some())
+            .finish()
+    }
+}
+
+impl<B: Backend> Backend for Hooked<B> {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.inner.acquire(flight, token, terms)
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        self.inner.heartbeat(flight, token, generation, terms)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        self.inner.commit(flight, token, generation, args)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.abandon(flight, token, generation, args)
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        Box::pin(async move {
+            if let Some(hook) = &self.before_subscribe {
+                hook(*flight).await;
+            }
+            self.inner.subscribe(flight).await
+        })
+    }
+}
