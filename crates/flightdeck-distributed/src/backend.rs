@@ -23,6 +23,36 @@
 //!
 //! All durations are measured by the backend's clock (Redis: `PEXPIRE` and
 //! `PTTL`), never by the callers'.
+//!
+//! ```
+//! use std::time::Duration;
+//! use flightdeck_core::{FlightKey, StageName};
+//! use flightdeck_distributed::backend::{Acquired, Backend, CommitArgs, Committed, LeaseTerms};
+//! use flightdeck_distributed::{FlightId, OwnerToken};
+//! use flightdeck_testkit::MemoryBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let backend = MemoryBackend::new();
+//! let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("report").unwrap(), "q"));
+//! let terms = LeaseTerms {
+//!     lease: Duration::from_secs(30),
+//!     state_ttl: Duration::from_secs(120),
+//!     allow_takeover: true,
+//! };
+//! let me = OwnerToken::random();
+//! let Acquired::Owner { generation, .. } = backend.acquire(&flight, &me, &terms).await.unwrap() else {
+//!     unreachable!("a fresh flight is owned by the first caller");
+//! };
+//! let args = CommitArgs {
+//!     payload: "result".into(),
+//!     ttl: Duration::from_secs(60),
+//!     inline_below: 1024,
+//!     state_ttl: Duration::from_secs(120),
+//! };
+//! assert_eq!(backend.commit(&flight, &me, generation, &args).await.unwrap(), Committed::Committed);
+//! # }
+//! ```
 
 use std::fmt;
 use std::future::Future;

@@ -1,4 +1,14 @@
-//! Errors of the L2 layer that are not in `flightdeck-core`.
+//! Errors of the L2 layer that are not in `flightdeck-core` (those are
+//! `CoordinationUnavailable`, `ProtocolError`, `OutcomeUnknown`,
+//! `LeaseLost`, `WaitTimeout`).
+//!
+//! ```
+//! use flightdeck_core::error::{find, BoxError};
+//! use flightdeck_distributed::error::RemoteFailure;
+//!
+//! let err: BoxError = Box::new(RemoteFailure::new("database on fire"));
+//! assert_eq!(find::<RemoteFailure>(&*err).unwrap().message(), "database on fire");
+//! ```
 
 use std::fmt;
 use std::time::Duration;

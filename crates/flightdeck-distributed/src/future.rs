@@ -1,4 +1,6 @@
-//! Response future of [`DistributedFlight`](crate::DistributedFlight).
+//! Response future of [`DistributedFlight`](crate::DistributedFlight): a
+//! bypassed call is polled in place; a coordinated flight is one boxed
+//! future (it spends its time in network round trips).
 
 use std::fmt;
 use std::future::Future;

@@ -5,6 +5,7 @@ use std::task::{Context, Poll};
 use flightdeck_core::error::BoxError;
 use flightdeck_core::share::{Share, SharedForm};
 use tower_service::Service;
+use tracing::Instrument;
 
 use crate::backend::Backend;
 use crate::codec::ResultCodec;
@@ -82,11 +83,14 @@ where
         // (tower-service's "be careful when cloning inner services").
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::flight(Box::pin(crate::flow::run(
-            self.state.clone(),
-            inner,
-            req,
-            key,
-        )))
+        // The span carries the stage and a short digest, never the raw key.
+        let span = tracing::debug_span!(
+            "distributed_flight",
+            stage = %key.stage(),
+            key = %key.digest().short(),
+        );
+        ResponseFuture::flight(Box::pin(
+            crate::flow::run(self.state.clone(), inner, req, key).instrument(span),
+        ))
     }
 }

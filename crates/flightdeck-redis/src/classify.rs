@@ -2,6 +2,17 @@
 //!
 //! fred maps most server replies to `ErrorKind::Unknown`, so those are
 //! classified by the reply's first word (fred-notes §3).
+//!
+//! ```
+//! use flightdeck_distributed::BackendErrorKind;
+//! use flightdeck_redis::classify::classify;
+//! use fred::error::{Error, ErrorKind};
+//!
+//! let lua = Error::new(ErrorKind::Unknown, "ERR user_script:1: boom");
+//! assert_eq!(classify(lua).kind(), BackendErrorKind::Protocol);
+//! let timeout = Error::new(ErrorKind::Timeout, "Request timed out.");
+//! assert_eq!(classify(timeout).kind(), BackendErrorKind::OutcomeUnknown);
+//! ```
 
 use flightdeck_distributed::BackendError;
 use fred::error::{Error, ErrorKind};

@@ -10,6 +10,14 @@
 //!   abandoned generation, kept longer than anything else of the flight;
 //! - result `HASH {gen, tok, st, body}` with the result (or failure) TTL;
 //! - channel: `<gen>|c|<payload>` (inline), `<gen>|c`, or `<gen>|a`.
+//!
+//! ```
+//! // Every script is declared as a `#!lua` script with keys in KEYS.
+//! for src in [flightdeck_redis::scripts::ACQUIRE, flightdeck_redis::scripts::COMMIT] {
+//!     assert!(src.starts_with("#!lua"));
+//!     assert!(!src.contains("redis.call('KEYS'"));
+//! }
+//! ```
 
 /// `ACQUIRE(tok, lease_ms, takeover_ok, state_ttl_ms)` →
 /// `{HIT, gen, st, body}` | `{OWNER, gen, takeover}` |
