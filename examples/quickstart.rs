@@ -31,40 +31,50 @@ async fn main() -> Result<(), flightdeck::core::BoxError> {
     let n: usize = match std::env::args().nth(1) {
         Some(arg) => match arg.parse() {
             Ok(n) if n > 0 => n,
-            _ => return Err(format!("the request count must be a positive number, got {arg:?}").into()),
+            _ => {
+                return Err(
+                    format!("the request count must be a positive number, got {arg:?}").into(),
+                )
+            }
         },
         None => 100,
     };
     let s = run(n).await?;
-    println!("flightdeck quickstart: {n} concurrent GET /score over HTTP on {}", s.addr);
+    println!(
+        "flightdeck quickstart: {n} concurrent GET /score over HTTP on {}",
+        s.addr
+    );
     println!(
         "  successful responses: {}/{n}, distinct bodies: {}",
         s.ok, s.distinct_bodies
     );
-    println!("  handler executions:   {} (without flightdeck: {n})", s.executions);
+    println!(
+        "  handler executions:   {} (without flightdeck: {n})",
+        s.executions
+    );
     println!("  wall time:            {:?}", s.elapsed);
     println!("requests={n} executions={}", s.executions);
     Ok(())
 }
 
 /// What one quickstart run observed.
-pub struct Summary {
+#[derive(Debug)]
+pub(crate) struct Summary {
     /// Where the app listened.
-    pub addr: std::net::SocketAddr,
+    pub(crate) addr: std::net::SocketAddr,
     /// Responses with a 2xx status.
-    pub ok: usize,
+    pub(crate) ok: usize,
     /// Distinct response bodies (1 when everybody shared one result).
-    pub distinct_bodies: usize,
+    pub(crate) distinct_bodies: usize,
     /// How often the handler really ran.
-    pub executions: usize,
+    pub(crate) executions: usize,
     /// Wall time of the burst.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 /// Starts the app on a free loopback port and sends it `n` concurrent
 /// identical requests over HTTP.
-pub async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError> {
-
+pub(crate) async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError> {
     // The expensive call: pretend it is a model that takes 500 ms.
     let executions = Arc::new(AtomicUsize::new(0));
     async fn score(State(executions): State<Arc<AtomicUsize>>) -> String {

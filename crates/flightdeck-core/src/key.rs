@@ -109,7 +109,12 @@ pub struct InvalidStageName {
 
 impl InvalidStageName {
     fn new(name: &str, reason: &'static str) -> Self {
-        let name: String = name.chars().take(80).collect::<String>().escape_debug().to_string();
+        let name: String = name
+            .chars()
+            .take(80)
+            .collect::<String>()
+            .escape_debug()
+            .to_string();
         Self { name, reason }
     }
 }
@@ -184,9 +189,10 @@ impl fmt::Debug for ShortDigest {
 /// The identity of one unit of coalescable work.
 ///
 /// Equal keys share one execution. Cheap to clone (one `Arc` and two
-/// 32-byte arrays) and to hash. Put it into a request's extensions (that is
-/// what `KeyLayer` does) or return it from a key closure.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// 32-byte arrays) and to hash: `Hash` feeds only 8 bytes of the digest
+/// (a BLAKE3 output, already uniform) to the hasher; `Eq` compares
+/// everything.
+#[derive(Clone, PartialEq, Eq)]
 pub struct FlightKey {
     stage: StageName,
     scope: Option<Digest>,
@@ -206,7 +212,9 @@ impl FlightKey {
     /// Shortcut for tests and simple services: the digest of one opaque
     /// byte string, no scope.
     pub fn from_bytes(stage: StageName, bytes: impl AsRef<[u8]>) -> Self {
-        KeyEncoder::new().field(bytes.as_ref()).finish_key(stage, None)
+        KeyEncoder::new()
+            .field(bytes.as_ref())
+            .finish_key(stage, None)
     }
 
     /// The stage this work belongs to.
@@ -234,6 +242,15 @@ impl FlightKey {
             None => enc.field(b"-"),
         };
         enc.field(self.digest.as_bytes()).finish()
+    }
+}
+
+impl std::hash::Hash for FlightKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let d = &self.digest.0;
+        state.write_u64(u64::from_le_bytes([
+            d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+        ]));
     }
 }
 
@@ -339,7 +356,10 @@ mod tests {
     #[test]
     fn stage_names_are_validated() {
         assert!(StageName::new("ai.score-v2_x").is_ok());
-        assert!(StageName::new("").unwrap_err().to_string().contains("is empty"));
+        assert!(StageName::new("")
+            .unwrap_err()
+            .to_string()
+            .contains("is empty"));
         assert!(StageName::new("a b").is_err());
         assert!(StageName::new("é").is_err());
         assert!(StageName::new("x".repeat(65)).is_err());

@@ -25,9 +25,8 @@ const SETTLE: Duration = Duration::from_millis(50);
 fn cpu_time() -> Duration {
     let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
         .expect("getrusage");
-    let tv = |t: nix::sys::time::TimeVal| {
-        Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000)
-    };
+    let tv =
+        |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
     tv(u.user_time()) + tv(u.system_time())
 }
 
@@ -114,14 +113,17 @@ fn main() {
             FlightPolicy::new().max_waiters(waiters + 1),
             move |_p: &Arc<Probe>| Some(FlightKey::from_bytes(stage.clone(), "one-key")),
         )
-        .layer(service_fn(|p: Arc<Probe>| async move { Ok::<_, Infallible>(p.work().await) }));
+        .layer(service_fn(|p: Arc<Probe>| async move {
+            Ok::<_, Infallible>(p.work().await)
+        }));
         let ours: Call = Arc::new(move |p| {
             let svc = ours.clone();
             Box::pin(async move { svc.oneshot(p).await.unwrap() })
         });
 
-        let coalesce = tower_resilience_coalesce::CoalesceLayer::new(|_p: &Arc<Probe>| 1u8)
-            .layer(service_fn(|p: Arc<Probe>| async move { Ok::<_, PeerError>(p.work().await) }));
+        let coalesce = tower_resilience_coalesce::CoalesceLayer::new(|_p: &Arc<Probe>| 1u8).layer(
+            service_fn(|p: Arc<Probe>| async move { Ok::<_, PeerError>(p.work().await) }),
+        );
         let coalesce: Call = Arc::new(move |p| {
             let svc = coalesce.clone();
             Box::pin(async move { svc.oneshot(p).await.unwrap() })
@@ -131,7 +133,12 @@ fn main() {
             Arc::new(async_singleflight::Group::new());
         let sf: Call = Arc::new(move |p| {
             let group = group.clone();
-            Box::pin(async move { group.work(&1u8, async move { Ok(p.work().await) }).await.unwrap() })
+            Box::pin(async move {
+                group
+                    .work(&1u8, async move { Ok(p.work().await) })
+                    .await
+                    .unwrap()
+            })
         });
 
         let cache: moka::future::Cache<u8, u64> = moka::future::Cache::new(16);

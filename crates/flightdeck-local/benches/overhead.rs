@@ -48,7 +48,11 @@ fn overhead(c: &mut Criterion) {
     // user pays.
     let stage = StageName::new("bench").unwrap();
     let ours = LocalFlightLayer::with_key(FlightPolicy::new(), move |n: &u64| {
-        Some(KeyEncoder::new().field(&n.to_le_bytes()).finish_key(stage.clone(), None))
+        Some(
+            KeyEncoder::new()
+                .field(&n.to_le_bytes())
+                .finish_key(stage.clone(), None),
+        )
     })
     .layer(bare);
     group.bench_function("flightdeck_local", |b| {
@@ -66,9 +70,15 @@ fn overhead(c: &mut Criterion) {
     let prebuilt = LocalFlightLayer::with_key(FlightPolicy::new(), |r: &(FlightKey, u64)| {
         Some(r.0.clone())
     })
-    .layer(service_fn(|r: (FlightKey, u64)| async move { Ok::<_, Infallible>(r.1) }));
+    .layer(service_fn(|r: (FlightKey, u64)| async move {
+        Ok::<_, Infallible>(r.1)
+    }));
     let keys: Vec<FlightKey> = (0..4096u64)
-        .map(|n| KeyEncoder::new().field(&n.to_le_bytes()).finish_key(stage.clone(), None))
+        .map(|n| {
+            KeyEncoder::new()
+                .field(&n.to_le_bytes())
+                .finish_key(stage.clone(), None)
+        })
         .collect();
     group.bench_function("flightdeck_local_prebuilt_key", |b| {
         let f = fresh.clone();
@@ -99,9 +109,7 @@ fn overhead(c: &mut Criterion) {
         b.to_async(&rt).iter(|| {
             let sf = sf.clone();
             let n = f();
-            async move {
-                sf.work(&n, async move { Ok(n) }).await.unwrap()
-            }
+            async move { sf.work(&n, async move { Ok(n) }).await.unwrap() }
         })
     });
 
@@ -111,9 +119,7 @@ fn overhead(c: &mut Criterion) {
         b.to_async(&rt).iter(|| {
             let cache = cache.clone();
             let n = f();
-            async move {
-                cache.get_with(n, async move { n }).await
-            }
+            async move { cache.get_with(n, async move { n }).await }
         })
     });
     group.finish();

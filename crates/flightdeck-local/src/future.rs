@@ -2,19 +2,20 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use flightdeck_core::error::{FlightAbandoned, WaitTimeout, WorkPanicked};
-use flightdeck_core::{metric, BoxError, Share};
+use flightdeck_core::{BoxError, Share};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use crate::group::{stage_label, Flight, Group, Msg};
+use crate::group::{Flight, Group, Msg, Outcome, WorkFuture};
 
 pin_project! {
     /// Response future of [`LocalFlight`](crate::LocalFlight).
@@ -42,11 +43,19 @@ pin_project! {
     {
         // Not coalescable: the inner service's own future.
         Bypass { #[pin] fut: S::Future },
-        // Waiting for the flight's message (leader and waiters alike).
+        // The leader polls the work itself.
+        Lead {
+            lead: LeaderGuard<Sh::Shared>,
+            sleep: Option<Pin<Box<Sleep>>>,
+            since: Instant,
+        },
+        // Waiting for the flight's message.
         Waiting {
             rx: oneshot::Receiver<Msg<Sh::Shared>>,
-            #[pin]
-            sleep: Option<Sleep>,
+            // Armed (and allocated) on the first poll that has to wait; a
+            // call that completes at once never touches the timer wheel.
+            sleep: Option<Pin<Box<Sleep>>>,
+            timeout: Option<std::time::Duration>,
             guard: WaiterGuard<Sh::Shared>,
             fallback: Option<(S, Req)>,
             since: Instant,
@@ -78,28 +87,48 @@ where
         }
     }
 
+    pub(crate) fn lead(
+        group: Arc<Group<Sh::Shared>>,
+        flight: Arc<Flight<Sh::Shared>>,
+        work: WorkFuture<Sh::Shared>,
+        share: Sh,
+    ) -> Self {
+        let since = flight.started;
+        Self {
+            state: State::Lead {
+                lead: LeaderGuard {
+                    group,
+                    flight,
+                    work: Some(work),
+                },
+                sleep: None,
+                since,
+            },
+            share,
+        }
+    }
+
     pub(crate) fn wait(
         group: Arc<Group<Sh::Shared>>,
         flight: Arc<Flight<Sh::Shared>>,
         rx: oneshot::Receiver<Msg<Sh::Shared>>,
-        fallback: Option<(S, Req)>,
+        fallback: (S, Req),
         share: Sh,
     ) -> Self {
         let since = Instant::now();
+        let fallback = Some(fallback);
+        let timeout = group.policy.wait_timeout;
         let span = tracing::debug_span!(
             "flight_wait",
-            role = if fallback.is_some() { "waiter" } else { "leader" },
+            role = "waiter",
             stage = %flight.key.stage(),
             key = %flight.key.digest().short(),
         );
-        let sleep = group
-            .policy
-            .wait_timeout
-            .map(|t| tokio::time::sleep_until(since + t));
         Self {
             state: State::Waiting {
                 rx,
-                sleep,
+                sleep: None,
+                timeout,
                 guard: WaiterGuard {
                     group,
                     flight,
@@ -122,6 +151,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Bypass { .. } => "bypass",
+            State::Lead { .. } => "lead",
             State::Waiting { .. } => "waiting",
             State::RunAlone { .. } => "run-alone",
             State::Ready { .. } => "ready",
@@ -159,9 +189,13 @@ where
                         out.take().expect("ResponseFuture polled after completion"),
                     );
                 }
+                StateProj::Lead { lead, sleep, since } => {
+                    return lead.poll_work(cx, sleep, *since, this.share);
+                }
                 StateProj::Waiting {
                     rx,
                     sleep,
+                    timeout,
                     guard,
                     fallback,
                     since,
@@ -171,10 +205,8 @@ where
                     let msg = match Pin::new(rx).poll(cx) {
                         Poll::Ready(msg) => msg,
                         Poll::Pending => {
-                            if let Some(sleep) = sleep.as_pin_mut() {
-                                if sleep.poll(cx).is_ready() {
-                                    return Poll::Ready(Err(guard.timed_out(since.elapsed())));
-                                }
+                            if timed_out(sleep, *timeout, *since, cx) {
+                                return Poll::Ready(Err(guard.timed_out(since.elapsed())));
                             }
                             return Poll::Pending;
                         }
@@ -182,8 +214,7 @@ where
                     // The flight is over for this waiter: nothing to cancel.
                     guard.armed = false;
                     let key = &guard.flight.key;
-                    metrics::histogram!(metric::WAIT_DURATION, metric::LABEL_STAGE => stage_label(key))
-                        .record(since.elapsed().as_secs_f64());
+                    guard.flight.metrics.waited(since.elapsed().as_secs_f64());
                     let stage = Some(key.stage().clone());
                     match msg {
                         Ok(Msg::Value(v)) => return Poll::Ready(Ok(this.share.restore(&v))),
@@ -199,8 +230,7 @@ where
                         }
                         Ok(Msg::Unshared) => match fallback.take() {
                             Some(run) => {
-                                metrics::counter!(metric::LOCAL_UNSHARED_TOTAL, metric::LABEL_STAGE => stage_label(key))
-                                    .increment(1);
+                                guard.flight.metrics.unshared();
                                 run
                             }
                             None => return Poll::Ready(Err(Box::new(FlightAbandoned::new(stage)))),
@@ -229,11 +259,7 @@ impl<V: Clone + Send + 'static> WaiterGuard<V> {
     fn timed_out(&mut self, waited: std::time::Duration) -> BoxError {
         self.armed = false;
         self.group.leave(&self.flight, true);
-        let key = &self.flight.key;
-        metrics::counter!(metric::WAIT_TIMEOUT_TOTAL, metric::LABEL_STAGE => stage_label(key))
-            .increment(1);
-        tracing::debug!(stage = %key.stage(), key = %key.digest().short(), ?waited, "waiter timed out; flight goes on");
-        Box::new(WaitTimeout::new(Some(key.stage().clone()), waited))
+        wait_timeout_error(&self.flight, waited)
     }
 }
 
@@ -243,4 +269,103 @@ impl<V: Clone + Send + 'static> Drop for WaiterGuard<V> {
             self.group.leave(&self.flight, false);
         }
     }
+}
+
+/// The leader's hold on the work. Dropped before the work finished, it hands
+/// the work to a task of its own (or cancels it if nobody else waits).
+struct LeaderGuard<V: Clone + Send + 'static> {
+    group: Arc<Group<V>>,
+    flight: Arc<Flight<V>>,
+    work: Option<WorkFuture<V>>,
+}
+
+impl<V: Clone + Send + 'static> LeaderGuard<V> {
+    fn poll_work<T, Sh>(
+        &mut self,
+        cx: &mut Context<'_>,
+        sleep: &mut Option<Pin<Box<Sleep>>>,
+        since: Instant,
+        share: &Sh,
+    ) -> Poll<Result<Sh::Output, BoxError>>
+    where
+        Sh: Share<T, Shared = V>,
+    {
+        let stage = || Some(self.flight.key.stage().clone());
+        let Some(work) = self.work.as_mut() else {
+            return Poll::Ready(Err(Box::new(FlightAbandoned::new(stage()))));
+        };
+        // A panic in the work must become an error for everybody, the
+        // leader included, instead of unwinding through the caller.
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
+        let msg = match polled {
+            Ok(Poll::Ready(msg)) => {
+                self.work = None;
+                msg
+            }
+            Ok(Poll::Pending) => {
+                if timed_out(sleep, self.group.policy.wait_timeout, since, cx) {
+                    return Poll::Ready(Err(self.timed_out(since.elapsed())));
+                }
+                return Poll::Pending;
+            }
+            Err(_panic) => {
+                let key = &self.flight.key;
+                self.flight.metrics.panicked();
+                tracing::error!(stage = %key.stage(), key = %key.digest().short(), "work panicked");
+                self.group.finish(&self.flight, Outcome::Panicked);
+                self.work = None;
+                return Poll::Ready(Err(Box::new(WorkPanicked::new(stage()))));
+            }
+        };
+        Poll::Ready(match msg {
+            Some(Msg::Value(v)) => Ok(share.restore(&v)),
+            Some(Msg::Error(e)) => Err(Box::new(e)),
+            Some(Msg::Panicked) => Err(Box::new(WorkPanicked::new(stage()))),
+            Some(Msg::Original(o)) => match o.downcast::<Sh::Output>() {
+                Ok(out) => Ok(*out),
+                Err(_) => Err(Box::new(FlightAbandoned::new(stage()))),
+            },
+            Some(Msg::Unshared) | None => Err(Box::new(FlightAbandoned::new(stage()))),
+        })
+    }
+
+    fn timed_out(&mut self, waited: std::time::Duration) -> BoxError {
+        if let Some(work) = self.work.take() {
+            self.group.leader_left(&self.flight, work, true);
+        }
+        wait_timeout_error(&self.flight, waited)
+    }
+}
+
+impl<V: Clone + Send + 'static> Drop for LeaderGuard<V> {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            self.group.leader_left(&self.flight, work, false);
+        }
+    }
+}
+
+fn wait_timeout_error<V>(flight: &Flight<V>, waited: std::time::Duration) -> BoxError {
+    let key = &flight.key;
+    flight.metrics.wait_timeout();
+    tracing::debug!(stage = %key.stage(), key = %key.digest().short(), ?waited, "timed out waiting; the flight goes on");
+    Box::new(WaitTimeout::new(Some(key.stage().clone()), waited))
+}
+
+/// Polls the wait-timeout timer, arming it on the first poll that waits (a
+/// call that completes at once never touches the timer wheel).
+fn timed_out(
+    sleep: &mut Option<Pin<Box<Sleep>>>,
+    timeout: Option<std::time::Duration>,
+    since: Instant,
+    cx: &mut Context<'_>,
+) -> bool {
+    let Some(timeout) = timeout else {
+        return false;
+    };
+    sleep
+        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(since + timeout)))
+        .as_mut()
+        .poll(cx)
+        .is_ready()
 }

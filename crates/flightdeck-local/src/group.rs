@@ -7,18 +7,18 @@
 
 use std::any::Any;
 use std::collections::hash_map::{Entry, HashMap};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::mem;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
-use flightdeck_core::metric;
 use flightdeck_core::{BoxError, FlightKey, SharedError};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::metrics::{Registry, StageMetrics};
 use crate::policy::{FlightPolicy, OnAbandon};
 
 /// What a waiter receives.
@@ -37,7 +37,8 @@ pub(crate) enum Msg<V> {
 pub(crate) enum Outcome<V> {
     Value(V),
     Error(SharedError),
-    Unshared(Box<dyn Any + Send>),
+    /// Not shareable; the original response unless the leader took it.
+    Unshared(Option<Box<dyn Any + Send>>),
     Panicked,
     /// Aborted or dropped without a result.
     Abandoned,
@@ -51,7 +52,8 @@ enum Slot<V> {
 pub(crate) struct Flight<V> {
     id: u64,
     pub(crate) key: FlightKey,
-    started: Instant,
+    pub(crate) metrics: Arc<StageMetrics>,
+    pub(crate) started: Instant,
     state: Mutex<FlightState<V>>,
 }
 
@@ -63,22 +65,29 @@ struct FlightState<V> {
     /// the timeout never removes the flight.
     keep: bool,
     finished: bool,
+    /// The leader is polling the work inline. When it leaves early the work
+    /// is handed to a task of its own (or cancelled).
+    leader_present: bool,
     abort: Option<AbortHandle>,
 }
 
 pub(crate) enum Join<V> {
-    Leader(Arc<Flight<V>>, oneshot::Receiver<Msg<V>>),
+    Leader(Arc<Flight<V>>),
     Waiter(Arc<Flight<V>>, oneshot::Receiver<Msg<V>>),
     Replay(V),
     Rejected(BoxError),
 }
 
-type Shard<V> = Mutex<HashMap<FlightKey, Slot<V>>>;
+// Keys are BLAKE3 digests already; foldhash (seeded per process) is enough
+// and much cheaper than SipHash on this path.
+type Hasher = foldhash::fast::RandomState;
+type Shard<V> = Mutex<HashMap<FlightKey, Slot<V>, Hasher>>;
 
 pub(crate) struct Group<V> {
     shards: Box<[Shard<V>]>,
-    hasher: RandomState,
+    hasher: Hasher,
     running: AtomicUsize,
+    metrics: Registry,
     next_id: AtomicU64,
     pub(crate) policy: FlightPolicy,
 }
@@ -97,8 +106,11 @@ impl<V: Clone + Send + 'static> Group<V> {
             .next_power_of_two()
             .clamp(4, 256);
         Self {
-            shards: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..n)
+                .map(|_| Mutex::new(HashMap::with_hasher(Hasher::default())))
+                .collect(),
+            hasher: Hasher::default(),
+            metrics: Registry::default(),
             running: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             policy,
@@ -125,12 +137,16 @@ impl<V: Clone + Send + 'static> Group<V> {
         let mut shard = lock(self.shard(key));
         match shard.get(key) {
             Some(Slot::Replay { value, until, .. }) if now < *until => {
-                return Join::Replay(value.clone());
+                let value = value.clone();
+                drop(shard);
+                self.metrics.stage(key.stage()).replay();
+                return Join::Replay(value);
             }
             Some(Slot::Running(f)) if now < f.started + self.policy.flight_ttl => {
                 let mut st = lock(&f.state);
                 if !st.finished {
                     if st.live >= self.policy.max_waiters {
+                        f.metrics.rejected();
                         return Join::Rejected(Box::new(TooManyWaiters::new(
                             Some(key.stage().clone()),
                             self.policy.max_waiters,
@@ -140,6 +156,7 @@ impl<V: Clone + Send + 'static> Group<V> {
                     st.senders.push(tx);
                     st.live += 1;
                     drop(st);
+                    f.metrics.waiter();
                     return Join::Waiter(Arc::clone(f), rx);
                 }
             }
@@ -148,31 +165,34 @@ impl<V: Clone + Send + 'static> Group<V> {
         // Start a new flight (replacing an expired or finished entry; an
         // older flight still running past its TTL finishes for its own
         // waiters and leaves this entry alone).
+        let metrics = self.metrics.stage(key.stage());
         if self.running.fetch_add(1, Ordering::AcqRel) >= self.policy.max_flights {
             self.running.fetch_sub(1, Ordering::AcqRel);
+            metrics.rejected();
             return Join::Rejected(Box::new(TooManyFlights::new(
                 Some(key.stage().clone()),
                 self.policy.max_flights,
             )));
         }
-        let (tx, rx) = oneshot::channel();
         let flight = Arc::new(Flight {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             key: key.clone(),
+            metrics,
             started: now,
             state: Mutex::new(FlightState {
-                senders: vec![tx],
+                senders: Vec::new(),
                 live: 1,
                 keep: false,
                 finished: false,
+                leader_present: true,
                 abort: None,
             }),
         });
         shard.insert(key.clone(), Slot::Running(Arc::clone(&flight)));
         drop(shard);
-        metrics::gauge!(metric::ACTIVE_FLIGHTS, metric::LABEL_STAGE => stage_label(key))
-            .increment(1.0);
-        Join::Leader(flight, rx)
+        flight.metrics.owner();
+        flight.metrics.active(1.0);
+        Join::Leader(flight)
     }
 
     /// Records the task that runs the work, so the flight can be cancelled.
@@ -204,25 +224,29 @@ impl<V: Clone + Send + 'static> Group<V> {
             st.abort.take()
         };
         self.retire(flight, None);
-        metrics::counter!(metric::LOCAL_CANCELLED_TOTAL, metric::LABEL_STAGE => stage_label(&flight.key))
-            .increment(1);
+        flight.metrics.cancelled();
         tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "last waiter left: flight cancelled");
         if let Some(a) = abort {
             a.abort();
         }
     }
 
-    /// Ends a flight with its outcome and delivers it. Returns the replay
-    /// deadline when the value was kept for replay.
-    pub(crate) fn finish(&self, flight: &Flight<V>, outcome: Outcome<V>) -> Option<Instant> {
-        let senders = {
+    /// Ends a flight with its outcome and delivers it to the waiters.
+    /// Returns the leader's message when the leader is still there, and
+    /// the replay deadline when the value was kept for replay.
+    pub(crate) fn finish(
+        &self,
+        flight: &Flight<V>,
+        outcome: Outcome<V>,
+    ) -> (Option<Msg<V>>, Option<Instant>) {
+        let (senders, leader_present) = {
             let mut st = lock(&flight.state);
             if st.finished {
-                return None;
+                return (None, None);
             }
             st.finished = true;
             st.abort = None;
-            mem::take(&mut st.senders)
+            (mem::take(&mut st.senders), st.leader_present)
         };
         let replay = match &outcome {
             Outcome::Value(v) if !self.policy.replay_ttl.is_zero() => {
@@ -232,8 +256,64 @@ impl<V: Clone + Send + 'static> Group<V> {
         };
         let until = replay.as_ref().map(|(_, u)| *u);
         self.retire(flight, replay);
+        let (leader, outcome) = if leader_present {
+            match outcome {
+                Outcome::Value(v) => (Some(Msg::Value(v.clone())), Outcome::Value(v)),
+                Outcome::Error(e) => (Some(Msg::Error(e.clone())), Outcome::Error(e)),
+                Outcome::Panicked => (Some(Msg::Panicked), Outcome::Panicked),
+                // The unshared original belongs to the leader.
+                Outcome::Unshared(Some(o)) => (Some(Msg::Original(o)), Outcome::Unshared(None)),
+                other => (None, other),
+            }
+        } else {
+            (None, outcome)
+        };
         deliver(senders, outcome);
-        until
+        (leader, until)
+    }
+
+    /// The leader leaves before the work finished (dropped, or timed out).
+    /// The work is handed to a task of its own if anybody may still want the
+    /// result, and cancelled otherwise.
+    pub(crate) fn leader_left(
+        self: &Arc<Self>,
+        flight: &Arc<Flight<V>>,
+        work: WorkFuture<V>,
+        timed_out: bool,
+    ) {
+        let cancel = {
+            let mut st = lock(&flight.state);
+            st.leader_present = false;
+            st.live = st.live.saturating_sub(1);
+            st.keep |= timed_out;
+            if st.finished {
+                false
+            } else if st.live == 0 && !st.keep && self.policy.on_abandon == OnAbandon::Cancel {
+                st.finished = true;
+                st.senders.clear();
+                true
+            } else {
+                false
+            }
+        };
+        if cancel {
+            self.retire(flight, None);
+            flight.metrics.cancelled();
+            tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "leader left alone: flight cancelled");
+            drop(work);
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let task = rt.spawn(async move {
+                    let _ = work.await;
+                });
+                self.set_abort(flight, task.abort_handle());
+            }
+            // No runtime (it is shutting down): dropping the work ends the
+            // flight as abandoned, waiters get `FlightAbandoned`.
+            Err(_) => drop(work),
+        }
     }
 
     /// Bookkeeping of a flight that just finished: the count, the gauge,
@@ -241,8 +321,7 @@ impl<V: Clone + Send + 'static> Group<V> {
     /// newer flight took the key.
     fn retire(&self, flight: &Flight<V>, replay: Option<(V, Instant)>) {
         self.running.fetch_sub(1, Ordering::AcqRel);
-        metrics::gauge!(metric::ACTIVE_FLIGHTS, metric::LABEL_STAGE => stage_label(&flight.key))
-            .decrement(1.0);
+        flight.metrics.active(-1.0);
         let mut shard = lock(self.shard(&flight.key));
         if let Entry::Occupied(mut e) = shard.entry(flight.key.clone()) {
             if matches!(e.get(), Slot::Running(f) if f.id == flight.id) {
@@ -297,9 +376,9 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Msg<V>>>, outcome: Outcome<V>)
             }
         }
         Outcome::Unshared(original) => {
-            // The original goes to the first receiver still there (the
-            // leader unless it left); everybody else runs alone.
-            let mut original = Some(original);
+            // When the leader left, the original goes to the first waiter
+            // still there; everybody else runs alone.
+            let mut original = original;
             for tx in senders {
                 match original.take() {
                     Some(o) => {
@@ -318,10 +397,6 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Msg<V>>>, outcome: Outcome<V>)
     }
 }
 
-pub(crate) fn stage_label(key: &FlightKey) -> metrics::SharedString {
-    metrics::SharedString::from(Arc::clone(key.stage().as_arc()))
-}
-
 /// Ends the flight when the work's future is dropped without finishing:
 /// a panic (every waiter gets `WorkPanicked`), an abort, or the runtime
 /// shutting down (waiters get `FlightAbandoned`).
@@ -332,13 +407,23 @@ pub(crate) struct Completion<V: Clone + Send + 'static> {
 }
 
 impl<V: Clone + Send + 'static> Completion<V> {
-    /// Delivers the outcome; keeps a replayable value until its window ends.
-    pub(crate) async fn complete(mut self, outcome: Outcome<V>) {
+    /// Delivers the outcome; returns the leader's message (if the leader is
+    /// still there) and schedules the end of a replay window.
+    pub(crate) fn complete(mut self, outcome: Outcome<V>) -> Option<Msg<V>> {
         self.done = true;
-        if let Some(until) = self.group.finish(&self.flight, outcome) {
-            tokio::time::sleep_until(until).await;
-            self.group.expire_replay(&self.flight.key, self.flight.id());
+        let (leader, until) = self.group.finish(&self.flight, outcome);
+        if let Some(until) = until {
+            let group = Arc::clone(&self.group);
+            let flight = Arc::clone(&self.flight);
+            // Without a runtime the entry simply expires on its next lookup.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    group.expire_replay(&flight.key, flight.id());
+                });
+            }
         }
+        leader
     }
 }
 
@@ -348,8 +433,7 @@ impl<V: Clone + Send + 'static> Drop for Completion<V> {
             return;
         }
         let outcome = if std::thread::panicking() {
-            metrics::counter!(metric::LOCAL_PANIC_TOTAL, metric::LABEL_STAGE => stage_label(&self.flight.key))
-                .increment(1);
+            self.flight.metrics.panicked();
             tracing::error!(stage = %self.flight.key.stage(), key = %self.flight.key.digest().short(), "work panicked");
             Outcome::Panicked
         } else {
@@ -358,3 +442,9 @@ impl<V: Clone + Send + 'static> Drop for Completion<V> {
         self.group.finish(&self.flight, outcome);
     }
 }
+
+/// The work of one flight: the inner service's future, the sharing step and
+/// the delivery. Boxed so that it can move from the leader (who polls it
+/// inline) to a task of its own when the leader leaves early.
+pub(crate) type WorkFuture<V> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<Msg<V>>> + Send>>;

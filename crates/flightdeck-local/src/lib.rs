@@ -6,12 +6,14 @@
 //! Everybody gets the same outcome: the same value, or the same error
 //! (wrapped in [`SharedError`]).
 //!
-//! - **Detached work.** The work runs in its own task. If the caller that
-//!   started it goes away, the work goes on for the others; when the *last*
-//!   caller is gone it is cancelled, unless the policy says
-//!   [`OnAbandon::Finish`].
-//! - **Panics** in the work become [`WorkPanicked`] for every waiter, and
-//!   the key is free again at once.
+//! - **Detached work.** The leader drives the work inline (no task spawn on
+//!   the common path). If the leader goes away (client disconnect) or times
+//!   out while others still want the result, the work moves to a task of its
+//!   own and goes on; when the *last* caller is gone it is cancelled, unless
+//!   the policy says [`OnAbandon::Finish`].
+//! - **Panics** in the work become [`WorkPanicked`] for every caller, the
+//!   leader included (the panic is caught, it does not unwind through the
+//!   caller), and the key is free again at once.
 //! - **Event-driven waiting.** Waiters sleep on a channel and are woken
 //!   once; 10,000 waiters cost memory, not CPU.
 //! - **Four clocks** (see [`FlightPolicy`]): wait timeout, flight TTL,
@@ -70,6 +72,7 @@ pub mod future;
 mod group;
 mod key;
 mod layer;
+mod metrics;
 mod policy;
 mod service;
 

@@ -2,12 +2,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use flightdeck_core::{metric, BoxError, Share, SharedForm};
+use flightdeck_core::{BoxError, Share, SharedForm};
 use tower_service::Service;
 use tracing::Instrument;
 
 use crate::future::ResponseFuture;
-use crate::group::{stage_label, Completion, Group, Join, Outcome};
+use crate::group::{Completion, Group, Join, Msg, Outcome, WorkFuture};
 use crate::key::KeyExtractor;
 
 /// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
@@ -88,18 +88,10 @@ where
         };
         match self.group.join(&key) {
             Join::Replay(value) => {
-                metrics::counter!(metric::LOCAL_REPLAY_TOTAL, metric::LABEL_STAGE => stage_label(&key))
-                    .increment(1);
                 ResponseFuture::ready(Ok(self.share.restore(&value)), self.share.clone())
             }
-            Join::Rejected(err) => {
-                metrics::counter!(metric::LOCAL_REJECTED_TOTAL, metric::LABEL_STAGE => stage_label(&key))
-                    .increment(1);
-                ResponseFuture::ready(Err(err), self.share.clone())
-            }
+            Join::Rejected(err) => ResponseFuture::ready(Err(err), self.share.clone()),
             Join::Waiter(flight, rx) => {
-                metrics::counter!(metric::LOCAL_WAITER_TOTAL, metric::LABEL_STAGE => stage_label(&key))
-                    .increment(1);
                 // The waiter keeps its request and an (unready) clone of the
                 // service, in case the result cannot be shared and it must
                 // run alone.
@@ -108,13 +100,11 @@ where
                     Arc::clone(&self.group),
                     flight,
                     rx,
-                    Some(fallback),
+                    fallback,
                     self.share.clone(),
                 )
             }
-            Join::Leader(flight, rx) => {
-                metrics::counter!(metric::LOCAL_OWNER_TOTAL, metric::LABEL_STAGE => stage_label(&key))
-                    .increment(1);
+            Join::Leader(flight) => {
                 // Armed before calling the inner service: if `call` itself
                 // panics, waiters that already joined get `WorkPanicked`.
                 let completion = Completion {
@@ -123,47 +113,46 @@ where
                     done: false,
                 };
                 let work = self.inner.call(req);
-                let share = self.share.clone();
                 let span = tracing::debug_span!(
                     "flight",
                     role = "leader",
                     stage = %key.stage(),
                     key = %key.digest().short(),
                 );
-                let task = tokio::spawn(run(work, share, completion).instrument(span));
-                self.group.set_abort(&flight, task.abort_handle());
-                ResponseFuture::wait(
-                    Arc::clone(&self.group),
-                    flight,
-                    rx,
-                    None,
-                    self.share.clone(),
-                )
+                let work: WorkFuture<Sh::Shared> =
+                    Box::pin(run(work, self.share.clone(), completion).instrument(span));
+                ResponseFuture::lead(Arc::clone(&self.group), flight, work, self.share.clone())
             }
         }
     }
 }
 
-/// The detached work: runs the inner future, shares its result, delivers.
-async fn run<F, T, E, Sh>(work: F, share: Sh, completion: Completion<Sh::Shared>)
+/// The work of a flight: runs the inner future, shares its result, delivers
+/// it to the waiters and returns the leader's message.
+async fn run<F, T, E, Sh>(
+    work: F,
+    share: Sh,
+    completion: Completion<Sh::Shared>,
+) -> Option<Msg<Sh::Shared>>
 where
     F: std::future::Future<Output = Result<T, E>>,
     E: Into<BoxError>,
     Sh: Share<T>,
 {
-    let started = tokio::time::Instant::now();
     // Convert the error before anything else is awaited: `E` need not be
     // `Send`, `BoxError` is.
     let result = work.await.map_err(Into::into);
     let outcome = match result {
         Ok(resp) => match share.share(resp).await {
             Ok(flightdeck_core::Shareable::Shared(v)) => Outcome::Value(v),
-            Ok(flightdeck_core::Shareable::Unshared(o)) => Outcome::Unshared(Box::new(o)),
+            Ok(flightdeck_core::Shareable::Unshared(o)) => Outcome::Unshared(Some(Box::new(o))),
             Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
         },
         Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
     };
-    metrics::histogram!(metric::EXECUTION_DURATION, metric::LABEL_STAGE => stage_label(&completion.flight.key))
-        .record(started.elapsed().as_secs_f64());
-    completion.complete(outcome).await;
+    completion
+        .flight
+        .metrics
+        .executed(completion.flight.started.elapsed().as_secs_f64());
+    completion.complete(outcome)
 }

@@ -161,3 +161,44 @@ async fn requests_without_a_key_extension_pass_through() {
     assert!(!b.unwrap().body().is_replay());
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn unshared_original_goes_to_a_waiter_when_the_leader_left() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let inner = service_fn(move |_req: Request<()>| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, Infallible>(grpc_reply(&["0123456789", "abcdefghij"]))
+        }
+    });
+    let l = LocalFlightLayer::new(
+        FlightPolicy::new(),
+        flightdeck_local::FromExtension,
+        HttpShare::new().max_body(5),
+    );
+    let svc = l.layer(inner);
+    let leader = tokio::spawn(svc.clone().oneshot(keyed("/big")));
+    tokio::task::yield_now().await;
+    let first = tokio::spawn(svc.clone().oneshot(keyed("/big")));
+    tokio::task::yield_now().await;
+    let second = tokio::spawn(svc.clone().oneshot(keyed("/big")));
+    tokio::task::yield_now().await;
+    leader.abort();
+    let _ = leader.await;
+    for w in [first, second] {
+        let body = w
+            .await
+            .unwrap()
+            .unwrap()
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body, "0123456789abcdefghij");
+    }
+    // The original went to the first waiter; only the second ran alone.
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -40,9 +40,9 @@ fn counted(
     })
 }
 
-fn layer(
-    policy: FlightPolicy,
-) -> LocalFlightLayer<fn(&String) -> Option<FlightKey>, flightdeck_core::CloneShare<String>> {
+type KeyFn = fn(&String) -> Option<FlightKey>;
+
+fn layer(policy: FlightPolicy) -> LocalFlightLayer<KeyFn, flightdeck_core::CloneShare<String>> {
     LocalFlightLayer::with_key(policy, |q: &String| key(q))
 }
 
@@ -450,9 +450,9 @@ async fn ten_thousand_waiters_are_all_woken() {
     assert_eq!(l.map_entries(), 0);
 }
 
-async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output>
+async fn futures_join_all<F>(futs: Vec<F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let mut out = Vec::with_capacity(futs.len());
@@ -493,4 +493,41 @@ async fn metrics_count_owners_and_waiters() {
     assert_eq!(get("singleflight_local_owner_total"), Some(1));
     assert_eq!(get("singleflight_local_waiter_total"), Some(4));
     let _ = BoxError::from("unused");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_after_the_leader_left_reaches_the_waiters() {
+    let inner = service_fn(|_q: String| async move {
+        sleep(Duration::from_secs(1)).await;
+        if true {
+            panic!("late bug");
+        }
+        Ok::<String, Infallible>(String::new())
+    });
+    let l = layer(FlightPolicy::new());
+    let svc = l.layer(inner);
+    let leader = tokio::spawn(svc.clone().oneshot("q".into()));
+    tokio::task::yield_now().await;
+    let waiter = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(100)).await;
+    leader.abort();
+    let _ = leader.await;
+    // The work moved to a task of its own and panics there.
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(err.is::<WorkPanicked>(), "{err}");
+    assert_eq!(l.running_flights(), 0);
+    assert_eq!(l.map_entries(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_timeout_hands_the_work_over_and_waiters_get_it() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().wait_timeout(Some(Duration::from_secs(1))));
+    let svc = l.layer(counted(calls.clone(), Duration::from_millis(1800)));
+    let leader = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(900)).await;
+    let waiter = tokio::spawn(svc.clone().oneshot("q".into()));
+    assert!(leader.await.unwrap().unwrap_err().is::<WaitTimeout>());
+    assert_eq!(waiter.await.unwrap().unwrap(), "answer to q");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
