@@ -11,8 +11,10 @@
 //!
 //! ```
 //! use flightdeck::{FlightKey, FlightPolicy, LocalFlightLayer, StageName};
-//! use tower::{service_fn, ServiceBuilder};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
 //! let stage = StageName::new("report").unwrap();
 //! let svc = ServiceBuilder::new()
 //!     .layer(LocalFlightLayer::with_key(FlightPolicy::new(), move |id: &u64| {
@@ -21,7 +23,8 @@
 //!     .service(service_fn(|id: u64| async move {
 //!         Ok::<_, std::convert::Infallible>(format!("report {id}"))
 //!     }));
-//! # drop(svc);
+//! assert_eq!(svc.oneshot(7).await.unwrap(), "report 7");
+//! # }
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
