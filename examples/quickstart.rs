@@ -18,9 +18,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::routing::get;
 use axum::Router;
-use flightdeck::core::http::{ErrorResponseLayer, HttpShare};
-use flightdeck::{FlightKey, FlightPolicy, KeyEncoder, LocalFlightLayer, StageName};
-use http::Request;
+use flightdeck::core::http::ErrorResponseLayer;
+use flightdeck::key::http::HttpKeyExtractor;
+use flightdeck::key::KeyLayer;
+use flightdeck::{FlightPolicy, LocalFlightLayer};
+use http::Method;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -83,18 +85,13 @@ pub(crate) async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError>
         format!("{{\"score\":0.93,\"execution\":{nth}}}")
     }
 
-    // Key: method and path. (`flightdeck-key`'s KeyLayer builds richer,
-    // tenant-scoped keys; a closure is enough here.)
-    let stage = StageName::new("score")?;
-    let key = move |req: &Request<Body>| -> Option<FlightKey> {
-        Some(
-            KeyEncoder::new()
-                .field(req.method().as_str().as_bytes())
-                .field(req.uri().path().as_bytes())
-                .finish_key(stage.clone(), None),
-        )
-    };
-    let flights = LocalFlightLayer::new(FlightPolicy::new(), key, HttpShare::new());
+    // Key: the route decides the stage; method, path, normalized query and
+    // the Accept* headers go into the digest, and requests carrying
+    // credentials are scoped per user (secure by default).
+    let keys = HttpKeyExtractor::builder()
+        .route(Method::GET, "/score", "score")
+        .build()?;
+    let flights = LocalFlightLayer::http(FlightPolicy::new());
 
     let app = Router::new()
         .route("/score", get(score))
@@ -103,6 +100,7 @@ pub(crate) async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError>
             ServiceBuilder::new()
                 // Our errors become 503/504 responses: axum needs Infallible.
                 .layer(ErrorResponseLayer::new())
+                .layer(KeyLayer::new(keys))
                 .layer(flights),
         );
 

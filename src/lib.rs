@@ -7,6 +7,7 @@
 //!
 //! - [`core`]: keys, stages, result sharing, errors, HTTP/gRPC error
 //!   mapping.
+//! - [`key`]: request keys ([`key::KeyLayer`], HTTP and gRPC extractors).
 //! - [`local`]: in-process single-flight ([`LocalFlightLayer`]).
 //!
 //! ```
@@ -30,6 +31,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use flightdeck_core as core;
+pub use flightdeck_key as key;
 pub use flightdeck_local as local;
 
 pub use flightdeck_core::{FlightKey, KeyEncoder, StageName};
