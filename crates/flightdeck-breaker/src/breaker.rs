@@ -219,6 +219,7 @@ impl Breaker {
     /// permit to [`record`](Permit::record) the outcome with. Dropping the
     /// permit without recording (the call was cancelled) records nothing and
     /// frees a half-open probe slot.
+    #[inline]
     pub fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
         let word = self.core.word.load(Ordering::Acquire);
         match word & 0xff {
@@ -263,6 +264,7 @@ impl Core {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    #[inline(never)]
     fn acquire_slow(this: &Arc<Self>) -> Result<Permit, CircuitOpen> {
         let now = Instant::now();
         let mut inner = this.lock();
@@ -527,6 +529,7 @@ pub struct Permit {
 
 impl Permit {
     /// Records the call's outcome.
+    #[inline]
     pub fn record(mut self, outcome: Outcome) {
         self.core.record(&self, outcome);
         // Recorded: the drop below must not free the slot a second time.
@@ -540,6 +543,7 @@ impl Permit {
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         if let Some((slot, seq)) = self.probe {
             self.core.release_probe(self.epoch, slot, seq);

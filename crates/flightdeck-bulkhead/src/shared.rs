@@ -145,6 +145,7 @@ impl Shared {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    #[inline]
     fn try_take(&self) -> bool {
         // Relaxed is enough: the counter guards no other memory, it only
         // bounds how many calls run.
@@ -167,7 +168,16 @@ impl Shared {
     }
 
     /// Admits a call now, queues it, or says why not.
+    #[inline]
     pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission, flightdeck_core::BoxError> {
+        if self.rate.is_none() && self.try_take() {
+            return Ok(Admission::Now(Permit::armed(self.clone())));
+        }
+        self.admit_slow()
+    }
+
+    #[inline(never)]
+    fn admit_slow(self: &Arc<Self>) -> Result<Admission, flightdeck_core::BoxError> {
         if let Some(rate) = &self.rate {
             if rate.check().is_err() {
                 self.reject("rate");
@@ -198,11 +208,17 @@ impl Shared {
         Ok(Admission::Queued(rx))
     }
 
+    #[inline]
     fn release(self: &Arc<Self>) {
         if self.queue.is_none() {
             self.active.fetch_sub(1, Ordering::Relaxed);
             return;
         }
+        self.release_queued();
+    }
+
+    #[inline(never)]
+    fn release_queued(self: &Arc<Self>) {
         let mut q = self.waiters();
         if self.active.load(Ordering::Acquire) <= self.limit.load(Ordering::Acquire) {
             // Hand the slot to the oldest live waiter: `active` stays as is.
@@ -258,6 +274,7 @@ pub(crate) struct Permit {
 }
 
 impl Permit {
+    #[inline]
     fn armed(shared: Arc<Shared>) -> Self {
         Self {
             shared: Some(shared),
@@ -271,6 +288,7 @@ impl Permit {
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
             shared.release();
