@@ -97,6 +97,59 @@ async fn run(name: &'static str, waiters: usize, call: Call) -> Row {
 #[derive(Debug, Clone)]
 struct PeerError;
 
+/// Resident memory of this process, in bytes (Linux `/proc/self/statm`).
+fn rss() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Memory per idle flight (distinct keys, each with its leader waiting) and
+/// per extra waiter on one key, from the RSS growth over 10,000 of each.
+async fn memory() {
+    const N: usize = 10_000;
+    let stage = StageName::new("memory").unwrap();
+    let layer = LocalFlightLayer::with_key(
+        FlightPolicy::new().max_flights(N + 1).max_waiters(N + 1),
+        move |k: &u64| Some(FlightKey::from_bytes(stage.clone(), k.to_le_bytes())),
+    );
+    let release = Arc::new(tokio::sync::Notify::new());
+    let r = release.clone();
+    let svc = layer.layer(service_fn(move |k: u64| {
+        let r = r.clone();
+        async move {
+            r.notified().await;
+            Ok::<_, Infallible>(k)
+        }
+    }));
+    let measure = |label: &str, before: Option<u64>, after: Option<u64>| {
+        if let (Some(b), Some(a)) = (before, after) {
+            println!("{label:<44} {:>8} bytes", a.saturating_sub(b) / N as u64);
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = rss();
+    let flights: Vec<_> = (0..N as u64)
+        .map(|k| tokio::spawn(svc.clone().oneshot(k)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after_flights = rss();
+    let waiters: Vec<_> = (0..N)
+        .map(|_| tokio::spawn(svc.clone().oneshot(0)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after_waiters = rss();
+    println!("memory (RSS growth / item, {N} items, includes the caller's tokio task):");
+    measure(
+        "  idle flight (leader waiting, distinct keys)",
+        before,
+        after_flights,
+    );
+    measure("  extra waiter on one key", after_flights, after_waiters);
+    release.notify_waiters();
+    drop((flights, waiters));
+}
+
 fn main() {
     let waiters: usize = std::env::args()
         .skip(1)
@@ -108,6 +161,9 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async move {
+        // First, on a fresh heap: freed memory of the runs below would be
+        // reused without growing the RSS.
+        memory().await;
         let stage = StageName::new("fanout").unwrap();
         let ours = LocalFlightLayer::with_key(
             FlightPolicy::new().max_waiters(waiters + 1),
