@@ -54,7 +54,7 @@ use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 
 use crate::error::{BoxError, ErrorClass};
-use crate::share::{Share, SharedForm, Shareable};
+use crate::share::{Share, Shareable, SharedForm};
 
 /// Default cap on a shared response body: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
@@ -401,7 +401,10 @@ where
 /// Builds the response for a flightdeck error: an HTTP status with a short
 /// plain-text body, or, when `grpc` is true, a trailers-only gRPC response
 /// (`grpc-status` and `grpc-message` in the headers).
-pub fn error_response<B>(err: &(dyn std::error::Error + 'static), grpc: bool) -> Response<FlightBody<B>> {
+pub fn error_response<B>(
+    err: &(dyn std::error::Error + 'static),
+    grpc: bool,
+) -> Response<FlightBody<B>> {
     let class = ErrorClass::of(err);
     // Never echo an unknown error's text to clients: it may carry internals.
     let message = if class == ErrorClass::Internal {
@@ -413,7 +416,10 @@ pub fn error_response<B>(err: &(dyn std::error::Error + 'static), grpc: bool) ->
         let mut r = Response::new(FlightBody::replay(Bytes::new(), None));
         let h = r.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        h.insert("grpc-status", HeaderValue::from(u16::from(class.grpc_code())));
+        h.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(class.grpc_code())),
+        );
         if let Ok(v) = HeaderValue::from_str(&percent_encode_grpc(&message)) {
             h.insert("grpc-message", v);
         }
@@ -430,7 +436,10 @@ pub fn error_response<B>(err: &(dyn std::error::Error + 'static), grpc: bool) ->
     };
     if matches!(
         class,
-        ErrorClass::Unavailable | ErrorClass::Overloaded | ErrorClass::TooManyRequests | ErrorClass::InProgress
+        ErrorClass::Unavailable
+            | ErrorClass::Overloaded
+            | ErrorClass::TooManyRequests
+            | ErrorClass::InProgress
     ) {
         resp.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -603,8 +612,10 @@ mod tests {
         trailers.insert("grpc-status", HeaderValue::from_static("0"));
         let mut resp = Response::new(body_with_trailers(&["hel", "lo"], trailers));
         *resp.status_mut() = StatusCode::CREATED;
-        resp.headers_mut()
-            .insert("x-bin", HeaderValue::from_bytes(&[0xff, 0xfe, b'a']).unwrap());
+        resp.headers_mut().insert(
+            "x-bin",
+            HeaderValue::from_bytes(&[0xff, 0xfe, b'a']).unwrap(),
+        );
         resp.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let share = HttpShare::new();
@@ -623,7 +634,10 @@ mod tests {
 
     #[tokio::test]
     async fn oversize_goes_back_to_the_leader_intact() {
-        let mut resp = Response::new(body_with_trailers(&["aaaa", "bbbb", "cccc"], HeaderMap::new()));
+        let mut resp = Response::new(body_with_trailers(
+            &["aaaa", "bbbb", "cccc"],
+            HeaderMap::new(),
+        ));
         resp.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let share = HttpShare::new().max_body(6);
@@ -642,13 +656,25 @@ mod tests {
         let mut sse = Response::new(Full::new(Bytes::from_static(b"data: x\n\n")));
         sse.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        assert!(matches!(share.share(sse).await.unwrap(), Shareable::Unshared(_)));
+        assert!(matches!(
+            share.share(sse).await.unwrap(),
+            Shareable::Unshared(_)
+        ));
         let big = Response::new(Full::new(Bytes::from_static(b"0123456789")));
-        assert!(matches!(share.share(big).await.unwrap(), Shareable::Unshared(_)));
+        assert!(matches!(
+            share.share(big).await.unwrap(),
+            Shareable::Unshared(_)
+        ));
         let unknown = Response::new(body_with_trailers(&["ab"], HeaderMap::new()));
-        assert!(matches!(share.share(unknown).await.unwrap(), Shareable::Unshared(_)));
+        assert!(matches!(
+            share.share(unknown).await.unwrap(),
+            Shareable::Unshared(_)
+        ));
         let small = Response::new(Full::new(Bytes::from_static(b"ok")));
-        assert!(matches!(share.share(small).await.unwrap(), Shareable::Shared(_)));
+        assert!(matches!(
+            share.share(small).await.unwrap(),
+            Shareable::Shared(_)
+        ));
     }
 
     #[tokio::test]
@@ -663,7 +689,10 @@ mod tests {
         let r: Response<FlightBody<Full<Bytes>>> = error_response(&t, true);
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["grpc-status"], "4");
-        assert!(r.headers()["grpc-message"].to_str().unwrap().starts_with("wait timed out"));
+        assert!(r.headers()["grpc-message"]
+            .to_str()
+            .unwrap()
+            .starts_with("wait timed out"));
 
         let other = std::io::Error::other("secret db password wrong");
         let r: Response<FlightBody<Full<Bytes>>> = error_response(&other, false);

@@ -23,4 +23,4 @@ pub mod share;
 
 pub use error::{BoxError, ErrorClass, SharedError};
 pub use key::{Digest, FlightKey, KeyEncoder, StageName};
-pub use share::{CloneShare, Share, SharedForm, Shareable};
+pub use share::{CloneShare, Share, Shareable, SharedForm};
