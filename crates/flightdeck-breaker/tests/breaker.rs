@@ -573,3 +573,41 @@ fn metrics_record_opens_rejections_and_state() {
         matches!(find("singleflight_circuit_state"), Some(DebugValue::Gauge(v)) if v.into_inner() == 1.0)
     );
 }
+
+/// Real threads racing for half-open probe slots: exactly the configured
+/// number get one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_racing_in_half_open_get_exactly_the_probes() {
+    let b = Breaker::new(
+        "t",
+        no_jitter()
+            .consecutive_failures(1)
+            .half_open_probes(5)
+            .wait_in_open(Duration::from_millis(1)),
+    )
+    .unwrap();
+    fail(&b, 1);
+    while b.state() != CircuitState::HalfOpen {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let b = b.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                // Hold the permits so no slot is freed during the race.
+                (0..125)
+                    .filter_map(|_| b.try_acquire().ok())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let permits: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(permits.len(), 5);
+    assert!(permits.iter().all(|p| p.is_probe()));
+}

@@ -288,3 +288,57 @@ fn rejections_are_counted() {
     });
     assert!(hit, "{snap:?}");
 }
+
+/// Real threads racing admission, queue hand-off and limit switches: the
+/// high-water mark stays under the normal limit, no slot is lost, and every
+/// queued call completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_racing_the_queue_and_the_degraded_switch_lose_no_slot() {
+    let layer = BulkheadLayer::from_config(
+        BulkheadConfig::new(4)
+            .degraded_limit(2)
+            .queue(10_000, Duration::from_secs(600)),
+    );
+    let handle = layer.handle();
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let svc = ServiceBuilder::new().layer(layer).service(service_fn({
+        let running = running.clone();
+        let peak = peak.clone();
+        move |_: u32| {
+            let running = running.clone();
+            let peak = peak.clone();
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(())
+            }
+        }
+    }));
+    let toggler = tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            for i in 0..200 {
+                handle.set_degraded(i % 2 == 0);
+                tokio::task::yield_now().await;
+            }
+            handle.set_degraded(false);
+        }
+    });
+    let tasks: Vec<_> = (0..2_000)
+        .map(|i| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(i).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().expect("queued calls all get a slot");
+    }
+    toggler.await.unwrap();
+    assert!(peak.load(Ordering::SeqCst) <= 4);
+    assert_eq!((handle.active(), handle.queued()), (0, 0));
+}
