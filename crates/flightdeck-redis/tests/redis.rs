@@ -726,8 +726,13 @@ async fn measure_owner_path_against_a_round_trip() {
         svc.clone().oneshot(format!("k{i}")).await.unwrap();
     }
     let hit = started.elapsed() / N;
+    let build = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
     eprintln!(
-        "loopback, {N} sequential calls (debug build): PING {rtt:?}; owner path {owner:?} ({:.1}x); hit {hit:?} ({:.1}x)",
+        "loopback, {N} sequential calls ({build} build): PING {rtt:?}; owner path {owner:?} ({:.1}x); hit {hit:?} ({:.1}x)",
         owner.as_secs_f64() / rtt.as_secs_f64(),
         hit.as_secs_f64() / rtt.as_secs_f64()
     );
