@@ -269,6 +269,34 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
+/// An ambiguous acquire (it happened, the reply was lost) is retried with
+/// the same token and answers OWNER with the same generation: one
+/// execution, generation 1 (invariant 8).
+#[tokio::test(start_paused = true)]
+async fn ambiguous_acquire_is_retried_with_the_same_token() {
+    let mem = MemoryBackend::new();
+    let b = Hooked::new(mem.clone()).lose_acquire_replies(1);
+    let layer = DistributedFlightLayer::new(
+        b,
+        policy(),
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+        KeyFn::new(|req: &(String, Option<FencingToken>)| Some(key_of("ambig", &req.0)))
+            .with_fence(|req: &mut (String, Option<FencingToken>), t| req.1 = Some(t)),
+    )
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let svc = layer.layer(service_fn(move |req: (String, Option<FencingToken>)| {
+        c.fetch_add(1, Ordering::SeqCst);
+        let gen = req.1.map(|t| t.generation);
+        async move { Ok::<_, Infallible>(format!("{}@{gen:?}", req.0)) }
+    }));
+    assert_eq!(svc.oneshot(("x".into(), None)).await.unwrap(), "x@Some(1)");
+    assert_eq!(mem.calls().acquire, 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// The owner is cut off (heartbeats fail) past its lease; a follower takes
 /// over and commits; the old owner's heartbeat then finds LOST (counted),
 /// its commit is FENCED, and it serves its own value locally (invariants 1,

@@ -1,6 +1,7 @@
 //! A [`Backend`] wrapper that runs a hook before calls, to force races
 //! deterministically (e.g. "the owner commits between the follower's
-//! acquire and its subscribe": publish before subscribe).
+//! acquire and its subscribe": publish before subscribe), and can lose the
+//! replies of acquires that did happen (an ambiguous acquire).
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,11 +27,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms,
-    OwnerToken, Released, Renewal, Subscription,
+    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
+    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
 };
 
 type Hook = Arc<dyn Fn(FlightId) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
@@ -40,6 +42,7 @@ type Hook = Arc<dyn Fn(FlightId) -> Pin<Box<dyn Future<Output = ()> + Send>> + S
 pub struct Hooked<B> {
     inner: B,
     before_subscribe: Option<Hook>,
+    lose_acquire_replies: Arc<AtomicUsize>,
 }
 
 impl<B> Hooked<B> {
@@ -48,7 +51,15 @@ impl<B> Hooked<B> {
         Self {
             inner,
             before_subscribe: None,
+            lose_acquire_replies: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// The next `n` acquires take effect but answer "outcome unknown", as
+    /// when the reply is lost to a timeout or a dropped connection.
+    pub fn lose_acquire_replies(self, n: usize) -> Self {
+        self.lose_acquire_replies.store(n, Ordering::SeqCst);
+        self
     }
 
     /// Runs `hook(flight)` to completion before every `subscribe`.
@@ -83,7 +94,19 @@ impl<B: Backend> Backend for Hooked<B> {
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        self.inner.acquire(flight, token, terms)
+        Box::pin(async move {
+            let answer = self.inner.acquire(flight, token, terms).await?;
+            let lose = self
+                .lose_acquire_replies
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if lose {
+                return Err(BackendError::outcome_unknown(
+                    "hooked backend: acquire reply lost",
+                ));
+            }
+            Ok(answer)
+        })
     }
 
     fn heartbeat<'a>(

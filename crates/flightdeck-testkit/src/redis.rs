@@ -61,20 +61,38 @@ fn err(msg: impl Into<String>) -> RedisServerError {
 }
 
 fn find_binary() -> Result<PathBuf, RedisServerError> {
-    if let Some(p) = std::env::var_os("FLIGHTDECK_REDIS_SERVER") {
-        return Ok(PathBuf::from(p));
+    find_binary_in(
+        std::env::var_os("FLIGHTDECK_REDIS_SERVER"),
+        std::env::var_os("PATH").unwrap_or_default(),
+    )
+}
+
+const INSTALL_HINT: &str =
+    "install it (Debian/Ubuntu: `apt-get install -y redis-server`, macOS: `brew install redis`)";
+
+fn find_binary_in(
+    explicit: Option<std::ffi::OsString>,
+    path: std::ffi::OsString,
+) -> Result<PathBuf, RedisServerError> {
+    if let Some(p) = explicit {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        return Err(err(format!(
+            "redis-server not found at {} (from $FLIGHTDECK_REDIS_SERVER); {INSTALL_HINT}",
+            p.display()
+        )));
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/bin")]) {
         let cand = dir.join("redis-server");
         if cand.is_file() {
             return Ok(cand);
         }
     }
-    Err(err(
-        "redis-server not found in $FLIGHTDECK_REDIS_SERVER, PATH or /usr/bin; \
-         install it (Debian/Ubuntu: `apt-get install -y redis-server`, macOS: `brew install redis`)",
-    ))
+    Err(err(format!(
+        "redis-server not found in $FLIGHTDECK_REDIS_SERVER, PATH or /usr/bin; {INSTALL_HINT}"
+    )))
 }
 
 /// A free loopback port, as the OS hands out for port 0.
@@ -375,6 +393,9 @@ fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
                 Resp::Bulk(None)
             } else {
                 let n = usize::try_from(n).map_err(|_| bad("bad length"))?;
+                if n > 512 * 1024 * 1024 {
+                    return Err(bad("bulk string over 512 MiB"));
+                }
                 let mut buf = vec![0; n + 2];
                 r.read_exact(&mut buf)?;
                 buf.truncate(n);
@@ -395,4 +416,37 @@ fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
         }
         _ => return Err(bad("unknown reply type")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_is_named_with_the_install_command() {
+        let e = find_binary_in(Some("/nonexistent/redis-server".into()), "".into()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("redis-server not found at /nonexistent/redis-server"),
+            "{msg}"
+        );
+        assert!(msg.contains("apt-get install -y redis-server"), "{msg}");
+    }
+
+    #[test]
+    fn resp_replies_parse() {
+        let mut input: &[u8] = b"*3\r\n+OK\r\n$-1\r\n:-2\r\n";
+        assert_eq!(
+            read_resp(&mut input).unwrap(),
+            Resp::Array(Some(vec![
+                Resp::Simple("OK".into()),
+                Resp::Bulk(None),
+                Resp::Int(-2)
+            ]))
+        );
+        for bad in [&b""[..], b"?x\r\n", b"$x\r\n", b"$5\r\nab"] {
+            let mut input = bad;
+            assert!(read_resp(&mut input).is_err());
+        }
+    }
 }
