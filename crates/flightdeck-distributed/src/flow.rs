@@ -32,6 +32,11 @@ struct Ctx {
     terms: LeaseTerms,
 }
 
+fn record(name: &'static str, stage: &StageName, since: Instant) {
+    metrics::histogram!(name, metric::LABEL_STAGE => stage.as_str().to_owned())
+        .record(since.elapsed().as_secs_f64());
+}
+
 fn count(name: &'static str, stage: &StageName) {
     metrics::counter!(name, metric::LABEL_STAGE => stage.as_str().to_owned()).increment(1);
 }
@@ -183,6 +188,9 @@ where
         let (generation, lease_remaining) = match acquired {
             Acquired::Hit(stored) => {
                 count(metric::HIT_TOTAL, &cx.stage);
+                if followed {
+                    record(metric::WAIT_DURATION, &cx.stage, started);
+                }
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 return st.replay(&cx.stage, &stored);
             }
@@ -233,6 +241,7 @@ where
             let wake_at = (Instant::now() + jittered).min(deadline);
             match wait(&mut sub, wake_at, observed).await {
                 Wake::Inline(payload) => {
+                    record(metric::WAIT_DURATION, &cx.stage, started);
                     tracing::debug!(stage = %cx.stage, flight = %cx.flight, role = "follower", "result arrived inline");
                     return st.decode(&cx.stage, &payload);
                 }
@@ -424,6 +433,7 @@ where
         },
     );
     let work = inner.call(req);
+    let executing = Instant::now();
     let result = {
         let heartbeat = heartbeat(st, cx, generation);
         tokio::pin!(heartbeat);
@@ -436,6 +446,7 @@ where
             }
         }
     };
+    record(metric::EXECUTION_DURATION, &cx.stage, executing);
     let resp = match result {
         Ok(resp) => resp,
         Err(e) => {
