@@ -80,6 +80,7 @@ struct Inner {
     opts: Options,
     prefix: String,
     timeout: Duration,
+    sources: [String; 4],
     shas: [String; 4],
     subs: Arc<Subs>,
     tasks: Vec<JoinHandle<()>>,
@@ -93,6 +94,27 @@ struct Subs {
     // newer SUBSCRIBE of the same channel.
     commands: tokio::sync::Mutex<()>,
     timeout: Duration,
+    // Cluster: sharded pub/sub (SSUBSCRIBE/SPUBLISH), so a flight's
+    // messages stay on the shard that owns its slot.
+    sharded: bool,
+}
+
+impl Subs {
+    async fn subscribe(&self, channel: String) -> Result<(), fred::error::Error> {
+        if self.sharded {
+            self.subscriber.ssubscribe(channel).await
+        } else {
+            self.subscriber.subscribe(channel).await
+        }
+    }
+
+    async fn unsubscribe(&self, channel: String) -> Result<(), fred::error::Error> {
+        if self.sharded {
+            self.subscriber.sunsubscribe(channel).await
+        } else {
+            self.subscriber.unsubscribe(channel).await
+        }
+    }
 }
 
 struct Channel {
@@ -184,7 +206,7 @@ impl Drop for SubGuard {
             if subs.channels().contains_key(&channel) {
                 return;
             }
-            let _ = tokio::time::timeout(subs.timeout, subs.subscriber.unsubscribe(channel)).await;
+            let _ = tokio::time::timeout(subs.timeout, subs.unsubscribe(channel)).await;
         });
     }
 }
@@ -211,6 +233,14 @@ impl RedisBackend {
             )));
         }
         let fred_config = Config::from_url(&config.url).map_err(classify)?;
+        let sharded = fred_config.server.is_clustered();
+        let sources = SOURCES.map(|src| {
+            if sharded {
+                src.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+            } else {
+                src.to_owned()
+            }
+        });
         let mut builder = Builder::from_config(fred_config);
         let cmd = config.command_timeout;
         let connect = config.connect_timeout;
@@ -258,6 +288,7 @@ impl RedisBackend {
             channels: Mutex::new(HashMap::new()),
             commands: tokio::sync::Mutex::new(()),
             timeout: cmd,
+            sharded,
         });
         let mut tasks = Vec::new();
         // Resubscribe every tracked channel after a reconnect.
@@ -294,8 +325,9 @@ impl RedisBackend {
         };
         let with = client.with_options(&opts);
         let mut shas = [String::new(), String::new(), String::new(), String::new()];
-        for (sha, src) in shas.iter_mut().zip(SOURCES) {
-            *sha = tokio::time::timeout(cmd, with.script_load::<String, _>(src))
+        for (sha, src) in shas.iter_mut().zip(&sources) {
+            // On every primary of a cluster.
+            *sha = tokio::time::timeout(cmd, with.script_load_cluster::<String, _>(src.as_str()))
                 .await
                 .map_err(|_| timed_out("SCRIPT LOAD", cmd))?
                 .map_err(classify)?;
@@ -306,6 +338,7 @@ impl RedisBackend {
                 opts,
                 prefix: config.prefix,
                 timeout: cmd,
+                sources,
                 shas,
                 subs,
                 tasks,
@@ -363,10 +396,12 @@ impl RedisBackend {
             Ok(v) => Ok(v),
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 tracing::debug!("script cache empty; reloading");
-                let loaded =
-                    tokio::time::timeout(t, with.script_load::<String, _>(SOURCES[script]))
-                        .await
-                        .map_err(|_| timed_out("SCRIPT LOAD", t))?;
+                let loaded = tokio::time::timeout(
+                    t,
+                    with.script_load_cluster::<String, _>(inner.sources[script].as_str()),
+                )
+                .await
+                .map_err(|_| timed_out("SCRIPT LOAD", t))?;
                 // NOSCRIPT that cannot be reloaded: the backend is unusable.
                 loaded.map_err(BackendError::unavailable)?;
                 tokio::time::timeout(t, with.evalsha::<Value, _, _, _>(sha, keys, args))
@@ -624,7 +659,7 @@ impl Backend for RedisBackend {
                 channel: channel.clone(),
             };
             if new {
-                let res = tokio::time::timeout(subs.timeout, subs.subscriber.subscribe(channel))
+                let res = tokio::time::timeout(subs.timeout, subs.subscribe(channel))
                     .await
                     .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
                 res.map_err(classify)?;

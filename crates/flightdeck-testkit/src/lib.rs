@@ -4,6 +4,8 @@
 //!   port, with no persistence, that can be killed, paused (SIGSTOP),
 //!   resumed, restarted on the same port and have its script cache flushed.
 //!   It is killed when dropped. Tests never touch a Redis they did not start.
+//! - [`RedisCluster`]: a Redis Cluster of such processes (primaries only,
+//!   slots split evenly), for hash-tag and sharded pub/sub tests.
 //! - [`MemoryBackend`]: an in-memory coordination backend with the
 //!   semantics of the Redis scripts and fault injection, for fast unit tests
 //!   of L2 logic with paused time.
@@ -12,11 +14,13 @@
 //! - [`conformance`]: the checks every [`Backend`](flightdeck_distributed::Backend)
 //!   must pass; the memory and the Redis backends both run them.
 
+pub mod cluster;
 pub mod conformance;
 pub mod hooked;
 pub mod memory;
 pub mod redis;
 
+pub use cluster::RedisCluster;
 pub use hooked::Hooked;
 pub use memory::{CallCounts, MemoryBackend};
 pub use redis::{RedisServer, RedisServerError, Resp};

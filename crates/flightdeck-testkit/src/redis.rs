@@ -42,6 +42,8 @@ pub struct RedisServer {
     port: u16,
     child: Option<Child>,
     paused: bool,
+    extra: Vec<String>,
+    dir: PathBuf,
 }
 
 /// Starting or controlling a [`RedisServer`] failed.
@@ -55,6 +57,12 @@ impl fmt::Display for RedisServerError {
 }
 
 impl std::error::Error for RedisServerError {}
+
+impl RedisServerError {
+    pub(crate) fn new(msg: impl Into<String>) -> Self {
+        Self(msg.into())
+    }
+}
 
 fn err(msg: impl Into<String>) -> RedisServerError {
     RedisServerError(msg.into())
@@ -96,7 +104,7 @@ fn find_binary_in(
 }
 
 /// A free loopback port, as the OS hands out for port 0.
-fn free_port() -> Result<u16, RedisServerError> {
+pub(crate) fn free_port() -> Result<u16, RedisServerError> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| err(format!("cannot bind a loopback port: {e}")))?;
     let port = l
@@ -109,17 +117,32 @@ fn free_port() -> Result<u16, RedisServerError> {
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers.
     pub fn start() -> Result<Self, RedisServerError> {
+        Self::start_with(&[], free_port)
+    }
+
+    /// Starts a server with extra `redis-server` arguments, on a port chosen
+    /// by `pick_port`, in a fresh working directory of its own.
+    pub(crate) fn start_with(
+        extra: &[&str],
+        pick_port: impl Fn() -> Result<u16, RedisServerError>,
+    ) -> Result<Self, RedisServerError> {
         let binary = find_binary()?;
         let mut last = None;
         // The port is free when picked; another process may grab it before
         // redis binds it, so try a few.
         for _ in 0..5 {
-            let port = free_port()?;
+            let port = pick_port()?;
+            let dir = std::env::temp_dir()
+                .join(format!("flightdeck-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
             let mut server = Self {
                 binary: binary.clone(),
                 port,
                 child: None,
                 paused: false,
+                extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+                dir,
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -145,10 +168,11 @@ impl RedisServer {
                 "--protected-mode",
                 "no",
                 "--dir",
-                &std::env::temp_dir().to_string_lossy(),
+                &self.dir.to_string_lossy(),
                 "--loglevel",
                 "warning",
             ])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -330,6 +354,7 @@ impl fmt::Debug for RedisServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisServer")
             .field("port", &self.port)
+            .field("extra", &self.extra)
             .field("pid", &self.pid())
             .field("paused", &self.paused)
             .finish()
@@ -344,6 +369,7 @@ impl Drop for RedisServer {
             let _ = self.signal("-CONT");
         }
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

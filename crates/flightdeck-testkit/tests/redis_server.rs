@@ -75,3 +75,27 @@ fn servers_get_distinct_free_ports() {
     assert_ne!(a.port(), b.port());
     assert_eq!(b.cmd(&["PING"]).unwrap().as_str(), Some("PONG"));
 }
+
+#[test]
+fn a_three_node_cluster_starts_and_cleans_up() {
+    let cluster = flightdeck_testkit::RedisCluster::start(3).unwrap();
+    assert_eq!(cluster.nodes().len(), 3);
+    let url = cluster.url();
+    assert!(url.starts_with("redis-cluster://127.0.0.1:"), "{url}");
+    assert_eq!(url.matches("node=").count(), 2);
+    // Keys with one hash tag share a slot and a node.
+    let a = cluster.node_for("fd:{abc}:lease").unwrap().port();
+    let b = cluster.node_for("fd:{abc}:result").unwrap().port();
+    assert_eq!(a, b);
+    let node = cluster.node_for("fd:{abc}:lease").unwrap();
+    assert_eq!(
+        node.cmd(&["SET", "fd:{abc}:lease", "x"]).unwrap(),
+        Resp::Simple("OK".into())
+    );
+    cluster.flush_scripts().unwrap();
+    let pids: Vec<u32> = cluster.nodes().iter().map(|n| n.pid().unwrap()).collect();
+    drop(cluster);
+    for pid in pids {
+        assert!(!process_alive(pid));
+    }
+}

@@ -1,0 +1,178 @@
+//! A real Redis Cluster of `redis-server` processes on free loopback ports,
+//! built from the same binary as [`RedisServer`]: N primaries, no replicas,
+//! the 16384 slots split evenly, joined with `CLUSTER MEET`. Every node is
+//! killed when the cluster is dropped.
+//!
+//! ```no_run
+//! use flightdeck_testkit::RedisCluster;
+//!
+//! let cluster = RedisCluster::start(3).unwrap();
+//! println!("{}", cluster.url()); // redis-cluster://127.0.0.1:P1?node=127.0.0.1:P2&node=...
+//! cluster.flush_scripts().unwrap();
+//! ```
+
+use std::fmt;
+use std::net::{Ipv4Addr, TcpListener};
+use std::time::{Duration, Instant};
+
+use crate::redis::{free_port, RedisServer, RedisServerError, Resp};
+
+/// Total hash slots of Redis Cluster.
+const SLOTS: u16 = 16384;
+/// The cluster bus listens on the node's port + 10000.
+const BUS_OFFSET: u16 = 10000;
+
+/// A running Redis Cluster (see the module docs).
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+fn fail(msg: impl Into<String>) -> RedisServerError {
+    RedisServerError::new(msg)
+}
+
+/// A free port whose bus port (+10000) is free too.
+fn free_cluster_port() -> Result<u16, RedisServerError> {
+    for _ in 0..100 {
+        let port = free_port()?;
+        if port > u16::MAX - BUS_OFFSET {
+            continue;
+        }
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port + BUS_OFFSET)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(fail(
+        "no free port pair (port, port + 10000) for a cluster node",
+    ))
+}
+
+impl RedisCluster {
+    /// Starts `primaries` nodes (at least 1), assigns the slots, joins them
+    /// and waits until every node reports `cluster_state:ok`.
+    pub fn start(primaries: usize) -> Result<Self, RedisServerError> {
+        let n = primaries.max(1);
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            nodes.push(RedisServer::start_with(
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ],
+                free_cluster_port,
+            )?);
+        }
+        let per = SLOTS / n as u16;
+        for (i, node) in nodes.iter().enumerate() {
+            let first = per * i as u16;
+            let last = if i + 1 == n {
+                SLOTS - 1
+            } else {
+                first + per - 1
+            };
+            expect_ok(node.cmd(&[
+                "CLUSTER",
+                "ADDSLOTSRANGE",
+                &first.to_string(),
+                &last.to_string(),
+            ])?)?;
+        }
+        for other in &nodes[1..] {
+            expect_ok(nodes[0].cmd(&[
+                "CLUSTER",
+                "MEET",
+                "127.0.0.1",
+                &other.port().to_string(),
+            ])?)?;
+        }
+        let cluster = Self { nodes };
+        cluster.wait_ok(Duration::from_secs(20))?;
+        Ok(cluster)
+    }
+
+    fn wait_ok(&self, limit: Duration) -> Result<(), RedisServerError> {
+        let started = Instant::now();
+        loop {
+            let mut all_ok = true;
+            for node in &self.nodes {
+                let info = node.cmd(&["CLUSTER", "INFO"])?;
+                let text = info.as_str().unwrap_or_default();
+                if !text.contains("cluster_state:ok")
+                    || !text.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                {
+                    all_ok = false;
+                }
+            }
+            if all_ok {
+                return Ok(());
+            }
+            if started.elapsed() > limit {
+                return Err(fail(format!(
+                    "cluster of {} nodes not ok within {limit:?}",
+                    self.nodes.len()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// `redis-cluster://127.0.0.1:P1?node=127.0.0.1:P2&node=...`, as fred's
+    /// `Config::from_url` takes it.
+    pub fn url(&self) -> String {
+        let mut url = format!("redis-cluster://127.0.0.1:{}", self.nodes[0].port());
+        for (i, node) in self.nodes[1..].iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(&format!("node=127.0.0.1:{}", node.port()));
+        }
+        url
+    }
+
+    /// `SCRIPT FLUSH` on every node.
+    pub fn flush_scripts(&self) -> Result<(), RedisServerError> {
+        self.nodes.iter().try_for_each(RedisServer::flush_scripts)
+    }
+
+    /// The node serving `key`'s slot (by `CLUSTER KEYSLOT` and the slot
+    /// ranges assigned at start).
+    pub fn node_for(&self, key: &str) -> Result<&RedisServer, RedisServerError> {
+        let slot = match self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key])? {
+            Resp::Int(s) => u16::try_from(s).map_err(|_| fail("bad slot"))?,
+            other => return Err(fail(format!("CLUSTER KEYSLOT answered {other:?}"))),
+        };
+        let per = SLOTS / self.nodes.len() as u16;
+        let i = usize::from(slot / per).min(self.nodes.len() - 1);
+        Ok(&self.nodes[i])
+    }
+
+    /// Sum of `calls` of commands starting with `prefix`, over all nodes.
+    pub fn command_calls(&self, prefix: &str) -> Result<u64, RedisServerError> {
+        self.nodes.iter().map(|n| n.command_calls(prefix)).sum()
+    }
+}
+
+fn expect_ok(reply: Resp) -> Result<(), RedisServerError> {
+    match reply {
+        Resp::Simple(s) if s == "OK" => Ok(()),
+        other => Err(fail(format!("cluster setup answered {other:?}"))),
+    }
+}
+
+impl fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field(
+                "ports",
+                &self.nodes.iter().map(RedisServer::port).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
