@@ -73,7 +73,23 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
+        match self.shared.try_admit() {
+            Some(permit) => ResponseFuture::running(self.inner.call(req), permit),
+            None => self.call_slow(req),
+        }
+    }
+}
+
+impl<S> Bulkhead<S> {
+    /// Rate limit, queue or rejection: kept out of line so the fast path
+    /// above stays small enough to inline.
+    #[inline(never)]
+    fn call_slow<Req>(&mut self, req: Req) -> ResponseFuture<S::Future, S, Req>
+    where
+        S: Service<Req> + Clone,
+    {
         match self.shared.admit() {
             Ok(Admission::Now(permit)) => ResponseFuture::running(self.inner.call(req), permit),
             Ok(Admission::Queued(rx)) => {

@@ -167,17 +167,19 @@ impl Shared {
         }
     }
 
-    /// Admits a call now, queues it, or says why not.
+    /// The fast path: a slot now, with no rate limit to check.
     #[inline]
-    pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission, flightdeck_core::BoxError> {
+    pub(crate) fn try_admit(self: &Arc<Self>) -> Option<Permit> {
         if self.rate.is_none() && self.try_take() {
-            return Ok(Admission::Now(Permit::armed(self.clone())));
+            Some(Permit::armed(self.clone()))
+        } else {
+            None
         }
-        self.admit_slow()
     }
 
+    /// Admits a call now, queues it, or says why not.
     #[inline(never)]
-    fn admit_slow(self: &Arc<Self>) -> Result<Admission, flightdeck_core::BoxError> {
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission, flightdeck_core::BoxError> {
         if let Some(rate) = &self.rate {
             if rate.check().is_err() {
                 self.reject("rate");
