@@ -18,6 +18,8 @@
 //!   ends the lease and notifies followers (payload inline when small).
 //!   A retry of a commit that already happened answers [`Committed::Committed`].
 //! - [`Backend::abandon`] releases the lease at once and wakes followers.
+//! - [`Backend::invalidate`] drops the stored result and any lease and bumps
+//!   the generation: a running owner's commit is then fenced.
 //! - [`Backend::subscribe`] delivers [`Notice`]s for one flight. Delivery is
 //!   at most once: callers must also poll.
 //!
@@ -367,6 +369,15 @@ pub trait Backend: Send + Sync + 'static {
         generation: u64,
         args: &'a AbandonArgs,
     ) -> BackendFuture<'a, Released>;
+
+    /// Drops the flight's stored result and lease and starts a new
+    /// generation, which fences any running owner's commit and wakes
+    /// followers (they race again). Returns the new generation.
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64>;
 
     /// Subscribes to the flight's notices. Subscribe BEFORE re-checking the
     /// flight, so a notice sent in between is not missed.

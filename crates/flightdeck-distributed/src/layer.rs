@@ -3,8 +3,12 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::backend::Backend;
+use flightdeck_core::error::BoxError;
+use flightdeck_core::FlightKey;
+
+use crate::backend::{Backend, BackendError, FlightId};
 use crate::codec::Envelope;
+use crate::error::CallTimedOut;
 use crate::policy::{DistributedPolicy, PolicyError};
 use crate::service::DistributedFlight;
 
@@ -60,6 +64,24 @@ impl<B: Backend, Sh, C, K> DistributedFlightLayer<B, Sh, C, K> {
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.state.backend
+    }
+
+    /// Forgets `key`'s stored result and fences its running owner, if any
+    /// (its commit will be rejected): the next request runs the work again.
+    /// Returns the new generation.
+    pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
+        let limit = self.state.policy.call_timeout_duration();
+        let flight = FlightId::of(key);
+        let call = self
+            .state
+            .backend
+            .invalidate(&flight, self.state.policy.state_ttl());
+        match tokio::time::timeout(limit, call).await {
+            Ok(res) => res.map_err(BackendError::into_core),
+            Err(_) => Err(
+                BackendError::outcome_unknown(CallTimedOut::new("invalidate", limit)).into_core(),
+            ),
+        }
     }
 }
 

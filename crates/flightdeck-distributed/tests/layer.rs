@@ -324,6 +324,35 @@ async fn lost_lease_is_counted_and_the_late_commit_fenced() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
+/// INVALIDATE while the owner runs: its commit is fenced (it still serves
+/// its caller), and the next request runs the work again (invariant 11).
+#[tokio::test(start_paused = true)]
+async fn invalidate_fences_the_running_owner() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = DistributedFlightLayer::new(
+        b.clone(),
+        policy(),
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+        KeyFn::new(|req: &String| Some(key_of("inval", req))),
+    )
+    .unwrap();
+    snapshotter();
+    let svc = layer.clone().layer(work(&calls, "v", 2 * SEC));
+    let owner = tokio::spawn(svc.clone().oneshot("x".into()));
+    tokio::time::sleep(SEC).await;
+    assert_eq!(layer.invalidate(&key_of("inval", "x")).await.unwrap(), 2);
+    assert_eq!(owner.await.unwrap().unwrap(), "v:x");
+    assert_eq!(counter(metric::FENCED_TOTAL, "inval"), 1);
+    assert_eq!(svc.oneshot("x".into()).await.unwrap(), "v:x");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the invalidated result was not replayed"
+    );
+}
+
 /// With `cancel_on_lease_loss`, the work stops when the lease is lost.
 #[tokio::test(start_paused = true)]
 async fn lost_lease_can_cancel_the_work() {
@@ -492,6 +521,9 @@ async fn hanging_backend_is_cut_by_the_call_timeout() {
             _: u64,
             _: &'a AbandonArgs,
         ) -> BackendFuture<'a, Released> {
+            Box::pin(std::future::pending())
+        }
+        fn invalidate<'a>(&'a self, _: &'a FlightId, _: Duration) -> BackendFuture<'a, u64> {
             Box::pin(std::future::pending())
         }
         fn subscribe<'a>(&'a self, _: &'a FlightId) -> BackendFuture<'a, Subscription> {

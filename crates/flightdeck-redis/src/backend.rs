@@ -80,8 +80,8 @@ struct Inner {
     opts: Options,
     prefix: String,
     timeout: Duration,
-    sources: [String; 4],
-    shas: [String; 4],
+    sources: [String; 5],
+    shas: [String; 5],
     subs: Arc<Subs>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -324,7 +324,7 @@ impl RedisBackend {
             ..Default::default()
         };
         let with = client.with_options(&opts);
-        let mut shas = [String::new(), String::new(), String::new(), String::new()];
+        let mut shas: [String; 5] = Default::default();
         for (sha, src) in shas.iter_mut().zip(&sources) {
             // On every primary of a cluster.
             *sha = tokio::time::timeout(cmd, with.script_load_cluster::<String, _>(src.as_str()))
@@ -414,16 +414,18 @@ impl RedisBackend {
     }
 }
 
-const SOURCES: [&str; 4] = [
+const SOURCES: [&str; 5] = [
     scripts::ACQUIRE,
     scripts::HEARTBEAT,
     scripts::COMMIT,
     scripts::ABANDON,
+    scripts::INVALIDATE,
 ];
 const ACQUIRE: usize = 0;
 const HEARTBEAT: usize = 1;
 const COMMIT: usize = 2;
 const ABANDON: usize = 3;
+const INVALIDATE: usize = 4;
 
 fn ms(d: Duration) -> Value {
     Value::Integer(i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1))
@@ -631,6 +633,19 @@ impl Backend for RedisBackend {
                     ("NOT_OWNER", Released::NotOwner),
                 ],
             )
+        })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        Box::pin(async move {
+            let v = self
+                .eval(INVALIDATE, self.keys(flight).to_vec(), vec![ms(state_ttl)])
+                .await?;
+            gen(&v).ok_or_else(|| bad_reply("INVALIDATE", &v))
         })
     }
 

@@ -3,7 +3,7 @@
 //!
 //! [`RedisBackend`] implements
 //! [`Backend`](flightdeck_distributed::Backend) with four Lua scripts,
-//! ACQUIRE / HEARTBEAT / COMMIT / ABANDON (see [`scripts`] for the exact
+//! ACQUIRE / HEARTBEAT / COMMIT / ABANDON, plus INVALIDATE (see [`scripts`] for the exact
 //! protocol), run by `EVALSHA` with a transparent reload on `NOSCRIPT`. Key
 //! names are `{prefix}:{h}:lease|state|result` and the channel
 //! `{prefix}:{h}:done`, where `h` is the flight digest in hex: one hash tag
@@ -17,6 +17,16 @@
 //! lost). Every command has a deadline and is sent at most once (fred would
 //! otherwise replay in-flight commands after a reconnect); errors are
 //! classified as unavailable, protocol or outcome-unknown ([`classify`]).
+//!
+//! Cluster: give a `redis-cluster://host:port?node=host:port` URL. Every key
+//! of a flight shares one slot through the hash tag, the scripts are loaded
+//! on every primary (and reloaded on the node that answers `NOSCRIPT`), and
+//! completion messages use sharded pub/sub (`SPUBLISH` in the scripts,
+//! `SSUBSCRIBE` on the subscriber), so they stay on the flight's shard.
+//! Replication is asynchronous: a failover can lose a granted lease, so the
+//! promise is at most one committed result per generation, not exactly-once
+//! execution; handlers that write elsewhere should fence with the
+//! [`FencingToken`](flightdeck_distributed::FencingToken).
 //!
 //! ```no_run
 //! use flightdeck_core::{CloneShare, FlightKey, StageName};

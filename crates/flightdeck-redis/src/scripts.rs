@@ -102,6 +102,18 @@ redis.call('PUBLISH', KEYS[4], msg)
 return 'COMMITTED'
 ";
 
+/// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result and
+/// the lease, starts a new generation (fencing a running owner) and wakes
+/// followers.
+pub const INVALIDATE: &str = r"#!lua
+local gen = redis.call('HINCRBY', KEYS[2], 'gen', 1)
+redis.call('HSET', KEYS[2], 'cgen', gen)
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('PUBLISH', KEYS[4], gen .. '|a')
+return gen
+";
+
 /// `ABANDON(tok, gen, failure, failure_ttl_ms, state_ttl_ms)` →
 /// `RELEASED` | `NOT_OWNER`. Releases the lease, optionally caches the
 /// failure, and wakes followers at once.

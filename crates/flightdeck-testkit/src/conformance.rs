@@ -86,6 +86,7 @@ pub async fn run_all<B: Backend>(backend: Arc<B>) {
     abandon_wakes_followers(&*backend).await;
     notices_carry_small_payloads_inline(&*backend).await;
     failures_can_be_cached(&*backend).await;
+    invalidate_fences_the_running_owner(&*backend).await;
     exactly_one_takeover(backend.clone(), 20).await;
 }
 
@@ -337,6 +338,51 @@ pub async fn failures_can_be_cached<B: Backend>(b: &B) {
         }
         other => panic!("expected a failed HIT, got {other:?}"),
     }
+}
+
+/// INVALIDATE drops the result and the lease and fences the running owner
+/// (invariant 11); the next acquire owns a new generation.
+pub async fn invalidate_fences_the_running_owner<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let t = terms(true);
+    b.acquire(&f, &a, &t).await.unwrap();
+    let mut sub = b.subscribe(&f).await.unwrap();
+    assert_eq!(b.invalidate(&f, Duration::from_secs(30)).await.unwrap(), 2);
+    assert_eq!(
+        next_notice(&mut sub).await,
+        Notice::Abandoned { generation: 2 }
+    );
+    assert_eq!(b.heartbeat(&f, &a, 1, &t).await.unwrap(), Renewal::Lost);
+    assert_eq!(
+        b.commit(&f, &a, 1, &commit_args(b"stale", 1024))
+            .await
+            .unwrap(),
+        Committed::Fenced
+    );
+    assert_eq!(
+        b.acquire(&f, &c, &t).await.unwrap(),
+        Acquired::Owner {
+            generation: 3,
+            takeover: false
+        }
+    );
+    b.commit(&f, &c, 3, &commit_args(b"fresh", 1024))
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.acquire(&f, &a, &t).await.unwrap(),
+        Acquired::Hit(_)
+    ));
+    assert_eq!(b.invalidate(&f, Duration::from_secs(30)).await.unwrap(), 4);
+    assert_eq!(
+        b.acquire(&f, &a, &t).await.unwrap(),
+        Acquired::Owner {
+            generation: 5,
+            takeover: false
+        },
+        "the stored result is gone"
+    );
 }
 
 /// N concurrent acquirers after a dead owner's lease expired: exactly one

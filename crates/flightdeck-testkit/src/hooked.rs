@@ -139,6 +139,14 @@ impl<B: Backend> Backend for Hooked<B> {
         self.inner.abandon(flight, token, generation, args)
     }
 
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: std::time::Duration,
+    ) -> BackendFuture<'a, u64> {
+        self.inner.invalidate(flight, state_ttl)
+    }
+
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {
             if let Some(hook) = &self.before_subscribe {

@@ -475,6 +475,29 @@ impl Backend for MemoryBackend {
         Box::pin(async move { res })
     }
 
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        let res = self.check().map(|()| {
+            let now = Instant::now();
+            let mut flights = self.flights();
+            let f = flights.entry(*flight).or_default();
+            f.expire(now);
+            f.gen += 1;
+            f.cgen = f.gen;
+            f.state_expires = Some(now + state_ttl);
+            f.lease = None;
+            f.result = None;
+            let generation = f.gen;
+            drop(flights);
+            self.publish(flight, Notice::Abandoned { generation });
+            generation
+        });
+        Box::pin(async move { res })
+    }
+
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         self.inner.calls.subscribe.fetch_add(1, Ordering::Relaxed);
         let res = self.check().map(|()| {
