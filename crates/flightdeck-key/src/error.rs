@@ -6,6 +6,18 @@
 //! [`IdempotencyConflict`] (422 / `FAILED_PRECONDITION`). Configuration
 //! mistakes are reported once, when an extractor is built, as
 //! [`ConfigError`].
+//!
+//! ```
+//! use flightdeck_core::{BoxError, ErrorClass};
+//! use flightdeck_key::error::IdempotencyConflict;
+//!
+//! // What a `KeyLayer` returns when an Idempotency-Key is reused with
+//! // another payload, and how flightdeck's adapters answer it.
+//! let err: BoxError = IdempotencyConflict::new(None).into();
+//! assert!(err.is::<IdempotencyConflict>());
+//! assert_eq!(ErrorClass::of(&*err).http_status(), 422);
+//! assert_eq!(err.to_string(), "idempotency key reused with a different request");
+//! ```
 
 use std::fmt;
 

@@ -93,3 +93,35 @@ fn layer_is_clone_and_debug() {
     let _ = svc.get_mut();
     let _ = svc.into_inner();
 }
+
+#[cfg(feature = "http")]
+#[tokio::test]
+async fn pending_extraction_calls_the_instance_that_was_ready() {
+    use bytes::Bytes;
+    use flightdeck_key::http::{FlightBody, HttpKeyExtractor, Route};
+    use http_body_util::BodyExt;
+
+    let ex = HttpKeyExtractor::builder()
+        .add_route(Route::new(http::Method::POST, "/p", "p").hash_body(64))
+        .build()
+        .unwrap();
+    let (mut svc, mut handle) =
+        mock::spawn_with::<http::Request<FlightBody<common::FrameBody>>, &'static str, _, _>(
+            |inner| Key::new(inner, ex.clone()),
+        );
+    handle.allow(1);
+    assert_ready_ok!(svc.poll_ready());
+    let req = http::Request::post("/p")
+        .body(common::FrameBody::data([&b"ab"[..], &b"c"[..]]))
+        .unwrap();
+    // The inner call happens inside the future, once the body was read.
+    let fut = tokio::spawn(svc.call(req));
+    let (req, send) = handle.next_request().await.unwrap();
+    assert!(req.extensions().get::<FlightKey>().is_some());
+    send.send_response("done");
+    assert_eq!(fut.await.unwrap().unwrap(), "done");
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, Bytes::from_static(b"abc"));
+    // The permit was used by that call: the next one waits for readiness.
+    assert_pending!(svc.poll_ready());
+}
