@@ -304,13 +304,19 @@ impl HttpKeyBuilder {
     }
 
     /// The body cap for requests with an `Idempotency-Key` (default 1 MiB).
+    /// A larger request is not coalesced and not checked for conflicts: it
+    /// runs on its own, like a request without the header.
     pub fn idempotency_body_cap(mut self, cap: usize) -> Self {
         self.idempotency_body_cap = cap;
         self
     }
 
     /// How long an `Idempotency-Key` is remembered for conflict detection
-    /// (default 24 h).
+    /// (default 24 h). The first request seen with a key fixes its payload
+    /// for the window, whether it succeeded or not. The table is per
+    /// process: a conflict split across two nodes is not detected there, but
+    /// since the whole request is part of the flight key, the two requests
+    /// still never share a result.
     pub fn idempotency_window(mut self, window: Duration) -> Self {
         self.idempotency_window = window;
         self
