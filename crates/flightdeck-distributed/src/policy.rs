@@ -166,6 +166,21 @@ impl DistributedPolicy {
     /// Checks the policy; the error names the field.
     pub fn validate(self) -> Result<Self, PolicyError> {
         let err = |field, reason| Err(PolicyError { field, reason });
+        // Bounded so deadline arithmetic can never overflow.
+        const MAX: Duration = Duration::from_secs(30 * 24 * 3600);
+        for (field, d) in [
+            ("lease", self.lease),
+            ("heartbeat", self.heartbeat),
+            ("wait_timeout", self.wait_timeout),
+            ("poll_interval", self.poll_interval),
+            ("result_ttl", self.result_ttl),
+            ("failure_ttl", self.failure_ttl),
+            ("call_timeout", self.call_timeout),
+        ] {
+            if d > MAX {
+                return err(field, "must be at most 30 days");
+            }
+        }
         if self.lease < Duration::from_millis(10) {
             return err("lease", "must be at least 10ms");
         }
