@@ -581,16 +581,41 @@ async fn commit_failure_still_returns_the_value() {
     let b = backend_at(url).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let (r, c) = (redis.clone(), calls.clone());
-    let svc = layer(b, "commitfail", policy()).layer(service_fn(move |req: String| {
+    let l2 = layer(b, "commitfail", policy()).layer(service_fn(move |req: String| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.fetch_add(1, Ordering::SeqCst);
+            // Give the local waiters time to join, then freeze Redis.
+            tokio::time::sleep(Duration::from_millis(50)).await;
             r.lock().unwrap().pause().unwrap();
             Ok::<_, Infallible>(format!("v:{req}"))
         }
     }));
+    // L1 in front: 10 local callers, one L2 flight.
+    let svc = Svc::new(
+        flightdeck_local::LocalFlightLayer::with_key(
+            flightdeck_local::FlightPolicy::new(),
+            |q: &String| {
+                Some(FlightKey::from_bytes(
+                    StageName::new("commitfail").unwrap(),
+                    q,
+                ))
+            },
+        )
+        .layer(l2),
+    );
     let started = Instant::now();
-    assert_eq!(svc.oneshot("k".into()).await.unwrap(), "v:k");
+    let mut waiters = Vec::new();
+    for _ in 0..10 {
+        waiters.push(tokio::spawn(svc.clone().oneshot("k".to_owned())));
+    }
+    for w in waiters {
+        assert_eq!(
+            w.await.unwrap().unwrap(),
+            "v:k",
+            "every local caller gets the value"
+        );
+    }
     let took = started.elapsed();
     redis.lock().unwrap().resume().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
