@@ -1,6 +1,8 @@
 //! Key extraction for a typical GET and a 4 KiB JSON POST, against the bare
 //! BLAKE3 hash of the same bytes (the request as it would be on the wire),
-//! in one criterion group so the figures are comparable as ratios.
+//! in one criterion group so the figures are comparable as ratios. A second
+//! group (`key_encoder`) shows where the GET time goes: the per-field cost of
+//! the core `KeyEncoder` (two `blake3::Hasher::update` calls per field).
 //!
 //! Run: `cargo bench -p flightdeck-key --all-features --bench extract`
 
@@ -130,6 +132,25 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("post_4k_json/bare_hash", |b| {
         b.iter(|| black_box(blake3::hash(black_box(&post_wire))))
+    });
+    g.finish();
+
+    // Where the GET time goes: the same number of small fields as a typical
+    // GET key, through the core encoder, against one hash of their bytes.
+    let fields: Vec<Vec<u8>> = (0..28u8).map(|i| vec![i; 12]).collect();
+    let concat = fields.concat();
+    let mut g = c.benchmark_group("key_encoder");
+    g.bench_function("28_fields", |b| {
+        b.iter(|| {
+            let mut enc = flightdeck_core::KeyEncoder::new();
+            for f in &fields {
+                enc.push(black_box(f));
+            }
+            black_box(enc.finish())
+        })
+    });
+    g.bench_function("bare_hash_same_bytes", |b| {
+        b.iter(|| black_box(blake3::hash(black_box(&concat))))
     });
     g.finish();
 }
