@@ -53,3 +53,39 @@ pub const UNKNOWN_ACTION_TOTAL: &str = "singleflight_unknown_action_total";
 /// Counter: coordination calls that failed (`kind` = `unavailable` |
 /// `outcome_unknown` | `protocol`, `op` = the call).
 pub const COORDINATION_ERROR_TOTAL: &str = "singleflight_coordination_error_total";
+/// Counter: L1 leaders of a HYBRID or DISTRIBUTED_ONLY stage that asked the
+/// coordination layer (L2) for the flight.
+pub const DISTRIBUTED_REQUEST_TOTAL: &str = "singleflight_distributed_request_total";
+/// Counter: coordination failures seen by the facade (`kind` =
+/// `unavailable` | `outcome_unknown` | `protocol`).
+pub const DISTRIBUTED_FAILURE_TOTAL: &str = "singleflight_distributed_failure_total";
+/// Counter: HYBRID leaders that ran locally instead of through L2
+/// (`reason` = `circuit_open` | `unavailable` | `outcome_unknown` |
+/// `protocol` | `wait_failure`).
+pub const LOCAL_FALLBACK_TOTAL: &str = "singleflight_local_fallback_total";
+/// Counter: real executions of the inner service in local fallback.
+pub const FALLBACK_EXECUTION_TOTAL: &str = "singleflight_fallback_execution_total";
+/// Counter: distributed acquisitions that found no stored result (this node
+/// owned or followed the flight).
+pub const MISS_TOTAL: &str = "singleflight_miss_total";
+/// Counter: owners whose work failed (the business error is shared, never
+/// retried, never counted against the coordination layer).
+pub const OWNER_FAILURE_TOTAL: &str = "singleflight_owner_failure_total";
+/// Counter: requests of a BYPASS stage (no coalescing at all).
+pub const BYPASS_TOTAL: &str = "singleflight_bypass_total";
+/// Counter: DISTRIBUTED_ONLY requests failed fast because the coordination
+/// layer was unavailable (`reason` = `circuit_open` | `unavailable` |
+/// `outcome_unknown` | `protocol`).
+pub const FAIL_FAST_TOTAL: &str = "singleflight_fail_fast_total";
+/// Counter: followers whose wait failed, by the stage's policy (`action` =
+/// `wait` | `in_progress` | `fail` | `local`).
+pub const WAIT_FAILURE_TOTAL: &str = "singleflight_wait_failure_total";
+/// Gauge: 1 while a stage is degraded (its coordination breaker is open or
+/// probing), else 0.
+pub const DEGRADED: &str = "singleflight_degraded";
+/// Histogram (seconds): how long each degraded period of a stage lasted,
+/// recorded when it ends.
+pub const DEGRADED_DURATION: &str = "singleflight_degraded_duration";
+/// Gauge: the stage's mode (0 DISTRIBUTED_ONLY, 1 LOCAL_ONLY, 2 HYBRID,
+/// 3 BYPASS).
+pub const MODE: &str = "singleflight_mode";

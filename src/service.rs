@@ -1,0 +1,409 @@
+//! The facade's services: [`SingleFlight`] (what users get) and
+//! [`Coordinator`] (what runs for each L1 leader: the mode, the breaker,
+//! L2, and the failure table).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use flightdeck_breaker::Outcome;
+use flightdeck_core::error::{
+    find, BoxError, CoordinationUnavailable, InProgress, LeaseLost, OutcomeUnknown, ProtocolError,
+    WaitTimeout,
+};
+use flightdeck_core::{metric, FlightKey, Share, Shareable, SharedForm};
+use flightdeck_distributed::ResultCodec;
+use flightdeck_local::KeyExtractor;
+use tower::util::{Either, ServiceExt};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::error::UnknownStage;
+use crate::future::ResponseFuture;
+use crate::layer::Shared;
+use crate::mode::{Mode, OnWaitFailure};
+use crate::share::Flown;
+use crate::stage::{Count, Stage};
+use crate::ticket::{Fence, Phase, SlotRunner, Ticket, PROGRESS};
+
+/// A request with its key, as L1 sees it (the facade extracts the key once).
+#[derive(Debug)]
+pub struct Keyed<Req> {
+    key: FlightKey,
+    req: Req,
+}
+
+/// L1's key extractor for [`Keyed`] requests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeyedKeys;
+
+impl<Req> KeyExtractor<Keyed<Req>> for KeyedKeys {
+    fn key(&self, req: &Keyed<Req>) -> Option<FlightKey> {
+        Some(req.key.clone())
+    }
+}
+
+/// The service built by [`SingleFlightLayer`](crate::SingleFlightLayer).
+pub struct SingleFlight<S, K, Sh: SharedForm, C, F> {
+    inner: S,
+    shared: Arc<Shared<K, Sh, C, F>>,
+}
+
+impl<S, K, Sh: SharedForm, C, F> SingleFlight<S, K, Sh, C, F> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<K, Sh, C, F>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the wrapper, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K, Sh: SharedForm, C, F> Clone for SingleFlight<S, K, Sh, C, F> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, Sh: SharedForm, C, F> fmt::Debug for SingleFlight<S, K, Sh, C, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SingleFlight")
+            .field("inner", &self.inner)
+            .field("stages", &self.shared.stages.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, Req, K, Sh, C, F> Service<Req> for SingleFlight<S, K, Sh, C, F>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    Req: Send + 'static,
+    K: KeyExtractor<Req>,
+    Sh: Share<S::Response>,
+    C: ResultCodec<Sh::Shared>,
+    F: Fence<Req>,
+{
+    type Response = Sh::Output;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req, Sh, C, F>;
+
+    /// Always ready: the decision (bypass, coalesce, reject) is made in
+    /// `call`, and the inner service is driven to readiness by the path
+    /// that runs it.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let share = self.shared.share.clone();
+        let Some(key) = self.shared.key.key(&req) else {
+            return ResponseFuture::bypass(self.inner.clone().oneshot(req), share);
+        };
+        let Some(stage) = self.shared.stages.get(key.stage()) else {
+            return ResponseFuture::failed(Box::new(UnknownStage::new(key.stage().clone())), share);
+        };
+        let mode = stage.ctl.mode();
+        if mode == Mode::Bypass {
+            stage.ctl.count(Count::Bypass);
+            return ResponseFuture::bypass(self.inner.clone().oneshot(req), share);
+        }
+        let mut l1 = stage.l1.layer(Coordinator {
+            inner: self.inner.clone(),
+            stage: Arc::clone(stage),
+            mode,
+            fence: self.shared.fence.clone(),
+            share: share.clone(),
+        });
+        // The coordinator is always ready, and so is L1 over it.
+        let mut cx = Context::from_waker(Waker::noop());
+        match l1.poll_ready(&mut cx) {
+            Poll::Ready(Ok(())) => ResponseFuture::flight(l1.call(Keyed { key, req }), share),
+            Poll::Ready(Err(e)) => ResponseFuture::failed(e, share),
+            Poll::Pending => ResponseFuture::failed(
+                Box::new(ProtocolError::new("local flight layer not ready")),
+                share,
+            ),
+        }
+    }
+}
+
+/// What each L1 leader runs: the stage's mode, its breaker, L2 and the
+/// failure table. Built per call by [`SingleFlight`]; always ready.
+pub struct Coordinator<S, Sh: SharedForm, C, F> {
+    inner: S,
+    stage: Arc<Stage<Sh, C>>,
+    mode: Mode,
+    fence: F,
+    share: Sh,
+}
+
+impl<S: Clone, Sh: SharedForm, C, F: Clone> Clone for Coordinator<S, Sh, C, F> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            stage: Arc::clone(&self.stage),
+            mode: self.mode,
+            fence: self.fence.clone(),
+            share: self.share.clone(),
+        }
+    }
+}
+
+impl<S, Sh: SharedForm, C, F> fmt::Debug for Coordinator<S, Sh, C, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("stage", &self.stage.ctl.name)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of one L1 leader's coordination. Boxed: it is created once
+/// per flight (not per waiter) and spends its time in network round trips
+/// and in the real work; naming it would mean naming L2's and the
+/// bulkhead's futures inside a hand-written state machine.
+pub type CoordinatorFuture<V, O> =
+    Pin<Box<dyn Future<Output = Result<Flown<V, O>, BoxError>> + Send>>;
+
+impl<S, Req, Sh, C, F> Service<Keyed<Req>> for Coordinator<S, Sh, C, F>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    Req: Send + 'static,
+    Sh: Share<S::Response>,
+    C: ResultCodec<Sh::Shared>,
+    F: Fence<Req>,
+{
+    type Response = Flown<Sh::Shared, Sh::Output>;
+    type Error = BoxError;
+    type Future = CoordinatorFuture<Sh::Shared, Sh::Output>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Keyed<Req>) -> Self::Future {
+        Box::pin(coordinate(
+            Arc::clone(&self.stage),
+            self.mode,
+            self.inner.clone(),
+            self.fence.clone(),
+            self.share.clone(),
+            req,
+        ))
+    }
+}
+
+/// The real service of a stage: the budget (if any) around the bulkhead
+/// around the inner service.
+type Exec<S> = Either<
+    flightdeck_budget::Budget<flightdeck_bulkhead::Bulkhead<S>, flightdeck_budget::NoInbound>,
+    flightdeck_bulkhead::Bulkhead<S>,
+>;
+
+fn exec<S, Sh: SharedForm, C>(stage: &Stage<Sh, C>, inner: S) -> Exec<S> {
+    let bulkheaded = stage.bulkhead.layer(inner);
+    match &stage.budget {
+        Some(budget) => Either::Left(budget.layer(bulkheaded)),
+        None => Either::Right(bulkheaded),
+    }
+}
+
+/// Runs the request here, as the L1 leader.
+async fn local<S, Req, Sh, C>(
+    stage: &Stage<Sh, C>,
+    inner: S,
+    share: &Sh,
+    req: Req,
+) -> Result<Flown<Sh::Shared, Sh::Output>, BoxError>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    Sh: Share<S::Response>,
+{
+    let resp = exec(stage, inner).oneshot(req).await?;
+    Ok(match share.share(resp).await? {
+        Shareable::Shared(v) => Flown::Shared(v),
+        Shareable::Unshared(o) => Flown::Output(o),
+    })
+}
+
+/// HYBRID's local fallback: counted, then run here.
+async fn fallback<S, Req, Sh, C>(
+    stage: &Stage<Sh, C>,
+    reason: &'static str,
+    inner: S,
+    share: &Sh,
+    req: Req,
+) -> Result<Flown<Sh::Shared, Sh::Output>, BoxError>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    Sh: Share<S::Response>,
+{
+    stage
+        .ctl
+        .count_with(metric::LOCAL_FALLBACK_TOTAL, "reason", reason);
+    stage.ctl.count(Count::FallbackExecution);
+    local(stage, inner, share, req).await
+}
+
+/// The coordination failure class of an L2 error, if it is one.
+fn coordination_kind(err: &BoxError) -> Option<&'static str> {
+    let e: &(dyn std::error::Error + 'static) = &**err;
+    if find::<CoordinationUnavailable>(e).is_some() {
+        Some("unavailable")
+    } else if find::<OutcomeUnknown>(e).is_some() {
+        Some("outcome_unknown")
+    } else if find::<ProtocolError>(e).is_some() {
+        Some("protocol")
+    } else {
+        None
+    }
+}
+
+async fn coordinate<S, Req, Sh, C, F>(
+    stage: Arc<Stage<Sh, C>>,
+    mode: Mode,
+    inner: S,
+    fence: F,
+    share: Sh,
+    keyed: Keyed<Req>,
+) -> Result<Flown<Sh::Shared, Sh::Output>, BoxError>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    Req: Send + 'static,
+    Sh: Share<S::Response>,
+    C: ResultCodec<Sh::Shared>,
+    F: Fence<Req>,
+{
+    let Keyed { key, req } = keyed;
+    let l2 = match (&stage.l2, mode) {
+        (Some(l2), Mode::Hybrid | Mode::DistributedOnly) => l2,
+        _ => return local(&stage, inner, &share, req).await,
+    };
+    let ctl = &stage.ctl;
+
+    // Breaker first: while it is open, not a single call reaches the backend.
+    let permit = match ctl.breaker.try_acquire() {
+        Ok(permit) => permit,
+        Err(open) => {
+            ctl.sync_degraded();
+            return if mode == Mode::Hybrid {
+                tracing::debug!(stage = %ctl.name, "breaker open: running locally");
+                fallback(&stage, "circuit_open", inner, &share, req).await
+            } else {
+                ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", "circuit_open");
+                Err(Box::new(open))
+            };
+        }
+    };
+
+    ctl.count(Count::DistributedRequest);
+    let ticket = Ticket::new(key, req);
+    let kept = ticket.share();
+    let runner = SlotRunner {
+        exec: exec(&stage, inner.clone()),
+        fence,
+    };
+    let res = PROGRESS
+        .scope(
+            Arc::clone(kept.progress()),
+            l2.layer(runner).oneshot(ticket),
+        )
+        .await;
+    let phase = kept.progress().phase();
+    let err = match res {
+        Ok(v) => {
+            permit.record(Outcome::Success);
+            ctl.sync_degraded();
+            if phase != Phase::Acquiring {
+                ctl.count(Count::Miss);
+            }
+            return Ok(v);
+        }
+        Err(e) => e,
+    };
+
+    let Some(req) = kept.take() else {
+        // The work ran here as the owner: its error is the business's (or
+        // the lease was lost). Shared with the waiters, never retried,
+        // never counted against the backend.
+        permit.record(if find::<LeaseLost>(&*err).is_some() {
+            Outcome::Ignore
+        } else {
+            Outcome::Success
+        });
+        ctl.sync_degraded();
+        ctl.count(Count::OwnerFailure);
+        return Err(err);
+    };
+
+    let kind = coordination_kind(&err);
+    let waiting = phase == Phase::Following || find::<WaitTimeout>(&*err).is_some();
+    permit.record(match (kind, waiting) {
+        (Some(_), _) => Outcome::Failure,
+        (None, true) => Outcome::Ignore,
+        // The backend answered (e.g. a stored failure of another node).
+        (None, false) => Outcome::Success,
+    });
+    ctl.sync_degraded();
+    if let Some(kind) = kind {
+        ctl.count_with(metric::DISTRIBUTED_FAILURE_TOTAL, "kind", kind);
+    }
+
+    if waiting {
+        // Another node may own the lease: never run it at once.
+        let policy = ctl.cfg.on_wait_failure;
+        let action = match policy {
+            OnWaitFailure::Local if mode == Mode::Hybrid => "local",
+            OnWaitFailure::Local | OnWaitFailure::Wait => "wait",
+            OnWaitFailure::InProgress => "in_progress",
+            OnWaitFailure::Fail => "fail",
+        };
+        ctl.count_with(metric::WAIT_FAILURE_TOTAL, "action", action);
+        tracing::warn!(stage = %ctl.name, %policy, error = %err, "follower wait failed");
+        return match action {
+            "local" => fallback(&stage, "wait_failure", inner, &share, req).await,
+            "in_progress" => Err(Box::new(InProgress::new(Some(ctl.name.clone())))),
+            "fail" => Err(Box::new(CoordinationUnavailable::new(err))),
+            _ => Err(err),
+        };
+    }
+
+    match (kind, mode) {
+        (Some(kind), Mode::Hybrid) => {
+            tracing::warn!(stage = %ctl.name, kind, error = %err, "coordination failed before acquiring: running locally");
+            fallback(&stage, kind, inner, &share, req).await
+        }
+        (Some(kind), _) => {
+            ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", kind);
+            Err(err)
+        }
+        (None, _) => Err(err),
+    }
+}

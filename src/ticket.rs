@@ -1,0 +1,368 @@
+//! The ticket that L2 carries instead of the request.
+//!
+//! L2 consumes the request it is given; the failure table needs it back
+//! when L2 fails before running it (HYBRID runs it locally). So L2 gets a
+//! [`Ticket`]: the key, and a slot holding the real request. The inner
+//! service L2 calls ([`SlotRunner`]) takes the request out of the slot,
+//! inserts the owner's fencing token through a [`Fence`], and runs it. When
+//! L2 returns an error and the slot still holds the request, the work never
+//! ran here.
+//!
+//! The ticket also records how far L2 got (acquiring, following, owning),
+//! through the [`SharedBackend`] wrapper the facade puts around each
+//! backend, so a protocol error while *following* another node's flight is
+//! treated as a follower-wait failure (never executed at once) and not as a
+//! before-acquire failure.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use flightdeck_core::error::{BoxError, ProtocolError};
+use flightdeck_core::FlightKey;
+use flightdeck_distributed::backend::{
+    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, FencingToken, FlightId,
+    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+};
+use flightdeck_distributed::FlightRequest;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+/// Puts the owner's [`FencingToken`] into a request before it runs, so the
+/// handler can fence its own writes downstream.
+///
+/// Implemented by [`NoFence`] (drops the token), by closures
+/// `Fn(&mut Req, FencingToken)`, and with the `http` feature by
+/// [`ExtensionFence`] (inserts it into `http::Request` extensions).
+pub trait Fence<Req>: Clone + Send + Sync + 'static {
+    /// Hands `token` to `req`.
+    fn fence(&self, req: &mut Req, token: FencingToken);
+}
+
+/// Drops fencing tokens.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFence;
+
+impl<Req> Fence<Req> for NoFence {
+    fn fence(&self, _req: &mut Req, _token: FencingToken) {}
+}
+
+impl<Req, F> Fence<Req> for F
+where
+    F: Fn(&mut Req, FencingToken) + Clone + Send + Sync + 'static,
+{
+    fn fence(&self, req: &mut Req, token: FencingToken) {
+        self(req, token);
+    }
+}
+
+/// Inserts the [`FencingToken`] into an `http::Request`'s extensions.
+#[cfg(feature = "http")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExtensionFence;
+
+#[cfg(feature = "http")]
+impl<B> Fence<http::Request<B>> for ExtensionFence {
+    fn fence(&self, req: &mut http::Request<B>, token: FencingToken) {
+        req.extensions_mut().insert(token);
+    }
+}
+
+const ACQUIRING: u8 = 0;
+const FOLLOWING: u8 = 1;
+const OWNING: u8 = 2;
+
+/// How far L2 got with one ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// No acquire has answered yet (or the answer was a hit).
+    Acquiring,
+    /// An acquire answered "another node owns it".
+    Following,
+    /// This node owns the flight (the fencing token was handed out).
+    Owning,
+}
+
+/// The part of a ticket the backend wrapper can see (not generic over the
+/// request type, so it can live in a task-local).
+#[derive(Default)]
+pub(crate) struct Progress {
+    phase: AtomicU8,
+    fence: Mutex<Option<FencingToken>>,
+}
+
+impl Progress {
+    pub(crate) fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            FOLLOWING => Phase::Following,
+            OWNING => Phase::Owning,
+            _ => Phase::Acquiring,
+        }
+    }
+
+    fn following(&self) {
+        let _ =
+            self.phase
+                .compare_exchange(ACQUIRING, FOLLOWING, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+tokio::task_local! {
+    /// The progress of the flight being coordinated by the current task.
+    pub(crate) static PROGRESS: Arc<Progress>;
+}
+
+/// The request L2 sees: the key, and a slot with the real request.
+pub struct Ticket<Req> {
+    key: FlightKey,
+    slot: Arc<Mutex<Option<Req>>>,
+    progress: Arc<Progress>,
+}
+
+impl<Req> Ticket<Req> {
+    pub(crate) fn new(key: FlightKey, req: Req) -> Self {
+        Self {
+            key,
+            slot: Arc::new(Mutex::new(Some(req))),
+            progress: Arc::new(Progress::default()),
+        }
+    }
+
+    /// The flight key.
+    pub fn key(&self) -> &FlightKey {
+        &self.key
+    }
+
+    /// A second handle on the same slot (kept by the facade to get the
+    /// request back).
+    pub(crate) fn share(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            slot: Arc::clone(&self.slot),
+            progress: Arc::clone(&self.progress),
+        }
+    }
+
+    pub(crate) fn progress(&self) -> &Arc<Progress> {
+        &self.progress
+    }
+
+    /// Takes the request back, if L2 did not run it.
+    pub(crate) fn take(&self) -> Option<Req> {
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl<Req> fmt::Debug for Ticket<Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("key", &self.key)
+            .field("phase", &self.progress.phase())
+            .finish_non_exhaustive()
+    }
+}
+
+/// L2's key extractor for tickets: the key is the ticket's; the fencing
+/// token is kept in the ticket until the request is taken out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TicketKeys;
+
+impl<Req: Send + 'static> FlightRequest<Ticket<Req>> for TicketKeys {
+    fn key(&self, req: &Ticket<Req>) -> Option<FlightKey> {
+        Some(req.key.clone())
+    }
+
+    fn fence(&self, req: &mut Ticket<Req>, token: FencingToken) {
+        req.progress.phase.store(OWNING, Ordering::Release);
+        *req.progress
+            .fence
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(token);
+    }
+}
+
+/// The inner service handed to L2: takes the request out of the ticket,
+/// fences it, and runs it on the real (bulkheaded, budgeted) service.
+#[derive(Clone, Debug)]
+pub struct SlotRunner<E, F> {
+    pub(crate) exec: E,
+    pub(crate) fence: F,
+}
+
+impl<E, F, Req> Service<Ticket<Req>> for SlotRunner<E, F>
+where
+    E: Service<Req>,
+    E::Error: Into<BoxError>,
+    F: Fence<Req>,
+{
+    type Response = E::Response;
+    type Error = BoxError;
+    type Future = SlotFuture<E::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.exec.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, ticket: Ticket<Req>) -> Self::Future {
+        let Some(mut req) = ticket.take() else {
+            return SlotFuture::gone(Box::new(ProtocolError::new(
+                "the request of this flight was already taken",
+            )));
+        };
+        let token = ticket
+            .progress
+            .fence
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(token) = token {
+            self.fence.fence(&mut req, token);
+        }
+        SlotFuture::running(self.exec.call(req))
+    }
+}
+
+pin_project! {
+    /// Future of [`SlotRunner`].
+    pub struct SlotFuture<F> {
+        #[pin]
+        state: SlotState<F>,
+    }
+}
+
+pin_project! {
+    #[project = SlotProj]
+    enum SlotState<F> {
+        Running { #[pin] fut: F },
+        // The request was gone (L2 called its inner service twice).
+        Gone { err: Option<BoxError> },
+    }
+}
+
+impl<F> SlotFuture<F> {
+    fn running(fut: F) -> Self {
+        Self {
+            state: SlotState::Running { fut },
+        }
+    }
+
+    fn gone(err: BoxError) -> Self {
+        Self {
+            state: SlotState::Gone { err: Some(err) },
+        }
+    }
+}
+
+impl<F> fmt::Debug for SlotFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SlotFuture")
+    }
+}
+
+impl<F, T, E> Future for SlotFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            SlotProj::Running { fut } => fut.poll(cx).map_err(Into::into),
+            SlotProj::Gone { err } => Poll::Ready(Err(err
+                .take()
+                .unwrap_or_else(|| Box::new(ProtocolError::new("polled after completion"))))),
+        }
+    }
+}
+
+/// A stage's coordination backend, type-erased so that stages of one layer
+/// can use different backends (two Redis deployments, or Redis and an
+/// in-memory one). It also notes, for the flight being coordinated, when an
+/// acquire answered "follower".
+#[derive(Clone)]
+pub struct SharedBackend {
+    inner: Arc<dyn Backend>,
+}
+
+impl SharedBackend {
+    /// Wraps a backend.
+    pub fn new(backend: impl Backend) -> Self {
+        Self {
+            inner: Arc::new(backend),
+        }
+    }
+}
+
+impl fmt::Debug for SharedBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SharedBackend")
+    }
+}
+
+impl Backend for SharedBackend {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        let fut = self.inner.acquire(flight, token, terms);
+        Box::pin(async move {
+            let res = fut.await;
+            if let Ok(Acquired::Follower { .. } | Acquired::Expired { .. }) = &res {
+                let _outside_a_flight = PROGRESS.try_with(|p| p.following());
+            }
+            res
+        })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        self.inner.heartbeat(flight, token, generation, terms)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        self.inner.commit(flight, token, generation, args)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.abandon(flight, token, generation, args)
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        self.inner.subscribe(flight)
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        self.inner.invalidate(flight, state_ttl)
+    }
+}

@@ -1,0 +1,310 @@
+//! Shared helpers of the facade tests: metric folding, a counting inner
+//! service, stage settings for fast tests, backends on the testkit's real
+//! Redis servers, and a protocol-garbage backend wrapper.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use flightdeck::core::error::BoxError;
+use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
+use flightdeck::distributed::backend::{
+    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
+    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+};
+use flightdeck::distributed::PostcardCodec;
+use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+use flightdeck_redis::{RedisBackend, RedisConfig};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tower::util::BoxCloneService;
+use tower::{service_fn, Layer, ServiceExt};
+
+pub type Svc = BoxCloneService<String, String, BoxError>;
+
+fn snapshotter() -> &'static Snapshotter {
+    static S: OnceLock<Snapshotter> = OnceLock::new();
+    S.get_or_init(|| {
+        let rec = DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        rec.install()
+            .expect("the only recorder in this test binary");
+        snap
+    })
+}
+
+/// Installs the recorder (call before building layers).
+pub fn metrics_on() {
+    let _ = snapshotter();
+}
+
+type Series = (String, String, Vec<(String, String)>);
+
+struct Folded {
+    counters: HashMap<Series, u64>,
+    gauges: HashMap<Series, f64>,
+    histograms: HashMap<Series, usize>,
+}
+
+fn fold() -> std::sync::MutexGuard<'static, Folded> {
+    // A snapshot resets the recorder's counters and tests run in parallel:
+    // fold every snapshot into running totals.
+    static TOTALS: OnceLock<Mutex<Folded>> = OnceLock::new();
+    let mut t = TOTALS
+        .get_or_init(|| {
+            Mutex::new(Folded {
+                counters: HashMap::new(),
+                gauges: HashMap::new(),
+                histograms: HashMap::new(),
+            })
+        })
+        .lock()
+        .unwrap();
+    for (k, _, _, v) in snapshotter().snapshot().into_vec() {
+        let mut stage = String::new();
+        let mut rest = Vec::new();
+        for l in k.key().labels() {
+            if l.key() == metric::LABEL_STAGE {
+                stage = l.value().to_owned();
+            } else {
+                rest.push((l.key().to_owned(), l.value().to_owned()));
+            }
+        }
+        rest.sort();
+        let series = (k.key().name().to_owned(), stage, rest);
+        match v {
+            DebugValue::Counter(c) => *t.counters.entry(series).or_default() += c,
+            DebugValue::Gauge(g) => {
+                t.gauges.insert(series, g.into_inner());
+            }
+            DebugValue::Histogram(h) => *t.histograms.entry(series).or_default() += h.len(),
+        }
+    }
+    t
+}
+
+/// A counter of one stage, summed over its other labels.
+pub fn counter(name: &str, stage: &str) -> u64 {
+    fold()
+        .counters
+        .iter()
+        .filter(|((n, s, _), _)| n == name && s == stage)
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// A counter of one stage with one more label.
+pub fn counter_with(name: &str, stage: &str, label: &str, value: &str) -> u64 {
+    fold()
+        .counters
+        .iter()
+        .filter(|((n, s, rest), _)| {
+            n == name && s == stage && rest.iter().any(|(k, v)| k == label && v == value)
+        })
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// A gauge of one stage.
+pub fn gauge(name: &str, stage: &str) -> Option<f64> {
+    fold()
+        .gauges
+        .iter()
+        .find(|((n, s, _), _)| n == name && s == stage)
+        .map(|(_, v)| *v)
+}
+
+/// Samples recorded in a histogram of one stage.
+pub fn samples(name: &str, stage: &str) -> usize {
+    fold()
+        .histograms
+        .iter()
+        .filter(|((n, s, _), _)| n == name && s == stage)
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// The business error of the tests' inner service.
+#[derive(Debug)]
+pub struct Boom;
+
+impl fmt::Display for Boom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("boom")
+    }
+}
+
+impl std::error::Error for Boom {}
+
+/// A backend whose acquire replies are garbage: the real Redis is asked,
+/// then its answer is replaced by a protocol error ("unknown action").
+#[derive(Clone)]
+pub struct Garbage<B> {
+    pub inner: B,
+}
+
+impl<B: Backend> Backend for Garbage<B> {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        Box::pin(async move {
+            let _real = self.inner.acquire(flight, token, terms).await;
+            Err(BackendError::protocol(
+                "unknown action \"MAYBE\" in ACQUIRE reply",
+            ))
+        })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        self.inner.heartbeat(flight, token, generation, terms)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        self.inner.commit(flight, token, generation, args)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.abandon(flight, token, generation, args)
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        self.inner.subscribe(flight)
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        self.inner.invalidate(flight, state_ttl)
+    }
+}
+
+/// A Redis backend for a testkit server, with short deadlines.
+pub async fn redis_backend(url: String) -> RedisBackend {
+    RedisBackend::connect(
+        RedisConfig::new(url)
+            .command_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300))
+            .reconnect_max_delay(Duration::from_millis(100)),
+    )
+    .await
+    .expect("connects to the test redis")
+}
+
+/// Stage settings scaled down for tests: lease 600 ms, heartbeat 150 ms,
+/// wait 1.5 s, polls every 100 ms, 250 ms per coordination call; a breaker
+/// that only opens when a test asks for it.
+pub fn fast(mode: Mode) -> StageConfig {
+    let mut cfg = StageConfig::new().mode(mode);
+    if mode.is_distributed() {
+        cfg = cfg.backend("redis");
+    }
+    cfg.lease_timeout = Duration::from_millis(600);
+    cfg.heartbeat_interval = Duration::from_millis(150);
+    cfg.wait_timeout = Duration::from_millis(1500);
+    cfg.poll_interval = Duration::from_millis(100);
+    cfg.result_ttl = Duration::from_secs(10);
+    cfg.coordination_timeout = Duration::from_millis(250);
+    cfg.commit_attempts = 2;
+    cfg.breaker.consecutive_failures = Some(1000);
+    cfg.breaker.min_calls = 1000;
+    cfg.breaker.window = 1000;
+    cfg.breaker.jitter = 0.0;
+    cfg
+}
+
+/// The tests' inner service: counts executions, sleeps `delay`, fails for
+/// requests starting with "fail", answers "done:<req>".
+#[derive(Clone, Default)]
+pub struct Work {
+    pub calls: Arc<AtomicUsize>,
+}
+
+impl Work {
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    pub fn service(&self, delay: Duration) -> Svc {
+        let calls = self.calls.clone();
+        BoxCloneService::new(service_fn(move |req: String| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                if req.starts_with("fail") {
+                    Err::<String, BoxError>(Box::new(Boom))
+                } else {
+                    Ok(format!("done:{req}"))
+                }
+            }
+        }))
+    }
+}
+
+/// A builder keyed by the request text in `stage`, sharing `String`s.
+pub fn builder(
+    stage: &str,
+) -> SingleFlightBuilder<
+    impl Fn(&String) -> Option<FlightKey> + Clone + Send + Sync + 'static,
+    CloneShare<String>,
+    PostcardCodec<String>,
+> {
+    let name = StageName::new(stage).unwrap();
+    SingleFlightBuilder::new(
+        move |req: &String| Some(FlightKey::from_bytes(name.clone(), req)),
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+    )
+}
+
+/// Builds the service: the layer over the work.
+pub fn stack<L>(layer: &L, work: &Work, delay: Duration) -> Svc
+where
+    L: Layer<BoxCloneService<String, String, BoxError>>,
+    L::Service:
+        tower::Service<String, Response = String, Error = BoxError> + Clone + Send + 'static,
+    <L::Service as tower::Service<String>>::Future: Send + 'static,
+{
+    BoxCloneService::new(layer.layer(work.service(delay)))
+}
+
+/// Sends `n` identical requests at once; returns every result.
+pub async fn burst(svc: Svc, req: &str, n: usize) -> Vec<Result<String, BoxError>> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let svc = svc.clone();
+        let req = req.to_owned();
+        set.spawn(async move { svc.oneshot(req).await });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        out.push(r.expect("no task panics"));
+    }
+    out
+}

@@ -1,0 +1,829 @@
+//! The facade against REAL `redis-server` processes started by the testkit
+//! (each test its own server on a free port): the failure matrix
+//! {HYBRID, DISTRIBUTED_ONLY} × {before acquire, protocol, follower wait,
+//! business error, after execution}, LOCAL_ONLY and BYPASS, the breaker
+//! (zero commands while open, exactly the configured probes, distributed
+//! mode back), the kill switch under load, and per-stage backends.
+//!
+//! Each cell asserts how many times the work ran, what every caller got
+//! (by type) and which counters moved.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use flightdeck::core::error::{
+    find, BoxError, CircuitOpen, CoordinationUnavailable, ErrorClass, InProgress, OutcomeUnknown,
+    ProtocolError, WaitTimeout,
+};
+use flightdeck::core::{metric, FlightKey, StageName};
+use flightdeck::distributed::backend::{Acquired, Backend, LeaseTerms};
+use flightdeck::distributed::{FlightId, OwnerToken};
+use flightdeck::{Mode, OnWaitFailure, StageConfig, StageHandle};
+use flightdeck_breaker::CircuitState;
+use flightdeck_testkit::RedisServer;
+use tower::util::BoxCloneService;
+use tower::{service_fn, Layer, ServiceExt};
+
+const N: usize = 5;
+
+/// Builds one stage over `backend` (registered as "redis") and the work.
+fn setup(stage: &str, cfg: StageConfig, backend: impl Backend, inner: Svc) -> (Svc, StageHandle) {
+    metrics_on();
+    let layer = builder(stage)
+        .backend("redis", backend)
+        .stage(stage, cfg)
+        .build()
+        .expect("valid stage");
+    let handle = layer.stage(stage).unwrap();
+    (BoxCloneService::new(layer.layer(inner)), handle)
+}
+
+fn class(err: &BoxError) -> ErrorClass {
+    ErrorClass::of(&**err)
+}
+
+fn is_unavailable(err: &BoxError) -> bool {
+    find::<CoordinationUnavailable>(&**err).is_some() || find::<OutcomeUnknown>(&**err).is_some()
+}
+
+fn all_ok(results: &[Result<String, BoxError>], want: &str) {
+    for r in results {
+        match r {
+            Ok(v) => assert_eq!(v, want),
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+}
+
+fn fallbacks_for_unavailable(stage: &str) -> u64 {
+    counter_with(metric::LOCAL_FALLBACK_TOTAL, stage, "reason", "unavailable")
+        + counter_with(
+            metric::LOCAL_FALLBACK_TOTAL,
+            stage,
+            "reason",
+            "outcome_unknown",
+        )
+}
+
+// ---------------------------------------------------------------------------
+// Before acquire: Redis is down (killed) when the leader asks for the flight.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_before_acquire_runs_once_locally() {
+    let st = "hy-before";
+    let mut redis = RedisServer::start().unwrap();
+    let backend = redis_backend(redis.url()).await;
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        fast(Mode::Hybrid),
+        backend,
+        work.service(Duration::from_millis(200)),
+    );
+    redis.kill();
+
+    let results = burst(svc.clone(), "q", N).await;
+
+    assert_eq!(work.calls(), 1, "one local execution for the whole burst");
+    all_ok(&results, "done:q");
+    assert_eq!(
+        counter(metric::DISTRIBUTED_REQUEST_TOTAL, st),
+        1,
+        "only the L1 leader asked"
+    );
+    assert_eq!(counter(metric::DISTRIBUTED_FAILURE_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 1);
+    assert_eq!(fallbacks_for_unavailable(st), 1);
+    assert_eq!(counter(metric::FALLBACK_EXECUTION_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_OWNER_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_WAITER_TOTAL, st), (N - 1) as u64);
+    assert_eq!(counter(metric::OWNER_TOTAL, st), 0);
+    assert_eq!(
+        handle.breaker().stats().failures,
+        1,
+        "a coordination failure"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_only_before_acquire_fails_fast() {
+    let st = "do-before";
+    let mut redis = RedisServer::start().unwrap();
+    let backend = redis_backend(redis.url()).await;
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        fast(Mode::DistributedOnly),
+        backend,
+        work.service(Duration::from_millis(200)),
+    );
+    redis.kill();
+
+    let results = burst(svc.clone(), "q", N).await;
+
+    assert_eq!(work.calls(), 0, "never executed without coordination");
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(is_unavailable(err), "typed coordination error, got {err}");
+        assert_eq!(class(err), ErrorClass::Unavailable, "503 / UNAVAILABLE");
+    }
+    assert_eq!(counter(metric::DISTRIBUTED_REQUEST_TOTAL, st), 1);
+    assert_eq!(counter(metric::FAIL_FAST_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0);
+    assert_eq!(counter(metric::FALLBACK_EXECUTION_TOTAL, st), 0);
+    assert_eq!(handle.breaker().stats().failures, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Protocol: the real Redis answers, but the reply is garbage.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_protocol_error_runs_once_locally_and_alerts() {
+    let st = "hy-protocol";
+    let redis = RedisServer::start().unwrap();
+    let backend = Garbage {
+        inner: redis_backend(redis.url()).await,
+    };
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        fast(Mode::Hybrid),
+        backend,
+        work.service(Duration::from_millis(200)),
+    );
+
+    let results = burst(svc.clone(), "q", N).await;
+
+    assert_eq!(work.calls(), 1);
+    all_ok(&results, "done:q");
+    assert!(
+        redis.command_calls("evalsha").unwrap() >= 1,
+        "Redis was asked"
+    );
+    assert_eq!(
+        counter_with(metric::LOCAL_FALLBACK_TOTAL, st, "reason", "protocol"),
+        1
+    );
+    assert_eq!(counter(metric::UNKNOWN_ACTION_TOTAL, st), 1, "alert metric");
+    assert_eq!(
+        counter_with(metric::DISTRIBUTED_FAILURE_TOTAL, st, "kind", "protocol"),
+        1
+    );
+    assert_eq!(counter(metric::FALLBACK_EXECUTION_TOTAL, st), 1);
+    assert_eq!(handle.breaker().stats().failures, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_only_protocol_error_fails_fast() {
+    let st = "do-protocol";
+    let redis = RedisServer::start().unwrap();
+    let backend = Garbage {
+        inner: redis_backend(redis.url()).await,
+    };
+    let work = Work::default();
+    let (svc, _handle) = setup(
+        st,
+        fast(Mode::DistributedOnly),
+        backend,
+        work.service(Duration::from_millis(200)),
+    );
+
+    let results = burst(svc.clone(), "q", N).await;
+
+    assert_eq!(work.calls(), 0);
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(find::<ProtocolError>(&**err).is_some(), "got {err}");
+        assert_eq!(class(err), ErrorClass::Unavailable);
+    }
+    assert_eq!(
+        counter_with(metric::FAIL_FAST_TOTAL, st, "reason", "protocol"),
+        1
+    );
+    assert_eq!(counter(metric::UNKNOWN_ACTION_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Follower wait: another node owns the flight (a 10 s lease), then Redis
+// stops answering (SIGSTOP) while we follow.
+
+/// Makes "another node" own the flight of `req` in `stage`.
+async fn other_node_owns(redis: &RedisServer, stage: &str, req: &str) {
+    let other = redis_backend(redis.url()).await;
+    let flight = FlightId::of(&FlightKey::from_bytes(StageName::new(stage).unwrap(), req));
+    let terms = LeaseTerms {
+        lease: Duration::from_secs(10),
+        state_ttl: Duration::from_secs(30),
+        allow_takeover: true,
+    };
+    let got = other
+        .acquire(&flight, &OwnerToken::random(), &terms)
+        .await
+        .unwrap();
+    assert!(matches!(got, Acquired::Owner { .. }), "{got:?}");
+}
+
+async fn follow_then_pause(
+    svc: &Svc,
+    redis: &mut RedisServer,
+    req: &str,
+) -> Vec<Result<String, BoxError>> {
+    let svc = svc.clone();
+    let req = req.to_owned();
+    let task = tokio::spawn(async move { burst(svc.clone(), &req, N).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.pause().unwrap();
+    let results = task.await.unwrap();
+    redis.resume().unwrap();
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_follower_wait_failure_never_executes() {
+    let st = "hy-follow";
+    let mut redis = RedisServer::start().unwrap();
+    other_node_owns(&redis, st, "q").await;
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        fast(Mode::Hybrid),
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(50)),
+    );
+
+    let results = follow_then_pause(&svc, &mut redis, "q").await;
+
+    assert_eq!(
+        work.calls(),
+        0,
+        "another node may own the lease: never run at once"
+    );
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(find::<WaitTimeout>(&**err).is_some(), "got {err}");
+        assert_eq!(class(err), ErrorClass::DeadlineExceeded);
+    }
+    assert_eq!(counter(metric::FOLLOWER_TOTAL, st), 1);
+    assert_eq!(
+        counter_with(metric::WAIT_FAILURE_TOTAL, st, "action", "wait"),
+        1
+    );
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0);
+    assert_eq!(counter(metric::FALLBACK_EXECUTION_TOTAL, st), 0);
+    assert_eq!(
+        handle.breaker().stats().failures,
+        0,
+        "not a coordination failure"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_follower_wait_failure_runs_locally_when_opted_in() {
+    let st = "hy-follow-local";
+    let mut redis = RedisServer::start().unwrap();
+    other_node_owns(&redis, st, "q").await;
+    let work = Work::default();
+    let mut cfg = fast(Mode::Hybrid);
+    cfg.on_wait_failure = OnWaitFailure::Local;
+    let (svc, _handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(50)),
+    );
+
+    let results = follow_then_pause(&svc, &mut redis, "q").await;
+
+    assert_eq!(
+        work.calls(),
+        1,
+        "explicit opt-in: one local execution after the wait"
+    );
+    all_ok(&results, "done:q");
+    assert_eq!(
+        counter_with(metric::LOCAL_FALLBACK_TOTAL, st, "reason", "wait_failure"),
+        1
+    );
+    assert_eq!(
+        counter_with(metric::WAIT_FAILURE_TOTAL, st, "action", "local"),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_only_follower_wait_failure_answers_in_progress() {
+    let st = "do-follow";
+    let mut redis = RedisServer::start().unwrap();
+    other_node_owns(&redis, st, "q").await;
+    let work = Work::default();
+    let mut cfg = fast(Mode::DistributedOnly);
+    cfg.on_wait_failure = OnWaitFailure::InProgress;
+    let (svc, _handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(50)),
+    );
+
+    let results = follow_then_pause(&svc, &mut redis, "q").await;
+
+    assert_eq!(work.calls(), 0);
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(find::<InProgress>(&**err).is_some(), "got {err}");
+        assert_eq!(class(err), ErrorClass::InProgress, "202 / retry later");
+    }
+    assert_eq!(
+        counter_with(metric::WAIT_FAILURE_TOTAL, st, "action", "in_progress"),
+        1
+    );
+    assert_eq!(counter(metric::FAIL_FAST_TOTAL, st), 0);
+}
+
+// ---------------------------------------------------------------------------
+// The owner's business error: shared, never retried, never a Redis failure.
+
+async fn business_error(st: &str, mode: Mode) {
+    let redis = RedisServer::start().unwrap();
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        fast(mode),
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(200)),
+    );
+
+    let results = burst(svc.clone(), "fail-q", N).await;
+
+    assert_eq!(work.calls(), 1, "run once, not retried locally");
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(
+            find::<Boom>(&**err).is_some(),
+            "the business error, got {err}"
+        );
+    }
+    assert_eq!(counter(metric::OWNER_TOTAL, st), 1);
+    assert_eq!(counter(metric::OWNER_FAILURE_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0);
+    assert_eq!(counter(metric::DISTRIBUTED_FAILURE_TOTAL, st), 0);
+    assert_eq!(counter(metric::FAIL_FAST_TOTAL, st), 0);
+    let stats = handle.breaker().stats();
+    assert_eq!(
+        (stats.calls, stats.failures),
+        (1, 0),
+        "a success for the breaker"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_business_error_is_shared_not_retried() {
+    business_error("hy-business", Mode::Hybrid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_only_business_error_is_shared_not_retried() {
+    business_error("do-business", Mode::DistributedOnly).await;
+}
+
+// ---------------------------------------------------------------------------
+// After execution: the work succeeded, then Redis stopped answering
+// (SIGSTOP from inside the work) so the commit fails.
+
+async fn commit_failure(st: &str, mode: Mode) {
+    let redis = Arc::new(Mutex::new(RedisServer::start().unwrap()));
+    let url = redis.lock().unwrap().url();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let calls = calls.clone();
+        let redis = redis.clone();
+        BoxCloneService::new(service_fn(move |req: String| {
+            let calls = calls.clone();
+            let redis = redis.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                redis.lock().unwrap().pause().unwrap();
+                Ok::<_, BoxError>(format!("done:{req}"))
+            }
+        }))
+    };
+    let (svc, handle) = setup(st, fast(mode), redis_backend(url).await, inner);
+
+    let results = burst(svc.clone(), "q", N).await;
+    redis.lock().unwrap().resume().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never re-executed");
+    all_ok(&results, "done:q");
+    assert_eq!(counter(metric::OWNER_TOTAL, st), 1);
+    assert_eq!(counter(metric::RESULT_WRITE_FAILURE_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0);
+    assert_eq!(counter(metric::FAIL_FAST_TOTAL, st), 0);
+    assert_eq!(handle.breaker().stats().failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_commit_failure_returns_the_value_once() {
+    commit_failure("hy-commit", Mode::Hybrid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_only_commit_failure_returns_the_value_once() {
+    commit_failure("do-commit", Mode::DistributedOnly).await;
+}
+
+// ---------------------------------------------------------------------------
+// LOCAL_ONLY and BYPASS.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_only_coalesces_in_process_and_never_calls_redis() {
+    let st = "local-only";
+    let redis = RedisServer::start().unwrap();
+    let work = Work::default();
+    let mut cfg = fast(Mode::LocalOnly);
+    cfg.backend = Some("redis".into());
+    let (svc, _handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(200)),
+    );
+
+    let results = burst(svc.clone(), "q", 10).await;
+    all_ok(&results, "done:q");
+    assert_eq!(work.calls(), 1);
+    let errors = burst(svc.clone(), "fail-q", 10).await;
+    assert_eq!(work.calls(), 2, "a failure is shared too");
+    assert!(errors
+        .iter()
+        .all(|r| find::<Boom>(&**r.as_ref().unwrap_err()).is_some()));
+
+    assert_eq!(redis.command_calls("eval").unwrap(), 0, "no script ran");
+    assert_eq!(counter(metric::DISTRIBUTED_REQUEST_TOTAL, st), 0);
+    assert_eq!(counter(metric::LOCAL_OWNER_TOTAL, st), 2);
+    assert_eq!(counter(metric::LOCAL_WAITER_TOTAL, st), 18);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bypass_runs_every_request() {
+    let st = "bypass";
+    let redis = RedisServer::start().unwrap();
+    let work = Work::default();
+    let mut cfg = fast(Mode::Bypass);
+    cfg.backend = Some("redis".into());
+    let (svc, _handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(100)),
+    );
+
+    let results = burst(svc.clone(), "q", 10).await;
+
+    all_ok(&results, "done:q");
+    assert_eq!(work.calls(), 10);
+    assert_eq!(counter(metric::BYPASS_TOTAL, st), 10);
+    assert_eq!(counter(metric::LOCAL_OWNER_TOTAL, st), 0);
+    assert_eq!(redis.command_calls("eval").unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// The breaker.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breaker_open_sends_nothing_half_open_sends_the_probes_then_distributed_returns() {
+    let st = "breaker";
+    let mut redis = RedisServer::start().unwrap();
+    let backend = redis_backend(redis.url()).await;
+    let mut cfg = fast(Mode::Hybrid);
+    cfg.breaker.consecutive_failures = Some(2);
+    cfg.breaker.wait_in_open = Duration::from_secs(1);
+    cfg.breaker.half_open_probes = 2;
+    // No heartbeat within the 300 ms probes: each probe flight is exactly
+    // acquire + commit on the server.
+    cfg.lease_timeout = Duration::from_secs(3);
+    cfg.heartbeat_interval = Duration::from_secs(1);
+    cfg.wait_timeout = Duration::from_secs(3);
+    cfg.bulkhead.limit = 64;
+    cfg.bulkhead.degraded_limit = Some(16);
+    metrics_on();
+    let layer = builder(st)
+        .backend("redis", backend.clone())
+        .stage(st, cfg)
+        .build()
+        .unwrap();
+    let handle = layer.stage(st).unwrap();
+    let fast_work = Work::default();
+    let slow_work = Work::default();
+    let svc = BoxCloneService::new(layer.layer(fast_work.service(Duration::from_millis(10))));
+    let slow = BoxCloneService::new(layer.layer(slow_work.service(Duration::from_millis(300))));
+
+    // Two coordination failures in a row (Redis stopped) open it.
+    redis.pause().unwrap();
+    for i in 0..2 {
+        let v = svc.clone().oneshot(format!("open-{i}")).await.unwrap();
+        assert_eq!(v, format!("done:open-{i}"), "HYBRID still answers");
+    }
+    assert_eq!(handle.breaker().state(), CircuitState::Open);
+    assert!(handle.is_degraded());
+    assert_eq!(gauge(metric::DEGRADED, st), Some(1.0));
+    assert!(handle.bulkhead().is_degraded());
+    assert_eq!(handle.bulkhead().limit(), 16, "the degraded limit applies");
+    redis.resume().unwrap();
+
+    // Let the backend reconnect and the stopped commands drain, outside
+    // the layer.
+    let probe_flight = FlightId::of(&FlightKey::from_bytes(
+        StageName::new("warmup").unwrap(),
+        "w",
+    ));
+    let terms = LeaseTerms {
+        lease: Duration::from_secs(1),
+        state_ttl: Duration::from_secs(2),
+        allow_takeover: true,
+    };
+    let mut warmed = false;
+    for _ in 0..30 {
+        if backend
+            .acquire(&probe_flight, &OwnerToken::random(), &terms)
+            .await
+            .is_ok()
+        {
+            warmed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(warmed, "redis answers again");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Open: twelve concurrent requests (under the degraded limit), zero
+    // commands reach Redis.
+    let base = redis.command_calls("eval").unwrap();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let svc = svc.clone();
+        set.spawn(async move { svc.oneshot(format!("closed-door-{i}")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        if let Err(e) = r.unwrap() {
+            panic!("unexpected error: {e}");
+        }
+    }
+    assert_eq!(
+        redis.command_calls("eval").unwrap() - base,
+        0,
+        "zero commands while open"
+    );
+    assert_eq!(
+        counter_with(metric::LOCAL_FALLBACK_TOTAL, st, "reason", "circuit_open"),
+        12
+    );
+    assert_eq!(fast_work.calls(), 14);
+
+    // Half-open: of ten concurrent leaders, exactly the two probes reach
+    // Redis (acquire + commit each); the others run locally.
+    let until = handle.breaker().open_until().expect("open");
+    tokio::time::sleep_until(until + Duration::from_millis(50)).await;
+    let base = redis.command_calls("eval").unwrap();
+    let requests_before = counter(metric::DISTRIBUTED_REQUEST_TOTAL, st);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let slow = slow.clone();
+        set.spawn(async move { slow.oneshot(format!("probe-{i}")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        if let Err(e) = r.unwrap() {
+            panic!("unexpected error: {e}");
+        }
+    }
+    assert_eq!(slow_work.calls(), 10);
+    assert_eq!(
+        counter(metric::DISTRIBUTED_REQUEST_TOTAL, st) - requests_before,
+        2,
+        "exactly the configured probes"
+    );
+    assert_eq!(
+        redis.command_calls("eval").unwrap() - base,
+        4,
+        "two probe flights: acquire + commit each"
+    );
+    assert_eq!(
+        counter_with(metric::LOCAL_FALLBACK_TOTAL, st, "reason", "circuit_open"),
+        20
+    );
+
+    // The probes succeeded: closed, distributed mode is back.
+    assert_eq!(handle.breaker().state(), CircuitState::Closed);
+    assert!(!handle.is_degraded());
+    assert_eq!(gauge(metric::DEGRADED, st), Some(0.0));
+    assert_eq!(samples(metric::DEGRADED_DURATION, st), 1);
+    assert!(!handle.bulkhead().is_degraded());
+    let base = redis.command_calls("eval").unwrap();
+    for i in 0..3 {
+        svc.clone().oneshot(format!("back-{i}")).await.unwrap();
+    }
+    assert_eq!(redis.command_calls("eval").unwrap() - base, 6);
+    assert_eq!(
+        counter(metric::DISTRIBUTED_REQUEST_TOTAL, st) - requests_before,
+        5
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_only_with_open_breaker_fails_fast_with_circuit_open() {
+    let st = "do-open";
+    let redis = RedisServer::start().unwrap();
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        fast(Mode::DistributedOnly),
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(10)),
+    );
+    handle.breaker().force_open();
+
+    let results = burst(svc.clone(), "q", N).await;
+
+    assert_eq!(work.calls(), 0);
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(find::<CircuitOpen>(&**err).is_some(), "got {err}");
+        assert_eq!(class(err), ErrorClass::Unavailable);
+    }
+    assert_eq!(redis.command_calls("eval").unwrap(), 0);
+    // A failing flight ends at once, so the burst may make several leaders:
+    // each fails fast, none reaches Redis.
+    let leaders = counter(metric::LOCAL_OWNER_TOTAL, st);
+    assert!(leaders >= 1);
+    assert_eq!(
+        counter_with(metric::FAIL_FAST_TOTAL, st, "reason", "circuit_open"),
+        leaders
+    );
+    assert!(handle.is_degraded());
+    handle.breaker().reset();
+    assert!(!handle.is_degraded());
+}
+
+// ---------------------------------------------------------------------------
+// The kill switch.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_switch_under_load_keeps_in_flight_requests_and_moves_new_ones() {
+    let st = "kill-switch";
+    let redis = RedisServer::start().unwrap();
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        fast(Mode::Hybrid),
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(400)),
+    );
+
+    // Twenty callers on one key, in flight through L1 and L2.
+    let in_flight = {
+        let svc = svc.clone();
+        tokio::spawn(async move { burst(svc.clone(), "k", 20).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(handle.set_mode(Mode::Bypass).unwrap(), Mode::Hybrid);
+
+    // New requests for the same key follow the new mode: each runs.
+    let bypassed = burst(svc.clone(), "k", 5).await;
+    all_ok(&bypassed, "done:k");
+    let results = in_flight.await.unwrap();
+    all_ok(&results, "done:k");
+    assert_eq!(
+        work.calls(),
+        1 + 5,
+        "one flight for the twenty, five bypasses"
+    );
+    assert_eq!(counter(metric::BYPASS_TOTAL, st), 5);
+
+    // Local only: no more Redis calls.
+    handle.set_mode(Mode::LocalOnly).unwrap();
+    let base = redis.command_calls("eval").unwrap();
+    all_ok(&burst(svc.clone(), "k2", 5).await, "done:k2");
+    assert_eq!(redis.command_calls("eval").unwrap(), base);
+
+    // Flipping modes under continuous load never drops a request.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    for t in 0..8 {
+        let svc = svc.clone();
+        let stop = stop.clone();
+        load.spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let req = format!("load-{}", (t + n) % 3);
+                let v = svc.clone().oneshot(req.clone()).await;
+                assert_eq!(v.unwrap(), format!("done:{req}"));
+                n += 1;
+            }
+            n
+        });
+    }
+    for mode in [Mode::Hybrid, Mode::Bypass, Mode::LocalOnly, Mode::Hybrid] {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        handle.set_mode(mode).unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    while let Some(n) = load.join_next().await {
+        total += n.expect("every request under load succeeded");
+    }
+    assert!(total > 0);
+
+    // Back in HYBRID, flights go through Redis again.
+    let base = redis.command_calls("eval").unwrap();
+    all_ok(&burst(svc.clone(), "k3", 5).await, "done:k3");
+    assert!(redis.command_calls("eval").unwrap() >= base + 2);
+    assert_eq!(gauge(metric::MODE, st), Some(2.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_without_backend_cannot_be_switched_to_a_distributed_mode() {
+    metrics_on();
+    let layer = builder("no-backend")
+        .stage("no-backend", fast(Mode::LocalOnly))
+        .build()
+        .unwrap();
+    let handle = layer.stage("no-backend").unwrap();
+    let err = handle.set_mode(Mode::Hybrid).unwrap_err();
+    assert_eq!(err.mode(), Mode::Hybrid);
+    assert!(err.to_string().contains("no-backend"));
+    assert_eq!(handle.mode(), Mode::LocalOnly);
+    handle.set_mode(Mode::Bypass).unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Per-stage backends: two Redis deployments and a local-only stage.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_stage_uses_its_own_backend() {
+    metrics_on();
+    let a = RedisServer::start().unwrap();
+    let b = RedisServer::start().unwrap();
+    let mut cfg_a = fast(Mode::Hybrid);
+    cfg_a.backend = Some("a".into());
+    let mut cfg_b = fast(Mode::DistributedOnly);
+    cfg_b.backend = Some("b".into());
+    let layer = flightdeck::SingleFlightBuilder::new(
+        |req: &String| {
+            let (stage, rest) = req.split_once('|')?;
+            Some(FlightKey::from_bytes(StageName::new(stage).ok()?, rest))
+        },
+        flightdeck::core::CloneShare::<String>::new(),
+        flightdeck::distributed::PostcardCodec::<String>::new(),
+    )
+    .backend("a", redis_backend(a.url()).await)
+    .backend("b", redis_backend(b.url()).await)
+    .stage("sel-a", cfg_a)
+    .stage("sel-b", cfg_b)
+    .stage("sel-c", fast(Mode::LocalOnly))
+    .build()
+    .unwrap();
+    let work = Work::default();
+    let svc = BoxCloneService::new(layer.layer(work.service(Duration::from_millis(10))));
+
+    svc.clone().oneshot("sel-a|x".to_owned()).await.unwrap();
+    assert_eq!(
+        (
+            a.command_calls("eval").unwrap(),
+            b.command_calls("eval").unwrap()
+        ),
+        (2, 0)
+    );
+    svc.clone().oneshot("sel-b|x".to_owned()).await.unwrap();
+    assert_eq!(
+        (
+            a.command_calls("eval").unwrap(),
+            b.command_calls("eval").unwrap()
+        ),
+        (2, 2)
+    );
+    svc.clone().oneshot("sel-c|x".to_owned()).await.unwrap();
+    assert_eq!(
+        (
+            a.command_calls("eval").unwrap(),
+            b.command_calls("eval").unwrap()
+        ),
+        (2, 2)
+    );
+    assert_eq!(work.calls(), 3);
+
+    // A request without a key passes through; an unknown stage is an error.
+    assert_eq!(
+        svc.clone().oneshot("no key".to_owned()).await.unwrap(),
+        "done:no key"
+    );
+    let err = svc.oneshot("sel-z|x".to_owned()).await.unwrap_err();
+    assert!(err.is::<flightdeck::error::UnknownStage>());
+    assert_eq!(class(&err), ErrorClass::Internal);
+}
