@@ -384,6 +384,30 @@ mod tests {
         assert_eq!(e.finish(), KeyEncoder::new().field(b"abcdef").finish());
     }
 
+    /// The encoding is specified, not an accident of the implementation:
+    /// version byte, domain length and domain, then each field's length and
+    /// bytes, hashed with BLAKE3. Any optimisation must keep every digest.
+    #[test]
+    fn digest_is_blake3_of_the_specified_encoding() {
+        let big = vec![7u8; 3000];
+        let fields: [&[u8]; 5] = [b"GET", b"", &big, b"/v1/score", &[0xff; 600]];
+        let mut raw = vec![KEY_ENCODING_VERSION];
+        raw.extend_from_slice(&5u64.to_le_bytes());
+        raw.extend_from_slice(b"dom.x");
+        let mut enc = KeyEncoder::with_domain(b"dom.x");
+        for f in fields {
+            raw.extend_from_slice(&(f.len() as u64).to_le_bytes());
+            raw.extend_from_slice(f);
+            enc.push(f);
+        }
+        for _ in 0..300 {
+            raw.extend_from_slice(&2u64.to_le_bytes());
+            raw.extend_from_slice(b"ab");
+            enc.push(b"ab");
+        }
+        assert_eq!(enc.finish().as_bytes(), blake3::hash(&raw).as_bytes());
+    }
+
     #[test]
     fn domains_separate() {
         let a = KeyEncoder::with_domain(b"x").field(b"1").finish();
