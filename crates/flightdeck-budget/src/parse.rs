@@ -6,36 +6,40 @@ use std::time::Duration;
 /// An inbound timeout header could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidTimeout {
-    header: String,
-    problem: &'static str,
+    // The core error, so that the HTTP/gRPC adapters answer 400 /
+    // INVALID_ARGUMENT (it is this error's source).
+    inner: flightdeck_core::error::InvalidHeader,
 }
 
 impl InvalidTimeout {
     pub(crate) fn new(header: impl Into<String>, problem: &'static str) -> Self {
         Self {
-            header: header.into(),
-            problem,
+            inner: flightdeck_core::error::InvalidHeader::new(header, problem),
         }
     }
 
     /// The header's name.
     pub fn header(&self) -> &str {
-        &self.header
+        self.inner.name()
     }
 
     /// What is wrong with it.
     pub fn problem(&self) -> &'static str {
-        self.problem
+        self.inner.problem()
     }
 }
 
 impl fmt::Display for InvalidTimeout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid {} header: {}", self.header, self.problem)
+        fmt::Display::fmt(&self.inner, f)
     }
 }
 
-impl std::error::Error for InvalidTimeout {}
+impl std::error::Error for InvalidTimeout {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.inner)
+    }
+}
 
 /// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit, `H`
 /// (hours), `M` (minutes), `S`, `m` (milliseconds), `u` (microseconds) or

@@ -194,6 +194,9 @@ async fn malformed_header_is_an_error_or_ignored_by_config() {
         .unwrap_err();
     let invalid = err.downcast_ref::<InvalidTimeout>().expect("typed error");
     assert_eq!(invalid.header(), "grpc-timeout");
+    // The client's mistake: 400 / INVALID_ARGUMENT through the adapters.
+    let class = flightdeck_core::ErrorClass::of(&*err);
+    assert_eq!((class.http_status(), class.grpc_code()), (400, 3));
 
     let svc = ServiceBuilder::new()
         .layer(

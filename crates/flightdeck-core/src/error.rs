@@ -120,7 +120,7 @@ fn classify_one(e: &(dyn StdError + 'static)) -> Option<ErrorClass> {
         Some(ErrorClass::InProgress)
     } else if e.is::<WorkPanicked>() {
         Some(ErrorClass::Internal)
-    } else if e.is::<RequestBodyError>() {
+    } else if e.is::<RequestBodyError>() || e.is::<InvalidHeader>() {
         Some(ErrorClass::InvalidRequest)
     } else if e.is::<IdempotencyConflict>() {
         Some(ErrorClass::Unprocessable)
@@ -226,6 +226,44 @@ impl StdError for RequestBodyError {
         Some(&*self.source)
     }
 }
+
+/// A request header has a value the layer cannot use (e.g. a malformed
+/// `grpc-timeout`): the client's mistake, answered with 400 /
+/// `INVALID_ARGUMENT`. Layers with their own error type put this one in its
+/// `source()` chain so the one mapping applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidHeader {
+    name: String,
+    problem: &'static str,
+}
+
+impl InvalidHeader {
+    /// The header `name` is unusable because of `problem`.
+    pub fn new(name: impl Into<String>, problem: &'static str) -> Self {
+        Self {
+            name: name.into(),
+            problem,
+        }
+    }
+
+    /// The header's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What is wrong with it.
+    pub fn problem(&self) -> &'static str {
+        self.problem
+    }
+}
+
+impl fmt::Display for InvalidHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid {} header: {}", self.name, self.problem)
+    }
+}
+
+impl StdError for InvalidHeader {}
 
 /// A waiter gave up after its wait timeout. The flight itself goes on.
 #[derive(Debug, Clone, PartialEq, Eq)]
