@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use flightdeck_breaker::Outcome;
+use flightdeck_breaker::{CircuitState, Outcome};
 use flightdeck_core::error::{
     find, BoxError, CoordinationUnavailable, InProgress, LeaseLost, OutcomeUnknown, ProtocolError,
     WaitTimeout,
@@ -310,7 +310,13 @@ where
 
     // Breaker first: while it is open, not a single call reaches the backend.
     let permit = match ctl.breaker.try_acquire() {
-        Ok(permit) => permit,
+        Ok(permit) => Some(permit),
+        // The breaker closed and its ramp holds this call back: HYBRID runs
+        // it locally (the gradual return), but DISTRIBUTED_ONLY has nowhere
+        // else to go and the backend is healthy, so it goes on, unrecorded.
+        Err(_) if mode == Mode::DistributedOnly && ctl.breaker.state() == CircuitState::Closed => {
+            None
+        }
         Err(open) => {
             ctl.sync_degraded();
             return if mode == Mode::Hybrid {
@@ -321,6 +327,12 @@ where
                 Err(Box::new(open))
             };
         }
+    };
+    let record = |outcome: Outcome| {
+        if let Some(p) = permit {
+            p.record(outcome);
+        }
+        ctl.sync_degraded();
     };
 
     ctl.count(Count::DistributedRequest);
@@ -339,8 +351,7 @@ where
     let phase = kept.progress().phase();
     let err = match res {
         Ok(v) => {
-            permit.record(Outcome::Success);
-            ctl.sync_degraded();
+            record(Outcome::Success);
             if phase != Phase::Acquiring {
                 ctl.count(Count::Miss);
             }
@@ -353,25 +364,23 @@ where
         // The work ran here as the owner: its error is the business's (or
         // the lease was lost). Shared with the waiters, never retried,
         // never counted against the backend.
-        permit.record(if find::<LeaseLost>(&*err).is_some() {
+        record(if find::<LeaseLost>(&*err).is_some() {
             Outcome::Ignore
         } else {
             Outcome::Success
         });
-        ctl.sync_degraded();
         ctl.count(Count::OwnerFailure);
         return Err(err);
     };
 
     let kind = coordination_kind(&err);
     let waiting = phase == Phase::Following || find::<WaitTimeout>(&*err).is_some();
-    permit.record(match (kind, waiting) {
+    record(match (kind, waiting) {
         (Some(_), _) => Outcome::Failure,
         (None, true) => Outcome::Ignore,
         // The backend answered (e.g. a stored failure of another node).
         (None, false) => Outcome::Success,
     });
-    ctl.sync_degraded();
     if let Some(kind) = kind {
         ctl.count_with(metric::DISTRIBUTED_FAILURE_TOTAL, "kind", kind);
     }

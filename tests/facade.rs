@@ -46,8 +46,14 @@ fn class(err: &BoxError) -> ErrorClass {
     ErrorClass::of(&**err)
 }
 
-fn is_unavailable(err: &BoxError) -> bool {
-    find::<CoordinationUnavailable>(&**err).is_some() || find::<OutcomeUnknown>(&**err).is_some()
+/// A coordination error of any class. With the server killed, fred
+/// answers "connection refused" (unavailable), a timeout (outcome unknown)
+/// or, when the client is between connections, "Failed to route command."
+/// which `flightdeck-redis` currently classifies as protocol.
+fn is_coordination(err: &BoxError) -> bool {
+    find::<CoordinationUnavailable>(&**err).is_some()
+        || find::<OutcomeUnknown>(&**err).is_some()
+        || find::<ProtocolError>(&**err).is_some()
 }
 
 fn all_ok(results: &[Result<String, BoxError>], want: &str) {
@@ -59,14 +65,11 @@ fn all_ok(results: &[Result<String, BoxError>], want: &str) {
     }
 }
 
-fn fallbacks_for_unavailable(stage: &str) -> u64 {
-    counter_with(metric::LOCAL_FALLBACK_TOTAL, stage, "reason", "unavailable")
-        + counter_with(
-            metric::LOCAL_FALLBACK_TOTAL,
-            stage,
-            "reason",
-            "outcome_unknown",
-        )
+fn coordination_fallbacks(stage: &str) -> u64 {
+    ["unavailable", "outcome_unknown", "protocol"]
+        .iter()
+        .map(|r| counter_with(metric::LOCAL_FALLBACK_TOTAL, stage, "reason", r))
+        .sum()
 }
 
 // ---------------------------------------------------------------------------
@@ -97,7 +100,7 @@ async fn hybrid_before_acquire_runs_once_locally() {
     );
     assert_eq!(counter(metric::DISTRIBUTED_FAILURE_TOTAL, st), 1);
     assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 1);
-    assert_eq!(fallbacks_for_unavailable(st), 1);
+    assert_eq!(coordination_fallbacks(st), 1, "not a circuit-open fallback");
     assert_eq!(counter(metric::FALLBACK_EXECUTION_TOTAL, st), 1);
     assert_eq!(counter(metric::LOCAL_OWNER_TOTAL, st), 1);
     assert_eq!(counter(metric::LOCAL_WAITER_TOTAL, st), (N - 1) as u64);
@@ -128,7 +131,7 @@ async fn distributed_only_before_acquire_fails_fast() {
     assert_eq!(work.calls(), 0, "never executed without coordination");
     for r in &results {
         let err = r.as_ref().unwrap_err();
-        assert!(is_unavailable(err), "typed coordination error, got {err}");
+        assert!(is_coordination(err), "typed coordination error, got {err}");
         assert_eq!(class(err), ErrorClass::Unavailable, "503 / UNAVAILABLE");
     }
     assert_eq!(counter(metric::DISTRIBUTED_REQUEST_TOTAL, st), 1);
@@ -826,4 +829,81 @@ async fn each_stage_uses_its_own_backend() {
     let err = svc.oneshot("sel-z|x".to_owned()).await.unwrap_err();
     assert!(err.is::<flightdeck::error::UnknownStage>());
     assert_eq!(class(&err), ErrorClass::Internal);
+}
+
+// ---------------------------------------------------------------------------
+// The ramp: after closing, traffic returns to distributed mode gradually.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_closing_the_ramp_returns_leaders_to_redis_gradually() {
+    let st = "ramp";
+    let redis = RedisServer::start().unwrap();
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let backend = Switch {
+        inner: redis_backend(redis.url()).await,
+        down: down.clone(),
+    };
+    let mut cfg = fast(Mode::Hybrid);
+    cfg.breaker.consecutive_failures = Some(2);
+    cfg.breaker.wait_in_open = Duration::from_millis(300);
+    cfg.breaker.half_open_probes = 1;
+    cfg.breaker.ramp = vec![0.5];
+    cfg.breaker.ramp_step = Duration::from_secs(2);
+    let work = Work::default();
+    let (svc, handle) = setup(st, cfg, backend, work.service(Duration::from_millis(5)));
+
+    for i in 0..2 {
+        svc.clone().oneshot(format!("down-{i}")).await.unwrap();
+    }
+    assert_eq!(handle.breaker().state(), CircuitState::Open);
+    down.store(false, Ordering::SeqCst);
+    let until = handle.breaker().open_until().unwrap();
+    tokio::time::sleep_until(until + Duration::from_millis(20)).await;
+    svc.clone().oneshot("probe".to_owned()).await.unwrap();
+    assert_eq!(handle.breaker().state(), CircuitState::Closed);
+    assert_eq!(handle.breaker().ramp_share(), Some(0.5));
+    assert!(!handle.is_degraded());
+
+    let before = counter(metric::DISTRIBUTED_REQUEST_TOTAL, st);
+    for i in 0..10 {
+        svc.clone().oneshot(format!("ramp-{i}")).await.unwrap();
+    }
+    let sent = counter(metric::DISTRIBUTED_REQUEST_TOTAL, st) - before;
+    assert!((4..=6).contains(&sent), "about half went to Redis: {sent}");
+    assert_eq!(work.calls(), 13, "every request answered");
+}
+
+// ---------------------------------------------------------------------------
+// The budget: the execution slice bounds the real work.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_execution_budget_ends_slow_work_for_every_caller() {
+    let st = "budget";
+    let redis = RedisServer::start().unwrap();
+    let mut cfg = fast(Mode::Hybrid);
+    cfg.execution_timeout = Some(Duration::from_millis(100));
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(400)),
+    );
+
+    let results = burst(svc.clone(), "q", N).await;
+
+    assert_eq!(work.calls(), 1);
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        let dl = find::<flightdeck::core::error::DeadlineExceeded>(&**err).expect("deadline");
+        assert_eq!(dl.phase(), "execution");
+        assert_eq!(class(err), ErrorClass::DeadlineExceeded, "504");
+    }
+    assert_eq!(
+        counter(metric::OWNER_FAILURE_TOTAL, st),
+        1,
+        "the owner's failure"
+    );
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0, "not retried");
+    assert_eq!(handle.breaker().stats().failures, 0);
 }

@@ -204,6 +204,70 @@ impl<B: Backend> Backend for Garbage<B> {
     }
 }
 
+/// A backend that can be switched "down": while down, every acquire fails
+/// as unavailable without reaching the wrapped backend.
+#[derive(Clone)]
+pub struct Switch<B> {
+    pub inner: B,
+    pub down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<B: Backend> Backend for Switch<B> {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(BackendError::unavailable("switched down")) });
+        }
+        self.inner.acquire(flight, token, terms)
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        self.inner.heartbeat(flight, token, generation, terms)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        self.inner.commit(flight, token, generation, args)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.abandon(flight, token, generation, args)
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        self.inner.subscribe(flight)
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        self.inner.invalidate(flight, state_ttl)
+    }
+}
+
 /// A Redis backend for a testkit server, with short deadlines.
 pub async fn redis_backend(url: String) -> RedisBackend {
     RedisBackend::connect(
