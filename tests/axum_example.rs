@@ -1,0 +1,230 @@
+//! examples/axum.rs over real HTTP on loopback (axum server, hyper-util
+//! client): a burst runs the model once, locally and across two nodes
+//! sharing a real Redis; flightdeck's errors arrive as HTTP statuses; the
+//! `/metrics` endpoint shows the stage's counters.
+
+#[allow(dead_code)]
+#[path = "../examples/axum.rs"]
+mod axum_example;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum_example::{run, score_once, Options};
+use flightdeck::Mode;
+use flightdeck_testkit::RedisServer;
+use http::StatusCode;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+type HttpClient = Client<HttpConnector, Body>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http::<Body>()
+}
+
+/// Every test gets a bounded time: nothing here may hang CI.
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("the test finished within 60 s")
+}
+
+/// `n` identical requests per node, all released together; returns the
+/// statuses and distinct bodies.
+async fn burst(
+    client: &HttpClient,
+    addrs: &[std::net::SocketAddr],
+    n: usize,
+    answer: &'static str,
+) -> (Vec<StatusCode>, std::collections::BTreeSet<bytes::Bytes>) {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n * addrs.len()));
+    let mut tasks = Vec::new();
+    for &addr in addrs {
+        for _ in 0..n {
+            let (client, barrier) = (client.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                score_once(&client, addr, answer).await
+            }));
+        }
+    }
+    let mut statuses = Vec::new();
+    let mut bodies = std::collections::BTreeSet::new();
+    for t in tasks {
+        let (status, body) = t.await.unwrap().unwrap();
+        statuses.push(status);
+        bodies.insert(body);
+    }
+    (statuses, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_only_burst_runs_the_model_once() {
+    bounded(async {
+        let node = run(Options::local(Duration::from_millis(300)))
+            .await
+            .unwrap();
+        assert_eq!(node.mode(), Mode::LocalOnly, "no REDIS_URL: LOCAL_ONLY");
+        let client = client();
+        let (statuses, bodies) = burst(&client, &[node.addr], 40, "a tower layer").await;
+        assert!(
+            statuses.iter().all(|s| *s == StatusCode::OK),
+            "{statuses:?}"
+        );
+        assert_eq!(bodies.len(), 1, "everybody got the same score");
+        assert_eq!(node.model.calls.load(Ordering::SeqCst), 1);
+
+        // A different answer is different work.
+        let (status, _) = score_once(&client, node.addr, "another answer")
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(node.model.calls.load(Ordering::SeqCst), 2);
+
+        // The usage endpoint and the metrics endpoint tell the same story.
+        let usage = get(&client, node.addr, "/v1/usage").await;
+        assert!(usage.contains("\"model_calls\":2"), "{usage}");
+        let metrics = get(&client, node.addr, "/metrics").await;
+        assert!(
+            metrics.contains("singleflight_local_waiter_total{stage=\"score\"}"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("singleflight_execution_duration_bucket"));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_two_nodes_share_one_execution_through_redis() {
+    bounded(async {
+        let redis = RedisServer::start().unwrap();
+        let mut nodes = Vec::new();
+        for _ in 0..2 {
+            let mut opts = Options::local(Duration::from_millis(400));
+            opts.redis_url = Some(redis.url());
+            nodes.push(run(opts).await.unwrap());
+        }
+        assert_eq!(nodes[0].mode(), Mode::Hybrid, "REDIS_URL set: HYBRID");
+        let client = client();
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let (statuses, bodies) = burst(&client, &addrs, 20, "shared across nodes").await;
+        assert!(
+            statuses.iter().all(|s| *s == StatusCode::OK),
+            "{statuses:?}"
+        );
+        assert_eq!(bodies.len(), 1, "both nodes answered with the same score");
+        let calls: u64 = nodes
+            .iter()
+            .map(|n| n.model.calls.load(Ordering::SeqCst))
+            .sum();
+        assert_eq!(calls, 1, "one model call for 40 requests on 2 nodes");
+
+        // Later, the stored result is replayed on either node (result TTL).
+        let (status, body) = score_once(&client, addrs[1], "shared across nodes")
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(bodies.contains(&body));
+        let calls: u64 = nodes
+            .iter()
+            .map(|n| n.model.calls.load(Ordering::SeqCst))
+            .sum();
+        assert_eq!(calls, 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_breaker_is_503_in_distributed_only_and_a_local_fallback_in_hybrid() {
+    bounded(async {
+        let redis = RedisServer::start().unwrap();
+        let mut opts = Options::local(Duration::from_millis(10));
+        opts.redis_url = Some(redis.url());
+        let node = run(opts).await.unwrap();
+        let stage = node.flights.stage("score").unwrap();
+        stage.breaker().force_open();
+        let client = client();
+
+        // HYBRID: Redis is "down", the request still gets a score, computed
+        // here, and the stage is visibly degraded.
+        let (status, _) = score_once(&client, node.addr, "fallback").await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(stage.is_degraded());
+        let metrics = get(&client, node.addr, "/metrics").await;
+        assert!(
+            metrics.contains(
+                "singleflight_local_fallback_total{stage=\"score\",reason=\"circuit_open\"}"
+            ),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("singleflight_degraded{stage=\"score\"} 1"),
+            "{metrics}"
+        );
+
+        // DISTRIBUTED_ONLY (work that must never run twice): fail fast.
+        stage.set_mode(Mode::DistributedOnly).unwrap();
+        let (status, body) = score_once(&client, node.addr, "must not run twice")
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+        assert_eq!(
+            node.model.calls.load(Ordering::SeqCst),
+            1,
+            "only the fallback ran"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_model_is_504_and_full_bulkhead_is_429() {
+    bounded(async {
+        let config = axum_example::DEFAULT_CONFIG
+            .replace(
+                "execution-timeout = \"20s\"",
+                "execution-timeout = \"300ms\"",
+            )
+            .replace("limit = 32 ", "limit = 1 ")
+            .replace("degraded-limit = 8 ", "degraded-limit = 1 ");
+        assert_ne!(config, axum_example::DEFAULT_CONFIG);
+        let mut opts = Options::local(Duration::from_millis(1000));
+        opts.config = config;
+        let node = run(opts).await.unwrap();
+        let client = client();
+
+        // One model call holds the only slot (and will overrun its budget).
+        let slow = {
+            let client = client.clone();
+            let addr = node.addr;
+            tokio::spawn(async move { score_once(&client, addr, "slow").await })
+        };
+        for _ in 0..500 {
+            if node.model.calls.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(node.model.calls.load(Ordering::SeqCst), 1);
+        let (status, _) = score_once(&client, node.addr, "other work").await.unwrap();
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "bulkhead full");
+
+        let (status, body) = slow.await.unwrap().unwrap();
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body:?}");
+    })
+    .await;
+}
+
+async fn get(client: &HttpClient, addr: std::net::SocketAddr, path: &str) -> String {
+    use http_body_util::BodyExt;
+    let resp = client
+        .get(format!("http://{addr}{path}").parse().unwrap())
+        .await
+        .unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}

@@ -1,0 +1,202 @@
+//! examples/tonic.rs over real gRPC on loopback (tonic server and client):
+//! a burst of identical `Summarize` calls runs the model once and every
+//! caller gets the reply with its metadata and trailers (a shared reply
+//! without its `grpc-status` trailer fails in the client); business errors
+//! are shared too; the server-streaming method is never coalesced; our
+//! errors arrive as real gRPC statuses.
+
+#[allow(dead_code)]
+#[path = "../examples/tonic.rs"]
+mod tonic_example;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flightdeck::Mode;
+use flightdeck_testkit::RedisServer;
+use tonic::Code;
+use tonic_example::{run, Options, SummarizeRequest, SummarizerClient};
+
+/// Every test gets a bounded time: nothing here may hang CI.
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("the test finished within 60 s")
+}
+
+fn doc(text: &str) -> SummarizeRequest {
+    SummarizeRequest {
+        document: text.to_owned(),
+        max_words: 3,
+    }
+}
+
+/// `n` identical calls per address, released together.
+async fn burst(
+    addrs: &[std::net::SocketAddr],
+    n: usize,
+    text: &'static str,
+) -> Vec<Result<tonic::Response<tonic_example::Summary>, tonic::Status>> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n * addrs.len()));
+    let mut tasks = Vec::new();
+    for &addr in addrs {
+        let client = SummarizerClient::connect(addr).await.unwrap();
+        for _ in 0..n {
+            let (mut client, barrier) = (client.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                client.summarize(doc(text)).await
+            }));
+        }
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_burst_runs_once_and_every_caller_gets_reply_metadata_and_trailers() {
+    bounded(async {
+        let node = run(Options::local(Duration::from_millis(300)))
+            .await
+            .unwrap();
+        let replies = burst(&[node.addr], 30, "one two three four five").await;
+        assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 1);
+        for r in replies {
+            let r = r.expect("every caller got an OK status (from the shared trailers)");
+            assert_eq!(r.metadata().get("x-model").unwrap(), "summarizer-v2");
+            let s = r.into_inner();
+            assert_eq!(s.text, "one two three");
+            assert_eq!(s.execution, 1);
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_two_nodes_share_one_execution_through_redis() {
+    bounded(async {
+        let redis = RedisServer::start().unwrap();
+        let mut nodes = Vec::new();
+        for _ in 0..2 {
+            let mut opts = Options::local(Duration::from_millis(400));
+            opts.redis_url = Some(redis.url());
+            nodes.push(run(opts).await.unwrap());
+        }
+        let stage = nodes[0].flights.stage("summarize").unwrap();
+        assert_eq!(stage.mode(), Mode::Hybrid);
+        let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
+        let replies = burst(&addrs, 15, "across the whole deployment").await;
+        for r in replies {
+            assert_eq!(r.unwrap().into_inner().text, "across the whole");
+        }
+        let calls: u64 = nodes
+            .iter()
+            .map(|n| n.model.summarize_calls.load(Ordering::SeqCst))
+            .sum();
+        assert_eq!(calls, 1, "one execution for 30 calls on 2 nodes");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_business_error_is_shared_with_its_status() {
+    bounded(async {
+        let node = run(Options::local(Duration::from_millis(200)))
+            .await
+            .unwrap();
+        let replies = burst(&[node.addr], 10, "   ").await;
+        for r in replies {
+            let status = r.unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            assert_eq!(status.message(), "the document is empty");
+        }
+        assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_streaming_passes_through_untouched() {
+    bounded(async {
+        let node = run(Options::local(Duration::from_millis(10)))
+            .await
+            .unwrap();
+        let client = SummarizerClient::connect(node.addr).await.unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..5 {
+            let mut client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut stream = client
+                    .stream_summary(doc("alpha beta gamma delta"))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let mut words = Vec::new();
+                while let Some(chunk) = stream.message().await.unwrap() {
+                    assert_eq!(chunk.index as usize, words.len());
+                    words.push(chunk.text);
+                }
+                words
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), ["alpha", "beta", "gamma"]);
+        }
+        assert_eq!(
+            node.model.stream_calls.load(Ordering::SeqCst),
+            5,
+            "streams are never coalesced"
+        );
+        assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_errors_arrive_as_grpc_statuses() {
+    bounded(async {
+        // DISTRIBUTED_ONLY with the breaker open: UNAVAILABLE, fast.
+        let redis = RedisServer::start().unwrap();
+        let mut opts = Options::local(Duration::from_millis(10));
+        opts.redis_url = Some(redis.url());
+        let node = run(opts).await.unwrap();
+        let stage = node.flights.stage("summarize").unwrap();
+        stage.set_mode(Mode::DistributedOnly).unwrap();
+        stage.breaker().force_open();
+        let mut client = SummarizerClient::connect(node.addr).await.unwrap();
+        let status = client.summarize(doc("a b c")).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 0);
+
+        // A model call over its execution budget: DEADLINE_EXCEEDED; a
+        // second call while the only slot is taken: RESOURCE_EXHAUSTED.
+        let mut opts = Options::local(Duration::from_millis(1000));
+        opts.execution_timeout = Duration::from_millis(300);
+        opts.bulkhead_limit = 1;
+        let node = run(opts).await.unwrap();
+        let client = SummarizerClient::connect(node.addr).await.unwrap();
+        let slow = {
+            let mut client = client.clone();
+            tokio::spawn(async move { client.summarize(doc("slow work")).await })
+        };
+        for _ in 0..500 {
+            if node.model.summarize_calls.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let status = client
+            .clone()
+            .summarize(doc("other work"))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        let status = slow.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    })
+    .await;
+}
