@@ -65,7 +65,7 @@ async fn burst(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_only_burst_runs_the_model_once() {
     bounded(async {
-        let node = run(Options::local(Duration::from_millis(300)))
+        let node = run(Options::local(Duration::from_millis(1000)))
             .await
             .unwrap();
         assert_eq!(node.mode(), Mode::LocalOnly, "no REDIS_URL: LOCAL_ONLY");
@@ -187,12 +187,13 @@ async fn slow_model_is_504_and_full_bulkhead_is_429() {
         let config = axum_example::DEFAULT_CONFIG
             .replace(
                 "execution-timeout = \"20s\"",
-                "execution-timeout = \"300ms\"",
+                "execution-timeout = \"1500ms\"",
             )
             .replace("limit = 32 ", "limit = 1 ")
             .replace("degraded-limit = 8 ", "degraded-limit = 1 ");
         assert_ne!(config, axum_example::DEFAULT_CONFIG);
-        let mut opts = Options::local(Duration::from_millis(1000));
+        // Margins are wide so a loaded CI machine cannot blur 429 and 504.
+        let mut opts = Options::local(Duration::from_millis(3000));
         opts.config = config;
         let node = run(opts).await.unwrap();
         let client = client();
