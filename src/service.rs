@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use flightdeck_breaker::{CircuitState, Outcome};
+use flightdeck_breaker::{CircuitState, Outcome, Permit};
 use flightdeck_core::error::{
     find, BoxError, CoordinationUnavailable, InProgress, LeaseLost, OutcomeUnknown, ProtocolError,
     WaitTimeout,
@@ -25,7 +25,7 @@ use crate::future::ResponseFuture;
 use crate::layer::Shared;
 use crate::mode::{Mode, OnWaitFailure};
 use crate::share::Flown;
-use crate::stage::{Count, Stage};
+use crate::stage::{Count, Fallback, Stage};
 use crate::ticket::{Fence, Phase, SlotRunner, Ticket, PROGRESS};
 
 /// A request with its key, as L1 sees it (the facade extracts the key once).
@@ -203,13 +203,49 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Keyed<Req>) -> Self::Future {
+    fn call(&mut self, keyed: Keyed<Req>) -> Self::Future {
+        let Keyed { key, req } = keyed;
+        let stage = Arc::clone(&self.stage);
+        let inner = self.inner.clone();
+        let share = self.share.clone();
+        let mode = self.mode;
+        if stage.l2.is_none() || !mode.is_distributed() {
+            return Box::pin(async move { local(&stage, inner, &share, req).await });
+        }
+        // Breaker first: while it is open, not a single call reaches the
+        // backend. Decided here, so that the degraded path only allocates
+        // the small local future.
+        let ctl = &stage.ctl;
+        let permit = match ctl.breaker.try_acquire() {
+            Ok(permit) => Some(permit),
+            // The breaker closed and its ramp holds this call back: HYBRID
+            // runs it locally (the gradual return), but DISTRIBUTED_ONLY has
+            // nowhere else to go and the backend is healthy, so it goes on,
+            // unrecorded.
+            Err(_)
+                if mode == Mode::DistributedOnly && ctl.breaker.state() == CircuitState::Closed =>
+            {
+                None
+            }
+            Err(open) => {
+                ctl.enter_degraded();
+                if mode == Mode::Hybrid {
+                    return Box::pin(async move {
+                        fallback(&stage, Fallback::CircuitOpen, inner, &share, req).await
+                    });
+                }
+                ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", "circuit_open");
+                return Box::pin(std::future::ready(Err(Box::new(open) as BoxError)));
+            }
+        };
         Box::pin(coordinate(
-            Arc::clone(&self.stage),
-            self.mode,
-            self.inner.clone(),
+            stage,
+            mode,
+            permit,
+            inner,
             self.fence.clone(),
-            self.share.clone(),
+            share,
+            key,
             req,
         ))
     }
@@ -252,7 +288,7 @@ where
 /// HYBRID's local fallback: counted, then run here.
 async fn fallback<S, Req, Sh, C>(
     stage: &Stage<Sh, C>,
-    reason: &'static str,
+    reason: Fallback,
     inner: S,
     share: &Sh,
     req: Req,
@@ -262,10 +298,7 @@ where
     S::Error: Into<BoxError>,
     Sh: Share<S::Response>,
 {
-    stage
-        .ctl
-        .count_with(metric::LOCAL_FALLBACK_TOTAL, "reason", reason);
-    stage.ctl.count(Count::FallbackExecution);
+    stage.ctl.count_fallback(reason);
     local(stage, inner, share, req).await
 }
 
@@ -283,13 +316,17 @@ fn coordination_kind(err: &BoxError) -> Option<&'static str> {
     }
 }
 
+/// The distributed path of one L1 leader, after the breaker let it through.
+#[allow(clippy::too_many_arguments)]
 async fn coordinate<S, Req, Sh, C, F>(
     stage: Arc<Stage<Sh, C>>,
     mode: Mode,
+    permit: Option<Permit>,
     inner: S,
     fence: F,
     share: Sh,
-    keyed: Keyed<Req>,
+    key: FlightKey,
+    req: Req,
 ) -> Result<Flown<Sh::Shared, Sh::Output>, BoxError>
 where
     S: Service<Req> + Clone + Send + 'static,
@@ -301,33 +338,10 @@ where
     C: ResultCodec<Sh::Shared>,
     F: Fence<Req>,
 {
-    let Keyed { key, req } = keyed;
-    let l2 = match (&stage.l2, mode) {
-        (Some(l2), Mode::Hybrid | Mode::DistributedOnly) => l2,
-        _ => return local(&stage, inner, &share, req).await,
+    let Some(l2) = &stage.l2 else {
+        return local(&stage, inner, &share, req).await;
     };
     let ctl = &stage.ctl;
-
-    // Breaker first: while it is open, not a single call reaches the backend.
-    let permit = match ctl.breaker.try_acquire() {
-        Ok(permit) => Some(permit),
-        // The breaker closed and its ramp holds this call back: HYBRID runs
-        // it locally (the gradual return), but DISTRIBUTED_ONLY has nowhere
-        // else to go and the backend is healthy, so it goes on, unrecorded.
-        Err(_) if mode == Mode::DistributedOnly && ctl.breaker.state() == CircuitState::Closed => {
-            None
-        }
-        Err(open) => {
-            ctl.sync_degraded();
-            return if mode == Mode::Hybrid {
-                tracing::debug!(stage = %ctl.name, "breaker open: running locally");
-                fallback(&stage, "circuit_open", inner, &share, req).await
-            } else {
-                ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", "circuit_open");
-                Err(Box::new(open))
-            };
-        }
-    };
     let record = |outcome: Outcome| {
         if let Some(p) = permit {
             p.record(outcome);
@@ -397,7 +411,7 @@ where
         ctl.count_with(metric::WAIT_FAILURE_TOTAL, "action", action);
         tracing::warn!(stage = %ctl.name, %policy, error = %err, "follower wait failed");
         return match action {
-            "local" => fallback(&stage, "wait_failure", inner, &share, req).await,
+            "local" => fallback(&stage, Fallback::WaitFailure, inner, &share, req).await,
             "in_progress" => Err(Box::new(InProgress::new(Some(ctl.name.clone())))),
             "fail" => Err(Box::new(CoordinationUnavailable::new(err))),
             _ => Err(err),
@@ -407,7 +421,7 @@ where
     match (kind, mode) {
         (Some(kind), Mode::Hybrid) => {
             tracing::warn!(stage = %ctl.name, kind, error = %err, "coordination failed before acquiring: running locally");
-            fallback(&stage, kind, inner, &share, req).await
+            fallback(&stage, Fallback::from_kind(kind), inner, &share, req).await
         }
         (Some(kind), _) => {
             ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", kind);

@@ -61,6 +61,46 @@ struct Keys {
     degraded: Key,
     degraded_duration: Key,
     mode: Key,
+    fallback: [Key; Fallback::ALL.len()],
+}
+
+/// Why a HYBRID leader ran locally (the `reason` label of
+/// `singleflight_local_fallback_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    CircuitOpen,
+    Unavailable,
+    OutcomeUnknown,
+    Protocol,
+    WaitFailure,
+}
+
+impl Fallback {
+    const ALL: [Fallback; 5] = [
+        Self::CircuitOpen,
+        Self::Unavailable,
+        Self::OutcomeUnknown,
+        Self::Protocol,
+        Self::WaitFailure,
+    ];
+
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::CircuitOpen => "circuit_open",
+            Self::Unavailable => "unavailable",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::Protocol => "protocol",
+            Self::WaitFailure => "wait_failure",
+        }
+    }
+
+    pub(crate) fn from_kind(kind: &'static str) -> Self {
+        match kind {
+            "unavailable" => Self::Unavailable,
+            "outcome_unknown" => Self::OutcomeUnknown,
+            _ => Self::Protocol,
+        }
+    }
 }
 
 impl Keys {
@@ -79,6 +119,12 @@ impl Keys {
             degraded: key(metric::DEGRADED),
             degraded_duration: key(metric::DEGRADED_DURATION),
             mode: key(metric::MODE),
+            fallback: Fallback::ALL.map(|f| {
+                Key::from_parts(
+                    metric::LOCAL_FALLBACK_TOTAL,
+                    vec![label.clone(), Label::new("reason", f.as_str())],
+                )
+            }),
             label,
         }
     }
@@ -91,7 +137,6 @@ pub(crate) enum Count {
     Miss,
     OwnerFailure,
     Bypass,
-    FallbackExecution,
 }
 
 impl Control {
@@ -129,9 +174,26 @@ impl Control {
             Count::Miss => &self.keys.miss,
             Count::OwnerFailure => &self.keys.owner_failure,
             Count::Bypass => &self.keys.bypass,
-            Count::FallbackExecution => &self.keys.fallback_execution,
         };
         metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+    }
+
+    /// Counts one local fallback and its execution.
+    pub(crate) fn count_fallback(&self, why: Fallback) {
+        let key = &self.keys.fallback[why as usize];
+        metrics::with_recorder(|r| {
+            r.register_counter(key, &METADATA).increment(1);
+            r.register_counter(&self.keys.fallback_execution, &METADATA)
+                .increment(1);
+        });
+    }
+
+    /// Follows the breaker, but only until the stage is known to be
+    /// degraded (the per-call cost while degraded is one load).
+    pub(crate) fn enter_degraded(&self) {
+        if !self.degraded.load(Ordering::Acquire) {
+            self.sync_degraded();
+        }
     }
 
     /// Counts `name` with the stage label and one more label (rare events:

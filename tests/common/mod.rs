@@ -268,6 +268,73 @@ impl<B: Backend> Backend for Switch<B> {
     }
 }
 
+/// A backend whose first acquire of each token goes to the real backend
+/// and whose later acquires with the same token (a follower's re-checks)
+/// answer garbage.
+#[derive(Clone)]
+pub struct GarbageAfterFirst<B> {
+    pub inner: B,
+    pub acquires: Arc<AtomicUsize>,
+    pub seen: Arc<Mutex<std::collections::HashSet<String>>>,
+}
+
+impl<B: Backend> Backend for GarbageAfterFirst<B> {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        if self.seen.lock().unwrap().insert(token.as_str().to_owned()) {
+            return self.inner.acquire(flight, token, terms);
+        }
+        Box::pin(async { Err(BackendError::protocol("malformed FOLLOWER reply")) })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        self.inner.heartbeat(flight, token, generation, terms)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        self.inner.commit(flight, token, generation, args)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.abandon(flight, token, generation, args)
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        self.inner.subscribe(flight)
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        self.inner.invalidate(flight, state_ttl)
+    }
+}
+
 /// A Redis backend for a testkit server, with short deadlines.
 pub async fn redis_backend(url: String) -> RedisBackend {
     RedisBackend::connect(

@@ -74,7 +74,13 @@ struct Core {
     word: AtomicU64,
     inner: Mutex<Inner>,
     events: broadcast::Sender<Transition>,
+    // Built once: a rejected call (the hot path while open) must not
+    // allocate a metric key.
+    rejected: metrics::Key,
 }
+
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
 
 #[derive(Clone, Copy)]
 struct Probe {
@@ -129,6 +135,13 @@ impl Breaker {
         };
         metrics::gauge!(metric::CIRCUIT_STATE, metric::LABEL_BREAKER => name.to_string())
             .set(CircuitState::Closed.gauge_value());
+        let rejected = metrics::Key::from_parts(
+            metric::CIRCUIT_REJECTED_TOTAL,
+            vec![metrics::Label::new(
+                metric::LABEL_BREAKER,
+                metrics::SharedString::from(Arc::clone(&name)),
+            )],
+        );
         Ok(Self {
             core: Arc::new(Core {
                 clock_on_admit: cfg.slow_call.is_some(),
@@ -137,6 +150,7 @@ impl Breaker {
                 word: AtomicU64::new(CLOSED),
                 inner: Mutex::new(inner),
                 events,
+                rejected,
             }),
         })
     }
@@ -322,8 +336,7 @@ impl Core {
             _ => {}
         }
         drop(inner);
-        metrics::counter!(metric::CIRCUIT_REJECTED_TOTAL, metric::LABEL_BREAKER => this.name.to_string())
-            .increment(1);
+        metrics::with_recorder(|r| r.register_counter(&this.rejected, &METADATA).increment(1));
         Err(CircuitOpen::new(this.name.clone()))
     }
 
