@@ -1,4 +1,22 @@
-//! Response future of [`SingleFlight`](crate::SingleFlight).
+//! Response future of [`SingleFlight`](crate::SingleFlight): named, so the
+//! facade adds no allocation of its own on the bypass and waiter paths (the
+//! one boxed future per flight is the L1 leader's coordination, see
+//! [`CoordinatorFuture`](crate::service::CoordinatorFuture)).
+//!
+//! ```
+//! use flightdeck::future::ResponseFuture;
+//! use flightdeck::service::{Coordinator, Keyed};
+//! use flightdeck::share::Flown;
+//!
+//! // It is the `Future` of `SingleFlight`'s `Service` impl.
+//! fn named<S, Req, Sh, C, F>(_: &ResponseFuture<S, Req, Sh, C, F>)
+//! where
+//!     S: tower::Service<Req>,
+//!     Sh: flightdeck::core::Share<S::Response>,
+//!     Coordinator<S, Sh, C, F>: tower::Service<Keyed<Req>, Response = Flown<Sh::Shared, Sh::Output>>,
+//! {
+//! }
+//! ```
 
 use std::fmt;
 use std::future::Future;

@@ -1,6 +1,34 @@
 //! The facade's services: [`SingleFlight`] (what users get) and
 //! [`Coordinator`] (what runs for each L1 leader: the mode, the breaker,
 //! L2, and the failure table).
+//!
+//! [`SingleFlight`] is always ready: it decides in `call` (bypass, coalesce,
+//! reject) and drives the inner service to readiness on the path that runs
+//! it, which is what axum expects.
+//!
+//! ```
+//! use flightdeck::core::{CloneShare, FlightKey, StageName};
+//! use flightdeck::distributed::PostcardCodec;
+//! use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+//! use tower::{service_fn, Layer, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let stage = StageName::new("local").unwrap();
+//! let layer = SingleFlightBuilder::new(
+//!     move |q: &String| Some(FlightKey::from_bytes(stage.clone(), q)),
+//!     CloneShare::<usize>::new(),
+//!     PostcardCodec::<usize>::new(),
+//! )
+//! .stage("local", StageConfig::new().mode(Mode::LocalOnly))
+//! .build()
+//! .unwrap();
+//! let mut svc = layer.layer(service_fn(|q: String| async move {
+//!     Ok::<_, std::convert::Infallible>(q.len())
+//! }));
+//! assert_eq!(svc.ready().await.unwrap().call("four".to_owned()).await.unwrap(), 4);
+//! # }
+//! ```
 
 use std::fmt;
 use std::future::Future;

@@ -5,6 +5,21 @@
 //! stores the same form in the backend. The facade therefore asks both to
 //! hand it [`Flown`] values (the shared form, or an output that could not
 //! be shared) and restores the caller's output once, at the end.
+//!
+//! ```
+//! use flightdeck::share::Flown;
+//!
+//! // What the facade does with each L1 result: restore a shared value for
+//! // the caller, or hand over an output that was never shared.
+//! fn finish(flown: Flown<std::sync::Arc<str>, String>) -> String {
+//!     match flown {
+//!         Flown::Shared(v) => v.to_string(),
+//!         Flown::Output(o) => o,
+//!     }
+//! }
+//! assert_eq!(finish(Flown::Shared("a".into())), "a");
+//! assert_eq!(finish(Flown::Output("b".to_owned())), "b");
+//! ```
 
 use std::fmt;
 use std::future::{ready, Future, Ready};

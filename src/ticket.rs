@@ -13,6 +13,31 @@
 //! backend, so a protocol error while *following* another node's flight is
 //! treated as a follower-wait failure (never executed at once) and not as a
 //! before-acquire failure.
+//!
+//! A [`Fence`] hands the owner's token to your request type (here a
+//! closure; `ExtensionFence` does it for `http::Request`s):
+//!
+//! ```
+//! use flightdeck::core::{CloneShare, FlightKey, StageName};
+//! use flightdeck::distributed::{FencingToken, PostcardCodec};
+//! use flightdeck::SingleFlightBuilder;
+//!
+//! struct Job {
+//!     id: u64,
+//!     generation: Option<u64>,
+//! }
+//!
+//! let stage = StageName::new("jobs").unwrap();
+//! let builder = SingleFlightBuilder::new(
+//!     move |job: &Job| Some(FlightKey::from_bytes(stage.clone(), job.id.to_le_bytes())),
+//!     CloneShare::<String>::new(),
+//!     PostcardCodec::<String>::new(),
+//! )
+//! // The owner's writes downstream carry its generation, so a stale owner's
+//! // late write can be refused.
+//! .fence(|job: &mut Job, token: FencingToken| job.generation = Some(token.generation));
+//! # let _ = builder;
+//! ```
 
 use std::fmt;
 use std::future::Future;
