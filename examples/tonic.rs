@@ -26,11 +26,12 @@
 //! ```text
 //! cargo run --example tonic                 # LOCAL_ONLY on 127.0.0.1:50051, no Redis
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example tonic   # HYBRID
+//! curl -s 127.0.0.1:9464/metrics | grep singleflight_            # Prometheus
 //! ```
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -41,6 +42,7 @@ use flightdeck::key::KeyLayer;
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use http::uri::PathAndQuery;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
@@ -95,10 +97,14 @@ async fn main() -> Result<(), BoxError> {
     let mut opts = Options::local(Duration::from_millis(1500));
     opts.redis_url = std::env::var("REDIS_URL").ok();
     opts.listen = listen;
+    opts.metrics_listen = std::env::var("METRICS_LISTEN")
+        .unwrap_or_else(|_| "127.0.0.1:9464".to_owned())
+        .parse()?;
     let node = run(opts).await?;
     println!(
-        "Summarizer on {} (stage summarize: {})",
+        "Summarizer on {}, metrics on http://{}/metrics (stage summarize: {})",
         node.addr,
+        node.metrics_addr,
         node.flights
             .stage("summarize")
             .map_or(Mode::Bypass, |s| s.mode())
@@ -145,6 +151,8 @@ pub(crate) struct Options {
     pub(crate) bulkhead_limit: usize,
     /// Where to listen (port 0 picks a free one).
     pub(crate) listen: SocketAddr,
+    /// Where to serve `/metrics` over HTTP/1 (port 0 picks a free one).
+    pub(crate) metrics_listen: SocketAddr,
 }
 
 impl Options {
@@ -156,6 +164,7 @@ impl Options {
             execution_timeout: Duration::from_secs(20),
             bulkhead_limit: 32,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
     }
 }
@@ -211,11 +220,15 @@ pub(crate) struct Node {
     pub(crate) flights: FlightLayer,
     /// The server task.
     pub(crate) server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    /// Where `/metrics` is served.
+    pub(crate) metrics_addr: SocketAddr,
+    metrics_server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         self.server.abort();
+        self.metrics_server.abort();
     }
 }
 
@@ -262,12 +275,58 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
             model: model.clone(),
         });
     let server = tokio::spawn(router.serve_with_incoming(TcpListenerStream::new(listener)));
+
+    // Prometheus scrapes plain HTTP: `/metrics` on a port of its own.
+    let metrics = prometheus();
+    let metrics_app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                metrics.map_or_else(
+                    || "another metrics recorder is installed\n".to_owned(),
+                    |h| h.render(),
+                )
+            }
+        }),
+    );
+    let metrics_listener = tokio::net::TcpListener::bind(opts.metrics_listen).await?;
+    let metrics_addr = metrics_listener.local_addr()?;
+    let metrics_server =
+        tokio::spawn(async move { axum::serve(metrics_listener, metrics_app).await });
     Ok(Node {
         addr,
         model,
         flights,
         server,
+        metrics_addr,
+        metrics_server,
     })
+}
+
+/// The Prometheus recorder (`metrics-exporter-prometheus` without its
+/// HTTP listener), installed once per process, with histogram buckets.
+pub(crate) fn prometheus() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.001, 0.01, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+            ];
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_duration".to_owned()), &buckets)
+                .ok()?
+                .install_recorder()
+                .ok()?;
+            let h = handle.clone();
+            // Upkeep (draining histogram buffers) is ours to run.
+            std::thread::spawn(move || loop {
+                std::thread::sleep(Duration::from_secs(5));
+                h.run_upkeep();
+            });
+            Some(handle)
+        })
+        .clone()
 }
 
 /// The server side of `Summarizer`, as `tonic-build` would generate it.

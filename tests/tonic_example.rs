@@ -65,6 +65,11 @@ async fn unary_burst_runs_once_and_every_caller_gets_reply_metadata_and_trailers
             .unwrap();
         let replies = burst(&[node.addr], 30, "one two three four five").await;
         assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 1);
+        let metrics = get_metrics(node.metrics_addr).await;
+        assert!(
+            metrics.contains("singleflight_local_waiter_total{stage=\"summarize\"}"),
+            "{metrics}"
+        );
         for r in replies {
             let r = r.expect("every caller got an OK status (from the shared trailers)");
             assert_eq!(r.metadata().get("x-model").unwrap(), "summarizer-v2");
@@ -200,4 +205,17 @@ async fn our_errors_arrive_as_grpc_statuses() {
         assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     })
     .await;
+}
+
+/// `GET /metrics` over HTTP/1 (hyper-util).
+async fn get_metrics(addr: std::net::SocketAddr) -> String {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<axum::body::Body>();
+    let resp = client
+        .get(format!("http://{addr}/metrics").parse().unwrap())
+        .await
+        .unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
 }
