@@ -358,6 +358,73 @@ async fn distributed_only_follower_wait_failure_answers_in_progress() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_only_follower_wait_failure_can_fail_as_unavailable() {
+    let st = "do-follow-fail";
+    let mut redis = RedisServer::start().unwrap();
+    other_node_owns(&redis, st, "q").await;
+    let work = Work::default();
+    let mut cfg = fast(Mode::DistributedOnly);
+    cfg.on_wait_failure = OnWaitFailure::Fail;
+    let (svc, _handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(50)),
+    );
+
+    let results = follow_then_pause(&svc, &mut redis, "q").await;
+
+    assert_eq!(work.calls(), 0);
+    for r in &results {
+        let err = r.as_ref().unwrap_err();
+        assert!(
+            find::<CoordinationUnavailable>(&**err).is_some(),
+            "got {err}"
+        );
+        assert_eq!(class(err), ErrorClass::Unavailable, "503");
+    }
+    assert_eq!(
+        counter_with(metric::WAIT_FAILURE_TOTAL, st, "action", "fail"),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_takes_over_when_the_other_owner_dies() {
+    let st = "hy-takeover";
+    let redis = RedisServer::start().unwrap();
+    // The other node's owner got a 600 ms lease and died (no heartbeat).
+    let other = redis_backend(redis.url()).await;
+    let flight = FlightId::of(&FlightKey::from_bytes(StageName::new(st).unwrap(), "q"));
+    let terms = LeaseTerms {
+        lease: Duration::from_millis(600),
+        state_ttl: Duration::from_secs(30),
+        allow_takeover: true,
+    };
+    let got = other
+        .acquire(&flight, &OwnerToken::random(), &terms)
+        .await
+        .unwrap();
+    assert!(matches!(got, Acquired::Owner { .. }));
+    let work = Work::default();
+    let (svc, _handle) = setup(
+        st,
+        fast(Mode::Hybrid),
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(50)),
+    );
+
+    let results = burst(svc.clone(), "q", N).await;
+
+    assert_eq!(work.calls(), 1, "exactly one takeover execution");
+    all_ok(&results, "done:q");
+    assert_eq!(counter(metric::FOLLOWER_TOTAL, st), 1);
+    assert_eq!(counter(metric::TAKEOVER_TOTAL, st), 1);
+    assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0);
+    assert_eq!(counter(metric::WAIT_FAILURE_TOTAL, st), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_protocol_error_while_following_is_a_wait_failure_not_a_fallback() {
     let st = "hy-follow-garbage";
     let redis = RedisServer::start().unwrap();
@@ -705,6 +772,50 @@ async fn breaker_open_sends_nothing_half_open_sends_the_probes_then_distributed_
         counter(metric::DISTRIBUTED_REQUEST_TOTAL, st) - requests_before,
         5
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_degraded_the_bulkhead_admits_only_its_degraded_limit() {
+    let st = "degraded-bulkhead";
+    let redis = RedisServer::start().unwrap();
+    let mut cfg = fast(Mode::Hybrid);
+    cfg.bulkhead.limit = 8;
+    cfg.bulkhead.degraded_limit = Some(2);
+    let work = Work::default();
+    let (svc, handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(300)),
+    );
+    handle.breaker().force_open();
+    assert!(handle.is_degraded());
+
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..5 {
+        let svc = svc.clone();
+        set.spawn(async move { svc.oneshot(format!("k{i}")).await });
+    }
+    let (mut ok, mut full) = (0, 0);
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert!(
+                    find::<flightdeck::core::error::BulkheadFull>(&*e).is_some(),
+                    "got {e}"
+                );
+                assert_eq!(class(&e), ErrorClass::TooManyRequests, "429");
+                full += 1;
+            }
+        }
+    }
+    assert_eq!((ok, full), (2, 3), "two local executions at a time");
+    assert_eq!(redis.command_calls("eval").unwrap(), 0);
+
+    handle.breaker().reset();
+    assert!(!handle.is_degraded());
+    assert_eq!(handle.bulkhead().limit(), 8);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
