@@ -141,16 +141,117 @@ impl RedisCluster {
         self.nodes.iter().try_for_each(RedisServer::flush_scripts)
     }
 
-    /// The node serving `key`'s slot (by `CLUSTER KEYSLOT` and the slot
-    /// ranges assigned at start).
-    pub fn node_for(&self, key: &str) -> Result<&RedisServer, RedisServerError> {
-        let slot = match self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key])? {
-            Resp::Int(s) => u16::try_from(s).map_err(|_| fail("bad slot"))?,
-            other => return Err(fail(format!("CLUSTER KEYSLOT answered {other:?}"))),
+    /// `CLUSTER KEYSLOT key`, as the server computes it.
+    pub fn keyslot(&self, key: &str) -> Result<u16, RedisServerError> {
+        match self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key])? {
+            Resp::Int(s) => u16::try_from(s).map_err(|_| fail("bad slot")),
+            other => Err(fail(format!("CLUSTER KEYSLOT answered {other:?}"))),
+        }
+    }
+
+    /// The index (in [`nodes`](Self::nodes)) of the node serving `slot`
+    /// now, by `CLUSTER SLOTS` of the first node.
+    pub fn slot_owner(&self, slot: u16) -> Result<usize, RedisServerError> {
+        let Resp::Array(Some(ranges)) = self.nodes[0].cmd(&["CLUSTER", "SLOTS"])? else {
+            return Err(fail("CLUSTER SLOTS did not answer an array"));
         };
-        let per = SLOTS / self.nodes.len() as u16;
-        let i = usize::from(slot / per).min(self.nodes.len() - 1);
-        Ok(&self.nodes[i])
+        for range in ranges {
+            let Resp::Array(Some(items)) = range else {
+                continue;
+            };
+            let (Some(Resp::Int(first)), Some(Resp::Int(last)), Some(Resp::Array(Some(node)))) =
+                (items.first(), items.get(1), items.get(2))
+            else {
+                continue;
+            };
+            if (*first..=*last).contains(&i64::from(slot)) {
+                let Some(Resp::Int(port)) = node.get(1) else {
+                    continue;
+                };
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| i64::from(n.port()) == *port)
+                    .ok_or_else(|| fail(format!("slot {slot} served by unknown port {port}")));
+            }
+        }
+        Err(fail(format!("slot {slot} is not served")))
+    }
+
+    /// The node serving `key`'s slot now.
+    pub fn node_for(&self, key: &str) -> Result<&RedisServer, RedisServerError> {
+        let slot = self.keyslot(key)?;
+        Ok(&self.nodes[self.slot_owner(slot)?])
+    }
+
+    fn node_id(&self, i: usize) -> Result<String, RedisServerError> {
+        self.nodes[i]
+            .cmd(&["CLUSTER", "MYID"])?
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| fail("CLUSTER MYID did not answer text"))
+    }
+
+    /// Moves `slot` to node `to` the way `redis-cli --cluster reshard` does:
+    /// IMPORTING on the target, MIGRATING on the source, `MIGRATE` of every
+    /// key, then `SETSLOT NODE` everywhere. `pause` is slept after marking
+    /// the slot and again after moving the keys, so clients running
+    /// meanwhile meet `ASK` (keys already moved), `TRYAGAIN` (a multi-key
+    /// command split across the two nodes) and finally `MOVED`. Blocking:
+    /// call it from a thread (`spawn_blocking`) while requests run.
+    pub fn migrate_slot(
+        &self,
+        slot: u16,
+        to: usize,
+        pause: Duration,
+    ) -> Result<(), RedisServerError> {
+        let from = self.slot_owner(slot)?;
+        if from == to {
+            return Ok(());
+        }
+        let (from_id, to_id) = (self.node_id(from)?, self.node_id(to)?);
+        let slot_s = slot.to_string();
+        expect_ok(self.nodes[to].cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id])?)?;
+        expect_ok(self.nodes[from].cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id])?)?;
+        std::thread::sleep(pause);
+        let to_port = self.nodes[to].port().to_string();
+        loop {
+            let Resp::Array(Some(keys)) =
+                self.nodes[from].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"])?
+            else {
+                return Err(fail("CLUSTER GETKEYSINSLOT did not answer an array"));
+            };
+            if keys.is_empty() {
+                break;
+            }
+            let names: Vec<String> = keys
+                .iter()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .collect();
+            let mut cmd = vec![
+                "MIGRATE",
+                "127.0.0.1",
+                &to_port,
+                "",
+                "0",
+                "5000",
+                "REPLACE",
+                "KEYS",
+            ];
+            cmd.extend(names.iter().map(String::as_str));
+            match self.nodes[from].cmd(&cmd)? {
+                Resp::Simple(_) => {}
+                other => return Err(fail(format!("MIGRATE answered {other:?}"))),
+            }
+        }
+        std::thread::sleep(pause);
+        for i in std::iter::once(to)
+            .chain(std::iter::once(from))
+            .chain((0..self.nodes.len()).filter(|i| *i != to && *i != from))
+        {
+            expect_ok(self.nodes[i].cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id])?)?;
+        }
+        Ok(())
     }
 
     /// Sum of `calls` of commands starting with `prefix`, over all nodes.

@@ -6,11 +6,19 @@
 //!   It is killed when dropped. Tests never touch a Redis they did not start.
 //! - [`RedisCluster`]: a Redis Cluster of such processes (primaries only,
 //!   slots split evenly), for hash-tag and sharded pub/sub tests.
+//! - [`FaultProxy`]: a TCP proxy between a client and Redis that adds
+//!   latency, blackholes, resets connections or cuts a reply in the middle,
+//!   switchable at run time.
+//! - [`RedisSentinel`]: a primary, a replica and three sentinels, with a
+//!   forced failover.
 //! - [`MemoryBackend`]: an in-memory coordination backend with the
 //!   semantics of the Redis scripts and fault injection, for fast unit tests
 //!   of L2 logic with paused time.
 //! - [`Hooked`]: a backend wrapper that runs a hook before calls, to force
 //!   races (publish before subscribe) deterministically.
+//! - [`Recorder`]: a backend wrapper that journals grants and commits and
+//!   checks the chaos invariants (no stale commit, at most one committed
+//!   result per generation).
 //! - [`conformance`]: the checks every [`Backend`](flightdeck_distributed::Backend)
 //!   must pass; the memory and the Redis backends both run them.
 
@@ -18,9 +26,15 @@ pub mod cluster;
 pub mod conformance;
 pub mod hooked;
 pub mod memory;
+pub mod proxy;
+pub mod recorder;
 pub mod redis;
+pub mod sentinel;
 
 pub use cluster::RedisCluster;
 pub use hooked::Hooked;
 pub use memory::{CallCounts, MemoryBackend};
+pub use proxy::{Fault, FaultProxy, ProxyStats};
+pub use recorder::{Journal, Recorder};
 pub use redis::{RedisServer, RedisServerError, Resp};
+pub use sentinel::RedisSentinel;

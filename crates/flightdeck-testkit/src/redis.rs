@@ -44,7 +44,19 @@ pub struct RedisServer {
     paused: bool,
     extra: Vec<String>,
     dir: PathBuf,
+    // A config file given before every other argument (sentinels need one
+    // they can rewrite), and `--sentinel`.
+    conf_file: Option<PathBuf>,
+    sentinel: bool,
+    // Listens on TLS only (`--port 0 --tls-port PORT`).
+    tls: bool,
+    // Sent as AUTH before every `cmd`.
+    auth: Option<(String, String)>,
 }
+
+/// A config file's text for a server on `port` (see
+/// [`RedisServer::start_configured`]).
+pub(crate) type ConfText<'a> = &'a dyn Fn(u16) -> String;
 
 /// Starting or controlling a [`RedisServer`] failed.
 #[derive(Debug)]
@@ -126,6 +138,18 @@ impl RedisServer {
         extra: &[&str],
         pick_port: impl Fn() -> Result<u16, RedisServerError>,
     ) -> Result<Self, RedisServerError> {
+        Self::start_configured(extra, None, false, pick_port)
+    }
+
+    /// Starts a server with extra arguments, an optional config file
+    /// (written once into its directory, kept across restarts) and, if
+    /// `sentinel`, in sentinel mode.
+    pub(crate) fn start_configured(
+        extra: &[&str],
+        conf: Option<ConfText<'_>>,
+        sentinel: bool,
+        pick_port: impl Fn() -> Result<u16, RedisServerError>,
+    ) -> Result<Self, RedisServerError> {
         let binary = find_binary()?;
         let mut last = None;
         // The port is free when picked; another process may grab it before
@@ -136,6 +160,15 @@ impl RedisServer {
                 .join(format!("flightdeck-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir)
                 .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+            let conf_file = match conf {
+                Some(text) => {
+                    let path = dir.join("redis.conf");
+                    std::fs::write(&path, text(port))
+                        .map_err(|e| err(format!("cannot write {}: {e}", path.display())))?;
+                    Some(path)
+                }
+                None => None,
+            };
             let mut server = Self {
                 binary: binary.clone(),
                 port,
@@ -143,6 +176,10 @@ impl RedisServer {
                 paused: false,
                 extra: extra.iter().map(|a| (*a).to_owned()).collect(),
                 dir,
+                conf_file,
+                sentinel,
+                tls: extra.contains(&"--tls-port"),
+                auth: None,
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -153,10 +190,21 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), RedisServerError> {
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(conf) = &self.conf_file {
+            command.arg(conf);
+        }
+        if self.sentinel {
+            command.arg("--sentinel");
+        }
+        let child = command
+            .args(if self.tls {
+                vec!["--port", "0", "--tls-port"]
+            } else {
+                vec!["--port"]
+            })
+            .arg(self.port.to_string())
             .args([
-                "--port",
-                &self.port.to_string(),
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -172,7 +220,8 @@ impl RedisServer {
                 "--loglevel",
                 "warning",
             ])
-            .args(&self.extra)
+            // `--tls-port` alone marks a TLS server (see `start_tls`).
+            .args(self.extra.iter().filter(|a| *a != "--tls-port"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -182,9 +231,18 @@ impl RedisServer {
         self.paused = false;
         let started = Instant::now();
         loop {
-            if let Ok(reply) = self.cmd(&["PING"]) {
-                if reply.as_str() == Some("PONG") {
+            if self.tls {
+                // No plain port to PING: listening is ready enough, TLS
+                // clients retry their handshake.
+                if TcpStream::connect_timeout(&self.addr(), CMD_TIMEOUT).is_ok() {
                     return Ok(());
+                }
+            } else {
+                match self.cmd(&["PING"]) {
+                    Ok(Resp::Simple(pong)) if pong == "PONG" => return Ok(()),
+                    // Up, and wants credentials.
+                    Ok(Resp::Error(e)) if e.starts_with("NOAUTH") => return Ok(()),
+                    _ => {}
                 }
             }
             if let Some(child) = self.child.as_mut() {
@@ -205,6 +263,57 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Starts a server with extra `redis-server` arguments (for example
+    /// `["--requirepass", "secret"]` or an ACL user
+    /// `["--user", "app", "on", ">pw", "~*", "&*", "+@all"]`) on a free
+    /// loopback port. A server that requires a password is ready once it
+    /// answers `NOAUTH`; give [`with_auth`](Self::with_auth) the credentials
+    /// for [`cmd`](Self::cmd).
+    pub fn start_with_args(args: &[&str]) -> Result<Self, RedisServerError> {
+        Self::start_with(args, free_port)
+    }
+
+    /// Starts a server that listens on TLS only (`--port 0 --tls-port
+    /// PORT`), with the given PEM files and no client certificates
+    /// required. [`cmd`](Self::cmd) does not speak TLS: use a TLS client.
+    pub fn start_tls(
+        cert_file: &std::path::Path,
+        key_file: &std::path::Path,
+        ca_file: &std::path::Path,
+    ) -> Result<Self, RedisServerError> {
+        let (cert, key, ca) = (
+            cert_file.to_string_lossy().into_owned(),
+            key_file.to_string_lossy().into_owned(),
+            ca_file.to_string_lossy().into_owned(),
+        );
+        Self::start_with(
+            &[
+                "--tls-port",
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca,
+                "--tls-auth-clients",
+                "no",
+            ],
+            free_port,
+        )
+    }
+
+    /// Credentials sent (`AUTH user pass`) before every [`cmd`](Self::cmd).
+    pub fn with_auth(mut self, user: &str, password: &str) -> Self {
+        self.auth = Some((user.to_owned(), password.to_owned()));
+        self
+    }
+
+    /// `rediss://127.0.0.1:PORT`, for a server started with
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
     }
 
     /// The port.
@@ -313,8 +422,20 @@ impl RedisServer {
             out.extend_from_slice(a);
             out.extend_from_slice(b"\r\n");
         }
-        (&stream).write_all(&out).map_err(io)?;
         let mut reader = BufReader::new(stream);
+        if let Some((user, pass)) = &self.auth {
+            let auth = format!(
+                "*3\r\n$4\r\nAUTH\r\n${}\r\n{user}\r\n${}\r\n{pass}\r\n",
+                user.len(),
+                pass.len()
+            );
+            reader.get_ref().write_all(auth.as_bytes()).map_err(io)?;
+            match read_resp(&mut reader).map_err(io)? {
+                Resp::Simple(ok) if ok == "OK" => {}
+                other => return Err(err(format!("AUTH answered {other:?}"))),
+            }
+        }
+        reader.get_ref().write_all(&out).map_err(io)?;
         read_resp(&mut reader).map_err(io)
     }
 
@@ -403,7 +524,7 @@ fn bad(msg: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_owned())
 }
 
-fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
+pub(crate) fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
     let mut line = String::new();
     r.read_line(&mut line)?;
     let line = line.trim_end_matches(['\r', '\n']);
