@@ -18,13 +18,49 @@ use crate::classify::classify;
 use crate::scripts;
 
 /// Settings of a [`RedisBackend`].
-#[derive(Clone, Debug)]
+///
+/// The URL picks the deployment (see fred's `Config::from_url`):
+/// `redis://host:port[/db]` for one server,
+/// `redis-cluster://host:port?node=host:port` for a cluster,
+/// `redis-sentinel://sentinel:port/db?sentinelServiceName=NAME&node=sentinel2:port`
+/// for a primary found (and re-found after a failover) through sentinels,
+/// and `rediss://…` (feature `tls`) for TLS. Credentials can be in the URL
+/// (`redis://user:pass@host:port`) or given with
+/// [`credentials`](Self::credentials).
+#[derive(Clone)]
 pub struct RedisConfig {
     url: String,
     prefix: String,
     command_timeout: Duration,
     connect_timeout: Duration,
     reconnect_max_delay: Duration,
+    username: Option<String>,
+    password: Option<String>,
+    #[cfg(feature = "tls")]
+    tls: Option<fred::types::config::TlsConfig>,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the password (nor one embedded in the URL).
+        let url = match (self.url.find("://"), self.url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}://***@{}", &self.url[..scheme], &self.url[at + 1..])
+            }
+            _ => self.url.clone(),
+        };
+        let mut d = f.debug_struct("RedisConfig");
+        d.field("url", &url)
+            .field("prefix", &self.prefix)
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("reconnect_max_delay", &self.reconnect_max_delay)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"));
+        #[cfg(feature = "tls")]
+        d.field("tls", &self.tls.is_some());
+        d.finish()
+    }
 }
 
 impl RedisConfig {
@@ -38,7 +74,57 @@ impl RedisConfig {
             command_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             reconnect_max_delay: Duration::from_secs(1),
+            username: None,
+            password: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
+    }
+
+    /// Authenticates as an ACL user (`AUTH username password`). Takes
+    /// precedence over credentials in the URL.
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Authenticates as the `default` user (`requirepass`).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.username = None;
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Connects over TLS, trusting only the CA certificates in `pem` (one or
+    /// more `CERTIFICATE` blocks), with the rustls ring provider. Without
+    /// this, a `rediss://` URL trusts the system's roots.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificates(mut self, pem: impl AsRef<[u8]>) -> Result<Self, BackendError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(pem.as_ref()) {
+            let cert = cert.map_err(|e| {
+                BackendError::protocol(format!("tls: unreadable CA certificate PEM: {e}"))
+            })?;
+            roots.add(cert).map_err(|e| {
+                BackendError::protocol(format!("tls: unusable CA certificate: {e}"))
+            })?;
+        }
+        if roots.is_empty() {
+            return Err(BackendError::protocol(
+                "tls: no CERTIFICATE block in the CA PEM",
+            ));
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| BackendError::protocol(format!("tls: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        self.tls = Some(fred::types::config::TlsConnector::from(client).into());
+        Ok(self)
     }
 
     /// The first part of every key name (`{prefix}:{h}:lease`); letters,
@@ -218,6 +304,25 @@ fn valid_prefix(p: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
 }
 
+/// A failure while connecting: refused credentials are named as such
+/// (a protocol error: retrying will not fix them), anything else is
+/// "unavailable".
+fn connect_error(e: fred::error::Error) -> BackendError {
+    auth_refused(&e).unwrap_or_else(|| BackendError::unavailable(e))
+}
+
+fn auth_refused(e: &fred::error::Error) -> Option<BackendError> {
+    let first = e.details().split_whitespace().next().unwrap_or("");
+    let refused = *e.kind() == fred::error::ErrorKind::Auth
+        || matches!(first, "NOAUTH" | "WRONGPASS" | "NOPERM");
+    refused.then(|| {
+        BackendError::protocol(format!(
+            "redis refused the credentials (give them with RedisConfig::credentials or in the URL): {}",
+            e.details()
+        ))
+    })
+}
+
 fn timed_out(what: &str, after: Duration) -> BackendError {
     BackendError::outcome_unknown(format!("redis {what} timed out after {after:?}"))
 }
@@ -232,7 +337,15 @@ impl RedisBackend {
                 config.prefix.escape_debug().to_string()
             )));
         }
-        let fred_config = Config::from_url(&config.url).map_err(classify)?;
+        let mut fred_config = Config::from_url(&config.url).map_err(classify)?;
+        if config.password.is_some() {
+            fred_config.username = config.username.clone();
+            fred_config.password = config.password.clone();
+        }
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &config.tls {
+            fred_config.tls = Some(tls.clone());
+        }
         let sharded = fred_config.server.is_clustered();
         let sources = SOURCES.map(|src| {
             if sharded {
@@ -251,7 +364,8 @@ impl RedisBackend {
                 c.internal_command_timeout = cmd.max(connect);
                 // In-flight commands are not replayed after a reconnect: an
                 // IO error means "outcome unknown", and we retry ourselves.
-                c.max_command_attempts = 1;
+                // A cluster needs more (see `CLUSTER_ATTEMPTS`).
+                c.max_command_attempts = if sharded { CLUSTER_ATTEMPTS } else { 1 };
                 c.unresponsive.max_timeout = Some(cmd * 2);
                 c.unresponsive.interval = (cmd / 2).max(Duration::from_millis(50));
             })
@@ -265,16 +379,19 @@ impl RedisBackend {
         let client = builder.build().map_err(classify)?;
         let subscriber = builder.build_subscriber_client().map_err(classify)?;
         let init_deadline = connect + cmd;
-        tokio::time::timeout(init_deadline, client.init())
+        let init = tokio::time::timeout(init_deadline, client.init())
             .await
-            .map_err(|_| BackendError::unavailable("redis connect timed out"))?
-            .map_err(BackendError::unavailable)?;
+            .map_err(|_| BackendError::unavailable("redis connect timed out"));
+        if let Err(e) = init.and_then(|r| r.map_err(connect_error)) {
+            let _ = client.quit().await;
+            return Err(e);
+        }
         let sub_init = tokio::time::timeout(init_deadline, subscriber.init()).await;
         match sub_init {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 let _ = client.quit().await;
-                return Err(BackendError::unavailable(e));
+                return Err(connect_error(e));
             }
             Err(_) => {
                 let _ = client.quit().await;
@@ -319,7 +436,7 @@ impl RedisBackend {
 
         let opts = Options {
             timeout: Some(cmd),
-            max_attempts: Some(1),
+            max_attempts: Some(if sharded { CLUSTER_ATTEMPTS } else { 1 }),
             fail_fast: true,
             ..Default::default()
         };
@@ -330,7 +447,7 @@ impl RedisBackend {
             *sha = tokio::time::timeout(cmd, with.script_load_cluster::<String, _>(src.as_str()))
                 .await
                 .map_err(|_| timed_out("SCRIPT LOAD", cmd))?
-                .map_err(classify)?;
+                .map_err(|e| auth_refused(&e).unwrap_or_else(|| classify(e)))?;
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -386,12 +503,28 @@ impl RedisBackend {
         let with = inner.client.with_options(&inner.opts);
         let t = inner.timeout;
         let sha = inner.shas[script].as_str();
-        let first = tokio::time::timeout(
-            t,
-            with.evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone()),
-        )
-        .await
-        .map_err(|_| timed_out("EVALSHA", t))?;
+        let deadline = tokio::time::Instant::now() + t;
+        let first = loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let reply = tokio::time::timeout(
+                left,
+                with.evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone()),
+            )
+            .await
+            .map_err(|_| timed_out("EVALSHA", t))?;
+            // TRYAGAIN: a cluster slot is migrating and this flight's keys
+            // are split between the two nodes for a moment. The script did
+            // not run; try again while the deadline allows.
+            match reply {
+                Err(e)
+                    if e.details().starts_with("TRYAGAIN")
+                        && tokio::time::Instant::now() + TRYAGAIN_PAUSE < deadline =>
+                {
+                    tokio::time::sleep(TRYAGAIN_PAUSE).await;
+                }
+                other => break other,
+            }
+        };
         match first {
             Ok(v) => Ok(v),
             Err(e) if e.details().starts_with("NOSCRIPT") => {
@@ -413,6 +546,18 @@ impl RedisBackend {
         }
     }
 }
+
+/// fred attempts per command in a cluster. One attempt would be enough
+/// elsewhere (after a dropped connection the outcome is unknown and the
+/// layer retries with the same token), but fred spends attempts on
+/// following `MOVED` and `ASK` (+ `ASKING`) redirects during a slot
+/// migration. A replay after a reconnect is safe: every script is
+/// idempotent for the same (token, generation), and INVALIDATE at worst
+/// starts one more generation.
+const CLUSTER_ATTEMPTS: u32 = 4;
+
+/// The pause before retrying a script that met `TRYAGAIN`.
+const TRYAGAIN_PAUSE: Duration = Duration::from_millis(20);
 
 const SOURCES: [&str; 5] = [
     scripts::ACQUIRE,

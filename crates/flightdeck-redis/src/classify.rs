@@ -38,8 +38,11 @@ const TRANSIENT: [&str; 7] = [
 ///   config): protocol.
 pub fn classify(e: Error) -> BackendError {
     let first_word = e.details().split_whitespace().next().unwrap_or("");
-    let unknown_transient =
-        TRANSIENT.contains(&first_word) || e.details().contains("channel closed");
+    // fred's own "no connection to send this on" messages come as Unknown
+    // too: "Failed to route command." while the connection is down.
+    let unknown_transient = TRANSIENT.contains(&first_word)
+        || e.details().contains("channel closed")
+        || e.details().starts_with("Failed to route command");
     match e.kind() {
         ErrorKind::Timeout | ErrorKind::IO => BackendError::outcome_unknown(e),
         ErrorKind::Canceled
@@ -83,6 +86,11 @@ mod tests {
                 K::Unavailable,
             ),
             (ErrorKind::Unknown, "channel closed", K::Unavailable),
+            (
+                ErrorKind::Unknown,
+                "Failed to route command.",
+                K::Unavailable,
+            ),
             (ErrorKind::Unknown, "ERR user_script:1: boom", K::Protocol),
             (ErrorKind::Unknown, "CROSSSLOT Keys in request", K::Protocol),
             (

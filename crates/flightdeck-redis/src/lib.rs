@@ -23,6 +23,21 @@
 //! on every primary (and reloaded on the node that answers `NOSCRIPT`), and
 //! completion messages use sharded pub/sub (`SPUBLISH` in the scripts,
 //! `SSUBSCRIBE` on the subscriber), so they stay on the flight's shard.
+//! A slot migration (resharding) is followed through `MOVED` once it is
+//! done, and scripts that meet `TRYAGAIN` are retried within their
+//! deadline; but in our tests a fred 10.1 client that followed an `ASK`
+//! redirect in the middle of a migration stopped getting replies (every
+//! later command timed out), so treat a live resharding as a coordination
+//! outage for the nodes that meet it (HYBRID stages fall back locally).
+//!
+//! Sentinel: give `redis-sentinel://sentinel:port/0?sentinelServiceName=NAME&node=sentinel2:port`;
+//! fred asks the sentinels for the primary and asks again after a
+//! failover. Credentials: in the URL or with
+//! [`RedisConfig::credentials`] / [`RedisConfig::password`]; refused ones
+//! fail `connect` with a protocol error that says so. TLS (feature `tls`,
+//! rustls with the ring provider): `rediss://…`, with
+//! `RedisConfig::tls_root_certificates` for a private CA.
+//!
 //! Replication is asynchronous: a failover can lose a granted lease, so the
 //! promise is at most one committed result per generation, not exactly-once
 //! execution; handlers that write elsewhere should fence with the
