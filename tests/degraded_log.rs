@@ -1,0 +1,76 @@
+//! Degraded state is never silent: entering and leaving it logs a `warn`
+//! naming the stage, as does a mode switch.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use flightdeck::core::{CloneShare, FlightKey};
+use flightdeck::distributed::PostcardCodec;
+use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+use flightdeck_testkit::MemoryBackend;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn entering_and_leaving_degraded_mode_log_warnings() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let layer = SingleFlightBuilder::new(
+        |_: &String| None::<FlightKey>,
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+    )
+    .backend("main", MemoryBackend::new())
+    .stage("quiet-never", StageConfig::new().backend("main"))
+    .build()
+    .unwrap();
+    let handle = layer.stage("quiet-never").unwrap();
+
+    handle.breaker().force_open();
+    assert!(handle.is_degraded());
+    assert!(handle.degraded_for().is_some());
+    handle.breaker().reset();
+    assert!(!handle.is_degraded());
+    assert_eq!(handle.degraded_for(), None);
+    handle.set_mode(Mode::LocalOnly).unwrap();
+
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let warns: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(
+        warns
+            .iter()
+            .any(|l| l.contains("stage degraded") && l.contains("quiet-never")),
+        "{text}"
+    );
+    assert!(
+        warns
+            .iter()
+            .any(|l| l.contains("left degraded mode") && l.contains("quiet-never")),
+        "{text}"
+    );
+    assert!(
+        warns
+            .iter()
+            .any(|l| l.contains("mode switched") && l.contains("local-only")),
+        "{text}"
+    );
+}
