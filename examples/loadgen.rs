@@ -42,18 +42,18 @@ use tower::{service_fn, Layer, ServiceExt};
 
 /// Command-line settings.
 #[derive(Debug, Clone)]
-struct Args {
-    nodes: usize,
-    concurrency: usize,
-    keys: usize,
-    skew: f64,
-    duration: u64,
-    latency_ms: u64,
-    result_ttl_ms: u64,
-    fault: bool,
-    fault_at: u64,
-    fault_for: u64,
-    out: String,
+pub(crate) struct Args {
+    pub(crate) nodes: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) keys: usize,
+    pub(crate) skew: f64,
+    pub(crate) duration: u64,
+    pub(crate) latency_ms: u64,
+    pub(crate) result_ttl_ms: u64,
+    pub(crate) fault: bool,
+    pub(crate) fault_at: u64,
+    pub(crate) fault_for: u64,
+    pub(crate) out: String,
 }
 
 impl Default for Args {
@@ -330,10 +330,33 @@ fn redis_target() -> Result<Target, BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let args = parse_args()?;
+    let s = run(parse_args()?).await?;
+    // One machine-readable line, like the quickstart's.
+    println!(
+        "requests={} executions={} errors={}",
+        s.requests, s.executions, s.errors
+    );
+    Ok(())
+}
+
+/// What a run measured (the table has more).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Summary {
+    /// Requests sent.
+    pub(crate) requests: u64,
+    /// Model executions, all kinds.
+    pub(crate) executions: u64,
+    /// Requests that ended in an error.
+    pub(crate) errors: u64,
+}
+
+/// Runs the load, prints the table, writes the SVG.
+pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    recorder.install()?;
+    // Another recorder may be installed (a test binary): the flightdeck
+    // counters of the table then read 0.
+    let _ = recorder.install();
 
     let mut redis = redis_target()?;
     let url = redis.url();
@@ -577,8 +600,7 @@ async fn main() -> Result<(), BoxError> {
         fault_window,
         fault_how,
         &degraded,
-    )?;
-    Ok(())
+    )
 }
 
 fn ms(us: u64) -> String {
@@ -596,7 +618,7 @@ fn report(
     fault: Option<(u64, u64)>,
     fault_how: &str,
     degraded: &[bool],
-) -> Result<(), BoxError> {
+) -> Result<Summary, BoxError> {
     let count = |r: Role| t.by_role.get(&r).map_or(0, |h| h.len());
     let requests: u64 = Role::ALL.iter().map(|r| count(*r)).sum();
     let answered = requests - count(Role::Error);
@@ -734,7 +756,11 @@ fn report(
     chart(args, t, execs, fault, degraded)?;
     println!();
     println!("report: {}", args.out);
-    Ok(())
+    Ok(Summary {
+        requests,
+        executions,
+        errors: count(Role::Error),
+    })
 }
 
 /// One line of a chart: its name, colour and value in each second.
