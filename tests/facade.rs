@@ -152,9 +152,7 @@ async fn distributed_only_before_acquire_fails_fast() {
 async fn hybrid_protocol_error_runs_once_locally_and_alerts() {
     let st = "hy-protocol";
     let redis = RedisServer::start().unwrap();
-    let backend = Garbage {
-        inner: redis_backend(redis.url()).await,
-    };
+    let backend = Faulty::garbage(redis_backend(redis.url()).await);
     let work = Work::default();
     let (svc, handle) = setup(
         st,
@@ -188,9 +186,7 @@ async fn hybrid_protocol_error_runs_once_locally_and_alerts() {
 async fn distributed_only_protocol_error_fails_fast() {
     let st = "do-protocol";
     let redis = RedisServer::start().unwrap();
-    let backend = Garbage {
-        inner: redis_backend(redis.url()).await,
-    };
+    let backend = Faulty::garbage(redis_backend(redis.url()).await);
     let work = Work::default();
     let (svc, _handle) = setup(
         st,
@@ -429,11 +425,7 @@ async fn hybrid_protocol_error_while_following_is_a_wait_failure_not_a_fallback(
     let st = "hy-follow-garbage";
     let redis = RedisServer::start().unwrap();
     other_node_owns(&redis, st, "q").await;
-    let backend = GarbageAfterFirst {
-        inner: redis_backend(redis.url()).await,
-        acquires: Arc::new(AtomicUsize::new(0)),
-        seen: Arc::default(),
-    };
+    let backend = Faulty::garbage_on_recheck(redis_backend(redis.url()).await);
     let work = Work::default();
     let (svc, handle) = setup(
         st,
@@ -1018,10 +1010,7 @@ async fn after_closing_the_ramp_returns_leaders_to_redis_gradually() {
     let st = "ramp";
     let redis = RedisServer::start().unwrap();
     let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let backend = Switch {
-        inner: redis_backend(redis.url()).await,
-        down: down.clone(),
-    };
+    let backend = Faulty::switch(redis_backend(redis.url()).await, down.clone());
     let mut cfg = fast(Mode::Hybrid);
     cfg.breaker.consecutive_failures = Some(2);
     cfg.breaker.wait_in_open = Duration::from_millis(300);

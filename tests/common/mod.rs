@@ -139,146 +139,70 @@ impl fmt::Display for Boom {
 
 impl std::error::Error for Boom {}
 
-/// A backend whose acquire replies are garbage: the real Redis is asked,
-/// then its answer is replaced by a protocol error ("unknown action").
-#[derive(Clone)]
-pub struct Garbage<B> {
-    pub inner: B,
+/// What [`Faulty`] does with one acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Pass it to the real backend.
+    Pass,
+    /// Ask the real backend, then answer garbage (a protocol error).
+    Garbage,
+    /// Fail as unavailable without reaching the backend.
+    Unavailable,
 }
 
-impl<B: Backend> Backend for Garbage<B> {
-    fn acquire<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        Box::pin(async move {
-            let _real = self.inner.acquire(flight, token, terms).await;
-            Err(BackendError::protocol(
-                "unknown action \"MAYBE\" in ACQUIRE reply",
-            ))
+type Decide = Arc<dyn Fn(&OwnerToken) -> Fault + Send + Sync>;
+
+/// A backend wrapper that injects faults into acquires (the other calls go
+/// to the real backend): protocol garbage after a real round trip, or an
+/// outage.
+#[derive(Clone)]
+pub struct Faulty<B> {
+    pub inner: B,
+    pub acquires: Arc<AtomicUsize>,
+    decide: Decide,
+}
+
+impl<B> Faulty<B> {
+    /// `decide` picks the fault of each acquire, by the caller's token.
+    pub fn new(inner: B, decide: impl Fn(&OwnerToken) -> Fault + Send + Sync + 'static) -> Self {
+        Self {
+            inner,
+            acquires: Arc::new(AtomicUsize::new(0)),
+            decide: Arc::new(decide),
+        }
+    }
+
+    /// Every acquire answers garbage.
+    pub fn garbage(inner: B) -> Self {
+        Self::new(inner, |_| Fault::Garbage)
+    }
+
+    /// The first acquire of each token is real; its re-checks (a
+    /// follower's) answer garbage.
+    pub fn garbage_on_recheck(inner: B) -> Self {
+        let seen = Mutex::new(std::collections::HashSet::new());
+        Self::new(inner, move |token| {
+            if seen.lock().unwrap().insert(token.as_str().to_owned()) {
+                Fault::Pass
+            } else {
+                Fault::Garbage
+            }
         })
     }
 
-    fn heartbeat<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Renewal> {
-        self.inner.heartbeat(flight, token, generation, terms)
-    }
-
-    fn commit<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a CommitArgs,
-    ) -> BackendFuture<'a, Committed> {
-        self.inner.commit(flight, token, generation, args)
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a AbandonArgs,
-    ) -> BackendFuture<'a, Released> {
-        self.inner.abandon(flight, token, generation, args)
-    }
-
-    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
-        self.inner.subscribe(flight)
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        state_ttl: Duration,
-    ) -> BackendFuture<'a, u64> {
-        self.inner.invalidate(flight, state_ttl)
+    /// Acquires fail as unavailable while `down` is set.
+    pub fn switch(inner: B, down: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        Self::new(inner, move |_| {
+            if down.load(Ordering::SeqCst) {
+                Fault::Unavailable
+            } else {
+                Fault::Pass
+            }
+        })
     }
 }
 
-/// A backend that can be switched "down": while down, every acquire fails
-/// as unavailable without reaching the wrapped backend.
-#[derive(Clone)]
-pub struct Switch<B> {
-    pub inner: B,
-    pub down: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl<B: Backend> Backend for Switch<B> {
-    fn acquire<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        if self.down.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(BackendError::unavailable("switched down")) });
-        }
-        self.inner.acquire(flight, token, terms)
-    }
-
-    fn heartbeat<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Renewal> {
-        self.inner.heartbeat(flight, token, generation, terms)
-    }
-
-    fn commit<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a CommitArgs,
-    ) -> BackendFuture<'a, Committed> {
-        self.inner.commit(flight, token, generation, args)
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a AbandonArgs,
-    ) -> BackendFuture<'a, Released> {
-        self.inner.abandon(flight, token, generation, args)
-    }
-
-    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
-        self.inner.subscribe(flight)
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        state_ttl: Duration,
-    ) -> BackendFuture<'a, u64> {
-        self.inner.invalidate(flight, state_ttl)
-    }
-}
-
-/// A backend whose first acquire of each token goes to the real backend
-/// and whose later acquires with the same token (a follower's re-checks)
-/// answer garbage.
-#[derive(Clone)]
-pub struct GarbageAfterFirst<B> {
-    pub inner: B,
-    pub acquires: Arc<AtomicUsize>,
-    pub seen: Arc<Mutex<std::collections::HashSet<String>>>,
-}
-
-impl<B: Backend> Backend for GarbageAfterFirst<B> {
+impl<B: Backend> Backend for Faulty<B> {
     fn acquire<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -286,10 +210,18 @@ impl<B: Backend> Backend for GarbageAfterFirst<B> {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
-        if self.seen.lock().unwrap().insert(token.as_str().to_owned()) {
-            return self.inner.acquire(flight, token, terms);
+        match (self.decide)(token) {
+            Fault::Pass => self.inner.acquire(flight, token, terms),
+            Fault::Unavailable => {
+                Box::pin(async { Err(BackendError::unavailable("switched down")) })
+            }
+            Fault::Garbage => Box::pin(async move {
+                let _real = self.inner.acquire(flight, token, terms).await;
+                Err(BackendError::protocol(
+                    "unknown action \"MAYBE\" in ACQUIRE reply",
+                ))
+            }),
         }
-        Box::pin(async { Err(BackendError::protocol("malformed FOLLOWER reply")) })
     }
 
     fn heartbeat<'a>(
