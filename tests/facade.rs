@@ -236,35 +236,37 @@ async fn other_node_owns(redis: &RedisServer, stage: &str, req: &str) {
     assert!(matches!(got, Acquired::Owner { .. }), "{got:?}");
 }
 
-async fn follow_then_pause(
-    svc: &Svc,
-    redis: &mut RedisServer,
-    req: &str,
-) -> Vec<Result<String, BoxError>> {
-    let svc = svc.clone();
-    let req = req.to_owned();
-    let task = tokio::spawn(async move { burst(svc.clone(), &req, N).await });
+/// Another node owns the flight of "q"; a burst of callers follows it;
+/// then Redis stops answering (SIGSTOP) until the wait ends.
+async fn follow_and_lose_redis(
+    st: &str,
+    mode: Mode,
+    policy: OnWaitFailure,
+) -> (Work, StageHandle, Vec<Result<String, BoxError>>) {
+    let mut redis = RedisServer::start().unwrap();
+    other_node_owns(&redis, st, "q").await;
+    let work = Work::default();
+    let mut cfg = fast(mode);
+    cfg.on_wait_failure = policy;
+    let (svc, handle) = setup(
+        st,
+        cfg,
+        redis_backend(redis.url()).await,
+        work.service(Duration::from_millis(50)),
+    );
+    let task = tokio::spawn(async move { burst(svc, "q", N).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.pause().unwrap();
     let results = task.await.unwrap();
     redis.resume().unwrap();
-    results
+    (work, handle, results)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_follower_wait_failure_never_executes() {
     let st = "hy-follow";
-    let mut redis = RedisServer::start().unwrap();
-    other_node_owns(&redis, st, "q").await;
-    let work = Work::default();
-    let (svc, handle) = setup(
-        st,
-        fast(Mode::Hybrid),
-        redis_backend(redis.url()).await,
-        work.service(Duration::from_millis(50)),
-    );
-
-    let results = follow_then_pause(&svc, &mut redis, "q").await;
+    let (work, handle, results) =
+        follow_and_lose_redis(st, Mode::Hybrid, OnWaitFailure::Wait).await;
 
     assert_eq!(
         work.calls(),
@@ -293,19 +295,8 @@ async fn hybrid_follower_wait_failure_never_executes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_follower_wait_failure_runs_locally_when_opted_in() {
     let st = "hy-follow-local";
-    let mut redis = RedisServer::start().unwrap();
-    other_node_owns(&redis, st, "q").await;
-    let work = Work::default();
-    let mut cfg = fast(Mode::Hybrid);
-    cfg.on_wait_failure = OnWaitFailure::Local;
-    let (svc, _handle) = setup(
-        st,
-        cfg,
-        redis_backend(redis.url()).await,
-        work.service(Duration::from_millis(50)),
-    );
-
-    let results = follow_then_pause(&svc, &mut redis, "q").await;
+    let (work, _handle, results) =
+        follow_and_lose_redis(st, Mode::Hybrid, OnWaitFailure::Local).await;
 
     assert_eq!(
         work.calls(),
@@ -326,19 +317,8 @@ async fn hybrid_follower_wait_failure_runs_locally_when_opted_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distributed_only_follower_wait_failure_answers_in_progress() {
     let st = "do-follow";
-    let mut redis = RedisServer::start().unwrap();
-    other_node_owns(&redis, st, "q").await;
-    let work = Work::default();
-    let mut cfg = fast(Mode::DistributedOnly);
-    cfg.on_wait_failure = OnWaitFailure::InProgress;
-    let (svc, _handle) = setup(
-        st,
-        cfg,
-        redis_backend(redis.url()).await,
-        work.service(Duration::from_millis(50)),
-    );
-
-    let results = follow_then_pause(&svc, &mut redis, "q").await;
+    let (work, _handle, results) =
+        follow_and_lose_redis(st, Mode::DistributedOnly, OnWaitFailure::InProgress).await;
 
     assert_eq!(work.calls(), 0);
     for r in &results {
@@ -356,19 +336,8 @@ async fn distributed_only_follower_wait_failure_answers_in_progress() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distributed_only_follower_wait_failure_can_fail_as_unavailable() {
     let st = "do-follow-fail";
-    let mut redis = RedisServer::start().unwrap();
-    other_node_owns(&redis, st, "q").await;
-    let work = Work::default();
-    let mut cfg = fast(Mode::DistributedOnly);
-    cfg.on_wait_failure = OnWaitFailure::Fail;
-    let (svc, _handle) = setup(
-        st,
-        cfg,
-        redis_backend(redis.url()).await,
-        work.service(Duration::from_millis(50)),
-    );
-
-    let results = follow_then_pause(&svc, &mut redis, "q").await;
+    let (work, _handle, results) =
+        follow_and_lose_redis(st, Mode::DistributedOnly, OnWaitFailure::Fail).await;
 
     assert_eq!(work.calls(), 0);
     for r in &results {
