@@ -235,10 +235,12 @@ impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
             let budget = cfg.execution_timeout.map(BudgetLayer::plain);
             let l1 = LocalFlightLayer::new(cfg.local_policy(), KeyedKeys, FlownShare::new());
             let ctl = Control::new(stage.clone(), cfg, l2.is_some(), breaker, bulkhead.handle());
+            let ctl = Arc::new(ctl);
+            ctl.watch();
             stages.insert(
                 stage,
                 Arc::new(Stage {
-                    ctl: Arc::new(ctl),
+                    ctl,
                     l1,
                     l2,
                     bulkhead,

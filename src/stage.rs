@@ -164,6 +164,31 @@ impl Control {
         ctl
     }
 
+    /// Follows the breaker's transitions from a task (when built inside a
+    /// tokio runtime), so that a transition nobody's request sees (forced
+    /// by hand, or the open wait ending) still switches the bulkhead, the
+    /// gauge and the logs at once. The task holds the stage weakly and ends
+    /// with the breaker.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut events = self.breaker.subscribe();
+        let ctl = Arc::downgrade(self);
+        drop(rt.spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+                match ctl.upgrade() {
+                    Some(ctl) => ctl.sync_degraded(),
+                    None => return,
+                }
+            }
+        }));
+    }
+
     pub(crate) fn mode(&self) -> Mode {
         Mode::from_u8(self.mode.load(Ordering::Acquire))
     }

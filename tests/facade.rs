@@ -750,6 +750,11 @@ async fn while_degraded_the_bulkhead_admits_only_its_degraded_limit() {
         work.service(Duration::from_millis(300)),
     );
     handle.breaker().force_open();
+    // No request and no handle read: the stage follows the breaker's
+    // transitions on its own.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(handle.bulkhead().is_degraded());
+    assert_eq!(gauge(metric::DEGRADED, st), Some(1.0));
     assert!(handle.is_degraded());
 
     let mut set = tokio::task::JoinSet::new();
@@ -775,6 +780,10 @@ async fn while_degraded_the_bulkhead_admits_only_its_degraded_limit() {
     assert_eq!(redis.command_calls("eval").unwrap(), 0);
 
     handle.breaker().reset();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!handle.bulkhead().is_degraded());
+    assert_eq!(gauge(metric::DEGRADED, st), Some(0.0));
+    assert_eq!(samples(metric::DEGRADED_DURATION, st), 1);
     assert!(!handle.is_degraded());
     assert_eq!(handle.bulkhead().limit(), 8);
 }
