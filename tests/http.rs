@@ -95,8 +95,22 @@ async fn distributed_only_with_an_open_breaker_answers_503() {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"never"))))
         }));
 
-    let resp = svc.oneshot(request("http-open", "/r/2")).await.unwrap();
-
+    let resp = svc
+        .clone()
+        .oneshot(request("http-open", "/r/2"))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // The same over gRPC: a trailers-only answer with UNAVAILABLE (14),
+    // never a stream reset.
+    let mut grpc = request("http-open", "/pkg.Svc/Method");
+    grpc.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    let resp = svc.oneshot(grpc).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["grpc-status"], "14");
     assert_eq!(redis.command_calls("eval").unwrap(), 0);
 }
