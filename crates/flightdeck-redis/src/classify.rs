@@ -18,8 +18,10 @@ use flightdeck_distributed::BackendError;
 use fred::error::{Error, ErrorKind};
 
 /// Server replies that mean "try later", not "your call is wrong".
-const TRANSIENT: [&str; 7] = [
+const TRANSIENT: [&str; 8] = [
     "LOADING",
+    // A primary that lost its replicas under `min-replicas-to-write`.
+    "NOREPLICAS",
     "BUSY",
     "READONLY",
     "MASTERDOWN",
@@ -86,6 +88,11 @@ mod tests {
                 K::Unavailable,
             ),
             (ErrorKind::Unknown, "channel closed", K::Unavailable),
+            (
+                ErrorKind::Unknown,
+                "NOREPLICAS Not enough good replicas to write.",
+                K::Unavailable,
+            ),
             (
                 ErrorKind::Unknown,
                 "Failed to route command.",

@@ -31,8 +31,12 @@
 //! outage for the nodes that meet it (HYBRID stages fall back locally).
 //!
 //! Sentinel: give `redis-sentinel://sentinel:port/0?sentinelServiceName=NAME&node=sentinel2:port`;
-//! fred asks the sentinels for the primary and asks again after a
-//! failover. Credentials: in the URL or with
+//! fred asks the sentinels for the primary when it (re)connects. It does
+//! not follow `+switch-master`: after a forced failover it keeps writing
+//! to the old primary until the sentinels demote it (which closes the
+//! connections, up to 10 s later), and those writes are lost. Run the data
+//! nodes with `min-replicas-to-write 1` so the old primary refuses them
+//! (`NOREPLICAS`, classified unavailable). Credentials: in the URL or with
 //! [`RedisConfig::credentials`] / [`RedisConfig::password`]; refused ones
 //! fail `connect` with a protocol error that says so. TLS (feature `tls`,
 //! rustls with the ring provider): `rediss://…`, with

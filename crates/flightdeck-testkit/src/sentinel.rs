@@ -71,10 +71,36 @@ impl RedisSentinel {
     /// sentinels (waits until each one knows the replica and the two other
     /// sentinels).
     pub fn start() -> Result<Self, RedisServerError> {
-        let primary = RedisServer::start_with(&[], free_port)?;
+        Self::start_with_guard(false)
+    }
+
+    /// Like [`start`](Self::start), with `min-replicas-to-write 1` and
+    /// `min-replicas-max-lag 2` on both data nodes: a primary that lost its
+    /// replica refuses writes (`NOREPLICAS`). After a failover the old
+    /// primary keeps accepting writes from clients still connected to it
+    /// until the sentinels demote it (up to their 10 s INFO period), and
+    /// those writes are lost; the guard turns them into errors, at the
+    /// price of refusing writes until a replica is attached again.
+    pub fn start_guarded() -> Result<Self, RedisServerError> {
+        Self::start_with_guard(true)
+    }
+
+    fn start_with_guard(guard: bool) -> Result<Self, RedisServerError> {
+        let guard_args: &[&str] = if guard {
+            &[
+                "--min-replicas-to-write",
+                "1",
+                "--min-replicas-max-lag",
+                "2",
+            ]
+        } else {
+            &[]
+        };
+        let primary = RedisServer::start_with(guard_args, free_port)?;
         let primary_port = primary.port().to_string();
-        let replica =
-            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary_port], free_port)?;
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &primary_port];
+        replica_args.extend_from_slice(guard_args);
+        let replica = RedisServer::start_with(&replica_args, free_port)?;
         wait(Duration::from_secs(20), "replica in sync", || {
             info_field(&replica, "replication", "master_link_status").as_deref() == Some("up")
         })?;
