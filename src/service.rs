@@ -370,16 +370,11 @@ where
         return local(&stage, inner, &share, req).await;
     };
     let ctl = &stage.ctl;
-    let record = |outcome: Outcome| {
-        if let Some(p) = permit {
-            p.record(outcome);
-        }
-        ctl.sync_degraded();
-    };
-
     ctl.count(Count::DistributedRequest);
     let ticket = Ticket::new(key, req);
     let kept = ticket.share();
+    // The first acquire's answer records the permit (see `Progress`).
+    kept.progress().set_permit(permit);
     let runner = SlotRunner {
         exec: exec(&stage, inner.clone()),
         fence,
@@ -391,6 +386,21 @@ where
         )
         .await;
     let phase = kept.progress().phase();
+    let record = |outcome: Outcome| {
+        match kept.progress().take_permit() {
+            // No acquire answered (the flight ended before one did).
+            Some(permit) => permit.record(outcome),
+            // A coordination failure after the first answer (e.g. while
+            // following) counts too.
+            None if outcome == Outcome::Failure && phase != Phase::Acquiring => {
+                if let Ok(permit) = ctl.breaker.try_acquire() {
+                    permit.record(Outcome::Failure);
+                }
+            }
+            None => {}
+        }
+        ctl.sync_degraded();
+    };
     let err = match res {
         Ok(v) => {
             record(Outcome::Success);

@@ -47,11 +47,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use flightdeck_breaker::{Outcome, Permit};
 use flightdeck_core::error::{BoxError, ProtocolError};
 use flightdeck_core::FlightKey;
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, FencingToken, FlightId,
-    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    FencingToken, FlightId, LeaseTerms, OwnerToken, Released, Renewal, Subscription,
 };
 use flightdeck_distributed::FlightRequest;
 use pin_project_lite::pin_project;
@@ -118,6 +119,11 @@ pub(crate) enum Phase {
 pub(crate) struct Progress {
     phase: AtomicU8,
     fence: Mutex<Option<FencingToken>>,
+    // The breaker's permit, recorded by the first acquire's answer: the
+    // breaker judges the backend by that round trip, not by how long the
+    // work takes (a half-open probe must not outlive its probe timeout
+    // because the work is slow).
+    permit: Mutex<Option<Permit>>,
 }
 
 impl Progress {
@@ -126,6 +132,28 @@ impl Progress {
             FOLLOWING => Phase::Following,
             OWNING => Phase::Owning,
             _ => Phase::Acquiring,
+        }
+    }
+
+    pub(crate) fn set_permit(&self, permit: Option<Permit>) {
+        *self.permit.lock().unwrap_or_else(PoisonError::into_inner) = permit;
+    }
+
+    /// The permit, if no acquire has answered yet.
+    pub(crate) fn take_permit(&self) -> Option<Permit> {
+        self.permit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Records the first acquire's answer with the breaker.
+    fn answered<T>(&self, res: &Result<T, BackendError>) {
+        if let Some(permit) = self.take_permit() {
+            permit.record(match res {
+                Ok(_) => Outcome::Success,
+                Err(_) => Outcome::Failure,
+            });
         }
     }
 
@@ -342,9 +370,12 @@ impl Backend for SharedBackend {
         let fut = self.inner.acquire(flight, token, terms);
         Box::pin(async move {
             let res = fut.await;
-            if let Ok(Acquired::Follower { .. } | Acquired::Expired { .. }) = &res {
-                let _outside_a_flight = PROGRESS.try_with(|p| p.following());
-            }
+            let _outside_a_flight = PROGRESS.try_with(|p| {
+                p.answered(&res);
+                if let Ok(Acquired::Follower { .. } | Acquired::Expired { .. }) = &res {
+                    p.following();
+                }
+            });
             res
         })
     }

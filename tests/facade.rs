@@ -603,8 +603,11 @@ async fn breaker_open_sends_nothing_half_open_sends_the_probes_then_distributed_
     cfg.bulkhead.limit = 64;
     cfg.bulkhead.degraded_limit = Some(16);
     metrics_on();
+    // Acquires take 100 ms more (a slow network), so the half-open window
+    // stays open while the ten leaders ask for it.
+    let slow_net = Faulty::new(backend.clone(), |_| Fault::Slow(Duration::from_millis(100)));
     let layer = builder(st)
-        .backend("redis", backend.clone())
+        .backend("redis", slow_net)
         .stage(st, cfg)
         .build()
         .unwrap();
@@ -1052,4 +1055,49 @@ async fn the_execution_budget_ends_slow_work_for_every_caller() {
     );
     assert_eq!(counter(metric::LOCAL_FALLBACK_TOTAL, st), 0, "not retried");
     assert_eq!(handle.breaker().stats().failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_probe_is_judged_by_its_acquire_not_by_slow_work() {
+    let st = "slow-probe";
+    let redis = RedisServer::start().unwrap();
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let backend = Faulty::switch(redis_backend(redis.url()).await, down.clone());
+    let mut cfg = fast(Mode::Hybrid);
+    cfg.lease_timeout = Duration::from_secs(6);
+    cfg.heartbeat_interval = Duration::from_secs(2);
+    cfg.wait_timeout = Duration::from_secs(6);
+    cfg.breaker.consecutive_failures = Some(2);
+    cfg.breaker.wait_in_open = Duration::from_millis(200);
+    cfg.breaker.half_open_probes = 1;
+    cfg.breaker.probe_timeout = Duration::from_millis(300);
+    metrics_on();
+    let layer = builder(st)
+        .backend("redis", backend)
+        .stage(st, cfg)
+        .build()
+        .unwrap();
+    let handle = layer.stage(st).unwrap();
+    let quick = BoxCloneService::new(layer.layer(Work::default().service(Duration::ZERO)));
+    let svc =
+        BoxCloneService::new(layer.layer(Work::default().service(Duration::from_millis(1500))));
+
+    for i in 0..2 {
+        quick.clone().oneshot(format!("open-{i}")).await.unwrap();
+    }
+    assert_eq!(handle.breaker().state(), CircuitState::Open);
+    down.store(false, Ordering::SeqCst);
+    let until = handle.breaker().open_until().unwrap();
+    tokio::time::sleep_until(until + Duration::from_millis(20)).await;
+
+    // The probe's work takes 1.5 s, five times the probe timeout; its
+    // acquire answered at once, and that closes the breaker.
+    let probe = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.oneshot("long-probe".to_owned()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(handle.breaker().state(), CircuitState::Closed);
+    assert!(!handle.is_degraded());
+    assert_eq!(probe.await.unwrap().unwrap(), "done:long-probe");
 }

@@ -148,6 +148,8 @@ pub enum Fault {
     Garbage,
     /// Fail as unavailable without reaching the backend.
     Unavailable,
+    /// Wait, then pass it to the real backend (a slow network).
+    Slow(Duration),
 }
 
 type Decide = Arc<dyn Fn(&OwnerToken) -> Fault + Send + Sync>;
@@ -215,6 +217,10 @@ impl<B: Backend> Backend for Faulty<B> {
             Fault::Unavailable => {
                 Box::pin(async { Err(BackendError::unavailable("switched down")) })
             }
+            Fault::Slow(d) => Box::pin(async move {
+                tokio::time::sleep(d).await;
+                self.inner.acquire(flight, token, terms).await
+            }),
             Fault::Garbage => Box::pin(async move {
                 let _real = self.inner.acquire(flight, token, terms).await;
                 Err(BackendError::protocol(
