@@ -52,7 +52,9 @@
 //! **The breaker** of a stage guards its backend and is checked before L2:
 //! while it is open no call reaches the backend. It counts coordination
 //! failures only (unavailable, outcome unknown, protocol); business errors,
-//! a follower's wait timeout and successes are not failures. While it is
+//! a follower's wait timeout and successes are not failures. A leader's
+//! call is judged by its first acquire's answer, so a half-open probe whose
+//! work is slow still closes the breaker as soon as Redis answered. While it is
 //! open or probing the stage is *degraded*: the bulkhead switches to its
 //! degraded limit, the `singleflight_degraded{stage}` gauge is 1, a `warn`
 //! is logged on entering and on leaving, and the period's length is
