@@ -255,7 +255,9 @@ async fn follow_and_lose_redis(
         work.service(Duration::from_millis(50)),
     );
     let task = tokio::spawn(async move { burst(svc, "q", N).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Long enough for the leader to have become a follower, well within
+    // the 1.5 s wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     redis.pause().unwrap();
     let results = task.await.unwrap();
     redis.resume().unwrap();
@@ -603,9 +605,9 @@ async fn breaker_open_sends_nothing_half_open_sends_the_probes_then_distributed_
     cfg.bulkhead.limit = 64;
     cfg.bulkhead.degraded_limit = Some(16);
     metrics_on();
-    // Acquires take 100 ms more (a slow network), so the half-open window
+    // Acquires take 200 ms more (a slow network), so the half-open window
     // stays open while the ten leaders ask for it.
-    let slow_net = Faulty::new(backend.clone(), |_| Fault::Slow(Duration::from_millis(100)));
+    let slow_net = Faulty::new(backend.clone(), |_| Fault::Slow(Duration::from_millis(200)));
     let layer = builder(st)
         .backend("redis", slow_net)
         .stage(st, cfg)
@@ -750,7 +752,7 @@ async fn while_degraded_the_bulkhead_admits_only_its_degraded_limit() {
         st,
         cfg,
         redis_backend(redis.url()).await,
-        work.service(Duration::from_millis(300)),
+        work.service(Duration::from_millis(600)),
     );
     handle.breaker().force_open();
     // No request and no handle read: the stage follows the breaker's
@@ -838,7 +840,7 @@ async fn kill_switch_under_load_keeps_in_flight_requests_and_moves_new_ones() {
         st,
         fast(Mode::Hybrid),
         redis_backend(redis.url()).await,
-        work.service(Duration::from_millis(400)),
+        work.service(Duration::from_millis(800)),
     );
 
     // Twenty callers on one key, in flight through L1 and L2.
@@ -846,7 +848,7 @@ async fn kill_switch_under_load_keeps_in_flight_requests_and_moves_new_ones() {
         let svc = svc.clone();
         tokio::spawn(async move { burst(svc.clone(), "k", 20).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(handle.set_mode(Mode::Bypass).unwrap(), Mode::Hybrid);
 
     // New requests for the same key follow the new mode: each runs.

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -19,112 +19,123 @@ use flightdeck::distributed::backend::{
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics::{Key, KeyName, Metadata, SharedString, Unit};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 
 pub type Svc = BoxCloneService<String, String, BoxError>;
 
-fn snapshotter() -> &'static Snapshotter {
-    static S: OnceLock<Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let rec = DebuggingRecorder::new();
-        let snap = rec.snapshotter();
-        rec.install()
-            .expect("the only recorder in this test binary");
-        snap
+/// A recorder that keeps every value (the metrics-util debugging recorder
+/// resets gauges on each snapshot, which parallel tests cannot share).
+#[derive(Default)]
+struct Recorded {
+    counters: Mutex<HashMap<Key, Arc<AtomicU64>>>,
+    gauges: Mutex<HashMap<Key, Arc<AtomicU64>>>,
+    histograms: Mutex<HashMap<Key, Arc<Samples>>>,
+}
+
+#[derive(Default)]
+struct Samples(AtomicU64);
+
+impl metrics::HistogramFn for Samples {
+    fn record(&self, _value: f64) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn handle<T: Default>(map: &Mutex<HashMap<Key, Arc<T>>>, key: &Key) -> Arc<T> {
+    map.lock().unwrap().entry(key.clone()).or_default().clone()
+}
+
+impl metrics::Recorder for Recorded {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(handle(&self.counters, key))
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(handle(&self.gauges, key))
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::from_arc(handle(&self.histograms, key))
+    }
+}
+
+fn recorded() -> &'static Recorded {
+    static R: OnceLock<&'static Recorded> = OnceLock::new();
+    R.get_or_init(|| {
+        let rec: &'static Recorded = Box::leak(Box::default());
+        metrics::set_global_recorder(rec).expect("the only recorder in this test binary");
+        rec
     })
 }
 
 /// Installs the recorder (call before building layers).
 pub fn metrics_on() {
-    let _ = snapshotter();
+    let _ = recorded();
 }
 
-type Series = (String, String, Vec<(String, String)>);
-
-struct Folded {
-    counters: HashMap<Series, u64>,
-    gauges: HashMap<Series, f64>,
-    histograms: HashMap<Series, usize>,
+/// Whether `key` is `name` with `stage` (and, if given, `label = value`).
+fn matches(key: &Key, name: &str, stage: &str, extra: Option<(&str, &str)>) -> bool {
+    let label = |k: &str| key.labels().find(|l| l.key() == k).map(|l| l.value());
+    key.name() == name
+        && label(metric::LABEL_STAGE).unwrap_or("") == stage
+        && extra.is_none_or(|(k, v)| label(k) == Some(v))
 }
 
-fn fold() -> std::sync::MutexGuard<'static, Folded> {
-    // A snapshot resets the recorder's counters and tests run in parallel:
-    // fold every snapshot into running totals.
-    static TOTALS: OnceLock<Mutex<Folded>> = OnceLock::new();
-    let mut t = TOTALS
-        .get_or_init(|| {
-            Mutex::new(Folded {
-                counters: HashMap::new(),
-                gauges: HashMap::new(),
-                histograms: HashMap::new(),
-            })
-        })
-        .lock()
-        .unwrap();
-    for (k, _, _, v) in snapshotter().snapshot().into_vec() {
-        let mut stage = String::new();
-        let mut rest = Vec::new();
-        for l in k.key().labels() {
-            if l.key() == metric::LABEL_STAGE {
-                stage = l.value().to_owned();
-            } else {
-                rest.push((l.key().to_owned(), l.value().to_owned()));
-            }
-        }
-        rest.sort();
-        let series = (k.key().name().to_owned(), stage, rest);
-        match v {
-            DebugValue::Counter(c) => *t.counters.entry(series).or_default() += c,
-            DebugValue::Gauge(g) => {
-                t.gauges.insert(series, g.into_inner());
-            }
-            DebugValue::Histogram(h) => *t.histograms.entry(series).or_default() += h.len(),
-        }
-    }
-    t
+fn sum<T>(
+    map: &Mutex<HashMap<Key, Arc<T>>>,
+    pick: impl Fn(&Key) -> bool,
+    value: impl Fn(&T) -> u64,
+) -> u64 {
+    map.lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| pick(k))
+        .map(|(_, v)| value(v))
+        .sum()
 }
 
 /// A counter of one stage, summed over its other labels.
 pub fn counter(name: &str, stage: &str) -> u64 {
-    fold()
-        .counters
-        .iter()
-        .filter(|((n, s, _), _)| n == name && s == stage)
-        .map(|(_, v)| *v)
-        .sum()
+    sum(
+        &recorded().counters,
+        |k| matches(k, name, stage, None),
+        |v| v.load(Ordering::SeqCst),
+    )
 }
 
 /// A counter of one stage with one more label.
 pub fn counter_with(name: &str, stage: &str, label: &str, value: &str) -> u64 {
-    fold()
-        .counters
-        .iter()
-        .filter(|((n, s, rest), _)| {
-            n == name && s == stage && rest.iter().any(|(k, v)| k == label && v == value)
-        })
-        .map(|(_, v)| *v)
-        .sum()
+    sum(
+        &recorded().counters,
+        |k| matches(k, name, stage, Some((label, value))),
+        |v| v.load(Ordering::SeqCst),
+    )
 }
 
 /// A gauge of one stage.
 pub fn gauge(name: &str, stage: &str) -> Option<f64> {
-    fold()
+    recorded()
         .gauges
+        .lock()
+        .unwrap()
         .iter()
-        .find(|((n, s, _), _)| n == name && s == stage)
-        .map(|(_, v)| *v)
+        .find(|(k, _)| matches(k, name, stage, None))
+        .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
 }
 
 /// Samples recorded in a histogram of one stage.
 pub fn samples(name: &str, stage: &str) -> usize {
-    fold()
-        .histograms
-        .iter()
-        .filter(|((n, s, _), _)| n == name && s == stage)
-        .map(|(_, v)| *v)
-        .sum()
+    sum(
+        &recorded().histograms,
+        |k| matches(k, name, stage, None),
+        |v| v.0.load(Ordering::SeqCst),
+    ) as usize
 }
 
 /// The business error of the tests' inner service.
