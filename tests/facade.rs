@@ -47,9 +47,10 @@ fn class(err: &BoxError) -> ErrorClass {
 }
 
 /// A coordination error of any class. With the server killed, fred
-/// answers "connection refused" (unavailable), a timeout (outcome unknown)
-/// or, when the client is between connections, "Failed to route command."
-/// which `flightdeck-redis` currently classifies as protocol.
+/// answers "connection refused" or "Failed to route command." (both
+/// unavailable) or a timeout (outcome unknown); the class of a reply that
+/// arrives mangled by the kill is protocol. The cell is about what the
+/// facade does with any of them.
 fn is_coordination(err: &BoxError) -> bool {
     find::<CoordinationUnavailable>(&**err).is_some()
         || find::<OutcomeUnknown>(&**err).is_some()
