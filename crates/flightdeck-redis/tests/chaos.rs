@@ -42,7 +42,7 @@ use flightdeck_distributed::{
 };
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{Fault, FaultProxy, Journal, Recorder, RedisSentinel, RedisServer};
+use flightdeck_testkit::{Fault, FaultProxy, Journal, Recorder, RedisSentinel, RedisServer, Resp};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::{timeout, Instant};
@@ -402,10 +402,13 @@ async fn apply(fault: Chaos, topology: &Topology, nodes: &[Node]) {
             blocking("settle", move || {
                 let started = std::time::Instant::now();
                 while started.elapsed() < Duration::from_secs(15) {
-                    if s.primary().is_ok_and(|p| {
-                        p.cmd(&["ROLE"])
-                            .is_ok_and(|r| format!("{r:?}").contains("master"))
-                    }) {
+                    let role = s.primary().ok().and_then(|p| match p.cmd(&["ROLE"]) {
+                        Ok(Resp::Array(Some(items))) => {
+                            items.first().and_then(|r| r.as_str().map(str::to_owned))
+                        }
+                        _ => None,
+                    });
+                    if role.as_deref() == Some("master") {
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(100));
