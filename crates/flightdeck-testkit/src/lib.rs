@@ -19,6 +19,8 @@
 //! - [`Recorder`]: a backend wrapper that journals grants and commits and
 //!   checks the chaos invariants (no stale commit, at most one committed
 //!   result per generation).
+//! - [`node::NodeProcess`]: the `flightdeck-node` binary (feature `node`)
+//!   as a separate process driven over HTTP, for multi-process tests.
 //! - [`conformance`]: the checks every [`Backend`](flightdeck_distributed::Backend)
 //!   must pass; the memory and the Redis backends both run them.
 
@@ -26,6 +28,7 @@ pub mod cluster;
 pub mod conformance;
 pub mod hooked;
 pub mod memory;
+pub mod node;
 pub mod proxy;
 pub mod recorder;
 pub mod redis;
