@@ -473,6 +473,13 @@ impl StageConfig {
             .allow_takeover(self.allow_takeover)
             .call_timeout(self.coordination_timeout)
             .commit_attempts(self.commit_attempts)
+            // "in progress" and "fail" answer as soon as a follower's
+            // re-check fails; "wait" and "local" wait until the lease must
+            // have expired (never run at once while another node may own it).
+            .give_up_on_wait_failure(matches!(
+                self.on_wait_failure,
+                OnWaitFailure::InProgress | OnWaitFailure::Fail
+            ))
     }
 
     /// The L1 policy these settings describe. The local wait covers the

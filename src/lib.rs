@@ -31,7 +31,7 @@
 //! |---|---|---|
 //! | before acquire (unavailable, timeout, outcome unknown) | local fallback, `singleflight_local_fallback_total{reason}` + `warn` | fail fast, `CoordinationUnavailable` / `OutcomeUnknown` (503) |
 //! | protocol (garbage reply, codec mismatch) | local fallback + `singleflight_unknown_action_total` | fail fast, `ProtocolError` (503) |
-//! | follower wait (polls fail, notice lost, owner slow) | never at once: L2 polls until the wait timeout, taking over when the lease expires; then [`OnWaitFailure`] (`wait` → `WaitTimeout`, `in-progress` → `InProgress`, `fail` → `CoordinationUnavailable`, `local` opt-in) | same, without `local` |
+//! | follower wait (polls fail, notice lost, owner slow) | never at once. [`OnWaitFailure`]: `in-progress` → `InProgress` (202) and `fail` → `CoordinationUnavailable` (503) answer at the first failed re-check; `wait` polls on until the wait timeout, taking over when the lease expires, then `WaitTimeout`; `local` (opt-in) runs locally after that wait, when the lease must have expired | same, without `local` |
 //! | owner's business error | shared with the waiters, not retried, not a backend failure | same |
 //! | after execution (commit failed) | the value is returned, the commit retried, never re-executed; `singleflight_result_write_failure_total` | same |
 //!

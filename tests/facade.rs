@@ -244,11 +244,18 @@ async fn follow_and_lose_redis(
     mode: Mode,
     policy: OnWaitFailure,
 ) -> (Work, StageHandle, Vec<Result<String, BoxError>>) {
+    let mut cfg = fast(mode);
+    cfg.on_wait_failure = policy;
+    follow_and_lose_redis_with(st, cfg).await
+}
+
+async fn follow_and_lose_redis_with(
+    st: &str,
+    cfg: StageConfig,
+) -> (Work, StageHandle, Vec<Result<String, BoxError>>) {
     let mut redis = RedisServer::start().unwrap();
     other_node_owns(&redis, st, "q").await;
     let work = Work::default();
-    let mut cfg = fast(mode);
-    cfg.on_wait_failure = policy;
     let (svc, handle) = setup(
         st,
         cfg,
@@ -320,8 +327,15 @@ async fn hybrid_follower_wait_failure_runs_locally_when_opted_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distributed_only_follower_wait_failure_answers_in_progress() {
     let st = "do-follow";
+    // A wait timeout far longer than the test's bound: the answer must come
+    // from the failed re-check, not from the end of the wait.
+    let mut cfg = fast(Mode::DistributedOnly);
+    cfg.on_wait_failure = OnWaitFailure::InProgress;
+    cfg.wait_timeout = Duration::from_secs(60);
     let (work, _handle, results) =
-        follow_and_lose_redis(st, Mode::DistributedOnly, OnWaitFailure::InProgress).await;
+        tokio::time::timeout(Duration::from_secs(20), follow_and_lose_redis_with(st, cfg))
+            .await
+            .expect("answered at the first failed re-check, not after the 60 s wait");
 
     assert_eq!(work.calls(), 0);
     for r in &results {
@@ -339,8 +353,13 @@ async fn distributed_only_follower_wait_failure_answers_in_progress() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distributed_only_follower_wait_failure_can_fail_as_unavailable() {
     let st = "do-follow-fail";
+    let mut cfg = fast(Mode::DistributedOnly);
+    cfg.on_wait_failure = OnWaitFailure::Fail;
+    cfg.wait_timeout = Duration::from_secs(60);
     let (work, _handle, results) =
-        follow_and_lose_redis(st, Mode::DistributedOnly, OnWaitFailure::Fail).await;
+        tokio::time::timeout(Duration::from_secs(20), follow_and_lose_redis_with(st, cfg))
+            .await
+            .expect("answered at the first failed re-check, not after the 60 s wait");
 
     assert_eq!(work.calls(), 0);
     for r in &results {

@@ -261,6 +261,9 @@ where
         acquired = match st.acquire(&cx).await {
             Ok(a) => a,
             Err(e) if e.kind() == BackendErrorKind::Protocol => return Err(e.into_core()),
+            // The stage answers at once instead of waiting (the caller gets
+            // "in progress" or "unavailable"; nobody runs the work here).
+            Err(e) if policy.gives_up_on_wait_failure() => return Err(e.into_core()),
             Err(_) => {
                 // Never run the work while another node may hold the lease:
                 // keep polling until the wait deadline.

@@ -40,6 +40,7 @@ pub struct DistributedPolicy {
     cancel_on_lease_loss: bool,
     call_timeout: Duration,
     commit_attempts: u32,
+    give_up_on_wait_failure: bool,
 }
 
 impl DistributedPolicy {
@@ -63,6 +64,7 @@ impl DistributedPolicy {
             cancel_on_lease_loss: false,
             call_timeout: Duration::from_secs(1),
             commit_attempts: 3,
+            give_up_on_wait_failure: false,
         }
     }
 
@@ -160,6 +162,17 @@ impl DistributedPolicy {
     #[must_use]
     pub const fn commit_attempts(mut self, n: u32) -> Self {
         self.commit_attempts = n;
+        self
+    }
+
+    /// Whether a follower gives up as soon as a re-check fails (the backend
+    /// went away while it was following), returning that error, instead of
+    /// polling on until its wait timeout. Off by default. A follower never
+    /// runs the work itself either way; the facade turns the early error
+    /// into "in progress" or "unavailable" per the stage's policy.
+    #[must_use]
+    pub const fn give_up_on_wait_failure(mut self, yes: bool) -> Self {
+        self.give_up_on_wait_failure = yes;
         self
     }
 
@@ -271,6 +284,10 @@ impl DistributedPolicy {
     /// The number of commit attempts.
     pub const fn commit_attempt_count(&self) -> u32 {
         self.commit_attempts
+    }
+    /// Whether a follower gives up at its first failed re-check.
+    pub const fn gives_up_on_wait_failure(&self) -> bool {
+        self.give_up_on_wait_failure
     }
 
     /// How long the generation counter lives: longer than anything else of
