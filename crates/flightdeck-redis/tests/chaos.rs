@@ -423,9 +423,7 @@ async fn apply(fault: Chaos, topology: &Topology, nodes: &[Node]) {
 /// SIGSTOP/SIGCONT a data node of the sentinel set (it stays owned, and
 /// killed on drop, by the testkit).
 fn signal(pid: u32, sig: &str) {
-    let _ = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status();
+    let _ = flightdeck_testkit::redis::send_signal(pid, sig);
 }
 
 fn rss_bytes() -> u64 {

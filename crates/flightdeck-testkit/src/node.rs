@@ -143,15 +143,7 @@ impl NodeProcess {
     }
 
     fn signal(&self, sig: &str) -> Result<(), RedisServerError> {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .map_err(|e| fail(format!("cannot run kill: {e}")))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(fail(format!("kill {sig} failed: {status}")))
-        }
+        crate::redis::send_signal(self.child.id(), sig)
     }
 
     /// Freezes the process (SIGSTOP).

@@ -115,6 +115,21 @@ fn find_binary_in(
     )))
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`, ...) to a process with `kill`: for
+/// processes a test started itself (a data node of a
+/// [`RedisSentinel`](crate::RedisSentinel), a [`NodeProcess`](crate::node::NodeProcess)).
+pub fn send_signal(pid: u32, signal: &str) -> Result<(), RedisServerError> {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .map_err(|e| err(format!("cannot run kill: {e}")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(err(format!("kill {signal} {pid} failed: {status}")))
+    }
+}
+
 /// A free loopback port, as the OS hands out for port 0.
 pub(crate) fn free_port() -> Result<u16, RedisServerError> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -345,15 +360,7 @@ impl RedisServer {
         let pid = self
             .pid()
             .ok_or_else(|| err("redis-server is not running"))?;
-        let status = Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .map_err(|e| err(format!("cannot run kill: {e}")))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(err(format!("kill {sig} {pid} failed: {status}")))
-        }
+        send_signal(pid, sig)
     }
 
     /// Kills the process (SIGKILL) and reaps it. Idempotent.
