@@ -27,8 +27,11 @@
 //! done, and scripts that meet `TRYAGAIN` are retried within their
 //! deadline; but in our tests a fred 10.1 client that followed an `ASK`
 //! redirect in the middle of a migration stopped getting replies (every
-//! later command timed out), so treat a live resharding as a coordination
-//! outage for the nodes that meet it (HYBRID stages fall back locally).
+//! later command timed out). Reading fred's `process_ask`, it sends
+//! `ASKING` to the target node but re-routes the command itself by slot,
+//! that is to the old owner, which answers `ASK` again. Treat a live
+//! resharding as a coordination outage for the nodes that meet it (HYBRID
+//! stages fall back locally).
 //!
 //! Sentinel: give `redis-sentinel://sentinel:port/0?sentinelServiceName=NAME&node=sentinel2:port`;
 //! fred asks the sentinels for the primary when it (re)connects. It does

@@ -146,9 +146,10 @@ fn requests_in_slot(b: &RedisBackend, stage: &StageName, slot: u16, n: usize) ->
 ///
 /// Not covered: requests in flight DURING the migration. In our runs a
 /// fred 10.1 client that followed an `ASK` redirect stopped getting
-/// replies for good (every later command timed out), so a live resharding
-/// is a coordination outage for the nodes that meet it (HYBRID falls back
-/// locally); see the crate docs.
+/// replies for good (every later command timed out): its `process_ask`
+/// sends `ASKING` to the target but routes the command itself by slot, to
+/// the old owner. A live resharding is a coordination outage for the nodes
+/// that meet it (HYBRID falls back locally); see the crate docs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migration_moved_is_followed() {
     let cluster = Arc::new(RedisCluster::start(3).unwrap());
