@@ -77,6 +77,10 @@ struct Core {
     // Built once: a rejected call (the hot path while open) must not
     // allocate a metric key.
     rejected: metrics::Key,
+    // `Inner::open_until` as nanoseconds since `base`, published before the
+    // state word: an open breaker rejects without taking the lock.
+    base: Instant,
+    open_until: AtomicU64,
 }
 
 static METADATA: metrics::Metadata<'static> =
@@ -151,6 +155,8 @@ impl Breaker {
                 inner: Mutex::new(inner),
                 events,
                 rejected,
+                base: now,
+                open_until: AtomicU64::new(0),
             }),
         })
     }
@@ -251,6 +257,8 @@ impl Breaker {
                 probe: None,
                 counted: false,
             }),
+            FORCED_OPEN => Err(self.core.reject()),
+            OPEN if self.core.still_open(Instant::now()) => Err(self.core.reject()),
             _ => Core::acquire_slow(&self.core),
         }
     }
@@ -336,8 +344,20 @@ impl Core {
             _ => {}
         }
         drop(inner);
-        metrics::with_recorder(|r| r.register_counter(&this.rejected, &METADATA).increment(1));
-        Err(CircuitOpen::new(this.name.clone()))
+        Err(this.reject())
+    }
+
+    /// Counts and builds a rejection.
+    fn reject(&self) -> CircuitOpen {
+        metrics::with_recorder(|r| r.register_counter(&self.rejected, &METADATA).increment(1));
+        CircuitOpen::new(self.name.clone())
+    }
+
+    /// Whether an open breaker's wait is still running at `now` (read
+    /// without the lock; the slow path decides the transition).
+    fn still_open(&self, now: Instant) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        now.saturating_duration_since(self.base).as_nanos() < u128::from(until)
     }
 
     fn record(&self, permit: &Permit, outcome: Outcome) {
@@ -451,6 +471,12 @@ impl Core {
         inner.opens_in_row = inner.opens_in_row.saturating_add(1);
         let wait = self.open_wait(inner.opens_in_row).min(FAR_FUTURE);
         inner.open_until = now + wait;
+        let until = inner
+            .open_until
+            .saturating_duration_since(self.base)
+            .as_nanos();
+        self.open_until
+            .store(u64::try_from(until).unwrap_or(u64::MAX), Ordering::Release);
         self.set_state(inner, OPEN, now);
         self.emit(from, CircuitState::Open, reason, now, Some(wait));
     }
