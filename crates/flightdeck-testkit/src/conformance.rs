@@ -70,9 +70,11 @@ fn abandon_args(failure: Option<&'static str>) -> AbandonArgs {
 }
 
 async fn next_notice(sub: &mut Subscription) -> Notice {
-    tokio::time::timeout(Duration::from_secs(5), sub.recv())
+    // A bound, not a timing claim: on a loaded 2-core CI machine (chaos
+    // tests run beside this suite) 5 s was seen to be too short.
+    tokio::time::timeout(Duration::from_secs(20), sub.recv())
         .await
-        .expect("a notice within 5s")
+        .expect("a notice within 20s")
         .expect("subscription open")
 }
 
