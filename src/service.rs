@@ -149,6 +149,7 @@ where
         let Some(stage) = self.shared.stages.get(key.stage()) else {
             return ResponseFuture::failed(Box::new(UnknownStage::new(key.stage().clone())), share);
         };
+        stage.ctl.count(Count::Request);
         let mode = stage.ctl.mode();
         if mode == Mode::Bypass {
             stage.ctl.count(Count::Bypass);
@@ -370,7 +371,7 @@ where
         return local(&stage, inner, &share, req).await;
     };
     let ctl = &stage.ctl;
-    ctl.count(Count::DistributedRequest);
+    // `singleflight_distributed_request_total` is counted by L2 itself.
     let ticket = Ticket::new(key, req);
     let kept = ticket.share();
     // The first acquire's answer records the permit (see `Progress`).

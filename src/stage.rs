@@ -53,7 +53,7 @@ pub(crate) struct Control {
 
 struct Keys {
     label: Label,
-    distributed_request: Key,
+    request: Key,
     miss: Key,
     owner_failure: Key,
     bypass: Key,
@@ -111,7 +111,7 @@ impl Keys {
         );
         let key = |name: &'static str| Key::from_parts(name, vec![label.clone()]);
         Self {
-            distributed_request: key(metric::DISTRIBUTED_REQUEST_TOTAL),
+            request: key(metric::REQUEST_TOTAL),
             miss: key(metric::MISS_TOTAL),
             owner_failure: key(metric::OWNER_FAILURE_TOTAL),
             bypass: key(metric::BYPASS_TOTAL),
@@ -133,7 +133,9 @@ impl Keys {
 /// Which per-stage counter to move.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Count {
-    DistributedRequest,
+    /// Every request with a key for this stage, whatever its mode (the
+    /// denominator of the merge ratio).
+    Request,
     Miss,
     OwnerFailure,
     Bypass,
@@ -195,7 +197,7 @@ impl Control {
 
     pub(crate) fn count(&self, what: Count) {
         let key = match what {
-            Count::DistributedRequest => &self.keys.distributed_request,
+            Count::Request => &self.keys.request,
             Count::Miss => &self.keys.miss,
             Count::OwnerFailure => &self.keys.owner_failure,
             Count::Bypass => &self.keys.bypass,

@@ -580,6 +580,9 @@ async fn local_only_coalesces_in_process_and_never_calls_redis() {
     assert_eq!(counter(metric::DISTRIBUTED_REQUEST_TOTAL, st), 0);
     assert_eq!(counter(metric::LOCAL_OWNER_TOTAL, st), 2);
     assert_eq!(counter(metric::LOCAL_WAITER_TOTAL, st), 18);
+    // Every request counts, whatever the mode: the merge ratio's
+    // denominator (seed 002 §12).
+    assert_eq!(counter(metric::REQUEST_TOTAL, st), 20);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

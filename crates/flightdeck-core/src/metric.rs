@@ -22,7 +22,8 @@ pub const LOCAL_UNSHARED_TOTAL: &str = "singleflight_local_unshared_total";
 pub const LOCAL_CANCELLED_TOTAL: &str = "singleflight_local_cancelled_total";
 /// Counter: flights whose work panicked.
 pub const LOCAL_PANIC_TOTAL: &str = "singleflight_local_panic_total";
-/// Counter: every request seen by a coalescing layer.
+/// Counter: every request with a key that entered `SingleFlightLayer`,
+/// whatever its mode (the denominator of the merge ratio).
 pub const REQUEST_TOTAL: &str = "singleflight_request_total";
 /// Counter: waiters that gave up after their wait timeout.
 pub const WAIT_TIMEOUT_TOTAL: &str = "singleflight_wait_timeout_total";
@@ -53,8 +54,8 @@ pub const UNKNOWN_ACTION_TOTAL: &str = "singleflight_unknown_action_total";
 /// Counter: coordination calls that failed (`kind` = `unavailable` |
 /// `outcome_unknown` | `protocol`, `op` = the call).
 pub const COORDINATION_ERROR_TOTAL: &str = "singleflight_coordination_error_total";
-/// Counter: L1 leaders of a HYBRID or DISTRIBUTED_ONLY stage that asked the
-/// coordination layer (L2) for the flight.
+/// Counter: requests that asked the coordination layer (L2) for a flight;
+/// behind L1, only its leaders do.
 pub const DISTRIBUTED_REQUEST_TOTAL: &str = "singleflight_distributed_request_total";
 /// Counter: coordination failures seen by the facade (`kind` =
 /// `unavailable` | `outcome_unknown` | `protocol`).

@@ -166,7 +166,7 @@ where
             allow_takeover: policy.takeover_allowed(),
         },
     };
-    count(metric::REQUEST_TOTAL, &cx.stage);
+    count(metric::DISTRIBUTED_REQUEST_TOTAL, &cx.stage);
     let started = Instant::now();
     let deadline = started + policy.wait_timeout_duration();
 
