@@ -19,7 +19,7 @@
 //!
 //! ```text
 //! cargo run --example axum --features toml                 # LOCAL_ONLY on 127.0.0.1:3000
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum --features toml
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example axum --features toml
 //! curl -s -XPOST localhost:3000/v1/score -H 'content-type: application/json' \
 //!      -d '{"question":"q1","answer":"a tower layer"}'
 //! curl -s localhost:3000/metrics | grep singleflight_

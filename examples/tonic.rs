@@ -25,7 +25,7 @@
 //!
 //! ```text
 //! cargo run --example tonic                 # LOCAL_ONLY on 127.0.0.1:50051, no Redis
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example tonic   # HYBRID
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example tonic   # HYBRID
 //! curl -s 127.0.0.1:9464/metrics | grep singleflight_            # Prometheus
 //! ```
 
