@@ -45,14 +45,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use flightdeck_breaker::{Outcome, Permit};
 use flightdeck_core::error::{BoxError, ProtocolError};
 use flightdeck_core::FlightKey;
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed,
-    FencingToken, FlightId, LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+    Acquired, Backend, BackendError, BackendFuture, FencingToken, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck_distributed::FlightRequest;
 use pin_project_lite::pin_project;
@@ -380,45 +378,5 @@ impl Backend for SharedBackend {
         })
     }
 
-    fn heartbeat<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Renewal> {
-        self.inner.heartbeat(flight, token, generation, terms)
-    }
-
-    fn commit<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a CommitArgs,
-    ) -> BackendFuture<'a, Committed> {
-        self.inner.commit(flight, token, generation, args)
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a AbandonArgs,
-    ) -> BackendFuture<'a, Released> {
-        self.inner.abandon(flight, token, generation, args)
-    }
-
-    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
-        self.inner.subscribe(flight)
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        state_ttl: Duration,
-    ) -> BackendFuture<'a, u64> {
-        self.inner.invalidate(flight, state_ttl)
-    }
+    flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate);
 }

@@ -13,8 +13,7 @@ use std::time::Duration;
 use flightdeck::core::error::BoxError;
 use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+    Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
@@ -241,47 +240,7 @@ impl<B: Backend> Backend for Faulty<B> {
         }
     }
 
-    fn heartbeat<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Renewal> {
-        self.inner.heartbeat(flight, token, generation, terms)
-    }
-
-    fn commit<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a CommitArgs,
-    ) -> BackendFuture<'a, Committed> {
-        self.inner.commit(flight, token, generation, args)
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a AbandonArgs,
-    ) -> BackendFuture<'a, Released> {
-        self.inner.abandon(flight, token, generation, args)
-    }
-
-    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
-        self.inner.subscribe(flight)
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        state_ttl: Duration,
-    ) -> BackendFuture<'a, u64> {
-        self.inner.invalidate(flight, state_ttl)
-    }
+    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate);
 }
 
 /// A Redis backend for a testkit server, with short deadlines.

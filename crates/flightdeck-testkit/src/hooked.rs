@@ -31,8 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+    Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken, Subscription,
 };
 
 type Hook = Arc<dyn Fn(FlightId) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
@@ -109,43 +108,7 @@ impl<B: Backend> Backend for Hooked<B> {
         })
     }
 
-    fn heartbeat<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Renewal> {
-        self.inner.heartbeat(flight, token, generation, terms)
-    }
-
-    fn commit<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a CommitArgs,
-    ) -> BackendFuture<'a, Committed> {
-        self.inner.commit(flight, token, generation, args)
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a AbandonArgs,
-    ) -> BackendFuture<'a, Released> {
-        self.inner.abandon(flight, token, generation, args)
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        state_ttl: std::time::Duration,
-    ) -> BackendFuture<'a, u64> {
-        self.inner.invalidate(flight, state_ttl)
-    }
+    flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate);
 
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {

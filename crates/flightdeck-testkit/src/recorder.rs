@@ -26,11 +26,10 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms,
-    OwnerToken, Released, Renewal, Subscription,
+    Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
+    Renewal,
 };
 use tokio::time::Instant;
 
@@ -248,25 +247,5 @@ impl<B: Backend> Backend for Recorder<B> {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        generation: u64,
-        args: &'a AbandonArgs,
-    ) -> BackendFuture<'a, Released> {
-        self.inner.abandon(flight, token, generation, args)
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        state_ttl: Duration,
-    ) -> BackendFuture<'a, u64> {
-        self.inner.invalidate(flight, state_ttl)
-    }
-
-    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
-        self.inner.subscribe(flight)
-    }
+    flightdeck_distributed::forward_backend!(inner => abandon, invalidate, subscribe);
 }
