@@ -21,9 +21,13 @@
 //!   result per generation).
 //! - [`node::NodeProcess`]: the `flightdeck-node` binary (feature `node`)
 //!   as a separate process driven over HTTP, for multi-process tests.
+//! - [`chaos`]: the seeded fault schedule, the load, and the printed and
+//!   checked invariants of the chaos suites (in-process nodes and node
+//!   processes).
 //! - [`conformance`]: the checks every [`Backend`](flightdeck_distributed::Backend)
 //!   must pass; the memory and the Redis backends both run them.
 
+pub mod chaos;
 pub mod cluster;
 pub mod conformance;
 pub mod hooked;

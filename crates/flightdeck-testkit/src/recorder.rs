@@ -9,6 +9,13 @@
 //! granted g' > g" means the server ran the commit after the grant, and it
 //! must have been fenced.
 //!
+//! A recorder can also write every event as a JSON line to an
+//! [`EventLog`] (flushed line by line, so a killed process loses nothing it
+//! recorded); [`Journal::from_log`] reads such lines back, so the journals
+//! of several node processes can be merged. Logged times are wall-clock
+//! microseconds, which one machine's processes share; [`WallClock`] maps
+//! them onto the reader's clock.
+//!
 //! ```
 //! use flightdeck_distributed::Backend;
 //! use flightdeck_testkit::{conformance, MemoryBackend, Recorder};
@@ -25,12 +32,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use flightdeck_core::Digest;
 use flightdeck_distributed::backend::{
     Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
     Renewal,
 };
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
 /// One grant of a flight.
@@ -125,6 +136,147 @@ impl Journal {
     pub fn takeovers(&self) -> usize {
         self.grants.iter().filter(|g| g.takeover).count()
     }
+
+    /// Adds `other`'s records (another node's journal).
+    pub fn merge(&mut self, other: Journal) {
+        self.grants.extend(other.grants);
+        self.commits.extend(other.commits);
+        self.heartbeats_lost += other.heartbeats_lost;
+        self.heartbeats_failed += other.heartbeats_failed;
+    }
+
+    /// The journal in the JSON lines of an [`EventLog`], times mapped by
+    /// `clock`. Lines of other events are skipped; so is a line that does
+    /// not parse (a process killed while writing it), counted in the
+    /// second value.
+    pub fn from_log(text: &str, clock: &WallClock) -> (Self, usize) {
+        let mut out = Self::default();
+        let mut malformed = 0;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                malformed += 1;
+                continue;
+            };
+            if out.read_event(&v, clock).is_none() {
+                malformed += 1;
+            }
+        }
+        (out, malformed)
+    }
+
+    /// Reads one event; `None` when a field is missing.
+    fn read_event(&mut self, v: &Value, clock: &WallClock) -> Option<()> {
+        let generation = || v["generation"].as_u64();
+        let flight = || flight_of_hex(v["flight"].as_str()?);
+        match v["event"].as_str()? {
+            "grant" => self.grants.push(Grant {
+                flight: flight()?,
+                generation: generation()?,
+                takeover: v["takeover"].as_bool()?,
+                at: clock.instant(v["at_us"].as_u64()?),
+            }),
+            "commit" => self.commits.push(CommitRecord {
+                flight: flight()?,
+                generation: generation()?,
+                token: v["token"].as_str()?.to_owned(),
+                sent: clock.instant(v["sent_us"].as_u64()?),
+                committed: v["committed"].as_bool(),
+            }),
+            "heartbeat_lost" => self.heartbeats_lost += 1,
+            "heartbeat_failed" => self.heartbeats_failed += 1,
+            _ => {}
+        }
+        Some(())
+    }
+}
+
+fn flight_of_hex(hex: &str) -> Option<FlightId> {
+    let mut bytes = [0u8; 32];
+    if hex.len() != 64 {
+        return None;
+    }
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(FlightId::from_digest(Digest::from_bytes(bytes)))
+}
+
+/// Microseconds since the Unix epoch: the time of a logged event.
+pub fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Maps logged wall-clock times onto this process's clock: both clocks are
+/// read once, and every logged time keeps its distance from that moment,
+/// so order and intervals survive (a wall-clock step during the run would
+/// not; test machines do not step their clocks mid-run).
+#[derive(Clone, Copy, Debug)]
+pub struct WallClock {
+    instant: Instant,
+    wall_us: u64,
+}
+
+impl WallClock {
+    /// Both clocks, now.
+    pub fn now() -> Self {
+        Self {
+            instant: Instant::now(),
+            wall_us: wall_us(),
+        }
+    }
+
+    /// The instant of a logged time.
+    pub fn instant(&self, us: u64) -> Instant {
+        if us <= self.wall_us {
+            let back = Duration::from_micros(self.wall_us - us);
+            self.instant.checked_sub(back).unwrap_or(self.instant)
+        } else {
+            self.instant + Duration::from_micros(us - self.wall_us)
+        }
+    }
+}
+
+/// A sink of JSON lines shared by the recorders (and other journaling) of
+/// one process: each event is one line, written and flushed at once.
+/// Write errors are ignored (the journal is for checks after the run).
+#[derive(Clone)]
+pub struct EventLog {
+    out: Arc<Mutex<Box<dyn Write + Send>>>,
+}
+
+impl EventLog {
+    /// Logs to `out`.
+    pub fn new(out: impl Write + Send + 'static) -> Self {
+        Self {
+            out: Arc::new(Mutex::new(Box::new(out))),
+        }
+    }
+
+    /// Appends to the file at `path`, creating it.
+    pub fn append_to(path: &std::path::Path) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Self::new(file))
+    }
+
+    /// Writes `event` as one line and flushes it.
+    pub fn write(&self, event: &Value) {
+        let mut line = event.to_string();
+        line.push('\n');
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = out.write_all(line.as_bytes());
+        let _ = out.flush();
+    }
+}
+
+impl fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventLog").finish_non_exhaustive()
+    }
 }
 
 /// Wraps a backend and records a [`Journal`] (see the module docs). Clones
@@ -133,6 +285,7 @@ impl Journal {
 pub struct Recorder<B> {
     inner: B,
     journal: Arc<Mutex<Journal>>,
+    log: Option<EventLog>,
 }
 
 impl<B> Recorder<B> {
@@ -141,7 +294,14 @@ impl<B> Recorder<B> {
         Self {
             inner,
             journal: Arc::default(),
+            log: None,
         }
+    }
+
+    /// Also writes every event to `log` (see the module docs).
+    pub fn logging_to(mut self, log: EventLog) -> Self {
+        self.log = Some(log);
+        self
     }
 
     /// Wraps `inner`, recording into a journal shared with other recorders
@@ -150,6 +310,7 @@ impl<B> Recorder<B> {
         Self {
             inner,
             journal: other.journal.clone(),
+            log: other.log.clone(),
         }
     }
 
@@ -165,6 +326,12 @@ impl<B> Recorder<B> {
 
     fn lock(&self) -> MutexGuard<'_, Journal> {
         self.journal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn log(&self, event: impl FnOnce() -> Value) {
+        if let Some(log) = &self.log {
+            log.write(&event());
+        }
     }
 }
 
@@ -193,6 +360,10 @@ impl<B: Backend> Backend for Recorder<B> {
                 takeover,
             } = answer
             {
+                self.log(|| {
+                    json!({"event": "grant", "flight": flight.to_hex(), "generation": generation,
+                        "takeover": takeover, "at_us": wall_us()})
+                });
                 self.lock().grants.push(Grant {
                     flight: *flight,
                     generation,
@@ -214,8 +385,14 @@ impl<B: Backend> Backend for Recorder<B> {
         Box::pin(async move {
             let answer = self.inner.heartbeat(flight, token, generation, terms).await;
             match &answer {
-                Ok(Renewal::Lost) => self.lock().heartbeats_lost += 1,
-                Err(_) => self.lock().heartbeats_failed += 1,
+                Ok(Renewal::Lost) => {
+                    self.log(|| json!({"event": "heartbeat_lost"}));
+                    self.lock().heartbeats_lost += 1;
+                }
+                Err(_) => {
+                    self.log(|| json!({"event": "heartbeat_failed"}));
+                    self.lock().heartbeats_failed += 1;
+                }
                 Ok(Renewal::Renewed) => {}
             }
             answer
@@ -230,18 +407,23 @@ impl<B: Backend> Backend for Recorder<B> {
         args: &'a CommitArgs,
     ) -> BackendFuture<'a, Committed> {
         Box::pin(async move {
-            let sent = Instant::now();
+            let (sent, sent_us) = (Instant::now(), wall_us());
             let answer = self.inner.commit(flight, token, generation, args).await;
+            let committed = match &answer {
+                Ok(Committed::Committed) => Some(true),
+                Ok(Committed::Fenced) => Some(false),
+                Err(_) => None,
+            };
+            self.log(|| {
+                json!({"event": "commit", "flight": flight.to_hex(), "generation": generation,
+                    "token": token.as_str(), "sent_us": sent_us, "committed": committed})
+            });
             self.lock().commits.push(CommitRecord {
                 flight: *flight,
                 generation,
                 token: token.as_str().to_owned(),
                 sent,
-                committed: match &answer {
-                    Ok(Committed::Committed) => Some(true),
-                    Ok(Committed::Fenced) => Some(false),
-                    Err(_) => None,
-                },
+                committed,
             });
             answer
         })
