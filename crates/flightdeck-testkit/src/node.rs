@@ -112,34 +112,18 @@ impl NodeProcess {
         stream
             .set_write_timeout(Some(REQUEST_TIMEOUT))
             .map_err(io)?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.addr
-        )
-        .map_err(io)?;
+        stream
+            .write_all(request(self.addr, path).as_bytes())
+            .map_err(io)?;
         let mut reply = String::new();
         stream.read_to_string(&mut reply).map_err(io)?;
-        let (head, body) = reply
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| fail(format!("node {}: no HTTP reply: {reply:?}", self.addr)))?;
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| fail(format!("node {}: bad status line {head:?}", self.addr)))?;
-        Ok((status, body.to_owned()))
+        parse_reply(self.addr, &reply)
     }
 
-    /// `GET /stats` as (executions, running flights, in-flight map entries).
-    pub fn stats(&self) -> Result<(u64, u64, u64), RedisServerError> {
+    /// `GET /stats`.
+    pub fn stats(&self) -> Result<NodeStats, RedisServerError> {
         let (_, body) = self.get("/stats")?;
-        let field = |name: &str| {
-            body.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-                .ok_or_else(|| fail(format!("no {name} in {body:?}")))
-        };
-        Ok((field("executions")?, field("running")?, field("entries")?))
+        NodeStats::parse(&body)
     }
 
     fn signal(&self, sig: &str) -> Result<(), RedisServerError> {
@@ -168,6 +152,76 @@ impl NodeProcess {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+fn request(addr: SocketAddr, path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+}
+
+fn parse_reply(addr: SocketAddr, reply: &str) -> Result<(u16, String), RedisServerError> {
+    let (head, body) = reply
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| fail(format!("node {addr}: no HTTP reply: {reply:?}")))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| fail(format!("node {addr}: bad status line {head:?}")))?;
+    Ok((status, body.to_owned()))
+}
+
+/// `GET path` from the node at `addr` without blocking the runtime (one
+/// request per connection, no timeout of its own: bound it with
+/// `tokio::time::timeout`).
+pub async fn get_async(addr: SocketAddr, path: &str) -> Result<(u16, String), RedisServerError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let io = |e: std::io::Error| fail(format!("node {addr}: {e}"));
+    let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
+    stream
+        .write_all(request(addr, path).as_bytes())
+        .await
+        .map_err(io)?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.map_err(io)?;
+    parse_reply(addr, &reply)
+}
+
+/// A node's `GET /stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Executions of the work so far.
+    pub executions: u64,
+    /// Executions running now.
+    pub working: u64,
+    /// L1 flights running.
+    pub running: u64,
+    /// L1 in-flight map entries.
+    pub entries: u64,
+    /// Redis channels subscribed (followers waiting).
+    pub subscriptions: u64,
+}
+
+impl NodeStats {
+    /// Parses the body of `GET /stats`.
+    pub fn parse(body: &str) -> Result<Self, RedisServerError> {
+        let field = |name: &str| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .ok_or_else(|| fail(format!("no {name} in {body:?}")))
+        };
+        Ok(Self {
+            executions: field("executions")?,
+            working: field("working")?,
+            running: field("running")?,
+            entries: field("entries")?,
+            subscriptions: field("subscriptions")?,
+        })
+    }
+
+    /// Nothing in flight: no L1 flight, no map entry, no subscription.
+    pub fn idle(&self) -> bool {
+        (self.running, self.entries, self.subscriptions) == (0, 0, 0)
     }
 }
 

@@ -39,11 +39,11 @@ fn processes_share_one_execution_and_survive_a_killed_owner() {
         assert_eq!(*status, 200, "{body}");
         assert_eq!(body, first, "every process got the same result");
     }
-    let executions: u64 = nodes.iter().map(|n| n.stats().unwrap().0).sum();
+    let executions: u64 = nodes.iter().map(|n| n.stats().unwrap().executions).sum();
     assert_eq!(executions, 1, "one execution across three processes");
     for n in &nodes {
-        let (_, running, entries) = n.stats().unwrap();
-        assert_eq!((running, entries), (0, 0));
+        let stats = n.stats().unwrap();
+        assert_eq!((stats.running, stats.entries), (0, 0), "{stats:?}");
     }
     drop(nodes);
 
@@ -73,7 +73,7 @@ fn processes_share_one_execution_and_survive_a_killed_owner() {
     });
     // Until the owner runs the flight.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while owner.stats().unwrap().0 == 0 {
+    while owner.stats().unwrap().executions == 0 {
         assert!(std::time::Instant::now() < deadline, "owner never started");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -84,6 +84,6 @@ fn processes_share_one_execution_and_survive_a_killed_owner() {
         body.starts_with("dies|2|"),
         "took over with generation 2: {body}"
     );
-    assert_eq!(other.stats().unwrap().0, 1);
+    assert_eq!(other.stats().unwrap().executions, 1);
     doomed.join().unwrap();
 }

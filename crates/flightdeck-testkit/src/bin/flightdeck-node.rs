@@ -7,22 +7,35 @@
 //!
 //! ```text
 //! flightdeck-node --redis redis://127.0.0.1:6390 [--work-ms 200] [--lease-ms 1500]
-//! GET /flight/{key}  -> 200 "{key}|{generation}|{pid}" or 503 "{error}"
-//! GET /stats         -> 200 "executions N\nrunning N\nentries N\n"
+//!                 [--chaos 1] [--journal PATH]
+//! GET /flight/{key}  -> 200 "{key}|{generation}|{pid}" or 503 "{ErrorClass:?} {error}"
+//! GET /stats         -> 200 "executions N\nworking N\nrunning N\nentries N\nsubscriptions N\n"
 //! ```
+//!
+//! `--chaos 1` takes the chaos suite's settings (`flightdeck_testkit::chaos`:
+//! its L2 policy and L1 wait timeout, short Redis timeouts, work lasting
+//! `chaos::work_duration(key)`); `--work-ms` and `--lease-ms` are then
+//! ignored. `--journal PATH` appends every grant, commit, lost or failed
+//! heartbeat and execution start and end to PATH as JSON lines, flushed one
+//! by one (a `Recorder` logging to an `EventLog`), for the test to merge
+//! after the run, also from killed processes.
 
 use std::convert::Infallible;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flightdeck_core::error::BoxError;
+use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FencingToken, KeyFn, PostcardCodec,
 };
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_testkit::chaos;
+use flightdeck_testkit::recorder::EventLog;
+use flightdeck_testkit::Recorder;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tower::util::BoxCloneService;
@@ -47,6 +60,8 @@ struct Args {
     redis: String,
     work: Duration,
     lease: Duration,
+    chaos: bool,
+    journal: Option<PathBuf>,
 }
 
 fn args() -> Result<Args, String> {
@@ -54,6 +69,8 @@ fn args() -> Result<Args, String> {
         redis: String::new(),
         work: Duration::from_millis(200),
         lease: Duration::from_millis(1500),
+        chaos: false,
+        journal: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -68,47 +85,102 @@ fn args() -> Result<Args, String> {
             "--redis" => out.redis = value.clone(),
             "--work-ms" => out.work = ms()?,
             "--lease-ms" => out.lease = ms()?,
+            "--chaos" => out.chaos = value == "1",
+            "--journal" => out.journal = Some(PathBuf::from(&value)),
             other => return Err(format!("unknown flag {other}")),
         }
     }
     if out.redis.is_empty() {
-        return Err("usage: flightdeck-node --redis URL [--work-ms N] [--lease-ms N]".into());
+        return Err(
+            "usage: flightdeck-node --redis URL [--work-ms N] [--lease-ms N] [--chaos 1] [--journal PATH]"
+                .into(),
+        );
     }
     Ok(out)
+}
+
+/// Counts a running execution while alive (the work may be cancelled).
+struct Working(Arc<AtomicU64>);
+
+impl Working {
+    fn start(count: &Arc<AtomicU64>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), BoxError> {
     let args = args()?;
-    let backend = RedisBackend::connect(
-        RedisConfig::new(args.redis.clone()).command_timeout(Duration::from_millis(300)),
-    )
-    .await?;
-    let executions = Arc::new(AtomicU64::new(0));
-    let l2 = DistributedFlightLayer::new(
-        backend,
+    let mut config =
+        RedisConfig::new(args.redis.clone()).command_timeout(Duration::from_millis(300));
+    if args.chaos {
+        config = config
+            .connect_timeout(Duration::from_secs(1))
+            .reconnect_max_delay(Duration::from_millis(200));
+    }
+    let backend = RedisBackend::connect(config).await?;
+    let log = match &args.journal {
+        Some(path) => Some(EventLog::append_to(path)?),
+        None => None,
+    };
+    let mut recorder = Recorder::new(backend.clone());
+    if let Some(log) = &log {
+        recorder = recorder.logging_to(log.clone());
+    }
+    let policy = if args.chaos {
+        chaos::distributed_policy()
+    } else {
         DistributedPolicy::new()
             .lease(args.lease)
             .heartbeat(args.lease / 4)
             .poll_interval(Duration::from_millis(100))
             .wait_timeout(args.lease * 4)
             .result_ttl(Duration::from_secs(60))
-            .call_timeout(Duration::from_millis(300)),
+            .call_timeout(Duration::from_millis(300))
+    };
+    let l2 = DistributedFlightLayer::new(
+        recorder,
+        policy,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
         KeyFn::new(key_of).with_fence(|req: &mut Req, token: FencingToken| req.fence = Some(token)),
     )?;
-    let l1 =
-        LocalFlightLayer::with_key(FlightPolicy::new(), key_of as fn(&Req) -> Option<FlightKey>);
+    let local = if args.chaos {
+        FlightPolicy::new().wait_timeout(Some(chaos::LOCAL_WAIT_TIMEOUT))
+    } else {
+        FlightPolicy::new()
+    };
+    let l1 = LocalFlightLayer::with_key(local, key_of as fn(&Req) -> Option<FlightKey>);
+    let executions = Arc::new(AtomicU64::new(0));
+    let working = Arc::new(AtomicU64::new(0));
     let work = {
-        let executions = executions.clone();
-        let pause = args.work;
+        let (executions, working) = (executions.clone(), working.clone());
+        let (chaos, pause) = (args.chaos, args.work);
         service_fn(move |req: Req| {
-            let executions = executions.clone();
+            let (executions, working, log) = (executions.clone(), working.clone(), log.clone());
             async move {
+                let _working = Working::start(&working);
                 executions.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(pause).await;
                 let generation = req.fence.map_or(0, |f| f.generation);
+                if let Some(log) = &log {
+                    chaos::log_exec_start(log, &req.key, generation);
+                }
+                let pause = if chaos {
+                    chaos::work_duration(&req.key)
+                } else {
+                    pause
+                };
+                tokio::time::sleep(pause).await;
+                if let Some(log) = &log {
+                    chaos::log_exec_end(log, &req.key, generation);
+                }
                 Ok::<_, BoxError>(format!("{}|{generation}|{}", req.key, std::process::id()))
             }
         })
@@ -119,14 +191,17 @@ async fn main() -> Result<(), BoxError> {
     println!("listening {}", listener.local_addr()?);
     loop {
         let (stream, _) = listener.accept().await?;
-        let (svc, l1, executions) = (svc.clone(), l1.clone(), executions.clone());
+        let (svc, l1, backend) = (svc.clone(), l1.clone(), backend.clone());
+        let (executions, working) = (executions.clone(), working.clone());
         tokio::spawn(async move {
             let stats = || {
                 format!(
-                    "executions {}\nrunning {}\nentries {}\n",
+                    "executions {}\nworking {}\nrunning {}\nentries {}\nsubscriptions {}\n",
                     executions.load(Ordering::SeqCst),
+                    working.load(Ordering::SeqCst),
                     l1.running_flights(),
-                    l1.map_entries()
+                    l1.map_entries(),
+                    backend.subscribed_channels()
                 )
             };
             let _ = serve(stream, svc, stats).await;
@@ -158,7 +233,10 @@ async fn serve(stream: TcpStream, svc: Svc, stats: impl Fn() -> String) -> Resul
         };
         match svc.oneshot(req).await {
             Ok(v) => ("200 OK", v),
-            Err(e) => ("503 Service Unavailable", e.to_string()),
+            Err(e) => (
+                "503 Service Unavailable",
+                format!("{:?} {e}", ErrorClass::of(&*e)),
+            ),
         }
     } else if path == "/stats" {
         ("200 OK", stats())
