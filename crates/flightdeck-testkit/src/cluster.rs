@@ -198,65 +198,184 @@ impl RedisCluster {
     /// the slot and again after moving the keys, so clients running
     /// meanwhile meet `ASK` (keys already moved), `TRYAGAIN` (a multi-key
     /// command split across the two nodes) and finally `MOVED`. Blocking:
-    /// call it from a thread (`spawn_blocking`) while requests run.
+    /// call it from a thread (`spawn_blocking`) while requests run. For
+    /// finer control (which keys move when), use
+    /// [`begin_migration`](Self::begin_migration) and its steps.
     pub fn migrate_slot(
         &self,
         slot: u16,
         to: usize,
         pause: Duration,
     ) -> Result<(), RedisServerError> {
+        let Some(migration) = self.begin_migration(slot, to)? else {
+            return Ok(());
+        };
+        std::thread::sleep(pause);
+        self.migrate_all_keys(&migration)?;
+        std::thread::sleep(pause);
+        self.finish_migration(&migration)
+    }
+
+    /// Starts moving `slot` to node `to`: `CLUSTER SETSLOT IMPORTING` on
+    /// the target, then `MIGRATING` on the source. From here until
+    /// [`finish_migration`](Self::finish_migration) the source answers
+    /// `ASK` for keys it no longer has (and `TRYAGAIN` for multi-key
+    /// commands it has only some keys of). `None` when `to` owns the slot
+    /// already; an error for a node index out of range.
+    pub fn begin_migration(
+        &self,
+        slot: u16,
+        to: usize,
+    ) -> Result<Option<SlotMigration>, RedisServerError> {
+        if to >= self.nodes.len() {
+            return Err(fail(format!(
+                "no node {to} in a cluster of {}",
+                self.nodes.len()
+            )));
+        }
         let from = self.slot_owner(slot)?;
         if from == to {
-            return Ok(());
+            return Ok(None);
         }
         let (from_id, to_id) = (self.node_id(from)?, self.node_id(to)?);
         let slot_s = slot.to_string();
         expect_ok(self.nodes[to].cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id])?)?;
         expect_ok(self.nodes[from].cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id])?)?;
-        std::thread::sleep(pause);
-        let to_port = self.nodes[to].port().to_string();
+        Ok(Some(SlotMigration {
+            slot,
+            from,
+            to,
+            to_id,
+        }))
+    }
+
+    /// `MIGRATE`s `keys` (all in the migrating slot) from the source to the
+    /// target in one command, so they move together; keys the source does
+    /// not have are skipped. Returns how many keys the source had.
+    pub fn migrate_keys(
+        &self,
+        migration: &SlotMigration,
+        keys: &[&str],
+    ) -> Result<usize, RedisServerError> {
+        let source = &self.nodes[migration.from];
+        let mut present = Vec::new();
+        for key in keys {
+            if let Resp::Int(1) = source.cmd(&["EXISTS", key])? {
+                present.push(*key);
+            }
+        }
+        if present.is_empty() {
+            return Ok(0);
+        }
+        let to_port = self.nodes[migration.to].port().to_string();
+        let mut cmd = vec![
+            "MIGRATE",
+            "127.0.0.1",
+            &to_port,
+            "",
+            "0",
+            "5000",
+            "REPLACE",
+            "KEYS",
+        ];
+        cmd.extend(present.iter().copied());
+        match source.cmd(&cmd)? {
+            // `NOKEY`: the keys expired in between.
+            Resp::Simple(_) => Ok(present.len()),
+            other => Err(fail(format!("MIGRATE answered {other:?}"))),
+        }
+    }
+
+    /// `MIGRATE`s every key still on the source, 100 at a time. Returns how
+    /// many moved.
+    pub fn migrate_all_keys(&self, migration: &SlotMigration) -> Result<usize, RedisServerError> {
+        let slot_s = migration.slot.to_string();
+        let mut moved = 0;
         loop {
             let Resp::Array(Some(keys)) =
-                self.nodes[from].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"])?
+                self.nodes[migration.from].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"])?
             else {
                 return Err(fail("CLUSTER GETKEYSINSLOT did not answer an array"));
             };
             if keys.is_empty() {
-                break;
+                return Ok(moved);
             }
-            let names: Vec<String> = keys
-                .iter()
-                .filter_map(|k| k.as_str().map(str::to_owned))
-                .collect();
-            let mut cmd = vec![
-                "MIGRATE",
-                "127.0.0.1",
-                &to_port,
-                "",
-                "0",
-                "5000",
-                "REPLACE",
-                "KEYS",
-            ];
-            cmd.extend(names.iter().map(String::as_str));
-            match self.nodes[from].cmd(&cmd)? {
-                Resp::Simple(_) => {}
-                other => return Err(fail(format!("MIGRATE answered {other:?}"))),
-            }
+            let names: Vec<&str> = keys.iter().filter_map(Resp::as_str).collect();
+            moved += self.migrate_keys(migration, &names)?;
         }
-        std::thread::sleep(pause);
+    }
+
+    /// Ends a migration: `SETSLOT NODE` on the target, the source, then the
+    /// other nodes. Keys still on the source stay there, unreachable (call
+    /// [`migrate_all_keys`](Self::migrate_all_keys) first). From here
+    /// clients that ask the source get `MOVED`.
+    pub fn finish_migration(&self, migration: &SlotMigration) -> Result<(), RedisServerError> {
+        let (from, to) = (migration.from, migration.to);
+        let slot_s = migration.slot.to_string();
         for i in std::iter::once(to)
             .chain(std::iter::once(from))
             .chain((0..self.nodes.len()).filter(|i| *i != to && *i != from))
         {
-            expect_ok(self.nodes[i].cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id])?)?;
+            expect_ok(self.nodes[i].cmd(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot_s,
+                "NODE",
+                &migration.to_id,
+            ])?)?;
         }
         Ok(())
+    }
+
+    /// How many error replies starting with `code` (`ASK`, `MOVED`,
+    /// `TRYAGAIN`, ...) node `node` has sent (`INFO errorstats`).
+    pub fn error_replies(&self, node: usize, code: &str) -> Result<u64, RedisServerError> {
+        let server = self
+            .nodes
+            .get(node)
+            .ok_or_else(|| fail(format!("no node {node}")))?;
+        let info = server.cmd(&["INFO", "errorstats"])?;
+        let text = info
+            .as_str()
+            .ok_or_else(|| fail("INFO errorstats did not answer text"))?;
+        // errorstat_ASK:count=3
+        let wanted = format!("errorstat_{code}:count=");
+        Ok(text
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(wanted.as_str()))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
     }
 
     /// Sum of `calls` of commands starting with `prefix`, over all nodes.
     pub fn command_calls(&self, prefix: &str) -> Result<u64, RedisServerError> {
         self.nodes.iter().map(|n| n.command_calls(prefix)).sum()
+    }
+}
+
+/// A slot migration in progress (see [`RedisCluster::begin_migration`]).
+#[derive(Clone, Debug)]
+pub struct SlotMigration {
+    slot: u16,
+    from: usize,
+    to: usize,
+    to_id: String,
+}
+
+impl SlotMigration {
+    /// The slot being moved.
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+
+    /// The index of the source node (MIGRATING).
+    pub fn from(&self) -> usize {
+        self.from
+    }
+
+    /// The index of the target node (IMPORTING).
+    pub fn to(&self) -> usize {
+        self.to
     }
 }
 
