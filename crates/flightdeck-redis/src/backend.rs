@@ -376,7 +376,16 @@ impl RedisBackend {
                 u32::try_from(config.reconnect_max_delay.as_millis()).unwrap_or(u32::MAX),
                 2,
             ));
+        // The command client follows no redirect (see `NO_REDIRECTS`; fred
+        // reads a per-command 0 as "unset", so it is set here). The
+        // subscriber keeps fred's default: `SSUBSCRIBE` is served by the old
+        // owner during a migration and gets `MOVED` after it.
+        let default_redirections = builder.get_connection_config().max_redirections;
+        if sharded {
+            builder.with_connection_config(|c| c.max_redirections = NO_REDIRECTS);
+        }
         let client = builder.build().map_err(classify)?;
+        builder.with_connection_config(|c| c.max_redirections = default_redirections);
         let subscriber = builder.build_subscriber_client().map_err(classify)?;
         let init_deadline = connect + cmd;
         let init = tokio::time::timeout(init_deadline, client.init())
@@ -500,35 +509,13 @@ impl RedisBackend {
         args: Vec<Value>,
     ) -> Result<Value, BackendError> {
         let inner = &*self.inner;
-        let with = inner.client.with_options(&inner.opts);
         let t = inner.timeout;
         let sha = inner.shas[script].as_str();
-        let deadline = tokio::time::Instant::now() + t;
-        let first = loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let reply = tokio::time::timeout(
-                left,
-                with.evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone()),
-            )
-            .await
-            .map_err(|_| timed_out("EVALSHA", t))?;
-            // TRYAGAIN: a cluster slot is migrating and this flight's keys
-            // are split between the two nodes for a moment. The script did
-            // not run; try again while the deadline allows.
-            match reply {
-                Err(e)
-                    if e.details().starts_with("TRYAGAIN")
-                        && tokio::time::Instant::now() + TRYAGAIN_PAUSE < deadline =>
-                {
-                    tokio::time::sleep(TRYAGAIN_PAUSE).await;
-                }
-                other => break other,
-            }
-        };
-        match first {
+        match self.evalsha(sha, &keys, &args).await? {
             Ok(v) => Ok(v),
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 tracing::debug!("script cache empty; reloading");
+                let with = inner.client.with_options(&inner.opts);
                 let loaded = tokio::time::timeout(
                     t,
                     with.script_load_cluster::<String, _>(inner.sources[script].as_str()),
@@ -537,27 +524,105 @@ impl RedisBackend {
                 .map_err(|_| timed_out("SCRIPT LOAD", t))?;
                 // NOSCRIPT that cannot be reloaded: the backend is unusable.
                 loaded.map_err(BackendError::unavailable)?;
-                tokio::time::timeout(t, with.evalsha::<Value, _, _, _>(sha, keys, args))
-                    .await
-                    .map_err(|_| timed_out("EVALSHA", t))?
-                    .map_err(classify)
+                self.evalsha(sha, &keys, &args).await?.map_err(migrating)
             }
-            Err(e) => Err(classify(e)),
+            Err(e) => Err(migrating(e)),
+        }
+    }
+
+    /// One `EVALSHA` within one command timeout. While the flight's slot
+    /// is being migrated (`TRYAGAIN`, or a redirect: see
+    /// [`NO_REDIRECTS`]) the script did not run; it is sent again after a
+    /// short pause while the deadline allows. The outer error is the
+    /// deadline, the inner one Redis's (last) answer.
+    async fn evalsha(
+        &self,
+        sha: &str,
+        keys: &[String],
+        args: &[Value],
+    ) -> Result<Result<Value, fred::error::Error>, BackendError> {
+        let inner = &*self.inner;
+        let with = inner.client.with_options(&inner.opts);
+        let t = inner.timeout;
+        let deadline = tokio::time::Instant::now() + t;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let reply = tokio::time::timeout(
+                left,
+                with.evalsha::<Value, _, _, _>(sha, keys.to_vec(), args.to_vec()),
+            )
+            .await
+            .map_err(|_| timed_out("EVALSHA", t))?;
+            match reply {
+                Err(e)
+                    if slot_in_migration(&e)
+                        && tokio::time::Instant::now() + MIGRATION_PAUSE < deadline =>
+                {
+                    tokio::time::sleep(MIGRATION_PAUSE).await;
+                }
+                other => return Ok(other),
+            }
         }
     }
 }
 
+/// Whether Redis Cluster refused a command because its slot is moving:
+/// `TRYAGAIN` (the keys are split between the two nodes), or `ASK` /
+/// `MOVED`, which fred reports as "Too many redirections." since we let it
+/// follow none (see [`NO_REDIRECTS`]). The command did not run.
+fn slot_in_migration(e: &fred::error::Error) -> bool {
+    e.details().starts_with("TRYAGAIN")
+        || (matches!(e.kind(), fred::error::ErrorKind::Routing)
+            && e.details().starts_with("Too many redirections"))
+}
+
+/// Classifies an error, naming a slot migration that outlasted the call's
+/// deadline (unavailable: the script did not run).
+fn migrating(e: fred::error::Error) -> BackendError {
+    if slot_in_migration(&e) {
+        BackendError::unavailable(format!(
+            "redis cluster slot being migrated until the call's deadline (last answer: {})",
+            e.details()
+        ))
+    } else {
+        classify(e)
+    }
+}
+
+/// Redirects fred may follow for the command client in a cluster: none.
+///
+/// fred 10.1 follows `ASK` wrongly (fred 10.1.0 is the newest release).
+/// `process_ask` (src/router/commands.rs) sets the command's hash slot but
+/// not its `cluster_node`, so the command is routed by the cached slot map,
+/// that is back to the old owner, which answers `ASK` again, until the
+/// redirections run out. And the `ASKING` it sends each time
+/// (`send_asking_with_policy`, src/router/utils.rs) is written on the
+/// shared connection to the target and its reply read straight off the
+/// socket (`read_skip_pubsub`), ahead of the replies still owed to
+/// commands in flight on that connection. With requests in flight we saw
+/// `Max attempts reached.` from that function, `channel closed`, and
+/// clients whose every later command timed out, after the migration too.
+///
+/// Following `ASK` correctly would not help our scripts anyway: the target
+/// serves a multi-key command in an importing slot only when it has every
+/// key (`getNodeByQuery` answers `TRYAGAIN` otherwise), and the channel in
+/// `KEYS` is never a stored key. So every redirect comes back to us as an
+/// error and the call is retried within its deadline; for `MOVED` fred
+/// has refreshed its slot map first, so the retry goes to the new owner.
+const NO_REDIRECTS: u32 = 0;
+
 /// fred attempts per command in a cluster. One attempt would be enough
 /// elsewhere (after a dropped connection the outcome is unknown and the
-/// layer retries with the same token), but fred spends attempts on
-/// following `MOVED` and `ASK` (+ `ASKING`) redirects during a slot
-/// migration. A replay after a reconnect is safe: every script is
-/// idempotent for the same (token, generation), and INVALIDATE at worst
-/// starts one more generation.
+/// layer retries with the same token), but in a cluster fred may write a
+/// command again after it re-syncs its slot map or reconnects a node, and
+/// the subscriber follows `MOVED` for `SSUBSCRIBE` (our scripts follow no
+/// redirect, see [`NO_REDIRECTS`]). A replay after a reconnect is safe:
+/// every script is idempotent for the same (token, generation), and
+/// INVALIDATE at worst starts one more generation.
 const CLUSTER_ATTEMPTS: u32 = 4;
 
-/// The pause before retrying a script that met `TRYAGAIN`.
-const TRYAGAIN_PAUSE: Duration = Duration::from_millis(20);
+/// The pause before retrying a script whose slot is being migrated.
+const MIGRATION_PAUSE: Duration = Duration::from_millis(20);
 
 const SOURCES: [&str; 5] = [
     scripts::ACQUIRE,

@@ -24,14 +24,18 @@
 //! completion messages use sharded pub/sub (`SPUBLISH` in the scripts,
 //! `SSUBSCRIBE` on the subscriber), so they stay on the flight's shard.
 //! A slot migration (resharding) is followed through `MOVED` once it is
-//! done, and scripts that meet `TRYAGAIN` are retried within their
-//! deadline; but in our tests a fred 10.1 client that followed an `ASK`
-//! redirect in the middle of a migration stopped getting replies (every
-//! later command timed out). Reading fred's `process_ask`, it sends
-//! `ASKING` to the target node but re-routes the command itself by slot,
-//! that is to the old owner, which answers `ASK` again. Treat a live
-//! resharding as a coordination outage for the nodes that meet it (HYBRID
-//! stages fall back locally).
+//! done. While it runs, our scripts cannot run anywhere for the moving
+//! slot: the old owner answers `TRYAGAIN` (it has some of the flight's keys
+//! but not all) or `ASK`, and the new owner, even after `ASKING`, serves a
+//! multi-key command only when it has every key (the channel in `KEYS` is
+//! never stored, so never). The command client lets fred follow no
+//! redirect (fred 10.1's `ASK` handling wedges the connection, see
+//! `NO_REDIRECTS` in the source) and retries `TRYAGAIN`, `ASK` and `MOVED`
+//! within the call's deadline; past it the call is *unavailable* (the
+//! script did not run): HYBRID stages fall back locally for the moving
+//! slot's flights, owners keep retrying their commit (`commit_attempts`),
+//! and followers keep polling: a migration shorter than the lease and the
+//! owner's commit retries costs no second execution.
 //!
 //! Sentinel: give `redis-sentinel://sentinel:port/0?sentinelServiceName=NAME&node=sentinel2:port`;
 //! fred asks the sentinels for the primary when it (re)connects. It does

@@ -3,11 +3,12 @@
 //! every primary and reloaded after a cluster-wide SCRIPT FLUSH
 //! (invariant 13).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flightdeck_core::error::BoxError;
+use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FlightId, KeyFn, PostcardCodec,
@@ -29,17 +30,62 @@ async fn backend(cluster: &RedisCluster) -> RedisBackend {
 
 type Svc = BoxCloneService<String, String, BoxError>;
 
-fn node(b: RedisBackend, calls: &Arc<AtomicUsize>) -> Svc {
+/// Executions per request string, with a signal on every start and end of
+/// one, so a test can wait for "these flights are running" as an event.
+#[derive(Default)]
+struct Calls {
+    started: Mutex<HashMap<String, usize>>,
+    ended: AtomicUsize,
+    changed: tokio::sync::watch::Sender<()>,
+}
+
+impl Calls {
+    fn started(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.started.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn total(&self) -> usize {
+        self.started().values().sum()
+    }
+
+    fn of(&self, req: &str) -> usize {
+        self.started().get(req).copied().unwrap_or(0)
+    }
+
+    /// Waits (at most `limit`) until `done` holds; checked on every change.
+    async fn wait_until(&self, what: &str, limit: Duration, done: impl Fn(&Self) -> bool) {
+        let mut changes = self.changed.subscribe();
+        tokio::time::timeout(limit, async {
+            while !done(self) {
+                changes.changed().await.expect("the sender lives in self");
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"));
+    }
+}
+
+fn policy() -> DistributedPolicy {
+    DistributedPolicy::new()
+        .lease(Duration::from_millis(900))
+        .heartbeat(Duration::from_millis(300))
+        .poll_interval(Duration::from_millis(100))
+        .wait_timeout(Duration::from_secs(5))
+        .result_ttl(Duration::from_secs(10))
+        .call_timeout(Duration::from_millis(500))
+}
+
+fn node(b: RedisBackend, calls: &Arc<Calls>) -> Svc {
+    node_with(b, calls, policy())
+}
+
+/// One node: L2 over `b`; the work takes 200 ms (1.2 s for requests
+/// starting with `slow`) and answers `v:{req}`.
+fn node_with(b: RedisBackend, calls: &Arc<Calls>, policy: DistributedPolicy) -> Svc {
     let calls = calls.clone();
     let layer = DistributedFlightLayer::new(
         b,
-        DistributedPolicy::new()
-            .lease(Duration::from_millis(900))
-            .heartbeat(Duration::from_millis(300))
-            .poll_interval(Duration::from_millis(100))
-            .wait_timeout(Duration::from_secs(5))
-            .result_ttl(Duration::from_secs(10))
-            .call_timeout(Duration::from_millis(500)),
+        policy,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
         KeyFn::new(|req: &String| {
@@ -53,8 +99,12 @@ fn node(b: RedisBackend, calls: &Arc<AtomicUsize>) -> Svc {
     BoxCloneService::new(layer.layer(service_fn(move |req: String| {
         let calls = calls.clone();
         async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            *calls.started().entry(req.clone()).or_default() += 1;
+            calls.changed.send_replace(());
+            let ms = if req.starts_with("slow") { 1200 } else { 200 };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            calls.ended.fetch_add(1, Ordering::SeqCst);
+            calls.changed.send_replace(());
             Ok::<_, BoxError>(format!("v:{req}"))
         }
     })))
@@ -69,7 +119,7 @@ async fn cluster_backend_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_three_nodes_one_execution_with_sharded_pubsub() {
     let cluster = RedisCluster::start(3).unwrap();
-    let calls = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(Calls::default());
     let mut nodes = Vec::new();
     for _ in 0..3 {
         nodes.push(node(backend(&cluster).await, &calls));
@@ -86,7 +136,7 @@ async fn cluster_three_nodes_one_execution_with_sharded_pubsub() {
             assert_eq!(t.await.unwrap().unwrap(), format!("v:{key}"));
         }
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 4, "one execution per key");
+    assert_eq!(calls.total(), 4, "one execution per key");
     assert_eq!(cluster.command_calls("publish").unwrap(), 0);
     assert!(cluster.command_calls("spublish").unwrap() >= 4);
     assert!(cluster.command_calls("ssubscribe").unwrap() >= 1);
@@ -96,7 +146,7 @@ async fn cluster_three_nodes_one_execution_with_sharded_pubsub() {
     cluster.flush_scripts().unwrap();
     assert_eq!(nodes[0].clone().oneshot("e".into()).await.unwrap(), "v:e");
     assert_eq!(nodes[1].clone().oneshot("e".into()).await.unwrap(), "v:e");
-    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!(calls.total(), 5);
 }
 
 /// Issue 7 / invariant 13: the server agrees that every key of a flight
@@ -123,9 +173,20 @@ async fn flight_keys_share_one_slot_by_cluster_keyslot() {
 
 /// Flight keys (request strings) of stage `stage` whose keys hash to `slot`.
 fn requests_in_slot(b: &RedisBackend, stage: &StageName, slot: u16, n: usize) -> Vec<String> {
+    named_requests_in_slot(b, stage, slot, "m", n)
+}
+
+/// Like [`requests_in_slot`], named `{prefix}{i}`.
+fn named_requests_in_slot(
+    b: &RedisBackend,
+    stage: &StageName,
+    slot: u16,
+    prefix: &str,
+    n: usize,
+) -> Vec<String> {
     let mut found = Vec::new();
     for i in 0.. {
-        let req = format!("m{i}");
+        let req = format!("{prefix}{i}");
         let flight = FlightId::of(&FlightKey::from_bytes(stage.clone(), &req));
         if fred::util::redis_keyslot(b.keys(&flight)[0].as_bytes()) == slot {
             found.push(req);
@@ -142,14 +203,8 @@ fn requests_in_slot(b: &RedisBackend, stage: &StageName, slot: u16, n: usize) ->
 /// requests from two nodes whose clients still map the slot to the old
 /// owner: fred follows the `MOVED` redirects, every flight goes on on the
 /// new owner with its generation counter (moved with its keys), and each
-/// new generation executes once.
-///
-/// Not covered: requests in flight DURING the migration. In our runs a
-/// fred 10.1 client that followed an `ASK` redirect stopped getting
-/// replies for good (every later command timed out): its `process_ask`
-/// sends `ASKING` to the target but routes the command itself by slot, to
-/// the old owner. A live resharding is a coordination outage for the nodes
-/// that meet it (HYBRID falls back locally); see the crate docs.
+/// new generation executes once. Requests during the migration:
+/// `slot_migration_ask_is_handled`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migration_moved_is_followed() {
     let cluster = Arc::new(RedisCluster::start(3).unwrap());
@@ -163,7 +218,7 @@ async fn slot_migration_moved_is_followed() {
     let from = cluster.slot_owner(slot).unwrap();
     let to = (from + 1) % 3;
 
-    let calls = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(Calls::default());
     let nodes = [
         node(backend(&cluster).await, &calls),
         node(backend(&cluster).await, &calls),
@@ -193,7 +248,7 @@ async fn slot_migration_moved_is_followed() {
             .unwrap()
             .unwrap();
     }
-    assert_eq!(calls.load(Ordering::SeqCst), reqs.len());
+    assert_eq!(calls.total(), reqs.len());
     let keys_before = cluster.nodes()[from]
         .cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
         .unwrap();
@@ -220,7 +275,7 @@ async fn slot_migration_moved_is_followed() {
             .unwrap()
             .unwrap();
     }
-    assert_eq!(calls.load(Ordering::SeqCst), reqs.len());
+    assert_eq!(calls.total(), reqs.len());
     // ... and new generations start there, after the old ones.
     for req in &reqs {
         let key = FlightKey::from_bytes(stage.clone(), req);
@@ -242,12 +297,203 @@ async fn slot_migration_moved_is_followed() {
             .unwrap();
     }
     assert_eq!(
-        calls.load(Ordering::SeqCst),
+        calls.total(),
         2 * reqs.len(),
         "one execution per new generation"
     );
     assert!(cluster.nodes()[to].command_calls("evalsha").unwrap() > evalsha_before);
     eprintln!(
         "slot {slot} moved from node {from} to {to} with {keys_before:?} keys; MOVED followed"
+    );
+}
+
+/// How one request ended.
+#[derive(Debug)]
+enum End {
+    Value(String),
+    Error(ErrorClass, String),
+    Hung,
+}
+
+/// `per_node` concurrent requests for each of `reqs` on each node; each
+/// gets `deadline` to end.
+fn spawn_requests(
+    nodes: &[Svc],
+    reqs: &[String],
+    per_node: usize,
+    deadline: Duration,
+) -> Vec<tokio::task::JoinHandle<(String, End)>> {
+    let mut tasks = Vec::new();
+    for req in reqs {
+        for node in nodes {
+            for _ in 0..per_node {
+                let (req, fut) = (req.clone(), node.clone().oneshot(req.clone()));
+                tasks.push(tokio::spawn(async move {
+                    let end = match tokio::time::timeout(deadline, fut).await {
+                        Err(_) => End::Hung,
+                        Ok(Ok(v)) => End::Value(v),
+                        Ok(Err(e)) => End::Error(ErrorClass::of(&*e), e.to_string()),
+                    };
+                    (req, end)
+                }));
+            }
+        }
+    }
+    tasks
+}
+
+/// Awaits `tasks` and checks each ended in time with the value of its own
+/// key (or, unless `values_only`, a typed error). Returns (values, errors).
+async fn check_ends(
+    phase: &str,
+    tasks: Vec<tokio::task::JoinHandle<(String, End)>>,
+    values_only: bool,
+) -> (usize, usize) {
+    let (mut values, mut errors) = (0, 0);
+    for t in tasks {
+        let (req, end) = t.await.expect("request task");
+        match end {
+            End::Value(v) => {
+                assert_eq!(v, format!("v:{req}"), "{phase}: a value for another key");
+                values += 1;
+            }
+            End::Error(class, e) => {
+                assert!(!values_only, "{phase}: {req}: {class:?}: {e}");
+                assert_ne!(class, ErrorClass::Internal, "{phase}: {req}: untyped: {e}");
+                errors += 1;
+            }
+            End::Hung => panic!("{phase}: {req} did not end by its deadline"),
+        }
+    }
+    (values, errors)
+}
+
+/// Issue 7: requests in flight DURING a live slot migration. The slot of
+/// nine flights is put in MIGRATING/IMPORTING state by hand while three
+/// of them run (owners executing, followers on the other node waiting),
+/// the keys of two flights are moved, and new requests arrive for all
+/// nine; so the clients meet `ASK` (flights whose keys left the old owner
+/// or never existed) and `TRYAGAIN`. Then the rest of the keys move and
+/// the migration ends (`MOVED` from here).
+///
+/// Every request must end within its deadline with its own value or a
+/// typed error; the running flights' owners commit once the slot is
+/// stable (their waiters all get the value, nothing runs twice); and after
+/// the migration every request gets its value, each flight having run
+/// exactly once. fred 10.1's own `ASK` handling (`process_ask`) wedged or
+/// desynchronised the clients here; the backend now turns a redirect into
+/// a retry within the call deadline instead (see the crate docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_migration_ask_is_handled() {
+    let deadline = Duration::from_secs(12);
+    let cluster = Arc::new(RedisCluster::start(3).unwrap());
+    let stage = StageName::new("cluster").unwrap();
+    let probe = backend(&cluster).await;
+    let flight = |req: &str| FlightId::of(&FlightKey::from_bytes(stage.clone(), req));
+    let slot = cluster.keyslot(&probe.keys(&flight("slow-x"))[0]).unwrap();
+    let done = named_requests_in_slot(&probe, &stage, slot, "done", 3);
+    let running = named_requests_in_slot(&probe, &stage, slot, "slow", 3);
+    let fresh = named_requests_in_slot(&probe, &stage, slot, "fresh", 3);
+    let all: Vec<String> = [&done[..], &running[..], &fresh[..]].concat();
+    let from = cluster.slot_owner(slot).unwrap();
+    let to = (from + 1) % 3;
+
+    let calls = Arc::new(Calls::default());
+    // A lease and commit retries that outlast the migration window, so a
+    // flight running through it neither lapses nor loses its result.
+    let long = || {
+        policy()
+            .lease(Duration::from_secs(4))
+            .heartbeat(Duration::from_secs(1))
+            .commit_attempts(12)
+    };
+    let nodes = [
+        node_with(backend(&cluster).await, &calls, long()),
+        node_with(backend(&cluster).await, &calls, long()),
+    ];
+
+    // Committed results on the old owner.
+    check_ends("before", spawn_requests(&nodes, &done, 3, deadline), true).await;
+    assert_eq!(calls.total(), done.len());
+
+    // Three flights running (owner on one node, followers on both).
+    let in_flight = spawn_requests(&nodes, &running, 3, deadline);
+    calls
+        .wait_until("the slow flights started", Duration::from_secs(10), |c| {
+            running.iter().all(|r| c.of(r) == 1)
+        })
+        .await;
+
+    let asks_before = cluster.error_replies(from, "ASK").unwrap();
+    let started = tokio::time::Instant::now();
+    let (c, moving) = (cluster.clone(), [done[0].clone(), running[0].clone()]);
+    let keys: Vec<String> = moving
+        .iter()
+        .flat_map(|r| probe.keys(&flight(r))[..3].to_vec())
+        .collect();
+    let migration = tokio::task::spawn_blocking(move || {
+        let m = c.begin_migration(slot, to)?.expect("the slot moves");
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        c.migrate_keys(&m, &keys).map(|n| (m, n))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let (migration, moved_early) = migration;
+    assert!(
+        moved_early >= 3,
+        "the two flights' keys moved: {moved_early}"
+    );
+
+    // New requests for every flight while the slot is split.
+    let during = spawn_requests(&nodes, &all, 2, deadline);
+    // The event to go on: the old owner has answered ASK (and the slow
+    // flights are done executing, so their commits meet the migration).
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        let waiting = std::time::Instant::now();
+        while c.error_replies(from, "ASK").unwrap() == asks_before {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(10),
+                "no client met ASK within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    calls
+        .wait_until(
+            "the slow flights finished executing",
+            Duration::from_secs(10),
+            |c| c.ended.load(Ordering::SeqCst) >= done.len() + running.len(),
+        )
+        .await;
+
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        c.migrate_all_keys(&migration)?;
+        c.finish_migration(&migration)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let window = started.elapsed();
+    assert_eq!(cluster.slot_owner(slot).unwrap(), to);
+    let asks = cluster.error_replies(from, "ASK").unwrap() - asks_before;
+    let tryagains = cluster.error_replies(from, "TRYAGAIN").unwrap()
+        + cluster.error_replies(to, "TRYAGAIN").unwrap();
+
+    let (running_values, _) = check_ends("in flight", in_flight, true).await;
+    let (during_values, during_errors) = check_ends("during", during, false).await;
+    let (after_values, _) =
+        check_ends("after", spawn_requests(&nodes, &all, 3, deadline), true).await;
+    for req in &all {
+        assert_eq!(calls.of(req), 1, "{req}: one execution");
+    }
+    eprintln!(
+        "slot {slot}: node {from} -> {to}, window {window:?}; old owner answered ASK {asks}x, \
+         TRYAGAIN {tryagains}x in all; in flight {running_values} values; during {during_values} \
+         values, {during_errors} typed errors; after {after_values} values"
     );
 }
