@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,7 +14,7 @@ use tokio::time::{Instant, Sleep};
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use crate::group::{Flight, Group, Msg, Outcome, WorkFuture};
+use crate::group::{Flight, Group, Msg, Work};
 
 pin_project! {
     /// Response future of [`LocalFlight`](crate::LocalFlight).
@@ -87,20 +86,11 @@ where
         }
     }
 
-    pub(crate) fn lead(
-        group: Arc<Group<Sh::Shared>>,
-        flight: Arc<Flight<Sh::Shared>>,
-        work: WorkFuture<Sh::Shared>,
-        share: Sh,
-    ) -> Self {
-        let since = flight.started;
+    pub(crate) fn lead(work: Work<Sh::Shared>, share: Sh) -> Self {
+        let since = work.flight().started;
         Self {
             state: State::Lead {
-                lead: LeaderGuard {
-                    group,
-                    flight,
-                    work: Some(work),
-                },
+                lead: LeaderGuard { work: Some(work) },
                 sleep: None,
                 since,
             },
@@ -274,9 +264,7 @@ impl<V: Clone + Send + 'static> Drop for WaiterGuard<V> {
 /// The leader's hold on the work. Dropped before the work finished, it hands
 /// the work to a task of its own (or cancels it if nobody else waits).
 struct LeaderGuard<V: Clone + Send + 'static> {
-    group: Arc<Group<V>>,
-    flight: Arc<Flight<V>>,
-    work: Option<WorkFuture<V>>,
+    work: Option<Work<V>>,
 }
 
 impl<V: Clone + Send + 'static> LeaderGuard<V> {
@@ -290,57 +278,51 @@ impl<V: Clone + Send + 'static> LeaderGuard<V> {
     where
         Sh: Share<T, Shared = V>,
     {
-        let stage = || Some(self.flight.key.stage().clone());
         let Some(work) = self.work.as_mut() else {
-            return Poll::Ready(Err(Box::new(FlightAbandoned::new(stage()))));
+            return Poll::Ready(Err(Box::new(FlightAbandoned::new(None))));
         };
-        // A panic in the work must become an error for everybody, the
-        // leader included, instead of unwinding through the caller.
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
-        let msg = match polled {
-            Ok(Poll::Ready(msg)) => {
-                self.work = None;
-                msg
-            }
-            Ok(Poll::Pending) => {
-                if timed_out(sleep, self.group.policy.wait_timeout, since, cx) {
+        // A panic in the work becomes an error for everybody, the leader
+        // included, instead of unwinding through the caller.
+        let msg = match work.poll_msg(cx) {
+            Poll::Ready(msg) => msg,
+            Poll::Pending => {
+                if timed_out(sleep, work.policy().wait_timeout, since, cx) {
                     return Poll::Ready(Err(self.timed_out(since.elapsed())));
                 }
                 return Poll::Pending;
             }
-            Err(_panic) => {
-                let key = &self.flight.key;
-                self.flight.metrics.panicked();
-                tracing::error!(stage = %key.stage(), key = %key.digest().short(), "work panicked");
-                self.group.finish(&self.flight, Outcome::Panicked);
-                self.work = None;
-                return Poll::Ready(Err(Box::new(WorkPanicked::new(stage()))));
-            }
         };
-        Poll::Ready(match msg {
+        let stage = || Some(work.flight().key.stage().clone());
+        let out = match msg {
             Some(Msg::Value(v)) => Ok(share.restore(&v)),
-            Some(Msg::Error(e)) => Err(Box::new(e)),
-            Some(Msg::Panicked) => Err(Box::new(WorkPanicked::new(stage()))),
+            Some(Msg::Error(e)) => Err(Box::new(e) as BoxError),
+            Some(Msg::Panicked) => Err(Box::new(WorkPanicked::new(stage())) as BoxError),
             Some(Msg::Original(o)) => match o.downcast::<Sh::Output>() {
                 Ok(out) => Ok(*out),
-                Err(_) => Err(Box::new(FlightAbandoned::new(stage()))),
+                Err(_) => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
             },
-            Some(Msg::Unshared) | None => Err(Box::new(FlightAbandoned::new(stage()))),
-        })
+            Some(Msg::Unshared) | None => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
+        };
+        self.work = None;
+        Poll::Ready(out)
     }
 
     fn timed_out(&mut self, waited: std::time::Duration) -> BoxError {
-        if let Some(work) = self.work.take() {
-            self.group.leader_left(&self.flight, work, true);
+        match self.work.take() {
+            Some(work) => {
+                let err = wait_timeout_error(work.flight(), waited);
+                work.leader_left(true);
+                err
+            }
+            None => Box::new(FlightAbandoned::new(None)),
         }
-        wait_timeout_error(&self.flight, waited)
     }
 }
 
 impl<V: Clone + Send + 'static> Drop for LeaderGuard<V> {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
-            self.group.leader_left(&self.flight, work, false);
+            work.leader_left(false);
         }
     }
 }

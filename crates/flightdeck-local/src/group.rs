@@ -6,14 +6,18 @@
 //! whoever makes it does the bookkeeping: count, gauge, map entry.
 
 use std::any::Any;
-use std::collections::hash_map::{Entry, HashMap};
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::mem;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
 use flightdeck_core::{BoxError, FlightKey, SharedError};
+use hashbrown::hash_table::{Entry, HashTable};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -46,11 +50,27 @@ pub(crate) enum Outcome<V> {
 
 enum Slot<V> {
     Running(Arc<Flight<V>>),
-    Replay { value: V, until: Instant, id: u64 },
+    /// `flight` is the address of the flight whose result this is: the task
+    /// that ends the window holds that flight, so the address is not reused
+    /// while it matters.
+    Replay {
+        key: FlightKey,
+        value: V,
+        until: Instant,
+        flight: usize,
+    },
+}
+
+impl<V> Slot<V> {
+    fn key(&self) -> &FlightKey {
+        match self {
+            Slot::Running(f) => &f.key,
+            Slot::Replay { key, .. } => key,
+        }
+    }
 }
 
 pub(crate) struct Flight<V> {
-    id: u64,
     pub(crate) key: FlightKey,
     pub(crate) metrics: Arc<StageMetrics>,
     pub(crate) started: Instant,
@@ -79,16 +99,17 @@ pub(crate) enum Join<V> {
 }
 
 // Keys are BLAKE3 digests already; foldhash (seeded per process) is enough
-// and much cheaper than SipHash on this path.
+// and much cheaper than SipHash on this path. The key is hashed once per
+// lookup and kept in its slot (a `HashTable`, not a map: no second copy of
+// the key).
 type Hasher = foldhash::fast::RandomState;
-type Shard<V> = Mutex<HashMap<FlightKey, Slot<V>, Hasher>>;
+type Shard<V> = Mutex<HashTable<Slot<V>>>;
 
 pub(crate) struct Group<V> {
     shards: Box<[Shard<V>]>,
     hasher: Hasher,
     running: AtomicUsize,
     metrics: Registry,
-    next_id: AtomicU64,
     pub(crate) policy: FlightPolicy,
 }
 
@@ -106,20 +127,22 @@ impl<V: Clone + Send + 'static> Group<V> {
             .next_power_of_two()
             .clamp(4, 256);
         Self {
-            shards: (0..n)
-                .map(|_| Mutex::new(HashMap::with_hasher(Hasher::default())))
-                .collect(),
+            shards: (0..n).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: Hasher::default(),
             metrics: Registry::default(),
             running: AtomicUsize::new(0),
-            next_id: AtomicU64::new(1),
             policy,
         }
     }
 
-    fn shard(&self, key: &FlightKey) -> &Shard<V> {
-        let h = self.hasher.hash_one(key) as usize;
-        &self.shards[h & (self.shards.len() - 1)]
+    fn hash(&self, key: &FlightKey) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard of a hash: its upper half picks the shard, the table
+    /// inside uses the lower bits and the top seven.
+    fn shard(&self, hash: u64) -> &Shard<V> {
+        &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
     }
 
     /// Running flights right now.
@@ -132,35 +155,40 @@ impl<V: Clone + Send + 'static> Group<V> {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
-    pub(crate) fn join(&self, key: &FlightKey) -> Join<V> {
+    /// Joins the flight of `key`, or starts one (the key moves into it).
+    pub(crate) fn join(&self, key: FlightKey) -> Join<V> {
         let now = Instant::now();
-        let mut shard = lock(self.shard(key));
-        match shard.get(key) {
-            Some(Slot::Replay { value, until, .. }) if now < *until => {
-                let value = value.clone();
-                drop(shard);
-                self.metrics.stage(key.stage()).replay();
-                return Join::Replay(value);
-            }
-            Some(Slot::Running(f)) if now < f.started + self.policy.flight_ttl => {
-                let mut st = lock(&f.state);
-                if !st.finished {
-                    if st.live >= self.policy.max_waiters {
-                        f.metrics.rejected();
-                        return Join::Rejected(Box::new(TooManyWaiters::new(
-                            Some(key.stage().clone()),
-                            self.policy.max_waiters,
-                        )));
-                    }
-                    let (tx, rx) = oneshot::channel();
-                    st.senders.push(tx);
-                    st.live += 1;
-                    drop(st);
-                    f.metrics.waiter();
-                    return Join::Waiter(Arc::clone(f), rx);
+        let hash = self.hash(&key);
+        let mut shard = lock(self.shard(hash));
+        let entry = shard.entry(hash, |s| s.key() == &key, |s| self.hash(s.key()));
+        if let Entry::Occupied(e) = &entry {
+            match e.get() {
+                Slot::Replay { value, until, .. } if now < *until => {
+                    let value = value.clone();
+                    drop(shard);
+                    self.metrics.stage(key.stage()).replay();
+                    return Join::Replay(value);
                 }
+                Slot::Running(f) if now < f.started + self.policy.flight_ttl => {
+                    let mut st = lock(&f.state);
+                    if !st.finished {
+                        if st.live >= self.policy.max_waiters {
+                            f.metrics.rejected();
+                            return Join::Rejected(Box::new(TooManyWaiters::new(
+                                Some(key.stage().clone()),
+                                self.policy.max_waiters,
+                            )));
+                        }
+                        let (tx, rx) = oneshot::channel();
+                        st.senders.push(tx);
+                        st.live += 1;
+                        drop(st);
+                        f.metrics.waiter();
+                        return Join::Waiter(Arc::clone(f), rx);
+                    }
+                }
+                _ => {}
             }
-            _ => {}
         }
         // Start a new flight (replacing an expired or finished entry; an
         // older flight still running past its TTL finishes for its own
@@ -175,8 +203,7 @@ impl<V: Clone + Send + 'static> Group<V> {
             )));
         }
         let flight = Arc::new(Flight {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            key: key.clone(),
+            key,
             metrics,
             started: now,
             state: Mutex::new(FlightState {
@@ -188,10 +215,9 @@ impl<V: Clone + Send + 'static> Group<V> {
                 abort: None,
             }),
         });
-        shard.insert(key.clone(), Slot::Running(Arc::clone(&flight)));
+        entry.insert(Slot::Running(Arc::clone(&flight)));
         drop(shard);
-        flight.metrics.owner();
-        flight.metrics.active(1.0);
+        flight.metrics.started();
         Join::Leader(flight)
     }
 
@@ -223,7 +249,7 @@ impl<V: Clone + Send + 'static> Group<V> {
             st.senders.clear();
             st.abort.take()
         };
-        self.retire(flight, None);
+        self.retire(flight, None, None);
         flight.metrics.cancelled();
         tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "last waiter left: flight cancelled");
         if let Some(a) = abort {
@@ -238,6 +264,17 @@ impl<V: Clone + Send + 'static> Group<V> {
         &self,
         flight: &Flight<V>,
         outcome: Outcome<V>,
+    ) -> (Option<Msg<V>>, Option<Instant>) {
+        self.finish_executed(flight, outcome, None)
+    }
+
+    /// [`finish`](Self::finish), with the execution time of work that ran
+    /// to its end.
+    fn finish_executed(
+        &self,
+        flight: &Flight<V>,
+        outcome: Outcome<V>,
+        executed_secs: Option<f64>,
     ) -> (Option<Msg<V>>, Option<Instant>) {
         let (senders, leader_present) = {
             let mut st = lock(&flight.state);
@@ -255,7 +292,7 @@ impl<V: Clone + Send + 'static> Group<V> {
             _ => None,
         };
         let until = replay.as_ref().map(|(_, u)| *u);
-        self.retire(flight, replay);
+        self.retire(flight, replay, executed_secs);
         let (leader, outcome) = if leader_present {
             match outcome {
                 Outcome::Value(v) => (Some(Msg::Value(v.clone())), Outcome::Value(v)),
@@ -272,89 +309,47 @@ impl<V: Clone + Send + 'static> Group<V> {
         (leader, until)
     }
 
-    /// The leader leaves before the work finished (dropped, or timed out).
-    /// The work is handed to a task of its own if anybody may still want the
-    /// result, and cancelled otherwise.
-    pub(crate) fn leader_left(
-        self: &Arc<Self>,
-        flight: &Arc<Flight<V>>,
-        work: WorkFuture<V>,
-        timed_out: bool,
-    ) {
-        let cancel = {
-            let mut st = lock(&flight.state);
-            st.leader_present = false;
-            st.live = st.live.saturating_sub(1);
-            st.keep |= timed_out;
-            if st.finished {
-                false
-            } else if st.live == 0 && !st.keep && self.policy.on_abandon == OnAbandon::Cancel {
-                st.finished = true;
-                st.senders.clear();
-                true
-            } else {
-                false
-            }
-        };
-        if cancel {
-            self.retire(flight, None);
-            flight.metrics.cancelled();
-            tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "leader left alone: flight cancelled");
-            drop(work);
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let task = rt.spawn(async move {
-                    let _ = work.await;
-                });
-                self.set_abort(flight, task.abort_handle());
-            }
-            // No runtime (it is shutting down): dropping the work ends the
-            // flight as abandoned, waiters get `FlightAbandoned`.
-            Err(_) => drop(work),
-        }
-    }
-
     /// Bookkeeping of a flight that just finished: the count, the gauge,
     /// and its map entry (replaced by a replay entry, or removed), unless a
     /// newer flight took the key.
-    fn retire(&self, flight: &Flight<V>, replay: Option<(V, Instant)>) {
+    fn retire(&self, flight: &Flight<V>, replay: Option<(V, Instant)>, executed_secs: Option<f64>) {
         self.running.fetch_sub(1, Ordering::AcqRel);
-        flight.metrics.active(-1.0);
-        let mut shard = lock(self.shard(&flight.key));
-        if let Entry::Occupied(mut e) = shard.entry(flight.key.clone()) {
-            if matches!(e.get(), Slot::Running(f) if f.id == flight.id) {
-                match replay {
-                    Some((value, until)) => {
-                        e.insert(Slot::Replay {
-                            value,
-                            until,
-                            id: flight.id,
-                        });
-                    }
-                    None => {
-                        e.remove();
-                    }
+        flight.metrics.ended(executed_secs);
+        let hash = self.hash(&flight.key);
+        let mut shard = lock(self.shard(hash));
+        let ours = |s: &Slot<V>| matches!(s, Slot::Running(f) if std::ptr::eq(&**f, flight));
+        if let Ok(e) = shard.find_entry(hash, ours) {
+            match replay {
+                Some((value, until)) => {
+                    *e.into_mut() = Slot::Replay {
+                        key: flight.key.clone(),
+                        value,
+                        until,
+                        flight: flight.addr(),
+                    };
+                }
+                None => {
+                    e.remove();
                 }
             }
         }
     }
 
     /// Removes a replay entry once its window is over.
-    pub(crate) fn expire_replay(&self, key: &FlightKey, id: u64) {
-        let mut shard = lock(self.shard(key));
-        if let Entry::Occupied(e) = shard.entry(key.clone()) {
-            if matches!(e.get(), Slot::Replay { id: rid, .. } if *rid == id) {
-                e.remove();
-            }
+    pub(crate) fn expire_replay(&self, flight: &Flight<V>) {
+        let hash = self.hash(&flight.key);
+        let mut shard = lock(self.shard(hash));
+        let addr = flight.addr();
+        let ours = |s: &Slot<V>| matches!(s, Slot::Replay { flight, .. } if *flight == addr);
+        if let Ok(e) = shard.find_entry(hash, ours) {
+            e.remove();
         }
     }
 }
 
 impl<V> Flight<V> {
-    pub(crate) fn id(&self) -> u64 {
-        self.id
+    fn addr(&self) -> usize {
+        self as *const Self as usize
     }
 }
 
@@ -397,9 +392,9 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Msg<V>>>, outcome: Outcome<V>)
     }
 }
 
-/// Ends the flight when the work's future is dropped without finishing:
-/// a panic (every waiter gets `WorkPanicked`), an abort, or the runtime
-/// shutting down (waiters get `FlightAbandoned`).
+/// Ends the flight when the work is dropped without finishing: an abort,
+/// or the runtime shutting down (waiters get `FlightAbandoned`), or a panic
+/// unwinding through `call` (waiters get `WorkPanicked`).
 pub(crate) struct Completion<V: Clone + Send + 'static> {
     pub(crate) group: Arc<Group<V>>,
     pub(crate) flight: Arc<Flight<V>>,
@@ -409,9 +404,21 @@ pub(crate) struct Completion<V: Clone + Send + 'static> {
 impl<V: Clone + Send + 'static> Completion<V> {
     /// Delivers the outcome; returns the leader's message (if the leader is
     /// still there) and schedules the end of a replay window.
-    pub(crate) fn complete(mut self, outcome: Outcome<V>) -> Option<Msg<V>> {
-        self.done = true;
-        let (leader, until) = self.group.finish(&self.flight, outcome);
+    pub(crate) fn complete(&mut self, outcome: Outcome<V>) -> Option<Msg<V>> {
+        if mem::replace(&mut self.done, true) {
+            return None;
+        }
+        let flight = &self.flight;
+        let executed = match &outcome {
+            Outcome::Panicked => {
+                flight.metrics.panicked();
+                tracing::error!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "work panicked");
+                None
+            }
+            Outcome::Abandoned => None,
+            _ => Some(flight.started.elapsed().as_secs_f64()),
+        };
+        let (leader, until) = self.group.finish_executed(flight, outcome, executed);
         if let Some(until) = until {
             let group = Arc::clone(&self.group);
             let flight = Arc::clone(&self.flight);
@@ -419,7 +426,7 @@ impl<V: Clone + Send + 'static> Completion<V> {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     tokio::time::sleep_until(until).await;
-                    group.expire_replay(&flight.key, flight.id());
+                    group.expire_replay(&flight);
                 });
             }
         }
@@ -443,8 +450,96 @@ impl<V: Clone + Send + 'static> Drop for Completion<V> {
     }
 }
 
-/// The work of one flight: the inner service's future, the sharing step and
-/// the delivery. Boxed so that it can move from the leader (who polls it
-/// inline) to a task of its own when the leader leaves early.
-pub(crate) type WorkFuture<V> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Option<Msg<V>>> + Send>>;
+/// The inner service's future and the sharing step, boxed so that it can
+/// move from the leader (who polls it inline) to a task of its own when the
+/// leader leaves early.
+pub(crate) type BoxWork<V> = Pin<Box<dyn Future<Output = Outcome<V>> + Send>>;
+
+/// The work of one flight and the duty to deliver its outcome.
+pub(crate) struct Work<V: Clone + Send + 'static> {
+    fut: BoxWork<V>,
+    completion: Completion<V>,
+}
+
+impl<V: Clone + Send + 'static> Work<V> {
+    pub(crate) fn new(fut: BoxWork<V>, completion: Completion<V>) -> Self {
+        Self { fut, completion }
+    }
+
+    pub(crate) fn flight(&self) -> &Flight<V> {
+        &self.completion.flight
+    }
+
+    pub(crate) fn policy(&self) -> &FlightPolicy {
+        &self.completion.group.policy
+    }
+
+    /// Polls the work. A panic in it becomes `Outcome::Panicked` (for every
+    /// waiter, and for whoever polls), never an unwind through the caller.
+    fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Outcome<V>> {
+        let fut = &mut self.fut;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(p) => p,
+            Err(_panic) => Poll::Ready(Outcome::Panicked),
+        }
+    }
+
+    /// Polls the work; when it ends, delivers the outcome and returns the
+    /// leader's message (`None` when nothing is left for the leader). Not
+    /// to be polled again after that.
+    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
+        let outcome = std::task::ready!(self.poll_outcome(cx));
+        Poll::Ready(self.completion.complete(outcome))
+    }
+
+    /// The leader leaves before the work finished (dropped, or timed out).
+    /// The work is handed to a task of its own if anybody may still want
+    /// the result, and cancelled otherwise.
+    pub(crate) fn leader_left(self, timed_out: bool) {
+        let group = Arc::clone(&self.completion.group);
+        let flight = &self.completion.flight;
+        let cancel = {
+            let mut st = lock(&flight.state);
+            st.leader_present = false;
+            st.live = st.live.saturating_sub(1);
+            st.keep |= timed_out;
+            if st.finished {
+                false
+            } else if st.live == 0 && !st.keep && group.policy.on_abandon == OnAbandon::Cancel {
+                st.finished = true;
+                st.senders.clear();
+                true
+            } else {
+                false
+            }
+        };
+        if cancel {
+            group.retire(flight, None, None);
+            flight.metrics.cancelled();
+            tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "leader left alone: flight cancelled");
+            // Dropping the work finds the flight finished: nothing else.
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let flight = Arc::clone(&self.completion.flight);
+                let task = rt.spawn(Detached(self));
+                group.set_abort(&flight, task.abort_handle());
+            }
+            // No runtime (it is shutting down): dropping the work ends the
+            // flight as abandoned, waiters get `FlightAbandoned`.
+            Err(_) => drop(self),
+        }
+    }
+}
+
+/// The work on a task of its own, after its leader left.
+struct Detached<V: Clone + Send + 'static>(Work<V>);
+
+impl<V: Clone + Send + 'static> Future for Detached<V> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.poll_msg(cx).map(drop)
+    }
+}

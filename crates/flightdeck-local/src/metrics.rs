@@ -7,7 +7,7 @@
 //! later still sees everything.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use flightdeck_core::{metric, StageName};
 use metrics::{Key, Label, Level, Metadata};
@@ -60,9 +60,6 @@ impl StageMetrics {
         metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
     }
 
-    pub(crate) fn owner(&self) {
-        Self::count(&self.owner);
-    }
     pub(crate) fn waiter(&self) {
         Self::count(&self.waiter);
     }
@@ -84,20 +81,37 @@ impl StageMetrics {
     pub(crate) fn wait_timeout(&self) {
         Self::count(&self.wait_timeout);
     }
-    pub(crate) fn active(&self, delta: f64) {
-        metrics::with_recorder(|r| r.register_gauge(&self.active, &METADATA).increment(delta));
+    /// A flight started: one owner, one more active flight (one recorder
+    /// lookup for both).
+    pub(crate) fn started(&self) {
+        metrics::with_recorder(|r| {
+            r.register_counter(&self.owner, &METADATA).increment(1);
+            r.register_gauge(&self.active, &METADATA).increment(1.0);
+        });
+    }
+    /// A flight ended: one active flight less, and its execution time when
+    /// the work ran to the end.
+    pub(crate) fn ended(&self, executed_secs: Option<f64>) {
+        metrics::with_recorder(|r| {
+            r.register_gauge(&self.active, &METADATA).decrement(1.0);
+            if let Some(secs) = executed_secs {
+                r.register_histogram(&self.exec, &METADATA).record(secs);
+            }
+        });
     }
     pub(crate) fn waited(&self, secs: f64) {
         metrics::with_recorder(|r| r.register_histogram(&self.wait, &METADATA).record(secs));
     }
-    pub(crate) fn executed(&self, secs: f64) {
-        metrics::with_recorder(|r| r.register_histogram(&self.exec, &METADATA).record(secs));
-    }
 }
 
 /// Metric keys per stage, built on first use.
+///
+/// The first stage seen is kept apart, read without a lock: most layers
+/// serve one stage, and a lock plus a string hash per call is most of what
+/// a lookup costs.
 #[derive(Default)]
 pub(crate) struct Registry {
+    first: OnceLock<(StageName, Arc<StageMetrics>)>,
     stages: RwLock<HashMap<StageName, Arc<StageMetrics>, foldhash::fast::RandomState>>,
 }
 
@@ -106,6 +120,12 @@ const MAX_CACHED_STAGES: usize = 1024;
 
 impl Registry {
     pub(crate) fn stage(&self, stage: &StageName) -> Arc<StageMetrics> {
+        let (name, m) = self
+            .first
+            .get_or_init(|| (stage.clone(), Arc::new(StageMetrics::new(stage))));
+        if Arc::ptr_eq(name.as_arc(), stage.as_arc()) || name == stage {
+            return Arc::clone(m);
+        }
         if let Some(m) = self
             .stages
             .read()

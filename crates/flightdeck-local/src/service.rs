@@ -7,7 +7,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use crate::future::ResponseFuture;
-use crate::group::{Completion, Group, Join, Msg, Outcome, WorkFuture};
+use crate::group::{BoxWork, Completion, Group, Join, Outcome, Work};
 use crate::key::KeyExtractor;
 
 /// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
@@ -86,7 +86,7 @@ where
         let Some(key) = self.key.key(&req) else {
             return ResponseFuture::bypass(self.inner.call(req), self.share.clone());
         };
-        match self.group.join(&key) {
+        match self.group.join(key) {
             Join::Replay(value) => {
                 ResponseFuture::ready(Ok(self.share.restore(&value)), self.share.clone())
             }
@@ -109,31 +109,31 @@ where
                 // panics, waiters that already joined get `WorkPanicked`.
                 let completion = Completion {
                     group: Arc::clone(&self.group),
-                    flight: Arc::clone(&flight),
+                    flight,
                     done: false,
                 };
-                let work = self.inner.call(req);
+                let fut = run(self.inner.call(req), self.share.clone());
+                let key = &completion.flight.key;
                 let span = tracing::debug_span!(
                     "flight",
                     role = "leader",
                     stage = %key.stage(),
                     key = %key.digest().short(),
                 );
-                let work: WorkFuture<Sh::Shared> =
-                    Box::pin(run(work, self.share.clone(), completion).instrument(span));
-                ResponseFuture::lead(Arc::clone(&self.group), flight, work, self.share.clone())
+                // A disabled span is not worth a wrapper polled every time.
+                let fut: BoxWork<Sh::Shared> = if span.is_disabled() {
+                    Box::pin(fut)
+                } else {
+                    Box::pin(fut.instrument(span))
+                };
+                ResponseFuture::lead(Work::new(fut, completion), self.share.clone())
             }
         }
     }
 }
 
-/// The work of a flight: runs the inner future, shares its result, delivers
-/// it to the waiters and returns the leader's message.
-async fn run<F, T, E, Sh>(
-    work: F,
-    share: Sh,
-    completion: Completion<Sh::Shared>,
-) -> Option<Msg<Sh::Shared>>
+/// The work of a flight: runs the inner future and shares its result.
+async fn run<F, T, E, Sh>(work: F, share: Sh) -> Outcome<Sh::Shared>
 where
     F: std::future::Future<Output = Result<T, E>>,
     E: Into<BoxError>,
@@ -142,17 +142,12 @@ where
     // Convert the error before anything else is awaited: `E` need not be
     // `Send`, `BoxError` is.
     let result = work.await.map_err(Into::into);
-    let outcome = match result {
+    match result {
         Ok(resp) => match share.share(resp).await {
             Ok(flightdeck_core::Shareable::Shared(v)) => Outcome::Value(v),
             Ok(flightdeck_core::Shareable::Unshared(o)) => Outcome::Unshared(Some(Box::new(o))),
             Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
         },
         Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
-    };
-    completion
-        .flight
-        .metrics
-        .executed(completion.flight.started.elapsed().as_secs_f64());
-    completion.complete(outcome)
+    }
 }

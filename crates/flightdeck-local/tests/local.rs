@@ -495,6 +495,53 @@ async fn metrics_count_owners_and_waiters() {
     let _ = BoxError::from("unused");
 }
 
+#[test]
+fn metrics_record_execution_wait_and_the_active_gauge() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(FlightPolicy::new()).layer(counted(calls.clone(), Duration::from_millis(50)));
+    let out = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(futures_join_all(
+            (0..5)
+                .map(|_| svc.clone().oneshot("q".to_owned()))
+                .collect(),
+        ))
+    });
+    assert!(out.iter().all(|r| r.as_deref().ok() == Some("answer to q")));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let snapshot = snapshotter.snapshot().into_vec();
+    let find = |name: &str| {
+        snapshot
+            .iter()
+            .find(|(k, _, _, _)| k.key().name() == name)
+            .map(|(_, _, _, v)| v)
+    };
+    // One execution of 50 ms (paused time: exactly).
+    match find("singleflight_execution_duration") {
+        Some(DebugValue::Histogram(h)) => {
+            assert_eq!(h.len(), 1, "{h:?}");
+            assert!((h[0].into_inner() - 0.05).abs() < 1e-6, "{h:?}");
+        }
+        other => panic!("execution histogram: {other:?}"),
+    }
+    match find("singleflight_wait_duration") {
+        Some(DebugValue::Histogram(h)) => assert_eq!(h.len(), 4, "{h:?}"),
+        other => panic!("wait histogram: {other:?}"),
+    }
+    // Up by one when the flight started, down by one when it ended.
+    match find("singleflight_active_flights") {
+        Some(DebugValue::Gauge(g)) => assert_eq!(g.into_inner(), 0.0),
+        other => panic!("active gauge: {other:?}"),
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_panic_after_the_leader_left_reaches_the_waiters() {
     let inner = service_fn(|_q: String| async move {

@@ -5,7 +5,7 @@
 //! work until the work returns), and the delay from the work's completion
 //! until the last waiter woke up.
 //!
-//! `cargo bench -p flightdeck-local --bench fanout` (add `-- 1000` for
+//! `cargo bench -p flightdeck-benches --bench fanout` (add `-- 1000` for
 //! another waiter count).
 
 use std::convert::Infallible;

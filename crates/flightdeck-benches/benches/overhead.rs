@@ -2,7 +2,7 @@
 //! `LocalFlight`, and the peers tower-resilience-coalesce, async_singleflight
 //! and moka's `get_with`, in one criterion group.
 //!
-//! `cargo bench -p flightdeck-local --bench overhead`
+//! `cargo bench -p flightdeck-benches --bench overhead`
 
 // criterion_group! generates an undocumented public fn.
 #![allow(missing_docs)]
@@ -12,18 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use flightdeck_core::{FlightKey, KeyEncoder, StageName};
+use flightdeck_benches::{PeerError, KEYS};
+use flightdeck_core::{KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use tower::{service_fn, Layer, Service, ServiceExt};
-
-#[derive(Debug, Clone)]
-struct PeerError;
-impl std::fmt::Display for PeerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("peer error")
-    }
-}
-impl std::error::Error for PeerError {}
 
 fn overhead(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -66,27 +58,15 @@ fn overhead(c: &mut Criterion) {
 
     // Ours with a prebuilt key (as when KeyLayer computed it upstream): the
     // coalescing machinery alone.
-    let stage = StageName::new("bench").unwrap();
-    let prebuilt = LocalFlightLayer::with_key(FlightPolicy::new(), |r: &(FlightKey, u64)| {
-        Some(r.0.clone())
-    })
-    .layer(service_fn(|r: (FlightKey, u64)| async move {
-        Ok::<_, Infallible>(r.1)
-    }));
-    let keys: Vec<FlightKey> = (0..4096u64)
-        .map(|n| {
-            KeyEncoder::new()
-                .field(&n.to_le_bytes())
-                .finish_key(stage.clone(), None)
-        })
-        .collect();
+    let prebuilt = flightdeck_benches::local_prebuilt();
+    let keys = flightdeck_benches::prebuilt_keys();
     group.bench_function("flightdeck_local_prebuilt_key", |b| {
         let f = fresh.clone();
         b.to_async(&rt).iter(|| {
             let mut svc = prebuilt.clone();
             // Keys repeat only every 4096 calls, long after each finished.
             let n = f();
-            let k = keys[(n % 4096) as usize].clone();
+            let k = keys[n as usize % KEYS].clone();
             async move { svc.ready().await.unwrap().call((k, n)).await.unwrap() }
         })
     });
