@@ -27,6 +27,12 @@ fn overhead(c: &mut Criterion) {
     let fresh = move || next.fetch_add(1, Ordering::Relaxed);
 
     let bare = service_fn(|n: u64| async move { Ok::<_, Infallible>(n) });
+    // What the required `singleflight_execution_duration` histogram costs
+    // at the least: a flight's start and end read the (tokio) clock.
+    group.bench_function("two_clock_reads", |b| {
+        b.to_async(&rt)
+            .iter(|| async { std::hint::black_box(tokio::time::Instant::now().elapsed()) })
+    });
     group.bench_function("bare_service", |b| {
         let f = fresh.clone();
         b.to_async(&rt).iter(|| {
