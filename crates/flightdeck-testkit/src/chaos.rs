@@ -7,7 +7,9 @@
 //! Two suites use it: `flightdeck-redis/tests/chaos.rs` (N L1 + L2 stacks
 //! in one test process) and `flightdeck-testkit/tests/chaos_nodes.rs` (N
 //! `flightdeck-node` processes driven over HTTP, which adds killing and
-//! restarting a node process, [`Chaos::KillNode`]).
+//! restarting a node process, [`Chaos::KillNode`]). The in-process suite
+//! also runs over a Redis Cluster with live slot migrations
+//! ([`Chaos::MigrateSlot`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -36,7 +38,7 @@ use serde_json::{json, Value};
 use tokio::time::{timeout, Instant};
 
 use crate::recorder::{wall_us, EventLog, WallClock};
-use crate::{Fault, FaultProxy, Journal, RedisSentinel, RedisServer, Resp};
+use crate::{Fault, FaultProxy, Journal, RedisCluster, RedisSentinel, RedisServer, Resp};
 
 /// Every request must end (value or typed error) within this bound: L1
 /// wait, two acquire attempts, a follower's wait and takeover, the work,
@@ -334,6 +336,9 @@ pub enum Topology {
     Standalone(Arc<Mutex<RedisServer>>),
     /// A primary, a replica and three sentinels.
     Sentinel(Arc<RedisSentinel>),
+    /// A Redis Cluster of primaries (no proxies); its faults are slot
+    /// migrations.
+    Cluster(Arc<RedisCluster>),
 }
 
 /// One Redis with an fsync-always AOF (a kill and restart loses no
@@ -413,6 +418,18 @@ pub enum Chaos {
         /// How long it stays down.
         down: Duration,
     },
+    /// The cluster slot of the current window's key number `key` (modulo
+    /// the keys per window, see [`Load::live_key`]) moved to the next
+    /// primary while the load runs: held `pause` in MIGRATING/IMPORTING
+    /// before and again after its keys move, so clients meet `TRYAGAIN`
+    /// and `ASK`, then `MOVED` ([`migrate_slot`]). Applied by the runner,
+    /// which knows which slot holds a key, not by [`apply`].
+    MigrateSlot {
+        /// The key, by number.
+        key: usize,
+        /// Each of the two holds.
+        pause: Duration,
+    },
 }
 
 fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
@@ -436,6 +453,7 @@ impl Chaos {
             Self::Failover => "sentinel failover",
             Self::PausePrimary { .. } => "primary SIGSTOP/SIGCONT",
             Self::KillNode { .. } => Self::KILL_NODE,
+            Self::MigrateSlot { .. } => "cluster slot migration",
         }
     }
 
@@ -449,6 +467,7 @@ impl Chaos {
             | Self::Latency { dur, .. }
             | Self::CutMidReply { dur, .. }
             | Self::PausePrimary { dur } => dur,
+            Self::MigrateSlot { pause, .. } => pause * 2,
             Self::Reset { .. } | Self::Failover => Duration::ZERO,
         }
     }
@@ -507,6 +526,17 @@ impl Chaos {
             _ => Self::PausePrimary {
                 dur: ms(rng, 200, 3000),
             },
+        }
+    }
+
+    /// A cluster fault: the slot of a live key migrated, each hold 0.1 to
+    /// 1.5 s.
+    pub fn cluster(rng: &mut StdRng, nodes: usize) -> Self {
+        // Drawn for the same sequence as the other schedules.
+        let _node = rng.random_range(0..nodes);
+        Self::MigrateSlot {
+            key: rng.random_range(0..1024),
+            pause: ms(rng, 100, 1500),
         }
     }
 }
@@ -597,6 +627,24 @@ pub async fn apply(fault: Chaos, topology: &Topology, proxies: &[&FaultProxy]) {
         (Chaos::PausePrimary { dur }, Topology::Sentinel(s)) => pause_primary(s, dur).await,
         (other, _) => panic!("{other:?} does not apply to this topology"),
     }
+}
+
+/// Moves `slot` to the primary after its owner ([`Chaos::MigrateSlot`]),
+/// holding `pause` before and after its keys move; returns the nodes it
+/// moved between. Panics if the cluster refuses.
+pub async fn migrate_slot(
+    cluster: &Arc<RedisCluster>,
+    slot: u16,
+    pause: Duration,
+) -> (usize, usize) {
+    let c = cluster.clone();
+    blocking("slot migration", move || {
+        let from = c.slot_owner(slot)?;
+        let to = (from + 1) % c.nodes().len();
+        c.migrate_slot(slot, to, pause).map(|()| (from, to))
+    })
+    .await
+    .expect("the slot migrates")
 }
 
 /// SIGSTOP/SIGCONT the primary of the sentinel set (it stays owned, and
@@ -733,6 +781,13 @@ impl Load {
             out: Outcomes::default(),
         })
     }
+
+    /// The name of key number `i` (modulo [`keys`](Self::keys)) of the
+    /// current window: `k{i}.w{n}`.
+    pub fn live_key(&self, i: usize) -> String {
+        let w = self.started.elapsed().as_millis() / self.window.as_millis();
+        format!("k{}.w{w}", i % self.keys.max(1))
+    }
 }
 
 /// One worker: until the load stops, requests a key of the current window
@@ -745,8 +800,7 @@ where
 {
     let mut rng = StdRng::seed_from_u64(seed);
     while !load.stop.load(Ordering::SeqCst) {
-        let w = load.started.elapsed().as_millis() / load.window.as_millis();
-        let key = format!("k{}.w{w}", rng.random_range(0..load.keys));
+        let key = load.live_key(rng.random_range(0..load.keys));
         let began = Instant::now();
         let out = &load.out;
         match timeout(REQUEST_DEADLINE, call(key.clone())).await {
