@@ -309,7 +309,8 @@ pub fn duplicates(
                 Some(p) if p.generation == e.generation => SAME_GEN,
                 Some(_) => TAKEOVER,
                 None if earlier.iter().any(|p| done.contains(&p.generation)) => AFTER_COMMITTED,
-                None if earlier.iter().any(|p| p.killed) => AFTER_KILLED,
+                // The latest earlier run is the one this run replaced.
+                None if earlier.last().is_some_and(|p| p.killed) => AFTER_KILLED,
                 None => AFTER_UNCOMMITTED,
             };
             *out.by_cause.entry(cause).or_default() += 1;

@@ -1,0 +1,102 @@
+//! The journal lines node processes write (issue 7): what a `Recorder`
+//! logs reads back as the journal it kept, executions of a killed process
+//! end at the kill, and a duplicate names the run it replaced.
+
+use std::time::Duration;
+
+use flightdeck_core::{FlightKey, StageName};
+use flightdeck_distributed::FlightId;
+use flightdeck_testkit::chaos::{
+    duplicates, log_exec_end, log_exec_start, NodeLog, AFTER_KILLED, AFTER_UNCOMMITTED,
+};
+use flightdeck_testkit::recorder::{EventLog, SharedBuffer, WallClock};
+use flightdeck_testkit::{conformance, Journal, MemoryBackend, Recorder};
+use tokio::time::Instant;
+
+fn flight_of(key: &str) -> FlightId {
+    FlightId::of(&FlightKey::from_bytes(StageName::new("node").unwrap(), key))
+}
+
+#[tokio::test]
+async fn the_logged_journal_reads_back_as_recorded() {
+    let buffer = SharedBuffer::default();
+    let backend = Recorder::new(MemoryBackend::new()).logging_to(EventLog::new(buffer.clone()));
+    conformance::owner_follower_hit(&backend).await;
+    conformance::takeover_fences_the_stale_owner(&backend).await;
+    let kept = backend.journal();
+    let (read, malformed) = Journal::from_log(&buffer.text(), &WallClock::now());
+    assert_eq!(malformed, 0);
+    assert!(!kept.grants.is_empty() && !kept.commits.is_empty());
+    let grants = |j: &Journal| {
+        j.grants
+            .iter()
+            .map(|g| (g.flight, g.generation, g.takeover))
+            .collect::<Vec<_>>()
+    };
+    let commits = |j: &Journal| {
+        j.commits
+            .iter()
+            .map(|c| (c.flight, c.generation, c.token.clone(), c.committed))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(grants(&read), grants(&kept));
+    assert_eq!(commits(&read), commits(&kept));
+    assert!(
+        read.commits.iter().any(|c| c.committed == Some(false)),
+        "the fenced commit is in the log"
+    );
+    // Order survives the wall clock: every commit after its own grant.
+    for c in &read.commits {
+        let granted = read
+            .grants
+            .iter()
+            .find(|g| g.flight == c.flight && g.generation == c.generation)
+            .expect("a commit's generation was granted");
+        assert!(granted.at <= c.sent);
+    }
+    assert_eq!(read.stale_commits(), kept.stale_commits());
+    assert_eq!(
+        read.max_committed_per_generation(),
+        kept.max_committed_per_generation()
+    );
+}
+
+#[tokio::test]
+async fn a_killed_process_ends_its_executions_and_duplicates_name_what_they_replaced() {
+    // Process 1 of node 0 starts k (generation 1) and is killed.
+    let first = SharedBuffer::default();
+    log_exec_start(&EventLog::new(first.clone()), "k", 1);
+    let mut torn = first.text();
+    torn.push_str("{\"event\":\"exec\",\"key\":\"k\",\"gen");
+    let killed_at = Instant::now();
+    let clock = WallClock::now();
+    let dead = NodeLog::read(&torn, 0, &clock, Some(killed_at));
+    assert_eq!(dead.malformed, 1, "the torn last line");
+    assert_eq!(dead.executions.len(), 1);
+    assert!(dead.executions[0].killed);
+    assert_eq!(dead.executions[0].end, Some(killed_at));
+
+    // Node 1 takes over (generation 2) and finishes; its commit fails, so
+    // generation 3 runs again on node 1.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = SharedBuffer::default();
+    let log = EventLog::new(second.clone());
+    log_exec_start(&log, "k", 2);
+    log_exec_end(&log, "k", 2);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    log_exec_start(&log, "k", 3);
+    log_exec_end(&log, "k", 3);
+    let alive = NodeLog::read(&second.text(), 1, &WallClock::now(), None);
+    assert_eq!(alive.malformed, 0);
+    assert!(alive
+        .executions
+        .iter()
+        .all(|e| e.end.is_some() && !e.killed));
+
+    let mut all = dead.executions;
+    all.extend(alive.executions);
+    let dups = duplicates(&all, &Journal::default(), flight_of);
+    assert_eq!(dups.by_cause.get(AFTER_KILLED), Some(&1), "{dups:?}");
+    assert_eq!(dups.by_cause.get(AFTER_UNCOMMITTED), Some(&1), "{dups:?}");
+    assert_eq!(dups.by_cause.values().sum::<u64>(), 2);
+}
