@@ -38,7 +38,7 @@
 //! particular to in-process nodes: their stacks and the in-process checks.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, ErrorClass};
@@ -192,14 +192,27 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
     settings.announce(spec.name, plan.len());
 
     let load = settings.load();
+    // (start, end) of every failed request and of every slot migration.
+    let failures = Spans::default();
+    let migrations = Spans::default();
     let mut tasks = Vec::new();
     for (n, node) in nodes.iter().enumerate() {
         for w in 0..settings.workers {
-            let svc = node.svc.clone();
+            let (svc, failures) = (node.svc.clone(), failures.clone());
             tasks.push(tokio::spawn(chaos::worker(
                 load.clone(),
                 settings.worker_seed(n, w),
-                move |key| call(svc.clone(), key),
+                move |key| {
+                    let (svc, failures) = (svc.clone(), failures.clone());
+                    async move {
+                        let began = Instant::now();
+                        let attempt = call(svc, key).await;
+                        if matches!(attempt, Attempt::Error(_)) {
+                            lock(&failures).push((began, Instant::now()));
+                        }
+                        attempt
+                    }
+                },
             )));
         }
     }
@@ -215,15 +228,17 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
         started,
         total,
         |fault| {
-            let (topology, proxies, load, backend) =
-                (&topology, &proxies, &load, &nodes[0].backend);
+            let (topology, proxies, load, backend, migrations) =
+                (&topology, &proxies, &load, &nodes[0].backend, &migrations);
             async move {
                 match (fault, topology) {
                     (Chaos::MigrateSlot { key, pause }, Topology::Cluster(cluster)) => {
                         // The slot of a key the workers are hammering now.
                         let names = backend.keys(&flight_of(&load.live_key(key)));
                         let slot = fred::util::redis_keyslot(names[0].as_bytes());
+                        let began = Instant::now();
                         chaos::migrate_slot(cluster, slot, pause).await;
+                        lock(migrations).push((began, Instant::now()));
                     }
                     _ => chaos::apply(fault, topology, proxies).await,
                 }
@@ -269,6 +284,37 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
 
     let j = journal.journal();
     let execs = lock(&executions).clone();
+    let cluster = matches!(topology, Topology::Cluster(_));
+    // A cluster run: the slot's flights are unavailable while it moves,
+    // and only then. A request failing clear of every migration (and
+    // MIGRATION_GRACE after it) means a client did not recover.
+    let stray_failures = {
+        let migrations = lock(&migrations);
+        lock(&failures)
+            .iter()
+            .filter(|(began, ended)| {
+                !migrations
+                    .iter()
+                    .any(|(from, to)| began <= &(*to + MIGRATION_GRACE) && ended >= from)
+            })
+            .count()
+    };
+    let mut extra: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| {
+            Some(format!(
+                "proxy of node {i}: {:?}",
+                n.proxy.as_ref()?.stats()
+            ))
+        })
+        .collect();
+    if cluster {
+        extra.push(format!(
+            "failed requests clear of every slot migration (+{MIGRATION_GRACE:?}): {stray_failures} of {}",
+            lock(&failures).len()
+        ));
+    }
     Summary {
         name: spec.name,
         seed,
@@ -281,19 +327,23 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
         drained,
         drained_what: "L1 running and entries, subscriptions",
         memory: &[memory],
-        extra: nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| {
-                Some(format!(
-                    "proxy of node {i}: {:?}",
-                    n.proxy.as_ref()?.stats()
-                ))
-            })
-            .collect(),
+        extra,
     }
     .print_and_check(spec.strict, flight_of);
+    if cluster {
+        assert_eq!(
+            stray_failures, 0,
+            "requests failed while no slot was moving: a client did not recover"
+        );
+    }
 }
+
+/// (start, end) spans, shared.
+type Spans = Arc<Mutex<Vec<(Instant, Instant)>>>;
+
+/// How long after a slot migration a request may still fail because of it
+/// (it joined a flight whose acquire met the migration).
+const MIGRATION_GRACE: Duration = Duration::from_secs(2);
 
 async fn call(svc: Svc, key: String) -> Attempt {
     let req = Req { key, fence: None };
