@@ -188,9 +188,18 @@ struct Subs {
 impl Subs {
     async fn subscribe(&self, channel: String) -> Result<(), fred::error::Error> {
         if self.sharded {
+            // SSUBSCRIBE waits for Redis's reply.
             self.subscriber.ssubscribe(channel).await
         } else {
-            self.subscriber.subscribe(channel).await
+            self.subscriber.subscribe(channel).await?;
+            // fred 10.1 answers SUBSCRIBE as soon as it is written to the
+            // socket (`Connection::push_command`: `has_no_responses`), not
+            // when Redis applied it; a notice published in between by
+            // another connection was lost (15% of subscribe-then-publish
+            // rounds under load, tests/pubsub.rs). Redis answers a PING on
+            // the same connection only after the SUBSCRIBE before it: the
+            // barrier that makes "subscribed" true when this returns.
+            self.subscriber.ping::<Value>(None).await.map(drop)
         }
     }
 
