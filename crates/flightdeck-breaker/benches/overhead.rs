@@ -4,15 +4,32 @@
 //! inner service (so the layer is all that differs).
 //!
 //! Run: `cargo bench -p flightdeck-breaker --bench overhead`
+//!
+//! After the group, the bench prints each of our rows divided by each peer
+//! row (criterion's own slope estimates from this run, so the ratios need
+//! no arithmetic by the reader), and the load average before and after.
+//!
+//! For an instruction count that a loaded machine cannot disturb, run one
+//! row alone, outside criterion, under callgrind, at two iteration counts;
+//! the difference of the totals divided by the difference of the counts is
+//! the per-call cost (start-up cancels out):
+//!
+//! ```text
+//! OVERHEAD_ROW="bulkhead below limit / flightdeck" OVERHEAD_ITERS=200000 \
+//!   valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!   target/release/deps/overhead-<hash>
+//! ```
 
-#![allow(missing_docs)] // criterion_group! generates an undocumented fn.
+#![allow(missing_docs)] // a bench, not an API
 
+use std::cell::RefCell;
 use std::convert::Infallible;
-use std::future::{ready, Ready};
+use std::future::{ready, Future, Ready};
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::Criterion;
 use tower::{Layer, Service, ServiceExt};
 
 /// The cheapest possible inner service: answers at once.
@@ -47,80 +64,185 @@ where
     start.elapsed()
 }
 
-fn overhead(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    // Built inside the runtime: some layers read tokio's clock on creation.
-    let _guard = rt.enter();
-    let mut g = c.benchmark_group("overhead");
+type Routine = Box<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Duration>>>>;
 
-    g.bench_function("baseline (no layer)", |b| {
-        b.to_async(&rt).iter_custom(|iters| drive(Echo, iters))
-    });
+/// One row of the group: a name and `drive` over a fresh clone of one
+/// service (clones share the layer's state, as under axum).
+struct Row {
+    name: &'static str,
+    routine: Routine,
+}
 
-    let ours =
+fn row<S>(name: &'static str, svc: S) -> Row
+where
+    S: Service<u64, Response = u64> + Clone + 'static,
+    S::Error: std::fmt::Debug,
+    S::Future: 'static,
+{
+    Row {
+        name,
+        routine: Box::new(move |iters| Box::pin(drive(svc.clone(), iters))),
+    }
+}
+
+const BASELINE: &str = "baseline (no layer)";
+const BREAKER_OURS: &str = "breaker closed / flightdeck";
+const BREAKER_TR: &str = "breaker closed / tower-resilience";
+const BULKHEAD_OURS: &str = "bulkhead below limit / flightdeck";
+const BULKHEAD_QUEUE_OURS: &str = "bulkhead below limit, queue configured / flightdeck";
+const BULKHEAD_TR: &str = "bulkhead below limit / tower-resilience";
+const CONCURRENCY_LIMIT: &str = "bulkhead below limit / tower ConcurrencyLimit";
+const CONCURRENCY_LIMIT_BOXED: &str = "bulkhead below limit / tower ConcurrencyLimit, errors boxed";
+
+/// Ours / peer, printed after the group.
+const RATIOS: &[(&str, &str)] = &[
+    (BULKHEAD_OURS, CONCURRENCY_LIMIT),
+    (BULKHEAD_OURS, CONCURRENCY_LIMIT_BOXED),
+    (BULKHEAD_OURS, BULKHEAD_TR),
+    (BULKHEAD_QUEUE_OURS, CONCURRENCY_LIMIT),
+    (BULKHEAD_QUEUE_OURS, BULKHEAD_TR),
+    (BREAKER_OURS, BREAKER_TR),
+];
+
+/// Every row; built inside the runtime, as some layers read tokio's clock
+/// on creation.
+fn rows() -> Vec<Row> {
+    let breaker =
         flightdeck_breaker::Breaker::new("bench", flightdeck_breaker::BreakerConfig::default())
             .unwrap();
-    g.bench_function("breaker closed / flightdeck", |b| {
-        let svc = ours.layer().layer(Echo);
-        b.to_async(&rt)
-            .iter_custom(move |iters| drive(svc.clone(), iters))
-    });
-
-    let theirs = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
+    let tr_breaker = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
         .name("bench")
         .build()
         .unwrap();
-    g.bench_function("breaker closed / tower-resilience", |b| {
-        let svc = theirs.layer(Echo);
-        b.to_async(&rt)
-            .iter_custom(move |iters| drive(svc.clone(), iters))
-    });
-
-    let ours = flightdeck_bulkhead::BulkheadLayer::new(1024);
-    g.bench_function("bulkhead below limit / flightdeck", |b| {
-        let svc = ours.layer(Echo);
-        b.to_async(&rt)
-            .iter_custom(move |iters| drive(svc.clone(), iters))
-    });
-
-    let theirs = tower_resilience_bulkhead::BulkheadLayer::builder()
+    let tr_bulkhead = tower_resilience_bulkhead::BulkheadLayer::builder()
         .max_concurrent_calls(1024)
         .name("bench")
         .build()
         .unwrap();
-    g.bench_function("bulkhead below limit / tower-resilience", |b| {
-        let svc = theirs.layer(Echo);
-        b.to_async(&rt)
-            .iter_custom(move |iters| drive(svc.clone(), iters))
-    });
-
-    g.bench_function("bulkhead below limit / tower ConcurrencyLimit", |b| {
-        let svc = tower::limit::ConcurrencyLimitLayer::new(1024).layer(Echo);
-        b.to_async(&rt)
-            .iter_custom(move |iters| drive(svc.clone(), iters))
-    });
-
-    // The same limit with errors boxed, as every layer that can reject must
-    // (LoadShed, Timeout and ours do): isolates the cost of a fallible
-    // layer's larger output (returned through memory instead of registers)
-    // from the cost of the limit itself.
-    g.bench_function(
-        "bulkhead below limit / tower ConcurrencyLimit, errors boxed",
-        |b| {
-            let svc = tower::ServiceBuilder::new()
+    let queued = flightdeck_bulkhead::BulkheadConfig::new(1024).queue(64, Duration::from_secs(1));
+    vec![
+        row(BASELINE, Echo),
+        row(BREAKER_OURS, breaker.layer().layer(Echo)),
+        row(BREAKER_TR, tr_breaker.layer(Echo)),
+        row(
+            BULKHEAD_OURS,
+            flightdeck_bulkhead::BulkheadLayer::new(1024).layer(Echo),
+        ),
+        row(
+            BULKHEAD_QUEUE_OURS,
+            flightdeck_bulkhead::BulkheadLayer::from_config(queued).layer(Echo),
+        ),
+        row(BULKHEAD_TR, tr_bulkhead.layer(Echo)),
+        row(
+            CONCURRENCY_LIMIT,
+            tower::limit::ConcurrencyLimitLayer::new(1024).layer(Echo),
+        ),
+        // The same limit with errors boxed, as a layer that returns
+        // `BoxError` would: isolates the cost of a boxed error type from the
+        // cost of the limit itself.
+        row(
+            CONCURRENCY_LIMIT_BOXED,
+            tower::ServiceBuilder::new()
                 .map_err(Into::<flightdeck_core::BoxError>::into)
                 .concurrency_limit(1024)
-                .service(Echo);
-            b.to_async(&rt)
-                .iter_custom(move |iters| drive(svc.clone(), iters))
-        },
-    );
-
-    g.finish();
+                .service(Echo),
+        ),
+    ]
 }
 
-criterion_group!(benches, overhead);
-criterion_main!(benches);
+/// Criterion's point estimate in linear sampling mode: the least-squares
+/// slope through the origin of the measured samples, in ns per call. The
+/// measured samples are the last ones, whose iteration counts grow by a
+/// constant step (warm-up doubles them instead).
+fn slope_ns(samples: &[(u64, Duration)]) -> Option<f64> {
+    let mut start = samples.len().checked_sub(1)?;
+    if start >= 2 {
+        let step = samples[start].0 as i128 - samples[start - 1].0 as i128;
+        while start > 0 && samples[start].0 as i128 - samples[start - 1].0 as i128 == step {
+            start -= 1;
+        }
+    }
+    let (xy, xx) = samples[start..]
+        .iter()
+        .fold((0.0, 0.0), |(xy, xx), &(n, d)| {
+            let n = n as f64;
+            (xy + n * d.as_nanos() as f64, xx + n * n)
+        });
+    (xx > 0.0).then(|| xy / xx)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let rows = rows();
+
+    // One row alone, outside criterion (for callgrind).
+    if let Ok(name) = std::env::var("OVERHEAD_ROW") {
+        let iters = std::env::var("OVERHEAD_ITERS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1_000_000);
+        let Some(row) = rows.iter().find(|r| r.name == name) else {
+            let names: Vec<_> = rows.iter().map(|r| r.name).collect();
+            panic!("no row {name:?}; rows: {names:?}");
+        };
+        let took = rt.block_on((row.routine)(iters));
+        println!("{name}: {iters} calls in {took:?}");
+        return;
+    }
+
+    let load_before = load_average();
+    let mut c = Criterion::default().configure_from_args();
+    let samples: Vec<RefCell<Vec<(u64, Duration)>>> =
+        rows.iter().map(|_| RefCell::default()).collect();
+    let mut g = c.benchmark_group("overhead");
+    for (row, samples) in rows.iter().zip(&samples) {
+        g.bench_function(row.name, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let run = (row.routine)(iters);
+                async move {
+                    let took = run.await;
+                    samples.borrow_mut().push((iters, took));
+                    took
+                }
+            })
+        });
+    }
+    g.finish();
+    let load_after = load_average();
+
+    let estimate = |name: &str| {
+        let i = rows.iter().position(|r| r.name == name)?;
+        slope_ns(&samples[i].borrow())
+    };
+    println!();
+    println!("ratios, ours / peer (criterion's slope estimates from this run)");
+    println!("load average (1 5 15 min): before {load_before}, after {load_after}");
+    let base = estimate(BASELINE);
+    if let Some(base) = base {
+        println!("  baseline (no layer): {base:.1} ns");
+    }
+    for &(ours, peer) in RATIOS {
+        let (Some(o), Some(p)) = (estimate(ours), estimate(peer)) else {
+            continue;
+        };
+        let net = base
+            .filter(|b| p - b > 0.0)
+            .map(|b| format!(", over baseline {:.2}x", (o - b) / (p - b)))
+            .unwrap_or_default();
+        println!(
+            "  {ours}  /  {peer}:  {o:.1} ns / {p:.1} ns = {:.2}x{net}",
+            o / p
+        );
+    }
+    c.final_summary();
+}
