@@ -1,4 +1,11 @@
 //! The response future.
+//!
+//! Shaped for the common case, a call admitted at once: `Bulkhead::call`
+//! builds the `Running` state from plain values (no branch of it writes a
+//! whole future through a pointer, so the compiler builds it in place), and
+//! `poll` handles `Running` inline and leaves the queue, its timer and
+//! rejections to an out-of-line `poll_slow`. Measured in
+//! `crates/flightdeck-breaker/benches/overhead.rs`.
 
 use std::fmt;
 use std::future::Future;
@@ -46,7 +53,8 @@ pin_project! {
     }
 }
 
-struct Waiting<S, Req> {
+/// A queued call: everything it needs to run once it gets a slot.
+pub(crate) struct Waiting<S, Req> {
     rx: oneshot::Receiver<Permit>,
     sleep: Pin<Box<Sleep>>,
     svc: Option<S>,
@@ -55,7 +63,29 @@ struct Waiting<S, Req> {
     shared: Arc<Shared>,
 }
 
+impl<S, Req> Waiting<S, Req> {
+    /// Out of line: only queued calls pay for the timer and the box.
+    #[inline(never)]
+    pub(crate) fn boxed(
+        rx: oneshot::Receiver<Permit>,
+        svc: S,
+        req: Req,
+        timeout: Duration,
+        shared: Arc<Shared>,
+    ) -> Box<Self> {
+        Box::new(Self {
+            rx,
+            sleep: Box::pin(sleep_until(Instant::now() + timeout)),
+            svc: Some(svc),
+            req: Some(req),
+            timeout,
+            shared,
+        })
+    }
+}
+
 impl<F, S, Req> ResponseFuture<F, S, Req> {
+    #[inline]
     pub(crate) fn running(fut: F, permit: Permit) -> Self {
         Self {
             state: State::Running {
@@ -65,27 +95,14 @@ impl<F, S, Req> ResponseFuture<F, S, Req> {
         }
     }
 
-    pub(crate) fn queued(
-        rx: oneshot::Receiver<Permit>,
-        svc: S,
-        req: Req,
-        timeout: Duration,
-        shared: Arc<Shared>,
-    ) -> Self {
+    #[inline]
+    pub(crate) fn queued(waiting: Box<Waiting<S, Req>>) -> Self {
         Self {
-            state: State::Queued {
-                waiting: Box::new(Waiting {
-                    rx,
-                    sleep: Box::pin(sleep_until(Instant::now() + timeout)),
-                    svc: Some(svc),
-                    req: Some(req),
-                    timeout,
-                    shared,
-                }),
-            },
+            state: State::Queued { waiting },
         }
     }
 
+    #[inline]
     pub(crate) fn rejected(err: BoxError) -> Self {
         Self {
             state: State::Rejected { err: Some(err) },
@@ -113,51 +130,70 @@ where
 {
     type Output = Result<S::Response, BoxError>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            let mut this = self.as_mut().project();
-            match this.state.as_mut().project() {
-                StateProj::Running { fut, permit } => {
-                    let out = ready!(fut.poll(cx));
-                    // Free the slot as soon as the call is done.
-                    drop(permit.take());
-                    return Poll::Ready(out.map_err(Into::into));
-                }
-                StateProj::Queued { waiting } => {
-                    let Waiting {
-                        rx,
-                        sleep,
-                        svc,
-                        req,
-                        timeout,
-                        shared,
-                    } = &mut **waiting;
-                    let permit = match Pin::new(rx).poll(cx) {
-                        Poll::Ready(Ok(permit)) => permit,
-                        // The bulkhead itself is gone: cannot happen while
-                        // we hold `shared`, but do not hang if it does.
-                        Poll::Ready(Err(_)) => {
-                            return Poll::Ready(Err(shared.full().into()));
-                        }
-                        Poll::Pending => {
-                            ready!(sleep.as_mut().poll(cx));
-                            shared.reject("queue_timeout");
-                            let err = QueueTimeout::new(*timeout, shared.full());
-                            return Poll::Ready(Err(err.into()));
-                        }
-                    };
-                    let mut svc = svc.take().expect("queued future polled after completion");
-                    let req = req.take().expect("queued future polled after completion");
-                    let fut = svc.call(req);
-                    this.state.set(State::Running {
-                        fut,
-                        permit: Some(permit),
-                    });
-                }
-                StateProj::Rejected { err } => {
-                    return Poll::Ready(Err(err.take().expect("polled after completion")));
-                }
-            }
+        if let StateProj::Running { fut, permit } = self.as_mut().project().state.project() {
+            let out = ready!(fut.poll(cx));
+            // Free the slot as soon as the call is done.
+            drop(permit.take());
+            return Poll::Ready(out.map_err(Into::into));
         }
+        self.poll_slow(cx)
+    }
+}
+
+impl<S, Req> ResponseFuture<S::Future, S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    /// Queued or rejected: waits for a slot (or the queue timeout), then
+    /// runs the call as `Running`.
+    #[inline(never)]
+    fn poll_slow(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<S::Response, BoxError>> {
+        let mut state = self.as_mut().project().state;
+        let permit_and_call = match state.as_mut().project() {
+            StateProj::Running { .. } => None,
+            StateProj::Queued { waiting } => {
+                let Waiting {
+                    rx,
+                    sleep,
+                    svc,
+                    req,
+                    timeout,
+                    shared,
+                } = &mut **waiting;
+                let permit = match Pin::new(rx).poll(cx) {
+                    Poll::Ready(Ok(permit)) => permit,
+                    // The bulkhead itself is gone: cannot happen while we
+                    // hold `shared`, but do not hang if it does.
+                    Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Err(shared.full().into()));
+                    }
+                    Poll::Pending => {
+                        ready!(sleep.as_mut().poll(cx));
+                        shared.reject("queue_timeout");
+                        let err = QueueTimeout::new(*timeout, shared.full());
+                        return Poll::Ready(Err(err.into()));
+                    }
+                };
+                let mut svc = svc.take().expect("queued future polled after completion");
+                let req = req.take().expect("queued future polled after completion");
+                Some((permit, svc.call(req)))
+            }
+            StateProj::Rejected { err } => {
+                return Poll::Ready(Err(err.take().expect("polled after completion")));
+            }
+        };
+        if let Some((permit, fut)) = permit_and_call {
+            state.set(State::Running {
+                fut,
+                permit: Some(permit),
+            });
+        }
+        self.poll(cx)
     }
 }

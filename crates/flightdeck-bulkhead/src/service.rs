@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use flightdeck_core::BoxError;
+use tokio::sync::oneshot;
 use tower_service::Service;
 
-use crate::future::ResponseFuture;
-use crate::shared::{Admission, BulkheadHandle, Shared};
+use crate::future::{ResponseFuture, Waiting};
+use crate::shared::{Admission, BulkheadHandle, Permit, Shared};
 
 /// A service behind a bulkhead (see [`BulkheadLayer`](crate::BulkheadLayer)).
 ///
@@ -75,32 +76,36 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        match self.shared.try_admit() {
-            Some(permit) => ResponseFuture::running(self.inner.call(req), permit),
-            None => self.call_slow(req),
-        }
+        // Every branch hands back plain values (a permit, a box, an error)
+        // and the future is built here from them: a branch returning a
+        // whole future by pointer would make the compiler build it in a
+        // temporary and copy it, on the fast path too.
+        let permit = match self.shared.try_admit() {
+            Some(permit) => permit,
+            None => match self.shared.admit() {
+                Ok(Admission::Now(permit)) => permit,
+                Ok(Admission::Queued(rx)) => {
+                    return ResponseFuture::queued(self.wait(rx, req));
+                }
+                Err(e) => return ResponseFuture::rejected(e),
+            },
+        };
+        ResponseFuture::running(self.inner.call(req), permit)
     }
 }
 
 impl<S> Bulkhead<S> {
-    /// Rate limit, queue or rejection: kept out of line so the fast path
-    /// above stays small enough to inline.
+    /// A queued call: the ready service goes with the request; a fresh
+    /// clone stays here and must be polled ready before its next call.
+    /// Out of line, so the fast path above stays small enough to inline.
     #[inline(never)]
-    fn call_slow<Req>(&mut self, req: Req) -> ResponseFuture<S::Future, S, Req>
+    fn wait<Req>(&mut self, rx: oneshot::Receiver<Permit>, req: Req) -> Box<Waiting<S, Req>>
     where
-        S: Service<Req> + Clone,
+        S: Clone,
     {
-        match self.shared.admit() {
-            Ok(Admission::Now(permit)) => ResponseFuture::running(self.inner.call(req), permit),
-            Ok(Admission::Queued(rx)) => {
-                // The ready service goes with the request; a fresh clone
-                // stays here and must be polled ready before its next call.
-                let clone = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, clone);
-                let timeout = self.shared.queue.map(|(_, t)| t).unwrap_or_default();
-                ResponseFuture::queued(rx, ready, req, timeout, self.shared.clone())
-            }
-            Err(e) => ResponseFuture::rejected(e),
-        }
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let timeout = self.shared.queue.map(|(_, t)| t).unwrap_or_default();
+        Waiting::boxed(rx, ready, req, timeout, self.shared.clone())
     }
 }
