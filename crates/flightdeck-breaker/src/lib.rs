@@ -86,14 +86,11 @@ pub use state::{CircuitState, Reason, Transition};
 pub use window::WindowStats;
 
 /// Metric names recorded by the breaker (label [`LABEL_BREAKER`](metric::LABEL_BREAKER)).
+///
+/// Defined with every other flightdeck metric name in
+/// [`flightdeck_core::metric`]; re-exported here.
 pub mod metric {
-    /// Label carrying the breaker's name.
-    pub const LABEL_BREAKER: &str = "breaker";
-    /// Counter: transitions to open (including forced).
-    pub const CIRCUIT_OPEN_TOTAL: &str = "singleflight_circuit_open_total";
-    /// Gauge: the state (see [`CircuitState::gauge_value`](crate::CircuitState::gauge_value)).
-    pub const CIRCUIT_STATE: &str = "singleflight_circuit_state";
-    /// Counter: calls rejected because the circuit was open, half-open with
-    /// no free probe slot, or ramping.
-    pub const CIRCUIT_REJECTED_TOTAL: &str = "singleflight_circuit_rejected_total";
+    pub use flightdeck_core::metric::{
+        CIRCUIT_OPEN_TOTAL, CIRCUIT_REJECTED_TOTAL, CIRCUIT_STATE, LABEL_BREAKER,
+    };
 }

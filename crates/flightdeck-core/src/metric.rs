@@ -90,3 +90,16 @@ pub const DEGRADED_DURATION: &str = "singleflight_degraded_duration";
 /// Gauge: the stage's mode (0 DISTRIBUTED_ONLY, 1 LOCAL_ONLY, 2 HYBRID,
 /// 3 BYPASS).
 pub const MODE: &str = "singleflight_mode";
+
+/// Label name for a circuit breaker's name (breaker metrics carry it
+/// instead of `stage`: one breaker may guard several stages).
+pub const LABEL_BREAKER: &str = "breaker";
+/// Counter: a breaker's transitions to open (including forced); label
+/// `breaker`.
+pub const CIRCUIT_OPEN_TOTAL: &str = "singleflight_circuit_open_total";
+/// Gauge: a breaker's state (0 closed, 1 open, 2 half-open, 3 forced open,
+/// 4 forced closed); label `breaker`.
+pub const CIRCUIT_STATE: &str = "singleflight_circuit_state";
+/// Counter: calls a breaker rejected because it was open, half-open with no
+/// free probe slot, or ramping; label `breaker`.
+pub const CIRCUIT_REJECTED_TOTAL: &str = "singleflight_circuit_rejected_total";
