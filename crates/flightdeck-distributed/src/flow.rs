@@ -520,13 +520,20 @@ async fn heartbeat<B: Backend, Sh, C, K>(st: &Flights<B, Sh, C, K>, cx: &Ctx, ge
 }
 
 /// Commits with idempotent retries. Failures never fail the request: the
-/// value is returned to local callers either way.
-async fn commit<B: Backend, Sh, C, K>(
-    st: &Flights<B, Sh, C, K>,
+/// value is returned to local callers either way. When the last attempt
+/// failed for want of Redis, the commit goes on in the background until the
+/// lease would have ended (see [`commit_later`]).
+async fn commit<B, Sh, C, K>(
+    st: &Arc<Flights<B, Sh, C, K>>,
     cx: &Ctx,
     generation: u64,
     payload: Bytes,
-) {
+) where
+    B: Backend,
+    Sh: Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    K: Send + Sync + 'static,
+{
     let args = CommitArgs {
         payload,
         ttl: st.policy.result_ttl_duration(),
@@ -555,8 +562,65 @@ async fn commit<B: Backend, Sh, C, K>(
             Err(e) => {
                 count(metric::RESULT_WRITE_FAILURE_TOTAL, &cx.stage);
                 tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "result write failed; value returned to local callers");
+                if e.kind() != BackendErrorKind::Protocol {
+                    commit_later(Arc::clone(st), cx, generation, args);
+                }
                 return;
             }
         }
     }
+}
+
+/// Keeps trying a commit that failed for want of Redis, in the background,
+/// backing off from 100 ms to 2 s, until the lease would have ended.
+///
+/// Followers on other nodes wait for this flight until its lease ends and
+/// then one of them runs the work again; a result stored in the meantime
+/// reaches them instead (the notice, or their next poll). Safe to repeat:
+/// the commit is idempotent for (token, generation), and fenced once a
+/// takeover started a newer generation. At most one such task per flight
+/// whose commit failed, for at most one lease.
+fn commit_later<B, Sh, C, K>(
+    st: Arc<Flights<B, Sh, C, K>>,
+    cx: &Ctx,
+    generation: u64,
+    args: CommitArgs,
+) where
+    B: Backend,
+    Sh: Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    K: Send + Sync + 'static,
+{
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (stage, flight, token) = (cx.stage.clone(), cx.flight, cx.token.clone());
+    let until = Instant::now() + st.policy.lease_duration();
+    rt.spawn(async move {
+        let mut pause = Duration::from_millis(100);
+        while Instant::now() + pause < until {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            let res = st
+                .call(
+                    "commit",
+                    &stage,
+                    st.backend.commit(&flight, &token, generation, &args),
+                )
+                .await;
+            match res {
+                Ok(Committed::Committed) => {
+                    tracing::info!(stage = %stage, flight = %flight, generation, "result stored after all: followers get it");
+                    return;
+                }
+                Ok(Committed::Fenced) => {
+                    count(metric::FENCED_TOTAL, &stage);
+                    return;
+                }
+                Err(e) if e.kind() == BackendErrorKind::Protocol => return,
+                Err(_) => {}
+            }
+        }
+        tracing::debug!(stage = %stage, flight = %flight, generation, "result never stored; the lease ends and followers take over");
+    });
 }

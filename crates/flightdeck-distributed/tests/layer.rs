@@ -391,6 +391,35 @@ async fn commit_failure_returns_the_value() {
     assert_eq!(counter(metric::RESULT_WRITE_FAILURE_TOTAL, "cfail"), 1);
 }
 
+/// A commit that failed for want of Redis goes on in the background: when
+/// the store is back before the lease ends, a follower on another node gets
+/// the owner's value (no second execution), before the lease would have
+/// let it take over.
+#[tokio::test(start_paused = true)]
+async fn a_failed_commit_is_stored_later_and_followers_get_it() {
+    let b = MemoryBackend::new();
+    b.set_fail_commits(true);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let owner = node(&b, "clater", policy(), work(&calls, "v", SEC));
+    let follower = node(&b, "clater", policy(), work(&calls, "other", SEC));
+    let started = Instant::now();
+    let o = tokio::spawn(owner.oneshot("x".into()));
+    tokio::time::sleep(SEC / 10).await;
+    let f = tokio::spawn(follower.oneshot("x".into()));
+    // The owner answers with its value although every commit attempt failed.
+    assert_eq!(o.await.unwrap().unwrap(), "v:x");
+    assert_eq!(b.calls().commit, 3, "the owner's own attempts");
+    // The store comes back within the lease (3 s).
+    b.set_fail_commits(false);
+    assert_eq!(f.await.unwrap().unwrap(), "v:x", "the owner's value");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "no second execution");
+    assert!(
+        started.elapsed() < 3 * SEC,
+        "answered before the lease ended: {:?}",
+        started.elapsed()
+    );
+}
+
 /// The owner's business error: by default followers race again (one of
 /// them runs); with a failure TTL they get the owner's error.
 #[tokio::test(start_paused = true)]
