@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use flightdeck_core::error::CircuitOpen;
@@ -25,6 +25,10 @@ const HALF_OPEN: u64 = 2;
 const RAMPING: u64 = 3;
 const FORCED_OPEN: u64 = 4;
 const FORCED_CLOSED: u64 = 5;
+/// The low byte of the state word: the state, plus this bit while an open
+/// breaker's wait is timed by a tokio timer (see [`Breaker::try_reject`]).
+const TIMED: u64 = 0x80;
+const TAG: u64 = 0x7f;
 
 /// Far enough to mean "until someone resets it", without overflowing.
 const FAR_FUTURE: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
@@ -68,6 +72,9 @@ pub struct Breaker {
 }
 
 struct Core {
+    // Handed to the timer that ends the open wait (which must not keep the
+    // breaker alive).
+    me: Weak<Core>,
     name: Arc<str>,
     cfg: BreakerConfig,
     clock_on_admit: bool,
@@ -75,8 +82,10 @@ struct Core {
     inner: Mutex<Inner>,
     events: broadcast::Sender<Transition>,
     // Built once: a rejected call (the hot path while open) must not
-    // allocate a metric key.
+    // allocate a metric key; the counter handle is registered at the first
+    // rejection (so a recorder installed after the breaker is built is used).
     rejected: metrics::Key,
+    rejected_counter: OnceLock<metrics::Counter>,
     // `Inner::open_until` as nanoseconds since `base`, published before the
     // state word: an open breaker rejects without taking the lock.
     base: Instant,
@@ -147,7 +156,8 @@ impl Breaker {
             )],
         );
         Ok(Self {
-            core: Arc::new(Core {
+            core: Arc::new_cyclic(|me| Core {
+                me: me.clone(),
                 clock_on_admit: cfg.slow_call.is_some(),
                 name,
                 cfg,
@@ -155,6 +165,7 @@ impl Breaker {
                 inner: Mutex::new(inner),
                 events,
                 rejected,
+                rejected_counter: OnceLock::new(),
                 base: now,
                 open_until: AtomicU64::new(0),
             }),
@@ -180,7 +191,7 @@ impl Breaker {
     /// The current state. An open breaker whose wait has passed reports
     /// (and becomes) [`CircuitState::HalfOpen`].
     pub fn state(&self) -> CircuitState {
-        let tag = self.core.word.load(Ordering::Acquire) & 0xff;
+        let tag = self.core.word.load(Ordering::Acquire) & TAG;
         if tag != OPEN {
             return public(tag);
         }
@@ -242,7 +253,7 @@ impl Breaker {
     #[inline]
     pub fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
         let word = self.core.word.load(Ordering::Acquire);
-        match word & 0xff {
+        match word & TAG {
             CLOSED => Ok(Permit {
                 core: self.core.clone(),
                 epoch: word >> 8,
@@ -262,6 +273,45 @@ impl Breaker {
             _ => Core::acquire_slow(&self.core),
         }
     }
+
+    /// Rejects a call if one atomic load can tell: the breaker is forced
+    /// open, or open with its wait timed by a tokio timer (set when it
+    /// opened inside a tokio runtime). Counted like a rejection by
+    /// [`try_acquire`](Self::try_acquire); no error is built.
+    ///
+    /// `false` says nothing about the call: ask `try_acquire`. This is the
+    /// hot path of callers that have somewhere else to go while the breaker
+    /// is open (the facade's HYBRID mode runs locally). The timer ends the
+    /// wait within the timer wheel's resolution (1 ms) after
+    /// [`open_until`](Self::open_until), or, under paused test time, once
+    /// its task has run; `try_acquire` and [`state`](Self::state) read the
+    /// clock and see the end of the wait at once.
+    ///
+    /// ```
+    /// use flightdeck_breaker::{Breaker, BreakerConfig, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = Breaker::new("redis", BreakerConfig::default().consecutive_failures(1)).unwrap();
+    /// assert!(!breaker.try_reject());
+    /// breaker.try_acquire().unwrap().record(Outcome::Failure);
+    /// assert!(breaker.try_reject());
+    /// let until = breaker.open_until().unwrap();
+    /// tokio::time::sleep_until(until + std::time::Duration::from_millis(1)).await;
+    /// assert!(!breaker.try_reject(), "the timer ended the wait");
+    /// assert!(breaker.try_acquire().unwrap().is_probe());
+    /// # }
+    /// ```
+    #[inline]
+    pub fn try_reject(&self) -> bool {
+        let tag = self.core.word.load(Ordering::Acquire) & 0xff;
+        if tag == OPEN | TIMED || tag == FORCED_OPEN {
+            self.core.count_rejection();
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl fmt::Debug for Breaker {
@@ -270,7 +320,7 @@ impl fmt::Debug for Breaker {
             .field("name", &self.core.name)
             .field(
                 "state",
-                &public(self.core.word.load(Ordering::Relaxed) & 0xff),
+                &public(self.core.word.load(Ordering::Relaxed) & TAG),
             )
             .finish()
     }
@@ -349,8 +399,17 @@ impl Core {
 
     /// Counts and builds a rejection.
     fn reject(&self) -> CircuitOpen {
-        metrics::with_recorder(|r| r.register_counter(&self.rejected, &METADATA).increment(1));
+        self.count_rejection();
         CircuitOpen::new(self.name.clone())
+    }
+
+    #[inline]
+    fn count_rejection(&self) {
+        self.rejected_counter
+            .get_or_init(|| {
+                metrics::with_recorder(|r| r.register_counter(&self.rejected, &METADATA))
+            })
+            .increment(1);
     }
 
     /// Whether an open breaker's wait is still running at `now` (read
@@ -478,7 +537,54 @@ impl Core {
         self.open_until
             .store(u64::try_from(until).unwrap_or(u64::MAX), Ordering::Release);
         self.set_state(inner, OPEN, now);
+        self.time_open_wait(inner);
         self.emit(from, CircuitState::Open, reason, now, Some(wait));
+    }
+
+    /// Inside a tokio runtime, a task ends the open wait at its deadline,
+    /// so that [`Breaker::try_reject`] need not read the clock. If the task
+    /// is dropped first (the runtime shuts down), the state word goes back
+    /// to "ask the clock". Called under the lock, right after the word was
+    /// stored: the drop guard therefore only touches the word (it may run
+    /// inside `spawn`, when the runtime is shutting down).
+    fn time_open_wait(&self, inner: &Inner) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        struct Untime {
+            core: Weak<Core>,
+            word: u64,
+        }
+        impl Drop for Untime {
+            fn drop(&mut self) {
+                if let Some(core) = self.core.upgrade() {
+                    // Only if nothing happened since (same epoch, still timed).
+                    let _ = core.word.compare_exchange(
+                        self.word,
+                        self.word & !TIMED,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                }
+            }
+        }
+        let word = (inner.epoch << 8) | OPEN | TIMED;
+        self.word.store(word, Ordering::Release);
+        let untime = Untime {
+            core: self.me.clone(),
+            word,
+        };
+        let (epoch, until) = (inner.epoch, inner.open_until);
+        drop(rt.spawn(async move {
+            tokio::time::sleep_until(until).await;
+            if let Some(core) = untime.core.upgrade() {
+                let mut inner = core.lock();
+                if inner.epoch == epoch {
+                    core.advance_open(&mut inner, Instant::now());
+                }
+            }
+            drop(untime);
+        }));
     }
 
     fn close(&self, inner: &mut Inner, now: Instant) {

@@ -611,3 +611,74 @@ async fn threads_racing_in_half_open_get_exactly_the_probes() {
     assert_eq!(permits.len(), 5);
     assert!(permits.iter().all(|p| p.is_probe()));
 }
+
+/// While a tokio timer times the open wait, `try_reject` rejects with one
+/// load; the timer ends the wait, and probing starts as with the clock.
+#[tokio::test(start_paused = true)]
+async fn try_reject_rejects_while_a_timer_times_the_open_wait() {
+    let b = Breaker::new(
+        "t",
+        no_jitter()
+            .consecutive_failures(1)
+            .wait_in_open(Duration::from_secs(5)),
+    )
+    .unwrap();
+    assert!(!b.try_reject(), "closed");
+    let mut events = b.subscribe();
+    fail(&b, 1);
+    assert!(b.try_reject());
+    assert!(b.try_acquire().is_err());
+    let until = b.open_until().unwrap();
+    tokio::time::sleep_until(until - Duration::from_millis(1)).await;
+    assert!(b.try_reject(), "still open");
+    // The timer fires at the deadline: the transition happens without any
+    // caller asking.
+    let _open = events.recv().await.unwrap();
+    let t = events.recv().await.unwrap();
+    assert_eq!(
+        (t.from, t.to, t.reason),
+        (
+            CircuitState::Open,
+            CircuitState::HalfOpen,
+            Reason::WaitElapsed
+        )
+    );
+    assert!(t.at >= until);
+    assert!(!b.try_reject(), "half-open: ask try_acquire");
+    assert!(b.try_acquire().unwrap().is_probe());
+
+    // Forced open rejects the same way; reset ends it.
+    b.force_open();
+    assert!(b.try_reject());
+    b.reset();
+    assert!(!b.try_reject());
+}
+
+/// Without a runtime (or once the runtime that timed the wait is gone), the
+/// clock decides: `try_reject` says "ask", and `try_acquire` rejects until
+/// the wait has passed.
+#[test]
+fn without_a_timer_the_clock_decides() {
+    let cfg = || {
+        no_jitter()
+            .consecutive_failures(1)
+            .wait_in_open(Duration::from_secs(3600))
+    };
+    let b = Breaker::new("t", cfg()).unwrap();
+    fail(&b, 1);
+    assert_eq!(b.state(), CircuitState::Open);
+    assert!(!b.try_reject(), "no timer outside a runtime");
+    assert!(b.try_acquire().is_err(), "the clock says open");
+
+    let b = Breaker::new("t", cfg()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async { fail(&b, 1) });
+    assert!(b.try_reject(), "timed");
+    drop(rt);
+    assert!(!b.try_reject(), "the timer went with its runtime");
+    assert!(b.try_acquire().is_err(), "still open by the clock");
+    assert_eq!(b.state(), CircuitState::Open);
+}
