@@ -18,7 +18,7 @@
 //!   Redis outage does not multiply the load on the downstream); it applies
 //!   to new calls at once and never touches running ones;
 //! - a rate limit (permits per second, through `governor`, on tokio's clock)
-//!   rejecting with [`RateLimited`].
+//!   rejecting with [`RateLimited`], always or only while degraded.
 //!
 //! ```
 //! use flightdeck_bulkhead::BulkheadLayer;
@@ -60,7 +60,8 @@ pub use shared::{BulkheadConfig, BulkheadHandle};
 
 /// Metric names recorded by the bulkhead (label `stage`).
 pub mod metric {
-    /// Counter: rejected calls, with `reason` = `full` | `queue_timeout` | `rate`.
+    /// Counter: rejected calls, with `reason` = `full` | `queue_timeout` |
+    /// `rate` | `degraded_rate`.
     pub const BULKHEAD_REJECTED_TOTAL: &str = "singleflight_bulkhead_rejected_total";
     /// Gauge: 1 while the degraded limit applies.
     pub const BULKHEAD_DEGRADED: &str = "singleflight_bulkhead_degraded";

@@ -41,6 +41,7 @@ pub struct BulkheadConfig {
     degraded_limit: Option<usize>,
     queue: Option<(usize, Duration)>,
     rate: Option<(NonZeroU32, NonZeroU32)>,
+    degraded_rate: Option<(NonZeroU32, NonZeroU32)>,
     stage: Option<StageName>,
 }
 
@@ -53,6 +54,7 @@ impl BulkheadConfig {
             degraded_limit: None,
             queue: None,
             rate: None,
+            degraded_rate: None,
             stage: None,
         }
     }
@@ -78,6 +80,15 @@ impl BulkheadConfig {
         self
     }
 
+    /// Also limits the call rate while degraded (see
+    /// [`BulkheadHandle::set_degraded`]): `per_second` permits, bursts of up
+    /// to `burst`, rejecting with [`RateLimited`]. Applies on top of
+    /// [`rate_limit`](Self::rate_limit), if any.
+    pub fn degraded_rate_limit(mut self, per_second: NonZeroU32, burst: NonZeroU32) -> Self {
+        self.degraded_rate = Some((per_second, burst));
+        self
+    }
+
     /// Names the stage in errors and metrics.
     pub fn stage(mut self, stage: StageName) -> Self {
         self.stage = Some(stage);
@@ -96,6 +107,10 @@ pub(crate) struct Shared {
     pub(crate) queue: Option<(usize, Duration)>,
     waiters: Mutex<VecDeque<oneshot::Sender<Permit>>>,
     rate: Option<Limiter>,
+    degraded_rate: Option<Limiter>,
+    // A rate limit applies now (`rate`, or `degraded_rate` while degraded):
+    // the fast path is then not taken.
+    rated: AtomicBool,
 }
 
 pub(crate) enum Admission {
@@ -119,12 +134,9 @@ impl Shared {
             active: AtomicUsize::new(0),
             queue: cfg.queue,
             waiters: Mutex::new(VecDeque::new()),
-            rate: cfg.rate.map(|(per_second, burst)| {
-                RateLimiter::direct_with_clock(
-                    Quota::per_second(per_second).allow_burst(burst),
-                    TokioClock,
-                )
-            }),
+            rated: AtomicBool::new(cfg.rate.is_some()),
+            rate: cfg.rate.map(limiter),
+            degraded_rate: cfg.degraded_rate.map(limiter),
         })
     }
 
@@ -170,7 +182,7 @@ impl Shared {
     /// The fast path: a slot now, with no rate limit to check.
     #[inline]
     pub(crate) fn try_admit(self: &Arc<Self>) -> Option<Permit> {
-        if self.rate.is_none() && self.try_take() {
+        if !self.rated.load(Ordering::Relaxed) && self.try_take() {
             Some(Permit::armed(self.clone()))
         } else {
             None
@@ -183,6 +195,12 @@ impl Shared {
         if let Some(rate) = &self.rate {
             if rate.check().is_err() {
                 self.reject("rate");
+                return Err(RateLimited::new(self.full()).into());
+            }
+        }
+        if let Some(rate) = &self.degraded_rate {
+            if self.degraded.load(Ordering::Acquire) && rate.check().is_err() {
+                self.reject("degraded_rate");
                 return Err(RateLimited::new(self.full()).into());
             }
         }
@@ -258,7 +276,12 @@ impl Shared {
     }
 
     fn apply_limit(self: &Arc<Self>) {
-        let limit = if self.degraded.load(Ordering::Acquire) {
+        let degraded = self.degraded.load(Ordering::Acquire);
+        self.rated.store(
+            self.rate.is_some() || (degraded && self.degraded_rate.is_some()),
+            Ordering::Release,
+        );
+        let limit = if degraded {
             self.degraded_limit.load(Ordering::Acquire)
         } else {
             self.normal.load(Ordering::Acquire)
@@ -268,6 +291,10 @@ impl Shared {
             self.wake_waiters();
         }
     }
+}
+
+fn limiter((per_second, burst): (NonZeroU32, NonZeroU32)) -> Limiter {
+    RateLimiter::direct_with_clock(Quota::per_second(per_second).allow_burst(burst), TokioClock)
 }
 
 /// One slot of the bulkhead, released when dropped.
