@@ -23,8 +23,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use flightdeck_core::error::DeadlineExceeded;
 use flightdeck_core::{BoxError, Share};
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 use tower::util::Oneshot;
 use tower_service::Service;
 
@@ -63,7 +65,9 @@ pin_project! {
         Coordinator<S, Sh, C, F>: Service<Keyed<Req>, Response = Flown<Sh::Shared, Sh::Output>>,
     {
         Bypass { #[pin] fut: Oneshot<S, Req> },
-        Flight { #[pin] fut: LocalFuture<S, Req, Sh, C, F> },
+        // `until`: the caller's own deadline (boxed: most requests have
+        // none, and the future stays small for them).
+        Flight { #[pin] fut: LocalFuture<S, Req, Sh, C, F>, until: Option<Pin<Box<Sleep>>> },
         Failed { err: Option<BoxError> },
     }
 }
@@ -81,9 +85,16 @@ where
         }
     }
 
-    pub(crate) fn flight(fut: LocalFuture<S, Req, Sh, C, F>, share: Sh) -> Self {
+    pub(crate) fn flight(
+        fut: LocalFuture<S, Req, Sh, C, F>,
+        share: Sh,
+        deadline: Option<Instant>,
+    ) -> Self {
         Self {
-            kind: Kind::Flight { fut },
+            kind: Kind::Flight {
+                fut,
+                until: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            },
             share,
         }
     }
@@ -131,8 +142,19 @@ where
                 let res = ready!(fut.poll(cx));
                 Poll::Ready(res.map(|v| this.share.passthrough(v)).map_err(Into::into))
             }
-            KindProj::Flight { fut } => {
-                let res = ready!(fut.poll(cx));
+            KindProj::Flight { fut, until } => {
+                let res = match fut.poll(cx) {
+                    Poll::Ready(res) => res,
+                    Poll::Pending => {
+                        // The caller leaves at its deadline; the flight goes
+                        // on for the others (a waiter leaving never ends it).
+                        if let Some(until) = until {
+                            ready!(until.as_mut().poll(cx));
+                            return Poll::Ready(Err(Box::new(DeadlineExceeded::new("request"))));
+                        }
+                        return Poll::Pending;
+                    }
+                };
                 Poll::Ready(res.map(|flown| match flown {
                     Flown::Shared(v) => this.share.restore(&v),
                     Flown::Output(o) => o,

@@ -5,7 +5,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use flightdeck_breaker::Breaker;
-use flightdeck_budget::BudgetLayer;
 use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
 use flightdeck_core::{SharedForm, StageName};
 use flightdeck_distributed::{Backend, DistributedFlightLayer};
@@ -232,7 +231,6 @@ impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
                 bulkhead_cfg = bulkhead_cfg.queue(cfg.bulkhead.queue, cfg.bulkhead.queue_timeout);
             }
             let bulkhead = BulkheadLayer::from_config(bulkhead_cfg);
-            let budget = cfg.execution_timeout.map(BudgetLayer::plain);
             let l1 = LocalFlightLayer::new(cfg.local_policy(), KeyedKeys, FlownShare::new());
             let ctl = Control::new(stage.clone(), cfg, l2.is_some(), breaker, bulkhead.handle());
             let ctl = Arc::new(ctl);
@@ -244,7 +242,6 @@ impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
                     l1,
                     l2,
                     bulkhead,
-                    budget,
                 }),
             );
         }

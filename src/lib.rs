@@ -63,6 +63,20 @@
 //! closes it, and an optional ramp returns traffic to distributed mode
 //! gradually.
 //!
+//! **Deadlines** (the budget's slices, seed 000 §10): a request's own
+//! deadline comes from its [`Fence`] ([`ExtensionFence`] reads
+//! `grpc-timeout`, `x-request-timeout` and an outer `Deadline` extension;
+//! implement [`Fence::deadline`] for other request types). A caller never
+//! waits past it (a waiter leaving does not end the flight); a request
+//! whose time is already up is answered `DeadlineExceeded` without touching
+//! the work or the backend; each coordination round trip gets the stage's
+//! `coordination-timeout` slice; an L1 leader following another node's
+//! flight gives up at its deadline (never running the work here, never
+//! counting it against the backend); the work runs within the smaller of
+//! the stage's `execution-timeout` and what remains. The outcome is
+//! `DeadlineExceeded` (504 / `DEADLINE_EXCEEDED`). A flight's coordination
+//! follows its leader's deadline: callers that joined it share its outcome.
+//!
 //! **The kill switch**: [`SingleFlightLayer::stage`] returns a
 //! [`StageHandle`] whose [`set_mode`](StageHandle::set_mode) switches the
 //! stage's mode for new requests; requests in flight finish in the mode

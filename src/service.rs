@@ -35,16 +35,18 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use flightdeck_breaker::{CircuitState, Outcome, Permit};
 use flightdeck_core::error::{
-    find, BoxError, CoordinationUnavailable, InProgress, LeaseLost, OutcomeUnknown, ProtocolError,
-    WaitTimeout,
+    find, BoxError, CircuitOpen, CoordinationUnavailable, DeadlineExceeded, InProgress, LeaseLost,
+    OutcomeUnknown, ProtocolError, WaitTimeout,
 };
 use flightdeck_core::{metric, FlightKey, Share, Shareable, SharedForm};
 use flightdeck_distributed::ResultCodec;
 use flightdeck_local::KeyExtractor;
-use tower::util::{Either, ServiceExt};
+use tokio::time::Instant;
+use tower::util::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -54,13 +56,15 @@ use crate::layer::Shared;
 use crate::mode::{Mode, OnWaitFailure};
 use crate::share::Flown;
 use crate::stage::{Count, Fallback, Stage};
-use crate::ticket::{Fence, Phase, SlotRunner, Ticket, PROGRESS};
+use crate::ticket::{Fence, Phase, Progress, SlotRunner, Ticket, PROGRESS};
 
-/// A request with its key, as L1 sees it (the facade extracts the key once).
+/// A request with its key and deadline, as L1 sees it (the facade extracts
+/// them once).
 #[derive(Debug)]
 pub struct Keyed<Req> {
     key: FlightKey,
     req: Req,
+    deadline: Option<Instant>,
 }
 
 /// L1's key extractor for [`Keyed`] requests.
@@ -155,6 +159,14 @@ where
             stage.ctl.count(Count::Bypass);
             return ResponseFuture::bypass(self.inner.clone().oneshot(req), share);
         }
+        let deadline = match self.shared.fence.deadline(&req) {
+            Ok(None) => None,
+            Ok(Some(at)) if at <= Instant::now() => {
+                return ResponseFuture::failed(Box::new(DeadlineExceeded::new("request")), share)
+            }
+            Ok(Some(at)) => Some(at),
+            Err(e) => return ResponseFuture::failed(e, share),
+        };
         let mut l1 = stage.l1.layer(Coordinator {
             inner: self.inner.clone(),
             stage: Arc::clone(stage),
@@ -165,7 +177,9 @@ where
         // The coordinator is always ready, and so is L1 over it.
         let mut cx = Context::from_waker(Waker::noop());
         match l1.poll_ready(&mut cx) {
-            Poll::Ready(Ok(())) => ResponseFuture::flight(l1.call(Keyed { key, req }), share),
+            Poll::Ready(Ok(())) => {
+                ResponseFuture::flight(l1.call(Keyed { key, req, deadline }), share, deadline)
+            }
             Poll::Ready(Err(e)) => ResponseFuture::failed(e, share),
             Poll::Pending => ResponseFuture::failed(
                 Box::new(ProtocolError::new("local flight layer not ready")),
@@ -233,17 +247,35 @@ where
     }
 
     fn call(&mut self, keyed: Keyed<Req>) -> Self::Future {
-        let Keyed { key, req } = keyed;
+        let Keyed { key, req, deadline } = keyed;
         let stage = Arc::clone(&self.stage);
         let inner = self.inner.clone();
         let share = self.share.clone();
         let mode = self.mode;
-        if stage.l2.is_none() || !mode.is_distributed() {
-            return Box::pin(async move { local(&stage, inner, &share, req).await });
+        // LOCAL_ONLY, a stage without backend, and HYBRID while its breaker
+        // is open all run the same local future: the degraded path is the
+        // local one plus the breaker's one-load check (and its counters).
+        let run_here = stage.l2.is_none() || !mode.is_distributed() || {
+            let ctl = &stage.ctl;
+            if ctl.breaker.try_reject() {
+                ctl.enter_degraded();
+                if mode != Mode::Hybrid {
+                    ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", "circuit_open");
+                    let open = CircuitOpen::new(ctl.breaker.name());
+                    return Box::pin(std::future::ready(Err(Box::new(open) as BoxError)));
+                }
+                ctl.count_fallback(Fallback::CircuitOpen);
+                true
+            } else {
+                false
+            }
+        };
+        if run_here {
+            return Box::pin(async move { local(&stage, inner, &share, req, deadline).await });
         }
         // Breaker first: while it is open, not a single call reaches the
-        // backend. Decided here, so that the degraded path only allocates
-        // the small local future.
+        // backend. (An open breaker whose wait no timer watches, e.g. one
+        // opened outside a runtime, is rejected here.)
         let ctl = &stage.ctl;
         let permit = match ctl.breaker.try_acquire() {
             Ok(permit) => Some(permit),
@@ -260,7 +292,7 @@ where
                 ctl.enter_degraded();
                 if mode == Mode::Hybrid {
                     return Box::pin(async move {
-                        fallback(&stage, Fallback::CircuitOpen, inner, &share, req).await
+                        fallback(&stage, Fallback::CircuitOpen, inner, &share, req, deadline).await
                     });
                 }
                 ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", "circuit_open");
@@ -276,38 +308,77 @@ where
             share,
             key,
             req,
+            deadline,
         ))
     }
 }
 
-/// The real service of a stage: the budget (if any) around the bulkhead
-/// around the inner service.
-type Exec<S> = Either<
-    flightdeck_budget::Budget<flightdeck_bulkhead::Bulkhead<S>, flightdeck_budget::NoInbound>,
-    flightdeck_bulkhead::Bulkhead<S>,
->;
+/// The real service of a stage: the bulkhead around the inner service.
+type Exec<S> = flightdeck_bulkhead::Bulkhead<S>;
 
 fn exec<S, Sh: SharedForm, C>(stage: &Stage<Sh, C>, inner: S) -> Exec<S> {
-    let bulkheaded = stage.bulkhead.layer(inner);
-    match &stage.budget {
-        Some(budget) => Either::Left(budget.layer(bulkheaded)),
-        None => Either::Right(bulkheaded),
+    stage.bulkhead.layer(inner)
+}
+
+/// The execution slice of one request: the stage's execution timeout,
+/// capped by what remains of the request's deadline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExecSlice {
+    slice: Option<Duration>,
+    deadline: Option<Instant>,
+}
+
+impl ExecSlice {
+    pub(crate) fn new(slice: Option<Duration>, deadline: Option<Instant>) -> Self {
+        Self { slice, deadline }
+    }
+
+    /// When the execution must be over, if ever (reads the clock only when
+    /// there is a slice).
+    #[inline]
+    pub(crate) fn end(&self) -> Option<Instant> {
+        match (self.slice, self.deadline) {
+            (None, deadline) => deadline,
+            (Some(slice), deadline) => Some(earliest(after(slice), deadline)),
+        }
     }
 }
 
-/// Runs the request here, as the L1 leader.
+/// `d` from now, saturating far in the future (never overflows the clock).
+pub(crate) fn after(d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
+    let now = Instant::now();
+    now.checked_add(d.min(FAR)).unwrap_or(now)
+}
+
+/// The earlier of `at` and an optional other instant.
+pub(crate) fn earliest(at: Instant, other: Option<Instant>) -> Instant {
+    other.map_or(at, |o| o.min(at))
+}
+
+/// Runs the request here, as the L1 leader, within the execution slice.
 async fn local<S, Req, Sh, C>(
     stage: &Stage<Sh, C>,
     inner: S,
     share: &Sh,
     req: Req,
+    deadline: Option<Instant>,
 ) -> Result<Flown<Sh::Shared, Sh::Output>, BoxError>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     Sh: Share<S::Response>,
 {
-    let resp = exec(stage, inner).oneshot(req).await?;
+    let resp = match ExecSlice::new(stage.ctl.cfg.execution_timeout, deadline).end() {
+        None => exec(stage, inner).oneshot(req).await?,
+        // No time left: the work is not started at all.
+        Some(end) if end <= Instant::now() => {
+            return Err(Box::new(DeadlineExceeded::new("execution")))
+        }
+        Some(end) => tokio::time::timeout_at(end, exec(stage, inner).oneshot(req))
+            .await
+            .map_err(|_| DeadlineExceeded::new("execution"))??,
+    };
     Ok(match share.share(resp).await? {
         Shareable::Shared(v) => Flown::Shared(v),
         Shareable::Unshared(o) => Flown::Output(o),
@@ -321,6 +392,7 @@ async fn fallback<S, Req, Sh, C>(
     inner: S,
     share: &Sh,
     req: Req,
+    deadline: Option<Instant>,
 ) -> Result<Flown<Sh::Shared, Sh::Output>, BoxError>
 where
     S: Service<Req> + Clone,
@@ -328,7 +400,7 @@ where
     Sh: Share<S::Response>,
 {
     stage.ctl.count_fallback(reason);
-    local(stage, inner, share, req).await
+    local(stage, inner, share, req, deadline).await
 }
 
 /// The coordination failure class of an L2 error, if it is one.
@@ -356,6 +428,7 @@ async fn coordinate<S, Req, Sh, C, F>(
     share: Sh,
     key: FlightKey,
     req: Req,
+    deadline: Option<Instant>,
 ) -> Result<Flown<Sh::Shared, Sh::Output>, BoxError>
 where
     S: Service<Req> + Clone + Send + 'static,
@@ -368,7 +441,7 @@ where
     F: Fence<Req>,
 {
     let Some(l2) = &stage.l2 else {
-        return local(&stage, inner, &share, req).await;
+        return local(&stage, inner, &share, req, deadline).await;
     };
     let ctl = &stage.ctl;
     // `singleflight_distributed_request_total` is counted by L2 itself.
@@ -379,13 +452,34 @@ where
     let runner = SlotRunner {
         exec: exec(&stage, inner.clone()),
         fence,
+        slice: ExecSlice::new(ctl.cfg.execution_timeout, deadline),
     };
-    let res = PROGRESS
-        .scope(
-            Arc::clone(kept.progress()),
-            l2.layer(runner).oneshot(ticket),
-        )
-        .await;
+    let flight = PROGRESS.scope(
+        Arc::clone(kept.progress()),
+        l2.layer(runner).oneshot(ticket),
+    );
+    let res = match deadline {
+        None => flight.await,
+        Some(at) => match (FollowUntil {
+            flight,
+            sleep: tokio::time::sleep_until(at),
+            progress: kept.progress(),
+        })
+        .await
+        {
+            Some(res) => res,
+            None => {
+                // The request's time is up while following another node:
+                // not the backend's failure, not a reason to run it here.
+                if let Some(permit) = kept.progress().take_permit() {
+                    permit.record(Outcome::Ignore);
+                }
+                ctl.sync_degraded();
+                tracing::debug!(stage = %ctl.name, "request deadline passed while following");
+                return Err(Box::new(DeadlineExceeded::new("coordination")));
+            }
+        },
+    };
     let phase = kept.progress().phase();
     let record = |outcome: Outcome| {
         match kept.progress().take_permit() {
@@ -450,7 +544,7 @@ where
         ctl.count_with(metric::WAIT_FAILURE_TOTAL, "action", action);
         tracing::warn!(stage = %ctl.name, %policy, error = %err, "follower wait failed");
         return match action {
-            "local" => fallback(&stage, Fallback::WaitFailure, inner, &share, req).await,
+            "local" => fallback(&stage, Fallback::WaitFailure, inner, &share, req, deadline).await,
             "in_progress" => Err(Box::new(InProgress::new(Some(ctl.name.clone())))),
             "fail" => Err(Box::new(CoordinationUnavailable::new(err))),
             _ => Err(err),
@@ -460,12 +554,51 @@ where
     match (kind, mode) {
         (Some(kind), Mode::Hybrid) => {
             tracing::warn!(stage = %ctl.name, kind, error = %err, "coordination failed before acquiring: running locally");
-            fallback(&stage, Fallback::from_kind(kind), inner, &share, req).await
+            fallback(
+                &stage,
+                Fallback::from_kind(kind),
+                inner,
+                &share,
+                req,
+                deadline,
+            )
+            .await
         }
         (Some(kind), _) => {
             ctl.count_with(metric::FAIL_FAST_TOTAL, "reason", kind);
             Err(err)
         }
         (None, _) => Err(err),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// L2's flight, given up when the request's deadline passes while it
+    /// follows another node's flight (`None`). An acquire in flight is let
+    /// finish (bounded by the coordination slice), so no lease is left
+    /// behind unanswered: as owner, the work then gets what remains of the
+    /// deadline (nothing) and the flight is abandoned cleanly; as follower,
+    /// it is given up at once.
+    struct FollowUntil<'a, Fut> {
+        #[pin]
+        flight: Fut,
+        #[pin]
+        sleep: tokio::time::Sleep,
+        progress: &'a Progress,
+    }
+}
+
+impl<Fut: Future> Future for FollowUntil<'_, Fut> {
+    type Output = Option<Fut::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(out) = this.flight.poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        if this.sleep.poll(cx).is_ready() && this.progress.phase() == Phase::Following {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
     }
 }

@@ -4,11 +4,10 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use flightdeck_breaker::{Breaker, CircuitState};
-use flightdeck_budget::{BudgetLayer, NoInbound};
 use flightdeck_bulkhead::{BulkheadHandle, BulkheadLayer};
 use flightdeck_core::{metric, SharedForm, StageName};
 use flightdeck_distributed::DistributedFlightLayer;
@@ -35,7 +34,6 @@ pub(crate) struct Stage<Sh: SharedForm, C> {
     pub(crate) l1: LocalFlightLayer<KeyedKeys, FlownShare<Sh::Shared>>,
     pub(crate) l2: Option<L2<Sh, C>>,
     pub(crate) bulkhead: BulkheadLayer,
-    pub(crate) budget: Option<BudgetLayer<NoInbound>>,
 }
 
 /// The runtime side of a stage, reachable through a [`StageHandle`].
@@ -53,15 +51,40 @@ pub(crate) struct Control {
 
 struct Keys {
     label: Label,
-    request: Key,
-    miss: Key,
-    owner_failure: Key,
-    bypass: Key,
-    fallback_execution: Key,
+    request: Counter,
+    miss: Counter,
+    owner_failure: Counter,
+    bypass: Counter,
+    fallback_execution: Counter,
     degraded: Key,
     degraded_duration: Key,
     mode: Key,
-    fallback: [Key; Fallback::ALL.len()],
+    fallback: [Counter; Fallback::ALL.len()],
+}
+
+/// A per-stage counter: the key is built with the layer, the recorder's
+/// handle is taken at the first increment (so a recorder installed after
+/// the layer was built is still used) and kept, so that counting on the hot
+/// path is one load and the handle's increment.
+struct Counter {
+    key: Key,
+    handle: OnceLock<metrics::Counter>,
+}
+
+impl Counter {
+    fn new(key: Key) -> Self {
+        Self {
+            key,
+            handle: OnceLock::new(),
+        }
+    }
+
+    #[inline]
+    fn increment(&self) {
+        self.handle
+            .get_or_init(|| metrics::with_recorder(|r| r.register_counter(&self.key, &METADATA)))
+            .increment(1);
+    }
 }
 
 /// Why a HYBRID leader ran locally (the `reason` label of
@@ -110,20 +133,21 @@ impl Keys {
             metrics::SharedString::from(Arc::clone(stage.as_arc())),
         );
         let key = |name: &'static str| Key::from_parts(name, vec![label.clone()]);
+        let counter = |name: &'static str| Counter::new(key(name));
         Self {
-            request: key(metric::REQUEST_TOTAL),
-            miss: key(metric::MISS_TOTAL),
-            owner_failure: key(metric::OWNER_FAILURE_TOTAL),
-            bypass: key(metric::BYPASS_TOTAL),
-            fallback_execution: key(metric::FALLBACK_EXECUTION_TOTAL),
+            request: counter(metric::REQUEST_TOTAL),
+            miss: counter(metric::MISS_TOTAL),
+            owner_failure: counter(metric::OWNER_FAILURE_TOTAL),
+            bypass: counter(metric::BYPASS_TOTAL),
+            fallback_execution: counter(metric::FALLBACK_EXECUTION_TOTAL),
             degraded: key(metric::DEGRADED),
             degraded_duration: key(metric::DEGRADED_DURATION),
             mode: key(metric::MODE),
             fallback: Fallback::ALL.map(|f| {
-                Key::from_parts(
+                Counter::new(Key::from_parts(
                     metric::LOCAL_FALLBACK_TOTAL,
                     vec![label.clone(), Label::new("reason", f.as_str())],
-                )
+                ))
             }),
             label,
         }
@@ -195,28 +219,27 @@ impl Control {
         Mode::from_u8(self.mode.load(Ordering::Acquire))
     }
 
+    #[inline]
     pub(crate) fn count(&self, what: Count) {
-        let key = match what {
+        match what {
             Count::Request => &self.keys.request,
             Count::Miss => &self.keys.miss,
             Count::OwnerFailure => &self.keys.owner_failure,
             Count::Bypass => &self.keys.bypass,
-        };
-        metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+        }
+        .increment();
     }
 
     /// Counts one local fallback and its execution.
+    #[inline]
     pub(crate) fn count_fallback(&self, why: Fallback) {
-        let key = &self.keys.fallback[why as usize];
-        metrics::with_recorder(|r| {
-            r.register_counter(key, &METADATA).increment(1);
-            r.register_counter(&self.keys.fallback_execution, &METADATA)
-                .increment(1);
-        });
+        self.keys.fallback[why as usize].increment();
+        self.keys.fallback_execution.increment();
     }
 
     /// Follows the breaker, but only until the stage is known to be
     /// degraded (the per-call cost while degraded is one load).
+    #[inline]
     pub(crate) fn enter_degraded(&self) {
         if !self.degraded.load(Ordering::Acquire) {
             self.sync_degraded();

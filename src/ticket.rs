@@ -47,24 +47,41 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use flightdeck_breaker::{Outcome, Permit};
-use flightdeck_core::error::{BoxError, ProtocolError};
+use flightdeck_core::error::{BoxError, DeadlineExceeded, ProtocolError};
 use flightdeck_core::FlightKey;
 use flightdeck_distributed::backend::{
     Acquired, Backend, BackendError, BackendFuture, FencingToken, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck_distributed::FlightRequest;
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-/// Puts the owner's [`FencingToken`] into a request before it runs, so the
-/// handler can fence its own writes downstream.
+/// How the facade reaches into your request type: it puts the owner's
+/// [`FencingToken`] into a request before it runs (so the handler can fence
+/// its own writes downstream), and reads the request's own deadline.
 ///
-/// Implemented by [`NoFence`] (drops the token), by closures
-/// `Fn(&mut Req, FencingToken)`, and with the `http` feature by
-/// [`ExtensionFence`] (inserts it into `http::Request` extensions).
+/// Implemented by [`NoFence`] (drops the token, no deadline), by closures
+/// `Fn(&mut Req, FencingToken)` (no deadline), and with the `http` feature
+/// by [`ExtensionFence`] (inserts the token into `http::Request`
+/// extensions; the deadline comes from `grpc-timeout`, `x-request-timeout`
+/// and an outer [`Deadline`](flightdeck_budget::Deadline) extension).
+/// Implement it for your own type to carry deadlines through a non-HTTP
+/// stack.
 pub trait Fence<Req>: Clone + Send + Sync + 'static {
     /// Hands `token` to `req`.
     fn fence(&self, req: &mut Req, token: FencingToken);
+
+    /// The instant the caller stops waiting, if it said (`None` by
+    /// default). The facade never makes a caller wait past it, never
+    /// follows another node's flight past it, and runs the work within what
+    /// remains of it (see the [crate docs](crate)). A malformed inbound
+    /// timeout is an error (the request is rejected, never guessed at).
+    #[inline]
+    fn deadline(&self, req: &Req) -> Result<Option<Instant>, BoxError> {
+        let _ = req;
+        Ok(None)
+    }
 }
 
 /// Drops fencing tokens.
@@ -93,6 +110,20 @@ pub struct ExtensionFence;
 impl<B> Fence<http::Request<B>> for ExtensionFence {
     fn fence(&self, req: &mut http::Request<B>, token: FencingToken) {
         req.extensions_mut().insert(token);
+    }
+
+    /// The smaller of `grpc-timeout` and `x-request-timeout` (from now),
+    /// and an outer [`Deadline`](flightdeck_budget::Deadline) extension
+    /// (set by a `BudgetLayer` around the facade).
+    fn deadline(&self, req: &http::Request<B>) -> Result<Option<Instant>, BoxError> {
+        use flightdeck_budget::{Deadline, FromHeaders, Inbound};
+
+        let outer = req.extensions().get::<Deadline>().map(Deadline::at);
+        let inbound = FromHeaders::new().inbound(req)?;
+        Ok(match inbound {
+            None => outer,
+            Some(d) => Some(crate::service::earliest(crate::service::after(d), outer)),
+        })
     }
 }
 
@@ -240,11 +271,13 @@ impl<Req: Send + 'static> FlightRequest<Ticket<Req>> for TicketKeys {
 }
 
 /// The inner service handed to L2: takes the request out of the ticket,
-/// fences it, and runs it on the real (bulkheaded, budgeted) service.
+/// fences it, and runs it on the real (bulkheaded) service within the
+/// execution slice.
 #[derive(Clone, Debug)]
 pub struct SlotRunner<E, F> {
     pub(crate) exec: E,
     pub(crate) fence: F,
+    pub(crate) slice: crate::service::ExecSlice,
 }
 
 impl<E, F, Req> Service<Ticket<Req>> for SlotRunner<E, F>
@@ -276,7 +309,14 @@ where
         if let Some(token) = token {
             self.fence.fence(&mut req, token);
         }
-        SlotFuture::running(self.exec.call(req))
+        match self.slice.end() {
+            // No time left: the work is not started (the owner abandons).
+            Some(end) if end <= Instant::now() => {
+                SlotFuture::gone(Box::new(DeadlineExceeded::new("execution")))
+            }
+            Some(end) => SlotFuture::bounded(self.exec.call(req), end),
+            None => SlotFuture::running(self.exec.call(req)),
+        }
     }
 }
 
@@ -292,6 +332,8 @@ pin_project! {
     #[project = SlotProj]
     enum SlotState<F> {
         Running { #[pin] fut: F },
+        // Within the execution slice.
+        Bounded { #[pin] fut: F, #[pin] sleep: Sleep },
         // The request was gone (L2 called its inner service twice).
         Gone { err: Option<BoxError> },
     }
@@ -301,6 +343,15 @@ impl<F> SlotFuture<F> {
     fn running(fut: F) -> Self {
         Self {
             state: SlotState::Running { fut },
+        }
+    }
+
+    fn bounded(fut: F, end: Instant) -> Self {
+        Self {
+            state: SlotState::Bounded {
+                fut,
+                sleep: tokio::time::sleep_until(end),
+            },
         }
     }
 
@@ -327,6 +378,17 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             SlotProj::Running { fut } => fut.poll(cx).map_err(Into::into),
+            SlotProj::Bounded { fut, sleep } => {
+                if let Poll::Ready(out) = fut.poll(cx) {
+                    return Poll::Ready(out.map_err(Into::into));
+                }
+                match sleep.poll(cx) {
+                    Poll::Ready(()) => {
+                        Poll::Ready(Err(Box::new(DeadlineExceeded::new("execution"))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
             SlotProj::Gone { err } => Poll::Ready(Err(err
                 .take()
                 .unwrap_or_else(|| Box::new(ProtocolError::new("polled after completion"))))),
