@@ -238,6 +238,12 @@ pub struct BulkheadSettings {
     /// Concurrent executions while degraded (default: a quarter of the
     /// limit, at least 1).
     pub degraded_limit: Option<usize>,
+    /// Real executions started per second while degraded, in bursts of up
+    /// to as many (none by default); beyond it calls are rejected with
+    /// `RateLimited` (429 / `RESOURCE_EXHAUSTED`). Seed 000 §10: during a
+    /// Redis outage every node runs its own copy, so the rate reaching the
+    /// downstream is bounded too, not only the concurrency.
+    pub degraded_rate_limit: Option<u32>,
     /// Calls allowed to wait for a slot (0: reject at once).
     pub queue: usize,
     /// How long a queued call waits (100 ms).
@@ -250,6 +256,7 @@ impl Default for BulkheadSettings {
         Self {
             limit: 1024,
             degraded_limit: None,
+            degraded_rate_limit: None,
             queue: 0,
             queue_timeout: Duration::from_millis(100),
         }
@@ -438,6 +445,12 @@ impl StageConfig {
                     format!("must be in 1..={}", self.bulkhead.limit),
                 );
             }
+        }
+        if self.bulkhead.degraded_rate_limit == Some(0) {
+            return bad(
+                "bulkhead.degraded-rate-limit",
+                "must be at least 1 (permits per second)".into(),
+            );
         }
         if self.bulkhead.queue > 0 && self.bulkhead.queue_timeout.is_zero() {
             return bad(

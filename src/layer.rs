@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use flightdeck_breaker::Breaker;
@@ -227,6 +228,9 @@ impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
             let mut bulkhead_cfg = BulkheadConfig::new(cfg.bulkhead.limit)
                 .degraded_limit(cfg.bulkhead.effective_degraded_limit())
                 .stage(stage.clone());
+            if let Some(rate) = cfg.bulkhead.degraded_rate_limit.and_then(NonZeroU32::new) {
+                bulkhead_cfg = bulkhead_cfg.degraded_rate_limit(rate, rate);
+            }
             if cfg.bulkhead.queue > 0 {
                 bulkhead_cfg = bulkhead_cfg.queue(cfg.bulkhead.queue, cfg.bulkhead.queue_timeout);
             }

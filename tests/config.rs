@@ -40,6 +40,7 @@ single-flight:
       bulkhead:
         limit: 20
         degraded-limit: 5
+        degraded-rate-limit: 50
       breaker:
         consecutive-failures: 3
         wait-in-open: 2s
@@ -67,6 +68,7 @@ execution-timeout = "1m30s"
 
 [single-flight.stages.image-render.bulkhead]
 limit = 8
+degraded-rate-limit = 3
 queue = 4
 queue-timeout = "250ms"
 
@@ -98,6 +100,8 @@ fn a_good_yaml_file_loads_with_defaults() {
     assert_eq!(report.on_wait_failure, OnWaitFailure::InProgress);
     assert_eq!(report.bulkhead.limit, 20);
     assert_eq!(report.bulkhead.effective_degraded_limit(), 5);
+    assert_eq!(report.bulkhead.degraded_rate_limit, Some(50));
+    assert_eq!(score.bulkhead.degraded_rate_limit, None, "default");
     assert_eq!(report.breaker.consecutive_failures, Some(3));
     assert_eq!(report.breaker.half_open_probes, 1);
     let local = &cfg.stages["local-summary"];
@@ -113,6 +117,7 @@ fn a_good_toml_file_loads_and_builds_a_layer() {
     assert_eq!(img.execution_timeout, Some(Duration::from_secs(90)));
     assert_eq!(img.coordination_timeout, Duration::from_millis(150));
     assert_eq!(img.bulkhead.queue, 4);
+    assert_eq!(img.bulkhead.degraded_rate_limit, Some(3));
     assert_eq!(img.breaker.ramp, vec![0.1, 0.5]);
 
     let layer = SingleFlightBuilder::new(
@@ -182,6 +187,10 @@ fn bulkhead_and_breaker_values_are_checked() {
     assert_names(&err, "bulkhead.degraded-limit");
     let err = yaml_stage("      mode: local-only\n      bulkhead:\n        limit: 0\n");
     assert_names(&err, "bulkhead.limit");
+    let err =
+        yaml_stage("      mode: local-only\n      bulkhead:\n        degraded-rate-limit: 0\n");
+    assert_names(&err, "bulkhead.degraded-rate-limit");
+    assert!(err.to_string().contains("permits per second"), "{err}");
     let err = yaml_stage("      mode: local-only\n      breaker:\n        failure-rate: 2.0\n");
     assert_names(&err, "breaker");
     assert!(err.to_string().contains("failure rate"), "{err}");
@@ -199,6 +208,14 @@ fn parse_errors_name_the_value() {
         ("      lease-timeout: 30 parsecs\n", "unknown unit"),
         ("      lease: 30s\n", "lease"),
         ("      on-wait-failure: retry\n", "retry"),
+        (
+            "      bulkhead:\n        degraded-rate-limit: -5\n",
+            "degraded-rate-limit",
+        ),
+        (
+            "      bulkhead:\n        degraded-rate-limit: fast\n",
+            "degraded-rate-limit",
+        ),
     ];
     for (body, needle) in cases {
         let err = yaml_stage(body);
