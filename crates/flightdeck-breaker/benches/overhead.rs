@@ -8,6 +8,10 @@
 //! After the group, the bench prints each of our rows divided by each peer
 //! row (criterion's own slope estimates from this run, so the ratios need
 //! no arithmetic by the reader), and the load average before and after.
+//! Then, because criterion's rows run one after another and a shared
+//! machine's load drifts between them, it times each pair again in
+//! alternating short batches (~5 ms each) and prints the median and
+//! quartiles of the per-round ratios.
 //!
 //! For an instruction count that a loaded machine cannot disturb, run one
 //! row alone, outside criterion, under callgrind, at two iteration counts;
@@ -244,5 +248,42 @@ fn main() {
             o / p
         );
     }
+
+    // Criterion times rows one after the other, so a change in the
+    // machine's load between two rows moves their ratio. Here each pair
+    // alternates in short batches (~5 ms) and the ratio is taken per round,
+    // so slow load changes cancel out.
+    let real_run = samples.iter().all(|s| s.borrow().len() >= 10);
+    if real_run {
+        println!("paired, interleaved (median and quartiles of {ROUNDS} per-round ratios, ~5 ms batches)");
+        for &(ours, peer) in RATIOS {
+            let (Some(o), Some(p)) = (estimate(ours), estimate(peer)) else {
+                continue;
+            };
+            let find = |name| rows.iter().find(|r| r.name == name).unwrap();
+            let (ro, rp) = (find(ours), find(peer));
+            let iters = |ns: f64| ((5e6 / ns) as u64).max(1_000);
+            let (io, ip) = (iters(o), iters(p));
+            let mut ratios: Vec<f64> = (0..ROUNDS)
+                .map(|_| {
+                    let to = rt.block_on((ro.routine)(io)).as_nanos() as f64 / io as f64;
+                    let tp = rt.block_on((rp.routine)(ip)).as_nanos() as f64 / ip as f64;
+                    to / tp
+                })
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let q = |f: f64| ratios[((ratios.len() - 1) as f64 * f).round() as usize];
+            println!(
+                "  {ours}  /  {peer}:  {:.2}x  ({:.2}x - {:.2}x)",
+                q(0.5),
+                q(0.25),
+                q(0.75)
+            );
+        }
+        println!("load average after: {}", load_average());
+    }
     c.final_summary();
 }
+
+/// Rounds of the paired comparison.
+const ROUNDS: usize = 101;
