@@ -59,10 +59,9 @@ pub use service::Bulkhead;
 pub use shared::{BulkheadConfig, BulkheadHandle};
 
 /// Metric names recorded by the bulkhead (label `stage`).
+///
+/// Defined with every other flightdeck metric name in
+/// [`flightdeck_core::metric`]; re-exported here.
 pub mod metric {
-    /// Counter: rejected calls, with `reason` = `full` | `queue_timeout` |
-    /// `rate` | `degraded_rate`.
-    pub const BULKHEAD_REJECTED_TOTAL: &str = "singleflight_bulkhead_rejected_total";
-    /// Gauge: 1 while the degraded limit applies.
-    pub const BULKHEAD_DEGRADED: &str = "singleflight_bulkhead_degraded";
+    pub use flightdeck_core::metric::{BULKHEAD_DEGRADED, BULKHEAD_REJECTED_TOTAL};
 }

@@ -103,3 +103,8 @@ pub const CIRCUIT_STATE: &str = "singleflight_circuit_state";
 /// Counter: calls a breaker rejected because it was open, half-open with no
 /// free probe slot, or ramping; label `breaker`.
 pub const CIRCUIT_REJECTED_TOTAL: &str = "singleflight_circuit_rejected_total";
+/// Counter: calls a stage's bulkhead rejected, with `reason` = `full` |
+/// `queue_timeout` | `rate` | `degraded_rate`.
+pub const BULKHEAD_REJECTED_TOTAL: &str = "singleflight_bulkhead_rejected_total";
+/// Gauge: 1 while a stage's bulkhead applies its degraded limit, else 0.
+pub const BULKHEAD_DEGRADED: &str = "singleflight_bulkhead_degraded";
