@@ -205,17 +205,20 @@ where
                     guard.armed = false;
                     let key = &guard.flight.key;
                     guard.flight.metrics.waited(since.elapsed().as_secs_f64());
-                    let stage = Some(key.stage().clone());
+                    // Built only on the error paths: 10,000 waiters cloning
+                    // one shared name from two threads is a contended
+                    // atomic apiece.
+                    let stage = || Some(key.stage().clone());
                     match msg {
                         Ok(Msg::Value(v)) => return Poll::Ready(Ok(this.share.restore(&v))),
                         Ok(Msg::Error(e)) => return Poll::Ready(Err(Box::new(e))),
                         Ok(Msg::Panicked) => {
-                            return Poll::Ready(Err(Box::new(WorkPanicked::new(stage))))
+                            return Poll::Ready(Err(Box::new(WorkPanicked::new(stage()))))
                         }
                         Ok(Msg::Original(o)) => {
                             return Poll::Ready(match o.downcast::<Sh::Output>() {
                                 Ok(out) => Ok(*out),
-                                Err(_) => Err(Box::new(FlightAbandoned::new(stage))),
+                                Err(_) => Err(Box::new(FlightAbandoned::new(stage()))),
                             });
                         }
                         Ok(Msg::Unshared) => match fallback.take() {
@@ -223,9 +226,11 @@ where
                                 guard.flight.metrics.unshared();
                                 run
                             }
-                            None => return Poll::Ready(Err(Box::new(FlightAbandoned::new(stage)))),
+                            None => {
+                                return Poll::Ready(Err(Box::new(FlightAbandoned::new(stage()))))
+                            }
                         },
-                        Err(_) => return Poll::Ready(Err(Box::new(FlightAbandoned::new(stage)))),
+                        Err(_) => return Poll::Ready(Err(Box::new(FlightAbandoned::new(stage())))),
                     }
                 }
             };
