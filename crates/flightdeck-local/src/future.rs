@@ -253,7 +253,7 @@ struct WaiterGuard<V: Clone + Send + 'static> {
 impl<V: Clone + Send + 'static> WaiterGuard<V> {
     fn timed_out(&mut self, waited: std::time::Duration) -> BoxError {
         self.armed = false;
-        self.group.leave(&self.flight, true);
+        self.group.depart(&self.flight, true, false);
         wait_timeout_error(&self.flight, waited)
     }
 }
@@ -261,7 +261,7 @@ impl<V: Clone + Send + 'static> WaiterGuard<V> {
 impl<V: Clone + Send + 'static> Drop for WaiterGuard<V> {
     fn drop(&mut self) {
         if self.armed {
-            self.group.leave(&self.flight, false);
+            self.group.depart(&self.flight, false, false);
         }
     }
 }

@@ -232,10 +232,14 @@ impl<V: Clone + Send + 'static> Group<V> {
         }
     }
 
-    /// A waiter leaves before it got its message.
-    pub(crate) fn leave(&self, flight: &Flight<V>, timed_out: bool) {
+    /// A caller leaves before the flight ended: a waiter, or the leader
+    /// (`leader`). The last one out cancels the flight, unless a waiter
+    /// timed out (the timeout never removes the flight) or the policy says
+    /// finish. Returns whether it was cancelled.
+    pub(crate) fn depart(&self, flight: &Flight<V>, timed_out: bool, leader: bool) -> bool {
         let abort = {
             let mut st = lock(&flight.state);
+            st.leader_present &= !leader;
             st.live = st.live.saturating_sub(1);
             st.keep |= timed_out;
             let cancel = st.live == 0
@@ -243,7 +247,7 @@ impl<V: Clone + Send + 'static> Group<V> {
                 && !st.keep
                 && self.policy.on_abandon == OnAbandon::Cancel;
             if !cancel {
-                return;
+                return false;
             }
             st.finished = true;
             st.senders.clear();
@@ -251,26 +255,18 @@ impl<V: Clone + Send + 'static> Group<V> {
         };
         self.retire(flight, None, None);
         flight.metrics.cancelled();
-        tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "last waiter left: flight cancelled");
+        tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), leader, "last caller left: flight cancelled");
         if let Some(a) = abort {
             a.abort();
         }
+        true
     }
 
-    /// Ends a flight with its outcome and delivers it to the waiters.
-    /// Returns the leader's message when the leader is still there, and
-    /// the replay deadline when the value was kept for replay.
-    pub(crate) fn finish(
-        &self,
-        flight: &Flight<V>,
-        outcome: Outcome<V>,
-    ) -> (Option<Msg<V>>, Option<Instant>) {
-        self.finish_executed(flight, outcome, None)
-    }
-
-    /// [`finish`](Self::finish), with the execution time of work that ran
-    /// to its end.
-    fn finish_executed(
+    /// Ends a flight with its outcome (and the execution time of work that
+    /// ran to its end) and delivers it to the waiters. Returns the leader's
+    /// message when the leader is still there, and the replay deadline when
+    /// the value was kept for replay.
+    fn finish(
         &self,
         flight: &Flight<V>,
         outcome: Outcome<V>,
@@ -418,7 +414,7 @@ impl<V: Clone + Send + 'static> Completion<V> {
             Outcome::Abandoned => None,
             _ => Some(flight.started.elapsed().as_secs_f64()),
         };
-        let (leader, until) = self.group.finish_executed(flight, outcome, executed);
+        let (leader, until) = self.group.finish(flight, outcome, executed);
         if let Some(until) = until {
             let group = Arc::clone(&self.group);
             let flight = Arc::clone(&self.flight);
@@ -436,17 +432,12 @@ impl<V: Clone + Send + 'static> Completion<V> {
 
 impl<V: Clone + Send + 'static> Drop for Completion<V> {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let outcome = if std::thread::panicking() {
-            self.flight.metrics.panicked();
-            tracing::error!(stage = %self.flight.key.stage(), key = %self.flight.key.digest().short(), "work panicked");
+        // Nothing when the outcome was delivered already.
+        let _ = self.complete(if std::thread::panicking() {
             Outcome::Panicked
         } else {
             Outcome::Abandoned
-        };
-        self.group.finish(&self.flight, outcome);
+        });
     }
 }
 
@@ -497,26 +488,7 @@ impl<V: Clone + Send + 'static> Work<V> {
     /// the result, and cancelled otherwise.
     pub(crate) fn leader_left(self, timed_out: bool) {
         let group = Arc::clone(&self.completion.group);
-        let flight = &self.completion.flight;
-        let cancel = {
-            let mut st = lock(&flight.state);
-            st.leader_present = false;
-            st.live = st.live.saturating_sub(1);
-            st.keep |= timed_out;
-            if st.finished {
-                false
-            } else if st.live == 0 && !st.keep && group.policy.on_abandon == OnAbandon::Cancel {
-                st.finished = true;
-                st.senders.clear();
-                true
-            } else {
-                false
-            }
-        };
-        if cancel {
-            group.retire(flight, None, None);
-            flight.metrics.cancelled();
-            tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "leader left alone: flight cancelled");
+        if group.depart(&self.completion.flight, timed_out, true) {
             // Dropping the work finds the flight finished: nothing else.
             return;
         }
