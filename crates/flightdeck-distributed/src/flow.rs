@@ -25,6 +25,7 @@ use crate::request::FlightRequest;
 const MIN_POLL: Duration = Duration::from_millis(5);
 
 /// Everything one flight's coordination needs to name things.
+#[derive(Clone)]
 struct Ctx {
     stage: StageName,
     flight: FlightId,
@@ -542,20 +543,8 @@ async fn commit<B, Sh, C, K>(
     };
     let attempts = st.policy.commit_attempt_count();
     for attempt in 1..=attempts {
-        let res = st
-            .call(
-                "commit",
-                &cx.stage,
-                st.backend.commit(&cx.flight, &cx.token, generation, &args),
-            )
-            .await;
-        match res {
-            Ok(Committed::Committed) => return,
-            Ok(Committed::Fenced) => {
-                count(metric::FENCED_TOTAL, &cx.stage);
-                tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "commit fenced: a newer owner holds the flight; serving locally");
-                return;
-            }
+        match commit_once(st, cx, generation, &args).await {
+            Ok(()) => return,
             Err(e) if e.kind() != BackendErrorKind::Protocol && attempt < attempts => {
                 tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
             }
@@ -563,12 +552,34 @@ async fn commit<B, Sh, C, K>(
                 count(metric::RESULT_WRITE_FAILURE_TOTAL, &cx.stage);
                 tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "result write failed; value returned to local callers");
                 if e.kind() != BackendErrorKind::Protocol {
-                    commit_later(Arc::clone(st), cx, generation, args);
+                    commit_later(Arc::clone(st), cx.clone(), generation, args);
                 }
                 return;
             }
         }
     }
+}
+
+/// One commit. `Ok` once the flight is settled: the result is stored, or
+/// the commit was fenced (a newer owner holds the flight; counted, logged).
+async fn commit_once<B: Backend, Sh, C, K>(
+    st: &Flights<B, Sh, C, K>,
+    cx: &Ctx,
+    generation: u64,
+    args: &CommitArgs,
+) -> Result<(), BackendError> {
+    let answer = st
+        .call(
+            "commit",
+            &cx.stage,
+            st.backend.commit(&cx.flight, &cx.token, generation, args),
+        )
+        .await?;
+    if answer == Committed::Fenced {
+        count(metric::FENCED_TOTAL, &cx.stage);
+        tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "commit fenced: a newer owner holds the flight; serving locally");
+    }
+    Ok(())
 }
 
 /// Keeps trying a commit that failed for want of Redis, in the background,
@@ -582,7 +593,7 @@ async fn commit<B, Sh, C, K>(
 /// whose commit failed, for at most one lease.
 fn commit_later<B, Sh, C, K>(
     st: Arc<Flights<B, Sh, C, K>>,
-    cx: &Ctx,
+    cx: Ctx,
     generation: u64,
     args: CommitArgs,
 ) where
@@ -594,33 +605,21 @@ fn commit_later<B, Sh, C, K>(
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let (stage, flight, token) = (cx.stage.clone(), cx.flight, cx.token.clone());
     let until = Instant::now() + st.policy.lease_duration();
     rt.spawn(async move {
         let mut pause = Duration::from_millis(100);
         while Instant::now() + pause < until {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
-            let res = st
-                .call(
-                    "commit",
-                    &stage,
-                    st.backend.commit(&flight, &token, generation, &args),
-                )
-                .await;
-            match res {
-                Ok(Committed::Committed) => {
-                    tracing::info!(stage = %stage, flight = %flight, generation, "result stored after all: followers get it");
-                    return;
-                }
-                Ok(Committed::Fenced) => {
-                    count(metric::FENCED_TOTAL, &stage);
+            match commit_once(&st, &cx, generation, &args).await {
+                Ok(()) => {
+                    tracing::info!(stage = %cx.stage, flight = %cx.flight, generation, "commit settled in the background");
                     return;
                 }
                 Err(e) if e.kind() == BackendErrorKind::Protocol => return,
                 Err(_) => {}
             }
         }
-        tracing::debug!(stage = %stage, flight = %flight, generation, "result never stored; the lease ends and followers take over");
+        tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "result never stored; the lease ends and followers take over");
     });
 }
