@@ -1,31 +1,15 @@
 //! Degraded state is never silent: entering and leaving it logs a `warn`
 //! naming the stage, as does a mode switch.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+use flightdeck_testkit::recorder::SharedBuffer;
 use flightdeck_testkit::MemoryBackend;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn entering_and_leaving_degraded_mode_log_warnings() {
-    let logs = Captured::default();
+    let logs = SharedBuffer::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
@@ -53,7 +37,7 @@ async fn entering_and_leaving_degraded_mode_log_warnings() {
     assert_eq!(handle.degraded_for(), None);
     handle.set_mode(Mode::LocalOnly).unwrap();
 
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     let warns: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
     assert!(
         warns
