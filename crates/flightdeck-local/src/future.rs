@@ -14,7 +14,8 @@ use tokio::time::{Instant, Sleep};
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use crate::group::{Flight, Group, Msg, Work};
+use crate::group::{FlightId, Group, LeaderMsg, Letter, Msg, Work};
+use crate::metrics::StageMetrics;
 
 pin_project! {
     /// Response future of [`LocalFlight`](crate::LocalFlight).
@@ -45,25 +46,69 @@ pin_project! {
         // The leader polls the work itself.
         Lead {
             lead: LeaderGuard<Sh::Shared>,
-            sleep: Option<Pin<Box<Sleep>>>,
-            since: Instant,
+            // Allocated on the first poll that has to wait.
+            timer: Option<Pin<Box<Timer>>>,
         },
-        // Waiting for the flight's message.
-        Waiting {
-            rx: oneshot::Receiver<Msg<Sh::Shared>>,
-            // Armed (and allocated) on the first poll that has to wait; a
-            // call that completes at once never touches the timer wheel.
-            sleep: Option<Pin<Box<Sleep>>>,
-            timeout: Option<std::time::Duration>,
-            guard: WaiterGuard<Sh::Shared>,
-            fallback: Option<(S, Req)>,
-            since: Instant,
-            span: tracing::Span,
-        },
+        // Waiting for the flight's message (boxed: the future stays small
+        // for the leader, who moves it around most).
+        Waiting { wait: Pin<Box<Wait<S, Req, Sh::Shared>>> },
         // The result was not shareable: this waiter runs the service itself.
-        RunAlone { #[pin] fut: Oneshot<S, Req> },
+        RunAlone { fut: Pin<Box<Oneshot<S, Req>>> },
         // Decided at call time (replay, rejection).
         Ready { out: Option<Result<Sh::Output, BoxError>> },
+    }
+}
+
+pin_project! {
+    /// A waiter's state.
+    #[project = WaitProj]
+    struct Wait<S, Req, V>
+    where
+        V: Clone,
+        V: Send,
+        V: 'static,
+    {
+        rx: oneshot::Receiver<Letter<V>>,
+        // Armed on the first poll that has to wait: a waiter whose result
+        // is there at once never touches the timer wheel.
+        #[pin]
+        timer: Timer,
+        guard: WaiterGuard<V>,
+        fallback: Option<(S, Req)>,
+        since: Instant,
+        span: tracing::Span,
+    }
+}
+
+pin_project! {
+    /// A caller's wait-timeout timer, armed on its first pending poll.
+    #[project = TimerProj]
+    enum Timer {
+        Unarmed,
+        Armed { #[pin] sleep: Sleep },
+    }
+}
+
+impl Timer {
+    /// Whether `timeout` has passed since `since`; arms the timer first.
+    fn expired(
+        mut self: Pin<&mut Self>,
+        timeout: Option<std::time::Duration>,
+        since: Instant,
+        cx: &mut Context<'_>,
+    ) -> bool {
+        let Some(timeout) = timeout else {
+            return false;
+        };
+        if let TimerProj::Unarmed = self.as_mut().project() {
+            self.set(Timer::Armed {
+                sleep: tokio::time::sleep_until(since + timeout),
+            });
+        }
+        match self.project() {
+            TimerProj::Armed { sleep } => sleep.poll(cx).is_ready(),
+            TimerProj::Unarmed => false,
+        }
     }
 }
 
@@ -87,46 +132,41 @@ where
     }
 
     pub(crate) fn lead(work: Work<Sh::Shared>, share: Sh) -> Self {
-        let since = work.flight().started;
         Self {
             state: State::Lead {
                 lead: LeaderGuard { work: Some(work) },
-                sleep: None,
-                since,
+                timer: None,
             },
             share,
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait(
         group: Arc<Group<Sh::Shared>>,
-        flight: Arc<Flight<Sh::Shared>>,
-        rx: oneshot::Receiver<Msg<Sh::Shared>>,
+        flight: FlightId,
+        metrics: Option<Arc<StageMetrics>>,
+        rx: oneshot::Receiver<Letter<Sh::Shared>>,
+        since: Instant,
         fallback: (S, Req),
+        span: tracing::Span,
         share: Sh,
     ) -> Self {
-        let since = Instant::now();
-        let fallback = Some(fallback);
-        let timeout = group.policy.wait_timeout;
-        let span = tracing::debug_span!(
-            "flight_wait",
-            role = "waiter",
-            stage = %flight.key.stage(),
-            key = %flight.key.digest().short(),
-        );
         Self {
             state: State::Waiting {
-                rx,
-                sleep: None,
-                timeout,
-                guard: WaiterGuard {
-                    group,
-                    flight,
-                    armed: true,
-                },
-                fallback,
-                since,
-                span,
+                wait: Box::pin(Wait {
+                    rx,
+                    timer: Timer::Unarmed,
+                    guard: WaiterGuard {
+                        group,
+                        flight,
+                        metrics,
+                        armed: true,
+                    },
+                    fallback: Some(fallback),
+                    since,
+                    span,
+                }),
             },
             share,
         }
@@ -171,6 +211,7 @@ where
                 }
                 StateProj::RunAlone { fut } => {
                     return fut
+                        .as_mut()
                         .poll(cx)
                         .map(|r| r.map(|v| this.share.passthrough(v)).map_err(Into::into));
                 }
@@ -179,23 +220,24 @@ where
                         out.take().expect("ResponseFuture polled after completion"),
                     );
                 }
-                StateProj::Lead { lead, sleep, since } => {
-                    return lead.poll_work(cx, sleep, *since, this.share);
+                StateProj::Lead { lead, timer } => {
+                    return lead.poll_work(cx, timer, this.share);
                 }
-                StateProj::Waiting {
-                    rx,
-                    sleep,
-                    timeout,
-                    guard,
-                    fallback,
-                    since,
-                    span,
-                } => {
+                StateProj::Waiting { wait } => {
+                    let WaitProj {
+                        rx,
+                        timer,
+                        guard,
+                        fallback,
+                        since,
+                        span,
+                    } = wait.as_mut().project();
                     let _entered = span.enter();
                     let msg = match Pin::new(rx).poll(cx) {
                         Poll::Ready(msg) => msg,
                         Poll::Pending => {
-                            if timed_out(sleep, *timeout, *since, cx) {
+                            let timeout = guard.group.policy.wait_timeout;
+                            if timer.expired(timeout, *since, cx) {
                                 return Poll::Ready(Err(guard.timed_out(since.elapsed())));
                             }
                             return Poll::Pending;
@@ -203,12 +245,15 @@ where
                     };
                     // The flight is over for this waiter: nothing to cancel.
                     guard.armed = false;
-                    let key = &guard.flight.key;
-                    guard.flight.metrics.waited(since.elapsed().as_secs_f64());
+                    let metrics = guard.metrics();
+                    let msg = msg.map(|(msg, sent)| {
+                        metrics.waited(sent.saturating_duration_since(*since).as_secs_f64());
+                        msg
+                    });
                     // Built only on the error paths: 10,000 waiters cloning
                     // one shared name from two threads is a contended
                     // atomic apiece.
-                    let stage = || Some(key.stage().clone());
+                    let stage = || Some(metrics.stage.clone());
                     match msg {
                         Ok(Msg::Value(v)) => return Poll::Ready(Ok(this.share.restore(&v))),
                         Ok(Msg::Error(e)) => return Poll::Ready(Err(Box::new(e))),
@@ -223,7 +268,7 @@ where
                         }
                         Ok(Msg::Unshared) => match fallback.take() {
                             Some(run) => {
-                                guard.flight.metrics.unshared();
+                                metrics.unshared();
                                 run
                             }
                             None => {
@@ -236,7 +281,7 @@ where
             };
             let (svc, req) = run_alone;
             this.state.set(State::RunAlone {
-                fut: Oneshot::new(svc, req),
+                fut: Box::pin(Oneshot::new(svc, req)),
             });
         }
     }
@@ -246,22 +291,28 @@ where
 /// future was dropped, or it timed out), so the last one out can cancel.
 struct WaiterGuard<V: Clone + Send + 'static> {
     group: Arc<Group<V>>,
-    flight: Arc<Flight<V>>,
+    flight: FlightId,
+    /// `None`: the group's first stage.
+    metrics: Option<Arc<StageMetrics>>,
     armed: bool,
 }
 
 impl<V: Clone + Send + 'static> WaiterGuard<V> {
+    fn metrics(&self) -> &StageMetrics {
+        self.group.metrics.kept(&self.metrics)
+    }
+
     fn timed_out(&mut self, waited: std::time::Duration) -> BoxError {
         self.armed = false;
-        self.group.depart(&self.flight, true, false);
-        wait_timeout_error(&self.flight, waited)
+        self.group.depart(self.flight, true, false);
+        wait_timeout_error(self.metrics(), waited)
     }
 }
 
 impl<V: Clone + Send + 'static> Drop for WaiterGuard<V> {
     fn drop(&mut self) {
         if self.armed {
-            self.group.depart(&self.flight, false, false);
+            self.group.depart(self.flight, false, false);
         }
     }
 }
@@ -276,8 +327,7 @@ impl<V: Clone + Send + 'static> LeaderGuard<V> {
     fn poll_work<T, Sh>(
         &mut self,
         cx: &mut Context<'_>,
-        sleep: &mut Option<Pin<Box<Sleep>>>,
-        since: Instant,
+        timer: &mut Option<Pin<Box<Timer>>>,
         share: &Sh,
     ) -> Poll<Result<Sh::Output, BoxError>>
     where
@@ -291,22 +341,30 @@ impl<V: Clone + Send + 'static> LeaderGuard<V> {
         let msg = match work.poll_msg(cx) {
             Poll::Ready(msg) => msg,
             Poll::Pending => {
-                if timed_out(sleep, work.policy().wait_timeout, since, cx) {
+                // The leader's wait counts from its work's first poll.
+                let since = work.began().unwrap_or_else(Instant::now);
+                let timeout = work.policy().wait_timeout;
+                let timer = timer.get_or_insert_with(|| Box::pin(Timer::Unarmed));
+                if timer.as_mut().expired(timeout, since, cx) {
                     return Poll::Ready(Err(self.timed_out(since.elapsed())));
                 }
                 return Poll::Pending;
             }
         };
-        let stage = || Some(work.flight().key.stage().clone());
         let out = match msg {
-            Some(Msg::Value(v)) => Ok(share.restore(&v)),
-            Some(Msg::Error(e)) => Err(Box::new(e) as BoxError),
-            Some(Msg::Panicked) => Err(Box::new(WorkPanicked::new(stage())) as BoxError),
-            Some(Msg::Original(o)) => match o.downcast::<Sh::Output>() {
+            Some(LeaderMsg::Value(v)) => Ok(share.restore(&v)),
+            Some(LeaderMsg::Error(e)) => Err(Box::new(e) as BoxError),
+            Some(LeaderMsg::Panicked(stage)) => {
+                Err(Box::new(WorkPanicked::new(Some(stage))) as BoxError)
+            }
+            Some(LeaderMsg::Original(o)) => match o.downcast::<Sh::Output>() {
                 Ok(out) => Ok(*out),
-                Err(_) => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
+                Err(_) => Err(Box::new(FlightAbandoned::new(None)) as BoxError),
             },
-            Some(Msg::Unshared) | None => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
+            Some(LeaderMsg::Abandoned(stage)) => {
+                Err(Box::new(FlightAbandoned::new(Some(stage))) as BoxError)
+            }
+            None => Err(Box::new(FlightAbandoned::new(None)) as BoxError),
         };
         self.work = None;
         Poll::Ready(out)
@@ -314,8 +372,11 @@ impl<V: Clone + Send + 'static> LeaderGuard<V> {
 
     fn timed_out(&mut self, waited: std::time::Duration) -> BoxError {
         match self.work.take() {
-            Some(work) => {
-                let err = wait_timeout_error(work.flight(), waited);
+            Some(mut work) => {
+                let err = match work.metrics() {
+                    Some(m) => wait_timeout_error(&m, waited),
+                    None => Box::new(WaitTimeout::new(None, waited)),
+                };
                 work.leader_left(true);
                 err
             }
@@ -332,27 +393,8 @@ impl<V: Clone + Send + 'static> Drop for LeaderGuard<V> {
     }
 }
 
-fn wait_timeout_error<V>(flight: &Flight<V>, waited: std::time::Duration) -> BoxError {
-    let key = &flight.key;
-    flight.metrics.wait_timeout();
-    tracing::debug!(stage = %key.stage(), key = %key.digest().short(), ?waited, "timed out waiting; the flight goes on");
-    Box::new(WaitTimeout::new(Some(key.stage().clone()), waited))
-}
-
-/// Polls the wait-timeout timer, arming it on the first poll that waits (a
-/// call that completes at once never touches the timer wheel).
-fn timed_out(
-    sleep: &mut Option<Pin<Box<Sleep>>>,
-    timeout: Option<std::time::Duration>,
-    since: Instant,
-    cx: &mut Context<'_>,
-) -> bool {
-    let Some(timeout) = timeout else {
-        return false;
-    };
-    sleep
-        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(since + timeout)))
-        .as_mut()
-        .poll(cx)
-        .is_ready()
+fn wait_timeout_error(metrics: &StageMetrics, waited: std::time::Duration) -> BoxError {
+    metrics.wait_timeout();
+    tracing::debug!(stage = %metrics.stage, ?waited, "timed out waiting; the flight goes on");
+    Box::new(WaitTimeout::new(Some(metrics.stage.clone()), waited))
 }

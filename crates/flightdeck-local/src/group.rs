@@ -1,9 +1,14 @@
-//! The synchronization core: the in-flight map, one entry per key.
+//! The synchronization core: the in-flight map, one slot per flight.
 //!
-//! Lock order: a shard lock may be held while taking a flight's lock, never
-//! the other way round. Every transition of a flight to "finished" happens
-//! under its lock and exactly once (`finished` goes false → true once), and
-//! whoever makes it does the bookkeeping: count, gauge, map entry.
+//! A flight's whole state (its waiters' channels, how many callers are
+//! left, its abort handle) lives in its slot, under its shard's lock: one
+//! lock, no per-flight allocation, no lock order to get wrong. Callers name
+//! their flight by `(hash, id)`: `id` comes from a counter of the shard,
+//! so it is never reused within the shard that the hash picks.
+//!
+//! A flight ends exactly once, and whoever ends it removes its slot under
+//! the lock and then does the bookkeeping (count, gauge, delivery). A
+//! caller that finds no slot with its id knows the flight already ended.
 
 use std::any::Any;
 use std::future::Future;
@@ -16,8 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
-use flightdeck_core::{BoxError, FlightKey, SharedError};
+use flightdeck_core::{BoxError, FlightKey, SharedError, StageName};
 use hashbrown::hash_table::{Entry, HashTable};
+use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -37,6 +43,10 @@ pub(crate) enum Msg<V> {
     Original(Box<dyn Any + Send>),
 }
 
+/// A message and when it was sent (so a waiter's wait is known without
+/// reading the clock once per waiter).
+pub(crate) type Letter<V> = (Msg<V>, Instant);
+
 /// How the work ended.
 pub(crate) enum Outcome<V> {
     Value(V),
@@ -48,54 +58,129 @@ pub(crate) enum Outcome<V> {
     Abandoned,
 }
 
-enum Slot<V> {
-    Running(Arc<Flight<V>>),
-    /// `flight` is the address of the flight whose result this is: the task
-    /// that ends the window holds that flight, so the address is not reused
-    /// while it matters.
-    Replay {
-        key: FlightKey,
-        value: V,
-        until: Instant,
-        flight: usize,
-    },
+/// What the leader gets when its flight ends while it is still there.
+pub(crate) enum LeaderMsg<V> {
+    Value(V),
+    Error(SharedError),
+    Original(Box<dyn Any + Send>),
+    /// The work panicked, or ended without a result (the stage names the
+    /// error).
+    Panicked(StageName),
+    Abandoned(StageName),
 }
 
-impl<V> Slot<V> {
-    fn key(&self) -> &FlightKey {
-        match self {
-            Slot::Running(f) => &f.key,
-            Slot::Replay { key, .. } => key,
-        }
-    }
+struct Slot<V> {
+    key: FlightKey,
+    id: u64,
+    state: SlotState<V>,
 }
 
-pub(crate) struct Flight<V> {
-    pub(crate) key: FlightKey,
-    pub(crate) metrics: Arc<StageMetrics>,
-    pub(crate) started: Instant,
-    state: Mutex<FlightState<V>>,
+enum SlotState<V> {
+    Running(Running<V>),
+    /// A finished result, served to newcomers until its window ends.
+    Replay(Box<Replay<V>>),
 }
 
-struct FlightState<V> {
-    senders: Vec<oneshot::Sender<Msg<V>>>,
+struct Replay<V> {
+    value: V,
+    until: Instant,
+}
+
+/// A running flight, small enough to move in and out of the table cheaply:
+/// what only waiters, detached work and timeouts need is allocated when
+/// they first need it.
+struct Running<V> {
+    /// When the work was first polled (or first joined, if that came
+    /// first): the flight TTL counts from here.
+    started: Option<Instant>,
+    /// A newer flight took the key (this one outlived its TTL): it finishes
+    /// for its own callers and is joined by nobody.
+    superseded: bool,
+    shared: Option<Box<Shared<V>>>,
+}
+
+/// The part of a running flight that exists once somebody joined it or the
+/// work left its leader.
+struct Shared<V> {
+    senders: Vec<oneshot::Sender<Letter<V>>>,
     /// Callers still waiting (leader included).
     live: usize,
     /// A waiter timed out: the work is kept even if nobody else waits, so
     /// the timeout never removes the flight.
     keep: bool,
-    finished: bool,
     /// The leader is polling the work inline. When it leaves early the work
     /// is handed to a task of its own (or cancelled).
     leader_present: bool,
     abort: Option<AbortHandle>,
 }
 
+impl<V> Running<V> {
+    fn shared(&mut self) -> &mut Shared<V> {
+        // Without it, the flight has its leader alone.
+        self.shared.get_or_insert_with(|| {
+            Box::new(Shared {
+                senders: Vec::new(),
+                live: 1,
+                keep: false,
+                leader_present: true,
+                abort: None,
+            })
+        })
+    }
+}
+
+impl<V> Slot<V> {
+    /// Whether lookups of its key find this slot.
+    fn current(&self) -> bool {
+        !matches!(&self.state, SlotState::Running(r) if r.superseded)
+    }
+
+    fn running(&mut self) -> Option<&mut Running<V>> {
+        match &mut self.state {
+            SlotState::Running(r) => Some(r),
+            SlotState::Replay(_) => None,
+        }
+    }
+}
+
+/// A caller's handle on its flight.
+#[derive(Clone, Copy)]
+pub(crate) struct FlightId {
+    hash: u64,
+    id: u64,
+}
+
+/// Where a new flight's slot goes.
+enum Place<'a, V> {
+    Vacant(hashbrown::hash_table::VacantEntry<'a, Slot<V>>),
+    /// Over an expired result of the same key.
+    Reuse(hashbrown::hash_table::OccupiedEntry<'a, Slot<V>>),
+    /// Next to a flight that outlived its TTL.
+    Beside,
+}
+
 pub(crate) enum Join<V> {
-    Leader(Arc<Flight<V>>),
-    Waiter(Arc<Flight<V>>, oneshot::Receiver<Msg<V>>),
+    Leader(FlightId),
+    /// With the stage's metric handles (`None`: the first stage's) and when
+    /// it joined.
+    Waiter(
+        FlightId,
+        Option<Arc<StageMetrics>>,
+        oneshot::Receiver<Letter<V>>,
+        Instant,
+    ),
     Replay(V),
     Rejected(BoxError),
+}
+
+/// How a caller's departure went.
+pub(crate) enum Departed {
+    /// It was the last one: the flight is cancelled.
+    Cancelled,
+    /// Others still want the result (or the policy says finish).
+    Stays,
+    /// The flight had ended already.
+    Ended,
 }
 
 // Keys are BLAKE3 digests already; foldhash (seeded per process) is enough
@@ -103,13 +188,17 @@ pub(crate) enum Join<V> {
 // lookup and kept in its slot (a `HashTable`, not a map: no second copy of
 // the key).
 type Hasher = foldhash::fast::RandomState;
-type Shard<V> = Mutex<HashTable<Slot<V>>>;
+
+struct Shard<V> {
+    table: HashTable<Slot<V>>,
+    next_id: u64,
+}
 
 pub(crate) struct Group<V> {
-    shards: Box<[Shard<V>]>,
+    shards: Box<[Mutex<Shard<V>>]>,
     hasher: Hasher,
     running: AtomicUsize,
-    metrics: Registry,
+    pub(crate) metrics: Registry,
     pub(crate) policy: FlightPolicy,
 }
 
@@ -127,7 +216,14 @@ impl<V: Clone + Send + 'static> Group<V> {
             .next_power_of_two()
             .clamp(4, 256);
         Self {
-            shards: (0..n).map(|_| Mutex::new(HashTable::new())).collect(),
+            shards: (0..n)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        table: HashTable::new(),
+                        next_id: 0,
+                    })
+                })
+                .collect(),
             hasher: Hasher::default(),
             metrics: Registry::default(),
             running: AtomicUsize::new(0),
@@ -141,8 +237,8 @@ impl<V: Clone + Send + 'static> Group<V> {
 
     /// The shard of a hash: its upper half picks the shard, the table
     /// inside uses the lower bits and the top seven.
-    fn shard(&self, hash: u64) -> &Shard<V> {
-        &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
+        lock(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)])
     }
 
     /// Running flights right now.
@@ -152,114 +248,172 @@ impl<V: Clone + Send + 'static> Group<V> {
 
     /// Entries in the map (running flights and replayable results).
     pub(crate) fn entries(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
     /// Joins the flight of `key`, or starts one (the key moves into it).
     pub(crate) fn join(&self, key: FlightKey) -> Join<V> {
-        let now = Instant::now();
         let hash = self.hash(&key);
-        let mut shard = lock(self.shard(hash));
-        let entry = shard.entry(hash, |s| s.key() == &key, |s| self.hash(s.key()));
-        if let Entry::Occupied(e) = &entry {
-            match e.get() {
-                Slot::Replay { value, until, .. } if now < *until => {
-                    let value = value.clone();
-                    drop(shard);
-                    self.metrics.stage(key.stage()).replay();
-                    return Join::Replay(value);
-                }
-                Slot::Running(f) if now < f.started + self.policy.flight_ttl => {
-                    let mut st = lock(&f.state);
-                    if !st.finished {
-                        if st.live >= self.policy.max_waiters {
-                            f.metrics.rejected();
-                            return Join::Rejected(Box::new(TooManyWaiters::new(
-                                Some(key.stage().clone()),
-                                self.policy.max_waiters,
-                            )));
+        let mut guard = self.shard(hash);
+        let shard = &mut *guard;
+        let entry = shard
+            .table
+            .entry(hash, |s| s.current() && s.key == key, |s| self.hash(&s.key));
+        let place = match entry {
+            Entry::Vacant(v) => Place::Vacant(v),
+            Entry::Occupied(mut e) => {
+                // Only here is the time needed: a fresh key reads no clock.
+                let now = Instant::now();
+                let slot = e.get_mut();
+                let id = FlightId { hash, id: slot.id };
+                match &mut slot.state {
+                    SlotState::Replay(replay) => {
+                        if now < replay.until {
+                            let value = replay.value.clone();
+                            drop(guard);
+                            self.metrics.get(key.stage()).replay();
+                            return Join::Replay(value);
                         }
-                        let (tx, rx) = oneshot::channel();
-                        st.senders.push(tx);
-                        st.live += 1;
-                        drop(st);
-                        f.metrics.waiter();
-                        return Join::Waiter(Arc::clone(f), rx);
+                        // An expired result: its slot is reused.
+                        Place::Reuse(e)
+                    }
+                    SlotState::Running(r) => {
+                        let started = *r.started.get_or_insert(now);
+                        if now < started + self.policy.flight_ttl {
+                            let shared = r.shared();
+                            if shared.live >= self.policy.max_waiters {
+                                drop(guard);
+                                return self.reject(key, true);
+                            }
+                            let (tx, rx) = oneshot::channel();
+                            shared.senders.push(tx);
+                            shared.live += 1;
+                            drop(guard);
+                            let metrics = self.metrics.get(key.stage());
+                            metrics.waiter();
+                            return Join::Waiter(id, metrics.keep(), rx, now);
+                        }
+                        // Past its TTL, a running flight finishes for its
+                        // own callers and keeps its slot; a new one takes
+                        // the key.
+                        r.superseded = true;
+                        Place::Beside
                     }
                 }
-                _ => {}
             }
-        }
-        // Start a new flight (replacing an expired or finished entry; an
-        // older flight still running past its TTL finishes for its own
-        // waiters and leaves this entry alone).
-        let metrics = self.metrics.stage(key.stage());
+        };
         if self.running.fetch_add(1, Ordering::AcqRel) >= self.policy.max_flights {
             self.running.fetch_sub(1, Ordering::AcqRel);
-            metrics.rejected();
-            return Join::Rejected(Box::new(TooManyFlights::new(
-                Some(key.stage().clone()),
-                self.policy.max_flights,
-            )));
+            drop(guard);
+            return self.reject(key, false);
         }
-        let flight = Arc::new(Flight {
+        // Looked up before the key moves into its slot (the first stage's
+        // handles are borrowed, not reference-counted).
+        let metrics = self.metrics.get(key.stage());
+        shard.next_id += 1;
+        let id = FlightId {
+            hash,
+            id: shard.next_id,
+        };
+        let slot = Slot {
             key,
-            metrics,
-            started: now,
-            state: Mutex::new(FlightState {
-                senders: Vec::new(),
-                live: 1,
-                keep: false,
-                finished: false,
-                leader_present: true,
-                abort: None,
+            id: id.id,
+            state: SlotState::Running(Running {
+                started: None,
+                superseded: false,
+                shared: None,
             }),
-        });
-        entry.insert(Slot::Running(Arc::clone(&flight)));
-        drop(shard);
-        flight.metrics.started();
-        Join::Leader(flight)
+        };
+        let old = match place {
+            Place::Vacant(v) => {
+                v.insert(slot);
+                None
+            }
+            Place::Reuse(e) => Some(mem::replace(e.into_mut(), slot)),
+            Place::Beside => {
+                shard.table.insert_unique(hash, slot, |s| self.hash(&s.key));
+                None
+            }
+        };
+        drop(guard);
+        drop(old);
+        metrics.started();
+        Join::Leader(id)
+    }
+
+    fn reject(&self, key: FlightKey, waiters: bool) -> Join<V> {
+        let stage = key.stage().clone();
+        self.metrics.get(&stage).rejected();
+        Join::Rejected(if waiters {
+            Box::new(TooManyWaiters::new(Some(stage), self.policy.max_waiters))
+        } else {
+            Box::new(TooManyFlights::new(Some(stage), self.policy.max_flights))
+        })
+    }
+
+    /// The work was first polled at `began` and is pending: the flight TTL
+    /// counts from there (unless a waiter saw it running first).
+    pub(crate) fn pending(&self, flight: FlightId, began: Instant) {
+        let mut shard = self.shard(flight.hash);
+        if let Some(r) = shard
+            .table
+            .find_mut(flight.hash, |s| s.id == flight.id)
+            .and_then(Slot::running)
+        {
+            r.started.get_or_insert(began);
+        }
     }
 
     /// Records the task that runs the work, so the flight can be cancelled.
-    pub(crate) fn set_abort(&self, flight: &Flight<V>, handle: AbortHandle) {
-        let mut st = lock(&flight.state);
-        if st.finished {
-            // Cancelled before the task existed.
-            handle.abort();
-        } else {
-            st.abort = Some(handle);
+    pub(crate) fn set_abort(&self, flight: FlightId, handle: AbortHandle) {
+        let mut shard = self.shard(flight.hash);
+        match shard
+            .table
+            .find_mut(flight.hash, |s| s.id == flight.id)
+            .and_then(Slot::running)
+        {
+            Some(r) => r.shared().abort = Some(handle),
+            // Cancelled (or done) before the task existed.
+            None => handle.abort(),
         }
     }
 
     /// A caller leaves before the flight ended: a waiter, or the leader
     /// (`leader`). The last one out cancels the flight, unless a waiter
     /// timed out (the timeout never removes the flight) or the policy says
-    /// finish. Returns whether it was cancelled.
-    pub(crate) fn depart(&self, flight: &Flight<V>, timed_out: bool, leader: bool) -> bool {
-        let abort = {
-            let mut st = lock(&flight.state);
-            st.leader_present &= !leader;
-            st.live = st.live.saturating_sub(1);
-            st.keep |= timed_out;
-            let cancel = st.live == 0
-                && !st.finished
-                && !st.keep
-                && self.policy.on_abandon == OnAbandon::Cancel;
-            if !cancel {
-                return false;
-            }
-            st.finished = true;
-            st.senders.clear();
-            st.abort.take()
+    /// finish.
+    pub(crate) fn depart(&self, flight: FlightId, timed_out: bool, leader: bool) -> Departed {
+        let mut shard = self.shard(flight.hash);
+        let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
+            return Departed::Ended;
         };
-        self.retire(flight, None, None);
-        flight.metrics.cancelled();
-        tracing::debug!(stage = %flight.key.stage(), key = %flight.key.digest().short(), leader, "last caller left: flight cancelled");
-        if let Some(a) = abort {
-            a.abort();
+        let Some(r) = e.get_mut().running() else {
+            return Departed::Ended;
+        };
+        let shared = r.shared();
+        shared.leader_present &= !leader;
+        shared.live = shared.live.saturating_sub(1);
+        shared.keep |= timed_out;
+        if shared.live > 0 || shared.keep || self.policy.on_abandon == OnAbandon::Finish {
+            return Departed::Stays;
         }
-        true
+        let (slot, _) = e.remove();
+        drop(shard);
+        self.running.fetch_sub(1, Ordering::AcqRel);
+        let metrics = self.metrics.get(slot.key.stage());
+        metrics.ended(None);
+        metrics.cancelled();
+        tracing::debug!(stage = %slot.key.stage(), key = %slot.key.digest().short(), leader, "last caller left: flight cancelled");
+        if let SlotState::Running(Running {
+            shared: Some(shared),
+            ..
+        }) = slot.state
+        {
+            if let Some(a) = shared.abort {
+                a.abort();
+            }
+        }
+        Departed::Cancelled
     }
 
     /// Ends a flight with its outcome (and the execution time of work that
@@ -268,102 +422,126 @@ impl<V: Clone + Send + 'static> Group<V> {
     /// the value was kept for replay.
     fn finish(
         &self,
-        flight: &Flight<V>,
+        flight: FlightId,
         outcome: Outcome<V>,
         executed_secs: Option<f64>,
-    ) -> (Option<Msg<V>>, Option<Instant>) {
-        let (senders, leader_present) = {
-            let mut st = lock(&flight.state);
-            if st.finished {
-                return (None, None);
-            }
-            st.finished = true;
-            st.abort = None;
-            (mem::take(&mut st.senders), st.leader_present)
+    ) -> (Option<LeaderMsg<V>>, Option<Instant>) {
+        let mut shard = self.shard(flight.hash);
+        let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
+            // Cancelled: nobody is left to tell.
+            return (None, None);
         };
-        let replay = match &outcome {
-            Outcome::Value(v) if !self.policy.replay_ttl.is_zero() => {
-                Some((v.clone(), Instant::now() + self.policy.replay_ttl))
+        let slot = e.get_mut();
+        let Some(r) = slot.running() else {
+            return (None, None);
+        };
+        let shared = r.shared.take();
+        let replay_ttl = self.policy.replay_ttl;
+        let until = match &outcome {
+            Outcome::Value(_) if !replay_ttl.is_zero() && !r.superseded => {
+                Some(Instant::now() + replay_ttl)
             }
             _ => None,
         };
-        let until = replay.as_ref().map(|(_, u)| *u);
-        self.retire(flight, replay, executed_secs);
-        let (leader, outcome) = if leader_present {
-            match outcome {
-                Outcome::Value(v) => (Some(Msg::Value(v.clone())), Outcome::Value(v)),
-                Outcome::Error(e) => (Some(Msg::Error(e.clone())), Outcome::Error(e)),
-                Outcome::Panicked => (Some(Msg::Panicked), Outcome::Panicked),
-                // The unshared original belongs to the leader.
-                Outcome::Unshared(Some(o)) => (Some(Msg::Original(o)), Outcome::Unshared(None)),
-                other => (None, other),
+        // The key outlives the lock: dropping it is not the shard's business.
+        let key = match (&outcome, until) {
+            (Outcome::Value(v), Some(until)) => {
+                slot.state = SlotState::Replay(Box::new(Replay {
+                    value: v.clone(),
+                    until,
+                }));
+                slot.key.clone()
             }
-        } else {
-            (None, outcome)
+            _ => e.remove().0.key,
         };
-        deliver(senders, outcome);
-        (leader, until)
+        drop(shard);
+        self.running.fetch_sub(1, Ordering::AcqRel);
+        let metrics = self.metrics.get(key.stage());
+        metrics.ended(executed_secs);
+        if let Outcome::Panicked = outcome {
+            metrics.panicked();
+            tracing::error!(stage = %key.stage(), key = %key.digest().short(), "work panicked");
+        }
+        let (senders, leader_present) = match shared {
+            Some(shared) => (shared.senders, shared.leader_present),
+            None => (Vec::new(), true),
+        };
+        if !leader_present {
+            deliver(senders, outcome);
+            return (None, until);
+        }
+        let leader = match outcome {
+            // With nobody else waiting, the value moves to the leader.
+            Outcome::Value(v) if senders.is_empty() => LeaderMsg::Value(v),
+            Outcome::Value(v) => {
+                let mine = v.clone();
+                deliver(senders, Outcome::Value(v));
+                LeaderMsg::Value(mine)
+            }
+            Outcome::Error(e) => {
+                deliver(senders, Outcome::Error(e.clone()));
+                LeaderMsg::Error(e)
+            }
+            Outcome::Panicked => {
+                deliver(senders, Outcome::Panicked);
+                LeaderMsg::Panicked(key.stage().clone())
+            }
+            // The unshared original belongs to the leader.
+            Outcome::Unshared(Some(o)) => {
+                deliver(senders, Outcome::Unshared(None));
+                LeaderMsg::Original(o)
+            }
+            other => {
+                deliver(senders, other);
+                LeaderMsg::Abandoned(key.stage().clone())
+            }
+        };
+        (Some(leader), until)
     }
 
-    /// Bookkeeping of a flight that just finished: the count, the gauge,
-    /// and its map entry (replaced by a replay entry, or removed), unless a
-    /// newer flight took the key.
-    fn retire(&self, flight: &Flight<V>, replay: Option<(V, Instant)>, executed_secs: Option<f64>) {
-        self.running.fetch_sub(1, Ordering::AcqRel);
-        flight.metrics.ended(executed_secs);
-        let hash = self.hash(&flight.key);
-        let mut shard = lock(self.shard(hash));
-        let ours = |s: &Slot<V>| matches!(s, Slot::Running(f) if std::ptr::eq(&**f, flight));
-        if let Ok(e) = shard.find_entry(hash, ours) {
-            match replay {
-                Some((value, until)) => {
-                    *e.into_mut() = Slot::Replay {
-                        key: flight.key.clone(),
-                        value,
-                        until,
-                        flight: flight.addr(),
-                    };
-                }
-                None => {
-                    e.remove();
-                }
-            }
-        }
+    /// The metric keys of a running flight's stage (for its rare paths: the
+    /// leader does not keep them).
+    fn metrics_of(&self, flight: FlightId) -> Option<Arc<StageMetrics>> {
+        let stage = self
+            .shard(flight.hash)
+            .table
+            .find(flight.hash, |s| s.id == flight.id)
+            .map(|s| s.key.stage().clone())?;
+        Some(self.metrics.get(&stage).into_arc())
     }
 
     /// Removes a replay entry once its window is over.
-    pub(crate) fn expire_replay(&self, flight: &Flight<V>) {
-        let hash = self.hash(&flight.key);
-        let mut shard = lock(self.shard(hash));
-        let addr = flight.addr();
-        let ours = |s: &Slot<V>| matches!(s, Slot::Replay { flight, .. } if *flight == addr);
-        if let Ok(e) = shard.find_entry(hash, ours) {
-            e.remove();
+    pub(crate) fn expire_replay(&self, flight: FlightId) {
+        let mut shard = self.shard(flight.hash);
+        let ours = |s: &Slot<V>| s.id == flight.id && matches!(s.state, SlotState::Replay(_));
+        if let Ok(e) = shard.table.find_entry(flight.hash, ours) {
+            // The key and the value are dropped after the lock.
+            let slot = e.remove().0;
+            drop(shard);
+            drop(slot);
         }
     }
 }
 
-impl<V> Flight<V> {
-    fn addr(&self) -> usize {
-        self as *const Self as usize
+fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Letter<V>>>, outcome: Outcome<V>) {
+    if senders.is_empty() {
+        return;
     }
-}
-
-fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Msg<V>>>, outcome: Outcome<V>) {
+    let at = Instant::now();
     match outcome {
         Outcome::Value(v) => {
             for tx in senders {
-                let _ = tx.send(Msg::Value(v.clone()));
+                let _ = tx.send((Msg::Value(v.clone()), at));
             }
         }
         Outcome::Error(e) => {
             for tx in senders {
-                let _ = tx.send(Msg::Error(e.clone()));
+                let _ = tx.send((Msg::Error(e.clone()), at));
             }
         }
         Outcome::Panicked => {
             for tx in senders {
-                let _ = tx.send(Msg::Panicked);
+                let _ = tx.send((Msg::Panicked, at));
             }
         }
         Outcome::Unshared(original) => {
@@ -373,12 +551,12 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Msg<V>>>, outcome: Outcome<V>)
             for tx in senders {
                 match original.take() {
                     Some(o) => {
-                        if let Err(Msg::Original(o)) = tx.send(Msg::Original(o)) {
+                        if let Err((Msg::Original(o), _)) = tx.send((Msg::Original(o), at)) {
                             original = Some(o);
                         }
                     }
                     None => {
-                        let _ = tx.send(Msg::Unshared);
+                        let _ = tx.send((Msg::Unshared, at));
                     }
                 }
             }
@@ -392,37 +570,47 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Msg<V>>>, outcome: Outcome<V>)
 /// or the runtime shutting down (waiters get `FlightAbandoned`), or a panic
 /// unwinding through `call` (waiters get `WorkPanicked`).
 pub(crate) struct Completion<V: Clone + Send + 'static> {
-    pub(crate) group: Arc<Group<V>>,
-    pub(crate) flight: Arc<Flight<V>>,
-    pub(crate) done: bool,
+    group: Arc<Group<V>>,
+    flight: FlightId,
+    /// When the work was first polled: its execution time and the flight
+    /// TTL count from here.
+    began: Option<Instant>,
+    /// Whether the flight knows `began` (told at the first pending poll; a
+    /// flight done in its first poll never needs it).
+    told: bool,
+    done: bool,
 }
 
 impl<V: Clone + Send + 'static> Completion<V> {
+    pub(crate) fn new(group: Arc<Group<V>>, flight: FlightId) -> Self {
+        Self {
+            group,
+            flight,
+            began: None,
+            told: false,
+            done: false,
+        }
+    }
+
     /// Delivers the outcome; returns the leader's message (if the leader is
     /// still there) and schedules the end of a replay window.
-    pub(crate) fn complete(&mut self, outcome: Outcome<V>) -> Option<Msg<V>> {
+    fn complete(&mut self, outcome: Outcome<V>) -> Option<LeaderMsg<V>> {
         if mem::replace(&mut self.done, true) {
             return None;
         }
-        let flight = &self.flight;
         let executed = match &outcome {
-            Outcome::Panicked => {
-                flight.metrics.panicked();
-                tracing::error!(stage = %flight.key.stage(), key = %flight.key.digest().short(), "work panicked");
-                None
-            }
-            Outcome::Abandoned => None,
-            _ => Some(flight.started.elapsed().as_secs_f64()),
+            Outcome::Panicked | Outcome::Abandoned => None,
+            _ => self.began.map(|t| t.elapsed().as_secs_f64()),
         };
-        let (leader, until) = self.group.finish(flight, outcome, executed);
+        let (leader, until) = self.group.finish(self.flight, outcome, executed);
         if let Some(until) = until {
             let group = Arc::clone(&self.group);
-            let flight = Arc::clone(&self.flight);
+            let flight = self.flight;
             // Without a runtime the entry simply expires on its next lookup.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     tokio::time::sleep_until(until).await;
-                    group.expire_replay(&flight);
+                    group.expire_replay(flight);
                 });
             }
         }
@@ -441,62 +629,123 @@ impl<V: Clone + Send + 'static> Drop for Completion<V> {
     }
 }
 
-/// The inner service's future and the sharing step, boxed so that it can
-/// move from the leader (who polls it inline) to a task of its own when the
-/// leader leaves early.
-pub(crate) type BoxWork<V> = Pin<Box<dyn Future<Output = Outcome<V>> + Send>>;
+pin_project! {
+    /// The inner service's future and the sharing step, with the duty to
+    /// deliver their outcome, in one allocation: it can move from the
+    /// leader (who polls it inline) to a task of its own when the leader
+    /// leaves early.
+    struct Cell<V, F>
+    where
+        V: Clone,
+        V: Send,
+        V: 'static,
+    {
+        completion: Completion<V>,
+        #[pin]
+        fut: F,
+    }
+}
+
+/// What the leader (or the detached task) sees of a `Cell`.
+trait Drive<V: Clone + Send + 'static>: Send {
+    /// Polls the work; see [`Work::poll_msg`].
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>>;
+    fn completion(self: Pin<&mut Self>) -> &mut Completion<V>;
+}
+
+impl<V, F> Drive<V> for Cell<V, F>
+where
+    V: Clone + Send + 'static,
+    F: Future<Output = Outcome<V>> + Send,
+{
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>> {
+        let this = self.project();
+        let c = this.completion;
+        if c.began.is_none() {
+            c.began = Some(Instant::now());
+        }
+        let fut = this.fut;
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Ready(outcome)) => outcome,
+            Ok(Poll::Pending) => {
+                if let (false, Some(began)) = (c.told, c.began) {
+                    c.told = true;
+                    c.group.pending(c.flight, began);
+                }
+                return Poll::Pending;
+            }
+            Err(_panic) => Outcome::Panicked,
+        };
+        Poll::Ready(c.complete(outcome))
+    }
+
+    fn completion(self: Pin<&mut Self>) -> &mut Completion<V> {
+        self.project().completion
+    }
+}
 
 /// The work of one flight and the duty to deliver its outcome.
 pub(crate) struct Work<V: Clone + Send + 'static> {
-    fut: BoxWork<V>,
-    completion: Completion<V>,
+    cell: Pin<Box<dyn Drive<V>>>,
 }
 
 impl<V: Clone + Send + 'static> Work<V> {
-    pub(crate) fn new(fut: BoxWork<V>, completion: Completion<V>) -> Self {
-        Self { fut, completion }
-    }
-
-    pub(crate) fn flight(&self) -> &Flight<V> {
-        &self.completion.flight
-    }
-
-    pub(crate) fn policy(&self) -> &FlightPolicy {
-        &self.completion.group.policy
-    }
-
-    /// Polls the work. A panic in it becomes `Outcome::Panicked` (for every
-    /// waiter, and for whoever polls), never an unwind through the caller.
-    fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Outcome<V>> {
-        let fut = &mut self.fut;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-            Ok(p) => p,
-            Err(_panic) => Poll::Ready(Outcome::Panicked),
+    pub(crate) fn new<F>(completion: Completion<V>, fut: F) -> Self
+    where
+        F: Future<Output = Outcome<V>> + Send + 'static,
+    {
+        Self {
+            cell: Box::pin(Cell { completion, fut }),
         }
+    }
+
+    fn completion(&mut self) -> &mut Completion<V> {
+        self.cell.as_mut().completion()
+    }
+
+    pub(crate) fn policy(&mut self) -> &FlightPolicy {
+        &self.completion().group.policy
+    }
+
+    /// The metric handles of the flight's stage, while it runs.
+    pub(crate) fn metrics(&mut self) -> Option<Arc<StageMetrics>> {
+        let c = self.completion();
+        c.group.metrics_of(c.flight)
+    }
+
+    /// When the work was first polled (`None` before that).
+    pub(crate) fn began(&mut self) -> Option<Instant> {
+        self.completion().began
     }
 
     /// Polls the work; when it ends, delivers the outcome and returns the
     /// leader's message (`None` when nothing is left for the leader). Not
-    /// to be polled again after that.
-    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
-        let outcome = std::task::ready!(self.poll_outcome(cx));
-        Poll::Ready(self.completion.complete(outcome))
+    /// to be polled again after that. A panic in the work becomes
+    /// `Outcome::Panicked` (for every waiter, and for whoever polls), never
+    /// an unwind through the caller.
+    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>> {
+        self.cell.as_mut().poll_msg(cx)
     }
 
     /// The leader leaves before the work finished (dropped, or timed out).
     /// The work is handed to a task of its own if anybody may still want
     /// the result, and cancelled otherwise.
-    pub(crate) fn leader_left(self, timed_out: bool) {
-        let group = Arc::clone(&self.completion.group);
-        if group.depart(&self.completion.flight, timed_out, true) {
-            // Dropping the work finds the flight finished: nothing else.
-            return;
+    pub(crate) fn leader_left(mut self, timed_out: bool) {
+        let c = self.completion();
+        let group = Arc::clone(&c.group);
+        let flight = c.flight;
+        match group.depart(flight, timed_out, true) {
+            Departed::Stays => {}
+            // Dropping the work finds nothing left to do.
+            Departed::Cancelled | Departed::Ended => {
+                c.done = true;
+                return;
+            }
         }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                let flight = Arc::clone(&self.completion.flight);
                 let task = rt.spawn(Detached(self));
-                group.set_abort(&flight, task.abort_handle());
+                group.set_abort(flight, task.abort_handle());
             }
             // No runtime (it is shutting down): dropping the work ends the
             // flight as abandoned, waiters get `FlightAbandoned`.

@@ -1,33 +1,37 @@
-//! The layer's metrics, with their keys built once per stage.
+//! The layer's metrics, with their handles registered once per stage.
 //!
-//! The `metrics` macros build a `Key` (allocating its label list) on every
-//! call; on a path that costs a few hundred nanoseconds in all, that
-//! matters. The keys are built once per stage and handed to whatever
-//! recorder is installed at the time of the call, so a recorder installed
-//! later still sees everything.
+//! The `metrics` macros build a `Key` (allocating its label list) and look
+//! it up in the recorder on every call; on a path that costs about a hundred
+//! nanoseconds in all, that matters. Instead, the handles of a stage are
+//! registered with the recorder in force when the layer first sees that
+//! stage (the `metrics` crate's advice for hot paths), and every event after
+//! that is one call on a handle. Install the recorder before serving
+//! requests, as the `metrics` crate asks anyway.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use flightdeck_core::{metric, StageName};
-use metrics::{Key, Label, Level, Metadata};
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata};
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-/// Metric keys of one stage.
+/// Metric handles of one stage.
 pub(crate) struct StageMetrics {
-    owner: Key,
-    waiter: Key,
-    replay: Key,
-    rejected: Key,
-    unshared: Key,
-    cancelled: Key,
-    panic: Key,
-    wait_timeout: Key,
-    active: Key,
-    wait: Key,
-    exec: Key,
+    /// The stage they belong to (for the errors of waiters).
+    pub(crate) stage: StageName,
+    owner: Counter,
+    waiter: Counter,
+    replay: Counter,
+    rejected: Counter,
+    unshared: Counter,
+    cancelled: Counter,
+    panic: Counter,
+    wait_timeout: Counter,
+    active: Gauge,
+    wait: Histogram,
+    exec: Histogram,
 }
 
 impl StageMetrics {
@@ -41,90 +45,136 @@ impl StageMetrics {
                 )],
             )
         };
-        Self {
-            owner: key(metric::LOCAL_OWNER_TOTAL),
-            waiter: key(metric::LOCAL_WAITER_TOTAL),
-            replay: key(metric::LOCAL_REPLAY_TOTAL),
-            rejected: key(metric::LOCAL_REJECTED_TOTAL),
-            unshared: key(metric::LOCAL_UNSHARED_TOTAL),
-            cancelled: key(metric::LOCAL_CANCELLED_TOTAL),
-            panic: key(metric::LOCAL_PANIC_TOTAL),
-            wait_timeout: key(metric::WAIT_TIMEOUT_TOTAL),
-            active: key(metric::ACTIVE_FLIGHTS),
-            wait: key(metric::WAIT_DURATION),
-            exec: key(metric::EXECUTION_DURATION),
-        }
-    }
-
-    fn count(key: &Key) {
-        metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+        metrics::with_recorder(|r| {
+            let counter = |name| r.register_counter(&key(name), &METADATA);
+            Self {
+                stage: stage.clone(),
+                owner: counter(metric::LOCAL_OWNER_TOTAL),
+                waiter: counter(metric::LOCAL_WAITER_TOTAL),
+                replay: counter(metric::LOCAL_REPLAY_TOTAL),
+                rejected: counter(metric::LOCAL_REJECTED_TOTAL),
+                unshared: counter(metric::LOCAL_UNSHARED_TOTAL),
+                cancelled: counter(metric::LOCAL_CANCELLED_TOTAL),
+                panic: counter(metric::LOCAL_PANIC_TOTAL),
+                wait_timeout: counter(metric::WAIT_TIMEOUT_TOTAL),
+                active: r.register_gauge(&key(metric::ACTIVE_FLIGHTS), &METADATA),
+                wait: r.register_histogram(&key(metric::WAIT_DURATION), &METADATA),
+                exec: r.register_histogram(&key(metric::EXECUTION_DURATION), &METADATA),
+            }
+        })
     }
 
     pub(crate) fn waiter(&self) {
-        Self::count(&self.waiter);
+        self.waiter.increment(1);
     }
     pub(crate) fn replay(&self) {
-        Self::count(&self.replay);
+        self.replay.increment(1);
     }
     pub(crate) fn rejected(&self) {
-        Self::count(&self.rejected);
+        self.rejected.increment(1);
     }
     pub(crate) fn unshared(&self) {
-        Self::count(&self.unshared);
+        self.unshared.increment(1);
     }
     pub(crate) fn cancelled(&self) {
-        Self::count(&self.cancelled);
+        self.cancelled.increment(1);
     }
     pub(crate) fn panicked(&self) {
-        Self::count(&self.panic);
+        self.panic.increment(1);
     }
     pub(crate) fn wait_timeout(&self) {
-        Self::count(&self.wait_timeout);
+        self.wait_timeout.increment(1);
     }
-    /// A flight started: one owner, one more active flight (one recorder
-    /// lookup for both).
+    /// A flight started: one owner, one more active flight.
     pub(crate) fn started(&self) {
-        metrics::with_recorder(|r| {
-            r.register_counter(&self.owner, &METADATA).increment(1);
-            r.register_gauge(&self.active, &METADATA).increment(1.0);
-        });
+        self.owner.increment(1);
+        self.active.increment(1.0);
     }
     /// A flight ended: one active flight less, and its execution time when
     /// the work ran to the end.
     pub(crate) fn ended(&self, executed_secs: Option<f64>) {
-        metrics::with_recorder(|r| {
-            r.register_gauge(&self.active, &METADATA).decrement(1.0);
-            if let Some(secs) = executed_secs {
-                r.register_histogram(&self.exec, &METADATA).record(secs);
-            }
-        });
+        self.active.decrement(1.0);
+        if let Some(secs) = executed_secs {
+            self.exec.record(secs);
+        }
     }
     pub(crate) fn waited(&self, secs: f64) {
-        metrics::with_recorder(|r| r.register_histogram(&self.wait, &METADATA).record(secs));
+        self.wait.record(secs);
     }
 }
 
-/// Metric keys per stage, built on first use.
+/// Metric handles per stage, registered on first use.
 ///
-/// The first stage seen is kept apart, read without a lock: most layers
-/// serve one stage, and a lock plus a string hash per call is most of what
-/// a lookup costs.
+/// The first stage seen is kept apart, read without a lock and without
+/// touching a reference count: most layers serve one stage, and a lock plus
+/// a string hash per call is most of what a lookup costs.
 #[derive(Default)]
 pub(crate) struct Registry {
     first: OnceLock<(StageName, Arc<StageMetrics>)>,
     stages: RwLock<HashMap<StageName, Arc<StageMetrics>, foldhash::fast::RandomState>>,
 }
 
-/// Stages a layer keeps metric keys for; more are served uncached.
+/// Stages a layer keeps metric handles for; more are registered per use.
 const MAX_CACHED_STAGES: usize = 1024;
 
+/// The metric handles of one stage: borrowed for the first stage, shared for
+/// the others.
+pub(crate) enum Metrics<'a> {
+    First(&'a Arc<StageMetrics>),
+    Other(Arc<StageMetrics>),
+}
+
+impl Metrics<'_> {
+    /// Handles to keep: `None` for the first stage, which the registry
+    /// keeps for good (so 10,000 waiters do not all count references to
+    /// one shared value from two threads).
+    pub(crate) fn keep(self) -> Option<Arc<StageMetrics>> {
+        match self {
+            Metrics::First(_) => None,
+            Metrics::Other(m) => Some(m),
+        }
+    }
+
+    pub(crate) fn into_arc(self) -> Arc<StageMetrics> {
+        match self {
+            Metrics::First(m) => Arc::clone(m),
+            Metrics::Other(m) => m,
+        }
+    }
+}
+
+impl std::ops::Deref for Metrics<'_> {
+    type Target = StageMetrics;
+    fn deref(&self) -> &StageMetrics {
+        match self {
+            Metrics::First(m) => m,
+            Metrics::Other(m) => m,
+        }
+    }
+}
+
 impl Registry {
-    pub(crate) fn stage(&self, stage: &StageName) -> Arc<StageMetrics> {
+    /// The handles that [`Metrics::keep`] returned: `None` is the first
+    /// stage.
+    pub(crate) fn kept<'a>(&'a self, kept: &'a Option<Arc<StageMetrics>>) -> &'a StageMetrics {
+        match kept {
+            Some(m) => m,
+            None => {
+                &self
+                    .first
+                    .get()
+                    .expect("the first stage is registered before any is kept")
+                    .1
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, stage: &StageName) -> Metrics<'_> {
         let (name, m) = self
             .first
             .get_or_init(|| (stage.clone(), Arc::new(StageMetrics::new(stage))));
         if Arc::ptr_eq(name.as_arc(), stage.as_arc()) || name == stage {
-            return Arc::clone(m);
+            return Metrics::First(m);
         }
         if let Some(m) = self
             .stages
@@ -132,13 +182,13 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .get(stage)
         {
-            return Arc::clone(m);
+            return Metrics::Other(Arc::clone(m));
         }
         let m = Arc::new(StageMetrics::new(stage));
         let mut w = self.stages.write().unwrap_or_else(|e| e.into_inner());
         if w.len() < MAX_CACHED_STAGES {
             w.entry(stage.clone()).or_insert_with(|| Arc::clone(&m));
         }
-        m
+        Metrics::Other(m)
     }
 }

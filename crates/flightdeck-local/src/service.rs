@@ -7,7 +7,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use crate::future::ResponseFuture;
-use crate::group::{BoxWork, Completion, Group, Join, Outcome, Work};
+use crate::group::{Completion, Group, Join, Outcome, Work};
 use crate::key::KeyExtractor;
 
 /// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
@@ -86,12 +86,20 @@ where
         let Some(key) = self.key.key(&req) else {
             return ResponseFuture::bypass(self.inner.call(req), self.share.clone());
         };
+        // Made before the key moves into the map; the role is known after.
+        let span = tracing::debug_span!(
+            "flight",
+            role = tracing::field::Empty,
+            stage = %key.stage(),
+            key = %key.digest().short(),
+        );
         match self.group.join(key) {
             Join::Replay(value) => {
                 ResponseFuture::ready(Ok(self.share.restore(&value)), self.share.clone())
             }
             Join::Rejected(err) => ResponseFuture::ready(Err(err), self.share.clone()),
-            Join::Waiter(flight, rx) => {
+            Join::Waiter(flight, metrics, rx, since) => {
+                span.record("role", "waiter");
                 // The waiter keeps its request and an (unready) clone of the
                 // service, in case the result cannot be shared and it must
                 // run alone.
@@ -99,34 +107,27 @@ where
                 ResponseFuture::wait(
                     Arc::clone(&self.group),
                     flight,
+                    metrics,
                     rx,
+                    since,
                     fallback,
+                    span,
                     self.share.clone(),
                 )
             }
             Join::Leader(flight) => {
                 // Armed before calling the inner service: if `call` itself
                 // panics, waiters that already joined get `WorkPanicked`.
-                let completion = Completion {
-                    group: Arc::clone(&self.group),
-                    flight,
-                    done: false,
-                };
+                let completion = Completion::new(Arc::clone(&self.group), flight);
                 let fut = run(self.inner.call(req), self.share.clone());
-                let key = &completion.flight.key;
-                let span = tracing::debug_span!(
-                    "flight",
-                    role = "leader",
-                    stage = %key.stage(),
-                    key = %key.digest().short(),
-                );
                 // A disabled span is not worth a wrapper polled every time.
-                let fut: BoxWork<Sh::Shared> = if span.is_disabled() {
-                    Box::pin(fut)
+                let work = if span.is_disabled() {
+                    Work::new(completion, fut)
                 } else {
-                    Box::pin(fut.instrument(span))
+                    span.record("role", "leader");
+                    Work::new(completion, fut.instrument(span))
                 };
-                ResponseFuture::lead(Work::new(fut, completion), self.share.clone())
+                ResponseFuture::lead(work, self.share.clone())
             }
         }
     }

@@ -354,6 +354,75 @@ async fn flight_ttl_bounds_joining() {
     );
 }
 
+/// A leader whose future nobody polls (moka #240's way to wedge a key)
+/// still gets a flight TTL: the first caller to find it running starts its
+/// clock, and after the TTL new callers start a fresh flight.
+#[tokio::test(start_paused = true)]
+async fn a_leader_never_polled_still_has_a_flight_ttl() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(
+        FlightPolicy::new()
+            .flight_ttl(Duration::from_secs(1))
+            .wait_timeout(Some(Duration::from_secs(10))),
+    );
+    let mut svc = l.layer(counted(calls.clone(), Duration::from_millis(10)));
+    let stuck = svc.ready().await.unwrap().call("q".into());
+    sleep(Duration::from_secs(5)).await;
+    // t=5s: the leader was never polled; this caller joins it and starts
+    // its TTL.
+    let joined = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(1500)).await;
+    // t=6.5s: past the TTL, so a fresh flight runs and answers.
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The stuck flight finishes once its leader is polled at last, for the
+    // caller that joined it.
+    assert_eq!(stuck.await.unwrap(), "answer to q");
+    assert_eq!(joined.await.unwrap().unwrap(), "answer to q");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(l.map_entries(), 0);
+}
+
+/// A flight that outlived its TTL finishes for its own callers, and never
+/// takes the key back from the newer flight: neither while that one runs
+/// nor as the result replayed after it.
+#[tokio::test(start_paused = true)]
+async fn a_flight_past_its_ttl_never_displaces_the_newer_one() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let n = calls.clone();
+    let l = layer(
+        FlightPolicy::new()
+            .flight_ttl(Duration::from_secs(1))
+            .replay_ttl(Duration::from_secs(10)),
+    );
+    let svc = l.layer(service_fn(move |q: String| {
+        let run = n.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            sleep(Duration::from_secs(2)).await;
+            Ok::<_, Infallible>(format!("run {run} of {q}"))
+        }
+    }));
+    let old = tokio::spawn(svc.clone().oneshot("q".into()));
+    // t=1.5s: the first flight may no longer be joined; a second starts.
+    sleep(Duration::from_millis(1500)).await;
+    let new = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(700)).await;
+    // t=2.2s: the old flight is done (with a value it may not replay); the
+    // newer one still runs and may still be joined.
+    assert_eq!(old.await.unwrap().unwrap(), "run 1 of q");
+    let joiner = tokio::spawn(svc.clone().oneshot("q".into()));
+    assert_eq!(new.await.unwrap().unwrap(), "run 2 of q");
+    assert_eq!(joiner.await.unwrap().unwrap(), "run 2 of q");
+    // The replayed result is the newer flight's.
+    assert_eq!(svc.clone().oneshot("q".into()).await.unwrap(), "run 2 of q");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(l.running_flights(), 0);
+    assert_eq!(l.map_entries(), 1, "the replay entry");
+}
+
 #[tokio::test(start_paused = true)]
 async fn max_waiters_rejects_with_a_typed_error() {
     let calls = Arc::new(AtomicUsize::new(0));
