@@ -6,7 +6,9 @@
 //! until the last waiter woke up.
 //!
 //! `cargo bench -p flightdeck-benches --bench fanout` (add `-- 1000` for
-//! another waiter count).
+//! another waiter count). `FANOUT_ROUNDS=n` sets the rounds (default 5;
+//! each implementation's median is printed), `FANOUT_ONLY=<name>` runs one
+//! implementation alone (for a profiler).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -34,6 +36,9 @@ fn cpu_time() -> Duration {
 /// instant it finished.
 #[derive(Default)]
 struct Probe {
+    /// The key of every caller of one run (a fresh one per run: moka keeps
+    /// the value of the last).
+    round: u64,
     executions: AtomicUsize,
     cpu_at_settle: Mutex<Option<Duration>>,
     cpu_at_done: Mutex<Option<Duration>>,
@@ -67,8 +72,11 @@ struct Row {
 
 type Call = Arc<dyn Fn(Arc<Probe>) -> Pin<Box<dyn Future<Output = u64> + Send>> + Send + Sync>;
 
-async fn run(name: &'static str, waiters: usize, call: Call) -> Row {
-    let probe = Arc::new(Probe::default());
+async fn run(name: &'static str, round: u64, waiters: usize, call: Call) -> Row {
+    let probe = Arc::new(Probe {
+        round,
+        ..Probe::default()
+    });
     let base = Instant::now();
     let mut tasks = Vec::with_capacity(waiters);
     for _ in 0..waiters {
@@ -167,7 +175,7 @@ fn main() {
         let stage = StageName::new("fanout").unwrap();
         let ours = LocalFlightLayer::with_key(
             FlightPolicy::new().max_waiters(waiters + 1),
-            move |_p: &Arc<Probe>| Some(FlightKey::from_bytes(stage.clone(), "one-key")),
+            move |p: &Arc<Probe>| Some(FlightKey::from_bytes(stage.clone(), p.round.to_le_bytes())),
         )
         .layer(service_fn(|p: Arc<Probe>| async move {
             Ok::<_, Infallible>(p.work().await)
@@ -177,52 +185,93 @@ fn main() {
             Box::pin(async move { svc.oneshot(p).await.unwrap() })
         });
 
-        let coalesce = tower_resilience_coalesce::CoalesceLayer::new(|_p: &Arc<Probe>| 1u8).layer(
-            service_fn(|p: Arc<Probe>| async move { Ok::<_, PeerError>(p.work().await) }),
-        );
+        let coalesce = tower_resilience_coalesce::CoalesceLayer::new(|p: &Arc<Probe>| p.round)
+            .layer(service_fn(|p: Arc<Probe>| async move {
+                Ok::<_, PeerError>(p.work().await)
+            }));
         let coalesce: Call = Arc::new(move |p| {
             let svc = coalesce.clone();
             Box::pin(async move { svc.oneshot(p).await.unwrap() })
         });
 
-        let group: Arc<async_singleflight::Group<u8, u64, PeerError>> =
+        let group: Arc<async_singleflight::Group<u64, u64, PeerError>> =
             Arc::new(async_singleflight::Group::new());
         let sf: Call = Arc::new(move |p| {
             let group = group.clone();
             Box::pin(async move {
                 group
-                    .work(&1u8, async move { Ok(p.work().await) })
+                    .work(&p.round.clone(), async move { Ok(p.work().await) })
                     .await
                     .unwrap()
             })
         });
 
-        let cache: moka::future::Cache<u8, u64> = moka::future::Cache::new(16);
+        let cache: moka::future::Cache<u64, u64> = moka::future::Cache::new(16);
         let moka_call: Call = Arc::new(move |p| {
             let cache = cache.clone();
-            Box::pin(async move { cache.get_with(1u8, p.work()).await })
+            Box::pin(async move { cache.get_with(p.round, p.work()).await })
         });
 
-        let mut rows = Vec::new();
-        rows.push(run("flightdeck_local", waiters, ours).await);
-        rows.push(run("async_singleflight", waiters, sf).await);
-        rows.push(run("moka_get_with", waiters, moka_call).await);
-        rows.push(run("tower_resilience_coalesce", waiters, coalesce).await);
+        // Several rounds, the implementations in a rotating order, and the
+        // median of each: one run on a shared 2-core machine says little.
+        let rounds: usize = std::env::var("FANOUT_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(5)
+            .max(1);
+        let only = std::env::var("FANOUT_ONLY").ok();
+        let impls: Vec<(&'static str, Call)> = [
+            ("flightdeck_local", ours),
+            ("async_singleflight", sf),
+            ("moka_get_with", moka_call),
+            ("tower_resilience_coalesce", coalesce),
+        ]
+        .into_iter()
+        .filter(|(name, _)| only.as_deref().is_none_or(|o| o == *name))
+        .collect();
+        let mut runs: Vec<Vec<Row>> = impls.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            for i in 0..impls.len() {
+                let i = (i + round) % impls.len();
+                let (name, call) = &impls[i];
+                let key = (round * impls.len() + i) as u64;
+                runs[i].push(run(name, key, waiters, call.clone()).await);
+            }
+        }
 
-        println!("fan-out: {waiters} waiters on one key, work {WORK:?}, 2 worker threads");
         println!(
-            "{:<28} {:>10} {:>16} {:>16} {:>12}",
+            "fan-out: {waiters} waiters on one key, work {WORK:?}, 2 worker threads, \
+             {rounds} rounds (median, and min-max)"
+        );
+        println!(
+            "{:<28} {:>10} {:>16} {:>28} {:>10}",
             "implementation", "executions", "cpu_while_wait", "last_wake_delay", "cpu_ratio"
         );
-        let ours_cpu = rows[0].cpu_waiting.as_secs_f64().max(1e-9);
-        for r in &rows {
+        let median = |mut v: Vec<Duration>| {
+            v.sort();
+            (v[v.len() / 2], v[0], v[v.len() - 1])
+        };
+        let summary: Vec<_> = runs
+            .iter()
+            .map(|rows| {
+                let cpu = median(rows.iter().map(|r| r.cpu_waiting).collect());
+                let wake = median(rows.iter().map(|r| r.last_wake).collect());
+                let execs = rows.iter().map(|r| r.executions).max().unwrap_or(0);
+                (rows[0].name, execs, cpu, wake)
+            })
+            .collect();
+        let ours_cpu = summary[0].2 .0.as_secs_f64().max(1e-9);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        for (name, execs, cpu, wake) in &summary {
             println!(
-                "{:<28} {:>10} {:>13.3} ms {:>13.3} ms {:>11.1}x",
-                r.name,
-                r.executions,
-                r.cpu_waiting.as_secs_f64() * 1e3,
-                r.last_wake.as_secs_f64() * 1e3,
-                r.cpu_waiting.as_secs_f64() / ours_cpu,
+                "{:<28} {:>10} {:>13.3} ms {:>9.3} ms ({:>6.3}-{:>6.3}) {:>9.1}x",
+                name,
+                execs,
+                ms(cpu.0),
+                ms(wake.0),
+                ms(wake.1),
+                ms(wake.2),
+                cpu.0.as_secs_f64() / ours_cpu,
             );
         }
         println!("(cpu_ratio: the implementation's CPU while waiting / flightdeck's, same run)");

@@ -1,51 +1,50 @@
 //! Per-call overhead on a fresh key (no contention): the bare service,
 //! `LocalFlight`, and the peers tower-resilience-coalesce, async_singleflight
-//! and moka's `get_with`, in one criterion group.
+//! and moka's `get_with`, in one criterion group; then the ratios, from
+//! criterion's estimates and from paired, interleaved batches (see
+//! `flightdeck_benches::harness`).
 //!
-//! `cargo bench -p flightdeck-benches --bench overhead`
+//! Two reference rows say what part of the cost no design can avoid on this
+//! machine: `two clock reads` (what the required
+//! `singleflight_execution_duration` histogram costs at the least), and the
+//! [`Floor`](flightdeck_benches::Floor): a sharded mutex map insert and
+//! remove around a boxed, detachable work, with nothing else, without and
+//! with those two clock reads.
+//!
+//! ```text
+//! cargo bench -p flightdeck-benches --bench overhead
+//! scripts/instructions      # the same rows, in instructions (callgrind)
+//! ```
 
-// criterion_group! generates an undocumented public fn.
+// A bench: no public API to document.
 #![allow(missing_docs)]
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use flightdeck_benches::{PeerError, KEYS};
+use flightdeck_benches::harness::{self, Report, Row};
+use flightdeck_benches::{Floor, PeerError, KEYS};
 use flightdeck_core::{KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{service_fn, Layer};
 
-fn overhead(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut group = c.benchmark_group("fresh_key_call");
-    let next = Arc::new(AtomicU64::new(0));
-    let fresh = move || next.fetch_add(1, Ordering::Relaxed);
+const BARE: &str = "bare service";
+const CLOCKS: &str = "two clock reads";
+const FLOOR: &str = "floor: sharded map + boxed work";
+const FLOOR_CLOCKS: &str = "floor + two clock reads";
+const OURS_HASHED: &str = "flightdeck_local, key hashed per call";
+const OURS: &str = "flightdeck_local, prebuilt key";
+const COALESCE: &str = "tower_resilience_coalesce";
+const SINGLEFLIGHT: &str = "async_singleflight";
+const MOKA: &str = "moka get_with";
 
+fn rows() -> Vec<Row> {
     let bare = service_fn(|n: u64| async move { Ok::<_, Infallible>(n) });
-    // What the required `singleflight_execution_duration` histogram costs
-    // at the least: a flight's start and end read the (tokio) clock.
-    group.bench_function("two_clock_reads", |b| {
-        b.to_async(&rt)
-            .iter(|| async { std::hint::black_box(tokio::time::Instant::now().elapsed()) })
-    });
-    group.bench_function("bare_service", |b| {
-        let f = fresh.clone();
-        b.to_async(&rt).iter(|| {
-            let mut svc = bare;
-            let n = f();
-            async move { svc.ready().await.unwrap().call(n).await.unwrap() }
-        })
-    });
 
     // Ours, with the key computed per call (BLAKE3 of the request): what a
     // user pays.
-    let stage = StageName::new("bench").unwrap();
-    let ours = LocalFlightLayer::with_key(FlightPolicy::new(), move |n: &u64| {
+    let stage = StageName::new("bench").expect("a valid stage name");
+    let hashed = LocalFlightLayer::with_key(FlightPolicy::new(), move |n: &u64| {
         Some(
             KeyEncoder::new()
                 .field(&n.to_le_bytes())
@@ -53,63 +52,95 @@ fn overhead(c: &mut Criterion) {
         )
     })
     .layer(bare);
-    group.bench_function("flightdeck_local", |b| {
-        let f = fresh.clone();
-        b.to_async(&rt).iter(|| {
-            let mut svc = ours.clone();
-            let n = f();
-            async move { svc.ready().await.unwrap().call(n).await.unwrap() }
-        })
-    });
-
     // Ours with a prebuilt key (as when KeyLayer computed it upstream): the
-    // coalescing machinery alone.
-    let prebuilt = flightdeck_benches::local_prebuilt();
-    let keys = flightdeck_benches::prebuilt_keys();
-    group.bench_function("flightdeck_local_prebuilt_key", |b| {
-        let f = fresh.clone();
-        b.to_async(&rt).iter(|| {
-            let mut svc = prebuilt.clone();
-            // Keys repeat only every 4096 calls, long after each finished.
-            let n = f();
-            let k = keys[n as usize % KEYS].clone();
-            async move { svc.ready().await.unwrap().call((k, n)).await.unwrap() }
-        })
-    });
+    // coalescing machinery alone. Keys repeat every 4096 calls, long after
+    // each flight finished.
+    let keys = Arc::new(flightdeck_benches::prebuilt_keys());
+    let prebuilt = move |n: u64| (keys[n as usize % KEYS].clone(), n);
 
-    let coalesce = tower_resilience_coalesce::CoalesceLayer::new(|n: &u64| *n)
-        .layer(service_fn(|n: u64| async move { Ok::<_, PeerError>(n) }));
-    group.bench_function("tower_resilience_coalesce", |b| {
-        let f = fresh.clone();
-        b.to_async(&rt).iter(|| {
-            let mut svc = coalesce.clone();
-            let n = f();
-            async move { svc.ready().await.unwrap().call(n).await.unwrap() }
+    let floor = Arc::new(Floor::default());
+    let floor_row = |name, clocks| {
+        let floor = Arc::clone(&floor);
+        Row::new(name, move |iters| {
+            let floor = Arc::clone(&floor);
+            async move {
+                for n in 0..iters {
+                    std::hint::black_box(floor.call(n, async move { n }, clocks).await);
+                }
+            }
         })
-    });
+    };
 
     let sf: Arc<async_singleflight::Group<u64, u64, PeerError>> =
         Arc::new(async_singleflight::Group::new());
-    group.bench_function("async_singleflight", |b| {
-        let f = fresh.clone();
-        b.to_async(&rt).iter(|| {
-            let sf = sf.clone();
-            let n = f();
-            async move { sf.work(&n, async move { Ok(n) }).await.unwrap() }
-        })
-    });
-
     let cache: moka::future::Cache<u64, u64> = moka::future::Cache::new(100_000);
-    group.bench_function("moka_get_with", |b| {
-        let f = fresh.clone();
-        b.to_async(&rt).iter(|| {
+
+    vec![
+        Row::service(BARE, bare, |n| n),
+        Row::new(CLOCKS, |iters| async move {
+            for _ in 0..iters {
+                std::hint::black_box(tokio::time::Instant::now().elapsed());
+            }
+        }),
+        floor_row(FLOOR, false),
+        floor_row(FLOOR_CLOCKS, true),
+        Row::service(OURS_HASHED, hashed, |n| n),
+        Row::service(OURS, flightdeck_benches::local_prebuilt(), prebuilt),
+        Row::service(
+            COALESCE,
+            tower_resilience_coalesce::CoalesceLayer::new(|n: &u64| *n)
+                .layer(service_fn(|n: u64| async move { Ok::<_, PeerError>(n) })),
+            |n| n,
+        ),
+        Row::new(SINGLEFLIGHT, move |iters| {
+            let sf = Arc::clone(&sf);
+            async move {
+                for n in 0..iters {
+                    std::hint::black_box(sf.work(&n, async move { Ok(n) }).await.unwrap());
+                }
+            }
+        }),
+        Row::new(MOKA, move |iters| {
             let cache = cache.clone();
-            let n = f();
-            async move { cache.get_with(n, async move { n }).await }
-        })
-    });
-    group.finish();
+            async move {
+                // Fresh keys: a moka entry is a cached result, not a flight.
+                let base = rand_base();
+                for n in base..base + iters {
+                    std::hint::black_box(cache.get_with(n, async move { n }).await);
+                }
+            }
+        }),
+    ]
 }
 
-criterion_group!(benches, overhead);
-criterion_main!(benches);
+/// A start for moka's keys that no earlier batch used.
+fn rand_base() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1 << 40, Ordering::Relaxed)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let _guard = rt.enter();
+    harness::run(
+        "fresh_key_call",
+        &rt,
+        rows(),
+        Report {
+            baseline: Some(BARE),
+            ratios: &[
+                (OURS, COALESCE),
+                (OURS, SINGLEFLIGHT),
+                (OURS, MOKA),
+                (OURS_HASHED, COALESCE),
+                (FLOOR, COALESCE),
+                (FLOOR_CLOCKS, COALESCE),
+                (OURS, FLOOR_CLOCKS),
+            ],
+        },
+    );
+}

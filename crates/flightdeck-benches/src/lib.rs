@@ -1,8 +1,15 @@
 //! Benchmarks only: see `benches/` (`cargo bench -p flightdeck-benches`).
-//! What the bench programs share: the peers' error type and our layer set
-//! up the same way in each.
+//! What the bench programs share: the [`harness`] (criterion, paired
+//! ratios, one row alone for callgrind), the peers' error type, our layer
+//! set up the same way in each, and the [`Floor`] to compare both with.
+
+pub mod harness;
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 
 use flightdeck_core::{BoxError, FlightKey, KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
@@ -52,4 +59,66 @@ pub fn local_prebuilt() -> impl Service<
     .layer(service_fn(|r: (FlightKey, u64)| async move {
         Ok::<_, Infallible>(r.1)
     }))
+}
+
+/// The least that any single-flight map with detachable work does per call
+/// on a fresh key, and nothing else: hash the key, insert it into a
+/// sharded, mutex-guarded table, box the work (so that it could move to a
+/// task of its own if its caller left), run it, remove the key. No bounds,
+/// no waiters, no TTLs, no metrics, no panic handling, no tracing.
+///
+/// With `clocks`, it also reads the (tokio) clock at the start and the end
+/// of the work, as an execution-time histogram needs.
+///
+/// A bench row, not a usable single-flight: it exists so that a layer's
+/// cost can be read against what its data structure alone costs on the
+/// same machine in the same run.
+#[derive(Debug)]
+pub struct Floor {
+    shards: Box<[Mutex<FloorShard>]>,
+    hasher: foldhash::fast::RandomState,
+}
+
+/// The last id given out, and `(hash, id)` per running flight.
+type FloorShard = (u64, hashbrown::HashTable<(u64, u64)>);
+
+impl Default for Floor {
+    fn default() -> Self {
+        Self {
+            shards: (0..16)
+                .map(|_| Mutex::new((0, hashbrown::HashTable::new())))
+                .collect(),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+}
+
+impl Floor {
+    /// Runs `work` as the flight of `key`.
+    pub async fn call<F>(self: &Arc<Self>, key: u64, work: F, clocks: bool) -> u64
+    where
+        F: Future<Output = u64> + Send + 'static,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = (hash >> 32) as usize & (self.shards.len() - 1);
+        let id = {
+            let mut guard = self.shards[shard].lock().unwrap();
+            let (next, table) = &mut *guard;
+            *next += 1;
+            table.insert_unique(hash, (hash, *next), |e| e.0);
+            *next
+        };
+        let began = clocks.then(tokio::time::Instant::now);
+        let owner = Arc::clone(self);
+        let work: Pin<Box<dyn Future<Output = u64> + Send>> = Box::pin(work);
+        let out = work.await;
+        if let Some(t) = began {
+            std::hint::black_box(t.elapsed());
+        }
+        let mut guard = owner.shards[shard].lock().unwrap();
+        if let Ok(e) = guard.1.find_entry(hash, |e| e.1 == id) {
+            e.remove();
+        }
+        out
+    }
 }
