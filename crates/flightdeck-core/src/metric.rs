@@ -29,9 +29,11 @@ pub const REQUEST_TOTAL: &str = "singleflight_request_total";
 pub const WAIT_TIMEOUT_TOTAL: &str = "singleflight_wait_timeout_total";
 /// Gauge: flights currently running.
 pub const ACTIVE_FLIGHTS: &str = "singleflight_active_flights";
-/// Histogram (seconds): how long waiters waited for a shared result.
+/// Histogram (seconds): how long waiters waited for a shared result (L1:
+/// from joining until the result was handed to them).
 pub const WAIT_DURATION: &str = "singleflight_wait_duration";
-/// Histogram (seconds): how long the one execution took.
+/// Histogram (seconds): how long the one execution took (L1: from the
+/// work's first poll until it ended).
 pub const EXECUTION_DURATION: &str = "singleflight_execution_duration";
 /// Counter: L2 acquisitions that made this node the owner of a flight.
 pub const OWNER_TOTAL: &str = "singleflight_owner_total";

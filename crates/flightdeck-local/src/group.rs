@@ -160,7 +160,8 @@ enum Place<'a, V> {
 }
 
 pub(crate) enum Join<V> {
-    Leader(FlightId),
+    /// With whether its execution is timed.
+    Leader(FlightId, bool),
     /// With the stage's metric handles (`None`: the first stage's) and when
     /// it joined.
     Waiter(
@@ -338,7 +339,7 @@ impl<V: Clone + Send + 'static> Group<V> {
         drop(guard);
         drop(old);
         metrics.started();
-        Join::Leader(id)
+        Join::Leader(id, metrics.timed())
     }
 
     fn reject(&self, key: FlightKey, waiters: bool) -> Join<V> {
@@ -416,15 +417,15 @@ impl<V: Clone + Send + 'static> Group<V> {
         Departed::Cancelled
     }
 
-    /// Ends a flight with its outcome (and the execution time of work that
-    /// ran to its end) and delivers it to the waiters. Returns the leader's
-    /// message when the leader is still there, and the replay deadline when
-    /// the value was kept for replay.
+    /// Ends a flight with its outcome (and when the work began, for work
+    /// that ran to its end) and delivers it to the waiters. Returns the
+    /// leader's message when the leader is still there, and the replay
+    /// deadline when the value was kept for replay.
     fn finish(
         &self,
         flight: FlightId,
         outcome: Outcome<V>,
-        executed_secs: Option<f64>,
+        began: Option<Instant>,
     ) -> (Option<LeaderMsg<V>>, Option<Instant>) {
         let mut shard = self.shard(flight.hash);
         let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
@@ -457,7 +458,7 @@ impl<V: Clone + Send + 'static> Group<V> {
         drop(shard);
         self.running.fetch_sub(1, Ordering::AcqRel);
         let metrics = self.metrics.get(key.stage());
-        metrics.ended(executed_secs);
+        metrics.ended(began);
         if let Outcome::Panicked = outcome {
             metrics.panicked();
             tracing::error!(stage = %key.stage(), key = %key.digest().short(), "work panicked");
@@ -573,20 +574,24 @@ pub(crate) struct Completion<V: Clone + Send + 'static> {
     group: Arc<Group<V>>,
     flight: FlightId,
     /// When the work was first polled: its execution time and the flight
-    /// TTL count from here.
+    /// TTL count from here. Read at the first poll when executions are
+    /// timed, else at the first pending poll (a flight done in its first
+    /// poll then reads no clock at all).
     began: Option<Instant>,
-    /// Whether the flight knows `began` (told at the first pending poll; a
-    /// flight done in its first poll never needs it).
+    /// Whether executions are timed (a recorder records them).
+    timed: bool,
+    /// Whether the flight was told `began` (at the first pending poll).
     told: bool,
     done: bool,
 }
 
 impl<V: Clone + Send + 'static> Completion<V> {
-    pub(crate) fn new(group: Arc<Group<V>>, flight: FlightId) -> Self {
+    pub(crate) fn new(group: Arc<Group<V>>, flight: FlightId, timed: bool) -> Self {
         Self {
             group,
             flight,
             began: None,
+            timed,
             told: false,
             done: false,
         }
@@ -598,11 +603,11 @@ impl<V: Clone + Send + 'static> Completion<V> {
         if mem::replace(&mut self.done, true) {
             return None;
         }
-        let executed = match &outcome {
+        let began = match &outcome {
             Outcome::Panicked | Outcome::Abandoned => None,
-            _ => self.began.map(|t| t.elapsed().as_secs_f64()),
+            _ => self.began.filter(|_| self.timed),
         };
-        let (leader, until) = self.group.finish(self.flight, outcome, executed);
+        let (leader, until) = self.group.finish(self.flight, outcome, began);
         if let Some(until) = until {
             let group = Arc::clone(&self.group);
             let flight = self.flight;
@@ -661,15 +666,16 @@ where
     fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>> {
         let this = self.project();
         let c = this.completion;
-        if c.began.is_none() {
+        if c.timed && c.began.is_none() {
             c.began = Some(Instant::now());
         }
         let fut = this.fut;
         let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
             Ok(Poll::Ready(outcome)) => outcome,
             Ok(Poll::Pending) => {
-                if let (false, Some(began)) = (c.told, c.began) {
+                if !c.told {
                     c.told = true;
+                    let began = *c.began.get_or_insert_with(Instant::now);
                     c.group.pending(c.flight, began);
                 }
                 return Poll::Pending;

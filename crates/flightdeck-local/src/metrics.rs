@@ -7,12 +7,21 @@
 //! stage (the `metrics` crate's advice for hot paths), and every event after
 //! that is one call on a handle. Install the recorder before serving
 //! requests, as the `metrics` crate asks anyway.
+//!
+//! Execution times cost two clock reads per flight, a good part of a
+//! flight's cost on a fast path. They are taken only when somebody records
+//! them: a histogram handle converts its value only if a recorder stands
+//! behind it, so a value that reads the clock when converted ([`Elapsed`])
+//! reads it only then, and a probe recorded zero times ([`records`]) tells,
+//! once per stage, whether the start is worth reading at all.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use flightdeck_core::{metric, StageName};
-use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata};
+use metrics::{Counter, Gauge, Histogram, IntoF64, Key, Label, Level, Metadata};
+use tokio::time::Instant;
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -32,6 +41,34 @@ pub(crate) struct StageMetrics {
     active: Gauge,
     wait: Histogram,
     exec: Histogram,
+    /// Whether a recorder stands behind `exec` (so the start of an
+    /// execution is worth a clock read).
+    timed: bool,
+}
+
+/// The time since an instant, read from the clock only when a histogram
+/// with a recorder behind it converts it.
+struct Elapsed(Instant);
+
+impl IntoF64 for Elapsed {
+    fn into_f64(self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+}
+
+/// Whether `histogram` has a recorder behind it: a no-op handle never
+/// converts its value, and a count of zero records no sample.
+fn records(histogram: &Histogram) -> bool {
+    struct Probe<'a>(&'a Cell<bool>);
+    impl IntoF64 for Probe<'_> {
+        fn into_f64(self) -> f64 {
+            self.0.set(true);
+            0.0
+        }
+    }
+    let converted = Cell::new(false);
+    histogram.record_many(Probe(&converted), 0);
+    converted.get()
 }
 
 impl StageMetrics {
@@ -45,7 +82,7 @@ impl StageMetrics {
                 )],
             )
         };
-        metrics::with_recorder(|r| {
+        let m = metrics::with_recorder(|r| {
             let counter = |name| r.register_counter(&key(name), &METADATA);
             Self {
                 stage: stage.clone(),
@@ -60,8 +97,19 @@ impl StageMetrics {
                 active: r.register_gauge(&key(metric::ACTIVE_FLIGHTS), &METADATA),
                 wait: r.register_histogram(&key(metric::WAIT_DURATION), &METADATA),
                 exec: r.register_histogram(&key(metric::EXECUTION_DURATION), &METADATA),
+                timed: false,
             }
-        })
+        });
+        Self {
+            timed: records(&m.exec),
+            ..m
+        }
+    }
+
+    /// Whether executions of this stage are timed (a recorder records
+    /// them).
+    pub(crate) fn timed(&self) -> bool {
+        self.timed
     }
 
     pub(crate) fn waiter(&self) {
@@ -90,12 +138,12 @@ impl StageMetrics {
         self.owner.increment(1);
         self.active.increment(1.0);
     }
-    /// A flight ended: one active flight less, and its execution time when
-    /// the work ran to the end.
-    pub(crate) fn ended(&self, executed_secs: Option<f64>) {
+    /// A flight ended: one active flight less, and the time since its work
+    /// began when the work ran to the end.
+    pub(crate) fn ended(&self, began: Option<Instant>) {
         self.active.decrement(1.0);
-        if let Some(secs) = executed_secs {
-            self.exec.record(secs);
+        if let Some(began) = began {
+            self.exec.record(Elapsed(began));
         }
     }
     pub(crate) fn waited(&self, secs: f64) {
@@ -190,5 +238,44 @@ impl Registry {
             w.entry(stage.clone()).or_insert_with(|| Arc::clone(&m));
         }
         Metrics::Other(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics::Recorder;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+
+    #[test]
+    fn the_probe_tells_a_recorded_histogram_and_records_nothing() {
+        assert!(!records(&Histogram::noop()));
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let key = Key::from_name("probed");
+        let histogram = recorder.register_histogram(&key, &METADATA);
+        assert!(records(&histogram));
+        let samples: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(k, _, _, v)| match v {
+                DebugValue::Histogram(h) if k.key().name() == "probed" => Some(h.len()),
+                _ => None,
+            })
+            .collect();
+        assert!(samples.iter().all(|&n| n == 0), "{samples:?}");
+    }
+
+    #[test]
+    fn a_stage_is_timed_only_with_a_recorder() {
+        let stage = StageName::new("timed").unwrap();
+        assert!(!StageMetrics::new(&stage).timed());
+        let recorder = DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, || {
+            assert!(StageMetrics::new(&stage).timed());
+        });
     }
 }

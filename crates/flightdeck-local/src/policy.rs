@@ -20,9 +20,14 @@ pub enum OnAbandon {
 ///
 /// - **wait timeout**: how long one caller waits for a shared result. A
 ///   waiter that times out leaves with [`WaitTimeout`]; the flight stays.
+///   A waiter's wait counts from when it joined; the leader's from its
+///   work's first poll.
 /// - **flight TTL**: how long a running flight may be *joined*. After it,
 ///   new callers start a fresh flight (the old one still finishes for its
-///   waiters).
+///   waiters). It counts from the work's first poll, or from the first
+///   caller who finds the flight running, if that comes first (so a leader
+///   that nobody polls does not hold its key for ever). A flight that
+///   completes in its first poll never reads the clock for it.
 /// - **replay TTL**: how long a finished result is served to newcomers.
 ///   `0` (the default) is pure single-flight.
 /// - the execution budget is not ours: put a budget or timeout layer
