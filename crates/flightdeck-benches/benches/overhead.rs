@@ -4,12 +4,17 @@
 //! criterion's estimates and from paired, interleaved batches (see
 //! `flightdeck_benches::harness`).
 //!
+//! Our rows run without a metrics recorder (as the peers, which have no
+//! metrics), and once more with a Prometheus recorder behind the layer's
+//! handles (as the examples install it): then every flight also reads the
+//! clock twice for `singleflight_execution_duration` and updates four
+//! metrics.
+//!
 //! Two reference rows say what part of the cost no design can avoid on this
-//! machine: `two clock reads` (what the required
-//! `singleflight_execution_duration` histogram costs at the least), and the
-//! [`Floor`](flightdeck_benches::Floor): a sharded mutex map insert and
-//! remove around a boxed, detachable work, with nothing else, without and
-//! with those two clock reads.
+//! machine: `two clock reads` (what the execution-time histogram costs at
+//! the least), and the [`Floor`](flightdeck_benches::Floor): a sharded
+//! mutex map insert and remove around a boxed, detachable work, with
+//! nothing else, without and with those two clock reads.
 //!
 //! ```text
 //! cargo bench -p flightdeck-benches --bench overhead
@@ -26,7 +31,7 @@ use flightdeck_benches::harness::{self, Report, Row};
 use flightdeck_benches::{Floor, PeerError, KEYS};
 use flightdeck_core::{KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
-use tower::{service_fn, Layer};
+use tower::{service_fn, Layer, Service};
 
 const BARE: &str = "bare service";
 const CLOCKS: &str = "two clock reads";
@@ -34,6 +39,7 @@ const FLOOR: &str = "floor: sharded map + boxed work";
 const FLOOR_CLOCKS: &str = "floor + two clock reads";
 const OURS_HASHED: &str = "flightdeck_local, key hashed per call";
 const OURS: &str = "flightdeck_local, prebuilt key";
+const OURS_RECORDED: &str = "flightdeck_local, prebuilt key, Prometheus recorder";
 const COALESCE: &str = "tower_resilience_coalesce";
 const SINGLEFLIGHT: &str = "async_singleflight";
 const MOKA: &str = "moka get_with";
@@ -57,6 +63,30 @@ fn rows() -> Vec<Row> {
     // each flight finished.
     let keys = Arc::new(flightdeck_benches::prebuilt_keys());
     let prebuilt = move |n: u64| (keys[n as usize % KEYS].clone(), n);
+    // The same, in a layer whose first call registered its handles with a
+    // Prometheus recorder (histogram buckets as in the examples). The
+    // handles are registered in `call`, which is synchronous; that first
+    // flight is dropped at once (and so cancelled). Done when the row first
+    // runs, so that no other row shares the machine with the recorder's
+    // upkeep thread.
+    let recorded = flightdeck_benches::local_prebuilt();
+    let registered = std::sync::Once::new();
+    let recorded_row = {
+        let (recorded, prebuilt) = (recorded.clone(), prebuilt.clone());
+        let row = Row::service_cloned(OURS_RECORDED, recorded.clone(), prebuilt.clone());
+        Row::new(OURS_RECORDED, move |iters| {
+            registered.call_once(|| {
+                let recorder = prometheus();
+                drop(metrics::with_local_recorder(&recorder, || {
+                    recorded.clone().call(prebuilt(0))
+                }));
+            });
+            let run = row.run(iters);
+            async move {
+                run.await;
+            }
+        })
+    };
 
     let floor = Arc::new(Floor::default());
     let floor_row = |name, clocks| {
@@ -76,7 +106,7 @@ fn rows() -> Vec<Row> {
     let cache: moka::future::Cache<u64, u64> = moka::future::Cache::new(100_000);
 
     vec![
-        Row::service(BARE, bare, |n| n),
+        Row::service_cloned(BARE, bare, |n| n),
         Row::new(CLOCKS, |iters| async move {
             for _ in 0..iters {
                 std::hint::black_box(tokio::time::Instant::now().elapsed());
@@ -84,9 +114,10 @@ fn rows() -> Vec<Row> {
         }),
         floor_row(FLOOR, false),
         floor_row(FLOOR_CLOCKS, true),
-        Row::service(OURS_HASHED, hashed, |n| n),
-        Row::service(OURS, flightdeck_benches::local_prebuilt(), prebuilt),
-        Row::service(
+        Row::service_cloned(OURS_HASHED, hashed, |n| n),
+        Row::service_cloned(OURS, flightdeck_benches::local_prebuilt(), prebuilt.clone()),
+        recorded_row,
+        Row::service_cloned(
             COALESCE,
             tower_resilience_coalesce::CoalesceLayer::new(|n: &u64| *n)
                 .layer(service_fn(|n: u64| async move { Ok::<_, PeerError>(n) })),
@@ -113,6 +144,26 @@ fn rows() -> Vec<Row> {
     ]
 }
 
+/// A Prometheus recorder as the examples build it (histogram buckets for
+/// the `_duration` metrics), its buffers drained by a thread of its own as
+/// the exporter's HTTP listener would.
+fn prometheus() -> metrics_exporter_prometheus::PrometheusRecorder {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    const BUCKETS: [f64; 14] = [
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+    ];
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_duration".to_owned()), &BUCKETS)
+        .expect("valid buckets")
+        .build_recorder();
+    let handle = recorder.handle();
+    std::thread::spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        handle.run_upkeep();
+    });
+    recorder
+}
+
 /// A start for moka's keys that no earlier batch used.
 fn rand_base() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -134,6 +185,8 @@ fn main() {
             baseline: Some(BARE),
             ratios: &[
                 (OURS, COALESCE),
+                (OURS_RECORDED, COALESCE),
+                (OURS_RECORDED, OURS),
                 (OURS, SINGLEFLIGHT),
                 (OURS, MOKA),
                 (OURS_HASHED, COALESCE),

@@ -61,9 +61,14 @@ impl Row {
         }
     }
 
-    /// A row of sequential `ready` + `call` round trips on a fresh clone of
-    /// `svc` per call (clones share the layer's state, as under axum);
-    /// `req(i)` is the `i`-th request.
+    /// Makes `iters` calls and returns how long they took (for a row that
+    /// wraps another one).
+    pub fn run(&self, iters: u64) -> Pin<Box<dyn Future<Output = Duration>>> {
+        (self.routine)(iters)
+    }
+
+    /// A row of sequential `ready` + `call` round trips on one clone of
+    /// `svc` per batch; `req(i)` is the `i`-th request.
     pub fn service<S, Req, F>(name: &'static str, svc: S, req: F) -> Self
     where
         S: Service<Req> + Clone + 'static,
@@ -71,11 +76,39 @@ impl Row {
         F: Fn(u64) -> Req + Clone + 'static,
         Req: 'static,
     {
+        Self::round_trips(name, svc, req, false)
+    }
+
+    /// Like [`Row::service`], but on a fresh clone of `svc` per call, as
+    /// axum does (clones share the layer's state).
+    pub fn service_cloned<S, Req, F>(name: &'static str, svc: S, req: F) -> Self
+    where
+        S: Service<Req> + Clone + 'static,
+        S::Error: std::fmt::Debug,
+        F: Fn(u64) -> Req + Clone + 'static,
+        Req: 'static,
+    {
+        Self::round_trips(name, svc, req, true)
+    }
+
+    fn round_trips<S, Req, F>(name: &'static str, svc: S, req: F, clone_per_call: bool) -> Self
+    where
+        S: Service<Req> + Clone + 'static,
+        S::Error: std::fmt::Debug,
+        F: Fn(u64) -> Req + Clone + 'static,
+        Req: 'static,
+    {
         Self::new(name, move |iters| {
-            let (svc, req) = (svc.clone(), req.clone());
+            let (mut svc, req) = (svc.clone(), req.clone());
             async move {
                 for i in 0..iters {
-                    let mut svc = svc.clone();
+                    let mut fresh;
+                    let svc = if clone_per_call {
+                        fresh = svc.clone();
+                        &mut fresh
+                    } else {
+                        &mut svc
+                    };
                     let out = svc.ready().await.unwrap().call(req(i)).await.unwrap();
                     std::hint::black_box(out);
                 }
