@@ -66,6 +66,7 @@ pin_project! {
     where
         V: Clone,
         V: Send,
+        V: Sync,
         V: 'static,
     {
         rx: oneshot::Receiver<Letter<V>>,
@@ -97,12 +98,13 @@ impl Timer {
         since: Instant,
         cx: &mut Context<'_>,
     ) -> bool {
-        let Some(timeout) = timeout else {
+        // A timeout too long to add to an instant never ends.
+        let Some(deadline) = timeout.and_then(|t| since.checked_add(t)) else {
             return false;
         };
         if let TimerProj::Unarmed = self.as_mut().project() {
             self.set(Timer::Armed {
-                sleep: tokio::time::sleep_until(since + timeout),
+                sleep: tokio::time::sleep_until(deadline),
             });
         }
         match self.project() {
@@ -246,10 +248,14 @@ where
                     // The flight is over for this waiter: nothing to cancel.
                     guard.armed = false;
                     let metrics = guard.metrics();
-                    let msg = msg.map(|(msg, sent)| {
-                        metrics.waited(sent.saturating_duration_since(*since).as_secs_f64());
-                        msg
-                    });
+                    // Until the result was sent (no clock read per waiter),
+                    // or, when the flight ended without a word, until now.
+                    let waited = match &msg {
+                        Ok((_, sent)) => sent.saturating_duration_since(*since),
+                        Err(_) => since.elapsed(),
+                    };
+                    metrics.waited(waited.as_secs_f64());
+                    let msg = msg.map(|(msg, _)| msg);
                     // Built only on the error paths: 10,000 waiters cloning
                     // one shared name from two threads is a contended
                     // atomic apiece.
@@ -289,7 +295,7 @@ where
 
 /// Tells the flight when a waiter leaves before its result arrived (its
 /// future was dropped, or it timed out), so the last one out can cancel.
-struct WaiterGuard<V: Clone + Send + 'static> {
+struct WaiterGuard<V: Clone + Send + Sync + 'static> {
     group: Arc<Group<V>>,
     flight: FlightId,
     /// `None`: the group's first stage.
@@ -297,7 +303,7 @@ struct WaiterGuard<V: Clone + Send + 'static> {
     armed: bool,
 }
 
-impl<V: Clone + Send + 'static> WaiterGuard<V> {
+impl<V: Clone + Send + Sync + 'static> WaiterGuard<V> {
     fn metrics(&self) -> &StageMetrics {
         self.group.metrics.kept(&self.metrics)
     }
@@ -309,7 +315,7 @@ impl<V: Clone + Send + 'static> WaiterGuard<V> {
     }
 }
 
-impl<V: Clone + Send + 'static> Drop for WaiterGuard<V> {
+impl<V: Clone + Send + Sync + 'static> Drop for WaiterGuard<V> {
     fn drop(&mut self) {
         if self.armed {
             self.group.depart(self.flight, false, false);
@@ -319,11 +325,11 @@ impl<V: Clone + Send + 'static> Drop for WaiterGuard<V> {
 
 /// The leader's hold on the work. Dropped before the work finished, it hands
 /// the work to a task of its own (or cancels it if nobody else waits).
-struct LeaderGuard<V: Clone + Send + 'static> {
+struct LeaderGuard<V: Clone + Send + Sync + 'static> {
     work: Option<Work<V>>,
 }
 
-impl<V: Clone + Send + 'static> LeaderGuard<V> {
+impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
     fn poll_work<T, Sh>(
         &mut self,
         cx: &mut Context<'_>,
@@ -341,8 +347,9 @@ impl<V: Clone + Send + 'static> LeaderGuard<V> {
         let msg = match work.poll_msg(cx) {
             Poll::Ready(msg) => msg,
             Poll::Pending => {
-                // The leader's wait counts from its work's first poll.
-                let since = work.began().unwrap_or_else(Instant::now);
+                // The leader's wait counts from its work's first pending
+                // poll.
+                let since = work.waiting_since().unwrap_or_else(Instant::now);
                 let timeout = work.policy().wait_timeout;
                 let timer = timer.get_or_insert_with(|| Box::pin(Timer::Unarmed));
                 if timer.as_mut().expired(timeout, since, cx) {
@@ -385,7 +392,7 @@ impl<V: Clone + Send + 'static> LeaderGuard<V> {
     }
 }
 
-impl<V: Clone + Send + 'static> Drop for LeaderGuard<V> {
+impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<V> {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
             work.leader_left(false);

@@ -77,8 +77,9 @@ struct Slot<V> {
 
 enum SlotState<V> {
     Running(Running<V>),
-    /// A finished result, served to newcomers until its window ends.
-    Replay(Box<Replay<V>>),
+    /// A finished result, served to newcomers until its window ends
+    /// (shared, so that the lock is not held while it is cloned).
+    Replay(Arc<Replay<V>>),
 }
 
 struct Replay<V> {
@@ -90,8 +91,9 @@ struct Replay<V> {
 /// what only waiters, detached work and timeouts need is allocated when
 /// they first need it.
 struct Running<V> {
-    /// When the work was first polled (or first joined, if that came
-    /// first): the flight TTL counts from here.
+    /// When the work's first poll returned pending (or when a caller first
+    /// found the flight running, if that came first): the flight TTL
+    /// counts from here.
     started: Option<Instant>,
     /// A newer flight took the key (this one outlived its TTL): it finishes
     /// for its own callers and is joined by nobody.
@@ -99,8 +101,8 @@ struct Running<V> {
     shared: Option<Box<Shared<V>>>,
 }
 
-/// The part of a running flight that exists once somebody joined it or the
-/// work left its leader.
+/// The part of a running flight that exists once somebody tried to join it
+/// (or was turned away by `max_waiters`), or the leader left.
 struct Shared<V> {
     senders: Vec<oneshot::Sender<Letter<V>>>,
     /// Callers still waiting (leader included).
@@ -178,7 +180,8 @@ pub(crate) enum Join<V> {
 pub(crate) enum Departed {
     /// It was the last one: the flight is cancelled.
     Cancelled,
-    /// Others still want the result (or the policy says finish).
+    /// Others still want the result, a waiter timed out (which never ends
+    /// the flight), or the policy says finish.
     Stays,
     /// The flight had ended already.
     Ended,
@@ -204,12 +207,20 @@ pub(crate) struct Group<V> {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // No code under these locks can panic, but never let a poisoned lock
-    // take the whole layer down.
+    // None of the user's code (clones, recorders, drops of values) runs
+    // under these locks, and what does cannot panic; but never let a
+    // poisoned lock take the whole layer down.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl<V: Clone + Send + 'static> Group<V> {
+/// `at + d`, or an instant some 30 years on when that overflows (a
+/// `Duration::MAX` TTL means "for ever").
+pub(crate) fn later(at: Instant, d: std::time::Duration) -> Instant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + std::time::Duration::from_secs(86_400 * 365 * 30))
+}
+
+impl<V: Clone + Send + Sync + 'static> Group<V> {
     pub(crate) fn new(policy: FlightPolicy) -> Self {
         let n = std::thread::available_parallelism()
             .map_or(4, |n| n.get())
@@ -254,6 +265,10 @@ impl<V: Clone + Send + 'static> Group<V> {
 
     /// Joins the flight of `key`, or starts one (the key moves into it).
     pub(crate) fn join(&self, key: FlightKey) -> Join<V> {
+        // Looked up before the lock: the first use of a stage registers its
+        // handles with the recorder, which is not the shard's business (the
+        // first stage's handles are borrowed, not reference-counted).
+        let metrics = self.metrics.get(key.stage());
         let hash = self.hash(&key);
         let mut guard = self.shard(hash);
         let shard = &mut *guard;
@@ -270,47 +285,53 @@ impl<V: Clone + Send + 'static> Group<V> {
                 match &mut slot.state {
                     SlotState::Replay(replay) => {
                         if now < replay.until {
-                            let value = replay.value.clone();
+                            // Cloned after the lock: `V::clone` is the
+                            // user's code.
+                            let replay = Arc::clone(replay);
                             drop(guard);
-                            self.metrics.get(key.stage()).replay();
-                            return Join::Replay(value);
+                            metrics.replay();
+                            return Join::Replay(replay.value.clone());
                         }
                         // An expired result: its slot is reused.
                         Place::Reuse(e)
                     }
                     SlotState::Running(r) => {
                         let started = *r.started.get_or_insert(now);
-                        if now < started + self.policy.flight_ttl {
+                        if started
+                            .checked_add(self.policy.flight_ttl)
+                            .is_none_or(|end| now < end)
+                        {
                             let shared = r.shared();
                             if shared.live >= self.policy.max_waiters {
                                 drop(guard);
-                                return self.reject(key, true);
+                                return self.reject(&metrics, key, true);
                             }
                             let (tx, rx) = oneshot::channel();
                             shared.senders.push(tx);
                             shared.live += 1;
                             drop(guard);
-                            let metrics = self.metrics.get(key.stage());
                             metrics.waiter();
                             return Join::Waiter(id, metrics.keep(), rx, now);
                         }
                         // Past its TTL, a running flight finishes for its
-                        // own callers and keeps its slot; a new one takes
-                        // the key.
+                        // own callers and keeps its slot; a new flight, if
+                        // admitted, takes the key.
+                        if let Err(waiters) = self.admit() {
+                            drop(guard);
+                            return self.reject(&metrics, key, waiters);
+                        }
                         r.superseded = true;
                         Place::Beside
                     }
                 }
             }
         };
-        if self.running.fetch_add(1, Ordering::AcqRel) >= self.policy.max_flights {
-            self.running.fetch_sub(1, Ordering::AcqRel);
-            drop(guard);
-            return self.reject(key, false);
+        if !matches!(place, Place::Beside) {
+            if let Err(waiters) = self.admit() {
+                drop(guard);
+                return self.reject(&metrics, key, waiters);
+            }
         }
-        // Looked up before the key moves into its slot (the first stage's
-        // handles are borrowed, not reference-counted).
-        let metrics = self.metrics.get(key.stage());
         shard.next_id += 1;
         let id = FlightId {
             hash,
@@ -342,26 +363,40 @@ impl<V: Clone + Send + 'static> Group<V> {
         Join::Leader(id, metrics.timed())
     }
 
-    fn reject(&self, key: FlightKey, waiters: bool) -> Join<V> {
-        let stage = key.stage().clone();
-        self.metrics.get(&stage).rejected();
+    /// Counts a new flight in, if the bounds allow one: `Err(true)` when no
+    /// caller may wait at all (`max_waiters` 0), `Err(false)` when
+    /// `max_flights` are running.
+    fn admit(&self) -> Result<(), bool> {
+        if self.policy.max_waiters == 0 {
+            return Err(true);
+        }
+        if self.running.fetch_add(1, Ordering::AcqRel) >= self.policy.max_flights {
+            self.running.fetch_sub(1, Ordering::AcqRel);
+            return Err(false);
+        }
+        Ok(())
+    }
+
+    fn reject(&self, metrics: &StageMetrics, key: FlightKey, waiters: bool) -> Join<V> {
+        metrics.rejected();
+        let stage = Some(key.stage().clone());
         Join::Rejected(if waiters {
-            Box::new(TooManyWaiters::new(Some(stage), self.policy.max_waiters))
+            Box::new(TooManyWaiters::new(stage, self.policy.max_waiters))
         } else {
-            Box::new(TooManyFlights::new(Some(stage), self.policy.max_flights))
+            Box::new(TooManyFlights::new(stage, self.policy.max_flights))
         })
     }
 
-    /// The work was first polled at `began` and is pending: the flight TTL
-    /// counts from there (unless a waiter saw it running first).
-    pub(crate) fn pending(&self, flight: FlightId, began: Instant) {
+    /// The work's first poll returned pending at `at`: the flight TTL
+    /// counts from there (unless a waiter found it running first).
+    pub(crate) fn pending(&self, flight: FlightId, at: Instant) {
         let mut shard = self.shard(flight.hash);
         if let Some(r) = shard
             .table
             .find_mut(flight.hash, |s| s.id == flight.id)
             .and_then(Slot::running)
         {
-            r.started.get_or_insert(began);
+            r.started.get_or_insert(at);
         }
     }
 
@@ -417,16 +452,22 @@ impl<V: Clone + Send + 'static> Group<V> {
         Departed::Cancelled
     }
 
-    /// Ends a flight with its outcome (and when the work began, for work
-    /// that ran to its end) and delivers it to the waiters. Returns the
-    /// leader's message when the leader is still there, and the replay
-    /// deadline when the value was kept for replay.
+    /// Ends a flight with its outcome and delivers it to the waiters.
+    /// `replay` is a copy of the value to replay (made by the caller, out
+    /// of the lock: `V::clone` is the user's code), `began` when the work
+    /// began, for work that ran to its end. Returns the leader's message
+    /// when the leader is still there, and the replay deadline when the
+    /// value was kept for replay.
     fn finish(
         &self,
         flight: FlightId,
         outcome: Outcome<V>,
+        replay: Option<V>,
         began: Option<Instant>,
     ) -> (Option<LeaderMsg<V>>, Option<Instant>) {
+        let until = replay
+            .as_ref()
+            .map(|_| later(Instant::now(), self.policy.replay_ttl));
         let mut shard = self.shard(flight.hash);
         let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
             // Cancelled: nobody is left to tell.
@@ -437,23 +478,15 @@ impl<V: Clone + Send + 'static> Group<V> {
             return (None, None);
         };
         let shared = r.shared.take();
-        let replay_ttl = self.policy.replay_ttl;
-        let until = match &outcome {
-            Outcome::Value(_) if !replay_ttl.is_zero() && !r.superseded => {
-                Some(Instant::now() + replay_ttl)
+        let (key, until) = match (replay, until) {
+            // A flight that outlived its TTL leaves the key to the newer one.
+            (Some(value), Some(until)) if !r.superseded => {
+                slot.state = SlotState::Replay(Arc::new(Replay { value, until }));
+                (slot.key.clone(), Some(until))
             }
-            _ => None,
-        };
-        // The key outlives the lock: dropping it is not the shard's business.
-        let key = match (&outcome, until) {
-            (Outcome::Value(v), Some(until)) => {
-                slot.state = SlotState::Replay(Box::new(Replay {
-                    value: v.clone(),
-                    until,
-                }));
-                slot.key.clone()
-            }
-            _ => e.remove().0.key,
+            // The key outlives the lock: dropping it is not the shard's
+            // business.
+            _ => (e.remove().0.key, None),
         };
         drop(shard);
         self.running.fetch_sub(1, Ordering::AcqRel);
@@ -500,7 +533,7 @@ impl<V: Clone + Send + 'static> Group<V> {
         (Some(leader), until)
     }
 
-    /// The metric keys of a running flight's stage (for its rare paths: the
+    /// The metric handles of a running flight's stage (for its rare paths: the
     /// leader does not keep them).
     fn metrics_of(&self, flight: FlightId) -> Option<Arc<StageMetrics>> {
         let stage = self
@@ -570,48 +603,49 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Letter<V>>>, outcome: Outcome<
 /// Ends the flight when the work is dropped without finishing: an abort,
 /// or the runtime shutting down (waiters get `FlightAbandoned`), or a panic
 /// unwinding through `call` (waiters get `WorkPanicked`).
-pub(crate) struct Completion<V: Clone + Send + 'static> {
+pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
     group: Arc<Group<V>>,
     flight: FlightId,
-    /// When the work was first polled: its execution time and the flight
-    /// TTL count from here. Read at the first poll when executions are
-    /// timed, else at the first pending poll (a flight done in its first
-    /// poll then reads no clock at all).
+    /// When the work was first polled, read only when executions are timed
+    /// (a recorder records them).
     began: Option<Instant>,
-    /// Whether executions are timed (a recorder records them).
     timed: bool,
-    /// Whether the flight was told `began` (at the first pending poll).
-    told: bool,
+    /// When the work's first poll returned pending: the leader's wait and
+    /// the flight TTL count from here, recorder or not. A flight done in its
+    /// first poll never reads it.
+    waiting_since: Option<Instant>,
     done: bool,
 }
 
-impl<V: Clone + Send + 'static> Completion<V> {
+impl<V: Clone + Send + Sync + 'static> Completion<V> {
     pub(crate) fn new(group: Arc<Group<V>>, flight: FlightId, timed: bool) -> Self {
         Self {
             group,
             flight,
             began: None,
             timed,
-            told: false,
+            waiting_since: None,
             done: false,
         }
     }
 
-    /// Delivers the outcome; returns the leader's message (if the leader is
-    /// still there) and schedules the end of a replay window.
-    fn complete(&mut self, outcome: Outcome<V>) -> Option<LeaderMsg<V>> {
+    /// Delivers the outcome (with `replay`, the copy of its value to keep
+    /// for replay); returns the leader's message (if the leader is still
+    /// there) and schedules the end of a replay window.
+    fn complete(&mut self, outcome: Outcome<V>, replay: Option<V>) -> Option<LeaderMsg<V>> {
         if mem::replace(&mut self.done, true) {
             return None;
         }
         let began = match &outcome {
             Outcome::Panicked | Outcome::Abandoned => None,
-            _ => self.began.filter(|_| self.timed),
+            _ => self.began,
         };
-        let (leader, until) = self.group.finish(self.flight, outcome, began);
+        let (leader, until) = self.group.finish(self.flight, outcome, replay, began);
         if let Some(until) = until {
             let group = Arc::clone(&self.group);
             let flight = self.flight;
-            // Without a runtime the entry simply expires on its next lookup.
+            // Without a runtime the entry expires when its key is next
+            // looked up.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     tokio::time::sleep_until(until).await;
@@ -623,14 +657,15 @@ impl<V: Clone + Send + 'static> Completion<V> {
     }
 }
 
-impl<V: Clone + Send + 'static> Drop for Completion<V> {
+impl<V: Clone + Send + Sync + 'static> Drop for Completion<V> {
     fn drop(&mut self) {
         // Nothing when the outcome was delivered already.
-        let _ = self.complete(if std::thread::panicking() {
+        let outcome = if std::thread::panicking() {
             Outcome::Panicked
         } else {
             Outcome::Abandoned
-        });
+        };
+        let _ = self.complete(outcome, None);
     }
 }
 
@@ -639,20 +674,23 @@ pin_project! {
     /// deliver their outcome, in one allocation: it can move from the
     /// leader (who polls it inline) to a task of its own when the leader
     /// leaves early.
+    // Fields drop in order: the work first, then the completion, so that
+    // waiters hear "abandoned" only once the work is gone.
     struct Cell<V, F>
     where
         V: Clone,
         V: Send,
+        V: Sync,
         V: 'static,
     {
-        completion: Completion<V>,
         #[pin]
         fut: F,
+        completion: Completion<V>,
     }
 }
 
 /// What the leader (or the detached task) sees of a `Cell`.
-trait Drive<V: Clone + Send + 'static>: Send {
+trait Drive<V: Clone + Send + Sync + 'static>: Send {
     /// Polls the work; see [`Work::poll_msg`].
     fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>>;
     fn completion(self: Pin<&mut Self>) -> &mut Completion<V>;
@@ -660,7 +698,7 @@ trait Drive<V: Clone + Send + 'static>: Send {
 
 impl<V, F> Drive<V> for Cell<V, F>
 where
-    V: Clone + Send + 'static,
+    V: Clone + Send + Sync + 'static,
     F: Future<Output = Outcome<V>> + Send,
 {
     fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>> {
@@ -670,19 +708,30 @@ where
             c.began = Some(Instant::now());
         }
         let fut = this.fut;
-        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(Poll::Ready(outcome)) => outcome,
+        let replaying = !c.group.policy.replay_ttl.is_zero();
+        // The copy kept for replay is made here, where a panic in the
+        // user's `Clone` is caught like one in the work.
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| match fut.poll(cx) {
+            Poll::Ready(Outcome::Value(v)) if replaying => {
+                let kept = v.clone();
+                Poll::Ready((Outcome::Value(v), Some(kept)))
+            }
+            Poll::Ready(outcome) => Poll::Ready((outcome, None)),
+            Poll::Pending => Poll::Pending,
+        }));
+        let (outcome, replay) = match polled {
+            Ok(Poll::Ready(done)) => done,
             Ok(Poll::Pending) => {
-                if !c.told {
-                    c.told = true;
-                    let began = *c.began.get_or_insert_with(Instant::now);
-                    c.group.pending(c.flight, began);
+                if c.waiting_since.is_none() {
+                    let now = Instant::now();
+                    c.waiting_since = Some(now);
+                    c.group.pending(c.flight, now);
                 }
                 return Poll::Pending;
             }
-            Err(_panic) => Outcome::Panicked,
+            Err(_panic) => (Outcome::Panicked, None),
         };
-        Poll::Ready(c.complete(outcome))
+        Poll::Ready(c.complete(outcome, replay))
     }
 
     fn completion(self: Pin<&mut Self>) -> &mut Completion<V> {
@@ -691,17 +740,17 @@ where
 }
 
 /// The work of one flight and the duty to deliver its outcome.
-pub(crate) struct Work<V: Clone + Send + 'static> {
+pub(crate) struct Work<V: Clone + Send + Sync + 'static> {
     cell: Pin<Box<dyn Drive<V>>>,
 }
 
-impl<V: Clone + Send + 'static> Work<V> {
+impl<V: Clone + Send + Sync + 'static> Work<V> {
     pub(crate) fn new<F>(completion: Completion<V>, fut: F) -> Self
     where
         F: Future<Output = Outcome<V>> + Send + 'static,
     {
         Self {
-            cell: Box::pin(Cell { completion, fut }),
+            cell: Box::pin(Cell { fut, completion }),
         }
     }
 
@@ -719,9 +768,9 @@ impl<V: Clone + Send + 'static> Work<V> {
         c.group.metrics_of(c.flight)
     }
 
-    /// When the work was first polled (`None` before that).
-    pub(crate) fn began(&mut self) -> Option<Instant> {
-        self.completion().began
+    /// When the work's first poll returned pending (`None` before that).
+    pub(crate) fn waiting_since(&mut self) -> Option<Instant> {
+        self.completion().waiting_since
     }
 
     /// Polls the work; when it ends, delivers the outcome and returns the
@@ -761,9 +810,9 @@ impl<V: Clone + Send + 'static> Work<V> {
 }
 
 /// The work on a task of its own, after its leader left.
-struct Detached<V: Clone + Send + 'static>(Work<V>);
+struct Detached<V: Clone + Send + Sync + 'static>(Work<V>);
 
-impl<V: Clone + Send + 'static> Future for Detached<V> {
+impl<V: Clone + Send + Sync + 'static> Future for Detached<V> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {

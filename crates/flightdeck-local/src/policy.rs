@@ -20,14 +20,15 @@ pub enum OnAbandon {
 ///
 /// - **wait timeout**: how long one caller waits for a shared result. A
 ///   waiter that times out leaves with [`WaitTimeout`]; the flight stays.
-///   A waiter's wait counts from when it joined; the leader's from its
-///   work's first poll.
+///   A waiter's wait counts from when it joined; the leader's from the end
+///   of its work's first poll that returned pending.
 /// - **flight TTL**: how long a running flight may be *joined*. After it,
 ///   new callers start a fresh flight (the old one still finishes for its
-///   waiters). It counts from the work's first poll, or from the first
-///   caller who finds the flight running, if that comes first (so a leader
-///   that nobody polls does not hold its key for ever). A flight that
-///   completes in its first poll never reads the clock for it.
+///   waiters). It counts from the end of the work's first pending poll, or
+///   from when a caller first found the flight running, if that comes
+///   first (so a leader that nobody polls does not hold its key for ever).
+///   A flight that completes in its first poll never reads the clock for
+///   it. Neither clock depends on whether metrics are recorded.
 /// - **replay TTL**: how long a finished result is served to newcomers.
 ///   `0` (the default) is pure single-flight.
 /// - the execution budget is not ours: put a budget or timeout layer
@@ -36,7 +37,8 @@ pub enum OnAbandon {
 /// Bounds: `max_flights` running flights per layer and `max_waiters`
 /// callers per flight (the leader included). Past them a call is rejected
 /// with [`TooManyFlights`] / [`TooManyWaiters`]. A bound of `0` rejects
-/// every call.
+/// every call. A duration too long to add to an instant (such as
+/// `Duration::MAX`) means "for ever".
 ///
 /// [`WaitTimeout`]: flightdeck_core::error::WaitTimeout
 /// [`TooManyFlights`]: flightdeck_core::error::TooManyFlights

@@ -1,4 +1,5 @@
-//! Behaviour of the local single-flight layer (paused tokio time).
+//! Behaviour of the local single-flight layer (paused tokio time, but for
+//! one test that needs a thread blocked in real time).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -43,6 +44,12 @@ fn counted(
 type KeyFn = fn(&String) -> Option<FlightKey>;
 
 fn layer(policy: FlightPolicy) -> LocalFlightLayer<KeyFn, flightdeck_core::CloneShare<String>> {
+    layer_of(policy)
+}
+
+fn layer_of<T: Clone + Send + Sync + 'static>(
+    policy: FlightPolicy,
+) -> LocalFlightLayer<KeyFn, flightdeck_core::CloneShare<T>> {
     LocalFlightLayer::with_key(policy, |q: &String| key(q))
 }
 
@@ -646,4 +653,154 @@ async fn leader_timeout_hands_the_work_over_and_waiters_get_it() {
     assert!(leader.await.unwrap().unwrap_err().is::<WaitTimeout>());
     assert_eq!(waiter.await.unwrap().unwrap(), "answer to q");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+// Policies at their extremes, user code that panics, and clocks that must
+// not depend on whether metrics are recorded.
+
+/// `Duration::MAX` is a natural "for ever": it must not overflow an
+/// instant anywhere (replay window, flight TTL, wait timeout).
+#[tokio::test(start_paused = true)]
+async fn durations_of_for_ever_do_not_overflow() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(
+        FlightPolicy::new()
+            .replay_ttl(Duration::MAX)
+            .flight_ttl(Duration::MAX)
+            .wait_timeout(Some(Duration::MAX)),
+    );
+    let svc = l.layer(counted(calls.clone(), Duration::from_millis(10)));
+    let leader = tokio::spawn(svc.clone().oneshot("q".into()));
+    tokio::task::yield_now().await;
+    let joiner = tokio::spawn(svc.clone().oneshot("q".into()));
+    assert_eq!(leader.await.unwrap().unwrap(), "answer to q");
+    assert_eq!(joiner.await.unwrap().unwrap(), "answer to q");
+    sleep(Duration::from_secs(3600)).await;
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "replayed, for ever");
+    assert_eq!(l.running_flights(), 0);
+}
+
+static PANIC_ON_CLONE: AtomicBool = AtomicBool::new(false);
+
+/// A value whose `Clone` panics once when told to.
+#[derive(Debug)]
+struct Touchy(String);
+
+impl Clone for Touchy {
+    fn clone(&self) -> Self {
+        if PANIC_ON_CLONE.swap(false, Ordering::SeqCst) {
+            panic!("a bug in the user's Clone");
+        }
+        Touchy(self.0.clone())
+    }
+}
+
+/// The copy kept for replay is made with the user's `Clone`. If that
+/// panics, the flight ends like one whose work panicked: its waiter hears
+/// of it, and the key is free at once (no slot left behind for later
+/// callers to hang on).
+#[tokio::test(start_paused = true)]
+async fn a_panicking_clone_of_the_result_frees_the_key() {
+    let l = layer_of::<Touchy>(
+        FlightPolicy::new()
+            .replay_ttl(Duration::from_secs(5))
+            .wait_timeout(None),
+    );
+    // Only the first execution's result has the bad clone.
+    let first = Arc::new(AtomicBool::new(true));
+    let svc = l.layer(service_fn(move |q: String| {
+        let first = first.swap(false, Ordering::SeqCst);
+        async move {
+            sleep(Duration::from_secs(1)).await;
+            PANIC_ON_CLONE.store(first, Ordering::SeqCst);
+            Ok::<_, Infallible>(Touchy(q))
+        }
+    }));
+    let leader = tokio::spawn(svc.clone().oneshot("q".into()));
+    tokio::task::yield_now().await;
+    let waiter = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(100)).await;
+    // The work moves to a task of its own, where the panic happens.
+    leader.abort();
+    let _ = leader.await;
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(err.is::<flightdeck_core::error::WorkPanicked>(), "{err}");
+    assert_eq!(l.running_flights(), 0);
+    assert_eq!(l.map_entries(), 0);
+    let late = tokio::time::timeout(Duration::from_secs(10), svc.clone().oneshot("q".into()))
+        .await
+        .expect("a later caller runs a fresh flight");
+    assert_eq!(late.unwrap().0, "q");
+}
+
+/// A newcomer past the old flight's TTL that `max_flights` turns away does
+/// not take the key: the old flight's result is still replayed.
+#[tokio::test(start_paused = true)]
+async fn a_rejected_newcomer_leaves_the_key_to_the_old_flight() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(
+        FlightPolicy::new()
+            .max_flights(1)
+            .flight_ttl(Duration::from_secs(1))
+            .replay_ttl(Duration::from_secs(10)),
+    );
+    let svc = l.layer(counted(calls.clone(), Duration::from_secs(2)));
+    let old = tokio::spawn(svc.clone().oneshot("q".into()));
+    sleep(Duration::from_millis(1500)).await;
+    let err = svc.clone().oneshot("q".into()).await.unwrap_err();
+    assert!(err.is::<TooManyFlights>(), "{err}");
+    assert_eq!(old.await.unwrap().unwrap(), "answer to q");
+    assert_eq!(
+        svc.clone().oneshot("q".into()).await.unwrap(),
+        "answer to q"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the old result, replayed");
+}
+
+/// "A bound of 0 rejects every call", the leader's too.
+#[tokio::test(start_paused = true)]
+async fn zero_waiters_rejects_every_call() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer(FlightPolicy::new().max_waiters(0));
+    let svc = l.layer(counted(calls.clone(), Duration::from_millis(10)));
+    let err = svc.clone().oneshot("q".into()).await.unwrap_err();
+    assert!(err.is::<TooManyWaiters>(), "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(l.running_flights(), 0);
+}
+
+/// The leader's wait (and the flight TTL) must count from the same instant
+/// whether or not a metrics recorder makes the layer time executions. Real
+/// time: the work blocks its thread 400 ms before its first await (as a
+/// synchronous parse would), then sleeps 400 ms, with a 600 ms wait
+/// timeout. Only the sameness of the two outcomes is asserted, which a slow
+/// machine does not change.
+#[test]
+fn the_leaders_wait_does_not_depend_on_a_recorder() {
+    fn lead() -> Result<String, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let l = layer(FlightPolicy::new().wait_timeout(Some(Duration::from_millis(600))));
+        let svc = l.layer(service_fn(|q: String| async move {
+            std::thread::sleep(Duration::from_millis(400));
+            sleep(Duration::from_millis(400)).await;
+            Ok::<_, Infallible>(q)
+        }));
+        rt.block_on(svc.oneshot("q".into()))
+            .map_err(|e| e.to_string())
+    }
+    let without = lead();
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let with = metrics::with_local_recorder(&recorder, lead);
+    assert_eq!(
+        without.is_ok(),
+        with.is_ok(),
+        "without a recorder: {without:?}; with one: {with:?}"
+    );
 }
