@@ -708,19 +708,19 @@ where
             c.began = Some(Instant::now());
         }
         let fut = this.fut;
-        let replaying = !c.group.policy.replay_ttl.is_zero();
         // The copy kept for replay is made here, where a panic in the
         // user's `Clone` is caught like one in the work.
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| match fut.poll(cx) {
-            Poll::Ready(Outcome::Value(v)) if replaying => {
-                let kept = v.clone();
-                Poll::Ready((Outcome::Value(v), Some(kept)))
+        let replaying = !c.group.policy.replay_ttl.is_zero();
+        let mut replay = None;
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let polled = fut.poll(cx);
+            if let (true, Poll::Ready(Outcome::Value(v))) = (replaying, &polled) {
+                replay = Some(v.clone());
             }
-            Poll::Ready(outcome) => Poll::Ready((outcome, None)),
-            Poll::Pending => Poll::Pending,
+            polled
         }));
-        let (outcome, replay) = match polled {
-            Ok(Poll::Ready(done)) => done,
+        let outcome = match polled {
+            Ok(Poll::Ready(outcome)) => outcome,
             Ok(Poll::Pending) => {
                 if c.waiting_since.is_none() {
                     let now = Instant::now();
@@ -729,7 +729,7 @@ where
                 }
                 return Poll::Pending;
             }
-            Err(_panic) => (Outcome::Panicked, None),
+            Err(_panic) => Outcome::Panicked,
         };
         Poll::Ready(c.complete(outcome, replay))
     }
