@@ -14,7 +14,7 @@ use tokio::time::{Instant, Sleep};
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use crate::group::{FlightId, Group, LeaderMsg, Letter, Msg, Work};
+use crate::group::{FlightId, Group, Letter, Msg, Work};
 use crate::metrics::StageMetrics;
 
 pin_project! {
@@ -358,20 +358,17 @@ impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
                 return Poll::Pending;
             }
         };
+        // Built only on the error paths.
+        let mut stage = || Some(work.metrics().stage.clone());
         let out = match msg {
-            Some(LeaderMsg::Value(v)) => Ok(share.restore(&v)),
-            Some(LeaderMsg::Error(e)) => Err(Box::new(e) as BoxError),
-            Some(LeaderMsg::Panicked(stage)) => {
-                Err(Box::new(WorkPanicked::new(Some(stage))) as BoxError)
-            }
-            Some(LeaderMsg::Original(o)) => match o.downcast::<Sh::Output>() {
+            Some(Msg::Value(v)) => Ok(share.restore(&v)),
+            Some(Msg::Error(e)) => Err(Box::new(e) as BoxError),
+            Some(Msg::Panicked) => Err(Box::new(WorkPanicked::new(stage())) as BoxError),
+            Some(Msg::Original(o)) => match o.downcast::<Sh::Output>() {
                 Ok(out) => Ok(*out),
-                Err(_) => Err(Box::new(FlightAbandoned::new(None)) as BoxError),
+                Err(_) => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
             },
-            Some(LeaderMsg::Abandoned(stage)) => {
-                Err(Box::new(FlightAbandoned::new(Some(stage))) as BoxError)
-            }
-            None => Err(Box::new(FlightAbandoned::new(None)) as BoxError),
+            Some(Msg::Unshared) | None => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
         };
         self.work = None;
         Poll::Ready(out)
@@ -380,10 +377,7 @@ impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
     fn timed_out(&mut self, waited: std::time::Duration) -> BoxError {
         match self.work.take() {
             Some(mut work) => {
-                let err = match work.metrics() {
-                    Some(m) => wait_timeout_error(&m, waited),
-                    None => Box::new(WaitTimeout::new(None, waited)),
-                };
+                let err = wait_timeout_error(work.metrics(), waited);
                 work.leader_left(true);
                 err
             }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
-use flightdeck_core::{BoxError, FlightKey, SharedError, StageName};
+use flightdeck_core::{BoxError, FlightKey, SharedError};
 use hashbrown::hash_table::{Entry, HashTable};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
@@ -56,17 +56,6 @@ pub(crate) enum Outcome<V> {
     Panicked,
     /// Aborted or dropped without a result.
     Abandoned,
-}
-
-/// What the leader gets when its flight ends while it is still there.
-pub(crate) enum LeaderMsg<V> {
-    Value(V),
-    Error(SharedError),
-    Original(Box<dyn Any + Send>),
-    /// The work panicked, or ended without a result (the stage names the
-    /// error).
-    Panicked(StageName),
-    Abandoned(StageName),
 }
 
 struct Slot<V> {
@@ -157,15 +146,16 @@ enum Place<'a, V> {
     Vacant(hashbrown::hash_table::VacantEntry<'a, Slot<V>>),
     /// Over an expired result of the same key.
     Reuse(hashbrown::hash_table::OccupiedEntry<'a, Slot<V>>),
-    /// Next to a flight that outlived its TTL.
-    Beside,
+    /// Next to a flight that outlived its TTL (its id: it is superseded once
+    /// the new flight is admitted).
+    Beside(u64),
 }
 
 pub(crate) enum Join<V> {
-    /// With whether its execution is timed.
-    Leader(FlightId, bool),
-    /// With the stage's metric handles (`None`: the first stage's) and when
-    /// it joined.
+    /// With the stage's metric handles (`None`: the first stage's, see
+    /// `Registry::kept`).
+    Leader(FlightId, Option<Arc<StageMetrics>>),
+    /// With the stage's metric handles and when it joined.
     Waiter(
         FlightId,
         Option<Arc<StageMetrics>>,
@@ -174,17 +164,6 @@ pub(crate) enum Join<V> {
     ),
     Replay(V),
     Rejected(BoxError),
-}
-
-/// How a caller's departure went.
-pub(crate) enum Departed {
-    /// It was the last one: the flight is cancelled.
-    Cancelled,
-    /// Others still want the result, a waiter timed out (which never ends
-    /// the flight), or the policy says finish.
-    Stays,
-    /// The flight had ended already.
-    Ended,
 }
 
 // Keys are BLAKE3 digests already; foldhash (seeded per process) is enough
@@ -215,7 +194,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// `at + d`, or an instant some 30 years on when that overflows (a
 /// `Duration::MAX` TTL means "for ever").
-pub(crate) fn later(at: Instant, d: std::time::Duration) -> Instant {
+fn later(at: Instant, d: std::time::Duration) -> Instant {
     at.checked_add(d)
         .unwrap_or_else(|| at + std::time::Duration::from_secs(86_400 * 365 * 30))
 }
@@ -316,21 +295,14 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                         // Past its TTL, a running flight finishes for its
                         // own callers and keeps its slot; a new flight, if
                         // admitted, takes the key.
-                        if let Err(waiters) = self.admit() {
-                            drop(guard);
-                            return self.reject(&metrics, key, waiters);
-                        }
-                        r.superseded = true;
-                        Place::Beside
+                        Place::Beside(id.id)
                     }
                 }
             }
         };
-        if !matches!(place, Place::Beside) {
-            if let Err(waiters) = self.admit() {
-                drop(guard);
-                return self.reject(&metrics, key, waiters);
-            }
+        if let Err(waiters) = self.admit() {
+            drop(guard);
+            return self.reject(&metrics, key, waiters);
         }
         shard.next_id += 1;
         let id = FlightId {
@@ -352,7 +324,14 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 None
             }
             Place::Reuse(e) => Some(mem::replace(e.into_mut(), slot)),
-            Place::Beside => {
+            Place::Beside(old) => {
+                if let Some(r) = shard
+                    .table
+                    .find_mut(hash, |s| s.id == old)
+                    .and_then(Slot::running)
+                {
+                    r.superseded = true;
+                }
                 shard.table.insert_unique(hash, slot, |s| self.hash(&s.key));
                 None
             }
@@ -360,7 +339,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         drop(guard);
         drop(old);
         metrics.started();
-        Join::Leader(id, metrics.timed())
+        Join::Leader(id, metrics.keep())
     }
 
     /// Counts a new flight in, if the bounds allow one: `Err(true)` when no
@@ -417,21 +396,22 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// A caller leaves before the flight ended: a waiter, or the leader
     /// (`leader`). The last one out cancels the flight, unless a waiter
     /// timed out (the timeout never removes the flight) or the policy says
-    /// finish.
-    pub(crate) fn depart(&self, flight: FlightId, timed_out: bool, leader: bool) -> Departed {
+    /// finish. Returns whether the flight goes on (`false`: cancelled now,
+    /// or ended before).
+    pub(crate) fn depart(&self, flight: FlightId, timed_out: bool, leader: bool) -> bool {
         let mut shard = self.shard(flight.hash);
         let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
-            return Departed::Ended;
+            return false;
         };
         let Some(r) = e.get_mut().running() else {
-            return Departed::Ended;
+            return false;
         };
         let shared = r.shared();
         shared.leader_present &= !leader;
         shared.live = shared.live.saturating_sub(1);
         shared.keep |= timed_out;
         if shared.live > 0 || shared.keep || self.policy.on_abandon == OnAbandon::Finish {
-            return Departed::Stays;
+            return true;
         }
         let (slot, _) = e.remove();
         drop(shard);
@@ -449,7 +429,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 a.abort();
             }
         }
-        Departed::Cancelled
+        false
     }
 
     /// Ends a flight with its outcome and delivers it to the waiters.
@@ -461,10 +441,11 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     fn finish(
         &self,
         flight: FlightId,
+        metrics: &StageMetrics,
         outcome: Outcome<V>,
         replay: Option<V>,
         began: Option<Instant>,
-    ) -> (Option<LeaderMsg<V>>, Option<Instant>) {
+    ) -> (Option<Msg<V>>, Option<Instant>) {
         let until = replay
             .as_ref()
             .map(|_| later(Instant::now(), self.policy.replay_ttl));
@@ -482,66 +463,25 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             // A flight that outlived its TTL leaves the key to the newer one.
             (Some(value), Some(until)) if !r.superseded => {
                 slot.state = SlotState::Replay(Arc::new(Replay { value, until }));
-                (slot.key.clone(), Some(until))
+                (None, Some(until))
             }
             // The key outlives the lock: dropping it is not the shard's
             // business.
-            _ => (e.remove().0.key, None),
+            _ => (Some(e.remove().0.key), None),
         };
         drop(shard);
         self.running.fetch_sub(1, Ordering::AcqRel);
-        let metrics = self.metrics.get(key.stage());
         metrics.ended(began);
         if let Outcome::Panicked = outcome {
             metrics.panicked();
-            tracing::error!(stage = %key.stage(), key = %key.digest().short(), "work panicked");
+            let key = key.as_ref().map(|k| k.digest().short());
+            tracing::error!(stage = %metrics.stage, key = ?key, "work panicked");
         }
-        let (senders, leader_present) = match shared {
-            Some(shared) => (shared.senders, shared.leader_present),
-            None => (Vec::new(), true),
+        let leader = match shared {
+            Some(shared) => deliver(shared.senders, outcome, shared.leader_present),
+            None => deliver(Vec::new(), outcome, true),
         };
-        if !leader_present {
-            deliver(senders, outcome);
-            return (None, until);
-        }
-        let leader = match outcome {
-            // With nobody else waiting, the value moves to the leader.
-            Outcome::Value(v) if senders.is_empty() => LeaderMsg::Value(v),
-            Outcome::Value(v) => {
-                let mine = v.clone();
-                deliver(senders, Outcome::Value(v));
-                LeaderMsg::Value(mine)
-            }
-            Outcome::Error(e) => {
-                deliver(senders, Outcome::Error(e.clone()));
-                LeaderMsg::Error(e)
-            }
-            Outcome::Panicked => {
-                deliver(senders, Outcome::Panicked);
-                LeaderMsg::Panicked(key.stage().clone())
-            }
-            // The unshared original belongs to the leader.
-            Outcome::Unshared(Some(o)) => {
-                deliver(senders, Outcome::Unshared(None));
-                LeaderMsg::Original(o)
-            }
-            other => {
-                deliver(senders, other);
-                LeaderMsg::Abandoned(key.stage().clone())
-            }
-        };
-        (Some(leader), until)
-    }
-
-    /// The metric handles of a running flight's stage (for its rare paths: the
-    /// leader does not keep them).
-    fn metrics_of(&self, flight: FlightId) -> Option<Arc<StageMetrics>> {
-        let stage = self
-            .shard(flight.hash)
-            .table
-            .find(flight.hash, |s| s.id == flight.id)
-            .map(|s| s.key.stage().clone())?;
-        Some(self.metrics.get(&stage).into_arc())
+        (leader, until)
     }
 
     /// Removes a replay entry once its window is over.
@@ -557,31 +497,44 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     }
 }
 
-fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Letter<V>>>, outcome: Outcome<V>) {
-    if senders.is_empty() {
-        return;
-    }
-    let at = Instant::now();
+/// Sends the outcome to the waiters; returns the leader's message when the
+/// leader is still there (`leader`). With nobody else waiting, a value
+/// moves to the leader uncloned.
+fn deliver<V: Clone>(
+    senders: Vec<oneshot::Sender<Letter<V>>>,
+    outcome: Outcome<V>,
+    leader: bool,
+) -> Option<Msg<V>> {
+    // Read once, and only when somebody waits.
+    let at = (!senders.is_empty()).then(Instant::now);
+    let send_all = |senders: Vec<oneshot::Sender<Letter<V>>>, msg: &dyn Fn() -> Msg<V>| {
+        if let Some(at) = at {
+            for tx in senders {
+                let _ = tx.send((msg(), at));
+            }
+        }
+    };
     match outcome {
         Outcome::Value(v) => {
-            for tx in senders {
-                let _ = tx.send((Msg::Value(v.clone()), at));
-            }
+            send_all(senders, &|| Msg::Value(v.clone()));
+            leader.then_some(Msg::Value(v))
         }
         Outcome::Error(e) => {
-            for tx in senders {
-                let _ = tx.send((Msg::Error(e.clone()), at));
-            }
+            send_all(senders, &|| Msg::Error(e.clone()));
+            leader.then_some(Msg::Error(e))
         }
         Outcome::Panicked => {
-            for tx in senders {
-                let _ = tx.send((Msg::Panicked, at));
-            }
+            send_all(senders, &|| Msg::Panicked);
+            leader.then_some(Msg::Panicked)
         }
-        Outcome::Unshared(original) => {
-            // When the leader left, the original goes to the first waiter
-            // still there; everybody else runs alone.
-            let mut original = original;
+        // The unshared original belongs to the leader; when the leader left,
+        // to the first waiter still there. Everybody else runs alone.
+        Outcome::Unshared(original) if leader => {
+            send_all(senders, &|| Msg::Unshared);
+            original.map(Msg::Original)
+        }
+        Outcome::Unshared(mut original) => {
+            let at = at?;
             for tx in senders {
                 match original.take() {
                     Some(o) => {
@@ -594,9 +547,10 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Letter<V>>>, outcome: Outcome<
                     }
                 }
             }
+            None
         }
         // Dropping the senders tells the receivers.
-        Outcome::Abandoned => drop(senders),
+        Outcome::Abandoned => None,
     }
 }
 
@@ -606,10 +560,11 @@ fn deliver<V: Clone>(senders: Vec<oneshot::Sender<Letter<V>>>, outcome: Outcome<
 pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
     group: Arc<Group<V>>,
     flight: FlightId,
+    /// The stage's metric handles (`None`: the first stage's).
+    metrics: Option<Arc<StageMetrics>>,
     /// When the work was first polled, read only when executions are timed
     /// (a recorder records them).
     began: Option<Instant>,
-    timed: bool,
     /// When the work's first poll returned pending: the leader's wait and
     /// the flight TTL count from here, recorder or not. A flight done in its
     /// first poll never reads it.
@@ -618,12 +573,16 @@ pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Completion<V> {
-    pub(crate) fn new(group: Arc<Group<V>>, flight: FlightId, timed: bool) -> Self {
+    pub(crate) fn new(
+        group: Arc<Group<V>>,
+        flight: FlightId,
+        metrics: Option<Arc<StageMetrics>>,
+    ) -> Self {
         Self {
             group,
             flight,
+            metrics,
             began: None,
-            timed,
             waiting_since: None,
             done: false,
         }
@@ -632,7 +591,11 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
     /// Delivers the outcome (with `replay`, the copy of its value to keep
     /// for replay); returns the leader's message (if the leader is still
     /// there) and schedules the end of a replay window.
-    fn complete(&mut self, outcome: Outcome<V>, replay: Option<V>) -> Option<LeaderMsg<V>> {
+    fn metrics(&self) -> &StageMetrics {
+        self.group.metrics.kept(&self.metrics)
+    }
+
+    fn complete(&mut self, outcome: Outcome<V>, replay: Option<V>) -> Option<Msg<V>> {
         if mem::replace(&mut self.done, true) {
             return None;
         }
@@ -640,7 +603,9 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
             Outcome::Panicked | Outcome::Abandoned => None,
             _ => self.began,
         };
-        let (leader, until) = self.group.finish(self.flight, outcome, replay, began);
+        let (leader, until) =
+            self.group
+                .finish(self.flight, self.metrics(), outcome, replay, began);
         if let Some(until) = until {
             let group = Arc::clone(&self.group);
             let flight = self.flight;
@@ -692,7 +657,7 @@ pin_project! {
 /// What the leader (or the detached task) sees of a `Cell`.
 trait Drive<V: Clone + Send + Sync + 'static>: Send {
     /// Polls the work; see [`Work::poll_msg`].
-    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>>;
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>>;
     fn completion(self: Pin<&mut Self>) -> &mut Completion<V>;
 }
 
@@ -701,10 +666,10 @@ where
     V: Clone + Send + Sync + 'static,
     F: Future<Output = Outcome<V>> + Send,
 {
-    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>> {
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
         let this = self.project();
         let c = this.completion;
-        if c.timed && c.began.is_none() {
+        if c.began.is_none() && c.metrics().timed() {
             c.began = Some(Instant::now());
         }
         let fut = this.fut;
@@ -762,10 +727,9 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
         &self.completion().group.policy
     }
 
-    /// The metric handles of the flight's stage, while it runs.
-    pub(crate) fn metrics(&mut self) -> Option<Arc<StageMetrics>> {
-        let c = self.completion();
-        c.group.metrics_of(c.flight)
+    /// The metric handles of the flight's stage.
+    pub(crate) fn metrics(&mut self) -> &StageMetrics {
+        self.completion().metrics()
     }
 
     /// When the work's first poll returned pending (`None` before that).
@@ -778,7 +742,7 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
     /// to be polled again after that. A panic in the work becomes
     /// `Outcome::Panicked` (for every waiter, and for whoever polls), never
     /// an unwind through the caller.
-    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>) -> Poll<Option<LeaderMsg<V>>> {
+    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
         self.cell.as_mut().poll_msg(cx)
     }
 
@@ -789,13 +753,10 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
         let c = self.completion();
         let group = Arc::clone(&c.group);
         let flight = c.flight;
-        match group.depart(flight, timed_out, true) {
-            Departed::Stays => {}
+        if !group.depart(flight, timed_out, true) {
             // Dropping the work finds nothing left to do.
-            Departed::Cancelled | Departed::Ended => {
-                c.done = true;
-                return;
-            }
+            c.done = true;
+            return;
         }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

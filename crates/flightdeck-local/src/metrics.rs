@@ -182,13 +182,6 @@ impl Metrics<'_> {
             Metrics::Other(m) => Some(m),
         }
     }
-
-    pub(crate) fn into_arc(self) -> Arc<StageMetrics> {
-        match self {
-            Metrics::First(m) => Arc::clone(m),
-            Metrics::Other(m) => m,
-        }
-    }
 }
 
 impl std::ops::Deref for Metrics<'_> {
