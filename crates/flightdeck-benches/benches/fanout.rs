@@ -197,10 +197,10 @@ fn main() {
         let group: Arc<async_singleflight::Group<u64, u64, PeerError>> =
             Arc::new(async_singleflight::Group::new());
         let sf: Call = Arc::new(move |p| {
-            let group = group.clone();
+            let (group, key) = (group.clone(), p.round);
             Box::pin(async move {
                 group
-                    .work(&p.round.clone(), async move { Ok(p.work().await) })
+                    .work(&key, async move { Ok(p.work().await) })
                     .await
                     .unwrap()
             })
