@@ -86,30 +86,32 @@ pin_project! {
     #[project = TimerProj]
     enum Timer {
         Unarmed,
-        Armed { #[pin] sleep: Sleep },
+        Armed { #[pin] sleep: Sleep, since: Instant },
     }
 }
 
 impl Timer {
-    /// Whether `timeout` has passed since `since`; arms the timer first.
+    /// How long the caller waited, once `timeout` has passed since
+    /// `since()` (read when the timer is armed). A timeout too long to add
+    /// to an instant never ends.
     fn expired(
         mut self: Pin<&mut Self>,
         timeout: Option<std::time::Duration>,
-        since: Instant,
+        since: impl FnOnce() -> Instant,
         cx: &mut Context<'_>,
-    ) -> bool {
-        // A timeout too long to add to an instant never ends.
-        let Some(deadline) = timeout.and_then(|t| since.checked_add(t)) else {
-            return false;
-        };
+    ) -> Option<std::time::Duration> {
+        let timeout = timeout?;
         if let TimerProj::Unarmed = self.as_mut().project() {
+            let since = since();
+            let deadline = since.checked_add(timeout)?;
             self.set(Timer::Armed {
                 sleep: tokio::time::sleep_until(deadline),
+                since,
             });
         }
         match self.project() {
-            TimerProj::Armed { sleep } => sleep.poll(cx).is_ready(),
-            TimerProj::Unarmed => false,
+            TimerProj::Armed { sleep, since } => sleep.poll(cx).is_ready().then(|| since.elapsed()),
+            TimerProj::Unarmed => None,
         }
     }
 }
@@ -239,8 +241,8 @@ where
                         Poll::Ready(msg) => msg,
                         Poll::Pending => {
                             let timeout = guard.group.policy.wait_timeout;
-                            if timer.expired(timeout, *since, cx) {
-                                return Poll::Ready(Err(guard.timed_out(since.elapsed())));
+                            if let Some(waited) = timer.expired(timeout, || *since, cx) {
+                                return Poll::Ready(Err(guard.timed_out(waited)));
                             }
                             return Poll::Pending;
                         }
@@ -348,12 +350,11 @@ impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
             Poll::Ready(msg) => msg,
             Poll::Pending => {
                 // The leader's wait counts from its work's first pending
-                // poll.
-                let since = work.waiting_since().unwrap_or_else(Instant::now);
+                // poll, which this is when the timer is still unarmed.
                 let timeout = work.policy().wait_timeout;
                 let timer = timer.get_or_insert_with(|| Box::pin(Timer::Unarmed));
-                if timer.as_mut().expired(timeout, since, cx) {
-                    return Poll::Ready(Err(self.timed_out(since.elapsed())));
+                if let Some(waited) = timer.as_mut().expired(timeout, Instant::now, cx) {
+                    return Poll::Ready(Err(self.timed_out(waited)));
                 }
                 return Poll::Pending;
             }

@@ -507,30 +507,34 @@ fn deliver<V: Clone>(
 ) -> Option<Msg<V>> {
     // Read once, and only when somebody waits.
     let at = (!senders.is_empty()).then(Instant::now);
-    let send_all = |senders: Vec<oneshot::Sender<Letter<V>>>, msg: &dyn Fn() -> Msg<V>| {
+    fn send_all<V>(
+        senders: Vec<oneshot::Sender<Letter<V>>>,
+        at: Option<Instant>,
+        msg: impl Fn() -> Msg<V>,
+    ) {
         if let Some(at) = at {
             for tx in senders {
                 let _ = tx.send((msg(), at));
             }
         }
-    };
+    }
     match outcome {
         Outcome::Value(v) => {
-            send_all(senders, &|| Msg::Value(v.clone()));
+            send_all(senders, at, || Msg::Value(v.clone()));
             leader.then_some(Msg::Value(v))
         }
         Outcome::Error(e) => {
-            send_all(senders, &|| Msg::Error(e.clone()));
+            send_all(senders, at, || Msg::Error(e.clone()));
             leader.then_some(Msg::Error(e))
         }
         Outcome::Panicked => {
-            send_all(senders, &|| Msg::Panicked);
+            send_all(senders, at, || Msg::Panicked);
             leader.then_some(Msg::Panicked)
         }
         // The unshared original belongs to the leader; when the leader left,
         // to the first waiter still there. Everybody else runs alone.
         Outcome::Unshared(original) if leader => {
-            send_all(senders, &|| Msg::Unshared);
+            send_all(senders, at, || Msg::Unshared);
             original.map(Msg::Original)
         }
         Outcome::Unshared(mut original) => {
@@ -565,10 +569,12 @@ pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
     /// When the work was first polled, read only when executions are timed
     /// (a recorder records them).
     began: Option<Instant>,
-    /// When the work's first poll returned pending: the leader's wait and
-    /// the flight TTL count from here, recorder or not. A flight done in its
-    /// first poll never reads it.
-    waiting_since: Option<Instant>,
+    /// `metrics.timed()`, kept at hand for the first poll.
+    timed: bool,
+    /// Whether the flight was told when the work's first poll returned
+    /// pending (the flight TTL counts from there, recorder or not; a flight
+    /// done in its first poll never reads the clock for it).
+    told: bool,
     done: bool,
 }
 
@@ -578,12 +584,14 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
         flight: FlightId,
         metrics: Option<Arc<StageMetrics>>,
     ) -> Self {
+        let timed = group.metrics.kept(&metrics).timed();
         Self {
             group,
             flight,
             metrics,
             began: None,
-            waiting_since: None,
+            timed,
+            told: false,
             done: false,
         }
     }
@@ -669,7 +677,7 @@ where
     fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
         let this = self.project();
         let c = this.completion;
-        if c.began.is_none() && c.metrics().timed() {
+        if c.timed && c.began.is_none() {
             c.began = Some(Instant::now());
         }
         let fut = this.fut;
@@ -687,10 +695,8 @@ where
         let outcome = match polled {
             Ok(Poll::Ready(outcome)) => outcome,
             Ok(Poll::Pending) => {
-                if c.waiting_since.is_none() {
-                    let now = Instant::now();
-                    c.waiting_since = Some(now);
-                    c.group.pending(c.flight, now);
+                if !mem::replace(&mut c.told, true) {
+                    c.group.pending(c.flight, Instant::now());
                 }
                 return Poll::Pending;
             }
@@ -730,11 +736,6 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
     /// The metric handles of the flight's stage.
     pub(crate) fn metrics(&mut self) -> &StageMetrics {
         self.completion().metrics()
-    }
-
-    /// When the work's first poll returned pending (`None` before that).
-    pub(crate) fn waiting_since(&mut self) -> Option<Instant> {
-        self.completion().waiting_since
     }
 
     /// Polls the work; when it ends, delivers the outcome and returns the
