@@ -130,7 +130,7 @@ impl Keys {
     fn new(stage: &StageName) -> Self {
         let label = Label::new(
             metric::LABEL_STAGE,
-            metrics::SharedString::from(Arc::clone(stage.as_arc())),
+            metrics::SharedString::const_str(stage.as_str()),
         );
         let key = |name: &'static str| Key::from_parts(name, vec![label.clone()]);
         let counter = |name: &'static str| Counter::new(key(name));

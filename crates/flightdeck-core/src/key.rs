@@ -25,20 +25,35 @@
 //! assert!(key.to_string().starts_with("score/"));
 //! ```
 
+use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::Arc;
 
 /// Maximum length of a stage name, in bytes.
 pub const MAX_STAGE_NAME_LEN: usize = 64;
+
+/// Most distinct stage names one process may create (see [`StageName`]).
+pub const MAX_STAGE_NAMES: usize = 4096;
+// Spelled out in the error of the name past the bound.
+const _: () = assert!(MAX_STAGE_NAMES == 4096);
 
 /// The name of a stage: a kind of work with its own policy (e.g. `"score"`,
 /// `"report"`).
 ///
 /// Stage names appear in metric labels and Redis key names, so they are
 /// restricted to 1–64 ASCII letters, digits, `_`, `-` and `.`.
-/// Cloning is cheap (an `Arc<str>`).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StageName(Arc<str>);
+///
+/// Names are interned: each distinct name is stored once for the life of
+/// the process, so a `StageName` is a pointer. Cloning, dropping and
+/// comparing one touch no reference count and read no bytes, which matters
+/// on a path that clones the key of every request. Stage names are a fixed
+/// set, like metric names (they are metric label values), so a process may
+/// create at most [`MAX_STAGE_NAMES`] distinct ones; past that,
+/// [`StageName::new`] refuses new names (names already known still work).
+#[derive(Clone)]
+pub struct StageName(&'static str);
+
+/// The interned names.
+static NAMES: std::sync::RwLock<BTreeSet<&'static str>> = std::sync::RwLock::new(BTreeSet::new());
 
 impl StageName {
     /// Validates and creates a stage name.
@@ -59,29 +74,69 @@ impl StageName {
                 "may only contain ASCII letters, digits, '_', '-' and '.'",
             ));
         }
-        Ok(Self(Arc::from(name)))
+        // A panic elsewhere cannot leave the set half-changed: a poisoned
+        // lock is still a valid set.
+        if let Some(&known) = NAMES.read().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(Self(known));
+        }
+        let mut names = NAMES.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(&known) = names.get(name) {
+            return Ok(Self(known));
+        }
+        if names.len() >= MAX_STAGE_NAMES {
+            return Err(InvalidStageName::new(
+                name,
+                "is one too many: a process keeps at most 4096 distinct stage names \
+                 (stage names are a fixed set, like metric names, not request data)",
+            ));
+        }
+        let interned: &'static str = Box::leak(name.into());
+        names.insert(interned);
+        Ok(Self(interned))
     }
 
     /// The name as a string slice.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    pub fn as_str(&self) -> &'static str {
+        self.0
     }
+}
 
-    /// The name as a shared string (for metric labels without copying).
-    pub fn as_arc(&self) -> &Arc<str> {
-        &self.0
+// Interned: equal names are the same pointer.
+impl PartialEq for StageName {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.0, other.0)
+    }
+}
+
+impl Eq for StageName {}
+
+impl std::hash::Hash for StageName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl PartialOrd for StageName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for StageName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(other.0)
     }
 }
 
 impl fmt::Debug for StageName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.0, f)
     }
 }
 
 impl fmt::Display for StageName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.0)
     }
 }
 
@@ -128,7 +183,11 @@ impl fmt::Display for InvalidStageName {
 impl std::error::Error for InvalidStageName {}
 
 /// A 32-byte BLAKE3 digest.
+// Aligned to 8 so that the keys holding it move in whole words (byte-aligned,
+// an `Option<Digest>` put the digest at an odd offset, and every move of a
+// key became unaligned copies).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(align(8))]
 pub struct Digest([u8; 32]);
 
 impl Digest {
@@ -188,8 +247,8 @@ impl fmt::Debug for ShortDigest {
 
 /// The identity of one unit of coalescable work.
 ///
-/// Equal keys share one execution. Cheap to clone (one `Arc` and two
-/// 32-byte arrays) and to hash: `Hash` feeds only 8 bytes of the digest
+/// Equal keys share one execution. Cheap to clone (a pointer and two
+/// 32-byte arrays, no reference count) and to hash: `Hash` feeds only 8 bytes of the digest
 /// (a BLAKE3 output, already uniform) to the hasher; `Eq` compares
 /// everything.
 #[derive(Clone, PartialEq, Eq)]

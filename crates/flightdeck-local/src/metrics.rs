@@ -78,7 +78,7 @@ impl StageMetrics {
                 name,
                 vec![Label::new(
                     metric::LABEL_STAGE,
-                    metrics::SharedString::from(Arc::clone(stage.as_arc())),
+                    metrics::SharedString::const_str(stage.as_str()),
                 )],
             )
         };
@@ -108,44 +108,55 @@ impl StageMetrics {
 
     /// Whether executions of this stage are timed (a recorder records
     /// them).
+    #[inline]
     pub(crate) fn timed(&self) -> bool {
         self.timed
     }
 
+    #[inline]
     pub(crate) fn waiter(&self) {
         self.waiter.increment(1);
     }
+    #[inline]
     pub(crate) fn replay(&self) {
         self.replay.increment(1);
     }
+    #[inline]
     pub(crate) fn rejected(&self) {
         self.rejected.increment(1);
     }
+    #[inline]
     pub(crate) fn unshared(&self) {
         self.unshared.increment(1);
     }
+    #[inline]
     pub(crate) fn cancelled(&self) {
         self.cancelled.increment(1);
     }
+    #[inline]
     pub(crate) fn panicked(&self) {
         self.panic.increment(1);
     }
+    #[inline]
     pub(crate) fn wait_timeout(&self) {
         self.wait_timeout.increment(1);
     }
     /// A flight started: one owner, one more active flight.
+    #[inline]
     pub(crate) fn started(&self) {
         self.owner.increment(1);
         self.active.increment(1.0);
     }
     /// A flight ended: one active flight less, and the time since its work
     /// began when the work ran to the end.
+    #[inline]
     pub(crate) fn ended(&self, began: Option<Instant>) {
         self.active.decrement(1.0);
         if let Some(began) = began {
             self.exec.record(Elapsed(began));
         }
     }
+    #[inline]
     pub(crate) fn waited(&self, secs: f64) {
         self.wait.record(secs);
     }
@@ -197,6 +208,7 @@ impl std::ops::Deref for Metrics<'_> {
 impl Registry {
     /// The handles that [`Metrics::keep`] returned: `None` is the first
     /// stage.
+    #[inline]
     pub(crate) fn kept<'a>(&'a self, kept: &'a Option<Arc<StageMetrics>>) -> &'a StageMetrics {
         match kept {
             Some(m) => m,
@@ -210,11 +222,21 @@ impl Registry {
         }
     }
 
+    #[inline]
     pub(crate) fn get(&self, stage: &StageName) -> Metrics<'_> {
+        match self.first.get() {
+            Some((name, m)) if name == stage => Metrics::First(m),
+            _ => self.get_slow(stage),
+        }
+    }
+
+    /// The first use of the layer, or a stage other than its first.
+    #[cold]
+    fn get_slow(&self, stage: &StageName) -> Metrics<'_> {
         let (name, m) = self
             .first
             .get_or_init(|| (stage.clone(), Arc::new(StageMetrics::new(stage))));
-        if Arc::ptr_eq(name.as_arc(), stage.as_arc()) || name == stage {
+        if name == stage {
             return Metrics::First(m);
         }
         if let Some(m) = self
