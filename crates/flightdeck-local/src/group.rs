@@ -175,12 +175,33 @@ type Hasher = foldhash::fast::RandomState;
 struct Shard<V> {
     table: HashTable<Slot<V>>,
     next_id: u64,
+    tokens: Tokens,
+}
+
+/// A shard's part of the `max_flights` bound.
+///
+/// Every running flight holds a token. Tokens are either in the group's
+/// pool or kept by a shard (spare), so admitting and ending a flight moves a
+/// token under the shard's lock and touches no shared counter in the common
+/// case: a shard takes a few tokens from the pool when it has none to
+/// spare, and gives some back when it has too many. Near the bound it takes
+/// one at a time, and a shard that finds the pool empty first collects the
+/// spare tokens of every shard (see `Group::collect`), so a flight is turned
+/// away only when `max_flights` are running or being admitted.
+#[derive(Default)]
+struct Tokens {
+    /// Flights of this shard still running.
+    running: usize,
+    spare: usize,
 }
 
 pub(crate) struct Group<V> {
     shards: Box<[Mutex<Shard<V>>]>,
     hasher: Hasher,
-    running: AtomicUsize,
+    /// Tokens no shard keeps (see [`Tokens`]).
+    pool: AtomicUsize,
+    /// How many tokens a shard takes from the pool at once, at most.
+    batch: usize,
     pub(crate) metrics: Registry,
     pub(crate) policy: FlightPolicy,
 }
@@ -212,12 +233,14 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                     Mutex::new(Shard {
                         table: HashTable::new(),
                         next_id: 0,
+                        tokens: Tokens::default(),
                     })
                 })
                 .collect(),
             hasher: Hasher::default(),
             metrics: Registry::default(),
-            running: AtomicUsize::new(0),
+            pool: AtomicUsize::new(policy.max_flights),
+            batch: (policy.max_flights / n.saturating_mul(4)).clamp(1, 32),
             policy,
         }
     }
@@ -234,7 +257,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
 
     /// Running flights right now.
     pub(crate) fn running(&self) -> usize {
-        self.running.load(Ordering::Acquire)
+        self.shards.iter().map(|s| lock(s).tokens.running).sum()
     }
 
     /// Entries in the map (running flights and replayable results).
@@ -249,111 +272,174 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         // first stage's handles are borrowed, not reference-counted).
         let metrics = self.metrics.get(key.stage());
         let hash = self.hash(&key);
-        let mut guard = self.shard(hash);
-        let shard = &mut *guard;
-        let entry = shard
-            .table
-            .entry(hash, |s| s.current() && s.key == key, |s| self.hash(&s.key));
-        let place = match entry {
-            Entry::Vacant(v) => Place::Vacant(v),
-            Entry::Occupied(mut e) => {
-                // Only here is the time needed: a fresh key reads no clock.
-                let now = Instant::now();
-                let slot = e.get_mut();
-                let id = FlightId { hash, id: slot.id };
-                match &mut slot.state {
-                    SlotState::Replay(replay) => {
-                        if now < replay.until {
-                            // Cloned after the lock: `V::clone` is the
-                            // user's code.
-                            let replay = Arc::clone(replay);
-                            drop(guard);
-                            metrics.replay();
-                            return Join::Replay(replay.value.clone());
-                        }
-                        // An expired result: its slot is reused.
-                        Place::Reuse(e)
-                    }
-                    SlotState::Running(r) => {
-                        let started = *r.started.get_or_insert(now);
-                        if started
-                            .checked_add(self.policy.flight_ttl)
-                            .is_none_or(|end| now < end)
-                        {
-                            let shared = r.shared();
-                            if shared.live >= self.policy.max_waiters {
-                                drop(guard);
-                                return self.reject(&metrics, key, true);
-                            }
-                            let (tx, rx) = oneshot::channel();
-                            shared.senders.push(tx);
-                            shared.live += 1;
-                            drop(guard);
-                            metrics.waiter();
-                            return Join::Waiter(id, metrics.keep(), rx, now);
-                        }
-                        // Past its TTL, a running flight finishes for its
-                        // own callers and keeps its slot; a new flight, if
-                        // admitted, takes the key.
-                        Place::Beside(id.id)
-                    }
-                }
-            }
-        };
-        if let Err(waiters) = self.admit() {
-            drop(guard);
-            return self.reject(&metrics, key, waiters);
-        }
-        shard.next_id += 1;
-        let id = FlightId {
-            hash,
-            id: shard.next_id,
-        };
-        let slot = Slot {
-            key,
-            id: id.id,
-            state: SlotState::Running(Running {
-                started: None,
-                superseded: false,
-                shared: None,
-            }),
-        };
-        let old = match place {
-            Place::Vacant(v) => {
-                v.insert(slot);
-                None
-            }
-            Place::Reuse(e) => Some(mem::replace(e.into_mut(), slot)),
-            Place::Beside(old) => {
-                if let Some(r) = shard
+        let mut collected = false;
+        loop {
+            let mut guard = self.shard(hash);
+            let shard = &mut *guard;
+            let entry =
+                shard
                     .table
-                    .find_mut(hash, |s| s.id == old)
-                    .and_then(Slot::running)
-                {
-                    r.superseded = true;
+                    .entry(hash, |s| s.current() && s.key == key, |s| self.hash(&s.key));
+            let place = match entry {
+                Entry::Vacant(v) => Place::Vacant(v),
+                Entry::Occupied(mut e) => {
+                    // Only here is the time needed: a fresh key reads no clock.
+                    let now = Instant::now();
+                    let slot = e.get_mut();
+                    let id = FlightId { hash, id: slot.id };
+                    match &mut slot.state {
+                        SlotState::Replay(replay) => {
+                            if now < replay.until {
+                                // Cloned after the lock: `V::clone` is the
+                                // user's code.
+                                let replay = Arc::clone(replay);
+                                drop(guard);
+                                metrics.replay();
+                                return Join::Replay(replay.value.clone());
+                            }
+                            // An expired result: its slot is reused.
+                            Place::Reuse(e)
+                        }
+                        SlotState::Running(r) => {
+                            let started = *r.started.get_or_insert(now);
+                            if started
+                                .checked_add(self.policy.flight_ttl)
+                                .is_none_or(|end| now < end)
+                            {
+                                let shared = r.shared();
+                                if shared.live >= self.policy.max_waiters {
+                                    drop(guard);
+                                    return self.reject(&metrics, key, true);
+                                }
+                                let (tx, rx) = oneshot::channel();
+                                shared.senders.push(tx);
+                                shared.live += 1;
+                                drop(guard);
+                                metrics.waiter();
+                                return Join::Waiter(id, metrics.keep(), rx, now);
+                            }
+                            // Past its TTL, a running flight finishes for its
+                            // own callers and keeps its slot; a new flight, if
+                            // admitted, takes the key.
+                            Place::Beside(id.id)
+                        }
+                    }
                 }
-                shard.table.insert_unique(hash, slot, |s| self.hash(&s.key));
-                None
+            };
+            if self.policy.max_waiters == 0 {
+                drop(guard);
+                return self.reject(&metrics, key, true);
             }
-        };
-        drop(guard);
-        drop(old);
-        metrics.started();
-        Join::Leader(id, metrics.keep())
+            if !self.admit(&mut shard.tokens) {
+                drop(guard);
+                // Other shards may keep spare tokens: collected once, then the
+                // call is looked up again (the key's flight may exist by now).
+                if !mem::replace(&mut collected, true) && self.collect() {
+                    continue;
+                }
+                return self.reject(&metrics, key, false);
+            }
+            shard.next_id += 1;
+            let id = FlightId {
+                hash,
+                id: shard.next_id,
+            };
+            let slot = Slot {
+                key,
+                id: id.id,
+                state: SlotState::Running(Running {
+                    started: None,
+                    superseded: false,
+                    shared: None,
+                }),
+            };
+            let old = match place {
+                Place::Vacant(v) => {
+                    v.insert(slot);
+                    None
+                }
+                // The expired result is dropped after the lock.
+                Place::Reuse(e) => match mem::replace(e.into_mut(), slot).state {
+                    SlotState::Replay(replay) => Some(replay),
+                    SlotState::Running(_) => None,
+                },
+                Place::Beside(old) => {
+                    if let Some(r) = shard
+                        .table
+                        .find_mut(hash, |s| s.id == old)
+                        .and_then(Slot::running)
+                    {
+                        r.superseded = true;
+                    }
+                    shard.table.insert_unique(hash, slot, |s| self.hash(&s.key));
+                    None
+                }
+            };
+            drop(guard);
+            drop(old);
+            metrics.started();
+            return Join::Leader(id, metrics.keep());
+        }
     }
 
-    /// Counts a new flight in, if the bounds allow one: `Err(true)` when no
-    /// caller may wait at all (`max_waiters` 0), `Err(false)` when
-    /// `max_flights` are running.
-    fn admit(&self) -> Result<(), bool> {
-        if self.policy.max_waiters == 0 {
-            return Err(true);
+    /// Gives a new flight of this shard a token, if one is left.
+    fn admit(&self, tokens: &mut Tokens) -> bool {
+        if tokens.spare == 0 {
+            tokens.spare = self.take();
+            if tokens.spare == 0 {
+                return false;
+            }
         }
-        if self.running.fetch_add(1, Ordering::AcqRel) >= self.policy.max_flights {
-            self.running.fetch_sub(1, Ordering::AcqRel);
-            return Err(false);
+        tokens.spare -= 1;
+        tokens.running += 1;
+        true
+    }
+
+    /// Takes tokens from the pool: a batch, or fewer as the pool runs low
+    /// (so that no shard sits on tokens that others need), 0 when it is
+    /// empty.
+    fn take(&self) -> usize {
+        let share = self.shards.len() * 2;
+        let mut left = self.pool.load(Ordering::Acquire);
+        loop {
+            if left == 0 {
+                return 0;
+            }
+            let n = self.batch.min(left.div_ceil(share));
+            match self.pool.compare_exchange_weak(
+                left,
+                left - n,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return n,
+                Err(now) => left = now,
+            }
         }
-        Ok(())
+    }
+
+    /// A flight of this shard ended: its token becomes spare, and the
+    /// shard gives tokens back when it keeps too many.
+    fn release(&self, tokens: &mut Tokens) {
+        tokens.running -= 1;
+        tokens.spare += 1;
+        if tokens.spare > 2 * self.batch {
+            self.pool
+                .fetch_add(tokens.spare - self.batch, Ordering::AcqRel);
+            tokens.spare = self.batch;
+        }
+    }
+
+    /// Moves every shard's spare tokens to the pool (one shard locked at a
+    /// time); returns whether the pool has any now.
+    fn collect(&self) -> bool {
+        for shard in self.shards.iter() {
+            let spare = mem::take(&mut lock(shard).tokens.spare);
+            if spare > 0 {
+                self.pool.fetch_add(spare, Ordering::AcqRel);
+            }
+        }
+        self.pool.load(Ordering::Acquire) > 0
     }
 
     fn reject(&self, metrics: &StageMetrics, key: FlightKey, waiters: bool) -> Join<V> {
@@ -414,8 +500,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             return true;
         }
         let (slot, _) = e.remove();
+        self.release(&mut shard.tokens);
         drop(shard);
-        self.running.fetch_sub(1, Ordering::AcqRel);
         let metrics = self.metrics.get(slot.key.stage());
         metrics.ended(None);
         metrics.cancelled();
@@ -455,31 +541,36 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             return (None, None);
         };
         let slot = e.get_mut();
+        // For the log line of a panic, read before the slot goes.
+        let panicked = matches!(outcome, Outcome::Panicked).then(|| slot.key.digest().short());
         let Some(r) = slot.running() else {
             return (None, None);
         };
         let shared = r.shared.take();
-        let (key, until) = match (replay, until) {
+        let until = match (replay, until) {
             // A flight that outlived its TTL leaves the key to the newer one.
             (Some(value), Some(until)) if !r.superseded => {
                 slot.state = SlotState::Replay(Arc::new(Replay { value, until }));
-                (None, Some(until))
+                Some(until)
             }
-            // The key outlives the lock: dropping it is not the shard's
-            // business.
-            _ => (Some(e.remove().0.key), None),
+            // Nothing left in the slot owns anything (its key holds no
+            // reference, its waiters' channels were taken above).
+            _ => {
+                e.remove();
+                None
+            }
         };
+        self.release(&mut shard.tokens);
         drop(shard);
-        self.running.fetch_sub(1, Ordering::AcqRel);
         metrics.ended(began);
-        if let Outcome::Panicked = outcome {
+        if let Some(key) = panicked {
             metrics.panicked();
-            let key = key.as_ref().map(|k| k.digest().short());
-            tracing::error!(stage = %metrics.stage, key = ?key, "work panicked");
+            tracing::error!(stage = %metrics.stage, %key, "work panicked");
         }
         let leader = match shared {
             Some(shared) => deliver(shared.senders, outcome, shared.leader_present),
-            None => deliver(Vec::new(), outcome, true),
+            // Nobody joined: the leader takes the outcome as it is.
+            None => outcome.into_msg(),
         };
         (leader, until)
     }
@@ -493,6 +584,20 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             let slot = e.remove().0;
             drop(shard);
             drop(slot);
+        }
+    }
+}
+
+impl<V> Outcome<V> {
+    /// The message of this outcome for its one receiver (the unshared
+    /// original included); `None` when the work was abandoned.
+    fn into_msg(self) -> Option<Msg<V>> {
+        match self {
+            Outcome::Value(v) => Some(Msg::Value(v)),
+            Outcome::Error(e) => Some(Msg::Error(e)),
+            Outcome::Panicked => Some(Msg::Panicked),
+            Outcome::Unshared(original) => original.map(Msg::Original),
+            Outcome::Abandoned => None,
         }
     }
 }
@@ -633,6 +738,9 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
 impl<V: Clone + Send + Sync + 'static> Drop for Completion<V> {
     fn drop(&mut self) {
         // Nothing when the outcome was delivered already.
+        if self.done {
+            return;
+        }
         let outcome = if std::thread::panicking() {
             Outcome::Panicked
         } else {

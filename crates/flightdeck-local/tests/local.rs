@@ -476,6 +476,45 @@ async fn max_flights_rejects_with_a_typed_error() {
     assert_eq!(l.running_flights(), 0);
 }
 
+/// The bound holds exactly across the map's shards, round after round: each
+/// round, a different set of keys (so other shards than before) fills it to
+/// the last flight, and the next one is turned away. Shards keep spare room
+/// between rounds; a full round needs all of it back.
+#[tokio::test(start_paused = true)]
+async fn max_flights_is_exact_across_shards_and_rounds() {
+    for limit in [1usize, 3, 100, 700] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let l = layer(FlightPolicy::new().max_flights(limit));
+        let svc = l.layer(counted(calls.clone(), Duration::from_secs(1)));
+        for round in 0..4 {
+            let flights: Vec<_> = (0..limit)
+                .map(|i| tokio::spawn(svc.clone().oneshot(format!("{round}/{i}"))))
+                .collect();
+            // Every task gets polled (a rejected one would end instead).
+            for _ in 0..1000 {
+                if l.running_flights() == limit {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(l.running_flights(), limit, "limit {limit}, round {round}");
+            for extra in 0..3 {
+                let err = svc
+                    .clone()
+                    .oneshot(format!("{round}/extra{extra}"))
+                    .await
+                    .unwrap_err();
+                assert_eq!(err.downcast_ref::<TooManyFlights>().unwrap().limit(), limit);
+            }
+            for f in flights {
+                f.await.unwrap().unwrap();
+            }
+            assert_eq!(l.running_flights(), 0);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4 * limit);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn coalesces_across_clones_and_rebuilt_services() {
     let calls = Arc::new(AtomicUsize::new(0));
