@@ -1,15 +1,19 @@
 //! Randomised stress on a multi-thread runtime: many callers on a few keys,
 //! with random policies (cancel or finish abandoned work, TTLs, bounds),
 //! work that is ready at once, yields, sleeps, fails or panics, and callers
-//! that are aborted at random. After each round nothing may hang, and the
-//! running count, the map and the active-flights gauge are back to 0.
+//! that are aborted at random. After each round nothing may hang, the
+//! running count, the map and the active-flights gauge are back to 0, and
+//! the whole `max_flights` is free again: that many flights on new keys are
+//! all admitted at once, and one more is turned away.
 //!
 //! `FLIGHTDECK_STRESS_ROUNDS` (default 40) and `FLIGHTDECK_STRESS_SEED`
 //! (printed on failure) replay or lengthen a run.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use flightdeck_core::error::TooManyFlights;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer, OnAbandon};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -55,9 +59,17 @@ fn random_schedules_leave_nothing_behind() {
     let seed = env("FLIGHTDECK_STRESS_SEED", 0x9E37_79B9_7F4A_7C15) | 1;
     // Each work draws from this, in whatever order the threads run it.
     static WORK_SEED: AtomicU64 = AtomicU64::new(1);
+    // Work on keys from `GATED` on waits for a permit (the bound's check).
+    const GATED: u64 = 1 << 32;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     for round in 0..env("FLIGHTDECK_STRESS_ROUNDS", 40) {
         let ctx = format!("seed {seed}, round {round}");
         let mut rng = Rng(seed ^ (round + 1).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
+        let limit = if rng.below(2) == 0 {
+            1 + rng.below(6) as usize
+        } else {
+            8 + rng.below(120) as usize
+        };
         let policy = FlightPolicy::new()
             .wait_timeout(Some(Duration::from_millis(5 + rng.below(20))))
             .flight_ttl(Duration::from_millis(3 + rng.below(20)))
@@ -68,16 +80,23 @@ fn random_schedules_leave_nothing_behind() {
                 OnAbandon::Finish
             })
             .max_waiters(2 + rng.below(50) as usize)
-            .max_flights(1 + rng.below(6) as usize);
+            .max_flights(limit);
+        let keys = if rng.below(2) == 0 { 4 } else { 64 };
         let layer = LocalFlightLayer::with_key(policy, |q: &u64| {
             Some(FlightKey::from_bytes(
                 StageName::new("stress").unwrap(),
                 q.to_le_bytes(),
             ))
         });
-        let svc = layer.layer(service_fn(|q: u64| {
+        let gate_ = Arc::clone(&gate);
+        let svc = layer.layer(service_fn(move |q: u64| {
             let mut r = Rng(WORK_SEED.fetch_add(0x9E37, Ordering::Relaxed) | 1);
+            let gate = Arc::clone(&gate_);
             async move {
+                if q >= GATED {
+                    gate.acquire().await.unwrap().forget();
+                    return Ok(q);
+                }
                 match r.below(6) {
                     0 => {}
                     1 => tokio::task::yield_now().await,
@@ -99,7 +118,7 @@ fn random_schedules_leave_nothing_behind() {
             let mut callers = Vec::new();
             for _ in 0..400 {
                 let svc = svc.clone();
-                let (key, delay) = (rng.below(4), rng.below(40));
+                let (key, delay) = (rng.below(keys), rng.below(40));
                 let caller = tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(delay)).await;
                     tokio::time::timeout(Duration::from_secs(5), svc.oneshot(key)).await
@@ -127,5 +146,46 @@ fn random_schedules_leave_nothing_behind() {
         for (name, value) in gauges(&snapshotter) {
             assert_eq!(value, 0.0, "{ctx}: gauge {name}");
         }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let base = GATED + round * 1000;
+            let held: Vec<_> = (0..limit as u64)
+                .map(|i| tokio::spawn(svc.clone().oneshot(base + i)))
+                .collect();
+            for _ in 0..5000 {
+                if layer.running_flights() == limit {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert_eq!(
+                layer.running_flights(),
+                limit,
+                "{ctx}: admitted of the bound"
+            );
+            let extra = svc.clone().oneshot(base + 999).await.unwrap_err();
+            assert!(extra.is::<TooManyFlights>(), "{ctx}: {extra}");
+            gate.add_permits(limit);
+            for h in held {
+                // Leaders may have timed out waiting; their work goes on.
+                let _ = h.await.unwrap();
+            }
+            for _ in 0..5000 {
+                if layer.running_flights() == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        drop(rt);
+        assert_eq!(
+            layer.running_flights(),
+            0,
+            "{ctx}: running after the bound's check"
+        );
     }
 }
