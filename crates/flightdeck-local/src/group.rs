@@ -16,7 +16,7 @@ use std::hash::BuildHasher;
 use std::mem;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -151,10 +151,16 @@ enum Place<'a, V> {
     Beside(u64),
 }
 
+/// An expired result that a new flight replaced, to be dropped by the
+/// caller once the new flight's completion is armed.
+pub(crate) struct Expired<V> {
+    _replaced: Option<Arc<Replay<V>>>,
+}
+
 pub(crate) enum Join<V> {
     /// With the stage's metric handles (`None`: the first stage's, see
-    /// `Registry::kept`).
-    Leader(FlightId, Option<Arc<StageMetrics>>),
+    /// `Registry::kept`), and the result it replaced.
+    Leader(FlightId, Option<Arc<StageMetrics>>, Expired<V>),
     /// With the stage's metric handles and when it joined.
     Waiter(
         FlightId,
@@ -184,10 +190,14 @@ struct Shard<V> {
 /// pool or kept by a shard (spare), so admitting and ending a flight moves a
 /// token under the shard's lock and touches no shared counter in the common
 /// case: a shard takes a few tokens from the pool when it has none to
-/// spare, and gives some back when it has too many. Near the bound it takes
-/// one at a time, and a shard that finds the pool empty first collects the
-/// spare tokens of every shard (see `Group::collect`), so a flight is turned
-/// away only when `max_flights` are running or being admitted.
+/// spare, and gives some back when it has too many.
+///
+/// When a shard finds no spare and the pool empty, tokens are *scarce*: it
+/// collects every shard's spare into the pool (see `Group::collect`), and
+/// until the pool holds plenty again, shards take one token at a time and
+/// give each back as its flight ends. So a flight is turned away only when
+/// `max_flights` flights are running or being admitted, and, while the
+/// bound is reached, turning one away costs no sweep of the shards.
 #[derive(Default)]
 struct Tokens {
     /// Flights of this shard still running.
@@ -202,6 +212,13 @@ pub(crate) struct Group<V> {
     pool: AtomicUsize,
     /// How many tokens a shard takes from the pool at once, at most.
     batch: usize,
+    /// Tokens are scarce (see [`Tokens`]): taken one at a time, and given
+    /// straight back to the pool.
+    scarce: AtomicBool,
+    /// Collections of spare tokens under way.
+    sweeping: AtomicUsize,
+    /// A pool this full ends scarcity: every shard could take a batch.
+    plenty: usize,
     pub(crate) metrics: Registry,
     pub(crate) policy: FlightPolicy,
 }
@@ -227,6 +244,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             .saturating_mul(4)
             .next_power_of_two()
             .clamp(4, 256);
+        let batch = (policy.max_flights / n.saturating_mul(4)).clamp(1, 32);
+        let plenty = n * batch;
         Self {
             shards: (0..n)
                 .map(|_| {
@@ -240,7 +259,11 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             hasher: Hasher::default(),
             metrics: Registry::default(),
             pool: AtomicUsize::new(policy.max_flights),
-            batch: (policy.max_flights / n.saturating_mul(4)).clamp(1, 32),
+            batch,
+            // A bound too small for batches is scarce from the start.
+            scarce: AtomicBool::new(policy.max_flights < plenty),
+            sweeping: AtomicUsize::new(0),
+            plenty,
             policy,
         }
     }
@@ -358,10 +381,14 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                     v.insert(slot);
                     None
                 }
-                // The expired result is dropped after the lock.
+                // The expired result is dropped after the lock. Only a
+                // replayed result's slot is reused (see `Place::Reuse`).
                 Place::Reuse(e) => match mem::replace(e.into_mut(), slot).state {
                     SlotState::Replay(replay) => Some(replay),
-                    SlotState::Running(_) => None,
+                    SlotState::Running(_) => {
+                        debug_assert!(false, "a running flight's slot was reused");
+                        None
+                    }
                 },
                 Place::Beside(old) => {
                     if let Some(r) = shard
@@ -376,9 +403,9 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 }
             };
             drop(guard);
-            drop(old);
-            metrics.started();
-            return Join::Leader(id, metrics.keep());
+            // The expired result is dropped (`V::drop` is the user's code)
+            // once the caller has armed the flight's completion.
+            return Join::Leader(id, metrics.keep(), Expired { _replaced: old });
         }
     }
 
@@ -400,12 +427,18 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// empty.
     fn take(&self) -> usize {
         let share = self.shards.len() * 2;
+        // Read under the shard's lock, as in `release`.
+        let batch = if self.scarce.load(Ordering::SeqCst) {
+            1
+        } else {
+            self.batch
+        };
         let mut left = self.pool.load(Ordering::Acquire);
         loop {
             if left == 0 {
                 return 0;
             }
-            let n = self.batch.min(left.div_ceil(share));
+            let n = batch.min(left.div_ceil(share));
             match self.pool.compare_exchange_weak(
                 left,
                 left - n,
@@ -418,10 +451,20 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         }
     }
 
-    /// A flight of this shard ended: its token becomes spare, and the
-    /// shard gives tokens back when it keeps too many.
+    /// A flight of this shard ended: its token becomes spare (or goes back
+    /// to the pool while tokens are scarce), and the shard gives tokens back
+    /// when it keeps too many.
     fn release(&self, tokens: &mut Tokens) {
         tokens.running -= 1;
+        // Read under the shard's lock: a collection that made tokens scarce
+        // before it swept this shard is seen here, or its sweep sees this
+        // token.
+        if self.scarce.load(Ordering::SeqCst) {
+            if self.pool.fetch_add(1, Ordering::SeqCst) + 1 >= self.plenty {
+                self.scarce.store(false, Ordering::SeqCst);
+            }
+            return;
+        }
         tokens.spare += 1;
         if tokens.spare > 2 * self.batch {
             self.pool
@@ -430,16 +473,34 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         }
     }
 
-    /// Moves every shard's spare tokens to the pool (one shard locked at a
-    /// time); returns whether the pool has any now.
+    /// A shard found no spare and the pool empty: tokens are scarce from
+    /// now on, and every shard's spare tokens go to the pool (one shard
+    /// locked at a time, each moved while its shard is locked, so another
+    /// collection never misses them). Returns whether the pool has any now.
+    ///
+    /// While tokens are scarce and no collection is under way, no shard
+    /// keeps any (a shard takes one for a flight it admits at once, and
+    /// gives it back at once), so there is nothing to sweep.
     fn collect(&self) -> bool {
-        for shard in self.shards.iter() {
-            let spare = mem::take(&mut lock(shard).tokens.spare);
-            if spare > 0 {
-                self.pool.fetch_add(spare, Ordering::AcqRel);
-            }
+        if self.scarce.load(Ordering::SeqCst) && self.sweeping.load(Ordering::SeqCst) == 0 {
+            return self.pool.load(Ordering::SeqCst) > 0;
         }
-        self.pool.load(Ordering::Acquire) > 0
+        // Counted first: whoever sees tokens scarce also sees this sweep
+        // under way until it is done.
+        self.sweeping.fetch_add(1, Ordering::SeqCst);
+        self.scarce.store(true, Ordering::SeqCst);
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            let spare = mem::take(&mut shard.tokens.spare);
+            if spare > 0 {
+                self.pool.fetch_add(spare, Ordering::SeqCst);
+            }
+            drop(shard);
+            #[cfg(test)]
+            tests::swept_one(spare);
+        }
+        self.sweeping.fetch_sub(1, Ordering::SeqCst);
+        self.pool.load(Ordering::SeqCst) > 0
     }
 
     fn reject(&self, metrics: &StageMetrics, key: FlightKey, waiters: bool) -> Join<V> {
@@ -701,6 +762,13 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
         }
     }
 
+    /// Counts the flight in (owner, active flights). Called once armed:
+    /// should the recorder panic, dropping the completion ends the flight
+    /// (its waiters hear `WorkPanicked`).
+    pub(crate) fn started(&self) {
+        self.metrics().started();
+    }
+
     /// Delivers the outcome (with `replay`, the copy of its value to keep
     /// for replay); returns the leader's message (if the leader is still
     /// there) and schedules the end of a replay window.
@@ -887,5 +955,256 @@ impl<V: Clone + Send + Sync + 'static> Future for Detached<V> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.0.poll_msg(cx).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The token bound across threads and shards. The interleavings are
+    //! forced with a hook in `Group::collect`: a thread that opted in stops
+    //! there once, after moving a shard's spare tokens. (The first two tests
+    //! came from a review; the first failed on the collection as first
+    //! written, which moved tokens to the pool after the shard's lock.)
+
+    use std::cell::Cell as StdCell;
+    use std::sync::mpsc;
+
+    use flightdeck_core::error::TooManyFlights;
+    use flightdeck_core::StageName;
+
+    use super::*;
+
+    type Chan = (mpsc::Sender<()>, mpsc::Receiver<()>);
+
+    thread_local! {
+        static PAUSE: StdCell<Option<&'static Mutex<Chan>>> = const { StdCell::new(None) };
+        static SWEPT: StdCell<usize> = const { StdCell::new(0) };
+    }
+
+    /// Called by `collect` after each shard (`spare`: the tokens it moved).
+    pub(super) fn swept_one(spare: usize) {
+        SWEPT.with(|n| n.set(n.get() + 1));
+        if spare == 0 {
+            return;
+        }
+        if let Some(c) = PAUSE.with(|p| p.take()) {
+            let c = c.lock().unwrap();
+            c.0.send(()).unwrap();
+            c.1.recv().unwrap();
+        }
+    }
+
+    fn swept() -> usize {
+        SWEPT.with(|n| n.get())
+    }
+
+    fn key(i: u64) -> FlightKey {
+        FlightKey::from_bytes(StageName::new("t").unwrap(), i.to_le_bytes())
+    }
+
+    fn shard_of(g: &Group<u64>, k: &FlightKey) -> usize {
+        (g.hash(k) >> 32) as usize & (g.shards.len() - 1)
+    }
+
+    fn lead(g: &Group<u64>, k: FlightKey) -> Option<FlightId> {
+        match g.join(k) {
+            Join::Leader(id, _, _) => Some(id),
+            Join::Rejected(_) => None,
+            _ => panic!("unexpected join"),
+        }
+    }
+
+    /// Fills `max` flights, then ends 50 of shard 0 (cancelled: their last
+    /// caller leaves), and leaves their 50 tokens spare in shard 0, the pool
+    /// empty and tokens not scarce: the state after a scarcity ended and
+    /// shards took batches again until the pool ran dry, while shard 0's
+    /// flights ended.
+    fn fifty_spare_in_shard_0(max: usize) -> Arc<Group<u64>> {
+        let g = Arc::new(Group::<u64>::new(FlightPolicy::new().max_flights(max)));
+        assert!(2 * g.batch >= 50, "batch {}", g.batch);
+        let ids: Vec<(usize, FlightId)> = (0..max as u64)
+            .map(|i| {
+                let k = key(i);
+                (shard_of(&g, &k), lead(&g, k).expect("room"))
+            })
+            .collect();
+        let zeros = ids.iter().filter(|(s, _)| *s == 0).take(50);
+        assert_eq!(zeros.clone().count(), 50);
+        for (_, id) in zeros {
+            assert!(!g.depart(*id, false, true));
+        }
+        // Wherever the 50 free tokens went (the pool, spares), put them in
+        // shard 0.
+        let mut free = g.pool.swap(0, Ordering::SeqCst);
+        for shard in g.shards.iter() {
+            free += mem::take(&mut lock(shard).tokens.spare);
+        }
+        assert_eq!(free, 50);
+        lock(&g.shards[0]).tokens.spare = free;
+        g.scarce.store(false, Ordering::SeqCst);
+        assert_eq!(g.running(), max - 50);
+        assert_eq!(g.pool.load(Ordering::SeqCst), 0);
+        assert_eq!(lock(&g.shards[0]).tokens.spare, 50);
+        g
+    }
+
+    /// 950 of 1000 flights running, the 50 free tokens spare in one shard,
+    /// two admissions in two other shards at once: both get in.
+    #[test]
+    fn a_collection_under_way_never_hides_tokens() {
+        let max = 1000;
+        let g = fifty_spare_in_shard_0(max);
+        let n = g.shards.len();
+        let mut fresh = (max as u64..).map(key);
+        let ka = fresh.by_ref().find(|k| shard_of(&g, k) == 1 % n).unwrap();
+        let kb = fresh.find(|k| shard_of(&g, k) == 2 % n).unwrap();
+
+        let (tx, paused) = mpsc::channel::<()>();
+        let (resume, rx) = mpsc::channel::<()>();
+        let chan: &'static Mutex<Chan> = Box::leak(Box::new(Mutex::new((tx, rx))));
+        let g1 = Arc::clone(&g);
+        let t1 = std::thread::spawn(move || {
+            PAUSE.with(|p| p.set(Some(chan)));
+            lead(&g1, ka)
+        });
+        // T1 has just moved shard 0's spare tokens, mid-collection.
+        paused.recv().unwrap();
+        let b = lead(&g, kb);
+        resume.send(()).unwrap();
+        assert!(t1.join().unwrap().is_some(), "T1 admitted");
+        assert!(
+            b.is_some(),
+            "T2 turned away with 951 of {max} running or admitted"
+        );
+    }
+
+    /// At the bound, the first flight turned away sweeps the shards; the
+    /// next ones do not, until the pool holds plenty again.
+    #[test]
+    fn at_the_bound_turning_flights_away_sweeps_no_shard() {
+        let max = 1000;
+        let g = fifty_spare_in_shard_0(max);
+        let mut fresh = (max as u64..).map(key);
+        // The 50 spare tokens are found by one collection.
+        let before = swept();
+        for _ in 0..50 {
+            assert!(lead(&g, fresh.next().unwrap()).is_some());
+        }
+        assert_eq!(swept() - before, g.shards.len(), "one collection");
+        assert_eq!(g.running(), max);
+        let before = swept();
+        for _ in 0..20 {
+            assert!(lead(&g, fresh.next().unwrap()).is_none());
+        }
+        assert_eq!(swept(), before, "rejections at the bound sweep nothing");
+        // A flight that ends gives its token straight back: the next one
+        // takes it, still without a sweep.
+        let id = lead_any(&g);
+        assert!(!g.depart(id, false, true));
+        assert!(lead(&g, fresh.next().unwrap()).is_some());
+        assert!(lead(&g, fresh.next().unwrap()).is_none());
+        assert_eq!(swept(), before);
+        assert!(g.scarce.load(Ordering::SeqCst));
+    }
+
+    /// A running flight of the group (found in its map).
+    fn lead_any(g: &Group<u64>) -> FlightId {
+        for (i, shard) in g.shards.iter().enumerate() {
+            let shard = lock(shard);
+            if let Some(slot) = shard.table.iter().find(|s| s.current()) {
+                let hash = g.hash(&slot.key);
+                assert_eq!(shard_of(g, &slot.key), i);
+                return FlightId { hash, id: slot.id };
+            }
+        }
+        panic!("no running flight")
+    }
+
+    /// Single-threaded random admissions and ends (finish, finish with
+    /// replay, cancel, panicked): tokens are conserved, a flight is turned
+    /// away exactly when `max_flights` are running, and scarcity ends once
+    /// the flights do.
+    #[test]
+    fn tokens_are_conserved_and_the_bound_is_exact() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let _rt = rt.enter();
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for max in [0usize, 1, 2, 3, 7, 31, 100, 700, usize::MAX] {
+            let g = Group::<u64>::new(
+                FlightPolicy::new()
+                    .max_flights(max)
+                    .replay_ttl(std::time::Duration::from_secs(3600)),
+            );
+            let total = |g: &Group<u64>| {
+                let mut t = g.pool.load(Ordering::SeqCst) as u128;
+                for s in g.shards.iter() {
+                    let s = lock(s);
+                    t += (s.tokens.spare + s.tokens.running) as u128;
+                }
+                t
+            };
+            let stage = StageName::new("t").unwrap();
+            let mut live: Vec<FlightId> = Vec::new();
+            let mut next = 0u64;
+            for _ in 0..20_000 {
+                assert_eq!(total(&g), max as u128, "max {max}");
+                if rnd(2) == 0 || live.is_empty() {
+                    next += 1;
+                    // Sometimes a key that may be replayed or running.
+                    let k = key(if rnd(4) == 0 {
+                        rnd(next)
+                    } else {
+                        next + 1_000_000
+                    });
+                    let before = g.running();
+                    match g.join(k) {
+                        Join::Leader(id, _, _) => live.push(id),
+                        Join::Rejected(e) => {
+                            assert!(e.is::<TooManyFlights>());
+                            assert_eq!(before, max, "rejected with {before} of {max}");
+                        }
+                        Join::Waiter(id, _, _, _) => {
+                            g.depart(id, false, false);
+                        }
+                        Join::Replay(_) => {}
+                    }
+                } else {
+                    let id = live.swap_remove(rnd(live.len() as u64) as usize);
+                    let m = g.metrics.get(&stage);
+                    match rnd(3) {
+                        0 => {
+                            g.depart(id, false, true);
+                        }
+                        1 => {
+                            g.finish(id, &m, Outcome::Value(1), Some(1), None);
+                        }
+                        _ => {
+                            g.finish(id, &m, Outcome::Panicked, None, None);
+                        }
+                    }
+                }
+                assert_eq!(g.running(), live.len());
+            }
+            for id in live.drain(..) {
+                g.depart(id, false, true);
+            }
+            assert_eq!(total(&g), max as u128);
+            if max >= g.plenty {
+                assert!(
+                    !g.scarce.load(Ordering::SeqCst),
+                    "max {max}: scarce at rest"
+                );
+            }
+        }
     }
 }

@@ -37,7 +37,10 @@ impl<K, Sh: SharedForm> LocalFlightLayer<K, Sh> {
         &self.group.policy
     }
 
-    /// Flights running right now (for tests and health checks).
+    /// Flights running right now (for tests and health checks): a sum over
+    /// the map's shards, each read under its own lock, so while flights
+    /// start and end it is approximate (it may even pass `max_flights`
+    /// for a moment).
     pub fn running_flights(&self) -> usize {
         self.group.running()
     }

@@ -115,10 +115,13 @@ where
                     self.share.clone(),
                 )
             }
-            Join::Leader(flight, metrics) => {
-                // Armed before calling the inner service: if `call` itself
-                // panics, waiters that already joined get `WorkPanicked`.
+            Join::Leader(flight, metrics, expired) => {
+                // Armed before calling the inner service (or dropping the
+                // result it replaced): if `call` itself panics, waiters that
+                // already joined get `WorkPanicked`.
                 let completion = Completion::new(Arc::clone(&self.group), flight, metrics);
+                completion.started();
+                drop(expired);
                 let fut = run(self.inner.call(req), self.share.clone());
                 // A disabled span is not worth a wrapper polled every time.
                 let work = if span.is_disabled() {

@@ -515,6 +515,59 @@ async fn max_flights_is_exact_across_shards_and_rounds() {
     }
 }
 
+/// A result whose `Drop` panics once armed.
+#[derive(Clone)]
+struct Loud(Arc<AtomicBool>);
+
+impl Drop for Loud {
+    fn drop(&mut self) {
+        if self.0.swap(false, Ordering::SeqCst) {
+            panic!("a loud drop");
+        }
+    }
+}
+
+/// The user's `Drop` of an expired result runs when a new flight takes its
+/// key; when it panics, the new flight is already armed, so it ends (and
+/// gives back its room under `max_flights`) instead of staying behind.
+#[test]
+fn a_panicking_drop_of_a_replaced_result_frees_its_flight() {
+    let armed = Arc::new(AtomicBool::new(false));
+    let l = layer_of::<Loud>(
+        FlightPolicy::new()
+            .replay_ttl(Duration::from_millis(20))
+            .max_flights(1),
+    );
+    let made = armed.clone();
+    let svc = l.layer(service_fn(move |_q: String| {
+        let made = made.clone();
+        async move { Ok::<_, Infallible>(Loud(made)) }
+    }));
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    };
+    // That runtime ends before the replay's timer fires: the result stays
+    // in the map until its key is next looked up.
+    drop(rt().block_on(svc.clone().oneshot("q".into())).unwrap());
+    std::thread::sleep(Duration::from_millis(40));
+    armed.store(true, Ordering::SeqCst);
+    let rt = rt();
+    let _in = rt.enter();
+    let mut caller = svc.clone();
+    let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(caller.call("q".into()));
+    }));
+    assert!(call.is_err(), "the user's Drop panicked in call");
+    assert_eq!(l.running_flights(), 0);
+    assert_eq!(l.map_entries(), 0);
+    // The one flight allowed runs again.
+    drop(rt.block_on(svc.clone().oneshot("q".into())).unwrap());
+    drop(rt.block_on(svc.clone().oneshot("r".into())).unwrap());
+}
+
 #[tokio::test(start_paused = true)]
 async fn coalesces_across_clones_and_rebuilt_services() {
     let calls = Arc::new(AtomicUsize::new(0));
