@@ -288,21 +288,23 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         self.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
-    /// Joins the flight of `key`, or starts one (the key moves into it).
-    pub(crate) fn join(&self, key: FlightKey) -> Join<V> {
+    /// Joins the flight of `key`, or starts one (a copy of the key goes
+    /// into its slot).
+    pub(crate) fn join(&self, key: &FlightKey) -> Join<V> {
         // Looked up before the lock: the first use of a stage registers its
         // handles with the recorder, which is not the shard's business (the
         // first stage's handles are borrowed, not reference-counted).
         let metrics = self.metrics.get(key.stage());
-        let hash = self.hash(&key);
+        let hash = self.hash(key);
         let mut collected = false;
         loop {
             let mut guard = self.shard(hash);
             let shard = &mut *guard;
-            let entry =
-                shard
-                    .table
-                    .entry(hash, |s| s.current() && s.key == key, |s| self.hash(&s.key));
+            let entry = shard.table.entry(
+                hash,
+                |s| s.current() && s.key == *key,
+                |s| self.hash(&s.key),
+            );
             let place = match entry {
                 Entry::Vacant(v) => Place::Vacant(v),
                 Entry::Occupied(mut e) => {
@@ -368,7 +370,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 id: shard.next_id,
             };
             let slot = Slot {
-                key,
+                key: key.clone(),
                 id: id.id,
                 state: SlotState::Running(Running {
                     started: None,
@@ -503,7 +505,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         self.pool.load(Ordering::SeqCst) > 0
     }
 
-    fn reject(&self, metrics: &StageMetrics, key: FlightKey, waiters: bool) -> Join<V> {
+    fn reject(&self, metrics: &StageMetrics, key: &FlightKey, waiters: bool) -> Join<V> {
         metrics.rejected();
         let stage = Some(key.stage().clone());
         Join::Rejected(if waiters {
@@ -1007,7 +1009,7 @@ mod tests {
     }
 
     fn lead(g: &Group<u64>, k: FlightKey) -> Option<FlightId> {
-        match g.join(k) {
+        match g.join(&k) {
             Join::Leader(id, _, _) => Some(id),
             Join::Rejected(_) => None,
             _ => panic!("unexpected join"),
@@ -1167,7 +1169,7 @@ mod tests {
                         next + 1_000_000
                     });
                     let before = g.running();
-                    match g.join(k) {
+                    match g.join(&k) {
                         Join::Leader(id, _, _) => live.push(id),
                         Join::Rejected(e) => {
                             assert!(e.is::<TooManyFlights>());

@@ -93,7 +93,7 @@ where
             stage = %key.stage(),
             key = %key.digest().short(),
         );
-        match self.group.join(key) {
+        match self.group.join(&key) {
             Join::Replay(value) => {
                 ResponseFuture::ready(Ok(self.share.restore(&value)), self.share.clone())
             }
