@@ -120,6 +120,15 @@ impl<V> Running<V> {
     }
 }
 
+impl<V> Shard<V> {
+    /// The running flight `id` of this shard (`hash` is its key's).
+    fn running(&mut self, hash: u64, id: u64) -> Option<&mut Running<V>> {
+        self.table
+            .find_mut(hash, |s| s.id == id)
+            .and_then(Slot::running)
+    }
+}
+
 impl<V> Slot<V> {
     /// Whether lookups of its key find this slot.
     fn current(&self) -> bool {
@@ -217,8 +226,6 @@ pub(crate) struct Group<V> {
     scarce: AtomicBool,
     /// Collections of spare tokens under way.
     sweeping: AtomicUsize,
-    /// A pool this full ends scarcity: every shard could take a batch.
-    plenty: usize,
     pub(crate) metrics: Registry,
     pub(crate) policy: FlightPolicy,
 }
@@ -245,7 +252,6 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             .next_power_of_two()
             .clamp(4, 256);
         let batch = (policy.max_flights / n.saturating_mul(4)).clamp(1, 32);
-        let plenty = n * batch;
         Self {
             shards: (0..n)
                 .map(|_| {
@@ -261,9 +267,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             pool: AtomicUsize::new(policy.max_flights),
             batch,
             // A bound too small for batches is scarce from the start.
-            scarce: AtomicBool::new(policy.max_flights < plenty),
+            scarce: AtomicBool::new(policy.max_flights < n * batch),
             sweeping: AtomicUsize::new(0),
-            plenty,
             policy,
         }
     }
@@ -295,6 +300,10 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         // handles with the recorder, which is not the shard's business (the
         // first stage's handles are borrowed, not reference-counted).
         let metrics = self.metrics.get(key.stage());
+        // A bound of 0 turns every call away, the leader included.
+        if self.policy.max_waiters == 0 {
+            return self.reject(&metrics, key, true);
+        }
         let hash = self.hash(key);
         let mut collected = false;
         loop {
@@ -351,10 +360,6 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                     }
                 }
             };
-            if self.policy.max_waiters == 0 {
-                drop(guard);
-                return self.reject(&metrics, key, true);
-            }
             if !self.admit(&mut shard.tokens) {
                 drop(guard);
                 // Other shards may keep spare tokens: collected once, then the
@@ -393,11 +398,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                     }
                 },
                 Place::Beside(old) => {
-                    if let Some(r) = shard
-                        .table
-                        .find_mut(hash, |s| s.id == old)
-                        .and_then(Slot::running)
-                    {
+                    if let Some(r) = shard.running(hash, old) {
                         r.superseded = true;
                     }
                     shard.table.insert_unique(hash, slot, |s| self.hash(&s.key));
@@ -409,6 +410,11 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             // once the caller has armed the flight's completion.
             return Join::Leader(id, metrics.keep(), Expired { _replaced: old });
         }
+    }
+
+    /// A pool this full ends scarcity: every shard could take a batch.
+    fn plenty(&self) -> usize {
+        self.shards.len() * self.batch
     }
 
     /// Gives a new flight of this shard a token, if one is left.
@@ -462,7 +468,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         // before it swept this shard is seen here, or its sweep sees this
         // token.
         if self.scarce.load(Ordering::SeqCst) {
-            if self.pool.fetch_add(1, Ordering::SeqCst) + 1 >= self.plenty {
+            if self.pool.fetch_add(1, Ordering::SeqCst) + 1 >= self.plenty() {
                 self.scarce.store(false, Ordering::SeqCst);
             }
             return;
@@ -518,24 +524,14 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// The work's first poll returned pending at `at`: the flight TTL
     /// counts from there (unless a waiter found it running first).
     pub(crate) fn pending(&self, flight: FlightId, at: Instant) {
-        let mut shard = self.shard(flight.hash);
-        if let Some(r) = shard
-            .table
-            .find_mut(flight.hash, |s| s.id == flight.id)
-            .and_then(Slot::running)
-        {
+        if let Some(r) = self.shard(flight.hash).running(flight.hash, flight.id) {
             r.started.get_or_insert(at);
         }
     }
 
     /// Records the task that runs the work, so the flight can be cancelled.
     pub(crate) fn set_abort(&self, flight: FlightId, handle: AbortHandle) {
-        let mut shard = self.shard(flight.hash);
-        match shard
-            .table
-            .find_mut(flight.hash, |s| s.id == flight.id)
-            .and_then(Slot::running)
-        {
+        match self.shard(flight.hash).running(flight.hash, flight.id) {
             Some(r) => r.shared().abort = Some(handle),
             // Cancelled (or done) before the task existed.
             None => handle.abort(),
@@ -651,6 +647,20 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     }
 }
 
+impl<V: Clone> Outcome<V> {
+    /// A waiter's message of this outcome, when it has one (an unshared
+    /// original is the leader's: the waiter runs alone).
+    fn for_waiter(&self) -> Option<Msg<V>> {
+        match self {
+            Outcome::Value(v) => Some(Msg::Value(v.clone())),
+            Outcome::Error(e) => Some(Msg::Error(e.clone())),
+            Outcome::Panicked => Some(Msg::Panicked),
+            Outcome::Unshared(_) => Some(Msg::Unshared),
+            Outcome::Abandoned => None,
+        }
+    }
+}
+
 impl<V> Outcome<V> {
     /// The message of this outcome for its one receiver (the unshared
     /// original included); `None` when the work was abandoned.
@@ -673,56 +683,37 @@ fn deliver<V: Clone>(
     outcome: Outcome<V>,
     leader: bool,
 ) -> Option<Msg<V>> {
-    // Read once, and only when somebody waits.
-    let at = (!senders.is_empty()).then(Instant::now);
-    fn send_all<V>(
-        senders: Vec<oneshot::Sender<Letter<V>>>,
-        at: Option<Instant>,
-        msg: impl Fn() -> Msg<V>,
-    ) {
-        if let Some(at) = at {
-            for tx in senders {
-                let _ = tx.send((msg(), at));
-            }
-        }
+    if senders.is_empty() {
+        return if leader { outcome.into_msg() } else { None };
     }
+    // Read once, and only when somebody waits.
+    let at = Instant::now();
     match outcome {
-        Outcome::Value(v) => {
-            send_all(senders, at, || Msg::Value(v.clone()));
-            leader.then_some(Msg::Value(v))
-        }
-        Outcome::Error(e) => {
-            send_all(senders, at, || Msg::Error(e.clone()));
-            leader.then_some(Msg::Error(e))
-        }
-        Outcome::Panicked => {
-            send_all(senders, at, || Msg::Panicked);
-            leader.then_some(Msg::Panicked)
-        }
         // The unshared original belongs to the leader; when the leader left,
         // to the first waiter still there. Everybody else runs alone.
-        Outcome::Unshared(original) if leader => {
-            send_all(senders, at, || Msg::Unshared);
-            original.map(Msg::Original)
-        }
-        Outcome::Unshared(mut original) => {
-            let at = at?;
+        Outcome::Unshared(mut original) if !leader => {
             for tx in senders {
-                match original.take() {
-                    Some(o) => {
-                        if let Err((Msg::Original(o), _)) = tx.send((Msg::Original(o), at)) {
-                            original = Some(o);
-                        }
-                    }
-                    None => {
-                        let _ = tx.send((Msg::Unshared, at));
-                    }
+                let msg = original.take().map_or(Msg::Unshared, Msg::Original);
+                if let Err((Msg::Original(o), _)) = tx.send((msg, at)) {
+                    original = Some(o);
                 }
             }
             None
         }
-        // Dropping the senders tells the receivers.
-        Outcome::Abandoned => None,
+        outcome => {
+            for tx in senders {
+                // Abandoned: dropping the senders tells the receivers.
+                let Some(msg) = outcome.for_waiter() else {
+                    break;
+                };
+                let _ = tx.send((msg, at));
+            }
+            if leader {
+                outcome.into_msg()
+            } else {
+                None
+            }
+        }
     }
 }
 
@@ -771,13 +762,14 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
         self.metrics().started();
     }
 
-    /// Delivers the outcome (with `replay`, the copy of its value to keep
-    /// for replay); returns the leader's message (if the leader is still
-    /// there) and schedules the end of a replay window.
+    /// The metric handles of the flight's stage.
     fn metrics(&self) -> &StageMetrics {
         self.group.metrics.kept(&self.metrics)
     }
 
+    /// Delivers the outcome (with `replay`, the copy of its value to keep
+    /// for replay); returns the leader's message (if the leader is still
+    /// there) and schedules the end of a replay window.
     fn complete(&mut self, outcome: Outcome<V>, replay: Option<V>) -> Option<Msg<V>> {
         if mem::replace(&mut self.done, true) {
             return None;
@@ -1201,7 +1193,7 @@ mod tests {
                 g.depart(id, false, true);
             }
             assert_eq!(total(&g), max as u128);
-            if max >= g.plenty {
+            if max >= g.plenty() {
                 assert!(
                     !g.scarce.load(Ordering::SeqCst),
                     "max {max}: scarce at rest"

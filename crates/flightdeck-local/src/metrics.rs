@@ -173,9 +173,6 @@ pub(crate) struct Registry {
     stages: RwLock<HashMap<StageName, Arc<StageMetrics>, foldhash::fast::RandomState>>,
 }
 
-/// Stages a layer keeps metric handles for; more are registered per use.
-const MAX_CACHED_STAGES: usize = 1024;
-
 /// The metric handles of one stage: borrowed for the first stage, shared for
 /// the others.
 pub(crate) enum Metrics<'a> {
@@ -247,12 +244,11 @@ impl Registry {
         {
             return Metrics::Other(Arc::clone(m));
         }
+        // Registered out of the lock (the recorder is the user's code), and
+        // kept for good: a process has at most `MAX_STAGE_NAMES` stages.
         let m = Arc::new(StageMetrics::new(stage));
         let mut w = self.stages.write().unwrap_or_else(|e| e.into_inner());
-        if w.len() < MAX_CACHED_STAGES {
-            w.entry(stage.clone()).or_insert_with(|| Arc::clone(&m));
-        }
-        Metrics::Other(m)
+        Metrics::Other(Arc::clone(w.entry(stage.clone()).or_insert(m)))
     }
 }
 

@@ -86,20 +86,21 @@ where
         let Some(key) = self.key.key(&req) else {
             return ResponseFuture::bypass(self.inner.call(req), self.share.clone());
         };
-        // Made before the key moves into the map; the role is known after.
-        let span = tracing::debug_span!(
-            "flight",
-            role = tracing::field::Empty,
-            stage = %key.stage(),
-            key = %key.digest().short(),
-        );
+        // Only waiters and leaders have a flight to trace.
+        let span = |role: &'static str| {
+            tracing::debug_span!(
+                "flight",
+                role,
+                stage = %key.stage(),
+                key = %key.digest().short(),
+            )
+        };
         match self.group.join(&key) {
             Join::Replay(value) => {
                 ResponseFuture::ready(Ok(self.share.restore(&value)), self.share.clone())
             }
             Join::Rejected(err) => ResponseFuture::ready(Err(err), self.share.clone()),
             Join::Waiter(flight, metrics, rx, since) => {
-                span.record("role", "waiter");
                 // The waiter keeps its request and an (unready) clone of the
                 // service, in case the result cannot be shared and it must
                 // run alone.
@@ -111,7 +112,7 @@ where
                     rx,
                     since,
                     fallback,
-                    span,
+                    span("waiter"),
                     self.share.clone(),
                 )
             }
@@ -124,10 +125,10 @@ where
                 drop(expired);
                 let fut = run(self.inner.call(req), self.share.clone());
                 // A disabled span is not worth a wrapper polled every time.
+                let span = span("leader");
                 let work = if span.is_disabled() {
                     Work::new(completion, fut)
                 } else {
-                    span.record("role", "leader");
                     Work::new(completion, fut.instrument(span))
                 };
                 ResponseFuture::lead(work, self.share.clone())

@@ -49,6 +49,14 @@ fn gauges(s: &Snapshotter) -> Vec<(String, f64)> {
         .collect()
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn random_schedules_leave_nothing_behind() {
     let recorder = DebuggingRecorder::new();
@@ -109,11 +117,7 @@ fn random_schedules_leave_nothing_behind() {
                 }
             }
         }));
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let mut callers = Vec::new();
             for _ in 0..400 {
@@ -146,11 +150,7 @@ fn random_schedules_leave_nothing_behind() {
         for (name, value) in gauges(&snapshotter) {
             assert_eq!(value, 0.0, "{ctx}: gauge {name}");
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let base = GATED + round * 1000;
             let held: Vec<_> = (0..limit as u64)

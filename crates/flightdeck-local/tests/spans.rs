@@ -1,0 +1,63 @@
+//! The `flight` span: a leader's and a waiter's carry their role, stage and
+//! short digest; a replayed call has no flight, so no span.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flightdeck_core::{FlightKey, StageName};
+use flightdeck_local::{FlightPolicy, LocalFlightLayer};
+use tower::{service_fn, Layer, ServiceExt};
+use tracing_subscriber::fmt::format::FmtSpan;
+
+#[derive(Clone, Default)]
+struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaders_and_waiters_have_a_flight_span_with_their_role() {
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_span_events(FmtSpan::NEW)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let key = FlightKey::from_bytes(StageName::new("spans").unwrap(), "q");
+    let short = key.digest().short().to_string();
+    let layer = LocalFlightLayer::with_key(
+        FlightPolicy::new().replay_ttl(Duration::from_secs(60)),
+        move |_: &String| Some(key.clone()),
+    );
+    let svc = layer.layer(service_fn(|q: String| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, std::convert::Infallible>(q)
+    }));
+    let (a, b) = tokio::join!(
+        svc.clone().oneshot("q".to_owned()),
+        svc.clone().oneshot("q".to_owned())
+    );
+    assert_eq!((a.unwrap(), b.unwrap()), ("q".to_owned(), "q".to_owned()));
+    // Replayed: no new span.
+    assert_eq!(svc.clone().oneshot("q".to_owned()).await.unwrap(), "q");
+
+    let out = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    let spans: Vec<&str> = out.lines().filter(|l| l.contains("flight{")).collect();
+    assert_eq!(spans.len(), 2, "{out}");
+    for role in ["leader", "waiter"] {
+        let want = format!("role=\"{role}\" stage=spans key={short}");
+        assert!(spans.iter().any(|l| l.contains(&want)), "{want} in {out}");
+    }
+}
