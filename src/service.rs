@@ -381,7 +381,7 @@ where
     };
     Ok(match share.share(resp).await? {
         Shareable::Shared(v) => Flown::Shared(v),
-        Shareable::Unshared(o) => Flown::Output(o),
+        Shareable::Unshared(o, _) => Flown::Output(o),
     })
 }
 

@@ -78,7 +78,9 @@ where
     fn share(&self, value: Flown<V, O>) -> Self::Future {
         ready(Ok(match value {
             Flown::Shared(v) => Shareable::Shared(v),
-            out @ Flown::Output(_) => Shareable::Unshared(out),
+            out @ Flown::Output(_) => {
+                Shareable::Unshared(out, flightdeck_core::Unshareable::Stream)
+            }
         }))
     }
 
@@ -143,7 +145,7 @@ where
         let res = ready!(self.project().fut.poll(cx));
         Poll::Ready(res.map(|s| match s {
             Shareable::Shared(v) => Shareable::Shared(v),
-            Shareable::Unshared(o) => Shareable::Unshared(Flown::Output(o)),
+            Shareable::Unshared(o, r) => Shareable::Unshared(Flown::Output(o), r),
         }))
     }
 }

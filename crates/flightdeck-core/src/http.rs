@@ -54,7 +54,7 @@ use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 
 use crate::error::{BoxError, ErrorClass};
-use crate::share::{Share, Shareable, SharedForm};
+use crate::share::{Share, Shareable, SharedForm, Unshareable};
 
 /// Default cap on a shared response body: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
@@ -220,11 +220,18 @@ where
         Box::pin(async move {
             let (head, mut body) = value.into_parts();
             let hint = body.size_hint();
-            if this.looks_streaming(&head, &hint) || this.over_cap(&head, &hint) {
-                return Ok(Shareable::Unshared(Response::from_parts(
-                    head,
-                    FlightBody::inner(body),
-                )));
+            let unshareable = if this.looks_streaming(&head, &hint) {
+                Some(Unshareable::Stream)
+            } else if this.over_cap(&head, &hint) {
+                Some(Unshareable::Oversize)
+            } else {
+                None
+            };
+            if let Some(reason) = unshareable {
+                return Ok(Shareable::Unshared(
+                    Response::from_parts(head, FlightBody::inner(body)),
+                    reason,
+                ));
             }
             let mut buf = BytesMut::new();
             let mut trailers: Option<HeaderMap> = None;
@@ -235,10 +242,10 @@ where
                         buf.extend_from_slice(&data);
                         if buf.len() > this.max_body {
                             let prefix = buf.freeze();
-                            return Ok(Shareable::Unshared(Response::from_parts(
-                                head,
-                                FlightBody::resumed(prefix, body),
-                            )));
+                            return Ok(Shareable::Unshared(
+                                Response::from_parts(head, FlightBody::resumed(prefix, body)),
+                                Unshareable::Oversize,
+                            ));
                         }
                     }
                     Err(frame) => {
@@ -642,7 +649,7 @@ mod tests {
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let share = HttpShare::new().max_body(6);
         match share.share(resp).await.unwrap() {
-            Shareable::Unshared(r) => {
+            Shareable::Unshared(r, _) => {
                 let (body, _) = collect(r.into_body()).await;
                 assert_eq!(body, "aaaabbbbcccc");
             }
@@ -658,17 +665,17 @@ mod tests {
             .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         assert!(matches!(
             share.share(sse).await.unwrap(),
-            Shareable::Unshared(_)
+            Shareable::Unshared(..)
         ));
         let big = Response::new(Full::new(Bytes::from_static(b"0123456789")));
         assert!(matches!(
             share.share(big).await.unwrap(),
-            Shareable::Unshared(_)
+            Shareable::Unshared(..)
         ));
         let unknown = Response::new(body_with_trailers(&["ab"], HeaderMap::new()));
         assert!(matches!(
             share.share(unknown).await.unwrap(),
-            Shareable::Unshared(_)
+            Shareable::Unshared(..)
         ));
         let small = Response::new(Full::new(Bytes::from_static(b"ok")));
         assert!(matches!(

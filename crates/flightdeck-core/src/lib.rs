@@ -6,8 +6,10 @@
 //! - [`FlightKey`]: which requests are "the same work" (stage, tenant scope,
 //!   digest). Keys travel as request extensions.
 //! - [`StageName`]: the kind of work, with its own policy.
+//! - [`KeySource`]: how the layers read a request's key.
 //! - [`Share`]: how one response is handed to many waiters
-//!   ([`CloneShare`], and `http::HttpShare` behind the `http` feature).
+//!   ([`CloneShare`], and `http::HttpShare` behind the `http` feature),
+//!   and [`Serves`]: which requests a shared result may serve (`Vary`).
 //! - [`error`]: the small error types all layers return, and the
 //!   [`ErrorClass`] that maps them to HTTP and gRPC statuses.
 //! - [`metric`]: the metric names, in one place.
@@ -20,7 +22,9 @@ pub mod http;
 pub mod key;
 pub mod metric;
 pub mod share;
+pub mod source;
 
 pub use error::{BoxError, ErrorClass, SharedError};
 pub use key::{Digest, FlightKey, KeyEncoder, StageName};
-pub use share::{CloneShare, Share, Shareable, SharedForm};
+pub use share::{CloneShare, Serves, Share, Shareable, SharedForm, Unshareable};
+pub use source::{FromExtension, KeySource};

@@ -22,9 +22,61 @@ use crate::error::BoxError;
 pub enum Shareable<S, O> {
     /// The response was turned into its shared form.
     Shared(S),
-    /// The response cannot be shared (streaming, too large). It is handed,
-    /// intact, to the caller that started the flight; waiters run alone.
-    Unshared(O),
+    /// The response cannot be shared (streaming, too large, or meant for
+    /// its caller alone). It is handed, intact, to the caller that started
+    /// the flight; waiters run their own request, and nothing is stored.
+    Unshared(O, Unshareable),
+}
+
+/// Why a response was not shared (the `reason` label of
+/// `singleflight_local_unshared_total`).
+///
+/// ```
+/// use flightdeck_core::Unshareable;
+///
+/// assert_eq!(Unshareable::SetCookie.as_str(), "set_cookie");
+/// assert_eq!(Unshareable::Other("custom").as_str(), "custom");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Unshareable {
+    /// A stream (`text/event-stream`, no known length, a partial response).
+    Stream,
+    /// A body over the sharing cap.
+    Oversize,
+    /// The response sets a cookie (`Set-Cookie`): meant for its caller.
+    SetCookie,
+    /// `Cache-Control: private`, `no-store` or `no-cache`.
+    CacheControl,
+    /// `Vary: *`: no other request can be known to match.
+    VaryStar,
+    /// A waiter's request differs from the leader's in a header the
+    /// response varies on (`Vary`): the waiter runs its own request.
+    Vary,
+    /// A reason of an adapter of your own.
+    Other(&'static str),
+}
+
+impl Unshareable {
+    /// The label value (`stream`, `oversize`, `set_cookie`,
+    /// `cache_control`, `vary_star`, `vary`, or yours).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Stream => "stream",
+            Self::Oversize => "oversize",
+            Self::SetCookie => "set_cookie",
+            Self::CacheControl => "cache_control",
+            Self::VaryStar => "vary_star",
+            Self::Vary => "vary",
+            Self::Other(reason) => reason,
+        }
+    }
+}
+
+impl fmt::Display for Unshareable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The cheap-to-clone form a [`Share`] adapter produces.
@@ -60,6 +112,32 @@ pub trait Share<T>: SharedForm {
     /// Wraps a response that was never shared (a bypassed request, or a
     /// waiter that ran the service itself).
     fn passthrough(&self, value: T) -> Self::Output;
+}
+
+/// Which requests a shared result may serve: HTTP's `Vary`, generalized.
+///
+/// A response may depend on parts of the request that are not in its key
+/// (a response with `Vary: Accept-Language` depends on that header). The
+/// coalescing layers therefore take a [`leader`](Self::leader) snapshot of
+/// the leader's request before it is consumed, [`record`](Self::record) in
+/// the shared result what it varies on, and hand the result to another
+/// request (a waiter, a replay, a hit from another node) only when it
+/// [`serves`](Self::serves) it; a request it does not serve runs its own.
+///
+/// [`CloneShare`] serves every request; `HttpShare` (feature `http`)
+/// implements `Vary`.
+pub trait Serves<Req>: SharedForm {
+    /// What the result must remember of its leader's request.
+    type Leader: Send + 'static;
+
+    /// Takes the snapshot, before the leader's request is consumed.
+    fn leader(&self, req: &Req) -> Self::Leader;
+
+    /// Records in `shared` what it needs of its leader's request.
+    fn record(&self, shared: Self::Shared, leader: Self::Leader) -> Self::Shared;
+
+    /// Whether `shared` may be handed to `req`.
+    fn serves(&self, shared: &Self::Shared, req: &Req) -> bool;
 }
 
 /// Shares values of type `T` that are `Clone` by cloning them (wrap large
@@ -117,5 +195,26 @@ where
 
     fn passthrough(&self, value: T) -> T {
         value
+    }
+}
+
+/// A `Clone` value depends on nothing but its key: it serves every request.
+impl<T, Req> Serves<Req> for CloneShare<T>
+where
+    T: Clone + Send + Sync + 'static,
+{
+    type Leader = ();
+
+    #[inline]
+    fn leader(&self, _req: &Req) {}
+
+    #[inline]
+    fn record(&self, shared: T, _leader: ()) -> T {
+        shared
+    }
+
+    #[inline]
+    fn serves(&self, _shared: &T, _req: &Req) -> bool {
+        true
     }
 }

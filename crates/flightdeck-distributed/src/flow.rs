@@ -460,7 +460,7 @@ where
     };
     let shared = match st.share.share(resp).await {
         Ok(Shareable::Shared(s)) => s,
-        Ok(Shareable::Unshared(out)) => {
+        Ok(Shareable::Unshared(out, _)) => {
             st.abandon(cx, generation, None).await;
             return Ok(out);
         }

@@ -150,7 +150,7 @@ where
     match result {
         Ok(resp) => match share.share(resp).await {
             Ok(flightdeck_core::Shareable::Shared(v)) => Outcome::Value(v),
-            Ok(flightdeck_core::Shareable::Unshared(o)) => Outcome::Unshared(Some(Box::new(o))),
+            Ok(flightdeck_core::Shareable::Unshared(o, _)) => Outcome::Unshared(Some(Box::new(o))),
             Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
         },
         Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
