@@ -18,8 +18,8 @@
 //! and TLS stack). `GET /v1/usage` tells how often the model really ran.
 //!
 //! ```text
-//! cargo run --example axum --features toml                 # LOCAL_ONLY on 127.0.0.1:3000
-//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example axum --features toml
+//! cargo run --example axum --features toml,redis           # LOCAL_ONLY on 127.0.0.1:3000
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example axum --features toml,redis
 //! curl -s -XPOST localhost:3000/v1/score -H 'content-type: application/json' \
 //!      -d '{"question":"q1","answer":"a tower layer"}'
 //! curl -s localhost:3000/metrics | grep singleflight_
@@ -35,18 +35,14 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use flightdeck::core::http::ErrorResponseLayer;
 use flightdeck::core::BoxError;
 use flightdeck::distributed::FencingToken;
 use flightdeck::key::http::{HttpKeyExtractor, Route};
-use flightdeck::key::KeyLayer;
-
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightConfig};
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck::redis::{RedisBackend, RedisConfig};
+use flightdeck::{FlightsLayer, Mode, SingleFlightConfig, SingleFlightLayer};
 use http::{header, Method, StatusCode};
 use http_body_util::BodyExt;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tower::ServiceBuilder;
 
 /// The configuration file shipped with the example.
 pub(crate) const DEFAULT_CONFIG: &str = include_str!("flightdeck.toml");
@@ -136,12 +132,10 @@ impl Model {
 
 /// The flightdeck layer of this service (its stage handles are the kill
 /// switch and the breaker's controls).
-pub(crate) type FlightLayer = flightdeck::SingleFlightLayer<
-    flightdeck::local::FromExtension,
-    flightdeck::core::http::HttpShare,
-    flightdeck::distributed::HttpCodec,
-    flightdeck::ExtensionFence,
->;
+pub(crate) type FlightLayer = FlightsLayer;
+
+/// The largest answer the service accepts, and hashes into the key.
+const MAX_BODY: usize = 64 * 1024;
 
 /// A running node.
 #[derive(Debug)]
@@ -174,29 +168,31 @@ impl Drop for Node {
 /// Starts one node: loads the configuration, connects to Redis when a URL
 /// is given, binds and serves.
 pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
-    let mut config = SingleFlightConfig::from_toml(&opts.config)?;
-    let mut builder = SingleFlightBuilder::http();
-    match &opts.redis_url {
+    let config = SingleFlightConfig::from_toml(&opts.config)?;
+    // The key: the route names the stage, the JSON body (up to 64 KiB) is
+    // hashed, `Accept*` headers count, and requests with credentials are
+    // scoped per user (two users never share a score). The config file may
+    // leave the host name out (`[single-flight.keys] ignore-authority`).
+    let keys = config
+        .keys
+        .apply(HttpKeyExtractor::builder())
+        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(MAX_BODY))
+        .build()?;
+    let mut flights = SingleFlightLayer::http(keys).config(config);
+    flights = match &opts.redis_url {
         Some(url) => {
             let backend = RedisBackend::connect(RedisConfig::new(url.clone())).await?;
-            builder = builder.backend("redis", backend);
+            flights.backend("redis", backend)
         }
-        None => {
-            // No Redis: every distributed stage runs in this process only.
-            for stage in config.stages.values_mut() {
-                if stage.mode.is_distributed() {
-                    stage.mode = Mode::LocalOnly;
-                    stage.backend = None;
-                }
-            }
-        }
-    }
-    let flights = builder.config(config).build()?;
+        // No Redis: every distributed stage runs in this process only.
+        None => flights.local_only(),
+    };
+    let flights = flights.build()?;
     let model = Arc::new(Model {
         latency: opts.model_latency,
         ..Model::default()
     });
-    let app = app(flights.clone(), model.clone())?;
+    let app = app(flights.clone(), model.clone());
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
@@ -210,26 +206,16 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
 
 /// The router: the scoring route behind flightdeck, metrics and usage
 /// beside it.
-pub(crate) fn app(flights: FlightLayer, model: Arc<Model>) -> Result<Router, BoxError> {
-    // The key: the route names the stage, the JSON body (up to 64 KiB) is
-    // hashed, `Accept*` headers count, and requests with credentials are
-    // scoped per user (two users never share a score).
-    let keys = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(64 * 1024))
-        .build()?;
+pub(crate) fn app(flights: FlightLayer, model: Arc<Model>) -> Router {
     let metrics = prometheus();
+    // One layer: keys, single-flight, and our errors as responses (503
+    // coordination down in DISTRIBUTED_ONLY, 429 bulkhead full, 504
+    // timeouts).
     let scoring = Router::new()
         .route("/v1/score", post(score))
         .with_state(model.clone())
-        .layer(
-            ServiceBuilder::new()
-                // Our errors become responses: 503 (coordination down in
-                // DISTRIBUTED_ONLY), 429 (bulkhead full), 504 (timeouts).
-                .layer(ErrorResponseLayer::new())
-                .layer(KeyLayer::new(keys))
-                .layer(flights),
-        );
-    Ok(Router::new()
+        .layer(flights);
+    Router::new()
         .route(
             "/metrics",
             get(move || {
@@ -252,7 +238,7 @@ pub(crate) fn app(flights: FlightLayer, model: Arc<Model>) -> Result<Router, Box
         )
         .route("/v1/usage", get(usage))
         .with_state(model)
-        .merge(scoring))
+        .merge(scoring)
 }
 
 /// The Prometheus recorder, installed once per process. Histograms get
@@ -287,9 +273,17 @@ async fn score(State(model): State<Arc<Model>>, req: Request) -> Response {
     // The owner of a distributed flight gets a fencing token: a real
     // service would pass `generation` along with its writes.
     let generation = req.extensions().get::<FencingToken>().map(|t| t.generation);
-    let answer = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return (StatusCode::BAD_REQUEST, "unreadable body").into_response(),
+    // Bounded: a body over the key's cap is not coalesced and reaches the
+    // handler as it came, so the handler bounds it too.
+    let answer = match axum::body::to_bytes(Body::new(req.into_body()), MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the answer is over 64 KiB, or unreadable",
+            )
+                .into_response()
+        }
     };
     let (execution, score) = model.score(&answer).await;
     let mut resp = (
@@ -315,21 +309,38 @@ async fn usage(State(model): State<Arc<Model>>) -> String {
 /// Sends one scoring request; returns the status and the body.
 #[allow(dead_code)] // used by the tests
 pub(crate) async fn score_once(
-    client: &hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        Body,
-    >,
+    client: &HttpClient,
     addr: SocketAddr,
     answer: &str,
 ) -> Result<(StatusCode, bytes::Bytes), BoxError> {
     // Every node is reached under the service's one name (as behind a
     // load balancer): the authority is part of the key.
-    let req = http::Request::post(format!("http://{addr}/v1/score"))
-        .header(header::HOST, "scoring.internal")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(format!(
-            "{{\"question\":\"q1\",\"answer\":{answer:?}}}"
-        )))?;
+    score_as(client, addr, Some("scoring.internal"), answer).await
+}
+
+/// A test client.
+#[allow(dead_code)] // used by the tests
+pub(crate) type HttpClient =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>;
+
+/// Sends one scoring request with the given `Host` (`None`: the node's own
+/// address, as a client that reaches it directly); returns the status and
+/// the body.
+#[allow(dead_code)] // used by the tests
+pub(crate) async fn score_as(
+    client: &HttpClient,
+    addr: SocketAddr,
+    host: Option<&str>,
+    answer: &str,
+) -> Result<(StatusCode, bytes::Bytes), BoxError> {
+    let mut req = http::Request::post(format!("http://{addr}/v1/score"))
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(host) = host {
+        req = req.header(header::HOST, host);
+    }
+    let req = req.body(Body::from(format!(
+        "{{\"question\":\"q1\",\"answer\":{answer:?}}}"
+    )))?;
     let resp = client.request(req).await?;
     let status = resp.status();
     let body = resp.into_body().collect().await?.to_bytes();

@@ -1,7 +1,7 @@
 //! Quickstart: 100 identical requests, one execution.
 //!
 //! An axum app whose slow "scoring" handler counts how often it really runs,
-//! behind `LocalFlightLayer`. It binds a free loopback port, sends N
+//! behind flightdeck's one layer (a LOCAL_ONLY stage). It binds a free loopback port, sends N
 //! concurrent identical requests to itself over real HTTP, prints a summary
 //! and exits. Needs no Redis.
 //!
@@ -18,15 +18,12 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::routing::get;
 use axum::Router;
-use flightdeck::core::http::ErrorResponseLayer;
 use flightdeck::key::http::HttpKeyExtractor;
-use flightdeck::key::KeyLayer;
-use flightdeck::{FlightPolicy, LocalFlightLayer};
+use flightdeck::{Mode, SingleFlightLayer, StageConfig};
 use http::Method;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower::ServiceBuilder;
 
 #[tokio::main]
 async fn main() -> Result<(), flightdeck::core::BoxError> {
@@ -91,18 +88,16 @@ pub(crate) async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError>
     let keys = HttpKeyExtractor::builder()
         .route(Method::GET, "/score", "score")
         .build()?;
-    let flights = LocalFlightLayer::http(FlightPolicy::new());
+    // The stage's policy: coalesce inside this process (no Redis).
+    let flights = SingleFlightLayer::http(keys)
+        .stage("score", StageConfig::new().mode(Mode::LocalOnly))
+        .build()?;
 
+    // One layer: keys, single-flight, and our errors as 503/504 responses.
     let app = Router::new()
         .route("/score", get(score))
         .with_state(executions.clone())
-        .layer(
-            ServiceBuilder::new()
-                // Our errors become 503/504 responses: axum needs Infallible.
-                .layer(ErrorResponseLayer::new())
-                .layer(KeyLayer::new(keys))
-                .layer(flights),
-        );
+        .layer(flights);
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

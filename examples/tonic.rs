@@ -16,16 +16,21 @@
 //! message SummaryChunk { uint32 index = 1; string text = 2; }
 //! ```
 //!
-//! The flightdeck stack sits on `Server::builder().layer(..)`:
-//! `ErrorResponseLayer` (our errors become trailers-only responses with a
-//! real `grpc-status`: UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED)
-//! → `KeyLayer` with the gRPC extractor (only the allowlisted unary method
-//! is keyed, by its message bytes) → `SingleFlightLayer` (shared responses
-//! keep their trailers, where gRPC puts `grpc-status`) → tonic's routes.
+//! One layer sits on `Server::builder().layer(..)`:
+//! `SingleFlightLayer::grpc(keys)` — our errors become trailers-only
+//! responses with a real `grpc-status` (UNAVAILABLE, RESOURCE_EXHAUSTED,
+//! DEADLINE_EXCEEDED), only the allowlisted unary method is keyed (by its
+//! message bytes), and shared responses keep their trailers, where gRPC
+//! puts `grpc-status`.
+//!
+//! The stage policy is the `summarize` stage of the same configuration
+//! file as the axum example (`examples/flightdeck.toml`, or the file named
+//! by `FLIGHTDECK_CONFIG`), so every mode and `on-wait-failure` policy can
+//! be tried over gRPC. Without `REDIS_URL` every stage runs LOCAL_ONLY.
 //!
 //! ```text
-//! cargo run --example tonic                 # LOCAL_ONLY on 127.0.0.1:50051, no Redis
-//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example tonic   # HYBRID
+//! cargo run --example tonic --features toml,redis        # LOCAL_ONLY on 127.0.0.1:50051
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example tonic --features toml,redis
 //! curl -s 127.0.0.1:9464/metrics | grep singleflight_            # Prometheus
 //! ```
 
@@ -35,12 +40,11 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flightdeck::core::http::{ErrorResponseLayer, FlightBody};
+use flightdeck::core::http::FlightBody;
 use flightdeck::core::BoxError;
 use flightdeck::key::grpc::GrpcKeyExtractor;
-use flightdeck::key::KeyLayer;
-use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck::redis::{RedisBackend, RedisConfig};
+use flightdeck::{GrpcFlightsLayer, Mode, SingleFlightConfig, SingleFlightLayer};
 use http::uri::PathAndQuery;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -89,12 +93,22 @@ pub(crate) const SUMMARIZE: &str = "/flightdeck.example.v1.Summarizer/Summarize"
 /// The server-streaming method's path.
 pub(crate) const STREAM_SUMMARY: &str = "/flightdeck.example.v1.Summarizer/StreamSummary";
 
+/// The configuration file shipped with the examples.
+pub(crate) const DEFAULT_CONFIG: &str = include_str!("flightdeck.toml");
+
+/// The largest request message accepted (and hashed into the key).
+const MAX_MESSAGE: usize = 64 * 1024;
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let listen: SocketAddr = std::env::var("LISTEN")
         .unwrap_or_else(|_| "127.0.0.1:50051".to_owned())
         .parse()?;
     let mut opts = Options::local(Duration::from_millis(1500));
+    if let Ok(path) = std::env::var("FLIGHTDECK_CONFIG") {
+        opts.config = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read FLIGHTDECK_CONFIG={path}: {e}"))?;
+    }
     opts.redis_url = std::env::var("REDIS_URL").ok();
     opts.listen = listen;
     opts.metrics_listen = std::env::var("METRICS_LISTEN")
@@ -141,14 +155,19 @@ async fn main() -> Result<(), BoxError> {
 /// How to start one node.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
-    /// Redis for HYBRID; `None` runs the stage LOCAL_ONLY.
+    /// The configuration file's text (TOML).
+    pub(crate) config: String,
+    /// Redis for the distributed stages; `None` runs every stage
+    /// LOCAL_ONLY.
     pub(crate) redis_url: Option<String>,
     /// How long the simulated model takes per call.
     pub(crate) model_latency: Duration,
-    /// The execution budget of one model call (then DEADLINE_EXCEEDED).
-    pub(crate) execution_timeout: Duration,
-    /// Concurrent model calls (then RESOURCE_EXHAUSTED).
-    pub(crate) bulkhead_limit: usize,
+    /// Overrides the file's execution budget of one model call (then
+    /// DEADLINE_EXCEEDED).
+    pub(crate) execution_timeout: Option<Duration>,
+    /// Overrides the file's concurrent model calls (then
+    /// RESOURCE_EXHAUSTED).
+    pub(crate) bulkhead_limit: Option<usize>,
     /// Where to listen (port 0 picks a free one).
     pub(crate) listen: SocketAddr,
     /// Where to serve `/metrics` over HTTP/1 (port 0 picks a free one).
@@ -156,13 +175,15 @@ pub(crate) struct Options {
 }
 
 impl Options {
-    /// LOCAL_ONLY on a free loopback port.
+    /// The shipped configuration without Redis (LOCAL_ONLY), on a free
+    /// loopback port.
     pub(crate) fn local(model_latency: Duration) -> Self {
         Self {
+            config: DEFAULT_CONFIG.to_owned(),
             redis_url: None,
             model_latency,
-            execution_timeout: Duration::from_secs(20),
-            bulkhead_limit: 32,
+            execution_timeout: None,
+            bulkhead_limit: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -202,12 +223,7 @@ impl Model {
 }
 
 /// The flightdeck layer type of this service.
-pub(crate) type FlightLayer = flightdeck::SingleFlightLayer<
-    flightdeck::local::FromExtension,
-    flightdeck::core::http::HttpShare,
-    flightdeck::distributed::HttpCodec,
-    flightdeck::ExtensionFence,
->;
+pub(crate) type FlightLayer = GrpcFlightsLayer;
 
 /// A running node.
 #[derive(Debug)]
@@ -234,27 +250,31 @@ impl Drop for Node {
 
 /// Starts one node on `opts.listen`.
 pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
-    let mut stage = StageConfig::new().mode(Mode::LocalOnly);
-    stage.execution_timeout = Some(opts.execution_timeout);
-    stage.bulkhead.limit = opts.bulkhead_limit;
-    stage.bulkhead.degraded_limit = Some(opts.bulkhead_limit.div_ceil(4));
-    let mut builder = SingleFlightBuilder::http();
-    if let Some(url) = &opts.redis_url {
-        builder = builder.backend(
-            "redis",
-            RedisBackend::connect(RedisConfig::new(url.clone())).await?,
-        );
-        stage = stage.mode(Mode::Hybrid).backend("redis");
+    let mut config = SingleFlightConfig::from_toml(&opts.config)?;
+    if let Some(stage) = config.stages.get_mut("summarize") {
+        if let Some(t) = opts.execution_timeout {
+            stage.execution_timeout = Some(t);
+        }
+        if let Some(limit) = opts.bulkhead_limit {
+            stage.bulkhead.limit = limit;
+            stage.bulkhead.degraded_limit = Some(limit.div_ceil(4));
+        }
     }
-    let flights = builder.stage("summarize", stage).build()?;
-
     // Only the unary method is keyed; the stream is not on the allowlist.
     let keys = GrpcKeyExtractor::builder()
         .method(SUMMARIZE, "summarize")
+        .message_cap(MAX_MESSAGE)
         .build()?;
+    let mut flights = SingleFlightLayer::grpc(keys).config(config);
+    flights = match &opts.redis_url {
+        Some(url) => flights.backend(
+            "redis",
+            RedisBackend::connect(RedisConfig::new(url.clone())).await?,
+        ),
+        None => flights.local_only(),
+    };
+    let flights = flights.build()?;
     let stack = ServiceBuilder::new()
-        .layer(ErrorResponseLayer::new())
-        .layer(KeyLayer::new(keys))
         .layer(flights.clone())
         // The key layer re-attaches the message it read; tonic's routes
         // take their own body type.
@@ -368,7 +388,8 @@ where
                         Ok::<_, Status>(resp)
                     }
                 });
-                let mut grpc = tonic::server::Grpc::new(ProstCodec::default());
+                let mut grpc = tonic::server::Grpc::new(ProstCodec::default())
+                    .max_decoding_message_size(MAX_MESSAGE);
                 Ok(grpc.unary(method, req).await)
             }),
             STREAM_SUMMARY => Box::pin(async move {
@@ -394,7 +415,8 @@ where
                         Ok::<_, Status>(tonic::Response::new(ReceiverStream::new(rx)))
                     }
                 });
-                let mut grpc = tonic::server::Grpc::new(ProstCodec::default());
+                let mut grpc = tonic::server::Grpc::new(ProstCodec::default())
+                    .max_decoding_message_size(MAX_MESSAGE);
                 Ok(grpc.server_streaming(method, req).await)
             }),
             _ => Box::pin(async move {

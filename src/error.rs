@@ -5,42 +5,19 @@
 //! use flightdeck::StageName;
 //!
 //! let err = UnknownStage::new(StageName::new("reprt").unwrap());
-//! assert_eq!(err.to_string(), "no policy for stage reprt");
+//! assert_eq!(
+//!     err.to_string(),
+//!     "no policy for stage \"reprt\": the key rules name it, the configuration does not"
+//! );
 //! ```
 
 use std::fmt;
 
 use flightdeck_core::StageName;
 
+pub use flightdeck_core::error::UnknownStage;
+
 use crate::mode::Mode;
-
-/// A request's key names a stage the layer has no policy for. A
-/// programming error (the key extractor and the configuration disagree),
-/// reported as 500 / `INTERNAL`, never silently bypassed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownStage {
-    stage: StageName,
-}
-
-impl UnknownStage {
-    /// Creates the error.
-    pub fn new(stage: StageName) -> Self {
-        Self { stage }
-    }
-
-    /// The stage the key named.
-    pub fn stage(&self) -> &StageName {
-        &self.stage
-    }
-}
-
-impl fmt::Display for UnknownStage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no policy for stage {}", self.stage)
-    }
-}
-
-impl std::error::Error for UnknownStage {}
 
 /// A mode switch that cannot be made: the stage has no backend for a
 /// distributed mode.

@@ -6,71 +6,89 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use flightdeck_breaker::Breaker;
+use flightdeck_budget::NoInbound;
 use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
 use flightdeck_core::{SharedForm, StageName};
-use flightdeck_distributed::{Backend, DistributedFlightLayer};
-use flightdeck_local::LocalFlightLayer;
+use flightdeck_distributed::{Backend, DistributedFlights, GuardedBackend, NoFence};
+use flightdeck_local::LocalFlights;
 use tower_layer::Layer;
 
-use crate::config::{ConfigError, SingleFlightConfig, StageConfig};
-use crate::service::{KeyedKeys, SingleFlight};
-use crate::share::{FlownShare, KeepShared};
-use crate::stage::{Control, Stage, StageHandle};
-use crate::ticket::{NoFence, SharedBackend, TicketKeys};
+use crate::config::{ConfigError, SharingSettings, SingleFlightConfig, StageConfig};
+use crate::service::SingleFlight;
+use crate::stage::{Control, Idle, Stage, StageHandle};
+
+/// The stages by name: looked up on every request, by the name's identity
+/// (stage names are interned), with a fast hasher.
+pub(crate) type StageMap<V> = HashMap<StageName, V, foldhash::fast::RandomState>;
 
 /// State shared by every service of one layer.
-pub(crate) struct Shared<K, Sh: SharedForm, C, F> {
-    pub(crate) key: K,
+pub(crate) struct Shared<K, Sh: SharedForm, C, F, X> {
+    pub(crate) keys: K,
     pub(crate) share: Sh,
     pub(crate) fence: F,
-    pub(crate) stages: HashMap<StageName, Arc<Stage<Sh, C>>>,
+    pub(crate) deadlines: X,
+    pub(crate) stages: StageMap<Arc<Stage<Sh, C>>>,
 }
 
 /// The facade: per stage, local single-flight (L1), distributed
-/// single-flight (L2) over the stage's backend, the breaker guarding that
-/// backend, the bulkhead and the execution budget, in the stage's
+/// single-flight (L2) over the stage's backend behind the stage's breaker,
+/// the bulkhead and the execution budget, in the stage's
 /// [`Mode`](crate::Mode). See the [crate docs](crate).
 ///
 /// Built by [`SingleFlightBuilder`]. All state (in-flight maps, breakers,
 /// bulkheads, backends) is created here and shared, behind an `Arc`, by
 /// every service the layer builds and every clone of them.
-pub struct SingleFlightLayer<K, Sh: SharedForm, C, F = NoFence> {
-    shared: Arc<Shared<K, Sh, C, F>>,
+///
+/// The type parameters are what reads a request (`K` its key, `F` where the
+/// owner's fencing token goes, `X` its deadline) and what a result is
+/// (`Sh` shares responses, `C` stores them).
+pub struct SingleFlightLayer<K, Sh: SharedForm, C, F = NoFence, X = NoInbound> {
+    shared: Arc<Shared<K, Sh, C, F, X>>,
 }
 
-impl<K, Sh: SharedForm, C, F> SingleFlightLayer<K, Sh, C, F> {
+impl<K, Sh: SharedForm, C: Send + Sync + 'static, F, X> SingleFlightLayer<K, Sh, C, F, X> {
     /// The runtime handle of a stage (mode switch, degraded state, breaker,
     /// bulkhead).
     pub fn stage(&self, name: &str) -> Option<StageHandle> {
         let name = StageName::new(name).ok()?;
-        self.shared.stages.get(&name).map(|s| StageHandle {
-            ctl: Arc::clone(&s.ctl),
-        })
+        self.shared.stages.get(&name).map(|s| handle(s))
     }
 
     /// Handles of every stage.
     pub fn stages(&self) -> Vec<StageHandle> {
-        self.shared
-            .stages
-            .values()
-            .map(|s| StageHandle {
-                ctl: Arc::clone(&s.ctl),
-            })
-            .collect()
+        self.shared.stages.values().map(handle).collect()
     }
 
     /// Local flights running right now in a stage (for tests and health
     /// checks).
     pub fn running_flights(&self, stage: &str) -> Option<usize> {
         let name = StageName::new(stage).ok()?;
-        self.shared
-            .stages
-            .get(&name)
-            .map(|s| s.l1.running_flights())
+        self.shared.stages.get(&name).map(|s| s.local.running())
+    }
+
+    /// Resolves once no stage has background coordination left (owners'
+    /// commits and abandons, releases of leases this node gave up on): for
+    /// graceful shutdown, and tests.
+    pub async fn idle(&self) {
+        for stage in self.shared.stages.values() {
+            if let Some(l2) = &stage.distributed {
+                l2.idle().await;
+            }
+        }
     }
 }
 
-impl<K, Sh: SharedForm, C, F> Clone for SingleFlightLayer<K, Sh, C, F> {
+fn handle<Sh: SharedForm, C: Send + Sync + 'static>(s: &Arc<Stage<Sh, C>>) -> StageHandle {
+    StageHandle {
+        ctl: Arc::clone(&s.ctl),
+        idle: s
+            .distributed
+            .clone()
+            .map(|l2| Arc::new(l2) as Arc<dyn Idle>),
+    }
+}
+
+impl<K, Sh: SharedForm, C, F, X> Clone for SingleFlightLayer<K, Sh, C, F, X> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -78,7 +96,7 @@ impl<K, Sh: SharedForm, C, F> Clone for SingleFlightLayer<K, Sh, C, F> {
     }
 }
 
-impl<K, Sh: SharedForm, C, F> fmt::Debug for SingleFlightLayer<K, Sh, C, F> {
+impl<K, Sh: SharedForm, C, F, X> fmt::Debug for SingleFlightLayer<K, Sh, C, F, X> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut stages: Vec<_> = self
             .shared
@@ -93,39 +111,47 @@ impl<K, Sh: SharedForm, C, F> fmt::Debug for SingleFlightLayer<K, Sh, C, F> {
     }
 }
 
-impl<S, K, Sh: SharedForm, C, F> Layer<S> for SingleFlightLayer<K, Sh, C, F> {
-    type Service = SingleFlight<S, K, Sh, C, F>;
+impl<S, K, Sh: SharedForm, C, F, X> Layer<S> for SingleFlightLayer<K, Sh, C, F, X> {
+    type Service = SingleFlight<S, K, Sh, C, F, X>;
 
     fn layer(&self, inner: S) -> Self::Service {
         SingleFlight::new(inner, Arc::clone(&self.shared))
     }
 }
 
-/// Builds a [`SingleFlightLayer`]: the key extractor, the share adapter and
-/// result codec, the named backends, and the stages.
-pub struct SingleFlightBuilder<K, Sh, C, F = NoFence> {
-    key: K,
+/// Builds a [`SingleFlightLayer`]: what reads a request (its key, where the
+/// fencing token goes, its deadline), how results are shared and stored,
+/// the named backends, and the stages.
+pub struct SingleFlightBuilder<K, Sh, C, F = NoFence, X = NoInbound> {
+    keys: K,
     share: Sh,
     codec: C,
     fence: F,
-    backends: HashMap<String, SharedBackend>,
+    deadlines: X,
+    backends: HashMap<String, Arc<dyn Backend>>,
     config: SingleFlightConfig,
+    local_only: bool,
 }
 
-impl<K, Sh, C> SingleFlightBuilder<K, Sh, C, NoFence> {
-    /// Starts a builder. `key` finds each request's
+impl<K, Sh, C> SingleFlightBuilder<K, Sh, C> {
+    /// Starts a builder. `keys` finds each request's
     /// [`FlightKey`](flightdeck_core::FlightKey) (a closure, or
     /// `FromExtension` after a `KeyLayer`); `share` turns responses into
     /// their shared form (`CloneShare`, `HttpShare`); `codec` stores that
-    /// form in the backends (`PostcardCodec`, `HttpCodec`).
-    pub fn new(key: K, share: Sh, codec: C) -> Self {
+    /// form in the backends (`PostcardCodec`, `HttpCodec`). Fencing tokens
+    /// are dropped and requests carry no deadline of their own until
+    /// [`fence`](Self::fence) and [`deadlines`](Self::deadlines) say
+    /// otherwise.
+    pub fn new(keys: K, share: Sh, codec: C) -> Self {
         Self {
-            key,
+            keys,
             share,
             codec,
             fence: NoFence,
+            deadlines: NoInbound,
             backends: HashMap::new(),
             config: SingleFlightConfig::default(),
+            local_only: false,
         }
     }
 }
@@ -133,36 +159,60 @@ impl<K, Sh, C> SingleFlightBuilder<K, Sh, C, NoFence> {
 #[cfg(feature = "http")]
 impl
     SingleFlightBuilder<
-        flightdeck_local::FromExtension,
+        flightdeck_core::FromExtension,
         flightdeck_core::http::HttpShare,
         flightdeck_distributed::HttpCodec,
-        crate::ticket::ExtensionFence,
+        flightdeck_distributed::ExtensionFence,
+        flightdeck_budget::FromHeaders,
     >
 {
     /// A builder for HTTP services: keys from the request's `FlightKey`
     /// extension (set by `KeyLayer`), responses buffered by `HttpShare`,
-    /// stored by `HttpCodec`, and the owner's `FencingToken` inserted into
-    /// the request's extensions.
+    /// stored by `HttpCodec`, the owner's `FencingToken` inserted into the
+    /// request's extensions, and each request's own deadline read from
+    /// `grpc-timeout`, `x-request-timeout` and an outer `BudgetLayer`'s
+    /// `Deadline` (whose slices are honoured).
     pub fn http() -> Self {
         SingleFlightBuilder::new(
-            flightdeck_local::FromExtension,
+            flightdeck_core::FromExtension,
             flightdeck_core::http::HttpShare::new(),
             flightdeck_distributed::HttpCodec::new(),
         )
-        .fence(crate::ticket::ExtensionFence)
+        .fence(flightdeck_distributed::ExtensionFence)
+        .deadlines(flightdeck_budget::FromHeaders::new())
     }
 }
 
-impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
-    /// Hands the owner's fencing token to requests with `fence`.
-    pub fn fence<F2>(self, fence: F2) -> SingleFlightBuilder<K, Sh, C, F2> {
+impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
+    /// Hands the owner's fencing token to requests with `fence` (so the
+    /// handler can fence its own writes downstream).
+    pub fn fence<F2>(self, fence: F2) -> SingleFlightBuilder<K, Sh, C, F2, X> {
         SingleFlightBuilder {
-            key: self.key,
+            keys: self.keys,
             share: self.share,
             codec: self.codec,
             fence,
+            deadlines: self.deadlines,
             backends: self.backends,
             config: self.config,
+            local_only: self.local_only,
+        }
+    }
+
+    /// Reads each request's own deadline with `deadlines` (an
+    /// [`Inbound`](flightdeck_budget::Inbound) of the budget crate): a
+    /// caller never waits past it, and a request whose time is up reaches
+    /// neither the work nor the backend.
+    pub fn deadlines<X2>(self, deadlines: X2) -> SingleFlightBuilder<K, Sh, C, F, X2> {
+        SingleFlightBuilder {
+            keys: self.keys,
+            share: self.share,
+            codec: self.codec,
+            fence: self.fence,
+            deadlines,
+            backends: self.backends,
+            config: self.config,
+            local_only: self.local_only,
         }
     }
 
@@ -171,8 +221,7 @@ impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
     /// different backends (two Redis deployments, or Redis for one stage
     /// and none for another).
     pub fn backend(mut self, name: impl Into<String>, backend: impl Backend) -> Self {
-        self.backends
-            .insert(name.into(), SharedBackend::new(backend));
+        self.backends.insert(name.into(), Arc::new(backend));
         self
     }
 
@@ -188,43 +237,80 @@ impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
         self
     }
 
+    /// Runs every stage in this process only: HYBRID and DISTRIBUTED_ONLY
+    /// stages are built LOCAL_ONLY, without their backend (none needs to
+    /// be registered; a later switch to a distributed mode is refused).
+    /// BYPASS stays BYPASS. For running a service without Redis, as in
+    /// development, with the configuration it has in production.
+    pub fn local_only(mut self) -> Self {
+        self.local_only = true;
+        self
+    }
+
+    /// Shares responses with `share` instead of the adapter the builder
+    /// started with.
+    pub fn share(mut self, share: Sh) -> Self {
+        self.share = share;
+        self
+    }
+
+    /// Whether a stage of that name was added.
+    pub(crate) fn has_stage(&self, name: &str) -> bool {
+        self.config.stages.contains_key(name)
+    }
+
     /// Validates every stage and builds the layer. The error names the
     /// stage and the field.
-    pub fn build(self) -> Result<SingleFlightLayer<K, Sh, C, F>, ConfigError>
+    pub fn build(self) -> Result<SingleFlightLayer<K, Sh, C, F, X>, ConfigError>
     where
-        Sh: SharedForm,
-        C: Clone,
+        Sh: SharedForm + StageShare,
+        C: Clone + Send + Sync + 'static,
     {
-        let mut stages = HashMap::new();
-        for (name, cfg) in self.config.stages {
+        let mut stages = StageMap::default();
+        for (name, mut cfg) in self.config.stages {
             let stage = StageName::new(&name)
                 .map_err(|e| ConfigError::invalid(Some(&name), "stage", e.to_string()))?;
+            if self.local_only {
+                if cfg.mode.is_distributed() {
+                    cfg.mode = crate::Mode::LocalOnly;
+                }
+                cfg.backend = None;
+            }
             cfg.validate(&name)?;
+            // LOCAL_ONLY and BYPASS stages run without their backend when it
+            // is not registered (a switch to a distributed mode is then
+            // refused); distributed ones cannot.
             let backend = match &cfg.backend {
-                Some(b) => Some(self.backends.get(b).cloned().ok_or_else(|| {
-                    ConfigError::invalid(
-                        Some(&name),
-                        "backend",
-                        format!("no backend named {b:?} was registered with the builder"),
-                    )
-                })?),
+                Some(b) => match self.backends.get(b) {
+                    Some(found) => Some(Arc::clone(found)),
+                    None if cfg.mode.is_distributed() => {
+                        return Err(ConfigError::invalid(
+                            Some(&name),
+                            "backend",
+                            format!("no backend named {b:?} was registered with the builder"),
+                        ))
+                    }
+                    None => None,
+                },
                 None => None,
             };
-            let l2 = match backend {
+            // Validated above, so this cannot fail; should it, the error
+            // still names the section.
+            let breaker = Breaker::new(name.clone(), cfg.breaker.to_breaker_config())
+                .map_err(|e| ConfigError::invalid(Some(&name), "breaker", e.to_string()))?;
+            let distributed = match backend {
                 Some(b) => Some(
-                    DistributedFlightLayer::new(
-                        b,
+                    DistributedFlights::new(
+                        GuardedBackend::new(b, breaker.clone()),
                         cfg.distributed_policy(),
-                        KeepShared(self.share.clone()),
                         self.codec.clone(),
-                        TicketKeys,
                     )
-                    .map_err(|e| ConfigError::invalid(Some(&name), "policy", e.to_string()))?,
+                    .map_err(|e| {
+                        ConfigError::invalid(Some(&name), "single-flight", e.to_string())
+                    })?,
                 ),
                 None => None,
             };
-            let breaker = Breaker::new(name.clone(), cfg.breaker.to_breaker_config())
-                .map_err(|e| ConfigError::invalid(Some(&name), "breaker", e.to_string()))?;
             let mut bulkhead_cfg = BulkheadConfig::new(cfg.bulkhead.limit)
                 .degraded_limit(cfg.bulkhead.effective_degraded_limit())
                 .stage(stage.clone());
@@ -235,32 +321,41 @@ impl<K, Sh, C, F> SingleFlightBuilder<K, Sh, C, F> {
                 bulkhead_cfg = bulkhead_cfg.queue(cfg.bulkhead.queue, cfg.bulkhead.queue_timeout);
             }
             let bulkhead = BulkheadLayer::from_config(bulkhead_cfg);
-            let l1 = LocalFlightLayer::new(cfg.local_policy(), KeyedKeys, FlownShare::new());
-            let ctl = Control::new(stage.clone(), cfg, l2.is_some(), breaker, bulkhead.handle());
+            let local = LocalFlights::new(cfg.local_policy());
+            let share = self.share.for_stage(&cfg.sharing);
+            let ctl = Control::new(
+                stage.clone(),
+                cfg,
+                distributed.is_some(),
+                breaker,
+                bulkhead.handle(),
+            );
             let ctl = Arc::new(ctl);
             ctl.watch();
             stages.insert(
                 stage,
                 Arc::new(Stage {
                     ctl,
-                    l1,
-                    l2,
+                    share,
+                    local,
+                    distributed,
                     bulkhead,
                 }),
             );
         }
         Ok(SingleFlightLayer {
             shared: Arc::new(Shared {
-                key: self.key,
+                keys: self.keys,
                 share: self.share,
                 fence: self.fence,
+                deadlines: self.deadlines,
                 stages,
             }),
         })
     }
 }
 
-impl<K, Sh, C, F> fmt::Debug for SingleFlightBuilder<K, Sh, C, F> {
+impl<K, Sh, C, F, X> fmt::Debug for SingleFlightBuilder<K, Sh, C, F, X> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut backends: Vec<_> = self.backends.keys().collect();
         backends.sort();
@@ -268,5 +363,34 @@ impl<K, Sh, C, F> fmt::Debug for SingleFlightBuilder<K, Sh, C, F> {
             .field("backends", &backends)
             .field("stages", &self.config.stages.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
+    }
+}
+
+/// How a share adapter takes a stage's [`SharingSettings`] (HTTP's
+/// Set-Cookie and Cache-Control opt-ins): each stage shares responses with
+/// its own copy of the layer's adapter, configured here. Adapters with
+/// nothing to configure keep themselves.
+pub trait StageShare: Sized {
+    /// The adapter of a stage with these settings.
+    fn for_stage(&self, sharing: &SharingSettings) -> Self;
+}
+
+impl<T> StageShare for flightdeck_core::CloneShare<T> {
+    fn for_stage(&self, _sharing: &SharingSettings) -> Self {
+        *self
+    }
+}
+
+#[cfg(feature = "http")]
+impl StageShare for flightdeck_core::http::HttpShare {
+    fn for_stage(&self, sharing: &SharingSettings) -> Self {
+        let mut share = self.clone();
+        if let Some(policy) = sharing.set_cookie {
+            share = share.set_cookie(policy);
+        }
+        if let Some(policy) = sharing.cache_control {
+            share = share.cache_control(policy);
+        }
+        share
     }
 }

@@ -7,80 +7,79 @@
 //! [`distributed`]).
 //!
 //! [`SingleFlightLayer`] puts it all together, per stage (a kind of work
-//! with its own [`StageConfig`]):
+//! with its own [`StageConfig`]).
+//!
+//! # The data path, and who decides what
 //!
 //! ```text
-//! request ─ key ─ stage's Mode
+//! request ─ key (KeySource) ─ stage ─ the stage's Mode, read on arrival
 //!   BYPASS            → inner service
-//!   LOCAL_ONLY        → L1 → bulkhead → inner
-//!   HYBRID / DIST_ONLY→ L1; only the L1 leader goes on:
-//!       breaker open?        HYBRID: run locally (no backend call at all)
-//!                            DIST_ONLY: fail fast, CircuitOpen (503 / UNAVAILABLE)
-//!       L2 acquire           owner → bulkhead → inner → commit
-//!                            follower → wait for the owner (push + poll, takeover)
-//!                            hit → replay
-//!       coordination failure before acquiring
-//!                            HYBRID: run locally (counted, logged)
-//!                            DIST_ONLY: fail fast (503 / UNAVAILABLE)
+//!   LOCAL_ONLY        → L1 (LocalFlights::run) ─ leader → bulkhead → inner
+//!   HYBRID / DIST_ONLY→ L1; only the L1 leader goes on, into
+//!                       L2 (DistributedFlights::run) over the backend behind the stage's breaker:
+//!       owner     → bulkhead → inner (fenced) → value to the callers at once,
+//!                   commit in the background (heartbeats until it returned)
+//!       follower  → wait for the owner (push + poll), take over on lease expiry
+//!       hit       → replay the stored result
+//!       coordination failure → L2 asks the stage's failure matrix (a Fallback)
 //! ```
 //!
-//! The failure table (seed 000 §5–§6) holds for HYBRID and
-//! DISTRIBUTED_ONLY:
+//! - **L1** decides who runs: one leader per key, everybody else waits for
+//!   its result (or runs its own when the result cannot be shared or does
+//!   not serve them). Each caller leaves at its own deadline; the flight
+//!   goes on while anyone waits, and when the last caller has left it is
+//!   cancelled (LOCAL_ONLY) or finishes (HYBRID, DISTRIBUTED_ONLY: other
+//!   nodes may be waiting on it): decided per flight by the mode its leader
+//!   found on arrival.
+//! - **L2** decides the role across nodes, and holds the request at every
+//!   point where coordination can fail: there it asks the stage's
+//!   [`Fallback`](distributed::Fallback), one small table from (mode,
+//!   failure) to an answer. An owner's business error, another node's
+//!   stored result (even a cached failure) and a failed commit are answers,
+//!   never failures, by construction.
+//! - **The breaker** is a decorator of the stage's backend
+//!   ([`GuardedBackend`](distributed::GuardedBackend)): an open circuit is one
+//!   more failure before acquire, refused before the flight is even named.
+//!   It judges each flight by its first acquire's answer.
+//! - **The bulkhead and the execution budget** wrap every real execution,
+//!   whoever runs it (owner, LOCAL_ONLY leader, local fallback, a caller
+//!   running its own request), and count it once
+//!   (`singleflight_execution_total{path}`).
+//!
+//! # The failure matrix
 //!
 //! | class | HYBRID | DISTRIBUTED_ONLY |
 //! |---|---|---|
-//! | before acquire (unavailable, timeout, outcome unknown) | local fallback, `singleflight_local_fallback_total{reason}` + `warn` | fail fast, `CoordinationUnavailable` / `OutcomeUnknown` (503) |
+//! | before acquire (unavailable, outcome unknown, breaker open) | local fallback, `singleflight_local_fallback_total{reason}` + `warn` | fail fast, `CoordinationUnavailable` / `OutcomeUnknown` / `CircuitOpen` (503) |
 //! | protocol (garbage reply, codec mismatch) | local fallback + `singleflight_unknown_action_total` | fail fast, `ProtocolError` (503) |
-//! | follower wait (polls fail, notice lost, owner slow) | never at once. [`OnWaitFailure`]: `in-progress` → `InProgress` (202) and `fail` → `CoordinationUnavailable` (503) answer at the first failed re-check; `wait` polls on until the wait timeout, taking over when the lease expires, then `WaitTimeout`; `local` (opt-in) runs locally after that wait, when the lease must have expired | same, without `local` |
+//! | follower wait (polls fail, notice lost, owner slow or dead) | never at once. [`OnWaitFailure`]: `in-progress` → `InProgress` (202) and `fail` → `CoordinationUnavailable` (503) answer at the first failed re-check; `wait` polls on until the wait timeout, taking over when the lease expires, then `WaitTimeout`; `local` (opt-in) runs locally after that wait, when the lease must have expired | same, without `local` |
 //! | owner's business error | shared with the waiters, not retried, not a backend failure | same |
-//! | after execution (commit failed) | the value is returned, the commit retried, never re-executed; `singleflight_result_write_failure_total` | same |
+//! | after execution (commit failed) | the value is returned, the commit retried in the background, never re-executed; `singleflight_result_write_failure_total` | same |
 //!
-//! **How the request survives L2.** L2 consumes the request it is given,
-//! yet the local fallback needs it. Instead of asking for `Req: Clone`, the
-//! facade hands L2 a [`Ticket`](ticket::Ticket): the key and a slot holding
-//! the real request. The inner service L2 runs ([`ticket::SlotRunner`])
-//! takes the request out of the slot, inserts the owner's fencing token
-//! ([`Fence`]) and calls the real service behind the bulkhead. When L2
-//! fails and the slot still holds the request, the work never ran here:
-//! HYBRID runs it locally as the L1 leader, DISTRIBUTED_ONLY fails fast.
-//! When the slot is empty, the work ran (owner path) and is never run again.
-//! The backend wrapper ([`ticket::SharedBackend`]) also notes when an
-//! acquire answered "follower", so a failure while following is handled as
-//! a follower-wait failure. (A cleaner long-term design puts this fallback
-//! hook into L2 itself, which owns the request at the decision point.)
+//! While the breaker is open or probing the stage is *degraded*: the
+//! bulkhead switches to its degraded limit, the `singleflight_degraded`
+//! gauge is 1, a `warn` is logged on entering and on leaving, and the
+//! period's length is recorded in `singleflight_degraded_duration`.
 //!
-//! **The breaker** of a stage guards its backend and is checked before L2:
-//! while it is open no call reaches the backend. It counts coordination
-//! failures only (unavailable, outcome unknown, protocol); business errors,
-//! a follower's wait timeout and successes are not failures. A leader's
-//! call is judged by its first acquire's answer, so a half-open probe whose
-//! work is slow still closes the breaker as soon as Redis answered. While it is
-//! open or probing the stage is *degraded*: the bulkhead switches to its
-//! degraded limit, the `singleflight_degraded{stage}` gauge is 1, a `warn`
-//! is logged on entering and on leaving, and the period's length is
-//! recorded in `singleflight_degraded_duration`. Half-open lets the
-//! configured number of probe flights through to the backend; success
-//! closes it, and an optional ramp returns traffic to distributed mode
-//! gradually.
+//! # Deadlines
 //!
-//! **Deadlines** (the budget's slices, seed 000 §10): a request's own
-//! deadline comes from its [`Fence`] ([`ExtensionFence`] reads
-//! `grpc-timeout`, `x-request-timeout` and an outer `Deadline` extension;
-//! implement [`Fence::deadline`] for other request types). A caller never
-//! waits past it (a waiter leaving does not end the flight); a request
-//! whose time is already up is answered `DeadlineExceeded` without touching
-//! the work or the backend; each coordination round trip gets the stage's
-//! `coordination-timeout` slice; an L1 leader following another node's
-//! flight gives up at its deadline (never running the work here, never
-//! counting it against the backend); the work runs within the smaller of
-//! the stage's `execution-timeout` and what remains. The outcome is
-//! `DeadlineExceeded` (504 / `DEADLINE_EXCEEDED`). A flight's coordination
-//! follows its leader's deadline: callers that joined it share its outcome.
+//! A request's own deadline comes from an [`Inbound`](budget::Inbound) of
+//! the budget crate ([`SingleFlightBuilder::http`] reads `grpc-timeout`,
+//! `x-request-timeout` and an outer `BudgetLayer`'s `Deadline`). A caller
+//! never waits past it, and a request whose time is up reaches neither the
+//! work nor the backend; but no caller's deadline decides another's: the
+//! flight goes on for the callers still waiting. Each coordination round
+//! trip gets the stage's `coordination-timeout` (and at most an outer
+//! budget's coordination slice); the work runs within the stage's
+//! `execution-timeout` (and at most an outer budget's execution slice). The
+//! outcome of a caller out of time is `DeadlineExceeded` (504 /
+//! `DEADLINE_EXCEEDED`).
 //!
-//! **The kill switch**: [`SingleFlightLayer::stage`] returns a
-//! [`StageHandle`] whose [`set_mode`](StageHandle::set_mode) switches the
-//! stage's mode for new requests; requests in flight finish in the mode
-//! they started with.
+//! # The kill switch
+//!
+//! [`SingleFlightLayer::stage`] returns a [`StageHandle`] whose
+//! [`set_mode`](StageHandle::set_mode) switches the stage's mode for new
+//! requests; requests in flight finish in the mode they started with.
 //!
 //! ```
 //! use std::time::Duration;
@@ -123,24 +122,32 @@
 //!
 //! The layers also stand alone; this crate re-exports them:
 //!
-//! - [`core`]: keys, stages, result sharing, errors, HTTP/gRPC error
+//! - [`core`] — keys, stages, result sharing, errors, HTTP/gRPC error
 //!   mapping.
-//! - [`key`]: request keys ([`key::KeyLayer`], HTTP and gRPC extractors).
-//! - [`local`]: in-process single-flight ([`LocalFlightLayer`]).
-//! - [`distributed`]: cross-node single-flight over a backend.
-//! - [`breaker`], [`bulkhead`], [`budget`]: resilience layers.
+//! - [`key`] — request keys (`KeyLayer`, HTTP and gRPC extractors).
+//! - [`local`] — in-process single-flight ([`LocalFlightLayer`],
+//!   [`LocalFlights`](local::LocalFlights)).
+//! - [`distributed`] — cross-node single-flight over a backend.
+//! - [`breaker`], [`bulkhead`], [`budget`] — resilience layers.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod config;
 pub mod error;
+mod exec;
+mod fallback;
 pub mod future;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod layer;
+mod leader;
 mod mode;
-pub mod service;
-pub mod share;
+mod service;
 mod stage;
-pub mod ticket;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 pub use flightdeck_breaker as breaker;
 pub use flightdeck_budget as budget;
@@ -149,15 +156,29 @@ pub use flightdeck_core as core;
 pub use flightdeck_distributed as distributed;
 pub use flightdeck_key as key;
 pub use flightdeck_local as local;
+/// The Redis backend (`flightdeck-redis`), feature `redis`.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use flightdeck_redis as redis;
 
-pub use config::{BreakerSettings, BulkheadSettings, ConfigError, SingleFlightConfig, StageConfig};
-pub use layer::{SingleFlightBuilder, SingleFlightLayer};
+pub use config::{
+    BreakerSettings, BulkheadSettings, ConfigError, KeySettings, SharingSettings,
+    SingleFlightConfig, StageConfig,
+};
+pub use layer::{SingleFlightBuilder, SingleFlightLayer, StageShare};
+
+#[cfg(feature = "grpc")]
+pub use http::GrpcFlightsLayer;
+#[cfg(feature = "http")]
+pub use http::{Flights, FlightsBuilder, FlightsLayer, HttpSingleFlight, HttpSingleFlightLayer};
 pub use mode::{Mode, OnWaitFailure, UnknownMode};
 pub use service::SingleFlight;
 pub use stage::StageHandle;
-#[cfg(feature = "http")]
-pub use ticket::ExtensionFence;
-pub use ticket::{Fence, NoFence};
 
 pub use flightdeck_core::{FlightKey, KeyEncoder, StageName};
-pub use flightdeck_local::{FlightPolicy, LocalFlight, LocalFlightLayer, OnAbandon};
+pub use flightdeck_local::{FlightPolicy, LocalFlightLayer, OnAbandon};
+
+/// The README's snippets, compiled by `cargo test --doc`.
+#[cfg(all(doctest, feature = "grpc", feature = "redis", feature = "toml"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeSnippets;

@@ -1,4 +1,4 @@
-//! The four modes of a stage (seed 000 §4) and what a follower does when
+//! The four modes of a stage and what a follower does when
 //! its wait fails (the "follower wait" row of the failure table).
 
 use std::fmt;

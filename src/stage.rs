@@ -1,39 +1,193 @@
 //! One stage's state (built with the layer, shared by every service) and
 //! its runtime handle: the mode (kill switch), the breaker, the bulkhead,
-//! the degraded state.
+//! the degraded state, and the stage's metrics.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use flightdeck_breaker::{Breaker, CircuitState};
 use flightdeck_bulkhead::{BulkheadHandle, BulkheadLayer};
-use flightdeck_core::{metric, SharedForm, StageName};
-use flightdeck_distributed::DistributedFlightLayer;
-use flightdeck_local::LocalFlightLayer;
-use metrics::{Key, Label, Level, Metadata};
+use flightdeck_core::metric::{self, Handles};
+use flightdeck_core::{SharedForm, StageName};
+use flightdeck_distributed::{Backend, DistributedFlights, FailureClass, GuardedBackend};
+use flightdeck_local::LocalFlights;
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
 use tokio::time::Instant;
 
 use crate::config::StageConfig;
 use crate::error::ModeError;
 use crate::mode::Mode;
-use crate::service::KeyedKeys;
-use crate::share::{FlownShare, KeepShared};
-use crate::ticket::{SharedBackend, TicketKeys};
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-/// The L2 layer of a stage.
-pub(crate) type L2<Sh, C> = DistributedFlightLayer<SharedBackend, KeepShared<Sh>, C, TicketKeys>;
+/// A stage's coordination: its backend (shared by the stages that name
+/// it) behind the stage's breaker.
+pub(crate) type Coordination<C> = DistributedFlights<GuardedBackend<Arc<dyn Backend>>, C>;
 
 /// Everything one stage needs, built once with the layer.
 pub(crate) struct Stage<Sh: SharedForm, C> {
     pub(crate) ctl: Arc<Control>,
-    pub(crate) l1: LocalFlightLayer<KeyedKeys, FlownShare<Sh::Shared>>,
-    pub(crate) l2: Option<L2<Sh, C>>,
+    /// The layer's share adapter, with the stage's sharing settings.
+    pub(crate) share: Sh,
+    pub(crate) local: LocalFlights<Sh::Shared>,
+    pub(crate) distributed: Option<Coordination<C>>,
     pub(crate) bulkhead: BulkheadLayer,
+}
+
+/// Where a real execution of the inner service ran (the `path` label of
+/// `singleflight_execution_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// As the owner of a distributed flight.
+    Owner,
+    /// In this process only: LOCAL_ONLY, a stage without backend, or a
+    /// caller whose request a shared result did not serve.
+    Local,
+    /// HYBRID's local fallback (coordination failed or the breaker is open).
+    Fallback,
+    /// BYPASS: no coalescing at all.
+    Bypass,
+}
+
+impl Path {
+    const ALL: [Path; 4] = [Path::Owner, Path::Local, Path::Fallback, Path::Bypass];
+
+    const fn as_str(self) -> &'static str {
+        match self {
+            Path::Owner => "owner",
+            Path::Local => "local",
+            Path::Fallback => "fallback",
+            Path::Bypass => "bypass",
+        }
+    }
+}
+
+/// Why a HYBRID leader ran locally (the `reason` label of
+/// `singleflight_local_fallback_total`): a coordination failure before
+/// acquire, or a follower's wait that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    Coordination(FailureClass),
+    WaitFailure,
+}
+
+const CLASSES: [FailureClass; 4] = [
+    FailureClass::CircuitOpen,
+    FailureClass::Unavailable,
+    FailureClass::OutcomeUnknown,
+    FailureClass::Protocol,
+];
+
+fn class_index(class: FailureClass) -> usize {
+    CLASSES.iter().position(|c| *c == class).unwrap_or(0)
+}
+
+/// What a follower's caller got when its wait failed (the `action` label
+/// of `singleflight_wait_failure_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitAction {
+    Wait,
+    InProgress,
+    Fail,
+    Local,
+}
+
+impl WaitAction {
+    const ALL: [WaitAction; 4] = [
+        WaitAction::Wait,
+        WaitAction::InProgress,
+        WaitAction::Fail,
+        WaitAction::Local,
+    ];
+
+    const fn as_str(self) -> &'static str {
+        match self {
+            WaitAction::Wait => "wait",
+            WaitAction::InProgress => "in_progress",
+            WaitAction::Fail => "fail",
+            WaitAction::Local => "local",
+        }
+    }
+}
+
+/// The handles of one stage under one recorder.
+pub(crate) struct Bundle {
+    request: Counter,
+    bypass: Counter,
+    fallback_execution: Counter,
+    fallback: [Counter; CLASSES.len() + 1],
+    fail_fast: [Counter; CLASSES.len()],
+    distributed_failure: [Counter; CLASSES.len()],
+    wait_failure: [Counter; WaitAction::ALL.len()],
+    execution: [Counter; Path::ALL.len()],
+    execution_duration: Histogram,
+    degraded: Gauge,
+    degraded_duration: Histogram,
+    mode: Gauge,
+}
+
+impl Bundle {
+    /// Registers the stage's handles with `r`, and publishes the gauges'
+    /// values the stage keeps (so a recorder installed after the layer was
+    /// built sees them at once).
+    fn register(r: &dyn Recorder, ctl: &Control) -> Self {
+        let stage = Label::new(
+            metric::LABEL_STAGE,
+            metrics::SharedString::const_str(ctl.name.as_str()),
+        );
+        let key = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
+            let mut labels = vec![stage.clone()];
+            labels.extend(extra.map(|(k, v)| Label::new(k, v)));
+            Key::from_parts(name, labels)
+        };
+        let counter = |name, extra| r.register_counter(&key(name, extra), &METADATA);
+        let by_class = |name| CLASSES.map(|c| counter(name, Some(("reason", c.as_str()))));
+        let b = Self {
+            request: counter(metric::REQUEST_TOTAL, None),
+            bypass: counter(metric::BYPASS_TOTAL, None),
+            fallback_execution: counter(metric::FALLBACK_EXECUTION_TOTAL, None),
+            fallback: {
+                let [a, b, c, d] = by_class(metric::LOCAL_FALLBACK_TOTAL);
+                [
+                    a,
+                    b,
+                    c,
+                    d,
+                    counter(
+                        metric::LOCAL_FALLBACK_TOTAL,
+                        Some(("reason", "wait_failure")),
+                    ),
+                ]
+            },
+            fail_fast: by_class(metric::FAIL_FAST_TOTAL),
+            distributed_failure: CLASSES.map(|c| {
+                counter(
+                    metric::DISTRIBUTED_FAILURE_TOTAL,
+                    Some(("kind", c.as_str())),
+                )
+            }),
+            wait_failure: WaitAction::ALL
+                .map(|a| counter(metric::WAIT_FAILURE_TOTAL, Some(("action", a.as_str())))),
+            execution: Path::ALL
+                .map(|p| counter(metric::EXECUTION_TOTAL, Some(("path", p.as_str())))),
+            execution_duration: r
+                .register_histogram(&key(metric::EXECUTION_DURATION, None), &METADATA),
+            degraded: r.register_gauge(&key(metric::DEGRADED, None), &METADATA),
+            degraded_duration: r
+                .register_histogram(&key(metric::DEGRADED_DURATION, None), &METADATA),
+            mode: r.register_gauge(&key(metric::MODE, None), &METADATA),
+        };
+        b.mode.set(f64::from(ctl.mode().to_u8()));
+        b.degraded.set(if ctl.degraded.load(Ordering::Acquire) {
+            1.0
+        } else {
+            0.0
+        });
+        b
+    }
 }
 
 /// The runtime side of a stage, reachable through a [`StageHandle`].
@@ -46,123 +200,7 @@ pub(crate) struct Control {
     bulkhead: BulkheadHandle,
     degraded: AtomicBool,
     degraded_since: Mutex<Option<Instant>>,
-    keys: Keys,
-}
-
-struct Keys {
-    label: Label,
-    request: Counter,
-    miss: Counter,
-    owner_failure: Counter,
-    bypass: Counter,
-    fallback_execution: Counter,
-    degraded: Key,
-    degraded_duration: Key,
-    mode: Key,
-    fallback: [Counter; Fallback::ALL.len()],
-}
-
-/// A per-stage counter: the key is built with the layer, the recorder's
-/// handle is taken at the first increment (so a recorder installed after
-/// the layer was built is still used) and kept, so that counting on the hot
-/// path is one load and the handle's increment.
-struct Counter {
-    key: Key,
-    handle: OnceLock<metrics::Counter>,
-}
-
-impl Counter {
-    fn new(key: Key) -> Self {
-        Self {
-            key,
-            handle: OnceLock::new(),
-        }
-    }
-
-    #[inline]
-    fn increment(&self) {
-        self.handle
-            .get_or_init(|| metrics::with_recorder(|r| r.register_counter(&self.key, &METADATA)))
-            .increment(1);
-    }
-}
-
-/// Why a HYBRID leader ran locally (the `reason` label of
-/// `singleflight_local_fallback_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fallback {
-    CircuitOpen,
-    Unavailable,
-    OutcomeUnknown,
-    Protocol,
-    WaitFailure,
-}
-
-impl Fallback {
-    const ALL: [Fallback; 5] = [
-        Self::CircuitOpen,
-        Self::Unavailable,
-        Self::OutcomeUnknown,
-        Self::Protocol,
-        Self::WaitFailure,
-    ];
-
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            Self::CircuitOpen => "circuit_open",
-            Self::Unavailable => "unavailable",
-            Self::OutcomeUnknown => "outcome_unknown",
-            Self::Protocol => "protocol",
-            Self::WaitFailure => "wait_failure",
-        }
-    }
-
-    pub(crate) fn from_kind(kind: &'static str) -> Self {
-        match kind {
-            "unavailable" => Self::Unavailable,
-            "outcome_unknown" => Self::OutcomeUnknown,
-            _ => Self::Protocol,
-        }
-    }
-}
-
-impl Keys {
-    fn new(stage: &StageName) -> Self {
-        let label = Label::new(
-            metric::LABEL_STAGE,
-            metrics::SharedString::const_str(stage.as_str()),
-        );
-        let key = |name: &'static str| Key::from_parts(name, vec![label.clone()]);
-        let counter = |name: &'static str| Counter::new(key(name));
-        Self {
-            request: counter(metric::REQUEST_TOTAL),
-            miss: counter(metric::MISS_TOTAL),
-            owner_failure: counter(metric::OWNER_FAILURE_TOTAL),
-            bypass: counter(metric::BYPASS_TOTAL),
-            fallback_execution: counter(metric::FALLBACK_EXECUTION_TOTAL),
-            degraded: key(metric::DEGRADED),
-            degraded_duration: key(metric::DEGRADED_DURATION),
-            mode: key(metric::MODE),
-            fallback: Fallback::ALL.map(|f| {
-                Counter::new(Key::from_parts(
-                    metric::LOCAL_FALLBACK_TOTAL,
-                    vec![label.clone(), Label::new("reason", f.as_str())],
-                ))
-            }),
-            label,
-        }
-    }
-}
-
-/// Which per-stage counter to move.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Count {
-    /// Every request with a key for this stage, whatever its mode (the
-    /// denominator of the merge ratio).
-    Request,
-    Miss,
-    OwnerFailure,
-    Bypass,
+    metrics: Handles<Bundle>,
 }
 
 impl Control {
@@ -173,7 +211,6 @@ impl Control {
         breaker: Breaker,
         bulkhead: BulkheadHandle,
     ) -> Self {
-        let keys = Keys::new(&name);
         let ctl = Self {
             mode: AtomicU8::new(cfg.mode.to_u8()),
             name,
@@ -183,11 +220,25 @@ impl Control {
             bulkhead,
             degraded: AtomicBool::new(false),
             degraded_since: Mutex::new(None),
-            keys,
+            metrics: Handles::new(),
         };
-        ctl.gauge(&ctl.keys.mode, f64::from(ctl.mode().to_u8()));
-        ctl.gauge(&ctl.keys.degraded, 0.0);
+        // Registers the handles (publishing the gauges) under the recorder
+        // in force now; another one installed later gets them at its first
+        // use or the stage's next check (see `watch`).
+        ctl.publish();
         ctl
+    }
+
+    /// Runs `f` with the stage's handles under the recorder in force.
+    #[inline]
+    fn metrics<R>(&self, f: impl FnOnce(&Bundle) -> R) -> R {
+        self.metrics.with(|r| Bundle::register(r, self), f)
+    }
+
+    /// Makes sure the recorder in force has the stage's metrics, with the
+    /// gauges' current values.
+    pub(crate) fn publish(&self) {
+        self.metrics(|_| ());
     }
 
     /// Follows the breaker's transitions from a task (when built inside a
@@ -219,22 +270,62 @@ impl Control {
         Mode::from_u8(self.mode.load(Ordering::Acquire))
     }
 
+    /// Every request with a key for this stage, whatever its mode (the
+    /// denominator of the merge ratio).
     #[inline]
-    pub(crate) fn count(&self, what: Count) {
-        match what {
-            Count::Request => &self.keys.request,
-            Count::Miss => &self.keys.miss,
-            Count::OwnerFailure => &self.keys.owner_failure,
-            Count::Bypass => &self.keys.bypass,
-        }
-        .increment();
+    pub(crate) fn count_request(&self) {
+        self.metrics(|m| m.request.increment(1));
     }
 
-    /// Counts one local fallback and its execution.
+    /// A request of a BYPASS stage.
     #[inline]
+    pub(crate) fn count_bypass(&self) {
+        self.metrics(|m| m.bypass.increment(1));
+    }
+
+    /// A HYBRID leader runs locally.
     pub(crate) fn count_fallback(&self, why: Fallback) {
-        self.keys.fallback[why as usize].increment();
-        self.keys.fallback_execution.increment();
+        let i = match why {
+            Fallback::Coordination(class) => class_index(class),
+            Fallback::WaitFailure => CLASSES.len(),
+        };
+        self.metrics(|m| m.fallback[i].increment(1));
+    }
+
+    /// A DISTRIBUTED_ONLY leader fails fast.
+    pub(crate) fn count_fail_fast(&self, class: FailureClass) {
+        self.metrics(|m| m.fail_fast[class_index(class)].increment(1));
+    }
+
+    /// A coordination failure before acquire (not a refusal of the
+    /// breaker).
+    pub(crate) fn count_distributed_failure(&self, class: FailureClass) {
+        self.metrics(|m| m.distributed_failure[class_index(class)].increment(1));
+    }
+
+    pub(crate) fn count_wait_failure(&self, action: WaitAction) {
+        let i = WaitAction::ALL
+            .iter()
+            .position(|a| *a == action)
+            .unwrap_or(0);
+        self.metrics(|m| m.wait_failure[i].increment(1));
+    }
+
+    /// A real execution of the inner service starts (admitted by the
+    /// bulkhead).
+    pub(crate) fn count_execution(&self, path: Path) {
+        let i = Path::ALL.iter().position(|p| *p == path).unwrap_or(0);
+        self.metrics(|m| {
+            m.execution[i].increment(1);
+            if path == Path::Fallback {
+                m.fallback_execution.increment(1);
+            }
+        });
+    }
+
+    /// A real execution ended after `took`: one sample per execution.
+    pub(crate) fn record_execution(&self, took: Duration) {
+        self.metrics(|m| m.execution_duration.record(took.as_secs_f64()));
     }
 
     /// Follows the breaker, but only until the stage is known to be
@@ -244,20 +335,6 @@ impl Control {
         if !self.degraded.load(Ordering::Acquire) {
             self.sync_degraded();
         }
-    }
-
-    /// Counts `name` with the stage label and one more label (rare events:
-    /// the key is built on the spot).
-    pub(crate) fn count_with(&self, name: &'static str, label: &'static str, value: &'static str) {
-        let key = Key::from_parts(
-            name,
-            vec![self.keys.label.clone(), Label::new(label, value)],
-        );
-        metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
-    }
-
-    fn gauge(&self, key: &Key, value: f64) {
-        metrics::with_recorder(|r| r.register_gauge(key, &METADATA).set(value));
     }
 
     /// Follows the breaker: entering degraded mode (breaker open, probing or
@@ -281,7 +358,7 @@ impl Control {
                 *since = Some(Instant::now());
                 self.degraded.store(true, Ordering::Release);
                 self.bulkhead.set_degraded(true);
-                self.gauge(&self.keys.degraded, 1.0);
+                self.metrics(|m| m.degraded.set(1.0));
                 tracing::warn!(
                     stage = %self.name,
                     mode = %self.mode(),
@@ -297,11 +374,10 @@ impl Control {
                 *since = None;
                 self.degraded.store(false, Ordering::Release);
                 self.bulkhead.set_degraded(false);
-                self.gauge(&self.keys.degraded, 0.0);
                 let lasted = start.elapsed();
-                metrics::with_recorder(|r| {
-                    r.register_histogram(&self.keys.degraded_duration, &METADATA)
-                        .record(lasted.as_secs_f64())
+                self.metrics(|m| {
+                    m.degraded.set(0.0);
+                    m.degraded_duration.record(lasted.as_secs_f64());
                 });
                 tracing::warn!(
                     stage = %self.name,
@@ -324,6 +400,18 @@ impl Control {
 #[derive(Clone)]
 pub struct StageHandle {
     pub(crate) ctl: Arc<Control>,
+    pub(crate) idle: Option<Arc<dyn Idle>>,
+}
+
+/// Waits for a stage's background coordination.
+pub(crate) trait Idle: Send + Sync {
+    fn idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
+impl<C: Send + Sync + 'static> Idle for Coordination<C> {
+    fn idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(DistributedFlights::idle(self))
+    }
 }
 
 impl StageHandle {
@@ -349,7 +437,7 @@ impl StageHandle {
             return Err(ModeError::new(self.ctl.name.clone(), mode));
         }
         let prev = Mode::from_u8(self.ctl.mode.swap(mode.to_u8(), Ordering::AcqRel));
-        self.ctl.gauge(&self.ctl.keys.mode, f64::from(mode.to_u8()));
+        self.ctl.metrics(|m| m.mode.set(f64::from(mode.to_u8())));
         if prev != mode {
             tracing::warn!(stage = %self.ctl.name, from = %prev, to = %mode, "stage mode switched");
         }
@@ -382,6 +470,15 @@ impl StageHandle {
     /// The stage's bulkhead.
     pub fn bulkhead(&self) -> &BulkheadHandle {
         &self.ctl.bulkhead
+    }
+
+    /// Resolves once the stage has no background coordination left:
+    /// owners' commits and abandons (with their heartbeats), releases of
+    /// leases this node gave up on. For graceful shutdown, and tests.
+    pub async fn idle(&self) {
+        if let Some(idle) = &self.idle {
+            idle.idle().await;
+        }
     }
 }
 

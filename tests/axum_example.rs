@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum_example::{run, score_once, Options};
+use axum_example::{run, score_as, score_once, Options};
 use flightdeck::Mode;
 use flightdeck_testkit::RedisServer;
 use http::StatusCode;
@@ -228,4 +228,61 @@ async fn get(client: &HttpClient, addr: std::net::SocketAddr, path: &str) -> Str
         .unwrap();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_reached_under_their_own_addresses_coalesce_when_the_authority_is_ignored() {
+    bounded(async {
+        let redis = RedisServer::start().unwrap();
+        let client = client();
+        // Each client reaches a node by its own address, so the Host
+        // header differs per node: part of the key by default.
+        let mut runs = Vec::new();
+        for ignore in [false, true] {
+            let mut nodes = Vec::new();
+            for _ in 0..2 {
+                let mut opts = Options::local(Duration::from_millis(400));
+                opts.redis_url = Some(redis.url());
+                if ignore {
+                    opts.config = format!(
+                        "{}\n[single-flight.keys]\nignore-authority = true\n",
+                        axum_example::DEFAULT_CONFIG
+                    );
+                }
+                nodes.push(run(opts).await.unwrap());
+            }
+            let answer = if ignore { "any host" } else { "own host" };
+            let calls = nodes.iter().map(|n| {
+                let client = client.clone();
+                let addr = n.addr;
+                tokio::spawn(async move { score_as(&client, addr, None, answer).await })
+            });
+            for call in calls.collect::<Vec<_>>() {
+                let (status, _) = call.await.unwrap().unwrap();
+                assert_eq!(status, StatusCode::OK);
+            }
+            runs.push(
+                nodes
+                    .iter()
+                    .map(|n| n.model.calls.load(Ordering::SeqCst))
+                    .sum::<u64>(),
+            );
+        }
+        assert_eq!(runs, [2, 1], "host in the key: 2 runs; ignored: 1");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_answer_is_refused_without_running_the_model() {
+    bounded(async {
+        let node = run(Options::local(Duration::from_millis(10)))
+            .await
+            .unwrap();
+        let big = "x".repeat(100 * 1024);
+        let (status, _) = score_once(&client(), node.addr, &big).await.unwrap();
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(node.model.calls.load(Ordering::SeqCst), 0);
+    })
+    .await;
 }

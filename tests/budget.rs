@@ -16,11 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use flightdeck::budget::{Inbound, InvalidTimeout};
 use flightdeck::core::error::{find, BoxError, DeadlineExceeded};
 use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{Acquired, Backend, LeaseTerms};
-use flightdeck::distributed::{FencingToken, FlightId, OwnerToken, PostcardCodec};
-use flightdeck::{Fence, Mode, OnWaitFailure, SingleFlightBuilder, StageConfig};
+use flightdeck::distributed::NoFence;
+use flightdeck::distributed::{FlightId, OwnerToken, PostcardCodec};
+use flightdeck::{Mode, OnWaitFailure, SingleFlightBuilder, StageConfig};
 use flightdeck_breaker::CircuitState;
 use flightdeck_testkit::RedisServer;
 use tokio::time::Instant;
@@ -45,11 +47,9 @@ fn job(id: &str, timeout: Option<Duration>) -> Job {
 #[derive(Debug, Clone, Copy)]
 struct JobDeadline;
 
-impl Fence<Job> for JobDeadline {
-    fn fence(&self, _job: &mut Job, _token: FencingToken) {}
-
-    fn deadline(&self, job: &Job) -> Result<Option<Instant>, BoxError> {
-        Ok(job.timeout.map(|t| Instant::now() + t))
+impl Inbound<Job> for JobDeadline {
+    fn inbound(&self, job: &Job) -> Result<Option<Duration>, InvalidTimeout> {
+        Ok(job.timeout)
     }
 }
 
@@ -68,16 +68,19 @@ fn work(calls: &Arc<AtomicUsize>, delay: Duration) -> BoxCloneService<Job, Strin
     }))
 }
 
+type JobLayer<K> = flightdeck::SingleFlightLayer<
+    K,
+    CloneShare<String>,
+    PostcardCodec<String>,
+    NoFence,
+    JobDeadline,
+>;
+
 fn layer(
     stage: &str,
     cfg: StageConfig,
     backend: Option<flightdeck_redis::RedisBackend>,
-) -> flightdeck::SingleFlightLayer<
-    impl Fn(&Job) -> Option<FlightKey> + Clone + Send + Sync + 'static,
-    CloneShare<String>,
-    PostcardCodec<String>,
-    JobDeadline,
-> {
+) -> JobLayer<impl Fn(&Job) -> Option<FlightKey> + Clone + Send + Sync + 'static> {
     metrics_on();
     let name = StageName::new(stage).unwrap();
     let mut b = SingleFlightBuilder::new(
@@ -85,7 +88,7 @@ fn layer(
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
     )
-    .fence(JobDeadline)
+    .deadlines(JobDeadline)
     .stage(stage, cfg);
     if let Some(backend) = backend {
         b = b.backend("redis", backend);
@@ -102,8 +105,8 @@ fn deadline_exceeded(res: &Result<String, BoxError>) -> &DeadlineExceeded {
 }
 
 /// Waits (at most `limit`) until the stage has no local flight left.
-async fn until_no_flight<K, Sh: flightdeck::core::SharedForm, C, F>(
-    layer: &flightdeck::SingleFlightLayer<K, Sh, C, F>,
+async fn until_no_flight<K, Sh: flightdeck::core::SharedForm, C: Send + Sync + 'static, F, X>(
+    layer: &flightdeck::SingleFlightLayer<K, Sh, C, F, X>,
     stage: &str,
     limit: Duration,
 ) -> usize {
@@ -240,10 +243,7 @@ async fn a_follower_never_waits_past_the_request_deadline() {
     assert_eq!(handle.breaker().stats().failures, 0);
     // The other node still owns the flight: nothing took it over.
     let now = other_node_acquires(&redis, st, "q").await;
-    assert!(
-        matches!(now, Acquired::Follower { generation: 1, .. }),
-        "{now:?}"
-    );
+    assert!(matches!(now, Acquired::Follower { .. }), "{now:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,7 +265,7 @@ async fn an_owner_runs_within_the_deadline_and_releases_the_flight_at_once() {
     assert_eq!(until_no_flight(&l, st, Duration::from_secs(10)).await, 0);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     // The work was cut and the flight abandoned: another node owns it at
-    // once (generation 2), without waiting for the 30 s lease.
+    // once (a fresh grant), without waiting for the 30 s lease.
     let mut got = None;
     for _ in 0..50 {
         let a = other_node_acquires(&redis, st, "w").await;
@@ -276,7 +276,13 @@ async fn an_owner_runs_within_the_deadline_and_releases_the_flight_at_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        matches!(got, Some(Acquired::Owner { generation: 2, .. })),
+        matches!(
+            got,
+            Some(Acquired::Owner {
+                takeover: false,
+                ..
+            })
+        ),
         "{got:?}"
     );
 }
@@ -372,5 +378,56 @@ mod http_deadlines {
         };
         assert_eq!(ErrorClass::of(&*err), ErrorClass::InvalidRequest, "{err}");
         assert_eq!(calls.load(Ordering::SeqCst), 2, "not run");
+    }
+
+    /// An outer `BudgetLayer`'s slices bound the flight as the stage's own
+    /// settings do: each coordination call gets at most its coordination
+    /// slice (a frozen Redis costs HYBRID two 50 ms acquires, not two
+    /// 250 ms ones, before it runs locally).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_outer_budgets_coordination_slice_bounds_each_call() {
+        metrics_on();
+        let st = "outer-slices";
+        let mut redis = RedisServer::start().unwrap();
+        let layer = SingleFlightBuilder::http()
+            .backend("redis", redis_backend(redis.url()).await)
+            .stage(st, fast(Mode::Hybrid))
+            .build()
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let svc = tower::ServiceBuilder::new()
+            .layer(
+                flightdeck::budget::BudgetLayer::new(Duration::from_secs(10))
+                    .coordination(Duration::from_millis(50)),
+            )
+            .layer(layer)
+            .service(service_fn({
+                let calls = calls.clone();
+                move |_req: Request<Full<Bytes>>| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+                    }
+                }
+            }));
+        redis.pause().unwrap();
+        let start = Instant::now();
+        svc.oneshot(request(st, "/slow-redis", None)).await.unwrap();
+        let took = start.elapsed();
+        redis.resume().unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "ran locally");
+        assert_eq!(
+            counter_with(
+                metric::LOCAL_FALLBACK_TOTAL,
+                st,
+                "reason",
+                "outcome_unknown"
+            ),
+            1
+        );
+        assert!(
+            took < Duration::from_millis(250),
+            "two acquires of at most 50 ms each, not of the stage's 250 ms: {took:?}"
+        );
     }
 }

@@ -192,7 +192,7 @@ fn bulkhead_and_breaker_values_are_checked() {
     assert_names(&err, "bulkhead.degraded-rate-limit");
     assert!(err.to_string().contains("permits per second"), "{err}");
     let err = yaml_stage("      mode: local-only\n      breaker:\n        failure-rate: 2.0\n");
-    assert_names(&err, "breaker");
+    assert_names(&err, "breaker.failure-rate");
     assert!(err.to_string().contains("failure rate"), "{err}");
     let err = yaml_stage("      mode: local-only\n      coordination-timeout: 0\n");
     assert_names(&err, "coordination-timeout");
@@ -201,38 +201,165 @@ fn bulkhead_and_breaker_values_are_checked() {
 }
 
 #[test]
-fn parse_errors_name_the_value() {
+fn parse_errors_name_the_stage_and_the_field() {
     let cases = [
-        ("      mode: sometimes\n", "sometimes"),
-        ("      lease-timeout: 30\n", "missing unit"),
-        ("      lease-timeout: 30 parsecs\n", "unknown unit"),
-        ("      lease: 30s\n", "lease"),
-        ("      on-wait-failure: retry\n", "retry"),
+        ("      mode: sometimes\n", "mode", "sometimes"),
+        ("      lease-timeout: 30\n", "lease-timeout", "missing unit"),
+        (
+            "      lease-timeout: 30 parsecs\n",
+            "lease-timeout",
+            "unknown unit",
+        ),
+        ("      lease: 30s\n", "lease", "lease"),
+        ("      on-wait-failure: retry\n", "on-wait-failure", "retry"),
         (
             "      bulkhead:\n        degraded-rate-limit: -5\n",
-            "degraded-rate-limit",
+            "bulkhead.degraded-rate-limit",
+            "-5",
         ),
         (
             "      bulkhead:\n        degraded-rate-limit: fast\n",
-            "degraded-rate-limit",
+            "bulkhead.degraded-rate-limit",
+            "fast",
         ),
     ];
-    for (body, needle) in cases {
+    for (body, field, needle) in cases {
         let err = yaml_stage(body);
-        assert!(
-            matches!(err, ConfigError::Parse { format: "yaml", .. }),
-            "{err:?}"
-        );
+        assert_names(&err, field);
         assert!(err.to_string().contains(needle), "{needle}: {err}");
     }
     let err = SingleFlightConfig::from_toml(
         "[single-flight.stages.my-stage]\nheartbeat-interval = \"5 s\"\n",
     )
     .unwrap_err();
-    assert!(err.to_string().contains("heartbeat-interval"), "{err}");
+    assert_names(&err, "heartbeat-interval");
     let err = SingleFlightConfig::from_toml("[single-flight.stages.my-stage]\nleese = \"5s\"\n")
         .unwrap_err();
-    assert!(err.to_string().contains("leese"), "{err}");
+    assert_names(&err, "leese");
+    // A document that is not TOML at all is a parse error, with its line.
+    let err = SingleFlightConfig::from_toml("[single-flight.stages.my-stage\n").unwrap_err();
+    assert!(
+        matches!(err, ConfigError::Parse { format: "toml", .. }),
+        "{err:?}"
+    );
+}
+
+/// Every key of the configuration table, with a bad value: the error names
+/// the stage and the field (as the file spells it), for values the parser
+/// refuses and for values the validation refuses alike.
+#[test]
+fn every_bad_value_names_its_stage_and_field() {
+    let cases: &[(&str, &str)] = &[
+        ("mode = \"often\"", "mode"),
+        ("mode = \"hybrid\"", "backend"),
+        ("lease-timeout = \"5ms\"", "lease-timeout"),
+        ("lease-timeout = \"31d\"", "lease-timeout"),
+        ("lease-timeout = 30", "lease-timeout"),
+        ("heartbeat-interval = \"0\"", "heartbeat-interval"),
+        ("heartbeat-interval = \"20s\"", "heartbeat-interval"),
+        ("wait-timeout = \"0\"", "wait-timeout"),
+        ("wait-timeout = \"10s\"", "wait-timeout"),
+        ("poll-interval = \"0\"", "poll-interval"),
+        ("result-ttl = \"500ms\"", "result-ttl"),
+        ("failure-ttl = \"40d\"", "failure-ttl"),
+        ("local-replay-ttl = \"40d\"", "local-replay-ttl"),
+        ("compress-result = \"yes\"", "compress-result"),
+        ("compress-above = -1", "compress-above"),
+        ("inline-publish-below = \"8k\"", "inline-publish-below"),
+        ("max-result-bytes = 0", "max-result-bytes"),
+        ("max-result-bytes = 1000000000", "max-result-bytes"),
+        ("allow-takeover = 1", "allow-takeover"),
+        ("on-wait-failure = \"panic\"", "on-wait-failure"),
+        ("coordination-timeout = \"0\"", "coordination-timeout"),
+        ("coordination-timeout = \"40s\"", "coordination-timeout"),
+        ("execution-timeout = \"0\"", "execution-timeout"),
+        ("commit-attempts = 0", "commit-attempts"),
+        ("commit-attempts = 4294967295", "commit-attempts"),
+        ("max-flights = 0", "max-flights"),
+        ("max-flights = 18446744073709551615", "max-flights"),
+        ("max-waiters = 0", "max-waiters"),
+        ("max-waiters = 18446744073709551615", "max-waiters"),
+        ("bulkhead.limit = 0", "bulkhead.limit"),
+        ("bulkhead.limit = 18446744073709551615", "bulkhead.limit"),
+        ("bulkhead.degraded-limit = 0", "bulkhead.degraded-limit"),
+        ("bulkhead.degraded-limit = 5000", "bulkhead.degraded-limit"),
+        (
+            "bulkhead.degraded-rate-limit = 0",
+            "bulkhead.degraded-rate-limit",
+        ),
+        (
+            "bulkhead.degraded-rate-limit = -5",
+            "bulkhead.degraded-rate-limit",
+        ),
+        ("bulkhead.queue = 18446744073709551615", "bulkhead.queue"),
+        (
+            "bulkhead.queue = 4\nbulkhead.queue-timeout = \"0\"",
+            "bulkhead.queue-timeout",
+        ),
+        ("breaker.window = 0", "breaker.window"),
+        ("breaker.window = 4294967295", "breaker.window"),
+        ("breaker.min-calls = 1000", "breaker.min-calls"),
+        ("breaker.failure-rate = 2.0", "breaker.failure-rate"),
+        (
+            "breaker.consecutive-failures = 0",
+            "breaker.consecutive-failures",
+        ),
+        ("breaker.wait-in-open = \"31d\"", "breaker.wait-in-open"),
+        ("breaker.jitter = 11.0", "breaker.jitter"),
+        ("breaker.half-open-probes = 0", "breaker.half-open-probes"),
+        (
+            "breaker.half-open-probes = 4294967295",
+            "breaker.half-open-probes",
+        ),
+        ("breaker.probe-timeout = \"0\"", "breaker.probe-timeout"),
+        ("breaker.ramp = [2.0]", "breaker.ramp"),
+        (
+            "breaker.ramp = [0.5]\nbreaker.ramp-step = \"0\"",
+            "breaker.ramp-step",
+        ),
+        ("sharing.set-cookie = \"keep\"", "sharing.set-cookie"),
+        ("sharing.cache-control = \"maybe\"", "sharing.cache-control"),
+    ];
+    for (line, field) in cases {
+        // Every case is a local-only stage (no backend needed) unless the
+        // line says otherwise.
+        let mode = if line.starts_with("mode") {
+            ""
+        } else {
+            "mode = \"local-only\"\n"
+        };
+        let text = format!("[single-flight.stages.my-stage]\n{mode}{line}\n");
+        let err = SingleFlightConfig::from_toml(&text).unwrap_err();
+        assert_names(&err, field);
+    }
+    // Every stage key of the configuration reference has a case above.
+    let reference = include_str!("../docs/configuration.md");
+    let documented = reference
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split(" |").next())
+        .flat_map(|keys| keys.split(" / "))
+        .map(|k| k.trim_matches('`'))
+        .filter(|k| !k.starts_with("keys."));
+    for key in documented {
+        assert!(
+            cases.iter().any(|(_, field)| *field == key),
+            "docs/configuration.md lists `{key}`, which no case here checks"
+        );
+    }
+}
+
+/// A stage name too long to be one is cut in the message (the whole name
+/// stays in the error's fields).
+#[test]
+fn long_stage_names_are_cut_in_messages() {
+    let name = "x".repeat(500);
+    let err = SingleFlightConfig::from_toml(&format!(
+        "[single-flight.stages.{name}]\nmode = \"local-only\"\n"
+    ))
+    .unwrap_err();
+    assert_eq!(err.stage(), Some(name.as_str()));
+    assert!(err.to_string().len() < 200, "{err}");
 }
 
 #[test]
@@ -261,4 +388,29 @@ fn a_bad_stage_name_is_rejected() {
     )
     .unwrap_err();
     assert_eq!(err.field(), Some("stage"), "{err}");
+}
+
+#[test]
+fn the_keys_table_is_read_and_checked() {
+    let cfg =
+        SingleFlightConfig::from_toml("[single-flight.keys]\nignore-authority = true\n").unwrap();
+    assert!(cfg.keys.ignore_authority);
+    assert!(!SingleFlightConfig::default().keys.ignore_authority);
+    let err =
+        SingleFlightConfig::from_toml("[single-flight.keys]\nignore-host = true\n").unwrap_err();
+    match &err {
+        ConfigError::Invalid { stage, field, .. } => {
+            assert_eq!(stage.as_deref(), None);
+            assert_eq!(field.as_ref(), "keys.ignore-host", "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = SingleFlightConfig::from_toml("[single-flight.keys]\nignore-authority = \"yes\"\n")
+        .unwrap_err();
+    match &err {
+        ConfigError::Invalid { field, .. } => {
+            assert_eq!(field.as_ref(), "keys.ignore-authority", "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -181,8 +181,8 @@ async fn our_errors_arrive_as_grpc_statuses() {
         // second call while the only slot is taken: RESOURCE_EXHAUSTED.
         // Margins are wide so a loaded CI machine cannot blur the two.
         let mut opts = Options::local(Duration::from_millis(3000));
-        opts.execution_timeout = Duration::from_millis(1500);
-        opts.bulkhead_limit = 1;
+        opts.execution_timeout = Some(Duration::from_millis(1500));
+        opts.bulkhead_limit = Some(1);
         let node = run(opts).await.unwrap();
         let client = SummarizerClient::connect(node.addr).await.unwrap();
         let slow = {
@@ -218,4 +218,48 @@ async fn get_metrics(addr: std::net::SocketAddr) -> String {
         .unwrap();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_config_file_decides_the_grpc_stage() {
+    bounded(async {
+        // The shipped file, no Redis: LOCAL_ONLY.
+        let node = run(Options::local(Duration::from_millis(300)))
+            .await
+            .unwrap();
+        let stage = node.flights.stage("summarize").unwrap();
+        assert_eq!(stage.mode(), Mode::LocalOnly);
+
+        // A file that bypasses the stage: every call runs.
+        let mut opts = Options::local(Duration::from_millis(300));
+        opts.config = "[single-flight.stages.summarize]\nmode = \"bypass\"\n".to_owned();
+        let node = run(opts).await.unwrap();
+        let replies = burst(&[node.addr], 3, "bypassed words here").await;
+        assert!(replies.iter().all(Result::is_ok));
+        assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 3);
+
+        // DISTRIBUTED_ONLY with `in-progress` from the file, over Redis.
+        let redis = RedisServer::start().unwrap();
+        let mut opts = Options::local(Duration::from_millis(10));
+        opts.config = "[single-flight.stages.summarize]\nmode = \"distributed-only\"\n\
+                       backend = \"redis\"\non-wait-failure = \"in-progress\"\n"
+            .to_owned();
+        opts.redis_url = Some(redis.url());
+        let node = run(opts).await.unwrap();
+        let stage = node.flights.stage("summarize").unwrap();
+        assert_eq!(stage.mode(), Mode::DistributedOnly);
+        assert_eq!(
+            stage.config().on_wait_failure,
+            flightdeck::OnWaitFailure::InProgress
+        );
+        // A message over the service's bound is refused by the server.
+        let mut client = SummarizerClient::connect(node.addr).await.unwrap();
+        let status = client
+            .summarize(doc(&"w ".repeat(40 * 1024)))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+        assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 0);
+    })
+    .await;
 }

@@ -252,6 +252,31 @@ impl Breaker {
     /// frees a half-open probe slot.
     #[inline]
     pub fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
+        self.acquire(Ramped::Held)
+    }
+
+    /// Like [`try_acquire`](Self::try_acquire), but a ramp after closing
+    /// holds nothing back: for callers that apply the ramp themselves (see
+    /// [`ramp_holds_back`](Self::ramp_holds_back)) or have nowhere else to
+    /// go while it runs.
+    #[inline]
+    pub fn try_acquire_past_ramp(&self) -> Result<Permit, CircuitOpen> {
+        self.acquire(Ramped::Admitted)
+    }
+
+    /// While a ramp runs after closing: whether the ramp holds this call
+    /// back (it admits exactly its share of the calls, spread evenly;
+    /// counted like a rejection). `false` outside a ramp. The caller then
+    /// asks [`try_acquire_past_ramp`](Self::try_acquire_past_ramp) for the
+    /// calls it lets through.
+    #[inline]
+    pub fn ramp_holds_back(&self) -> bool {
+        let word = self.core.word.load(Ordering::Acquire);
+        word & TAG == RAMPING && Core::ramp_holds_back(&self.core)
+    }
+
+    #[inline]
+    fn acquire(&self, ramped: Ramped) -> Result<Permit, CircuitOpen> {
         let word = self.core.word.load(Ordering::Acquire);
         match word & TAG {
             CLOSED => Ok(Permit {
@@ -270,7 +295,7 @@ impl Breaker {
             }),
             FORCED_OPEN => Err(self.core.reject()),
             OPEN if self.core.still_open(Instant::now()) => Err(self.core.reject()),
-            _ => Core::acquire_slow(&self.core),
+            _ => Core::acquire_slow(&self.core, ramped),
         }
     }
 
@@ -336,8 +361,51 @@ impl Core {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether a running ramp holds this call back (see
+    /// [`Breaker::ramp_holds_back`]); a finished ramp ends here.
     #[inline(never)]
-    fn acquire_slow(this: &Arc<Self>) -> Result<Permit, CircuitOpen> {
+    fn ramp_holds_back(this: &Arc<Self>) -> bool {
+        let now = Instant::now();
+        let mut inner = this.lock();
+        if inner.tag != RAMPING {
+            return false;
+        }
+        let held = !Self::ramp_admits(this, &mut inner, now);
+        drop(inner);
+        if held {
+            this.count_rejection();
+        }
+        held
+    }
+
+    /// Counts one call of the ramp's current step: whether it is admitted
+    /// (the ramp ends, admitting everything, after its last step).
+    fn ramp_admits(this: &Arc<Self>, inner: &mut Inner, now: Instant) -> bool {
+        let ramp = this.cfg.ramp.as_ref().expect("ramping implies a ramp");
+        let step = ramp_step_at(inner, ramp.step, now);
+        match ramp.shares.get(step) {
+            None => {
+                inner.tag = CLOSED;
+                this.store_word(inner);
+                tracing::info!(breaker = %this.name, "ramp finished: all calls admitted");
+                true
+            }
+            Some(&share) => {
+                if step != inner.ramp_step {
+                    inner.ramp_step = step;
+                    inner.ramp_count = 0;
+                }
+                let n = inner.ramp_count as f64;
+                inner.ramp_count += 1;
+                // Admit exactly `share` of the calls of this step, spread
+                // evenly, to within one call.
+                ((n + 1.0) * share).floor() > (n * share).floor()
+            }
+        }
+    }
+
+    #[inline(never)]
+    fn acquire_slow(this: &Arc<Self>, ramped: Ramped) -> Result<Permit, CircuitOpen> {
         let now = Instant::now();
         let mut inner = this.lock();
         this.advance_open(&mut inner, now);
@@ -348,7 +416,8 @@ impl Core {
             probe,
             counted,
         };
-        match inner.tag {
+        let tag = inner.tag;
+        match tag {
             CLOSED => return Ok(admit(None, true, &inner)),
             FORCED_CLOSED => return Ok(admit(None, false, &inner)),
             HALF_OPEN => {
@@ -366,30 +435,8 @@ impl Core {
                     return Ok(admit(Some((i, seq)), true, &inner));
                 }
             }
-            RAMPING => {
-                let ramp = this.cfg.ramp.as_ref().expect("ramping implies a ramp");
-                let step = ramp_step_at(&inner, ramp.step, now);
-                match ramp.shares.get(step) {
-                    None => {
-                        inner.tag = CLOSED;
-                        this.store_word(&inner);
-                        tracing::info!(breaker = %this.name, "ramp finished: all calls admitted");
-                        return Ok(admit(None, true, &inner));
-                    }
-                    Some(&share) => {
-                        if step != inner.ramp_step {
-                            inner.ramp_step = step;
-                            inner.ramp_count = 0;
-                        }
-                        let n = inner.ramp_count as f64;
-                        inner.ramp_count += 1;
-                        // Admit exactly `share` of the calls of this step,
-                        // spread evenly, to within one call.
-                        if ((n + 1.0) * share).floor() > (n * share).floor() {
-                            return Ok(admit(None, true, &inner));
-                        }
-                    }
-                }
+            RAMPING if ramped == Ramped::Admitted || Self::ramp_admits(this, &mut inner, now) => {
+                return Ok(admit(None, true, &inner));
             }
             _ => {}
         }
@@ -657,6 +704,15 @@ impl Core {
             open_for,
         });
     }
+}
+
+/// Whether an acquisition is subject to a running ramp.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ramped {
+    /// The ramp may hold it back.
+    Held,
+    /// The ramp admits it (the caller applied the ramp itself).
+    Admitted,
 }
 
 /// Permission to run one call, from [`Breaker::try_acquire`].

@@ -24,8 +24,8 @@ pub enum WindowKind {
     },
 }
 
-/// A gradual return to full traffic after the breaker closes (seed 000 §14
-/// "gradual recovery").
+/// A gradual return to full traffic after the breaker closes, so a
+/// dependency that just recovered is not hit by every caller at once.
 ///
 /// For `step` after closing, only `shares[0]` of the calls are let through
 /// (the rest are rejected as if the circuit were open), then `shares[1]`,

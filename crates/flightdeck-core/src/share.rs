@@ -9,7 +9,23 @@
 //! - `HttpShare` (feature `http`) buffers status, headers, body bytes and
 //!   trailers up to a cap, and declares streaming or oversize responses
 //!   [`Shareable::Unshared`]: the caller that started the flight gets its
-//!   response untouched, and the waiters run the service themselves.
+//!   response untouched, and the waiters run the service themselves. It
+//!   also refuses what HTTP forbids sharing (`Set-Cookie`, `Cache-Control:
+//!   private`, `no-store`, `no-cache`, `Vary: *`) and implements `Vary`
+//!   through [`Serves`].
+//!
+//! The order of calls a coalescing layer makes, for one flight:
+//!
+//! 1. [`Serves::leader`] on the leader's request, before it is consumed;
+//! 2. [`Share::share`] on the response: either [`Shareable::Unshared`] (the
+//!    leader gets the output it carries, every other caller runs its own
+//!    request, nothing is stored), or the shared form;
+//! 3. [`Serves::record`] with the snapshot of step 1, before the shared
+//!    form is handed to anyone or stored;
+//! 4. [`Share::restore_leader`] for the leader's own copy;
+//! 5. for each other request (a waiter, a local replay, a result read from
+//!    the backend): [`Serves::serves`], then [`Share::restore`] if it
+//!    serves, or the request runs its own if not.
 
 use std::fmt;
 use std::future::{ready, Future, Ready};
@@ -107,7 +123,23 @@ pub trait Share<T>: SharedForm {
     fn share(&self, value: T) -> Self::Future;
 
     /// Rebuilds an output for one waiter from the shared form.
+    ///
+    /// This is the copy for everyone but the leader: waiters, local
+    /// replays, results replayed from another node.
     fn restore(&self, shared: &Self::Shared) -> Self::Output;
+
+    /// Rebuilds the output of the leader: the one caller whose own request
+    /// produced the shared form.
+    ///
+    /// The same as [`restore`](Self::restore) unless the adapter keeps
+    /// parts of the response for the leader alone. `HttpShare` with
+    /// `SetCookie::Strip` does: the shared form holds the leader's
+    /// `Set-Cookie` values apart, `restore` never returns them, this does.
+    /// Coalescing layers call it for the leader's own copy and for no one
+    /// else.
+    fn restore_leader(&self, shared: &Self::Shared) -> Self::Output {
+        self.restore(shared)
+    }
 
     /// Wraps a response that was never shared (a bypassed request, or a
     /// waiter that ran the service itself).

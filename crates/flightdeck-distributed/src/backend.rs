@@ -2,29 +2,62 @@
 //!
 //! [`Backend`] is the contract between the L2 layer and a shared store (the
 //! Redis backend in `flightdeck-redis`, the in-memory one in
-//! `flightdeck-testkit`). Its semantics are those of the Redis scripts of
-//! ARCHITECTURE §4:
+//! `flightdeck-testkit`). Every implementation keeps these rules, and
+//! `flightdeck-testkit`'s conformance suite checks each of them:
 //!
 //! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored,
-//!   [`Acquired::Follower`] when another token holds the lease,
+//!   [`Acquired::Follower`] when another token holds a live lease,
 //!   [`Acquired::Owner`] when this token holds it (also on a retry with the
-//!   same token: acquire is idempotent), [`Acquired::Expired`] when a dead
-//!   owner's lease ran out and takeover is not allowed. Every grant increases
-//!   the generation (the fencing token).
-//! - [`Backend::heartbeat`] extends a lease only if (token, generation) still
-//!   holds it; it never re-creates a lost lease.
-//! - [`Backend::commit`] stores the result only for the current owner (or,
-//!   after its lease expired, if nobody else was granted the flight since),
-//!   ends the lease and notifies followers (payload inline when small).
-//!   A retry of a commit that already happened answers [`Committed::Committed`].
-//! - [`Backend::abandon`] releases the lease at once and wakes followers.
-//! - [`Backend::invalidate`] drops the stored result and any lease and bumps
-//!   the generation: a running owner's commit is then fenced.
+//!   same token: acquire is idempotent), and otherwise grants the flight
+//!   to the caller with a new generation (the fencing token), marked
+//!   `takeover` when it replaces an owner whose lease ran out without a
+//!   commit or abandon. [`Acquired::Expired`] is the answer instead of a
+//!   takeover when [`LeaseTerms::allow_takeover`] is false, and the answer
+//!   to a token whose attempt already ended (released or abandoned: it is
+//!   never granted the flight again).
+//! - **Generations never repeat and never decrease** for a flight,
+//!   whatever expired in between (lease, result, the flight's whole
+//!   record). A handler may therefore fence its own downstream writes with
+//!   [`FencingToken::generation`]. Generations are not consecutive and do
+//!   not start at 1: compare them, never count them. (The Redis backend
+//!   takes `max(last + 1, server clock in µs)`, see its docs for the clock
+//!   caveat.)
+//! - [`Backend::heartbeat`] extends the lease only while (token,
+//!   generation) holds it and it has not run out; it never re-creates or
+//!   revives a lease.
+//! - [`Backend::commit`] stores the result only for (token, generation) of
+//!   the flight's last grant, whether its lease still runs or ran out with
+//!   nobody granted since; it ends the lease and notifies followers
+//!   (payload inline when small). A retry of a commit that already happened
+//!   answers [`Committed::Committed`]; a commit by any other token, or of
+//!   any other generation, is [`Committed::Fenced`].
+//! - [`Backend::abandon`] ends the lease of (token, generation) of the last
+//!   grant (live or run out) at once, optionally caches a failure, and
+//!   wakes followers.
+//! - [`Backend::release`] ends the lease held by a token whatever its
+//!   generation: what a node calls for every token it gave up on (its
+//!   ACQUIRE timed out and may still have run, a deadline passed while a
+//!   re-check was granting it the flight), so that nobody waits on a lease
+//!   whose holder walked away. The token is never granted the flight
+//!   afterwards, so an ACQUIRE of it that reaches the store late grants
+//!   nothing.
+//! - [`Backend::invalidate`] drops the stored result and any lease and
+//!   starts a newer generation: a running owner's commit is then fenced.
 //! - [`Backend::subscribe`] delivers [`Notice`]s for one flight. Delivery is
 //!   at most once: callers must also poll.
 //!
-//! All durations are measured by the backend's clock (Redis: `PEXPIRE` and
-//! `PTTL`), never by the callers'.
+//! **How long a flight's record lives.** A grant or heartbeat keeps the
+//! flight's record for [`LeaseTerms::record_ttl`] (two leases with the
+//! policy's state TTL): the lease, then one more lease during which the
+//! owner may still commit or abandon late and, when takeover is not
+//! allowed, ACQUIRE answers [`Acquired::Expired`]. A dead owner therefore
+//! blocks a flight without takeover for one lease after its lease ran
+//! out, never longer; the next grant after that has a larger generation.
+//! A commit keeps the record for the result's TTL, an abandon that caches
+//! a failure for the failure's.
+//!
+//! All durations are measured by the backend's clock (Redis: the server's
+//! time and key expiry), never by the callers'.
 //!
 //! ```
 //! use std::time::Duration;
@@ -204,9 +237,13 @@ pub enum Acquired {
         lease_remaining: Duration,
     },
     /// The owner's lease expired without a commit and takeover was not
-    /// allowed.
+    /// allowed (for at most [`LeaseTerms::record_ttl`] after the dead
+    /// owner's grant or last heartbeat). Also the answer to a token whose
+    /// own attempt already ended (it released or abandoned the flight):
+    /// such a token is never granted the flight again.
     Expired {
-        /// The dead owner's generation.
+        /// The dead owner's generation (or the ended attempt's; 0 when the
+        /// flight has none).
         generation: u64,
     },
 }
@@ -229,12 +266,13 @@ pub enum Committed {
     Fenced,
 }
 
-/// The answer to [`Backend::abandon`].
+/// The answer to [`Backend::abandon`] and [`Backend::release`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Released {
     /// The lease was released and followers were woken.
     Released,
-    /// The lease was not held by this (token, generation).
+    /// The lease was not held by this (token, generation) (by this token,
+    /// for [`Backend::release`]); nothing changed.
     NotOwner,
 }
 
@@ -243,12 +281,44 @@ pub enum Released {
 pub struct LeaseTerms {
     /// How long a grant or heartbeat keeps the lease.
     pub lease: Duration,
-    /// How long the flight's generation counter is kept (longer than the
-    /// lease and the result TTL, so generations never restart while anything
-    /// of the flight lives).
+    /// The longest a grant keeps the flight's record (see
+    /// [`record_ttl`](Self::record_ttl)); also how long an invalidation,
+    /// or a release of a flight that had no record, is remembered.
+    /// Generations do not depend on it: they never repeat, whatever
+    /// expires.
     pub state_ttl: Duration,
     /// Whether an expired, uncommitted flight may be taken over.
     pub allow_takeover: bool,
+}
+
+impl LeaseTerms {
+    /// How long a grant or a heartbeat keeps the flight's record: two
+    /// leases, but at most [`state_ttl`](Self::state_ttl) and never less
+    /// than one lease.
+    ///
+    /// The lease, then up to one more lease during which the owner whose
+    /// lease ran out may still commit or abandon (if nobody was granted
+    /// the flight since) and, without takeover, ACQUIRE answers
+    /// [`Acquired::Expired`]. After that the record is gone and the next
+    /// grant is a fresh one, with a larger generation.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use flightdeck_distributed::backend::LeaseTerms;
+    ///
+    /// let terms = LeaseTerms {
+    ///     lease: Duration::from_secs(30),
+    ///     state_ttl: Duration::from_secs(120),
+    ///     allow_takeover: false,
+    /// };
+    /// assert_eq!(terms.record_ttl(), Duration::from_secs(60));
+    /// ```
+    pub fn record_ttl(&self) -> Duration {
+        self.lease
+            .saturating_mul(2)
+            .min(self.state_ttl)
+            .max(self.lease)
+    }
 }
 
 /// What [`Backend::commit`] writes.
@@ -260,7 +330,9 @@ pub struct CommitArgs {
     pub ttl: Duration,
     /// Payloads up to this size travel inline in the completion notice.
     pub inline_below: usize,
-    /// See [`LeaseTerms::state_ttl`].
+    /// See [`LeaseTerms::state_ttl`]. Once committed, a flight's record
+    /// lives as long as its result (`ttl`): the backends in this workspace
+    /// do not need this.
     pub state_ttl: Duration,
 }
 
@@ -272,7 +344,9 @@ pub struct AbandonArgs {
     pub failure: Option<Bytes>,
     /// How long the failure is replayed (zero: not cached).
     pub failure_ttl: Duration,
-    /// See [`LeaseTerms::state_ttl`].
+    /// See [`LeaseTerms::state_ttl`]. An abandon keeps the record's
+    /// expiry (or sets `failure_ttl` when it caches a failure): the
+    /// backends in this workspace do not need this.
     pub state_ttl: Duration,
 }
 
@@ -370,6 +444,25 @@ pub trait Backend: Send + Sync + 'static {
         args: &'a AbandonArgs,
     ) -> BackendFuture<'a, Released>;
 
+    /// Releases the lease held by `token`, whatever its generation (the
+    /// caller may never have learned it), and wakes followers (an
+    /// [`Notice::Abandoned`] for that generation): [`Released::Released`].
+    /// Otherwise [`Released::NotOwner`], and nothing else changes: a
+    /// stored result stays, another token's lease stays.
+    ///
+    /// Either way the token is never granted the flight afterwards: an
+    /// ACQUIRE of it that reaches the backend after this call (one that
+    /// timed out on the client but was still queued) grants nothing. That
+    /// memory lasts as long as the flight's record, or `state_ttl` when
+    /// the flight had none. So one answer is final: a caller retries only
+    /// calls that failed.
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released>;
+
     /// Drops the flight's stored result and lease and starts a new
     /// generation, which fences any running owner's commit and wakes
     /// followers (they race again). Returns the new generation.
@@ -382,6 +475,103 @@ pub trait Backend: Send + Sync + 'static {
     /// Subscribes to the flight's notices. Subscribe BEFORE re-checking the
     /// flight, so a notice sent in between is not missed.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription>;
+
+    /// A cheap local check before a flight's first call: a decorator that
+    /// knows the backend would refuse it says so (a breaker that is open),
+    /// sparing the caller the work of naming the flight. `None` by default.
+    fn reject_early(&self) -> Option<BackendError> {
+        None
+    }
+
+    /// A follower's re-check: the same as [`acquire`](Self::acquire) (it
+    /// takes the flight over when the owner's lease expired), told apart so
+    /// that a decorator can treat it differently (a breaker judges the
+    /// backend by flights, not by polls).
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.acquire(flight, token, terms)
+    }
+}
+
+/// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
+/// of one layer different backends).
+impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        (**self).acquire(flight, token, terms)
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        (**self).heartbeat(flight, token, generation, terms)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        (**self).commit(flight, token, generation, args)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        (**self).abandon(flight, token, generation, args)
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        (**self).invalidate(flight, state_ttl)
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        (**self).subscribe(flight)
+    }
+
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released> {
+        (**self).release(flight, token, state_ttl)
+    }
+
+    fn reject_early(&self) -> Option<BackendError> {
+        (**self).reject_early()
+    }
+
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        (**self).recheck(flight, token, terms)
+    }
 }
 
 /// The three ways a backend call can fail.
@@ -413,6 +603,7 @@ impl BackendErrorKind {
 #[derive(Debug)]
 pub struct BackendError {
     kind: BackendErrorKind,
+    rejected: bool,
     source: BoxError,
 }
 
@@ -421,8 +612,26 @@ impl BackendError {
     pub fn new(kind: BackendErrorKind, source: impl Into<BoxError>) -> Self {
         Self {
             kind,
+            rejected: false,
             source: source.into(),
         }
+    }
+
+    /// A local guard (a circuit breaker) refused the call: nothing was
+    /// sent. Unavailable, and told apart (see [`is_rejected`](Self::is_rejected)).
+    /// `source` is the guard's own error, one of `flightdeck_core`'s (a
+    /// `CircuitOpen`): [`into_core`](Self::into_core) hands it on as it is.
+    pub fn rejected(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: BackendErrorKind::Unavailable,
+            rejected: true,
+            source: source.into(),
+        }
+    }
+
+    /// Whether a local guard refused the call before it was sent.
+    pub fn is_rejected(&self) -> bool {
+        self.rejected
     }
 
     /// The backend could not be reached.
@@ -452,6 +661,12 @@ impl BackendError {
     /// this error as the source.
     pub fn into_core(self) -> BoxError {
         use flightdeck_core::error::{CoordinationUnavailable, OutcomeUnknown, ProtocolError};
+        // A local guard's refusal is already a core error (a breaker's
+        // `CircuitOpen`; see `rejected`): no wrapper, no second allocation
+        // on the degraded path.
+        if self.rejected {
+            return self.source;
+        }
         match self.kind {
             BackendErrorKind::Unavailable => Box::new(CoordinationUnavailable::new(self)),
             BackendErrorKind::Protocol => {
@@ -503,7 +718,7 @@ impl std::error::Error for BackendError {
 ///         self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 ///         self.inner.acquire(flight, token, terms)
 ///     }
-///     forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe);
+///     forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck, reject_early);
 /// }
 /// ```
 #[macro_export]
@@ -518,8 +733,7 @@ macro_rules! forward_backend {
             token: &'a $crate::OwnerToken,
             terms: &'a $crate::backend::LeaseTerms,
         ) -> $crate::backend::BackendFuture<'a, $crate::Acquired> {
-            use $crate::Backend as _;
-            self.$f.acquire(flight, token, terms)
+                        $crate::Backend::acquire(&self.$f, flight, token, terms)
         }
     };
     (@one $f:ident heartbeat) => {
@@ -530,8 +744,7 @@ macro_rules! forward_backend {
             generation: u64,
             terms: &'a $crate::backend::LeaseTerms,
         ) -> $crate::backend::BackendFuture<'a, $crate::backend::Renewal> {
-            use $crate::Backend as _;
-            self.$f.heartbeat(flight, token, generation, terms)
+                        $crate::Backend::heartbeat(&self.$f, flight, token, generation, terms)
         }
     };
     (@one $f:ident commit) => {
@@ -542,8 +755,32 @@ macro_rules! forward_backend {
             generation: u64,
             args: &'a $crate::backend::CommitArgs,
         ) -> $crate::backend::BackendFuture<'a, $crate::backend::Committed> {
-            use $crate::Backend as _;
-            self.$f.commit(flight, token, generation, args)
+                        $crate::Backend::commit(&self.$f, flight, token, generation, args)
+        }
+    };
+    (@one $f:ident release) => {
+        fn release<'a>(
+            &'a self,
+            flight: &'a $crate::FlightId,
+            token: &'a $crate::OwnerToken,
+            state_ttl: ::std::time::Duration,
+        ) -> $crate::backend::BackendFuture<'a, $crate::backend::Released> {
+                        $crate::Backend::release(&self.$f, flight, token, state_ttl)
+        }
+    };
+    (@one $f:ident reject_early) => {
+        fn reject_early(&self) -> ::std::option::Option<$crate::BackendError> {
+                        $crate::Backend::reject_early(&self.$f)
+        }
+    };
+    (@one $f:ident recheck) => {
+        fn recheck<'a>(
+            &'a self,
+            flight: &'a $crate::FlightId,
+            token: &'a $crate::OwnerToken,
+            terms: &'a $crate::backend::LeaseTerms,
+        ) -> $crate::backend::BackendFuture<'a, $crate::Acquired> {
+                        $crate::Backend::recheck(&self.$f, flight, token, terms)
         }
     };
     (@one $f:ident abandon) => {
@@ -554,8 +791,7 @@ macro_rules! forward_backend {
             generation: u64,
             args: &'a $crate::backend::AbandonArgs,
         ) -> $crate::backend::BackendFuture<'a, $crate::backend::Released> {
-            use $crate::Backend as _;
-            self.$f.abandon(flight, token, generation, args)
+                        $crate::Backend::abandon(&self.$f, flight, token, generation, args)
         }
     };
     (@one $f:ident invalidate) => {
@@ -564,8 +800,7 @@ macro_rules! forward_backend {
             flight: &'a $crate::FlightId,
             state_ttl: ::std::time::Duration,
         ) -> $crate::backend::BackendFuture<'a, u64> {
-            use $crate::Backend as _;
-            self.$f.invalidate(flight, state_ttl)
+                        $crate::Backend::invalidate(&self.$f, flight, state_ttl)
         }
     };
     (@one $f:ident subscribe) => {
@@ -573,8 +808,7 @@ macro_rules! forward_backend {
             &'a self,
             flight: &'a $crate::FlightId,
         ) -> $crate::backend::BackendFuture<'a, $crate::Subscription> {
-            use $crate::Backend as _;
-            self.$f.subscribe(flight)
+                        $crate::Backend::subscribe(&self.$f, flight)
         }
     };
 }

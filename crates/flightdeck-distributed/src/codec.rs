@@ -3,7 +3,8 @@
 //! A [`ResultCodec`] turns the shared form of a response into bytes and
 //! back. [`PostcardCodec`] does it for any serde type; `HttpCodec` (feature
 //! `http`) for [`SharedResponse`](flightdeck_core::http::SharedResponse)s:
-//! status, headers (non-UTF-8 values included), body and trailers.
+//! status, headers (non-UTF-8 values included), body, trailers and the
+//! leader's `Vary` values.
 //!
 //! The [`Envelope`] wraps every encoded result with a version byte, the
 //! codec's id and a compression flag, and compresses (lz4) above a
@@ -192,13 +193,24 @@ pub use self::http_codec::HttpCodec;
 #[cfg(feature = "http")]
 mod http_codec {
     use super::*;
-    use flightdeck_core::http::SharedResponse;
+    use flightdeck_core::http::{SharedResponse, VaryValues};
+    use flightdeck_core::Digest;
     use http::header::{HeaderName, HeaderValue};
     use http::{HeaderMap, StatusCode};
     use serde::Deserialize;
 
+    /// The codec id of today's format. Format 2 had no `Vary` values: a
+    /// result it stored cannot say which requests it may serve, so it is
+    /// refused (as a codec mismatch, a [`ProtocolError`]), never read as
+    /// if it served everyone.
+    const FORMAT: u8 = 3;
+
     /// Encodes [`SharedResponse`]s: status, every header value as bytes (so
-    /// non-UTF-8 values survive), body and trailers.
+    /// non-UTF-8 values survive), body, trailers, and the digests of the
+    /// leader's values of the request headers the response varies on (so a replay on
+    /// another node serves the same requests). A leader's own cookies kept
+    /// apart under `SetCookie::Strip` are not part of the shared form's
+    /// headers and are never stored.
     #[derive(Clone, Copy, Debug, Default)]
     pub struct HttpCodec {
         _priv: (),
@@ -211,21 +223,28 @@ mod http_codec {
         }
     }
 
+    type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+    /// Recorded `Vary` values: each header name with the digest of its
+    /// values.
+    type VaryWire = Vec<(Vec<u8>, [u8; 32])>;
+
     #[derive(Serialize, Deserialize)]
     struct Wire {
         status: u16,
-        headers: Vec<(Vec<u8>, Vec<u8>)>,
+        headers: Pairs,
         body: Vec<u8>,
-        trailers: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+        trailers: Option<Pairs>,
+        /// The recorded `Vary` values: header name, then its values.
+        vary: Option<VaryWire>,
     }
 
-    fn pairs(map: &HeaderMap) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn pairs(map: &HeaderMap) -> Pairs {
         map.iter()
             .map(|(k, v)| (k.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()))
             .collect()
     }
 
-    fn map(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Result<HeaderMap, BoxError> {
+    fn map(pairs: Pairs) -> Result<HeaderMap, BoxError> {
         let mut m = HeaderMap::with_capacity(pairs.len());
         for (k, v) in pairs {
             m.append(HeaderName::from_bytes(&k)?, HeaderValue::from_bytes(&v)?);
@@ -233,9 +252,24 @@ mod http_codec {
         Ok(m)
     }
 
+    fn vary_wire(values: &VaryValues) -> VaryWire {
+        values
+            .iter()
+            .map(|(name, digest)| (name.as_str().as_bytes().to_vec(), *digest.as_bytes()))
+            .collect()
+    }
+
+    fn vary_values(wire: VaryWire) -> Result<VaryValues, BoxError> {
+        let mut values = VaryValues::new();
+        for (name, digest) in wire {
+            values.insert(HeaderName::from_bytes(&name)?, Digest::from_bytes(digest));
+        }
+        Ok(values)
+    }
+
     impl ResultCodec<SharedResponse> for HttpCodec {
         fn codec_id(&self) -> u8 {
-            2
+            FORMAT
         }
 
         fn encode(&self, value: &SharedResponse) -> Result<Vec<u8>, BoxError> {
@@ -244,6 +278,7 @@ mod http_codec {
                 headers: pairs(value.headers()),
                 body: value.body().to_vec(),
                 trailers: value.trailers().map(pairs),
+                vary: value.vary_values().map(vary_wire),
             };
             Ok(postcard::to_stdvec(&wire)?)
         }
@@ -253,12 +288,18 @@ mod http_codec {
             if !rest.is_empty() {
                 return Err("trailing bytes after the response".into());
             }
-            Ok(SharedResponse::new(
+            let resp = SharedResponse::new(
                 StatusCode::from_u16(wire.status)?,
                 map(wire.headers)?,
                 Bytes::from(wire.body),
                 wire.trailers.map(map).transpose()?,
-            ))
+            );
+            // Without recorded values, a response with `Vary` serves no
+            // request: it is read back as it was stored.
+            Ok(match wire.vary {
+                Some(v) => resp.with_vary_values(vary_values(v)?)?,
+                None => resp,
+            })
         }
     }
 }
@@ -353,5 +394,176 @@ mod tests {
         ))
         .unwrap();
         assert!(codec.decode(&bad).is_err());
+    }
+
+    /// A response shared by `HttpShare` under `policy`, with its leader's
+    /// values recorded.
+    #[cfg(feature = "http")]
+    async fn shared_http(
+        policy: flightdeck_core::http::HttpShare,
+        headers: &[(&'static str, &'static str)],
+        leader: &[(&'static str, &'static str)],
+    ) -> flightdeck_core::http::SharedResponse {
+        use flightdeck_core::{Serves, Share, Shareable};
+        let mut resp = http::Response::new(http_body_util::Full::new(Bytes::from_static(b"body")));
+        for (k, v) in headers {
+            resp.headers_mut()
+                .append(*k, http::HeaderValue::from_static(v));
+        }
+        let mut req = http::Request::new(());
+        for (k, v) in leader {
+            req.headers_mut()
+                .append(*k, http::HeaderValue::from_static(v));
+        }
+        let snap = Serves::<http::Request<()>>::leader(&policy, &req);
+        let Shareable::Shared(shared) = policy.share(resp).await.unwrap() else {
+            panic!("expected a shared response");
+        };
+        Serves::<http::Request<()>>::record(&policy, shared, snap)
+    }
+
+    #[cfg(feature = "http")]
+    fn flavor(v: &'static str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-flavor", http::HeaderValue::from_static(v));
+        h
+    }
+
+    #[cfg(feature = "http")]
+    #[tokio::test]
+    async fn http_codec_keeps_the_recorded_vary_values() {
+        use flightdeck_core::http::HttpShare;
+        let shared = shared_http(
+            HttpShare::new(),
+            &[("vary", "X-Flavor, accept-language")],
+            &[("x-flavor", "vanilla"), ("authorization", "Bearer a")],
+        )
+        .await;
+        let env = Envelope::new(8, 1 << 20);
+        let codec = HttpCodec::new();
+        let back = env
+            .open(&codec, &env.seal(&codec, &shared).unwrap())
+            .unwrap();
+        assert_eq!(back.vary_values(), shared.vary_values());
+        // Only digests of the named headers are stored, never a value of
+        // the leader's request (its credentials).
+        let sealed = env.seal(&codec, &shared).unwrap();
+        assert!(!sealed.windows(7).any(|w| w == b"vanilla"));
+        assert!(!sealed.windows(6).any(|w| w == b"Bearer"));
+        let names: Vec<_> = back
+            .vary_values()
+            .unwrap()
+            .names()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(names, ["accept-language", "x-flavor"]);
+        assert!(back.serves(&flavor("vanilla")));
+        assert!(!back.serves(&flavor("chocolate")));
+        assert!(!back.serves(&http::HeaderMap::new()));
+
+        // A result stored before its values were recorded serves no one.
+        let mut h = http::HeaderMap::new();
+        h.insert("vary", http::HeaderValue::from_static("x-flavor"));
+        let unrecorded =
+            flightdeck_core::http::SharedResponse::new(http::StatusCode::OK, h, Bytes::new(), None);
+        let back = env
+            .open(&codec, &env.seal(&codec, &unrecorded).unwrap())
+            .unwrap();
+        assert!(back.vary_values().is_none());
+        assert!(!back.serves(&flavor("vanilla")));
+    }
+
+    #[cfg(feature = "http")]
+    #[tokio::test]
+    async fn the_leaders_stripped_cookies_are_never_stored() {
+        use flightdeck_core::http::{HttpShare, SetCookie};
+        let shared = shared_http(
+            HttpShare::new().set_cookie(SetCookie::Strip),
+            &[("set-cookie", "sid=secret-session"), ("x-other", "1")],
+            &[],
+        )
+        .await;
+        let env = Envelope::new(1 << 20, 1 << 20);
+        let codec = HttpCodec::new();
+        let sealed = env.seal(&codec, &shared).unwrap();
+        assert!(
+            !sealed.windows(6).any(|w| w == b"secret"),
+            "the leader's cookie reached the backend"
+        );
+        let back = env.open(&codec, &sealed).unwrap();
+        assert_eq!(back.headers()["x-other"], "1");
+        let leader = back.to_leader_response::<http_body_util::Empty<Bytes>>();
+        assert!(leader.headers().get("set-cookie").is_none());
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn results_of_the_format_before_vary_are_refused() {
+        // What format 2 wrote: status, headers, body, trailers, no Vary.
+        type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+        let old_wire = postcard::to_stdvec(&(
+            200u16,
+            vec![(b"vary".to_vec(), b"x-flavor".to_vec())] as Pairs,
+            b"vanilla".to_vec(),
+            None::<Pairs>,
+        ))
+        .unwrap();
+        let mut old = vec![ENVELOPE_VERSION, 2, FLAG_RAW];
+        old.extend_from_slice(&old_wire);
+        let env = Envelope::new(1 << 20, 1 << 20);
+        let codec = HttpCodec::new();
+        let err = env.open(&codec, &old).unwrap_err();
+        assert!(err.to_string().contains("codec 2"), "{err}");
+        assert!(err.to_string().contains("codec 3"), "{err}");
+        // Even under today's id, the old layout does not decode.
+        let mut relabelled = vec![ENVELOPE_VERSION, 3, FLAG_RAW];
+        relabelled.extend_from_slice(&old_wire);
+        assert!(env.open(&codec, &relabelled).is_err());
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn vary_values_that_do_not_fit_the_response_are_a_protocol_error() {
+        type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+        let encode = |vary: Vec<(Vec<u8>, [u8; 32])>| {
+            let wire = postcard::to_stdvec(&(
+                200u16,
+                vec![(b"vary".to_vec(), b"x-flavor".to_vec())] as Pairs,
+                Vec::<u8>::new(),
+                None::<Pairs>,
+                Some(vary),
+            ))
+            .unwrap();
+            let mut sealed = vec![ENVELOPE_VERSION, 3, FLAG_RAW];
+            sealed.extend_from_slice(&wire);
+            sealed
+        };
+        let env = Envelope::new(1 << 20, 1 << 20);
+        let codec = HttpCodec::new();
+        let names = [http::HeaderName::from_static("x-flavor")];
+        let recorded = flightdeck_core::http::VaryValues::of(&names, &flavor("vanilla"));
+        let (_, vanilla) = recorded.iter().next().unwrap();
+        let good = encode(vec![(b"x-flavor".to_vec(), *vanilla.as_bytes())]);
+        assert!(env.open(&codec, &good).unwrap().serves(&flavor("vanilla")));
+        for bad in [
+            vec![(b"x-tier".to_vec(), [0; 32])],
+            vec![],
+            vec![(b"bad name".to_vec(), [0; 32])],
+            vec![
+                (b"x-flavor".to_vec(), [0; 32]),
+                (b"x-tier".to_vec(), [0; 32]),
+            ],
+        ] {
+            let err = env.open(&codec, &encode(bad)).unwrap_err();
+            assert!(err.to_string().contains("does not decode"), "{err}");
+        }
+        // Every truncation and corruption of a value with Vary values:
+        // an error or a value, never a panic.
+        for n in 0..good.len() {
+            let _ = env.open(&codec, &good[..n]);
+            let mut c = good.clone();
+            c[n] ^= 0x5a;
+            let _ = env.open(&codec, &c);
+        }
     }
 }

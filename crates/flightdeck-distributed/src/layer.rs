@@ -1,40 +1,38 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tower_layer::Layer;
-
 use flightdeck_core::error::BoxError;
 use flightdeck_core::FlightKey;
+use tower_layer::Layer;
 
-use crate::backend::{Backend, BackendError, FlightId};
-use crate::codec::Envelope;
-use crate::error::CallTimedOut;
+use crate::backend::Backend;
+use crate::execute::NoFence;
+use crate::fallback::Propagate;
+use crate::flights::DistributedFlights;
 use crate::policy::{DistributedPolicy, PolicyError};
 use crate::service::DistributedFlight;
 
-/// Applies distributed single-flight to a service (see the crate docs).
+/// Applies distributed single-flight to a service (see the crate docs): a
+/// thin `tower` shell over [`DistributedFlights`].
 ///
-/// The backend, policy, sharer, codec and key extractor are created once,
-/// here, and shared by every service this layer builds.
-pub struct DistributedFlightLayer<B, Sh, C, K> {
-    pub(crate) state: Arc<Flights<B, Sh, C, K>>,
-}
-
-/// The state shared by every service of one layer.
-pub(crate) struct Flights<B, Sh, C, K> {
-    pub(crate) backend: B,
-    pub(crate) policy: DistributedPolicy,
+/// The backend, policy, sharer, codec, key source, fence and fallback are
+/// created once, here, and shared by every service this layer builds.
+pub struct DistributedFlightLayer<B, Sh, C, K, F = NoFence, P = Propagate> {
+    pub(crate) flights: DistributedFlights<B, C>,
     pub(crate) share: Sh,
-    pub(crate) codec: C,
     pub(crate) keys: K,
-    pub(crate) envelope: Envelope,
+    pub(crate) fence: F,
+    pub(crate) fallback: Arc<P>,
 }
 
-impl<B: Backend, Sh, C, K> DistributedFlightLayer<B, Sh, C, K> {
+impl<B: Backend, Sh, C: Send + Sync + 'static, K> DistributedFlightLayer<B, Sh, C, K> {
     /// Builds the layer. `share` turns responses into their shared form
     /// (`CloneShare`, `HttpShare`), `codec` stores that form in the backend
-    /// (`PostcardCodec`, `HttpCodec`), `keys` finds each request's key
-    /// (`KeyFn`, `ExtensionKey`). The policy is validated.
+    /// (`PostcardCodec`, `HttpCodec`), `keys` reads each request's key (a
+    /// closure, or `FromExtension` after a `KeyLayer`). The policy is
+    /// validated. Fencing tokens are dropped ([`fence`](Self::fence) hands
+    /// them to requests) and coordination failures come back as typed
+    /// errors ([`fallback`](Self::fallback) decides otherwise).
     pub fn new(
         backend: B,
         policy: DistributedPolicy,
@@ -42,72 +40,91 @@ impl<B: Backend, Sh, C, K> DistributedFlightLayer<B, Sh, C, K> {
         codec: C,
         keys: K,
     ) -> Result<Self, PolicyError> {
-        let policy = policy.validate()?;
-        let envelope = Envelope::new(policy.compress_above_bytes(), policy.max_result_size());
         Ok(Self {
-            state: Arc::new(Flights {
-                backend,
-                policy,
-                share,
-                codec,
-                keys,
-                envelope,
-            }),
+            flights: DistributedFlights::new(backend, policy, codec)?,
+            share,
+            keys,
+            fence: NoFence,
+            fallback: Arc::new(Propagate),
         })
+    }
+}
+
+impl<B: Backend, Sh, C: Send + Sync + 'static, K, F, P> DistributedFlightLayer<B, Sh, C, K, F, P> {
+    /// Hands the owner's fencing token to its request with `fence`.
+    pub fn fence<F2>(self, fence: F2) -> DistributedFlightLayer<B, Sh, C, K, F2, P> {
+        DistributedFlightLayer {
+            flights: self.flights,
+            share: self.share,
+            keys: self.keys,
+            fence,
+            fallback: self.fallback,
+        }
+    }
+
+    /// Decides on coordination failures with `fallback`.
+    pub fn fallback<P2>(self, fallback: P2) -> DistributedFlightLayer<B, Sh, C, K, F, P2> {
+        DistributedFlightLayer {
+            flights: self.flights,
+            share: self.share,
+            keys: self.keys,
+            fence: self.fence,
+            fallback: Arc::new(fallback),
+        }
+    }
+
+    /// The flights (the library under the layer).
+    pub fn flights(&self) -> &DistributedFlights<B, C> {
+        &self.flights
     }
 
     /// The validated policy.
     pub fn policy(&self) -> &DistributedPolicy {
-        &self.state.policy
+        self.flights.policy()
     }
 
     /// The backend.
     pub fn backend(&self) -> &B {
-        &self.state.backend
+        self.flights.backend()
     }
 
     /// Forgets `key`'s stored result and fences its running owner, if any
     /// (its commit will be rejected): the next request runs the work again.
     /// Returns the new generation.
     pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
-        let limit = self.state.policy.call_timeout_duration();
-        let flight = FlightId::of(key);
-        let call = self
-            .state
-            .backend
-            .invalidate(&flight, self.state.policy.state_ttl());
-        match tokio::time::timeout(limit, call).await {
-            Ok(res) => res.map_err(BackendError::into_core),
-            Err(_) => Err(
-                BackendError::outcome_unknown(CallTimedOut::new("invalidate", limit)).into_core(),
-            ),
-        }
+        self.flights.invalidate(key).await
     }
 }
 
-impl<B, Sh, C, K> Clone for DistributedFlightLayer<B, Sh, C, K> {
+impl<B, Sh: Clone, C, K: Clone, F: Clone, P> Clone for DistributedFlightLayer<B, Sh, C, K, F, P> {
     fn clone(&self) -> Self {
         Self {
-            state: self.state.clone(),
+            flights: self.flights.clone(),
+            share: self.share.clone(),
+            keys: self.keys.clone(),
+            fence: self.fence.clone(),
+            fallback: Arc::clone(&self.fallback),
         }
     }
 }
 
-impl<B, Sh, C, K> fmt::Debug for DistributedFlightLayer<B, Sh, C, K> {
+impl<B, Sh, C, K, F, P> fmt::Debug for DistributedFlightLayer<B, Sh, C, K, F, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DistributedFlightLayer")
-            .field("policy", &self.state.policy)
+            .field("flights", &self.flights)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, B, Sh, C, K> Layer<S> for DistributedFlightLayer<B, Sh, C, K> {
-    type Service = DistributedFlight<S, B, Sh, C, K>;
+impl<S, B, Sh: Clone, C, K: Clone, F: Clone, P> Layer<S>
+    for DistributedFlightLayer<B, Sh, C, K, F, P>
+{
+    type Service = DistributedFlight<S, B, Sh, C, K, F, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
         DistributedFlight {
             inner,
-            state: self.state.clone(),
+            layer: self.clone(),
         }
     }
 }

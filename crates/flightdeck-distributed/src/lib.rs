@@ -1,33 +1,53 @@
 //! Distributed single-flight (L2): one execution per key across every
 //! process of a deployment.
 //!
-//! [`DistributedFlightLayer`] coordinates through a [`Backend`] (Redis in
-//! `flightdeck-redis`, in memory in `flightdeck-testkit`). For each request
-//! with a [`FlightKey`](flightdeck_core::FlightKey) it asks the backend to
-//! acquire the flight:
+//! [`DistributedFlights`] coordinates through a [`Backend`] (Redis in
+//! `flightdeck-redis`, in memory in `flightdeck-testkit`).
+//! [`DistributedFlights::run`] asks the backend for the flight of a key and
+//! becomes its:
 //!
-//! - **owner**: runs the inner service with the [`FencingToken`] in the
-//!   request, renews the lease every heartbeat (a lost lease is counted and
-//!   traced; the later commit is fenced, or the work is cancelled if the
-//!   stage says so), then commits the encoded result, which wakes followers.
+//! - **owner**: runs the request through your [`Execute`] with the
+//!   [`FencingToken`] ([`Role::Owner`]; a [`Fence`] hands it to the
+//!   request), keeps the lease alive with heartbeats **until the commit or
+//!   abandon has returned**, hands the value to its callers as soon as it
+//!   exists and commits it in the background (the commit wakes the
+//!   followers; small results travel inside the notice). Generations never
+//!   repeat or go back for a key, and every commit, heartbeat and abandon
+//!   is checked against the token and the generation, so a stale owner's
+//!   write is fenced.
 //! - **follower**: subscribes, re-checks, then waits for the completion
-//!   notice (small results come inline) or polls with jitter; when the
-//!   owner's lease expires without a commit, exactly one follower takes
-//!   over.
-//! - **hit**: replays the stored result.
+//!   notice or polls with jitter; when the owner's lease expires without a
+//!   commit, exactly one follower takes over.
+//! - **hit**: replays the stored result (a cached failure of the owner is an
+//!   answer too: `RemoteFailure`).
 //!
-//! The layer is meant to sit behind the local single-flight layer
-//! (`LocalFlightLayer → DistributedFlightLayer → service`): only the local
-//! leader of a key reaches it, so N local duplicates send one acquire.
-//! Backend failures come back as typed errors of `flightdeck-core`
-//! (`CoordinationUnavailable`, `ProtocolError`, `OutcomeUnknown`,
-//! `WaitTimeout`) for the facade to act on; a failed commit never fails the
-//! request.
+//! **Who decides what.** L2 holds the request at every point where
+//! coordination can fail, so it asks a [`Fallback`] there, with a typed
+//! failure: before acquire (run here, or fail), while following (answer now,
+//! or keep following: L2 never runs the work while another node may hold
+//! the lease), after following ended (run here, or fail). The
+//! `flightdeck` facade's modes are one small `Fallback`; [`Propagate`]
+//! answers every failure with its typed error. An owner's business error,
+//! another node's stored result and a failed commit are answers, never
+//! failures, by construction.
+//!
+//! **Leases nobody holds.** A token this node gives up on while it may hold
+//! a lease (its acquire timed out and may still run on the backend; a flight
+//! dropped mid-acquire) is released in the background as soon as the
+//! backend answers, so no caller anywhere waits on a lease whose holder
+//! walked away.
+//!
+//! **The breaker** guards a backend as a decorator ([`GuardedBackend`]): an
+//! open circuit is one more failure before acquire.
+//!
+//! [`DistributedFlightLayer`] is a thin `tower` shell over it (behind the
+//! local single-flight layer, only the local leader of a key reaches it, so
+//! N local duplicates send one acquire).
 //!
 //! ```
 //! use std::time::Duration;
 //! use flightdeck_core::{CloneShare, FlightKey, StageName};
-//! use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, KeyFn, PostcardCodec};
+//! use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, PostcardCodec};
 //! use flightdeck_testkit::MemoryBackend;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
@@ -39,16 +59,19 @@
 //!     DistributedPolicy::new().lease(Duration::from_secs(3)).heartbeat(Duration::from_secs(1)),
 //!     CloneShare::<String>::new(),
 //!     PostcardCodec::<String>::new(),
-//!     KeyFn::new(move |req: &String| Some(FlightKey::from_bytes(stage.clone(), req))),
+//!     move |req: &String| Some(FlightKey::from_bytes(stage.clone(), req)),
 //! )
 //! .unwrap();
+//! let flights = layer.flights().clone();
 //! let svc = ServiceBuilder::new()
 //!     .layer(layer)
 //!     .service(service_fn(|req: String| async move {
 //!         Ok::<_, std::convert::Infallible>(req.to_uppercase())
 //!     }));
-//! // The first call owns and commits, the second replays the stored result.
+//! // The first call owns and commits (in the background), the second
+//! // replays the stored result.
 //! assert_eq!(svc.clone().oneshot("hi".to_owned()).await.unwrap(), "HI");
+//! flights.idle().await;
 //! assert_eq!(svc.oneshot("hi".to_owned()).await.unwrap(), "HI");
 //! # }
 //! ```
@@ -58,11 +81,18 @@
 pub mod backend;
 pub mod codec;
 pub mod error;
-mod flow;
+mod execute;
+pub mod fallback;
+mod flights;
+mod follow;
 pub mod future;
+pub mod guard;
 mod layer;
+pub mod memory;
+mod metrics;
+mod orphans;
+mod owner;
 pub mod policy;
-pub mod request;
 mod service;
 
 pub use backend::{
@@ -72,9 +102,12 @@ pub use backend::{
 #[cfg(feature = "http")]
 pub use codec::HttpCodec;
 pub use codec::{Envelope, PostcardCodec, ResultCodec};
+#[cfg(feature = "http")]
+pub use execute::ExtensionFence;
+pub use execute::{Execute, Fence, NoFence, Role};
+pub use fallback::{FailureClass, Fallback, Propagate, Verdict, WaitEnded};
+pub use flights::DistributedFlights;
+pub use guard::GuardedBackend;
 pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
-#[cfg(feature = "http")]
-pub use request::ExtensionKey;
-pub use request::{FlightRequest, KeyFn};
 pub use service::DistributedFlight;

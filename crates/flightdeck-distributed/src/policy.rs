@@ -1,5 +1,29 @@
 //! The stage policy of distributed single-flight, validated.
 //!
+//! # The clocks, and the lease rules they serve
+//!
+//! - **`lease`**: how long an owner holds a flight without a heartbeat.
+//!   The owner renews it every **`heartbeat`** (at most a third of the
+//!   lease, so two renewals may fail before it runs out) from its grant
+//!   until its commit or abandon has returned, not only while the work
+//!   runs. A follower takes the flight over only once the lease has run
+//!   out (or, with `allow_takeover(false)`, stops waiting then).
+//! - **`call_timeout`**: the deadline of each backend call (shorter than
+//!   the lease). A call cut by it has an unknown outcome: if it was an
+//!   acquire, the token may hold a lease anyway, so it is released in the
+//!   background as soon as the backend answers.
+//! - **`wait_timeout`**: how long a follower waits for another node's
+//!   result (at least the lease when takeover is allowed, so a follower
+//!   outlives a dead owner's lease and takes over). Past it the stage's
+//!   fallback decides.
+//! - **`poll_interval`**: the longest a follower goes without re-checking,
+//!   whatever the push channel does.
+//! - **`result_ttl`** / **`failure_ttl`**: how long a committed result (or
+//!   the owner's cached failure) is replayed.
+//! - **`state_ttl`** (derived): how long the backend keeps a flight's
+//!   record after its last write. Generations never go back for a key,
+//!   whatever expired: they do not depend on it.
+//!
 //! ```
 //! use std::time::Duration;
 //! use flightdeck_distributed::DistributedPolicy;
@@ -23,8 +47,9 @@
 use std::fmt;
 use std::time::Duration;
 
-/// How one stage coordinates across nodes (ARCHITECTURE §5). Build with the
-/// setters, then [`validate`](Self::validate).
+/// How one stage coordinates across nodes (see the [module docs](self)
+/// for how its clocks relate). Build with the setters, then
+/// [`validate`](Self::validate).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DistributedPolicy {
     lease: Duration,
@@ -40,7 +65,6 @@ pub struct DistributedPolicy {
     cancel_on_lease_loss: bool,
     call_timeout: Duration,
     commit_attempts: u32,
-    give_up_on_wait_failure: bool,
 }
 
 impl DistributedPolicy {
@@ -64,7 +88,6 @@ impl DistributedPolicy {
             cancel_on_lease_loss: false,
             call_timeout: Duration::from_secs(1),
             commit_attempts: 3,
-            give_up_on_wait_failure: false,
         }
     }
 
@@ -162,17 +185,6 @@ impl DistributedPolicy {
     #[must_use]
     pub const fn commit_attempts(mut self, n: u32) -> Self {
         self.commit_attempts = n;
-        self
-    }
-
-    /// Whether a follower gives up as soon as a re-check fails (the backend
-    /// went away while it was following), returning that error, instead of
-    /// polling on until its wait timeout. Off by default. A follower never
-    /// runs the work itself either way; the facade turns the early error
-    /// into "in progress" or "unavailable" per the stage's policy.
-    #[must_use]
-    pub const fn give_up_on_wait_failure(mut self, yes: bool) -> Self {
-        self.give_up_on_wait_failure = yes;
         self
     }
 
@@ -285,14 +297,10 @@ impl DistributedPolicy {
     pub const fn commit_attempt_count(&self) -> u32 {
         self.commit_attempts
     }
-    /// Whether a follower gives up at its first failed re-check.
-    pub const fn gives_up_on_wait_failure(&self) -> bool {
-        self.give_up_on_wait_failure
-    }
-
-    /// How long the generation counter lives: longer than anything else of
-    /// the flight, so generations never restart while a lease or result
-    /// lives.
+    /// The bound on how long a backend keeps what it remembers of a flight
+    /// without a lease or result (a released token, an invalidation): two
+    /// leases plus the longer of the result and failure TTLs. Generations
+    /// do not depend on it: they never go back, whatever expired.
     pub fn state_ttl(&self) -> Duration {
         self.lease
             .saturating_mul(2)

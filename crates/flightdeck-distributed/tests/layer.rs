@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use flightdeck_core::error::{
-    find, BoxError, CoordinationUnavailable, ErrorClass, LeaseLost, WaitTimeout,
+    find, BoxError, CoordinationUnavailable, ErrorClass, LeaseLost, OwnerGone,
 };
 use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck_distributed::backend::{
@@ -17,8 +17,7 @@ use flightdeck_distributed::backend::{
 };
 use flightdeck_distributed::error::RemoteFailure;
 use flightdeck_distributed::{
-    DistributedFlightLayer, DistributedPolicy, FencingToken, FlightId, KeyFn, OwnerToken,
-    PostcardCodec,
+    DistributedFlightLayer, DistributedPolicy, FencingToken, FlightId, OwnerToken, PostcardCodec,
 };
 use flightdeck_testkit::{Hooked, MemoryBackend};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -90,7 +89,7 @@ fn node<B: Backend + Clone>(
         policy,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(move |req: &String| Some(key_of(stage, req))),
+        move |req: &String| Some(key_of(stage, req)),
     )
     .unwrap();
     BoxCloneService::new(layer.layer(inner))
@@ -127,6 +126,8 @@ async fn owner_then_hit_without_execution() {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = node(&b, "hit", policy(), work(&calls, "v", SEC));
     assert_eq!(svc.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    // The commit goes on after the owner's callers got the value.
+    tokio::time::sleep(Duration::from_millis(1)).await;
     let before = b.calls();
     assert_eq!((before.acquire, before.commit), (1, 1), "owner: 2 calls");
     assert_eq!(svc.oneshot("x".into()).await.unwrap(), "v:x");
@@ -145,7 +146,7 @@ async fn requests_without_a_key_bypass() {
         policy(),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(|_: &String| None),
+        |_: &String| None,
     )
     .unwrap();
     let svc = layer.layer(work(&calls, "v", SEC));
@@ -164,10 +165,10 @@ async fn fencing_token_reaches_the_handler() {
         policy(),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(|req: &(String, Option<FencingToken>)| Some(key_of("fence", &req.0)))
-            .with_fence(|req: &mut (String, Option<FencingToken>), t| req.1 = Some(t)),
+        |req: &(String, Option<FencingToken>)| Some(key_of("fence", &req.0)),
     )
-    .unwrap();
+    .unwrap()
+    .fence(|req: &mut (String, Option<FencingToken>), t| req.1 = Some(t));
     let svc = layer.layer(service_fn(
         |req: (String, Option<FencingToken>)| async move {
             let t = req.1.expect("fencing token set for the owner");
@@ -281,10 +282,10 @@ async fn ambiguous_acquire_is_retried_with_the_same_token() {
         policy(),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(|req: &(String, Option<FencingToken>)| Some(key_of("ambig", &req.0)))
-            .with_fence(|req: &mut (String, Option<FencingToken>), t| req.1 = Some(t)),
+        |req: &(String, Option<FencingToken>)| Some(key_of("ambig", &req.0)),
     )
-    .unwrap();
+    .unwrap()
+    .fence(|req: &mut (String, Option<FencingToken>), t| req.1 = Some(t));
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let svc = layer.layer(service_fn(move |req: (String, Option<FencingToken>)| {
@@ -335,7 +336,7 @@ async fn invalidate_fences_the_running_owner() {
         policy(),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(|req: &String| Some(key_of("inval", req))),
+        |req: &String| Some(key_of("inval", req)),
     )
     .unwrap();
     snapshotter();
@@ -387,6 +388,8 @@ async fn commit_failure_returns_the_value() {
     let svc = node(&b, "cfail", policy(), work(&calls, "v", SEC));
     assert_eq!(svc.oneshot("x".into()).await.unwrap(), "v:x");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The attempts run after the value went out (20 ms, then 100 ms apart).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(b.calls().commit, 3, "default commit attempts");
     assert_eq!(counter(metric::RESULT_WRITE_FAILURE_TOTAL, "cfail"), 1);
 }
@@ -408,6 +411,8 @@ async fn a_failed_commit_is_stored_later_and_followers_get_it() {
     let f = tokio::spawn(follower.oneshot("x".into()));
     // The owner answers with its value although every commit attempt failed.
     assert_eq!(o.await.unwrap().unwrap(), "v:x");
+    // The attempts run after the value went out (20 ms, then 100 ms apart).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(b.calls().commit, 3, "the owner's own attempts");
     // The store comes back within the lease (3 s).
     b.set_fail_commits(false);
@@ -472,8 +477,9 @@ async fn dropped_owner_releases_the_lease() {
     assert_eq!(counter(metric::TAKEOVER_TOTAL, "drop"), 0);
 }
 
-/// Without takeover, a dead owner's flight makes followers wait out their
-/// wait timeout (typed), never run the work.
+/// Without takeover, a dead owner's flight ends its followers' wait as
+/// soon as its lease has expired (typed `OwnerGone`, never a hang until
+/// the wait timeout), and never runs the work.
 #[tokio::test(start_paused = true)]
 async fn expired_flight_without_takeover_times_out() {
     let b = MemoryBackend::new();
@@ -491,8 +497,9 @@ async fn expired_flight_without_takeover_times_out() {
     let f = node(&b, "notake", p, work(&calls, "v", SEC));
     let started = Instant::now();
     let err = f.oneshot("x".into()).await.unwrap_err();
-    assert!(err.is::<WaitTimeout>(), "{err}");
-    assert_eq!(started.elapsed(), 10 * SEC);
+    assert!(err.is::<OwnerGone>(), "{err}");
+    let waited = started.elapsed();
+    assert!(waited >= 3 * SEC && waited < 4 * SEC, "{waited:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
@@ -552,6 +559,14 @@ async fn hanging_backend_is_cut_by_the_call_timeout() {
         ) -> BackendFuture<'a, Released> {
             Box::pin(std::future::pending())
         }
+        fn release<'a>(
+            &'a self,
+            _: &'a FlightId,
+            _: &'a OwnerToken,
+            _: Duration,
+        ) -> BackendFuture<'a, Released> {
+            Box::pin(std::future::pending())
+        }
         fn invalidate<'a>(&'a self, _: &'a FlightId, _: Duration) -> BackendFuture<'a, u64> {
             Box::pin(std::future::pending())
         }
@@ -594,7 +609,8 @@ mod http_responses {
     use super::*;
     use bytes::Bytes;
     use flightdeck_core::http::{FlightBody, HttpShare};
-    use flightdeck_distributed::{ExtensionKey, HttpCodec};
+    use flightdeck_core::FromExtension;
+    use flightdeck_distributed::{ExtensionFence, HttpCodec};
     use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
     use http_body_util::{BodyExt, Full};
 
@@ -611,9 +627,10 @@ mod http_responses {
                 policy(),
                 HttpShare::new().buffer_unknown_length(true),
                 HttpCodec::new(),
-                ExtensionKey::new(),
+                FromExtension,
             )
-            .unwrap();
+            .unwrap()
+            .fence(ExtensionFence);
             layer.layer(service_fn(move |req: Request<()>| {
                 let calls = calls.clone();
                 async move {

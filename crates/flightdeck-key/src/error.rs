@@ -5,7 +5,7 @@
 //! [`RequestBodyError`] (400 / `INVALID_ARGUMENT`) and
 //! [`IdempotencyConflict`] (422 / `FAILED_PRECONDITION`). Configuration
 //! mistakes are reported once, when an extractor is built, as
-//! [`ConfigError`].
+//! [`KeyConfigError`].
 //!
 //! ```
 //! use flightdeck_core::{BoxError, ErrorClass};
@@ -26,11 +26,11 @@ pub use flightdeck_core::error::{IdempotencyConflict, RequestBodyError};
 /// An extractor was configured with an invalid value (a bad stage name,
 /// route pattern or header name). Names the first problem found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct KeyConfigError {
     message: String,
 }
 
-impl ConfigError {
+impl KeyConfigError {
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn new(what: &str, value: &str, problem: impl fmt::Display) -> Self {
         // Escaped and truncated: configuration may come from a file.
@@ -46,10 +46,10 @@ impl ConfigError {
     }
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for KeyConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for KeyConfigError {}

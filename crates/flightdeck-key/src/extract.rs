@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 
-use flightdeck_core::{BoxError, FlightKey};
+use flightdeck_core::{BoxError, FlightKey, StageName};
 
 /// Computes the [`FlightKey`] of a request, or decides that the request must
 /// not be coalesced.
@@ -179,6 +179,15 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The stages an extractor's rules can name. A layer that is built with
+/// both the key rules and the stages' policies checks them against each
+/// other, so a rule naming a stage without a policy (a typo in a config
+/// file) fails at build time instead of on every request.
+pub trait NamedStages {
+    /// Every stage a request can be keyed into, each once, sorted.
+    fn stages(&self) -> Vec<StageName>;
 }
 
 /// A request that can carry the extractor's [`Decision`].

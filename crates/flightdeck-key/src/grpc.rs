@@ -58,7 +58,7 @@ use http::request::Parts;
 use http::{HeaderName, Method, Request};
 use http_body::Body;
 
-use crate::error::ConfigError;
+use crate::error::KeyConfigError;
 use crate::extract::{Extraction, KeyExtractor, Reason};
 use crate::http::{write_headers, KeyFuture, ScopeConfig};
 
@@ -90,6 +90,15 @@ impl GrpcKeyExtractor {
             cap: DEFAULT_MESSAGE_CAP,
             scope: ScopeConfig::default(),
         }
+    }
+}
+
+impl crate::NamedStages for GrpcKeyExtractor {
+    fn stages(&self) -> Vec<StageName> {
+        let mut stages: Vec<StageName> = self.config.methods.values().cloned().collect();
+        stages.sort();
+        stages.dedup();
+        stages
     }
 }
 
@@ -136,8 +145,8 @@ impl GrpcKeyBuilder {
     scope_setters!();
 
     /// Validates the configuration.
-    pub fn build(self) -> Result<GrpcKeyExtractor, ConfigError> {
-        self.scope.scope.validate()?;
+    pub fn build(self) -> Result<GrpcKeyExtractor, KeyConfigError> {
+        let scope = self.scope.build()?;
         let mut methods = HashMap::new();
         for (path, stage) in self.methods {
             let valid = path.len() > 3
@@ -145,13 +154,14 @@ impl GrpcKeyBuilder {
                 && path[1..].split('/').count() == 2
                 && !path[1..].split('/').any(str::is_empty);
             if !valid {
-                return Err(ConfigError::new(
+                return Err(KeyConfigError::new(
                     "gRPC method",
                     &path,
                     "expected \"/package.Service/Method\"",
                 ));
             }
-            let stage = StageName::new(&stage).map_err(|e| ConfigError::new("stage", &stage, e))?;
+            let stage =
+                StageName::new(&stage).map_err(|e| KeyConfigError::new("stage", &stage, e))?;
             methods.insert(path.into_boxed_str(), stage);
         }
         let mut metadata = self
@@ -159,7 +169,7 @@ impl GrpcKeyBuilder {
             .iter()
             .map(|m| {
                 HeaderName::from_bytes(m.as_bytes())
-                    .map_err(|e| ConfigError::new("metadata key", m, e))
+                    .map_err(|e| KeyConfigError::new("metadata key", m, e))
             })
             .collect::<Result<Vec<_>, _>>()?;
         metadata.sort_by(|a, b| a.as_str().cmp(b.as_str()));
@@ -169,7 +179,7 @@ impl GrpcKeyBuilder {
                 methods,
                 metadata,
                 cap: self.cap,
-                scope: self.scope,
+                scope,
             }),
         })
     }
@@ -204,8 +214,12 @@ impl Config {
         enc.push(encoding);
         // The codec (`application/grpc+proto`, `+json`) and the encodings the
         // caller can decode shape the response that will be shared.
-        write_headers(&mut enc, parts, &[CONTENT_TYPE, GRPC_ACCEPT_ENCODING]);
-        write_headers(&mut enc, parts, &self.metadata);
+        write_headers(
+            &mut enc,
+            &parts.headers,
+            &[CONTENT_TYPE, GRPC_ACCEPT_ENCODING],
+        );
+        write_headers(&mut enc, &parts.headers, &self.metadata);
         Ok(crate::http::body::Plan {
             encoder: enc,
             stage,

@@ -75,7 +75,7 @@ mod service;
 
 pub use crate::extract::{
     key_fn, Decision, Extracted, Extraction, FnExtractor, KeyExtractor, KeySlot, Keyed,
-    NotCoalescable, Reason,
+    NamedStages, NotCoalescable, Reason,
 };
 pub use crate::layer::KeyLayer;
 pub use crate::service::Key;

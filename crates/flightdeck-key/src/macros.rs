@@ -20,11 +20,41 @@ macro_rules! scope_setters {
             self.scope(crate::http::Scope::shared_across_users())
         }
 
-        /// A deployment secret mixed into scope digests, so that digests of
-        /// low-entropy credentials (Basic auth) in Redis key names cannot be
-        /// brute-forced offline. Use the same secret on every node.
+        /// A deployment secret that keys scope digests (BLAKE3 keyed mode,
+        /// under a key derived from it), so that digests of low-entropy
+        /// credentials (a Basic-auth password, a short API key) seen in
+        /// Redis key names cannot be checked offline against guesses. Use
+        /// the same random secret (32 bytes or more) on every node; an
+        /// empty one is a configuration error. Without a secret, `build()`
+        /// logs a warning (see [`Scope`](crate::http::Scope#why-a-scope-secret-matters)).
         pub fn scope_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-            self.scope.secret = secret.as_ref().to_vec();
+            self.scope.secret = crate::http::scope::Secret::new(secret.as_ref());
+            self
+        }
+
+        /// Adds a header to the credentials that scope requests (by default
+        /// [`DEFAULT_CREDENTIAL_HEADERS`](crate::http::DEFAULT_CREDENTIAL_HEADERS):
+        /// `Authorization`, `Proxy-Authorization`, `Cookie`, `X-Api-Key`),
+        /// e.g. an API-key header of your own. Requests with different
+        /// values of it never share. Applies to
+        /// [`Scope::credentials`](crate::http::Scope::credentials) only:
+        /// with another scope rule, `build()` fails.
+        pub fn credential_header(mut self, name: &str) -> Self {
+            self.scope.add.push(name.to_owned());
+            self
+        }
+
+        /// Removes a header from the credentials that scope requests.
+        /// Applies to [`Scope::credentials`](crate::http::Scope::credentials)
+        /// only: with another scope rule, `build()` fails; removing every
+        /// header fails too.
+        ///
+        /// # Warning
+        ///
+        /// Requests that differ only in that header share results: remove
+        /// only a header that says nothing about who sent the request.
+        pub fn remove_credential_header(mut self, name: &str) -> Self {
+            self.scope.remove.push(name.to_owned());
             self
         }
     };

@@ -33,6 +33,13 @@ fn key(ex: &HttpKeyExtractor, req: Request<Empty<Bytes>>) -> Option<FlightKey> {
     key_now(ex, req)
 }
 
+fn key_of(ex: &HttpKeyExtractor, req: Request<Full<Bytes>>) -> FlightKey {
+    match extract_now(ex, req).unwrap().decision {
+        Decision::Key(k) => k,
+        Decision::Bypass(n) => panic!("not keyed: {n}"),
+    }
+}
+
 fn reason(ex: &HttpKeyExtractor, req: Request<Full<Bytes>>) -> Option<Reason> {
     match extract_now(ex, req).unwrap().decision {
         Decision::Key(_) => None,
@@ -366,9 +373,10 @@ fn bodies_are_not_merged_unless_hashed() {
         .body(Full::new(Bytes::from("x")))
         .unwrap();
     assert_eq!(reason(&ex, r), Some(Reason::UnhashedBody));
-    // A POST route without body hashing: same.
+    // A POST route that says its requests carry no body: one that does
+    // anyway is not merged.
     let ex = HttpKeyExtractor::builder()
-        .route(Method::POST, "/render", "render")
+        .add_route(Route::new(Method::POST, "/render", "render").coalesce_without_body())
         .build()
         .unwrap();
     let r = Request::post("/render")
@@ -380,6 +388,87 @@ fn bodies_are_not_merged_unless_hashed() {
         .body(Full::new(Bytes::new()))
         .unwrap();
     assert_eq!(reason(&ex, r), None);
+}
+
+#[test]
+fn a_body_route_that_hashes_nothing_is_a_build_error() {
+    for method in [Method::POST, Method::PUT, Method::PATCH] {
+        let err = HttpKeyExtractor::builder()
+            .route(method.clone(), "/v1/score", "score")
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("{method} /v1/score")), "{err}");
+        assert!(err.contains("stage score"), "{err}");
+        assert!(err.contains("hash_body"), "{err}");
+        assert!(err.contains("coalesce_without_body"), "{err}");
+    }
+    // Either choice builds: hashing (per route or for every route), or
+    // saying the route has no body.
+    let route = || Route::new(Method::POST, "/v1/score", "score");
+    assert!(HttpKeyExtractor::builder()
+        .add_route(route().hash_body(1024))
+        .build()
+        .is_ok());
+    assert!(HttpKeyExtractor::builder()
+        .add_route(route())
+        .hash_bodies(1024)
+        .build()
+        .is_ok());
+    assert!(HttpKeyExtractor::builder()
+        .add_route(route().coalesce_without_body())
+        .build()
+        .is_ok());
+    let err = HttpKeyExtractor::builder()
+        .add_route(route().hash_body(0))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("hash_body(0)"), "{err}");
+    // GET, HEAD, DELETE rules need neither.
+    for method in [Method::GET, Method::HEAD, Method::DELETE] {
+        assert!(HttpKeyExtractor::builder()
+            .route(method, "/v1/items/{id}", "items")
+            .build()
+            .is_ok());
+    }
+}
+
+#[test]
+fn the_authority_can_be_left_out_of_the_key() {
+    let at = |ex: &HttpKeyExtractor, host: &str| {
+        let r = Request::get("/v1/items/1")
+            .header(http::header::HOST, host)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        key_of(ex, r)
+    };
+    let keyed = HttpKeyExtractor::builder()
+        .default_stage("items")
+        .build()
+        .unwrap();
+    assert_ne!(at(&keyed, "127.0.0.1:3113"), at(&keyed, "127.0.0.1:3114"));
+    let any_host = HttpKeyExtractor::builder()
+        .default_stage("items")
+        .ignore_authority()
+        .build()
+        .unwrap();
+    assert_eq!(
+        at(&any_host, "127.0.0.1:3113"),
+        at(&any_host, "127.0.0.1:3114")
+    );
+    let absolute = Request::get("http://10.0.0.7:8080/v1/items/1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(
+        key_of(&any_host, absolute),
+        at(&any_host, "scoring.internal")
+    );
+    // Never equal to a key that names an authority (or names none).
+    let none = Request::get("/v1/items/1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_ne!(at(&any_host, "a"), key_of(&keyed, none));
 }
 
 #[test]
@@ -688,4 +777,24 @@ async fn layer_works_on_a_plain_service_too() {
     }));
     let k = svc.oneshot(get_req("/x")).await.unwrap();
     assert!(k.is_some());
+}
+
+#[test]
+fn named_stages_are_every_stage_a_rule_can_key_into() {
+    use flightdeck_key::NamedStages;
+    let ex = HttpKeyExtractor::builder()
+        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(1024))
+        .route(Method::GET, "/v1/report/{id}", "report")
+        .route(Method::GET, "/v1/report2/{id}", "report")
+        .stage_header("x-stage", ["search", "score"])
+        .default_stage("http")
+        .build()
+        .unwrap();
+    let names: Vec<String> = ex.stages().iter().map(|s| s.to_string()).collect();
+    assert_eq!(names, ["http", "report", "score", "search"]);
+    assert!(HttpKeyExtractor::builder()
+        .build()
+        .unwrap()
+        .stages()
+        .is_empty());
 }

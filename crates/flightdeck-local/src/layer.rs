@@ -1,11 +1,10 @@
 use std::fmt;
-use std::sync::Arc;
 
-use flightdeck_core::{CloneShare, SharedForm};
+use flightdeck_core::{CloneShare, FromExtension, SharedForm};
 use tower_layer::Layer;
 
+use crate::flights::LocalFlights;
 use crate::group::Group;
-use crate::key::FromExtension;
 use crate::policy::FlightPolicy;
 use crate::service::LocalFlight;
 
@@ -18,7 +17,7 @@ use crate::service::LocalFlight;
 pub struct LocalFlightLayer<K, Sh: SharedForm> {
     key: K,
     share: Sh,
-    group: Arc<Group<Sh::Shared>>,
+    flights: LocalFlights<Sh::Shared>,
 }
 
 impl<K, Sh: SharedForm> LocalFlightLayer<K, Sh> {
@@ -28,13 +27,17 @@ impl<K, Sh: SharedForm> LocalFlightLayer<K, Sh> {
         Self {
             key,
             share,
-            group: Arc::new(Group::new(policy)),
+            // The shell times its executions: its work is the inner
+            // service's call.
+            flights: LocalFlights {
+                group: Group::new(policy, true),
+            },
         }
     }
 
     /// The policy this layer was built with.
     pub fn policy(&self) -> &FlightPolicy {
-        &self.group.policy
+        &self.flights.group.policy
     }
 
     /// Flights running right now (for tests and health checks): a sum over
@@ -42,13 +45,13 @@ impl<K, Sh: SharedForm> LocalFlightLayer<K, Sh> {
     /// start and end it is approximate (it may even pass `max_flights`
     /// for a moment).
     pub fn running_flights(&self) -> usize {
-        self.group.running()
+        self.flights.running()
     }
 
     /// Entries in the in-flight map: running flights plus results kept for
     /// replay. Returns to 0 when the layer is idle and replay windows ended.
     pub fn map_entries(&self) -> usize {
-        self.group.entries()
+        self.flights.entries()
     }
 }
 
@@ -94,7 +97,7 @@ impl<K: Clone, Sh: SharedForm> Clone for LocalFlightLayer<K, Sh> {
         Self {
             key: self.key.clone(),
             share: self.share.clone(),
-            group: Arc::clone(&self.group),
+            flights: self.flights.clone(),
         }
     }
 }
@@ -102,9 +105,9 @@ impl<K: Clone, Sh: SharedForm> Clone for LocalFlightLayer<K, Sh> {
 impl<K, Sh: SharedForm + fmt::Debug> fmt::Debug for LocalFlightLayer<K, Sh> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalFlightLayer")
-            .field("policy", &self.group.policy)
+            .field("policy", &self.flights.group.policy)
             .field("share", &self.share)
-            .field("running", &self.group.running())
+            .field("running", &self.flights.running())
             .finish_non_exhaustive()
     }
 }
@@ -117,7 +120,7 @@ impl<S, K: Clone, Sh: SharedForm> Layer<S> for LocalFlightLayer<K, Sh> {
             inner,
             self.key.clone(),
             self.share.clone(),
-            Arc::clone(&self.group),
+            self.flights.clone(),
         )
     }
 }

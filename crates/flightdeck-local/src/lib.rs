@@ -3,6 +3,8 @@
 //!
 //! When many requests with the same [`FlightKey`] arrive at once, the first
 //! one (the *leader*) starts the work and the others *wait* for its result.
+//! [`LocalFlights::run`] does it for any work (a library call, like Go's
+//! `Group.Do`); [`LocalFlightLayer`] does it for a `tower` service.
 //! Everybody gets the same outcome: the same value, or the same error
 //! (wrapped in [`SharedError`]).
 //!
@@ -68,15 +70,18 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod flights;
 pub mod future;
 mod group;
-mod key;
 mod layer;
 mod metrics;
 mod policy;
+mod run;
 mod service;
+mod sync;
 
-pub use key::{FromExtension, KeyExtractor};
+pub use flights::{Caller, FlightWork, LocalFlights};
 pub use layer::LocalFlightLayer;
 pub use policy::{FlightPolicy, OnAbandon};
-pub use service::LocalFlight;
+pub use run::Answer;
+pub use service::{LocalFlight, ServiceWork};

@@ -1,40 +1,57 @@
-//! The layer's metrics, with their handles registered once per stage.
+//! The layer's metrics, with their handles registered once per stage and
+//! recorder.
 //!
 //! The `metrics` macros build a `Key` (allocating its label list) and look
 //! it up in the recorder on every call; on a path that costs about a hundred
-//! nanoseconds in all, that matters. Instead, the handles of a stage are
-//! registered with the recorder in force when the layer first sees that
-//! stage (the `metrics` crate's advice for hot paths), and every event after
-//! that is one call on a handle. Install the recorder before serving
-//! requests, as the `metrics` crate asks anyway.
+//! nanoseconds in all, that matters. Instead, a stage's handles are
+//! registered once per recorder (see `flightdeck_core::metric::Handles`:
+//! whatever the order in which the recorder and the layer came), and every
+//! event after that is a check of the recorder in force and one call on a
+//! handle. A recorder that appears while flights run gets the active
+//! flights' gauge at its true value.
 //!
 //! Execution times cost two clock reads per flight, a good part of a
 //! flight's cost on a fast path. They are taken only when somebody records
 //! them: a histogram handle converts its value only if a recorder stands
 //! behind it, so a value that reads the clock when converted ([`Elapsed`])
 //! reads it only then, and a probe recorded zero times ([`records`]) tells,
-//! once per stage, whether the start is worth reading at all.
+//! once per stage and recorder, whether the start is worth reading at all.
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 
-use flightdeck_core::{metric, StageName};
-use metrics::{Counter, Gauge, Histogram, IntoF64, Key, Label, Level, Metadata};
+use flightdeck_core::metric::Handles;
+use flightdeck_core::{metric, StageName, Unshareable};
+use metrics::{Counter, Gauge, Histogram, IntoF64, Key, Label, Level, Metadata, Recorder};
 use tokio::time::Instant;
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
+/// Counts the running flights of a stage (for the gauge of a recorder that
+/// appears while they run).
+pub(crate) trait RunningOf: Send + Sync {
+    fn running_of(&self, stage: &StageName) -> usize;
+}
+
 /// Metric handles of one stage.
 pub(crate) struct StageMetrics {
     /// The stage they belong to (for the errors of waiters).
     pub(crate) stage: StageName,
+    /// Whether the layer times its work (see [`Registry::new`]).
+    time_work: bool,
+    running: Weak<dyn RunningOf>,
+    handles: Handles<Bundle>,
+}
+
+/// The handles of a stage under one recorder.
+struct Bundle {
     owner: Counter,
     waiter: Counter,
     replay: Counter,
     rejected: Counter,
-    unshared: Counter,
+    unshared: [Counter; UNSHARED_REASONS.len()],
     cancelled: Counter,
     panic: Counter,
     wait_timeout: Counter,
@@ -44,6 +61,33 @@ pub(crate) struct StageMetrics {
     /// Whether a recorder stands behind `exec` (so the start of an
     /// execution is worth a clock read).
     timed: bool,
+}
+
+/// The reasons counted apart; others are registered on each use.
+const UNSHARED_REASONS: [Unshareable; 6] = [
+    Unshareable::Stream,
+    Unshareable::Oversize,
+    Unshareable::SetCookie,
+    Unshareable::CacheControl,
+    Unshareable::VaryStar,
+    Unshareable::Vary,
+];
+
+fn stage_key(stage: &StageName, name: &'static str, extra: Option<Label>) -> Key {
+    let mut labels = vec![Label::new(
+        metric::LABEL_STAGE,
+        metrics::SharedString::const_str(stage.as_str()),
+    )];
+    labels.extend(extra);
+    Key::from_parts(name, labels)
+}
+
+fn unshared_key(stage: &StageName, why: Unshareable) -> Key {
+    stage_key(
+        stage,
+        metric::LOCAL_UNSHARED_TOTAL,
+        Some(Label::new("reason", why.as_str())),
+    )
 }
 
 /// The time since an instant, read from the clock only when a histogram
@@ -71,94 +115,113 @@ fn records(histogram: &Histogram) -> bool {
     converted.get()
 }
 
-impl StageMetrics {
-    fn new(stage: &StageName) -> Self {
-        let key = |name: &'static str| {
-            Key::from_parts(
-                name,
-                vec![Label::new(
-                    metric::LABEL_STAGE,
-                    metrics::SharedString::const_str(stage.as_str()),
-                )],
-            )
-        };
-        let m = metrics::with_recorder(|r| {
-            let counter = |name| r.register_counter(&key(name), &METADATA);
-            Self {
-                stage: stage.clone(),
-                owner: counter(metric::LOCAL_OWNER_TOTAL),
-                waiter: counter(metric::LOCAL_WAITER_TOTAL),
-                replay: counter(metric::LOCAL_REPLAY_TOTAL),
-                rejected: counter(metric::LOCAL_REJECTED_TOTAL),
-                unshared: counter(metric::LOCAL_UNSHARED_TOTAL),
-                cancelled: counter(metric::LOCAL_CANCELLED_TOTAL),
-                panic: counter(metric::LOCAL_PANIC_TOTAL),
-                wait_timeout: counter(metric::WAIT_TIMEOUT_TOTAL),
-                active: r.register_gauge(&key(metric::ACTIVE_FLIGHTS), &METADATA),
-                wait: r.register_histogram(&key(metric::WAIT_DURATION), &METADATA),
-                exec: r.register_histogram(&key(metric::EXECUTION_DURATION), &METADATA),
-                timed: false,
-            }
-        });
+impl Bundle {
+    fn register(r: &dyn Recorder, m: &StageMetrics) -> Self {
+        let stage = &m.stage;
+        let key = |name: &'static str| stage_key(stage, name, None);
+        let counter = |name| r.register_counter(&key(name), &METADATA);
+        let exec = r.register_histogram(&key(metric::EXECUTION_DURATION), &METADATA);
+        let active = r.register_gauge(&key(metric::ACTIVE_FLIGHTS), &METADATA);
+        // Flights already running count from the start (the recorder may
+        // have come after them).
+        active.set(m.running.upgrade().map_or(0, |g| g.running_of(stage)) as f64);
         Self {
-            timed: records(&m.exec),
-            ..m
+            owner: counter(metric::LOCAL_OWNER_TOTAL),
+            waiter: counter(metric::LOCAL_WAITER_TOTAL),
+            replay: counter(metric::LOCAL_REPLAY_TOTAL),
+            rejected: counter(metric::LOCAL_REJECTED_TOTAL),
+            unshared: UNSHARED_REASONS
+                .map(|why| r.register_counter(&unshared_key(stage, why), &METADATA)),
+            cancelled: counter(metric::LOCAL_CANCELLED_TOTAL),
+            panic: counter(metric::LOCAL_PANIC_TOTAL),
+            wait_timeout: counter(metric::WAIT_TIMEOUT_TOTAL),
+            active,
+            wait: r.register_histogram(&key(metric::WAIT_DURATION), &METADATA),
+            timed: m.time_work && records(&exec),
+            exec,
         }
+    }
+}
+
+impl StageMetrics {
+    fn new(stage: &StageName, time_work: bool, running: Weak<dyn RunningOf>) -> Self {
+        Self {
+            stage: stage.clone(),
+            time_work,
+            running,
+            handles: Handles::new(),
+        }
+    }
+
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&Bundle) -> R) -> R {
+        self.handles.with(|r| Bundle::register(r, self), f)
     }
 
     /// Whether executions of this stage are timed (a recorder records
     /// them).
     #[inline]
     pub(crate) fn timed(&self) -> bool {
-        self.timed
+        self.with(|m| m.timed)
     }
 
     #[inline]
     pub(crate) fn waiter(&self) {
-        self.waiter.increment(1);
+        self.with(|m| m.waiter.increment(1));
     }
     #[inline]
     pub(crate) fn replay(&self) {
-        self.replay.increment(1);
+        self.with(|m| m.replay.increment(1));
     }
     #[inline]
     pub(crate) fn rejected(&self) {
-        self.rejected.increment(1);
+        self.with(|m| m.rejected.increment(1));
     }
-    #[inline]
-    pub(crate) fn unshared(&self) {
-        self.unshared.increment(1);
+    /// A caller runs its own request: the result was not shared, for
+    /// `why`.
+    pub(crate) fn unshared(&self, why: Unshareable) {
+        match UNSHARED_REASONS.iter().position(|r| *r == why) {
+            Some(i) => self.with(|m| m.unshared[i].increment(1)),
+            None => metrics::with_recorder(|r| {
+                r.register_counter(&unshared_key(&self.stage, why), &METADATA)
+                    .increment(1)
+            }),
+        }
     }
     #[inline]
     pub(crate) fn cancelled(&self) {
-        self.cancelled.increment(1);
+        self.with(|m| m.cancelled.increment(1));
     }
     #[inline]
     pub(crate) fn panicked(&self) {
-        self.panic.increment(1);
+        self.with(|m| m.panic.increment(1));
     }
     #[inline]
     pub(crate) fn wait_timeout(&self) {
-        self.wait_timeout.increment(1);
+        self.with(|m| m.wait_timeout.increment(1));
     }
     /// A flight started: one owner, one more active flight.
     #[inline]
     pub(crate) fn started(&self) {
-        self.owner.increment(1);
-        self.active.increment(1.0);
+        self.with(|m| {
+            m.owner.increment(1);
+            m.active.increment(1.0);
+        });
     }
     /// A flight ended: one active flight less, and the time since its work
     /// began when the work ran to the end.
     #[inline]
     pub(crate) fn ended(&self, began: Option<Instant>) {
-        self.active.decrement(1.0);
-        if let Some(began) = began {
-            self.exec.record(Elapsed(began));
-        }
+        self.with(|m| {
+            m.active.decrement(1.0);
+            if let Some(began) = began {
+                m.exec.record(Elapsed(began));
+            }
+        });
     }
     #[inline]
     pub(crate) fn waited(&self, secs: f64) {
-        self.wait.record(secs);
+        self.with(|m| m.wait.record(secs));
     }
 }
 
@@ -167,8 +230,10 @@ impl StageMetrics {
 /// The first stage seen is kept apart, read without a lock and without
 /// touching a reference count: most layers serve one stage, and a lock plus
 /// a string hash per call is most of what a lookup costs.
-#[derive(Default)]
 pub(crate) struct Registry {
+    /// Whether executions are timed (see [`Registry::new`]).
+    time_work: bool,
+    running: Weak<dyn RunningOf>,
     first: OnceLock<(StageName, Arc<StageMetrics>)>,
     stages: RwLock<HashMap<StageName, Arc<StageMetrics>, foldhash::fast::RandomState>>,
 }
@@ -203,6 +268,18 @@ impl std::ops::Deref for Metrics<'_> {
 }
 
 impl Registry {
+    /// `time_work`: whether the layer times its work (the `tower` shell
+    /// does; the facade times real executions itself). `running` counts a
+    /// stage's running flights.
+    pub(crate) fn new(time_work: bool, running: Weak<dyn RunningOf>) -> Self {
+        Self {
+            time_work,
+            running,
+            first: OnceLock::new(),
+            stages: RwLock::default(),
+        }
+    }
+
     /// The handles that [`Metrics::keep`] returned: `None` is the first
     /// stage.
     #[inline]
@@ -230,9 +307,16 @@ impl Registry {
     /// The first use of the layer, or a stage other than its first.
     #[cold]
     fn get_slow(&self, stage: &StageName) -> Metrics<'_> {
-        let (name, m) = self
-            .first
-            .get_or_init(|| (stage.clone(), Arc::new(StageMetrics::new(stage))));
+        let (name, m) = self.first.get_or_init(|| {
+            (
+                stage.clone(),
+                Arc::new(StageMetrics::new(
+                    stage,
+                    self.time_work,
+                    self.running.clone(),
+                )),
+            )
+        });
         if name == stage {
             return Metrics::First(m);
         }
@@ -246,7 +330,11 @@ impl Registry {
         }
         // Registered out of the lock (the recorder is the user's code), and
         // kept for good: a process has at most `MAX_STAGE_NAMES` stages.
-        let m = Arc::new(StageMetrics::new(stage));
+        let m = Arc::new(StageMetrics::new(
+            stage,
+            self.time_work,
+            self.running.clone(),
+        ));
         let mut w = self.stages.write().unwrap_or_else(|e| e.into_inner());
         Metrics::Other(Arc::clone(w.entry(stage.clone()).or_insert(m)))
     }
@@ -280,13 +368,29 @@ mod tests {
         assert!(samples.iter().all(|&n| n == 0), "{samples:?}");
     }
 
+    struct Idle;
+
+    impl RunningOf for Idle {
+        fn running_of(&self, _stage: &StageName) -> usize {
+            0
+        }
+    }
+
+    fn none() -> Weak<dyn RunningOf> {
+        Weak::<Idle>::new()
+    }
+
     #[test]
     fn a_stage_is_timed_only_with_a_recorder() {
         let stage = StageName::new("timed").unwrap();
-        assert!(!StageMetrics::new(&stage).timed());
+        assert!(!StageMetrics::new(&stage, true, none()).timed());
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || {
-            assert!(StageMetrics::new(&stage).timed());
+            assert!(StageMetrics::new(&stage, true, none()).timed());
+            assert!(
+                !StageMetrics::new(&stage, false, none()).timed(),
+                "unless the layer times no work"
+            );
         });
     }
 }

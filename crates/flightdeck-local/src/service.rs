@@ -1,30 +1,39 @@
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
 use std::task::{Context, Poll};
 
-use flightdeck_core::{BoxError, Share, SharedForm};
+use flightdeck_core::{BoxError, KeySource, Serves, Share, Shareable, SharedForm, Unshareable};
+use tower::util::ServiceExt;
 use tower_service::Service;
-use tracing::Instrument;
 
+use crate::flights::{Caller, FlightWork, LocalFlights};
 use crate::future::ResponseFuture;
-use crate::group::{Completion, Group, Join, Outcome, Work};
-use crate::key::KeyExtractor;
 
 /// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
+///
+/// Readiness is passed through: `poll_ready` polls the inner service, and
+/// the ready service runs the flight a call leads. A call that joins
+/// another flight waits without holding a reservation (it keeps an unready
+/// clone, in case it must run its own request).
 pub struct LocalFlight<S, K, Sh: SharedForm> {
     inner: S,
-    key: K,
+    keys: K,
     share: Sh,
-    group: Arc<Group<Sh::Shared>>,
+    flights: LocalFlights<Sh::Shared>,
 }
 
 impl<S, K, Sh: SharedForm> LocalFlight<S, K, Sh> {
-    pub(crate) fn from_parts(inner: S, key: K, share: Sh, group: Arc<Group<Sh::Shared>>) -> Self {
+    pub(crate) fn from_parts(
+        inner: S,
+        keys: K,
+        share: Sh,
+        flights: LocalFlights<Sh::Shared>,
+    ) -> Self {
         Self {
             inner,
-            key,
+            keys,
             share,
-            group,
+            flights,
         }
     }
 
@@ -48,9 +57,9 @@ impl<S: Clone, K: Clone, Sh: SharedForm> Clone for LocalFlight<S, K, Sh> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            key: self.key.clone(),
+            keys: self.keys.clone(),
             share: self.share.clone(),
-            group: Arc::clone(&self.group),
+            flights: self.flights.clone(),
         }
     }
 }
@@ -70,8 +79,8 @@ where
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     S::Response: Send + 'static,
-    K: KeyExtractor<Req>,
-    Sh: Share<S::Response>,
+    K: KeySource<Req>,
+    Sh: Share<S::Response> + Serves<Req>,
     Req: Send + 'static,
 {
     type Response = Sh::Output;
@@ -83,76 +92,94 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let Some(key) = self.key.key(&req) else {
+        let Some(key) = self.keys.key(&req) else {
             return ResponseFuture::bypass(self.inner.call(req), self.share.clone());
         };
-        // Only waiters and leaders have a flight to trace.
-        let span = |role: &'static str| {
-            tracing::debug_span!(
-                "flight",
-                role,
-                stage = %key.stage(),
-                key = %key.digest().short(),
-            )
+        // The ready service goes with the request; an unready clone takes
+        // its place (tower-service's "be careful when cloning inner
+        // services").
+        let clone = self.inner.clone();
+        let svc = std::mem::replace(&mut self.inner, clone);
+        let work = ServiceWork {
+            svc,
+            req,
+            share: self.share.clone(),
         };
-        match self.group.join(&key) {
-            Join::Replay(value) => {
-                ResponseFuture::ready(Ok(self.share.restore(&value)), self.share.clone())
-            }
-            Join::Rejected(err) => ResponseFuture::ready(Err(err), self.share.clone()),
-            Join::Waiter(flight, metrics, rx, since) => {
-                // The waiter keeps its request and an (unready) clone of the
-                // service, in case the result cannot be shared and it must
-                // run alone.
-                let fallback = (self.inner.clone(), req);
-                ResponseFuture::wait(
-                    Arc::clone(&self.group),
-                    flight,
-                    metrics,
-                    rx,
-                    since,
-                    fallback,
-                    span("waiter"),
-                    self.share.clone(),
-                )
-            }
-            Join::Leader(flight, metrics, expired) => {
-                // Armed before calling the inner service (or dropping the
-                // result it replaced): if `call` itself panics, waiters that
-                // already joined get `WorkPanicked`.
-                let completion = Completion::new(Arc::clone(&self.group), flight, metrics);
-                completion.started();
-                drop(expired);
-                let fut = run(self.inner.call(req), self.share.clone());
-                // A disabled span is not worth a wrapper polled every time.
-                let span = span("leader");
-                let work = if span.is_disabled() {
-                    Work::new(completion, fut)
-                } else {
-                    Work::new(completion, fut.instrument(span))
-                };
-                ResponseFuture::lead(work, self.share.clone())
-            }
-        }
+        ResponseFuture::flight(
+            self.flights.run(&key, Caller::new(), work),
+            self.share.clone(),
+        )
     }
 }
 
-/// The work of a flight: runs the inner future and shares its result.
-async fn run<F, T, E, Sh>(work: F, share: Sh) -> Outcome<Sh::Shared>
+/// A call of the inner service as a flight's work.
+pub struct ServiceWork<S, Req, Sh> {
+    svc: S,
+    req: Req,
+    share: Sh,
+}
+
+impl<S, Req, Sh> FlightWork<Sh::Shared> for ServiceWork<S, Req, Sh>
 where
-    F: std::future::Future<Output = Result<T, E>>,
-    E: Into<BoxError>,
-    Sh: Share<T>,
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Response: Send + 'static,
+    Sh: Share<S::Response> + Serves<Req>,
+    Req: Send + 'static,
 {
-    // Convert the error before anything else is awaited: `E` need not be
-    // `Send`, `BoxError` is.
-    let result = work.await.map_err(Into::into);
-    match result {
-        Ok(resp) => match share.share(resp).await {
-            Ok(flightdeck_core::Shareable::Shared(v)) => Outcome::Value(v),
-            Ok(flightdeck_core::Shareable::Unshared(o, _)) => Outcome::Unshared(Some(Box::new(o))),
-            Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
-        },
-        Err(e) => Outcome::Error(flightdeck_core::SharedError::new(e)),
+    type Output = Sh::Output;
+
+    fn lead(
+        self,
+    ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
+    {
+        let Self {
+            mut svc,
+            req,
+            share,
+        } = self;
+        let leader = share.leader(&req);
+        // Called at once, as tower expects of a service polled ready.
+        let fut = svc.call(req);
+        async move {
+            // Converted before anything else is awaited: `S::Error` need not
+            // be `Send`, `BoxError` is.
+            let resp = fut.await.map_err(Into::into)?;
+            Ok(match share.share(resp).await? {
+                Shareable::Shared(v) => Shareable::Shared(share.record(v, leader)),
+                unshared => unshared,
+            })
+        }
+    }
+
+    fn alone(
+        self,
+    ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
+    {
+        let Self { svc, req, share } = self;
+        let fut = svc.oneshot(req);
+        async move {
+            let resp = fut.await.map_err(Into::into)?;
+            Ok(Shareable::Unshared(
+                share.passthrough(resp),
+                Unshareable::Other("alone"),
+            ))
+        }
+    }
+
+    fn waiting(&mut self) {
+        // The ready service's reservation is not held while waiting.
+        self.svc = self.svc.clone();
+    }
+
+    fn serves(&self, shared: &Sh::Shared) -> bool {
+        self.share.serves(shared, &self.req)
+    }
+}
+
+impl<S, Req, Sh> fmt::Debug for ServiceWork<S, Req, Sh> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ServiceWork")
     }
 }

@@ -99,7 +99,7 @@ async fn unshared_case(resp: fn() -> Response<Frames>, share: HttpShare, expect_
             Ok::<_, Infallible>(resp())
         }
     });
-    let l = LocalFlightLayer::new(FlightPolicy::new(), flightdeck_local::FromExtension, share);
+    let l = LocalFlightLayer::new(FlightPolicy::new(), flightdeck_core::FromExtension, share);
     let svc = l.layer(inner);
     let leader = tokio::spawn(svc.clone().oneshot(keyed("/big")));
     tokio::task::yield_now().await;
@@ -175,7 +175,7 @@ async fn unshared_original_goes_to_a_waiter_when_the_leader_left() {
     });
     let l = LocalFlightLayer::new(
         FlightPolicy::new(),
-        flightdeck_local::FromExtension,
+        flightdeck_core::FromExtension,
         HttpShare::new().max_body(5),
     );
     let svc = l.layer(inner);

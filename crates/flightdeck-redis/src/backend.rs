@@ -127,7 +127,7 @@ impl RedisConfig {
         Ok(self)
     }
 
-    /// The first part of every key name (`{prefix}:{h}:lease`); letters,
+    /// The first part of every key name (`{prefix}:{h}:f2`); letters,
     /// digits, `_`, `-`, `.` and `:` only.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -166,8 +166,8 @@ struct Inner {
     opts: Options,
     prefix: String,
     timeout: Duration,
-    sources: [String; 5],
-    shas: [String; 5],
+    sources: [String; SCRIPTS],
+    shas: [String; SCRIPTS],
     subs: Arc<Subs>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -459,7 +459,7 @@ impl RedisBackend {
             ..Default::default()
         };
         let with = client.with_options(&opts);
-        let mut shas: [String; 5] = Default::default();
+        let mut shas: [String; SCRIPTS] = Default::default();
         for (sha, src) in shas.iter_mut().zip(&sources) {
             // On every primary of a cluster.
             *sha = tokio::time::timeout(cmd, with.script_load_cluster::<String, _>(src.as_str()))
@@ -481,15 +481,15 @@ impl RedisBackend {
         })
     }
 
-    /// The Redis key names of a flight: lease, state, result, channel.
-    pub fn keys(&self, flight: &FlightId) -> [String; 4] {
+    /// The Redis names of a flight: its record (the one key it stores)
+    /// and its completion channel. Both carry the layout's version
+    /// ([`LAYOUT`]), so nodes of another layout never read them.
+    pub fn keys(&self, flight: &FlightId) -> [String; 2] {
         let p = &self.inner.prefix;
         let h = flight.to_hex();
         [
-            format!("{p}:{{{h}}}:lease"),
-            format!("{p}:{{{h}}}:state"),
-            format!("{p}:{{{h}}}:result"),
-            format!("{p}:{{{h}}}:done"),
+            format!("{p}:{{{h}}}:{LAYOUT}"),
+            format!("{p}:{{{h}}}:{LAYOUT}:done"),
         ]
     }
 
@@ -633,18 +633,28 @@ const CLUSTER_ATTEMPTS: u32 = 4;
 /// The pause before retrying a script whose slot is being migrated.
 const MIGRATION_PAUSE: Duration = Duration::from_millis(20);
 
-const SOURCES: [&str; 5] = [
+/// The version of the key layout, part of every key name (`…:f2`,
+/// `…:f2:done`). The first layout (keys `…:lease`, `…:state`, `…:result`,
+/// channel `…:done`) had none; a later incompatible layout takes a new
+/// name, so nodes of two layouts never read each other's keys (see the
+/// crate docs on rolling upgrades).
+pub const LAYOUT: &str = "f2";
+
+const SCRIPTS: usize = 6;
+const SOURCES: [&str; SCRIPTS] = [
     scripts::ACQUIRE,
     scripts::HEARTBEAT,
     scripts::COMMIT,
     scripts::ABANDON,
     scripts::INVALIDATE,
+    scripts::RELEASE,
 ];
 const ACQUIRE: usize = 0;
 const HEARTBEAT: usize = 1;
 const COMMIT: usize = 2;
 const ABANDON: usize = 3;
 const INVALIDATE: usize = 4;
+const RELEASE: usize = 5;
 
 fn ms(d: Duration) -> Value {
     Value::Integer(i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1))
@@ -666,6 +676,7 @@ fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Integer(i) => Some(*i),
         Value::String(s) => s.parse().ok(),
+        Value::Bytes(b) => std::str::from_utf8(b).ok()?.parse().ok(),
         _ => None,
     }
 }
@@ -730,6 +741,18 @@ fn answer<T: Copy>(what: &str, v: &Value, table: &[(&str, T)]) -> Result<T, Back
         .ok_or_else(|| BackendError::protocol(format!("unknown {what} answer {word:?}")))
 }
 
+/// An ABANDON or RELEASE answer.
+fn released(what: &str, v: &Value) -> Result<Released, BackendError> {
+    answer(
+        what,
+        v,
+        &[
+            ("RELEASED", Released::Released),
+            ("NOT_OWNER", Released::NotOwner),
+        ],
+    )
+}
+
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
@@ -768,7 +791,7 @@ impl Backend for RedisBackend {
                 text(token.as_str()),
                 ms(terms.lease),
                 text(if terms.allow_takeover { "1" } else { "0" }),
-                ms(terms.state_ttl),
+                ms(terms.record_ttl()),
             ];
             let v = self.eval(ACQUIRE, self.keys(flight).to_vec(), args).await?;
             parse_acquire(&v)
@@ -787,7 +810,7 @@ impl Backend for RedisBackend {
                 text(token.as_str()),
                 text(&generation.to_string()),
                 ms(terms.lease),
-                ms(terms.state_ttl),
+                ms(terms.record_ttl()),
             ];
             let v = self
                 .eval(HEARTBEAT, self.keys(flight).to_vec(), args)
@@ -813,8 +836,11 @@ impl Backend for RedisBackend {
                 text(&generation.to_string()),
                 bytes(&args.payload),
                 ms(args.ttl),
-                Value::Integer(i64::try_from(args.inline_below).unwrap_or(i64::MAX)),
-                ms(args.state_ttl),
+                text(if args.payload.len() <= args.inline_below {
+                    "1"
+                } else {
+                    "0"
+                }),
             ];
             let v = self.eval(COMMIT, self.keys(flight).to_vec(), argv).await?;
             answer(
@@ -841,17 +867,22 @@ impl Backend for RedisBackend {
                 text(&generation.to_string()),
                 Value::Bytes(args.failure.clone().unwrap_or_default()),
                 Value::Integer(i64::try_from(args.failure_ttl.as_millis()).unwrap_or(i64::MAX)),
-                ms(args.state_ttl),
             ];
             let v = self.eval(ABANDON, self.keys(flight).to_vec(), argv).await?;
-            answer(
-                "ABANDON",
-                &v,
-                &[
-                    ("RELEASED", Released::Released),
-                    ("NOT_OWNER", Released::NotOwner),
-                ],
-            )
+            released("ABANDON", &v)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released> {
+        Box::pin(async move {
+            let argv = vec![text(token.as_str()), ms(state_ttl)];
+            let v = self.eval(RELEASE, self.keys(flight).to_vec(), argv).await?;
+            released("RELEASE", &v)
         })
     }
 
@@ -871,7 +902,7 @@ impl Backend for RedisBackend {
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {
             let subs = &self.inner.subs;
-            let [_, _, _, channel] = self.keys(flight);
+            let [_, channel] = self.keys(flight);
             let _serial = subs.commands.lock().await;
             let (rx, new) = {
                 let mut channels = subs.channels();

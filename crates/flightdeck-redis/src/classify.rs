@@ -1,7 +1,8 @@
 //! fred errors → the three classes the L2 layer acts on.
 //!
-//! fred maps most server replies to `ErrorKind::Unknown`, so those are
-//! classified by the reply's first word (fred-notes §3).
+//! fred maps most server replies to `ErrorKind::Unknown` (only `WRONGTYPE`,
+//! auth refusals and cluster redirects get their own kinds), so those are
+//! classified by the reply's first word.
 //!
 //! ```
 //! use flightdeck_distributed::BackendErrorKind;

@@ -2,13 +2,38 @@
 //! single-flight, on [fred](https://docs.rs/fred).
 //!
 //! [`RedisBackend`] implements
-//! [`Backend`](flightdeck_distributed::Backend) with four Lua scripts,
-//! ACQUIRE / HEARTBEAT / COMMIT / ABANDON, plus INVALIDATE (see [`scripts`] for the exact
-//! protocol), run by `EVALSHA` with a transparent reload on `NOSCRIPT`. Key
-//! names are `{prefix}:{h}:lease|state|result` and the channel
-//! `{prefix}:{h}:done`, where `h` is the flight digest in hex: one hash tag
-//! per flight, no raw input. Lease times come from Redis (`PEXPIRE`,
-//! `PTTL`).
+//! [`Backend`](flightdeck_distributed::Backend) with six Lua scripts,
+//! ACQUIRE / HEARTBEAT / COMMIT / ABANDON / RELEASE / INVALIDATE (see
+//! [`scripts`] for the exact protocol and its command budget), run by
+//! `EVALSHA` with a transparent reload on `NOSCRIPT`. A flight is one key,
+//! the hash `{prefix}:{h}:f2` (its record: last grant, lease deadline,
+//! result), plus the channel `{prefix}:{h}:f2:done`, where `h` is the
+//! flight digest in hex: one hash tag per flight, no raw input. Lease
+//! deadlines and expiries use the server's clock (`TIME`, `PEXPIRE`),
+//! never the clients'.
+//!
+//! Generations (fencing tokens) are `max(last + 1, server time in µs)`:
+//! they never repeat or decrease for a flight, also after its record
+//! expired or was lost in a failover, provided the server's clock (the
+//! new primary's, after a failover) does not step back by more than the
+//! time since the record was last written. They are large numbers and not
+//! consecutive: compare them, never count them.
+//!
+//! **Rolling upgrades.** Key names carry the layout's version
+//! ([`LAYOUT`]). The first layout (keys `{prefix}:{h}:lease`, `:state`,
+//! `:result`, channel `:done`) is never read or written by this version,
+//! and nodes of that version never touch these keys. So while old and new
+//! nodes serve side by side, each layout coordinates its own nodes only: a
+//! flight asked of both kinds at once may run once per layout (at most
+//! twice), each node replays only results its own layout stored, and none
+//! reads the other's values or hands out the other's result. Nothing needs
+//! cleaning up afterwards: the old keys expire on their own TTLs (the old
+//! state key after two leases plus the result TTL). To avoid those
+//! duplicates, move a stage's traffic over at once rather than node by
+//! node. A value at this layout's names that its scripts did not write
+//! (another type, an unreadable field, an unknown status) is refused with
+//! a protocol error, so the layer answers as for any protocol failure and
+//! nothing is replayed.
 //!
 //! One [`RedisBackend`] holds one command connection and one subscriber
 //! connection per node; followers share the subscriber, reference-counted
@@ -25,8 +50,8 @@
 //! `SSUBSCRIBE` on the subscriber), so they stay on the flight's shard.
 //! A slot migration (resharding) is followed through `MOVED` once it is
 //! done. While it runs, our scripts cannot run anywhere for the moving
-//! slot: the old owner answers `TRYAGAIN` (it has some of the flight's keys
-//! but not all) or `ASK`, and the new owner, even after `ASKING`, serves a
+//! slot: the old owner answers `TRYAGAIN` (it has the flight's record but
+//! not the channel, which is never stored) or `ASK`, and the new owner, even after `ASKING`, serves a
 //! multi-key command only when it has every key (the channel in `KEYS` is
 //! never stored, so never). The command client lets fred follow no
 //! redirect (fred 10.1's `ASK` handling wedges the connection, see
@@ -56,7 +81,7 @@
 //!
 //! ```no_run
 //! use flightdeck_core::{CloneShare, FlightKey, StageName};
-//! use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, KeyFn, PostcardCodec};
+//! use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, PostcardCodec};
 //! use flightdeck_redis::{RedisBackend, RedisConfig};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
@@ -69,7 +94,7 @@
 //!     DistributedPolicy::new(),
 //!     CloneShare::<String>::new(),
 //!     PostcardCodec::<String>::new(),
-//!     KeyFn::new(move |req: &String| Some(FlightKey::from_bytes(stage.clone(), req))),
+//!     (move |req: &String| Some(FlightKey::from_bytes(stage.clone(), req))),
 //! )?;
 //! let svc = ServiceBuilder::new().layer(layer).service(service_fn(|req: String| async move {
 //!     Ok::<_, std::convert::Infallible>(format!("report for {req}"))
@@ -82,4 +107,4 @@ mod backend;
 pub mod classify;
 pub mod scripts;
 
-pub use backend::{RedisBackend, RedisConfig};
+pub use backend::{RedisBackend, RedisConfig, LAYOUT};

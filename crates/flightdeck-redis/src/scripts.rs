@@ -1,15 +1,76 @@
-//! The Lua scripts of the protocol (ARCHITECTURE §4), one per action.
+//! The Lua scripts of the protocol, one per action.
 //!
-//! Every script gets `KEYS = [lease, state, result, channel]`, all sharing
-//! one hash tag (`{prefix}:{h}:…`), so a flight lives in one cluster slot.
-//! The `#!lua` shebang makes Redis reject undeclared cross-slot access.
-//! Only server-side time is used (`PEXPIRE`, `PTTL`).
+//! Every script gets `KEYS = [record, channel]`, both sharing one hash tag
+//! (`{prefix}:{h}:…`), so a flight lives in one cluster slot; the `#!lua`
+//! shebang makes Redis reject undeclared cross-slot access.
 //!
-//! - lease `HASH {tok, gen}` with the lease TTL;
-//! - state `HASH {gen, cgen}`: the last granted and the last committed or
-//!   abandoned generation, kept longer than anything else of the flight;
-//! - result `HASH {gen, tok, st, body}` with the result (or failure) TTL;
-//! - channel: `<gen>|c|<payload>` (inline), `<gen>|c`, or `<gen>|a`.
+//! **One key per flight**, the record `{prefix}:{h}:f2`, a hash:
+//!
+//! | field | what |
+//! |---|---|
+//! | `g` | generation of the last grant (or invalidation), decimal |
+//! | `t` | the last grant's token (`''` after an invalidation) |
+//! | `d` | the last grant's lease deadline, server time in ms; `0` once the grant ended (committed, abandoned, released, invalidated) |
+//! | `s`, `b` | the stored result: status `ok`/`err` and body; only while a result is stored |
+//! | `x` | tokens released while they held nothing here (space-separated, newest first, at most 8): never granted the flight |
+//!
+//! and one expiry, the record's: [`LeaseTerms::record_ttl`] from a grant
+//! or heartbeat (the lease plus one more lease, at most `state_ttl`), the
+//! result's TTL from a commit, the failure's from an abandon that caches
+//! one. The lease's own end is `d`, compared with the server's `TIME`, so
+//! the lease and the record do not need two keys.
+//!
+//! **Generations**: a grant (or an invalidation) takes `max(g + 1, now)`
+//! with `now` the server's `TIME` in microseconds. While the record lives,
+//! `g + 1` makes every generation larger than the last. Once it expired,
+//! `now` is larger than every generation it held: a generation gets ahead
+//! of the clock only if the flight is granted more than once a
+//! microsecond (each grant needs a script, and another to end the grant
+//! before it, and a script takes microseconds), and a record expires at
+//! least a millisecond after its last write. **Clock caveat**: this relies
+//! on the server's wall clock not stepping back by more than the time
+//! since the flight's record expired (an NTP step on the server, or a
+//! failover to a replica whose clock is behind); within a record's life
+//! the clock does not matter.
+//!
+//! Numbers never reach Redis as Lua numbers: Lua 5.1 prints a double like
+//! 1.7e15 as `1.7e+15` (`tostring`, `..`), and Redis 7.2+ turns a number
+//! argument into its shortest form, which may use an exponent. A new
+//! generation is the two parts of `TIME` put side by side (exact digits),
+//! `g + 1` is formatted with `%.0f`, deadlines are milliseconds (13 digits,
+//! exact under Lua's 14 significant digits), and generations are compared
+//! as the strings the client sent. Arithmetic stays exact: integers below
+//! 2^53 (microseconds since 1970 stay below that until the year 2255).
+//!
+//! **Messages** on the channel: `<gen>|c|<payload>` (inline), `<gen>|c`,
+//! or `<gen>|a` (abandoned, released or invalidated: race again).
+//!
+//! **Inner commands** per answer (the per-flight budget, checked by the
+//! crate's tests through `INFO commandstats`):
+//!
+//! | script and answer | `redis.call`s |
+//! |---|---|
+//! | ACQUIRE → HIT | 1: `HMGET` |
+//! | ACQUIRE → FOLLOWER, EXPIRED, OWNER (retry) | 2: `HMGET`, `TIME` |
+//! | ACQUIRE → OWNER (grant) | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
+//! | COMMIT → COMMITTED | 4: `HMGET`, `HSET`, `PEXPIRE`, `PUBLISH` (a retry: 1) |
+//! | COMMIT → FENCED | 1: `HMGET` |
+//! | HEARTBEAT → RENEWED | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
+//! | HEARTBEAT → LOST | 1 or 2: `HMGET` (, `TIME`) |
+//! | ABANDON → RELEASED | 3: `HMGET`, `HSET`, `PUBLISH` (+ `PEXPIRE` when it caches a failure) |
+//! | ABANDON → NOT_OWNER | 1: `HMGET` |
+//! | RELEASE → RELEASED | 3: `HMGET`, `HSET`, `PUBLISH` |
+//! | RELEASE → NOT_OWNER | 2: `HMGET`, `HSET` (+ `PEXPIRE` when the flight had no record) |
+//! | INVALIDATE | 6: `HMGET`, `TIME`, `HSET`, `HDEL`, `PEXPIRE`, `PUBLISH` |
+//!
+//! A value the scripts did not write is a protocol error, never a result:
+//! another type at the record's name makes Redis answer `WRONGTYPE`, a
+//! field that does not parse makes the script answer an error starting
+//! `FDPROTO`, and the client refuses a status other than `ok`/`err` or a
+//! result without a generation. Other layouts use other key names (see
+//! the crate docs on rolling upgrades).
+//!
+//! [`LeaseTerms::record_ttl`]: flightdeck_distributed::backend::LeaseTerms::record_ttl
 //!
 //! ```
 //! // Every script is declared as a `#!lua` script with keys in KEYS.
@@ -19,118 +80,172 @@
 //! }
 //! ```
 
-/// `ACQUIRE(tok, lease_ms, takeover_ok, state_ttl_ms)` →
+/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms)` →
 /// `{HIT, gen, st, body}` | `{OWNER, gen, takeover}` |
-/// `{FOLLOWER, gen, pttl}` | `{EXPIRED, gen}`.
+/// `{FOLLOWER, gen, remaining_ms}` | `{EXPIRED, gen}`. A result whose
+/// generation is missing comes back as a nil generation, which the client
+/// refuses.
 pub const ACQUIRE: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[3], 'gen', 'st', 'body')
-if r[1] then
-  return {'HIT', tonumber(r[1]), r[2] or 'ok', r[3] or ''}
+local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x')
+if r[4] then
+  return {'HIT', r[1], r[4], r[5] or ''}
 end
-local l = redis.call('HMGET', KEYS[1], 'tok', 'gen')
-if l[1] then
-  if l[1] == ARGV[1] then
-    return {'OWNER', tonumber(l[2]), 0}
-  end
-  return {'FOLLOWER', tonumber(l[2]), redis.call('PTTL', KEYS[1])}
+local d = tonumber(r[3] or 0)
+if not d then
+  return redis.error_reply('FDPROTO unreadable flight record')
 end
-local s = redis.call('HMGET', KEYS[2], 'gen', 'cgen')
-local gen = tonumber(s[1] or '0')
-local cgen = tonumber(s[2] or '0')
+local tm = redis.call('TIME')
+local now = tm[1] * 1000 + tm[2] / 1000
 local takeover = 0
-if gen > cgen then
+if r[2] == ARGV[1] then
+  if d > now then
+    return {'OWNER', r[1], 0}
+  end
+  if d == 0 then
+    return {'EXPIRED', r[1]}
+  end
+elseif d > now then
+  return {'FOLLOWER', r[1], math.ceil(d - now)}
+end
+if d > 0 then
   if ARGV[3] ~= '1' then
-    return {'EXPIRED', gen}
+    return {'EXPIRED', r[1]}
   end
   takeover = 1
 end
-gen = redis.call('HINCRBY', KEYS[2], 'gen', 1)
-redis.call('HSET', KEYS[1], 'tok', ARGV[1], 'gen', gen)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+if r[6] and string.find(' ' .. r[6] .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
+  return {'EXPIRED', r[1] or '0'}
+end
+local gen = tm[1] .. string.sub('00000' .. tm[2], -6)
+if r[1] then
+  local g = tonumber(r[1])
+  if not g then
+    return redis.error_reply('FDPROTO unreadable flight record')
+  end
+  if g >= tm[1] * 1000000 + tm[2] then
+    gen = string.format('%.0f', g + 1)
+  end
+end
+redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', tostring(math.floor(now) + ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {'OWNER', gen, takeover}
 ";
 
-/// `HEARTBEAT(tok, gen, lease_ms, state_ttl_ms)` → `RENEWED` | `LOST`.
-/// Never re-creates a lease.
+/// `HEARTBEAT(tok, gen, lease_ms, record_ms)` → `RENEWED` | `LOST`.
+/// Never re-creates or revives a lease.
 pub const HEARTBEAT: &str = r"#!lua
-local l = redis.call('HMGET', KEYS[1], 'tok', 'gen')
-if l[1] == ARGV[1] and l[2] == ARGV[2] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
-  return 'RENEWED'
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
+  return 'LOST'
 end
-return 'LOST'
+local d = tonumber(r[3] or 0) or 0
+if d == 0 then
+  return 'LOST'
+end
+local tm = redis.call('TIME')
+local now = tm[1] * 1000 + tm[2] / 1000
+if d <= now then
+  return 'LOST'
+end
+redis.call('HSET', KEYS[1], 'd', tostring(math.floor(now) + ARGV[3]))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 'RENEWED'
 ";
 
-/// `COMMIT(tok, gen, payload, ttl_ms, inline_below, state_ttl_ms)` →
-/// `COMMITTED` | `FENCED`. Writes the result, ends the lease and publishes
-/// in one round trip; a retry of a done commit answers `COMMITTED`.
+/// `COMMIT(tok, gen, payload, ttl_ms, inline)` → `COMMITTED` |
+/// `FENCED`. Only the last grant commits (its lease live or run out);
+/// stores the result, ends the lease and publishes in one round trip (the
+/// payload inline when `inline` is `1`); a retry of a done commit answers
+/// `COMMITTED`.
 pub const COMMIT: &str = r"#!lua
-local gen = tonumber(ARGV[2])
-local r = redis.call('HMGET', KEYS[3], 'gen', 'tok')
-if r[1] then
-  if tonumber(r[1]) == gen and r[2] == ARGV[1] then
-    return 'COMMITTED'
-  end
-  if tonumber(r[1]) >= gen then
-    return 'FENCED'
-  end
-end
-local l = redis.call('HMGET', KEYS[1], 'tok', 'gen')
-local ok
-if l[1] then
-  ok = (l[1] == ARGV[1] and tonumber(l[2]) == gen)
-else
-  local s = redis.call('HMGET', KEYS[2], 'gen', 'cgen')
-  ok = (tonumber(s[1] or '0') == gen and tonumber(s[2] or '0') < gen)
-end
-if not ok then
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return 'FENCED'
 end
-redis.call('HSET', KEYS[2], 'cgen', gen)
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-redis.call('DEL', KEYS[3])
-redis.call('HSET', KEYS[3], 'gen', gen, 'tok', ARGV[1], 'st', 'ok', 'body', ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
-redis.call('DEL', KEYS[1])
-local msg = ARGV[2] .. '|c'
-if string.len(ARGV[3]) <= tonumber(ARGV[5]) then
-  msg = msg .. '|' .. ARGV[3]
+if r[4] then
+  if r[4] == 'ok' then
+    return 'COMMITTED'
+  end
+  return 'FENCED'
 end
-redis.call('PUBLISH', KEYS[4], msg)
+if not r[3] or r[3] == '0' then
+  return 'FENCED'
+end
+redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if ARGV[5] == '1' then
+  redis.call('PUBLISH', KEYS[2], ARGV[2] .. '|c|' .. ARGV[3])
+else
+  redis.call('PUBLISH', KEYS[2], ARGV[2] .. '|c')
+end
 return 'COMMITTED'
 ";
 
-/// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result and
-/// the lease, starts a new generation (fencing a running owner) and wakes
-/// followers.
-pub const INVALIDATE: &str = r"#!lua
-local gen = redis.call('HINCRBY', KEYS[2], 'gen', 1)
-redis.call('HSET', KEYS[2], 'cgen', gen)
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[1], KEYS[3])
-redis.call('PUBLISH', KEYS[4], gen .. '|a')
-return gen
-";
-
-/// `ABANDON(tok, gen, failure, failure_ttl_ms, state_ttl_ms)` →
-/// `RELEASED` | `NOT_OWNER`. Releases the lease, optionally caches the
-/// failure, and wakes followers at once.
+/// `ABANDON(tok, gen, failure, failure_ttl_ms)` → `RELEASED` |
+/// `NOT_OWNER`. Ends the last grant (its lease live or run out),
+/// optionally caches the failure, and wakes followers at once.
 pub const ABANDON: &str = r"#!lua
-local gen = tonumber(ARGV[2])
-local l = redis.call('HMGET', KEYS[1], 'tok', 'gen')
-if l[1] ~= ARGV[1] or tonumber(l[2]) ~= gen then
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or not r[3] or r[3] == '0' then
   return 'NOT_OWNER'
 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[2], 'cgen', gen)
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
 if ARGV[3] ~= '' and tonumber(ARGV[4]) > 0 then
-  redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], 'gen', gen, 'tok', ARGV[1], 'st', 'err', 'body', ARGV[3])
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+else
+  redis.call('HSET', KEYS[1], 'd', '0')
 end
-redis.call('PUBLISH', KEYS[4], ARGV[2] .. '|a')
+redis.call('PUBLISH', KEYS[2], ARGV[2] .. '|a')
 return 'RELEASED'
+";
+
+/// `RELEASE(tok, state_ttl_ms)` → `RELEASED` | `NOT_OWNER`. Ends the
+/// lease held by `tok` whatever its generation and wakes followers;
+/// otherwise remembers `tok` so that a late ACQUIRE of it grants nothing.
+pub const RELEASE: &str = r"#!lua
+local r = redis.call('HMGET', KEYS[1], 't', 'd', 'g', 'x')
+if r[1] == ARGV[1] and r[2] and r[2] ~= '0' then
+  redis.call('HSET', KEYS[1], 'd', '0')
+  redis.call('PUBLISH', KEYS[2], r[3] .. '|a')
+  return 'RELEASED'
+end
+local x = ARGV[1]
+if r[4] then
+  local n = 1
+  for tok in string.gmatch(r[4], '%S+') do
+    if n >= 8 then
+      break
+    end
+    if tok ~= ARGV[1] then
+      x = x .. ' ' .. tok
+      n = n + 1
+    end
+  end
+end
+redis.call('HSET', KEYS[1], 'x', x)
+if not r[1] and not r[3] and not r[4] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 'NOT_OWNER'
+";
+
+/// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result and
+/// the lease, starts a newer generation (fencing a running owner) and
+/// wakes followers.
+pub const INVALIDATE: &str = r"#!lua
+local r = redis.call('HMGET', KEYS[1], 'g')
+local g = tonumber(r[1] or 0)
+if not g then
+  return redis.error_reply('FDPROTO unreadable flight record')
+end
+local tm = redis.call('TIME')
+local gen = tm[1] .. string.sub('00000' .. tm[2], -6)
+if g >= tm[1] * 1000000 + tm[2] then
+  gen = string.format('%.0f', g + 1)
+end
+redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0')
+redis.call('HDEL', KEYS[1], 's', 'b')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[2], gen .. '|a')
+return gen
 ";

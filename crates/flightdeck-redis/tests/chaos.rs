@@ -1,6 +1,8 @@
-//! The chaos suite (issue 7): a seeded, reproducible schedule of faults
+//! The chaos suite: a seeded, reproducible schedule of faults
 //! over a load of K keys across N nodes for T seconds, then the invariants
-//! of anchors-distributed.md §6, checked and printed.
+//! of the coordination protocol (no hung request, no stale commit, at most
+//! one committed result per generation, generations per flight strictly
+//! increasing, ...), checked and printed.
 //!
 //! Each node is one process-local stack, L1 (`LocalFlightLayer`) in front of
 //! L2 (`DistributedFlightLayer`) over its own `RedisBackend` (its own fred
@@ -43,9 +45,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
-use flightdeck_distributed::{
-    DistributedFlightLayer, FencingToken, FlightId, KeyFn, PostcardCodec,
-};
+use flightdeck_distributed::{DistributedFlightLayer, FencingToken, FlightId, PostcardCodec};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::chaos::{
@@ -142,8 +142,9 @@ async fn start_node(
         chaos::distributed_policy(),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(key_of).with_fence(|req: &mut Req, token: FencingToken| req.fence = Some(token)),
+        key_of,
     )
+    .map(|l| l.fence(|req: &mut Req, token: FencingToken| req.fence = Some(token)))
     .unwrap();
     let l1: L1 = LocalFlightLayer::with_key(
         FlightPolicy::new().wait_timeout(Some(chaos::LOCAL_WAIT_TIMEOUT)),

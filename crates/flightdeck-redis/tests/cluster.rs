@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
-use flightdeck_distributed::{
-    DistributedFlightLayer, DistributedPolicy, FlightId, KeyFn, PostcardCodec,
-};
+use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, FlightId, PostcardCodec};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::{conformance, RedisCluster};
 use tower::util::BoxCloneService;
@@ -88,12 +86,12 @@ fn node_with(b: RedisBackend, calls: &Arc<Calls>, policy: DistributedPolicy) -> 
         policy,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(|req: &String| {
+        |req: &String| {
             Some(FlightKey::from_bytes(
                 StageName::new("cluster").unwrap(),
                 req,
             ))
-        }),
+        },
     )
     .unwrap();
     BoxCloneService::new(layer.layer(service_fn(move |req: String| {
@@ -150,7 +148,7 @@ async fn cluster_three_nodes_one_execution_with_sharded_pubsub() {
 }
 
 /// Issue 7 / invariant 13: the server agrees that every key of a flight
-/// (lease, state, result, channel) lives in one slot (`CLUSTER KEYSLOT`),
+/// (its record and its channel) lives in one slot (`CLUSTER KEYSLOT`),
 /// for many flights, and that slot is the one fred routes by.
 #[tokio::test]
 async fn flight_keys_share_one_slot_by_cluster_keyslot() {
@@ -280,14 +278,21 @@ async fn slot_migration_moved_is_followed() {
     for req in &reqs {
         let key = FlightKey::from_bytes(stage.clone(), req);
         let flight = FlightId::of(&key);
-        let gen = {
-            use flightdeck_distributed::Backend;
-            probe
+        let (stored, gen) = {
+            use flightdeck_distributed::backend::{Acquired, Backend};
+            let terms = conformance::terms(true);
+            let tok = flightdeck_distributed::OwnerToken::random();
+            let stored = match probe.acquire(&flight, &tok, &terms).await.unwrap() {
+                Acquired::Hit(r) => r.generation,
+                other => panic!("{req}: the result moved with its record: {other:?}"),
+            };
+            let gen = probe
                 .invalidate(&flight, Duration::from_secs(60))
                 .await
-                .unwrap()
+                .unwrap();
+            (stored, gen)
         };
-        assert!(gen >= 2, "the generation counter moved with the keys");
+        assert!(gen > stored, "{req}: generation {gen} after {stored}");
     }
     let evalsha_before = cluster.nodes()[to].command_calls("evalsha").unwrap();
     for t in burst("after") {
@@ -429,7 +434,7 @@ async fn slot_migration_ask_is_handled() {
     let (c, moving) = (cluster.clone(), [done[0].clone(), running[0].clone()]);
     let keys: Vec<String> = moving
         .iter()
-        .flat_map(|r| probe.keys(&flight(r))[..3].to_vec())
+        .map(|r| probe.keys(&flight(r))[0].clone())
         .collect();
     let migration = tokio::task::spawn_blocking(move || {
         let m = c.begin_migration(slot, to)?.expect("the slot moves");
@@ -440,10 +445,7 @@ async fn slot_migration_ask_is_handled() {
     .unwrap()
     .unwrap();
     let (migration, moved_early) = migration;
-    assert!(
-        moved_early >= 3,
-        "the two flights' keys moved: {moved_early}"
-    );
+    assert_eq!(moved_early, 2, "the two flights' records moved");
 
     // New requests for every flight while the slot is split.
     let during = spawn_requests(&nodes, &all, 2, deadline);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
-    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, KeyFn, PostcardCodec,
+    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, PostcardCodec,
 };
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::{conformance, RedisSentinel, RedisServer, Resp};
@@ -49,12 +49,12 @@ fn stack(b: RedisBackend, calls: &Calls) -> Svc {
             .call_timeout(Duration::from_millis(500)),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(|req: &String| {
+        |req: &String| {
             Some(FlightKey::from_bytes(
                 StageName::new("deploy").unwrap(),
                 req,
             ))
-        }),
+        },
     )
     .unwrap();
     BoxCloneService::new(layer.layer(service_fn(move |req: String| {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
-use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, KeyFn, PostcardCodec};
+use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, PostcardCodec};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::{Fault, FaultProxy, RedisServer};
 use tokio::time::{timeout, Instant};
@@ -54,9 +54,7 @@ async fn node(url: String, calls: &Calls) -> Svc {
             .call_timeout(Duration::from_millis(300)),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(|req: &String| {
-            Some(FlightKey::from_bytes(StageName::new("proxy").unwrap(), req))
-        }),
+        |req: &String| Some(FlightKey::from_bytes(StageName::new("proxy").unwrap(), req)),
     )
     .unwrap();
     BoxCloneService::new(layer.layer(service_fn(move |req: String| {

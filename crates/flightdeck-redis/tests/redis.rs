@@ -1,7 +1,7 @@
 //! The Redis backend and the L2 layer against real `redis-server` processes
 //! started by the testkit (each test its own server on a free port).
 //!
-//! Each test names the invariant of anchors-distributed.md §6 it checks.
+//! Each test names the invariant it checks.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -13,8 +13,8 @@ use flightdeck_core::error::{find, BoxError, ErrorClass, ProtocolError};
 use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck_distributed::backend::{Acquired, Backend, CommitArgs, Committed, LeaseTerms};
 use flightdeck_distributed::{
-    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, Envelope, FlightId, FlightRequest,
-    OwnerToken, PostcardCodec,
+    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, Envelope, FlightId, OwnerToken,
+    PostcardCodec,
 };
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::{conformance, Hooked, RedisServer, Resp};
@@ -90,7 +90,7 @@ async fn backend_at(url: String) -> RedisBackend {
 #[derive(Clone)]
 struct Keys(StageName);
 
-impl FlightRequest<String> for Keys {
+impl flightdeck_core::KeySource<String> for Keys {
     fn key(&self, req: &String) -> Option<FlightKey> {
         Some(FlightKey::from_bytes(self.0.clone(), req))
     }
@@ -160,7 +160,7 @@ async fn keys_share_a_slot_and_hide_the_input() {
     let Resp::Array(Some(stored)) = redis.cmd(&["KEYS", "*"]).unwrap() else {
         panic!("KEYS answers an array");
     };
-    assert_eq!(stored.len(), 2, "lease and state exist before a commit");
+    assert_eq!(stored.len(), 1, "one key per flight: its record");
     for k in stored {
         let k = k.as_str().unwrap().to_owned();
         assert!(names.contains(&k), "{k}");
@@ -227,11 +227,9 @@ async fn replay_is_one_script_call_and_command_counts() {
         .lease(Duration::from_secs(3))
         .heartbeat(Duration::from_secs(1))
         .call_timeout(Duration::from_millis(300));
-    let a = layer(backend(&redis).await, "counts", quiet.clone()).layer(work(
-        calls.clone(),
-        "v",
-        Duration::from_millis(300),
-    ));
+    let a = layer(backend(&redis).await, "counts", quiet.clone());
+    let a_flights = a.flights().clone();
+    let a = a.layer(work(calls.clone(), "v", Duration::from_millis(300)));
     let b = layer(backend(&redis).await, "counts", quiet).layer(work(
         calls.clone(),
         "v",
@@ -241,6 +239,8 @@ async fn replay_is_one_script_call_and_command_counts() {
     // Owner: ACQUIRE + COMMIT.
     redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     assert_eq!(a.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    // The commit goes on after the owner's callers got the value.
+    a_flights.idle().await;
     let owner = redis.command_calls("evalsha").unwrap();
 
     // Hit: one ACQUIRE that returns the payload.
@@ -255,6 +255,7 @@ async fn replay_is_one_script_call_and_command_counts() {
     redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     assert_eq!(b.clone().oneshot("y".into()).await.unwrap(), "v:y");
     owner_call.await.unwrap().unwrap();
+    a_flights.idle().await;
     let window_scripts = redis.command_calls("evalsha").unwrap();
     let window_subscribe = redis.command_calls("subscribe").unwrap();
     let window_get = redis.command_calls("get").unwrap() + redis.command_calls("hget").unwrap();
@@ -294,7 +295,9 @@ async fn stale_owner_is_fenced() {
             )
             .await
             .unwrap();
-            let svc = layer(b, "stale", policy()).layer(service_fn(move |req: String| {
+            let l2 = layer(b, "stale", policy());
+            let flights = l2.flights().clone();
+            let svc = l2.layer(service_fn(move |req: String| {
                 let tx = acquired_tx.clone();
                 async move {
                     let _ = tx.send(());
@@ -303,7 +306,10 @@ async fn stale_owner_is_fenced() {
                     Ok::<_, Infallible>(format!("stale:{req}"))
                 }
             }));
-            svc.oneshot("k".to_owned()).await.map_err(|e| e.to_string())
+            let answer = svc.oneshot("k".to_owned()).await.map_err(|e| e.to_string());
+            // The commit runs on this runtime, after the answer.
+            flights.idle().await;
+            answer
         })
     });
     acquired_rx.recv_timeout(Duration::from_secs(5)).unwrap();
@@ -344,7 +350,10 @@ async fn dead_owner_one_takeover_among_50() {
     let flight = flight_of("dead", "k");
     assert!(matches!(
         raw.acquire(&flight, &dead, &terms).await.unwrap(),
-        Acquired::Owner { generation: 1, .. }
+        Acquired::Owner {
+            takeover: false,
+            ..
+        }
     ));
     let calls = Arc::new(AtomicUsize::new(0));
     let nodes = [
@@ -438,7 +447,10 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
         state_ttl: slow_poll.state_ttl(),
         allow_takeover: true,
     };
-    raw.acquire(&flight, &tok, &terms).await.unwrap();
+    let Acquired::Owner { generation, .. } = raw.acquire(&flight, &tok, &terms).await.unwrap()
+    else {
+        panic!("a fresh flight is owned");
+    };
     let owner = Arc::new(Mutex::new(Some(tok)));
     let committer = raw.clone();
     let hooked = Hooked::new(backend(&redis).await).before_subscribe(move |flight| {
@@ -456,7 +468,10 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
                 inline_below: 1 << 20,
                 state_ttl: Duration::from_secs(60),
             };
-            let done = committer.commit(&flight, &tok, 1, &args).await.unwrap();
+            let done = committer
+                .commit(&flight, &tok, generation, &args)
+                .await
+                .unwrap();
             assert_eq!(done, Committed::Committed);
         }
     });
@@ -510,8 +525,11 @@ async fn script_flush_and_restart_are_transparent() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
-/// Issue 5 / invariant 14: a corrupt or foreign value at a result key is a
-/// protocol error, not a panic.
+/// Issue 5 / invariant 14: a corrupt or foreign value at a flight's
+/// record is a protocol error, not a panic, and nothing runs: a stored
+/// body the codec refuses (garbage, another envelope version), a status
+/// the scripts never write, a field that does not parse, a result without
+/// a generation, another type at the record's name.
 #[tokio::test]
 async fn corrupt_and_foreign_results_are_protocol_errors() {
     let redis = RedisServer::start().unwrap();
@@ -519,48 +537,51 @@ async fn corrupt_and_foreign_results_are_protocol_errors() {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer(b.clone(), "corrupt", policy()).layer(work(calls.clone(), "v", Duration::ZERO));
 
-    let result_key = |req: &str| b.keys(&flight_of("corrupt", req))[2].clone();
-    let cases: [(&str, Vec<&[u8]>); 4] = [
+    let record = |req: &str| b.keys(&flight_of("corrupt", req))[0].clone();
+    let hset = |fields: &[&'static [u8]]| [&[b"HSET" as &[u8], b""][..], fields].concat();
+    let cases: [(&str, Vec<&[u8]>); 6] = [
         (
             "garbage",
-            vec![
-                b"HSET",
-                b"",
-                b"gen",
+            hset(&[
+                b"g",
                 b"1",
-                b"tok",
+                b"t",
                 b"x",
-                b"st",
+                b"d",
+                b"0",
+                b"s",
                 b"ok",
-                b"body",
+                b"b",
                 b"\xff\x00garbage",
-            ],
+            ]),
         ),
         (
             "version",
-            vec![
-                b"HSET",
-                b"",
-                b"gen",
+            hset(&[
+                b"g",
                 b"1",
-                b"tok",
+                b"t",
                 b"x",
-                b"st",
+                b"d",
+                b"0",
+                b"s",
                 b"ok",
-                b"body",
+                b"b",
                 b"\x09\x01\x00abc",
-            ],
+            ]),
         ),
         (
             "status",
-            vec![
-                b"HSET", b"", b"gen", b"1", b"tok", b"x", b"st", b"maybe", b"body", b"x",
-            ],
+            hset(&[
+                b"g", b"1", b"t", b"x", b"d", b"0", b"s", b"maybe", b"b", b"x",
+            ]),
         ),
+        ("unreadable", hset(&[b"g", b"soon", b"t", b"x", b"d", b"0"])),
+        ("no-generation", hset(&[b"s", b"ok", b"b", b"x"])),
         ("wrongtype", vec![b"SET", b"", b"a plain string"]),
     ];
     for (req, mut cmd) in cases {
-        let key = result_key(req);
+        let key = record(req);
         cmd[1] = key.as_bytes();
         redis.cmd_bytes(&cmd).unwrap();
         let err = svc.clone().oneshot(req.to_owned()).await.unwrap_err();
@@ -568,7 +589,7 @@ async fn corrupt_and_foreign_results_are_protocol_errors() {
         assert_eq!(ErrorClass::of(&*err), ErrorClass::Unavailable);
     }
     assert_eq!(calls.load(Ordering::SeqCst), 0);
-    assert!(counter(metric::UNKNOWN_ACTION_TOTAL, "corrupt") >= 4);
+    assert!(counter(metric::UNKNOWN_ACTION_TOTAL, "corrupt") >= 6);
 }
 
 /// Issue 5 / invariant 7: the commit fails after execution (Redis frozen)
@@ -581,7 +602,9 @@ async fn commit_failure_still_returns_the_value() {
     let b = backend_at(url).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let (r, c) = (redis.clone(), calls.clone());
-    let l2 = layer(b, "commitfail", policy()).layer(service_fn(move |req: String| {
+    let l2 = layer(b, "commitfail", policy());
+    let flights = l2.flights().clone();
+    let l2 = l2.layer(service_fn(move |req: String| {
         let (r, c) = (r.clone(), c.clone());
         async move {
             c.fetch_add(1, Ordering::SeqCst);
@@ -617,6 +640,9 @@ async fn commit_failure_still_returns_the_value() {
         );
     }
     let took = started.elapsed();
+    // The commit's attempts go on in the background, Redis still frozen,
+    // until they give up.
+    flights.idle().await;
     redis.lock().unwrap().resume().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(counter(metric::RESULT_WRITE_FAILURE_TOTAL, "commitfail"), 1);
@@ -650,17 +676,17 @@ async fn ambiguous_acquire_retry_is_owner_same_generation() {
             }
         }
     };
-    assert_eq!(
-        retried,
-        Acquired::Owner {
-            generation: 1,
-            takeover: false
-        }
-    );
+    let Acquired::Owner {
+        generation,
+        takeover: false,
+    } = retried
+    else {
+        panic!("expected OWNER, got {retried:?}");
+    };
     let other = OwnerToken::random();
     assert!(matches!(
         b.acquire(&flight, &other, &terms).await.unwrap(),
-        Acquired::Follower { generation: 1, .. }
+        Acquired::Follower { generation: g, .. } if g == generation
     ));
 }
 
@@ -701,7 +727,7 @@ async fn subscriptions_are_shared_and_reference_counted() {
     let redis = RedisServer::start().unwrap();
     let b = backend(&redis).await;
     let flight = flight_of("subs", "k");
-    let channel = b.keys(&flight)[3].clone();
+    let channel = b.keys(&flight)[1].clone();
     let numsub = || match redis.cmd(&["PUBSUB", "NUMSUB", &channel]).unwrap() {
         Resp::Array(Some(v)) => match v[1] {
             Resp::Int(n) => n,

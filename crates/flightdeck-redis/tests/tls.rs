@@ -11,7 +11,7 @@ use std::time::Duration;
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
-    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, KeyFn, PostcardCodec,
+    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, PostcardCodec,
 };
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::{conformance, RedisServer};
@@ -115,9 +115,7 @@ async fn tls_with_a_certificate_made_by_the_test() {
                 .call_timeout(Duration::from_millis(500)),
             CloneShare::<String>::new(),
             PostcardCodec::<String>::new(),
-            KeyFn::new(|req: &String| {
-                Some(FlightKey::from_bytes(StageName::new("tls").unwrap(), req))
-            }),
+            |req: &String| Some(FlightKey::from_bytes(StageName::new("tls").unwrap(), req)),
         )
         .unwrap();
         nodes.push(layer.layer(service_fn(move |req: String| {

@@ -1,8 +1,8 @@
-//! The parts of a chaos run (issue 7) that do not depend on how the nodes
-//! run: a seeded fault schedule and its application to Redis and to the
-//! nodes' [`FaultProxy`]s, a keyed load with its outcomes, the executions
-//! and their duplicates by cause, and the printed and checked summary (the
-//! invariants of anchors-distributed.md §6).
+//! The parts of a chaos run that do not depend on how the nodes run: a
+//! seeded fault schedule and its application to Redis and to the nodes'
+//! [`FaultProxy`]s, a keyed load with its outcomes, the executions and
+//! their duplicates by cause, and the printed and checked summary (the
+//! invariants of `docs/guarantees.md`).
 //!
 //! Two suites use it: `flightdeck-redis/tests/chaos.rs` (N L1 + L2 stacks
 //! in one test process) and `flightdeck-testkit/tests/chaos_nodes.rs` (N
@@ -914,8 +914,9 @@ impl Summary<'_> {
     /// Prints the summary, then asserts the invariants: no hung request,
     /// no result for another key, some values, memory growth under 96 MiB
     /// per process; with `strict`, also no stale commit, at most one
-    /// committed result per (key, generation), no generation run twice at
-    /// once, no committed result re-run.
+    /// committed result per (key, generation), generations per flight
+    /// strictly increasing, no generation run twice at once, no committed
+    /// result re-run.
     /// `flight_of` maps a request key to its flight.
     pub fn print_and_check(&self, strict: bool, flight_of: impl Fn(&str) -> FlightId) {
         let j = self.journal;
@@ -923,6 +924,7 @@ impl Summary<'_> {
         let dups = duplicates(execs, j, flight_of);
         let stale = j.stale_commits();
         let per_gen = j.max_committed_per_generation();
+        let order = j.generation_order_violations();
         let out = &self.load.out;
         let hung = out.hung.load(Ordering::SeqCst);
         let wrong = out.wrong_key.load(Ordering::SeqCst);
@@ -947,6 +949,13 @@ impl Summary<'_> {
             println!("  {s}");
         }
         println!("committed results per (key, generation): at most {per_gen}");
+        println!(
+            "generations per flight not strictly increasing: {}",
+            order.len()
+        );
+        for o in order.iter().take(20) {
+            println!("  {o}");
+        }
         println!(
             "executions: {} for {} keys; grants {} (takeovers {}); commits {} committed, {} fenced, {} failed; heartbeats lost {}, failed {}",
             execs.len(),
@@ -1011,6 +1020,10 @@ impl Summary<'_> {
             assert!(
                 per_gen <= 1,
                 "at most one committed result per (key, generation)"
+            );
+            assert!(
+                order.is_empty(),
+                "generations per flight strictly increase across the run"
             );
             assert_eq!(dups.by_cause.get(SAME_GEN), None, "AOF keeps generations");
             assert_eq!(

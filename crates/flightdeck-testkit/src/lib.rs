@@ -31,7 +31,6 @@ pub mod chaos;
 pub mod cluster;
 pub mod conformance;
 pub mod hooked;
-pub mod memory;
 pub mod node;
 pub mod proxy;
 pub mod recorder;
@@ -39,8 +38,8 @@ pub mod redis;
 pub mod sentinel;
 
 pub use cluster::RedisCluster;
+pub use flightdeck_distributed::memory::{self, CallCounts, MemoryBackend};
 pub use hooked::Hooked;
-pub use memory::{CallCounts, MemoryBackend};
 pub use proxy::{Fault, FaultProxy, ProxyStats};
 pub use recorder::{Journal, Recorder};
 pub use redis::{RedisServer, RedisServerError, Resp};

@@ -2,12 +2,15 @@
 //! granted and accepted (grants with their generation, commits with their
 //! answer, lost heartbeats), and checks the invariants a chaos run must
 //! keep: no stale commit, at most one committed result per (flight,
-//! generation).
+//! generation), generations per flight strictly increasing across the
+//! whole run.
 //!
-//! Times are taken on the client: a grant when its reply arrived, a commit
-//! when it was sent. So "a commit of generation g sent after the reply that
-//! granted g' > g" means the server ran the commit after the grant, and it
-//! must have been fenced.
+//! Times are taken on the client: a grant when its request was sent and
+//! when its reply arrived, a commit when it was sent. So "a commit of
+//! generation g sent after the reply that granted g' > g" means the server
+//! ran the commit after the grant, and it must have been fenced. Likewise
+//! a grant sent after another grant's reply arrived ran later on the
+//! server, so its generation must be the larger one.
 //!
 //! A recorder can also write every event as a JSON line to an
 //! [`EventLog`] (flushed line by line, so a killed process loses nothing it
@@ -27,6 +30,7 @@
 //! let journal = backend.journal();
 //! assert!(journal.stale_commits().is_empty());
 //! assert!(journal.max_committed_per_generation() <= 1);
+//! assert!(journal.generation_order_violations().is_empty());
 //! # }
 //! ```
 
@@ -53,6 +57,10 @@ pub struct Grant {
     pub generation: u64,
     /// Whether it took over a dead owner's flight.
     pub takeover: bool,
+    /// The token it was granted to (empty in logs that lack it).
+    pub token: String,
+    /// When the ACQUIRE that got it was sent.
+    pub sent: Instant,
     /// When the reply arrived.
     pub at: Instant,
 }
@@ -132,6 +140,51 @@ impl Journal {
             .collect()
     }
 
+    /// Grants that break "generations per flight strictly increase across
+    /// the whole run" (each described in one line): a grant sent after
+    /// another grant's reply arrived (so it ran later on the server) with
+    /// a smaller generation, or the same generation for another token; and
+    /// one generation granted to two tokens, whatever the order. (A retry
+    /// of an ACQUIRE with the same token legitimately answers the same
+    /// generation.)
+    pub fn generation_order_violations(&self) -> Vec<String> {
+        let mut by_flight: HashMap<FlightId, Vec<&Grant>> = HashMap::new();
+        for g in &self.grants {
+            by_flight.entry(g.flight).or_default().push(g);
+        }
+        let mut out = Vec::new();
+        for (flight, grants) in by_flight {
+            for (i, a) in grants.iter().enumerate() {
+                for b in &grants[i + 1..] {
+                    let repeat = a.generation == b.generation && a.token != b.token;
+                    let (first, then) = if a.at < b.sent {
+                        (a, b)
+                    } else if b.at < a.sent {
+                        (b, a)
+                    } else {
+                        // Concurrent: only a repeat is a violation.
+                        if repeat {
+                            out.push(format!(
+                                "{flight:?}: generation {} granted to two tokens at once",
+                                a.generation
+                            ));
+                        }
+                        continue;
+                    };
+                    if then.generation < first.generation || repeat {
+                        out.push(format!(
+                            "{flight:?}: generation {} granted {:?} after generation {} was",
+                            then.generation,
+                            then.sent.saturating_duration_since(first.at),
+                            first.generation
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Grants that took over a dead owner's flight.
     pub fn takeovers(&self) -> usize {
         self.grants.iter().filter(|g| g.takeover).count()
@@ -169,12 +222,17 @@ impl Journal {
         let generation = || v["generation"].as_u64();
         let flight = || flight_of_hex(v["flight"].as_str()?);
         match v["event"].as_str()? {
-            "grant" => self.grants.push(Grant {
-                flight: flight()?,
-                generation: generation()?,
-                takeover: v["takeover"].as_bool()?,
-                at: clock.instant(v["at_us"].as_u64()?),
-            }),
+            "grant" => {
+                let at = v["at_us"].as_u64()?;
+                self.grants.push(Grant {
+                    flight: flight()?,
+                    generation: generation()?,
+                    takeover: v["takeover"].as_bool()?,
+                    token: v["token"].as_str().unwrap_or_default().to_owned(),
+                    sent: clock.instant(v["sent_us"].as_u64().unwrap_or(at)),
+                    at: clock.instant(at),
+                });
+            }
             "commit" => self.commits.push(CommitRecord {
                 flight: flight()?,
                 generation: generation()?,
@@ -379,6 +437,7 @@ impl<B: Backend> Backend for Recorder<B> {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
+            let (sent, sent_us) = (Instant::now(), wall_us());
             let answer = self.inner.acquire(flight, token, terms).await?;
             if let Acquired::Owner {
                 generation,
@@ -387,12 +446,15 @@ impl<B: Backend> Backend for Recorder<B> {
             {
                 self.log(|| {
                     json!({"event": "grant", "flight": flight.to_hex(), "generation": generation,
-                        "takeover": takeover, "at_us": wall_us()})
+                        "takeover": takeover, "token": token.as_str(), "sent_us": sent_us,
+                        "at_us": wall_us()})
                 });
                 self.lock().grants.push(Grant {
                     flight: *flight,
                     generation,
                     takeover,
+                    token: token.as_str().to_owned(),
+                    sent,
                     at: Instant::now(),
                 });
             }
@@ -454,5 +516,5 @@ impl<B: Backend> Backend for Recorder<B> {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => abandon, invalidate, subscribe);
+    flightdeck_distributed::forward_backend!(inner => abandon, invalidate, subscribe, release);
 }

@@ -1,4 +1,4 @@
-//! The journal lines node processes write (issue 7): what a `Recorder`
+//! The journal lines node processes write: what a `Recorder`
 //! logs reads back as the journal it kept, executions of a killed process
 //! end at the kill, and a duplicate names the run it replaced.
 
@@ -59,6 +59,62 @@ async fn the_logged_journal_reads_back_as_recorded() {
         read.max_committed_per_generation(),
         kept.max_committed_per_generation()
     );
+    let tokens = |j: &Journal| j.grants.iter().map(|g| g.token.clone()).collect::<Vec<_>>();
+    assert_eq!(tokens(&read), tokens(&kept), "tokens are logged");
+    assert!(read.grants.iter().all(|g| g.sent <= g.at));
+    assert!(read.generation_order_violations().is_empty());
+}
+
+/// "Generations per flight strictly increase across the whole run": a
+/// grant sent after another's reply must have the larger generation; one
+/// generation for two tokens is a violation whatever the order; a retry
+/// with the same token, and grants in flight at once, are not. And the
+/// conformance suite's grants through a recorder keep the rule.
+#[tokio::test(start_paused = true)]
+async fn generations_must_increase_across_the_run() {
+    use flightdeck_testkit::recorder::Grant;
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    let f = flight_of("k");
+    let grant = |generation: u64, token: &str, sent: u64, at: u64| Grant {
+        flight: f,
+        generation,
+        takeover: false,
+        token: token.to_owned(),
+        sent: ms(sent),
+        at: ms(at),
+    };
+    let journal = |grants: Vec<Grant>| Journal {
+        grants,
+        ..Journal::default()
+    };
+    let ok = journal(vec![
+        grant(5, "a", 0, 1),
+        grant(5, "a", 2, 3),
+        grant(9, "b", 4, 5),
+        // In flight at once with the next one (sent before its reply).
+        grant(20, "c", 6, 9),
+        grant(12, "d", 7, 8),
+        Grant {
+            flight: flight_of("another"),
+            ..grant(7, "e", 0, 1)
+        },
+    ]);
+    assert_eq!(ok.generation_order_violations(), Vec::<String>::new());
+    let back = journal(vec![grant(5, "a", 0, 1), grant(4, "b", 2, 3)]);
+    assert_eq!(back.generation_order_violations().len(), 1);
+    let repeat = journal(vec![grant(5, "a", 0, 1), grant(5, "b", 2, 3)]);
+    assert_eq!(repeat.generation_order_violations().len(), 1);
+    let twice = journal(vec![grant(5, "a", 0, 3), grant(5, "b", 1, 2)]);
+    assert_eq!(twice.generation_order_violations().len(), 1);
+
+    let backend = Recorder::new(MemoryBackend::new());
+    conformance::run_all(std::sync::Arc::new(backend.clone())).await;
+    let j = backend.journal();
+    assert!(j.grants.len() > 30, "{} grants", j.grants.len());
+    assert_eq!(j.generation_order_violations(), Vec::<String>::new());
+    assert!(j.stale_commits().is_empty());
+    assert!(j.max_committed_per_generation() <= 1);
 }
 
 #[tokio::test]

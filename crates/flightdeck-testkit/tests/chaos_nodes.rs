@@ -1,4 +1,4 @@
-//! The chaos suite over real node processes (issue 7): N `flightdeck-node`
+//! The chaos suite over real node processes: N `flightdeck-node`
 //! processes (L1 + L2 over one Redis, each its own OS process, fred clients
 //! and [`FaultProxy`], so a partition cuts off one node), driven over HTTP
 //! with K keys per window for T seconds, under the seeded schedule of

@@ -12,7 +12,9 @@
 //! - **selected headers**, by default `Accept`, `Accept-Encoding` and
 //!   `Accept-Language`: every value, in order, as raw bytes (a non-UTF-8
 //!   value is hashed as it is, never replaced or dropped; an absent header
-//!   differs from an empty one);
+//!   differs from an empty one). This is the form in which
+//!   `flightdeck_core::http` compares the headers a response's `Vary`
+//!   names (`push_header_values`), so the key and `Vary` never disagree;
 //! - `Content-Type` and `Content-Encoding`, always (they say what the body
 //!   means);
 //! - **body**, when body hashing is enabled for the request: read up to the
@@ -20,8 +22,13 @@
 //!   not hashed is not coalesced (two requests that differ only in unhashed
 //!   bytes must not share); over the cap, it is not coalesced and the body
 //!   reaches the handler intact;
-//! - **tenant scope**, see [`Scope`]: by default a hash of `Authorization`
-//!   and `Cookie`, so different users never share.
+//! - **tenant scope**, see [`Scope`]: by default a hash of the credential
+//!   headers (`Authorization`, `Proxy-Authorization`, `Cookie`,
+//!   `X-Api-Key`; [`HttpKeyBuilder::credential_header`] adds more), so
+//!   different users never share. Set a
+//!   [`scope_secret`](HttpKeyBuilder::scope_secret): without one the scope
+//!   digests in Redis key names can be checked offline against guessed
+//!   credentials, and `build()` warns.
 //!
 //! Only `GET` and `HEAD` are coalesced by default. Other methods are
 //! coalesced through an explicit route rule, or when they carry an
@@ -82,29 +89,32 @@ pub(crate) mod body;
 mod idempotency;
 mod query;
 mod route;
-mod scope;
+pub(crate) mod scope;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use flightdeck_core::http::push_header_values;
 use flightdeck_core::{BoxError, KeyEncoder, StageName};
 use http::header::{
-    GetAll, ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, CONTENT_ENCODING, CONTENT_TYPE, HOST,
+    ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, CONTENT_ENCODING, CONTENT_TYPE, HOST,
 };
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Method, Request};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
 use http_body::Body;
 
 pub use self::body::KeyFuture;
 pub(crate) use self::scope::ScopeConfig;
-pub use self::scope::{Scope, ScopeId};
+pub use self::scope::{
+    Scope, ScopeId, DEFAULT_CREDENTIAL_HEADERS, SCOPE_ENCODING_VERSION, X_API_KEY,
+};
 
 use self::body::Plan;
 use self::idempotency::IdempotencyTable;
 use self::route::Pattern;
-use crate::error::ConfigError;
+use crate::error::KeyConfigError;
 use crate::extract::{Extraction, KeyExtractor, Reason};
 
 pub use flightdeck_core::http::FlightBody;
@@ -143,6 +153,7 @@ struct Config {
     idempotency_body_cap: usize,
     idempotency: Arc<IdempotencyTable>,
     scope: ScopeConfig,
+    authority: bool,
 }
 
 struct RouteRule {
@@ -156,6 +167,26 @@ impl HttpKeyExtractor {
     /// Starts a configuration.
     pub fn builder() -> HttpKeyBuilder {
         HttpKeyBuilder::new()
+    }
+}
+
+impl crate::NamedStages for HttpKeyExtractor {
+    fn stages(&self) -> Vec<StageName> {
+        let c = &*self.config;
+        let mut stages: Vec<StageName> = c
+            .routes
+            .iter()
+            .map(|r| r.stage.clone())
+            .chain(
+                c.stage_header
+                    .iter()
+                    .flat_map(|(_, allowed)| allowed.iter().cloned()),
+            )
+            .chain(c.default_stage.iter().cloned())
+            .collect();
+        stages.sort();
+        stages.dedup();
+        stages
     }
 }
 
@@ -181,6 +212,7 @@ pub struct Route {
     pattern: String,
     stage: String,
     body_cap: Option<usize>,
+    without_body: bool,
 }
 
 impl Route {
@@ -192,6 +224,7 @@ impl Route {
             pattern: pattern.into(),
             stage: stage.into(),
             body_cap: None,
+            without_body: false,
         }
     }
 
@@ -200,6 +233,29 @@ impl Route {
         self.body_cap = Some(cap);
         self
     }
+
+    /// Says that this route's requests carry no body, so that a rule for a
+    /// method that usually has one (POST, PUT, PATCH) builds without body
+    /// hashing. Requests without a body are coalesced; one that does carry
+    /// a body is still not (it reaches the handler on its own), since
+    /// requests that differ only in unhashed bytes must never share.
+    ///
+    /// Without this, or [`hash_body`](Self::hash_body), or the builder's
+    /// [`hash_bodies`](HttpKeyBuilder::hash_bodies), such a rule is a build
+    /// error: it would coalesce nothing, silently.
+    pub fn coalesce_without_body(mut self) -> Self {
+        self.without_body = true;
+        self
+    }
+}
+
+/// Methods whose requests usually carry a body: a route rule for one must
+/// say what happens to it.
+fn carries_body(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::TRACE
+    )
 }
 
 /// Configuration of an [`HttpKeyExtractor`].
@@ -215,6 +271,7 @@ pub struct HttpKeyBuilder {
     idempotency_window: Duration,
     idempotency_capacity: usize,
     scope: ScopeConfig,
+    authority: bool,
 }
 
 impl HttpKeyBuilder {
@@ -233,6 +290,7 @@ impl HttpKeyBuilder {
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_capacity: DEFAULT_IDEMPOTENCY_CAPACITY,
             scope: ScopeConfig::default(),
+            authority: true,
         }
     }
 
@@ -290,6 +348,16 @@ impl HttpKeyBuilder {
         self
     }
 
+    /// Leaves the authority (URI authority or `Host`) out of the key, for a
+    /// service reached under several names (`api.internal`, a node's own
+    /// address, a load balancer's): requests that differ only in the name
+    /// they used then share. Keep the default when one deployment serves
+    /// several sites whose responses differ by host.
+    pub fn ignore_authority(mut self) -> Self {
+        self.authority = false;
+        self
+    }
+
     /// Removes every header from the key, including the default ones.
     pub fn clear_headers(mut self) -> Self {
         self.headers.clear();
@@ -332,21 +400,47 @@ impl HttpKeyBuilder {
     scope_setters!();
 
     /// Validates the configuration.
-    pub fn build(self) -> Result<HttpKeyExtractor, ConfigError> {
-        self.scope.scope.validate()?;
+    ///
+    /// A route rule for a method that usually carries a body (POST, PUT,
+    /// PATCH, ...) must hash it ([`Route::hash_body`] or
+    /// [`hash_bodies`](Self::hash_bodies)) or say it has none
+    /// ([`Route::coalesce_without_body`]): otherwise no request with a body
+    /// would ever coalesce, and nothing would say so.
+    pub fn build(self) -> Result<HttpKeyExtractor, KeyConfigError> {
+        let scope = self.scope.build()?;
+        let body_cap = self.body_cap;
         let routes = self
             .routes
             .into_iter()
             .map(|r| {
+                if carries_body(&r.method) && r.body_cap.or(body_cap).is_none() && !r.without_body {
+                    return Err(KeyConfigError::new(
+                        "route",
+                        &format!("{} {}", r.method, r.pattern),
+                        format_args!(
+                            "(stage {}) does not hash the body, so requests with one would \
+                             never coalesce; add .hash_body(cap), or \
+                             .coalesce_without_body() if its requests carry none",
+                            r.stage
+                        ),
+                    ));
+                }
+                if r.body_cap == Some(0) {
+                    return Err(KeyConfigError::new(
+                        "route",
+                        &format!("{} {}", r.method, r.pattern),
+                        "hash_body(0) hashes nothing; give the largest body to hash",
+                    ));
+                }
                 Ok(RouteRule {
                     pattern: Pattern::parse(&r.pattern)
-                        .map_err(|e| ConfigError::new("route pattern", &r.pattern, e))?,
+                        .map_err(|e| KeyConfigError::new("route pattern", &r.pattern, e))?,
                     stage: stage(&r.stage)?,
                     method: r.method,
                     body_cap: r.body_cap,
                 })
             })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
+            .collect::<Result<Vec<_>, KeyConfigError>>()?;
         let stage_header = match self.stage_header {
             Some((name, allowed)) => Some((
                 header_name(&name)?,
@@ -373,38 +467,33 @@ impl HttpKeyBuilder {
                     .collect(),
                 headers,
                 body_cap: self.body_cap,
+                authority: self.authority,
                 idempotency_body_cap: self.idempotency_body_cap,
                 idempotency: Arc::new(IdempotencyTable::new(
                     self.idempotency_window,
                     self.idempotency_capacity,
                 )),
-                scope: self.scope,
+                scope,
             }),
         })
     }
 }
 
-fn stage(name: &str) -> Result<StageName, ConfigError> {
-    StageName::new(name).map_err(|e| ConfigError::new("stage", name, e))
+fn stage(name: &str) -> Result<StageName, KeyConfigError> {
+    StageName::new(name).map_err(|e| KeyConfigError::new("stage", name, e))
 }
 
-fn header_name(name: &str) -> Result<HeaderName, ConfigError> {
-    HeaderName::from_bytes(name.as_bytes()).map_err(|e| ConfigError::new("header name", name, e))
+fn header_name(name: &str) -> Result<HeaderName, KeyConfigError> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|e| KeyConfigError::new("header name", name, e))
 }
 
-/// Writes every value of a header: the count, then each value's raw bytes.
-pub(crate) fn write_values(enc: &mut KeyEncoder, values: GetAll<'_, HeaderValue>) {
-    enc.push(&(values.iter().count() as u64).to_le_bytes());
-    for v in values.iter() {
-        enc.push(v.as_bytes());
-    }
-}
-
-/// Writes each selected header: name, count, values.
-pub(crate) fn write_headers(enc: &mut KeyEncoder, parts: &Parts, names: &[HeaderName]) {
+/// Writes each selected header: name, then its values the way flightdeck
+/// compares header values everywhere, `Vary` included
+/// ([`push_header_values`]: count, then each value).
+pub(crate) fn write_headers(enc: &mut KeyEncoder, headers: &HeaderMap, names: &[HeaderName]) {
     for name in names {
         enc.push(name.as_str().as_bytes());
-        write_values(enc, parts.headers.get_all(name));
+        push_header_values(enc, headers, name);
     }
 }
 
@@ -466,12 +555,12 @@ impl Config {
 
         let mut enc = KeyEncoder::with_domain(b"flightdeck-key/http/1");
         enc.push(method.as_str().as_bytes());
-        write_authority(&mut enc, parts);
+        self.write_authority(&mut enc, parts);
         enc.push(path.as_bytes());
         query::write_query(&mut enc, parts.uri.query(), &self.ignore_query);
         // How the body is to be read is part of what it means.
-        write_headers(&mut enc, parts, &BODY_HEADERS);
-        write_headers(&mut enc, parts, &self.headers);
+        write_headers(&mut enc, &parts.headers, &BODY_HEADERS);
+        write_headers(&mut enc, &parts.headers, &self.headers);
         let idempotency = match idem {
             Some(key) => {
                 enc.push(b"idempotency-key");
@@ -480,7 +569,7 @@ impl Config {
                 slot.push(stage.as_str().as_bytes());
                 slot.push(scope.as_ref().map_or(&[][..], |d| d.as_bytes()));
                 slot.push(method.as_str().as_bytes());
-                write_authority(&mut slot, parts);
+                self.write_authority(&mut slot, parts);
                 slot.push(path.as_bytes());
                 slot.push(key);
                 Some((Arc::clone(&self.idempotency), slot.finish()))
@@ -501,6 +590,16 @@ impl Config {
             cap,
             idempotency,
         })
+    }
+
+    /// The authority, unless the builder left it out (then a fixed marker:
+    /// such keys never equal keys that include one).
+    fn write_authority(&self, enc: &mut KeyEncoder, parts: &Parts) {
+        if self.authority {
+            write_authority(enc, parts);
+        } else {
+            enc.push(b"*");
+        }
     }
 
     fn header_stage(&self, parts: &Parts) -> Result<Option<StageName>, Reason> {

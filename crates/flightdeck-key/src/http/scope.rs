@@ -5,27 +5,58 @@ use std::fmt;
 use std::sync::Arc;
 
 use flightdeck_core::{Digest, KeyEncoder};
-use http::header::{AUTHORIZATION, COOKIE};
+use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::request::Parts;
 use http::HeaderName;
 
-use crate::error::ConfigError;
+use crate::error::KeyConfigError;
 use crate::extract::Reason;
 
 type ScopeWriter = dyn Fn(&Parts, &mut KeyEncoder) -> bool + Send + Sync;
 
+/// Version of the scope digest's encoding, hashed into every scope digest
+/// so digests of different encodings never collide.
+///
+/// 2: the credentials are a configurable list of headers (by default
+/// [`DEFAULT_CREDENTIAL_HEADERS`]), each hashed with its name, and a scope
+/// secret keys the digest (BLAKE3 keyed mode). Version 1 hashed only
+/// `Authorization` and `Cookie`, and mixed the secret in as a field.
+pub const SCOPE_ENCODING_VERSION: u8 = 2;
+
+/// The `X-Api-Key` header.
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The headers [`Scope::credentials`] reads by default: the ones gateways
+/// and clients commonly authenticate with (gRPC's `authorization` metadata
+/// is the `authorization` header).
+pub static DEFAULT_CREDENTIAL_HEADERS: [HeaderName; 4] =
+    [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE, X_API_KEY];
+
 /// Where the tenant scope of a request comes from. Requests with different
 /// scopes never share a result, whatever else they have in common.
 ///
-/// The default, [`Scope::credentials`], is secure: a request carrying
-/// `Authorization` or `Cookie` is scoped by a hash of those credentials, so
-/// two users never share; requests without credentials share with each
-/// other. A configured rule ([`Scope::header`], [`Scope::extension`],
-/// [`Scope::from_fn`]) replaces that default; a request for which the rule
-/// finds no scope is then **not coalesced** (it might be a request the auth
-/// middleware failed to mark).
+/// The default, [`Scope::credentials`], is secure: a request carrying any
+/// credential header (`Authorization`, `Proxy-Authorization`, `Cookie`,
+/// `X-Api-Key`; the list is configurable) is scoped by a hash of those
+/// headers, so two users never share; requests without credentials share
+/// with each other. A configured rule ([`Scope::header`],
+/// [`Scope::extension`], [`Scope::from_fn`]) replaces that default; a
+/// request for which the rule finds no scope is then **not coalesced** (it
+/// might be a request the auth middleware failed to mark).
 ///
 /// Only the digest of the scope is kept, never the raw value.
+///
+/// # Why a scope secret matters
+///
+/// The scope digest ends up in Redis key names. Without a secret it is the
+/// same function of the credentials in every deployment, so anyone who can
+/// list those names (a Redis user, a backup, a log) can take a guess at a
+/// low-entropy credential (a Basic-auth password, a short API key), hash it
+/// the same way, and check the guess offline, as often as they like. With
+/// a secret (the builders' `scope_secret`, the same on every node), the
+/// digest is BLAKE3's keyed hash under a key derived from that secret:
+/// without the secret a guess cannot be checked. Building an extractor
+/// without one logs a warning.
 #[derive(Clone)]
 pub struct Scope {
     kind: Kind,
@@ -33,19 +64,100 @@ pub struct Scope {
 
 #[derive(Clone)]
 enum Kind {
-    Credentials,
+    /// The credential headers, sorted and without duplicates.
+    Credentials(Vec<HeaderName>),
     Shared,
     Header(HeaderName),
     Rule(Arc<ScopeWriter>),
-    Invalid(ConfigError),
+    Invalid(KeyConfigError),
 }
 
 impl Scope {
-    /// The default: a hash of `Authorization` and `Cookie` when the request
-    /// carries either, otherwise no scope.
+    /// The default: a hash of the credential headers
+    /// ([`DEFAULT_CREDENTIAL_HEADERS`]) when the request carries any of
+    /// them, otherwise no scope.
     pub fn credentials() -> Self {
+        Self::credential_list(DEFAULT_CREDENTIAL_HEADERS.to_vec())
+    }
+
+    fn credential_list(mut names: Vec<HeaderName>) -> Self {
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
         Self {
-            kind: Kind::Credentials,
+            kind: Kind::Credentials(names),
+        }
+    }
+
+    /// Credentials read from exactly these headers instead of the default
+    /// list (names are case-insensitive).
+    pub fn credential_headers<I, S>(names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut list = Vec::new();
+        for name in names {
+            match credential_name(name.as_ref()) {
+                Ok(h) => list.push(h),
+                Err(e) => return Self::invalid(e),
+            }
+        }
+        Self::credential_list(list)
+    }
+
+    /// The credentials plus one more header (e.g. `x-session-token`).
+    /// Only for [`Scope::credentials`]; on another scope, building the
+    /// extractor fails.
+    pub fn with_credential_header(self, name: impl AsRef<str>) -> Self {
+        self.edit_credentials(name.as_ref(), |list, h| list.push(h))
+    }
+
+    /// The credentials without one header (e.g. `cookie`, when cookies
+    /// carry nothing about who the user is). Only for
+    /// [`Scope::credentials`]; on another scope, building the extractor
+    /// fails.
+    ///
+    /// # Warning
+    ///
+    /// Requests that differ only in that header share results.
+    pub fn without_credential_header(self, name: impl AsRef<str>) -> Self {
+        self.edit_credentials(name.as_ref(), |list, h| list.retain(|n| *n != h))
+    }
+
+    fn edit_credentials(
+        self,
+        name: &str,
+        edit: impl FnOnce(&mut Vec<HeaderName>, HeaderName),
+    ) -> Self {
+        match self.kind {
+            Kind::Credentials(mut list) => match credential_name(name) {
+                Ok(h) => {
+                    edit(&mut list, h);
+                    Self::credential_list(list)
+                }
+                Err(e) => Self::invalid(e),
+            },
+            invalid @ Kind::Invalid(_) => Self { kind: invalid },
+            _ => Self::invalid(KeyConfigError::new(
+                "credential header",
+                name,
+                "credential headers apply to Scope::credentials() only, \
+                 and another scope rule is configured",
+            )),
+        }
+    }
+
+    fn invalid(e: KeyConfigError) -> Self {
+        Self {
+            kind: Kind::Invalid(e),
+        }
+    }
+
+    /// The credential headers, sorted, when this is a credentials scope.
+    pub fn credential_header_names(&self) -> Option<&[HeaderName]> {
+        match &self.kind {
+            Kind::Credentials(list) => Some(list),
+            _ => None,
         }
     }
 
@@ -58,7 +170,7 @@ impl Scope {
         let name = name.as_ref();
         let kind = match HeaderName::from_bytes(name.as_bytes()) {
             Ok(h) => Kind::Header(h),
-            Err(e) => Kind::Invalid(ConfigError::new("scope header name", name, e)),
+            Err(e) => Kind::Invalid(KeyConfigError::new("scope header name", name, e)),
         };
         Self { kind }
     }
@@ -110,66 +222,145 @@ impl Scope {
         Self { kind: Kind::Shared }
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), KeyConfigError> {
         match &self.kind {
             Kind::Invalid(e) => Err(e.clone()),
+            Kind::Credentials(list) if list.is_empty() => Err(KeyConfigError::new(
+                "credential headers",
+                "",
+                "the list is empty, so no request would be scoped by who sent it; \
+                 say shared_across_users() if every user may share every result",
+            )),
             _ => Ok(()),
         }
     }
 
-    /// The scope digest: `Ok(None)` = no scope, `Err(())` = a rule is
-    /// configured and found nothing.
-    pub(crate) fn compute(&self, parts: &Parts, secret: &[u8]) -> Result<Option<Digest>, ()> {
-        let mut enc = KeyEncoder::with_domain(b"flightdeck-key/scope/1");
-        enc.push(secret);
+    /// The scope digest, unkeyed: `Ok(None)` = no scope, `Err(())` = a rule
+    /// is configured and found nothing.
+    fn compute(&self, parts: &Parts) -> Result<Option<Digest>, ()> {
+        let mut enc = KeyEncoder::with_domain(b"flightdeck-key/scope");
+        enc.push(&[SCOPE_ENCODING_VERSION]);
         match &self.kind {
-            Kind::Shared | Kind::Invalid(_) => Ok(None),
-            Kind::Credentials => {
-                let auth = parts.headers.get_all(AUTHORIZATION);
-                let cookie = parts.headers.get_all(COOKIE);
-                if auth.iter().next().is_none() && cookie.iter().next().is_none() {
+            Kind::Shared | Kind::Invalid(_) => return Ok(None),
+            Kind::Credentials(names) => {
+                if !names.iter().any(|n| parts.headers.contains_key(n)) {
                     return Ok(None);
                 }
                 enc.push(b"credentials");
-                super::write_values(&mut enc, auth);
-                super::write_values(&mut enc, cookie);
-                Ok(Some(enc.finish()))
+                super::write_headers(&mut enc, &parts.headers, names);
             }
             Kind::Header(name) => {
-                let values = parts.headers.get_all(name);
-                if values.iter().next().is_none() {
+                if !parts.headers.contains_key(name) {
                     return Err(());
                 }
                 enc.push(b"rule");
-                super::write_values(&mut enc, values);
-                Ok(Some(enc.finish()))
+                flightdeck_core::http::push_header_values(&mut enc, &parts.headers, name);
             }
             Kind::Rule(writer) => {
                 enc.push(b"rule");
-                if writer(parts, &mut enc) {
-                    Ok(Some(enc.finish()))
-                } else {
-                    Err(())
+                if !writer(parts, &mut enc) {
+                    return Err(());
                 }
             }
+        }
+        Ok(Some(enc.finish()))
+    }
+}
+
+fn credential_name(name: &str) -> Result<HeaderName, KeyConfigError> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|e| KeyConfigError::new("credential header", name, e))
+}
+
+/// The key that makes scope digests keyed, derived from the deployment's
+/// scope secret.
+#[derive(Clone, Default)]
+pub(crate) enum Secret {
+    /// None configured: digests are unkeyed (and building warns).
+    #[default]
+    None,
+    /// `scope_secret("")`: a mistake (an unset variable?), refused.
+    Empty,
+    Key([u8; 32]),
+}
+
+impl Secret {
+    /// Derives the key (BLAKE3's key derivation, with a context string of
+    /// its own, so the secret is never used as a key directly).
+    pub(crate) fn new(secret: &[u8]) -> Self {
+        if secret.is_empty() {
+            Self::Empty
+        } else {
+            Self::Key(blake3::derive_key(
+                "flightdeck-key 2 tenant scope digest key",
+                secret,
+            ))
         }
     }
 }
 
-/// A scope rule and the deployment secret mixed into its digests.
+/// Never shows the secret.
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::None => "None",
+            Self::Empty => "Empty",
+            Self::Key(_) => "Key(..)",
+        })
+    }
+}
+
+/// A scope rule, the deployment secret that keys its digests, and the
+/// builder's edits of the credential list (applied when building, so they
+/// do not depend on the order of the builder's calls).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ScopeConfig {
     pub(crate) scope: Scope,
-    pub(crate) secret: Vec<u8>,
+    pub(crate) secret: Secret,
+    pub(crate) add: Vec<String>,
+    pub(crate) remove: Vec<String>,
 }
 
 impl ScopeConfig {
+    /// Applies the credential edits and validates; warns once when scope
+    /// digests will be unkeyed.
+    pub(crate) fn build(mut self) -> Result<Self, KeyConfigError> {
+        for name in self.add.drain(..) {
+            self.scope = self.scope.with_credential_header(name);
+        }
+        for name in self.remove.drain(..) {
+            self.scope = self.scope.without_credential_header(name);
+        }
+        self.scope.validate()?;
+        match self.secret {
+            Secret::Empty => {
+                return Err(KeyConfigError::new(
+                    "scope secret",
+                    "",
+                    "is empty; give every node the same random secret (32 bytes or more)",
+                ))
+            }
+            Secret::None if !matches!(self.scope.kind, Kind::Shared) => tracing::warn!(
+                scope = ?self.scope,
+                "tenant scope digests are unkeyed: without a scope secret, whoever can read \
+                 the Redis key names can check guessed credentials against them offline; \
+                 set scope_secret(..) to the same random secret on every node"
+            ),
+            _ => {}
+        }
+        Ok(self)
+    }
+
     /// The scope of a request, or the reason it has none although a rule
     /// asks for one.
     pub(crate) fn of(&self, parts: &Parts) -> Result<Option<Digest>, Reason> {
-        self.scope
-            .compute(parts, &self.secret)
-            .map_err(|()| Reason::NoScope)
+        let digest = self.scope.compute(parts).map_err(|()| Reason::NoScope)?;
+        Ok(match (&self.secret, digest) {
+            (Secret::Key(key), Some(d)) => Some(Digest::from_bytes(
+                *blake3::keyed_hash(key, d.as_bytes()).as_bytes(),
+            )),
+            (_, d) => d,
+        })
     }
 }
 
@@ -182,7 +373,7 @@ impl Default for Scope {
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Credentials => f.write_str("Scope::Credentials"),
+            Kind::Credentials(list) => f.debug_tuple("Scope::Credentials").field(list).finish(),
             Kind::Shared => f.write_str("Scope::SharedAcrossUsers"),
             Kind::Header(h) => f.debug_tuple("Scope::Header").field(h).finish(),
             Kind::Rule(_) => f.write_str("Scope::Rule"),

@@ -100,5 +100,18 @@ impl Body for FrameBody {
     }
 }
 
+/// A unary call of the health-check method with these metadata.
+pub fn grpc_call(metadata: &[(&str, &str)]) -> http::Request<http_body_util::Full<Bytes>> {
+    let mut b = http::Request::post("/grpc.health.v1.Health/Check")
+        .header("content-type", "application/grpc");
+    for (k, v) in metadata {
+        b = b.header(*k, *v);
+    }
+    b.body(http_body_util::Full::new(Bytes::from_static(
+        b"\0\0\0\0\x02\x0a\x00",
+    )))
+    .unwrap()
+}
+
 /// Never fails; for `service_fn` error types.
 pub type Never = Infallible;

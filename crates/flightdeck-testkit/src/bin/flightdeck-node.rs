@@ -29,7 +29,7 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
-    DistributedFlightLayer, DistributedPolicy, FencingToken, KeyFn, PostcardCodec,
+    DistributedFlightLayer, DistributedPolicy, FencingToken, PostcardCodec,
 };
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
@@ -150,8 +150,9 @@ async fn main() -> Result<(), BoxError> {
         policy,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        KeyFn::new(key_of).with_fence(|req: &mut Req, token: FencingToken| req.fence = Some(token)),
-    )?;
+        key_of,
+    )
+    .map(|l| l.fence(|req: &mut Req, token: FencingToken| req.fence = Some(token)))?;
     let local = if args.chaos {
         FlightPolicy::new().wait_timeout(Some(chaos::LOCAL_WAIT_TIMEOUT))
     } else {

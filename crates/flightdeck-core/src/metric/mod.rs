@@ -1,4 +1,4 @@
-//! Metric names, as in the design articles (seed 000 §15, seed 002 §12).
+//! Metric names, in one place, and how layers hold their handles.
 //!
 //! Every metric carries a `stage` label (breaker metrics: `breaker`).
 //! Recorded through the [`metrics`](https://docs.rs/metrics) facade: install
@@ -32,8 +32,10 @@ pub const ACTIVE_FLIGHTS: &str = "singleflight_active_flights";
 /// Histogram (seconds): how long waiters waited for a shared result (L1:
 /// from joining until the result was handed to them).
 pub const WAIT_DURATION: &str = "singleflight_wait_duration";
-/// Histogram (seconds): how long the one execution took (L1: from the
-/// work's first poll until it ended).
+/// Histogram (seconds): how long each real execution of the inner service
+/// took, one sample per execution (the facade and the L2 layer time the
+/// inner call; the L1 layer alone times its work from its first poll until
+/// it ended).
 pub const EXECUTION_DURATION: &str = "singleflight_execution_duration";
 /// Counter: L2 acquisitions that made this node the owner of a flight.
 pub const OWNER_TOTAL: &str = "singleflight_owner_total";
@@ -56,6 +58,11 @@ pub const UNKNOWN_ACTION_TOTAL: &str = "singleflight_unknown_action_total";
 /// Counter: coordination calls that failed (`kind` = `unavailable` |
 /// `outcome_unknown` | `protocol`, `op` = the call).
 pub const COORDINATION_ERROR_TOTAL: &str = "singleflight_coordination_error_total";
+/// Counter: tokens this node gave up on while they may have held a lease
+/// (an acquire whose outcome is unknown, a flight abandoned mid-acquire),
+/// released in the background (`result` = `released` | `not_owner` |
+/// `dropped`).
+pub const ORPHAN_RELEASE_TOTAL: &str = "singleflight_orphan_release_total";
 /// Counter: requests that asked the coordination layer (L2) for a flight;
 /// behind L1, only its leaders do.
 pub const DISTRIBUTED_REQUEST_TOTAL: &str = "singleflight_distributed_request_total";
@@ -66,6 +73,10 @@ pub const DISTRIBUTED_FAILURE_TOTAL: &str = "singleflight_distributed_failure_to
 /// (`reason` = `circuit_open` | `unavailable` | `outcome_unknown` |
 /// `protocol` | `wait_failure`).
 pub const LOCAL_FALLBACK_TOTAL: &str = "singleflight_local_fallback_total";
+/// Counter: real executions of the inner service, one per call the
+/// bulkhead admitted (`path` = `owner` | `local` | `fallback` | `bypass`):
+/// what the merge ratio and "executions saved" are computed from.
+pub const EXECUTION_TOTAL: &str = "singleflight_execution_total";
 /// Counter: real executions of the inner service in local fallback.
 pub const FALLBACK_EXECUTION_TOTAL: &str = "singleflight_fallback_execution_total";
 /// Counter: distributed acquisitions that found no stored result (this node
@@ -110,3 +121,7 @@ pub const CIRCUIT_REJECTED_TOTAL: &str = "singleflight_circuit_rejected_total";
 pub const BULKHEAD_REJECTED_TOTAL: &str = "singleflight_bulkhead_rejected_total";
 /// Gauge: 1 while a stage's bulkhead applies its degraded limit, else 0.
 pub const BULKHEAD_DEGRADED: &str = "singleflight_bulkhead_degraded";
+
+mod handles;
+
+pub use handles::{recorder_id, Handles};

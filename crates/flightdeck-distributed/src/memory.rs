@@ -2,15 +2,22 @@
 //! fast unit tests of L2 logic (with paused tokio time), plus fault
 //! injection.
 //!
-//! It is not a substitute for the Redis tests: the conformance suite in
-//! [`conformance`](crate::conformance) runs against both.
+//! It keeps the same record per flight as the Redis backend (last grant,
+//! lease deadline, result, released tokens) with the same expiry. One
+//! difference: its generations count up from 1 per flight (a per-flight
+//! counter that outlives the record), where Redis's start from the
+//! server's clock; both never repeat or decrease.
+//!
+//! For tests of your own service (one process, paused time), and of
+//! flightdeck itself; it is not a substitute for tests against Redis
+//! (flightdeck's conformance suite runs against both).
 //!
 //! ```
 //! use std::time::Duration;
 //! use flightdeck_core::{FlightKey, StageName};
-//! use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
+//! use crate::backend::{Acquired, Backend, LeaseTerms};
 //! use flightdeck_distributed::{FlightId, OwnerToken};
-//! use flightdeck_testkit::MemoryBackend;
+//! use flightdeck_distributed::memory::MemoryBackend;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -35,11 +42,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
-use flightdeck_distributed::backend::{
+use crate::backend::{
     AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
     LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
 };
+use bytes::Bytes;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -73,6 +80,7 @@ struct Calls {
     heartbeat: AtomicU64,
     commit: AtomicU64,
     abandon: AtomicU64,
+    release: AtomicU64,
     subscribe: AtomicU64,
 }
 
@@ -87,48 +95,60 @@ pub struct CallCounts {
     pub commit: u64,
     /// `abandon` calls.
     pub abandon: u64,
+    /// `release` calls.
+    pub release: u64,
     /// `subscribe` calls.
     pub subscribe: u64,
 }
 
+/// One flight: its record (what Redis keeps in the flight's hash, with
+/// the same fields and expiry) and the highest generation ever handed
+/// out, which outlives the record: the memory backend's counterpart of the
+/// server clock that keeps Redis's generations increasing.
 #[derive(Default)]
 struct Flight {
-    lease: Option<Lease>,
-    gen: u64,
-    cgen: u64,
-    state_expires: Option<Instant>,
-    result: Option<Stored>,
+    high: u64,
+    record: Option<Record>,
 }
 
-struct Lease {
-    token: OwnerToken,
+struct Record {
+    /// The generation of the last grant or invalidation (0: none yet).
     gen: u64,
+    /// The last grant's token (`None` after an invalidation).
+    token: Option<OwnerToken>,
+    /// The last grant's lease deadline; `None` once the grant ended
+    /// (committed, abandoned, released, invalidated).
+    deadline: Option<Instant>,
+    result: Option<(ResultStatus, Bytes)>,
+    /// Tokens released while they held nothing here (newest first): never
+    /// granted the flight.
+    released: Vec<OwnerToken>,
     expires: Instant,
 }
 
-struct Stored {
-    gen: u64,
-    token: OwnerToken,
-    status: ResultStatus,
-    payload: Bytes,
-    expires: Instant,
-}
+/// How many released tokens a record remembers (as the Redis scripts).
+const RELEASED_KEPT: usize = 8;
 
 impl Flight {
-    /// Drops whatever expired, like Redis does lazily.
-    fn expire(&mut self, now: Instant) {
-        if self.lease.as_ref().is_some_and(|l| l.expires <= now) {
-            self.lease = None;
+    /// The live record, after dropping it if it expired (like Redis does
+    /// lazily).
+    fn record(&mut self, now: Instant) -> Option<&mut Record> {
+        if self.record.as_ref().is_some_and(|r| r.expires <= now) {
+            self.record = None;
         }
-        if self.result.as_ref().is_some_and(|r| r.expires <= now) {
-            self.result = None;
-        }
-        if self.state_expires.is_some_and(|t| t <= now) {
-            self.gen = 0;
-            self.cgen = 0;
-            self.state_expires = None;
-        }
+        self.record.as_mut()
     }
+
+    /// A generation larger than every one handed out before.
+    fn next_gen(&mut self) -> u64 {
+        self.high += 1;
+        self.high
+    }
+}
+
+/// Redis keeps a key at least a millisecond (`PEXPIRE` of 0 deletes it).
+fn key_ttl(d: Duration) -> Duration {
+    d.max(Duration::from_millis(1))
 }
 
 fn unavailable() -> BackendError {
@@ -194,23 +214,27 @@ impl MemoryBackend {
     }
 
     /// Stores raw bytes as a flight's successful result (a corrupt or
-    /// foreign value), with generation 1.
+    /// foreign value), with a generation larger than any before.
     pub fn put_raw_result(&self, flight: &FlightId, payload: Bytes, ttl: Duration) {
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
-        f.result = Some(Stored {
-            gen: 1,
-            token: OwnerToken::random(),
-            status: ResultStatus::Ok,
-            payload,
-            expires: Instant::now() + ttl,
+        let gen = f.next_gen();
+        f.record = Some(Record {
+            gen,
+            token: Some(OwnerToken::random()),
+            deadline: None,
+            result: Some((ResultStatus::Ok, payload)),
+            released: Vec::new(),
+            expires: Instant::now() + key_ttl(ttl),
         });
     }
 
     /// Deletes a flight's stored result (as if its TTL ran out).
     pub fn remove_result(&self, flight: &FlightId) {
         if let Some(f) = self.flights().get_mut(flight) {
-            f.result = None;
+            if f.record.as_ref().is_some_and(|r| r.result.is_some()) {
+                f.record = None;
+            }
         }
     }
 
@@ -222,6 +246,7 @@ impl MemoryBackend {
             heartbeat: c.heartbeat.load(Ordering::Relaxed),
             commit: c.commit.load(Ordering::Relaxed),
             abandon: c.abandon.load(Ordering::Relaxed),
+            release: c.release.load(Ordering::Relaxed),
             subscribe: c.subscribe.load(Ordering::Relaxed),
         }
     }
@@ -240,40 +265,90 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
-        f.expire(now);
-        if let Some(r) = &f.result {
-            return Acquired::Hit(StoredResult {
-                generation: r.gen,
-                status: r.status,
-                payload: r.payload.clone(),
-            });
-        }
-        if let Some(l) = &f.lease {
-            if l.token == *token {
-                return Acquired::Owner {
-                    generation: l.gen,
-                    takeover: false,
+        let mut takeover = false;
+        let mut released = Vec::new();
+        if let Some(r) = f.record(now) {
+            if let Some((status, payload)) = &r.result {
+                return Acquired::Hit(StoredResult {
+                    generation: r.gen,
+                    status: *status,
+                    payload: payload.clone(),
+                });
+            }
+            let live = r.deadline.filter(|d| *d > now);
+            if r.token.as_ref() == Some(token) {
+                if live.is_some() {
+                    return Acquired::Owner {
+                        generation: r.gen,
+                        takeover: false,
+                    };
+                }
+                if r.deadline.is_none() {
+                    // This attempt ended (released or abandoned).
+                    return Acquired::Expired { generation: r.gen };
+                }
+            } else if let Some(deadline) = live {
+                return Acquired::Follower {
+                    generation: r.gen,
+                    lease_remaining: deadline - now,
                 };
             }
-            return Acquired::Follower {
-                generation: l.gen,
-                lease_remaining: l.expires - now,
-            };
+            if r.deadline.is_some() {
+                // The last grant's lease ran out without a commit or abandon.
+                if !terms.allow_takeover {
+                    return Acquired::Expired { generation: r.gen };
+                }
+                takeover = true;
+            }
+            if r.released.contains(token) {
+                return Acquired::Expired { generation: r.gen };
+            }
+            released = std::mem::take(&mut r.released);
         }
-        let takeover = f.gen > f.cgen;
-        if takeover && !terms.allow_takeover {
-            return Acquired::Expired { generation: f.gen };
-        }
-        f.gen += 1;
-        f.lease = Some(Lease {
-            token: token.clone(),
-            gen: f.gen,
-            expires: now + terms.lease,
+        let gen = f.next_gen();
+        f.record = Some(Record {
+            gen,
+            token: Some(token.clone()),
+            deadline: Some(now + terms.lease),
+            result: None,
+            released,
+            expires: now + key_ttl(terms.record_ttl()),
         });
-        f.state_expires = Some(now + terms.state_ttl);
         Acquired::Owner {
-            generation: f.gen,
+            generation: gen,
             takeover,
+        }
+    }
+
+    /// The record whose last grant is (token, generation) and has not
+    /// ended, if any.
+    fn open_grant<'f>(
+        f: &'f mut Flight,
+        now: Instant,
+        token: &OwnerToken,
+        gen: u64,
+    ) -> Option<&'f mut Record> {
+        f.record(now)
+            .filter(|r| r.gen == gen && r.token.as_ref() == Some(token))
+    }
+
+    fn heartbeat_now(
+        &self,
+        flight: &FlightId,
+        token: &OwnerToken,
+        gen: u64,
+        terms: &LeaseTerms,
+    ) -> Renewal {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        match Self::open_grant(f, now, token, gen) {
+            Some(r) if r.deadline.is_some_and(|d| d > now) => {
+                r.deadline = Some(now + terms.lease);
+                r.expires = now + key_ttl(terms.record_ttl());
+                Renewal::Renewed
+            }
+            _ => Renewal::Lost,
         }
     }
 
@@ -287,32 +362,19 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
-        f.expire(now);
-        if let Some(r) = &f.result {
-            if r.gen == gen && r.token == *token {
-                return Committed::Committed;
-            }
-            if r.gen >= gen {
-                return Committed::Fenced;
-            }
-        }
-        let ok = match &f.lease {
-            Some(l) => l.token == *token && l.gen == gen,
-            None => f.gen == gen && f.cgen < gen,
-        };
-        if !ok {
+        let Some(r) = Self::open_grant(f, now, token, gen) else {
             return Committed::Fenced;
+        };
+        match (&r.result, r.deadline) {
+            // A retry of this commit.
+            (Some((ResultStatus::Ok, _)), _) => return Committed::Committed,
+            // Abandoned (with or without a cached failure), or released.
+            (Some(_), _) | (None, None) => return Committed::Fenced,
+            (None, Some(_)) => {}
         }
-        f.cgen = gen;
-        f.state_expires = Some(now + args.state_ttl);
-        f.result = Some(Stored {
-            gen,
-            token: token.clone(),
-            status: ResultStatus::Ok,
-            payload: args.payload.clone(),
-            expires: now + args.ttl,
-        });
-        f.lease = None;
+        r.deadline = None;
+        r.result = Some((ResultStatus::Ok, args.payload.clone()));
+        r.expires = now + key_ttl(args.ttl);
         drop(flights);
         let inline = (args.payload.len() <= args.inline_below).then(|| args.payload.clone());
         self.publish(
@@ -335,32 +397,50 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
-        f.expire(now);
-        if !f
-            .lease
-            .as_ref()
-            .is_some_and(|l| l.token == *token && l.gen == gen)
-        {
+        let Some(r) = Self::open_grant(f, now, token, gen).filter(|r| r.deadline.is_some()) else {
             return Released::NotOwner;
-        }
-        f.lease = None;
-        f.cgen = gen;
-        f.state_expires = Some(now + args.state_ttl);
+        };
+        r.deadline = None;
         if let Some(msg) = &args.failure {
             // Like the script: an empty message is not cached.
             if !msg.is_empty() && !args.failure_ttl.is_zero() {
-                f.result = Some(Stored {
-                    gen,
-                    token: token.clone(),
-                    status: ResultStatus::Failed,
-                    payload: msg.clone(),
-                    expires: now + args.failure_ttl,
-                });
+                r.result = Some((ResultStatus::Failed, msg.clone()));
+                r.expires = now + key_ttl(args.failure_ttl);
             }
         }
         drop(flights);
         self.publish(flight, Notice::Abandoned { generation: gen });
         Released::Released
+    }
+
+    fn release_now(&self, flight: &FlightId, token: &OwnerToken, state_ttl: Duration) -> Released {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        match f.record(now) {
+            Some(r) if r.token.as_ref() == Some(token) && r.deadline.is_some() => {
+                r.deadline = None;
+                let generation = r.gen;
+                drop(flights);
+                self.publish(flight, Notice::Abandoned { generation });
+                return Released::Released;
+            }
+            Some(r) => {
+                r.released.insert(0, token.clone());
+                r.released.truncate(RELEASED_KEPT);
+            }
+            None => {
+                f.record = Some(Record {
+                    gen: 0,
+                    token: None,
+                    deadline: None,
+                    result: None,
+                    released: vec![token.clone()],
+                    expires: now + key_ttl(state_ttl),
+                });
+            }
+        }
+        Released::NotOwner
     }
 }
 
@@ -424,18 +504,7 @@ impl Backend for MemoryBackend {
                     "memory backend: injected heartbeat failure",
                 ));
             }
-            let now = Instant::now();
-            let mut flights = self.flights();
-            let f = flights.entry(*flight).or_default();
-            f.expire(now);
-            let renewal = match &mut f.lease {
-                Some(l) if l.token == *token && l.gen == generation => {
-                    l.expires = now + terms.lease;
-                    f.state_expires = Some(now + terms.state_ttl);
-                    Renewal::Renewed
-                }
-                _ => Renewal::Lost,
-            };
+            let renewal = self.heartbeat_now(flight, token, generation, terms);
             Ok(renewal)
         });
         Box::pin(async move { res })
@@ -475,6 +544,19 @@ impl Backend for MemoryBackend {
         Box::pin(async move { res })
     }
 
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.calls.release.fetch_add(1, Ordering::Relaxed);
+        let res = self
+            .check()
+            .map(|()| self.release_now(flight, token, state_ttl));
+        Box::pin(async move { res })
+    }
+
     fn invalidate<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -484,13 +566,19 @@ impl Backend for MemoryBackend {
             let now = Instant::now();
             let mut flights = self.flights();
             let f = flights.entry(*flight).or_default();
-            f.expire(now);
-            f.gen += 1;
-            f.cgen = f.gen;
-            f.state_expires = Some(now + state_ttl);
-            f.lease = None;
-            f.result = None;
-            let generation = f.gen;
+            let released = f
+                .record(now)
+                .map(|r| std::mem::take(&mut r.released))
+                .unwrap_or_default();
+            let generation = f.next_gen();
+            f.record = Some(Record {
+                gen: generation,
+                token: None,
+                deadline: None,
+                result: None,
+                released,
+                expires: now + key_ttl(state_ttl),
+            });
             drop(flights);
             self.publish(flight, Notice::Abandoned { generation });
             generation

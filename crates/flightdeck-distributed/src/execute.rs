@@ -1,0 +1,92 @@
+//! How L2 runs the request of a flight: [`Execute`] (the caller's side of
+//! the work: the service, sharing the response) and [`Fence`] (handing the
+//! owner's fencing token to the request).
+
+use std::future::Future;
+
+use flightdeck_core::error::BoxError;
+use flightdeck_core::Shareable;
+
+use crate::backend::FencingToken;
+
+/// Why L2 runs a request here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Role {
+    /// This node owns the flight with this token: the result is committed
+    /// for the other nodes.
+    Owner(FencingToken),
+    /// The [`Fallback`](crate::fallback::Fallback) said
+    /// [`RunHere`](crate::fallback::Verdict::RunHere): no coordination, the
+    /// result is not stored.
+    Fallback,
+    /// A stored result does not serve this request (HTTP's `Vary`): it runs
+    /// its own, uncoordinated.
+    Unserved,
+}
+
+/// The work of a flight as L2 sees it: run a request and turn its response
+/// into the shared form (or leave it unshared), and tell whether a stored
+/// result serves a request.
+pub trait Execute<Req>: Send {
+    /// The shared form of a result (what the codec stores).
+    type Shared: Clone + Send + Sync + 'static;
+    /// What a caller gets of a result that was not shared.
+    type Output: Send + 'static;
+
+    /// Runs `req` in `role` (an owner fences its request with its token).
+    /// A flight runs its request at most once, so this consumes the work.
+    fn execute(
+        self,
+        req: Req,
+        role: Role,
+    ) -> impl Future<Output = Result<Shareable<Self::Shared, Self::Output>, BoxError>> + Send;
+
+    /// Whether a result stored by another node may serve `req`.
+    fn serves(&self, shared: &Self::Shared, req: &Req) -> bool {
+        let _ = (shared, req);
+        true
+    }
+}
+
+/// Hands the owner's [`FencingToken`] to its request, so the handler can
+/// fence its own writes downstream (refuse a write carrying a lower
+/// generation than one already seen).
+///
+/// Implemented by [`NoFence`] (drops the token), by closures
+/// `Fn(&mut Req, FencingToken)`, and with the `http` feature by
+/// [`ExtensionFence`] (the token goes into the `http::Request`'s
+/// extensions).
+pub trait Fence<Req>: Clone + Send + Sync + 'static {
+    /// Hands `token` to `req`.
+    fn fence(&self, req: &mut Req, token: FencingToken);
+}
+
+/// Drops fencing tokens.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFence;
+
+impl<Req> Fence<Req> for NoFence {
+    fn fence(&self, _req: &mut Req, _token: FencingToken) {}
+}
+
+impl<Req, F> Fence<Req> for F
+where
+    F: Fn(&mut Req, FencingToken) + Clone + Send + Sync + 'static,
+{
+    fn fence(&self, req: &mut Req, token: FencingToken) {
+        self(req, token);
+    }
+}
+
+/// Inserts the [`FencingToken`] into an `http::Request`'s extensions.
+#[cfg(feature = "http")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExtensionFence;
+
+#[cfg(feature = "http")]
+impl<B> Fence<http::Request<B>> for ExtensionFence {
+    fn fence(&self, req: &mut http::Request<B>, token: FencingToken) {
+        req.extensions_mut().insert(token);
+    }
+}

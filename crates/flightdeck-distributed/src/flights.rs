@@ -1,0 +1,531 @@
+//! L2 as a library: [`DistributedFlights::run`] coordinates one flight
+//! across the nodes of a deployment, and decides, through a
+//! [`Fallback`], what happens when coordination fails.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_core::error::{BoxError, LeaseLost};
+use flightdeck_core::{FlightKey, Shareable, StageName};
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::{
+    Acquired, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
+    OwnerToken, ResultStatus, StoredResult,
+};
+use crate::codec::{Envelope, ResultCodec};
+use crate::error::{CallTimedOut, RemoteFailure};
+use crate::execute::{Execute, Role};
+use crate::fallback::{FailureClass, Fallback, Verdict, WaitEnded};
+use crate::follow;
+use crate::metrics::{Op, Registry, StageMetrics};
+use crate::orphans::{Orphans, TokenGuard};
+use crate::owner::{Finish, Lease};
+use crate::policy::{DistributedPolicy, PolicyError};
+
+/// The flights of one deployment's stage(s) on this node: a backend, a
+/// policy and a result codec, shared by every flight (cheap to clone).
+///
+/// For each key, [`run`](Self::run) asks the backend for the flight and
+/// becomes its **owner** (runs the request under a lease renewed by
+/// heartbeats until its commit or abandon has returned, hands the value to
+/// its callers at once and commits in the background), a **follower**
+/// (waits for the owner's result: a push, and polls; takes the flight over
+/// when the owner's lease expires) or a **hit** (replays the stored
+/// result). Coordination failures go to the [`Fallback`].
+///
+/// ```
+/// use std::time::Duration;
+/// use flightdeck_core::{BoxError, FlightKey, Shareable, StageName};
+/// use flightdeck_distributed::{DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role};
+/// use flightdeck_testkit::MemoryBackend;
+///
+/// struct Upper;
+/// impl Execute<String> for Upper {
+///     type Shared = String;
+///     type Output = String;
+///     async fn execute(self, req: String, _role: Role) -> Result<Shareable<String, String>, BoxError> {
+///         Ok(Shareable::Shared(req.to_uppercase()))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let flights = DistributedFlights::new(
+///     MemoryBackend::new(),
+///     DistributedPolicy::new().lease(Duration::from_secs(3)).heartbeat(Duration::from_secs(1)),
+///     PostcardCodec::<String>::new(),
+/// )
+/// .unwrap();
+/// let key = FlightKey::from_bytes(StageName::new("score").unwrap(), "hi");
+/// let first = flights.run(&key, "hi".to_owned(), Upper, &Propagate).await.unwrap();
+/// assert!(matches!(first, Shareable::Shared(v) if v == "HI"));
+/// flights.idle().await; // the commit went on in the background
+/// let replayed = flights.run(&key, "hi".to_owned(), Upper, &Propagate).await.unwrap();
+/// assert!(matches!(replayed, Shareable::Shared(v) if v == "HI"));
+/// # }
+/// ```
+pub struct DistributedFlights<B, C> {
+    pub(crate) st: Arc<State<B, C>>,
+}
+
+/// What every flight of one [`DistributedFlights`] shares.
+pub(crate) struct State<B, C> {
+    pub(crate) backend: B,
+    pub(crate) policy: DistributedPolicy,
+    pub(crate) codec: C,
+    pub(crate) envelope: Envelope,
+    pub(crate) metrics: Registry,
+    pub(crate) orphans: Orphans,
+    /// Background work (commits, abandons, releases), for [`DistributedFlights::idle`].
+    pub(crate) tasks: TaskTracker,
+}
+
+impl<B, C> Clone for DistributedFlights<B, C> {
+    fn clone(&self) -> Self {
+        Self {
+            st: Arc::clone(&self.st),
+        }
+    }
+}
+
+impl<B, C> fmt::Debug for DistributedFlights<B, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DistributedFlights")
+            .field("policy", &self.st.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything one flight's coordination needs to name things.
+#[derive(Clone)]
+pub(crate) struct Cx {
+    pub(crate) stage: StageName,
+    pub(crate) flight: FlightId,
+    pub(crate) token: OwnerToken,
+    pub(crate) terms: LeaseTerms,
+    /// The deadline of each backend call of this flight.
+    pub(crate) call_timeout: Duration,
+    pub(crate) metrics: Arc<StageMetrics>,
+}
+
+impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
+    /// Flights over `backend`, under a validated `policy`, storing results
+    /// with `codec` (`PostcardCodec`, `HttpCodec`).
+    pub fn new(backend: B, policy: DistributedPolicy, codec: C) -> Result<Self, PolicyError> {
+        let policy = policy.validate()?;
+        let envelope = Envelope::new(policy.compress_above_bytes(), policy.max_result_size());
+        Ok(Self {
+            st: Arc::new(State {
+                backend,
+                policy,
+                codec,
+                envelope,
+                metrics: Registry::default(),
+                orphans: Orphans::default(),
+                tasks: TaskTracker::new(),
+            }),
+        })
+    }
+
+    /// The validated policy.
+    pub fn policy(&self) -> &DistributedPolicy {
+        &self.st.policy
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.st.backend
+    }
+
+    /// Tokens this node gave up on while they may hold a lease, not yet
+    /// released (see `singleflight_orphan_release_total`).
+    pub fn releasing(&self) -> usize {
+        self.st.orphans.len()
+    }
+
+    /// Resolves once no background coordination is left: owners' commits
+    /// and abandons (with their heartbeats), and the release of leases this
+    /// node gave up on. For graceful shutdown, and tests.
+    pub async fn idle(&self) {
+        loop {
+            self.st.tasks.close();
+            self.st.tasks.wait().await;
+            self.st.tasks.reopen();
+            if self.st.tasks.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Coordinates `req`, whose key is `key`: see the type's docs. `exec`
+    /// runs the request when this node owns the flight (or the fallback
+    /// says run here); `fallback` decides on coordination failures.
+    ///
+    /// Resolves to the shared result (this node's, or another node's), or
+    /// an output that was not shared. Errors are answers: the owner's
+    /// business error (here, or cached by another node: `RemoteFailure`),
+    /// or what the fallback decided.
+    pub async fn run<Req, E, P>(
+        &self,
+        key: &FlightKey,
+        req: Req,
+        exec: E,
+        fallback: &P,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    where
+        Req: Send,
+        C: ResultCodec<E::Shared>,
+        E: Execute<Req>,
+        P: Fallback<Req>,
+    {
+        self.run_within(key, req, exec, fallback, None).await
+    }
+
+    /// What [`run`](Self::run) decides for a flight that the backend's
+    /// guard refuses before the flight is even named (a breaker that is
+    /// open): the `fallback`'s verdict, or `None` when nothing refuses it.
+    /// On [`Verdict::RunHere`] the caller runs the request itself as
+    /// `run` would (with [`Role::Fallback`]), on [`Verdict::Fail`] it fails
+    /// with that error. For callers that keep this degraded path free of
+    /// the flight's own state; `run` makes the same check first.
+    pub fn refused_early<Req, P: Fallback<Req>>(
+        &self,
+        _key: &FlightKey,
+        req: &Req,
+        fallback: &P,
+    ) -> Option<Verdict> {
+        let refused = self.st.backend.reject_early()?;
+        let class = FailureClass::of(refused.kind(), refused.is_rejected());
+        Some(fallback.before_acquire(class, refused.into_core(), req))
+    }
+
+    /// [`run`](Self::run), with each backend call of this flight bounded by
+    /// `call_timeout` too (the coordination slice of a caller's budget), if
+    /// it is shorter than the policy's.
+    pub async fn run_within<Req, E, P>(
+        &self,
+        key: &FlightKey,
+        req: Req,
+        exec: E,
+        fallback: &P,
+        call_timeout: Option<Duration>,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    where
+        Req: Send,
+        C: ResultCodec<E::Shared>,
+        E: Execute<Req>,
+        P: Fallback<Req>,
+    {
+        let st = &self.st;
+        // A guard that knows the call would be refused says so before the
+        // flight is even named (a breaker that is open: HYBRID's degraded
+        // path stays as cheap as the local one).
+        if let Some(refused) = st.backend.reject_early() {
+            return st.before_acquire(refused, req, exec, fallback).await;
+        }
+        let policy = &st.policy;
+        let cx = Cx {
+            stage: key.stage().clone(),
+            flight: FlightId::of(key),
+            token: OwnerToken::random(),
+            terms: LeaseTerms {
+                lease: policy.lease_duration(),
+                state_ttl: policy.state_ttl(),
+                allow_takeover: policy.takeover_allowed(),
+            },
+            call_timeout: call_timeout.map_or(policy.call_timeout_duration(), |d| {
+                d.min(policy.call_timeout_duration())
+            }),
+            metrics: st.metrics.get(key.stage()),
+        };
+        // Until the token is known to hold no lease (or hands it to the
+        // owner's lease keeper), dropping this flight releases it.
+        let mut guard = TokenGuard::new(st, &cx);
+        let mut first = st
+            .call(&cx, Op::Acquire, &mut guard, |b| {
+                b.acquire(&cx.flight, &cx.token, &cx.terms)
+            })
+            .await;
+        // Every flight whose first call went out is counted (a refusal by
+        // a local guard sent nothing).
+        if !matches!(&first, Err(e) if e.is_rejected()) {
+            cx.metrics.with(|m| m.request.increment(1));
+        }
+        // An ambiguous first try is resolved by a retry with the same
+        // token (the backend answers OWNER with the same generation if the
+        // first one ran).
+        if matches!(&first, Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown) {
+            first = st
+                .call(&cx, Op::Recheck, &mut guard, |b| {
+                    b.recheck(&cx.flight, &cx.token, &cx.terms)
+                })
+                .await;
+        }
+        let acquired = match first {
+            Ok(a) => a,
+            Err(e) => {
+                // Given up: a lease this token may hold is released.
+                drop(guard);
+                return st.before_acquire(e, req, exec, fallback).await;
+            }
+        };
+        match acquired {
+            Acquired::Hit(stored) => {
+                guard.settled();
+                cx.metrics.with(|m| m.hit.increment(1));
+                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
+                match st.replay(&cx, &stored) {
+                    Ok(Some(v)) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
+                    Ok(Some(_)) => exec.execute(req, Role::Unserved).await,
+                    Ok(None) => Err(Box::new(RemoteFailure::new(
+                        String::from_utf8_lossy(&stored.payload).into_owned(),
+                    ))),
+                    // A stored value this node cannot read (a foreign or
+                    // newer format) is a protocol failure before acquire.
+                    Err(e) => st.before_acquire(e, req, exec, fallback).await,
+                }
+            }
+            Acquired::Owner {
+                generation,
+                takeover,
+            } => {
+                cx.metrics.with(|m| {
+                    m.owner.increment(1);
+                    m.miss.increment(1);
+                    if takeover {
+                        m.takeover.increment(1);
+                    }
+                });
+                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, takeover, role = "owner", "owning flight");
+                guard.owned();
+                st.own(&cx, generation, req, exec).await
+            }
+            Acquired::Follower { generation, .. } | Acquired::Expired { generation } => {
+                guard.settled();
+                cx.metrics.with(|m| {
+                    m.follower.increment(1);
+                    m.miss.increment(1);
+                });
+                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, role = "follower", "following flight");
+                let expired = matches!(acquired, Acquired::Expired { .. });
+                follow::follow(st, &cx, guard, generation, expired, req, exec, fallback).await
+            }
+        }
+    }
+
+    /// Forgets `key`'s stored result and fences its running owner, if any
+    /// (its commit will be rejected): the next request runs the work again.
+    /// Returns the new generation.
+    pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
+        let limit = self.st.policy.call_timeout_duration();
+        let flight = FlightId::of(key);
+        let call = self
+            .st
+            .backend
+            .invalidate(&flight, self.st.policy.state_ttl());
+        match tokio::time::timeout(limit, call).await {
+            Ok(res) => res.map_err(BackendError::into_core),
+            Err(_) => Err(
+                BackendError::outcome_unknown(CallTimedOut::new("invalidate", limit)).into_core(),
+            ),
+        }
+    }
+}
+
+impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
+    /// Runs one backend call under the flight's call deadline, counting
+    /// failures. While it runs, the token is suspected of holding a lease
+    /// (a drop mid-call, or an answer of unknown outcome, leaves it so).
+    pub(crate) async fn call<'a, T>(
+        &'a self,
+        cx: &'a Cx,
+        op: Op,
+        guard: &mut TokenGuard<'_, B, C>,
+        start: impl FnOnce(&'a B) -> BackendFuture<'a, T>,
+    ) -> Result<T, BackendError> {
+        guard.suspect();
+        let res = self.timed(cx, op, start(&self.backend)).await;
+        match &res {
+            Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown => {}
+            _ => guard.settled(),
+        }
+        res
+    }
+
+    /// One backend call under the flight's call deadline, counting failures
+    /// (a refusal by a local guard is not a backend failure).
+    pub(crate) async fn timed<T>(
+        &self,
+        cx: &Cx,
+        op: Op,
+        fut: BackendFuture<'_, T>,
+    ) -> Result<T, BackendError> {
+        let limit = cx.call_timeout;
+        let res = match tokio::time::timeout(limit, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::outcome_unknown(CallTimedOut::new(
+                op.as_str(),
+                limit,
+            ))),
+        };
+        if let Err(e) = &res {
+            if !e.is_rejected() {
+                cx.metrics.with(|m| m.coordination_error(e.kind(), op));
+                tracing::debug!(stage = %cx.stage, op = op.as_str(), error = %e, "coordination call failed");
+            }
+        }
+        res
+    }
+
+    /// Coordination failed before this node acquired the flight: the
+    /// fallback decides.
+    async fn before_acquire<Req, E, P>(
+        &self,
+        error: BackendError,
+        req: Req,
+        exec: E,
+        fallback: &P,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    where
+        E: Execute<Req>,
+        P: Fallback<Req>,
+    {
+        let class = FailureClass::of(error.kind(), error.is_rejected());
+        match fallback.before_acquire(class, error.into_core(), &req) {
+            Verdict::RunHere => exec.execute(req, Role::Fallback).await,
+            Verdict::Fail(e) => Err(e),
+        }
+    }
+
+    /// Following ended without a result: the fallback decides.
+    pub(crate) async fn wait_ended<Req, E, P>(
+        &self,
+        end: WaitEnded,
+        error: BoxError,
+        req: Req,
+        exec: E,
+        fallback: &P,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    where
+        E: Execute<Req>,
+        P: Fallback<Req>,
+    {
+        match fallback.wait_ended(end, error, &req) {
+            Verdict::RunHere => exec.execute(req, Role::Fallback).await,
+            Verdict::Fail(e) => Err(e),
+        }
+    }
+
+    /// A stored result, decoded: `Some` value, or `None` for a cached
+    /// failure of the owner.
+    pub(crate) fn replay<T>(
+        &self,
+        cx: &Cx,
+        stored: &StoredResult,
+    ) -> Result<Option<T>, BackendError>
+    where
+        C: ResultCodec<T>,
+    {
+        match stored.status {
+            ResultStatus::Ok => self.decode(cx, &stored.payload).map(Some),
+            ResultStatus::Failed => Ok(None),
+        }
+    }
+
+    /// Decodes a stored (or inline) result; one that does not decode is a
+    /// protocol failure (a foreign or newer format), counted and logged.
+    pub(crate) fn decode<T>(&self, cx: &Cx, payload: &[u8]) -> Result<T, BackendError>
+    where
+        C: ResultCodec<T>,
+    {
+        self.envelope.open(&self.codec, payload).map_err(|e| {
+            cx.metrics.with(|m| m.undecodable());
+            tracing::warn!(stage = %cx.stage, error = %e, "stored result does not decode");
+            BackendError::protocol(e)
+        })
+    }
+
+    /// Runs the request as the owner: the lease is kept (heartbeats) from
+    /// here until its commit or abandon has returned, in the background;
+    /// the value goes to the callers as soon as it exists.
+    pub(crate) async fn own<Req, E>(
+        self: &Arc<Self>,
+        cx: &Cx,
+        generation: u64,
+        req: Req,
+        exec: E,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    where
+        B: Backend,
+        C: ResultCodec<E::Shared> + Send + Sync + 'static,
+        E: Execute<Req>,
+    {
+        let lease = Lease::keep(self, cx, generation);
+        let token = crate::backend::FencingToken {
+            generation,
+            owner: cx.token.clone(),
+        };
+        let work = exec.execute(req, Role::Owner(token));
+        let result = if self.policy.cancels_on_lease_loss() {
+            tokio::select! {
+                biased;
+                r = work => r,
+                () = lease.lost() => {
+                    // Dropping the lease abandons it (it is gone anyway).
+                    return Err(Box::new(LeaseLost::new(Some(cx.stage.clone()), generation)));
+                }
+            }
+        } else {
+            work.await
+        };
+        match result {
+            Ok(Shareable::Shared(v)) => {
+                lease.finish(self.seal(cx, &v));
+                Ok(Shareable::Shared(v))
+            }
+            Ok(unshared @ Shareable::Unshared(..)) => {
+                lease.finish(Finish::Abandon(None));
+                Ok(unshared)
+            }
+            Err(e) => {
+                cx.metrics.with(|m| m.owner_failure.increment(1));
+                let cached = !self.policy.failure_ttl_duration().is_zero();
+                lease.finish(Finish::Abandon(cached.then(|| Bytes::from(e.to_string()))));
+                Err(e)
+            }
+        }
+    }
+
+    /// What the owner does with its value: commit it, or, when it cannot
+    /// be stored (too large, does not encode), release the flight.
+    fn seal<T>(&self, cx: &Cx, value: &T) -> Finish
+    where
+        C: ResultCodec<T>,
+    {
+        match self.envelope.seal(&self.codec, value) {
+            Ok(payload) if payload.len() <= self.policy.max_result_size() => {
+                Finish::Commit(payload)
+            }
+            Ok(payload) => {
+                tracing::debug!(stage = %cx.stage, size = payload.len(), "result too large to store");
+                Finish::Abandon(None)
+            }
+            Err(e) => {
+                cx.metrics.with(|m| m.result_write_failure.increment(1));
+                tracing::warn!(stage = %cx.stage, error = %e, "result does not encode; not stored");
+                Finish::Abandon(None)
+            }
+        }
+    }
+}
+
+/// A follower's deadline: the policy's wait timeout from `started`.
+pub(crate) fn wait_deadline(policy: &DistributedPolicy, started: Instant) -> Instant {
+    started
+        .checked_add(policy.wait_timeout_duration())
+        .unwrap_or(started)
+}

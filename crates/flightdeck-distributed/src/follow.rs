@@ -1,0 +1,263 @@
+//! A follower's wait for another node's flight: subscribe, re-check, then
+//! wait for the completion notice (small results come inline) or poll with
+//! jitter; take the flight over when the owner's lease expires.
+//!
+//! A follower never runs the work while another node may hold the lease:
+//! failed re-checks go to the fallback's `while_following` (answer now, or
+//! keep following), and only once following has ended (the wait timed out,
+//! the owner's lease ran out where takeover is not allowed, a re-check
+//! answered garbage) may the fallback say "run here".
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_core::error::{BoxError, WaitTimeout};
+use flightdeck_core::Shareable;
+use tokio::time::{sleep_until, Instant};
+
+use crate::backend::{Acquired, Backend, BackendErrorKind, Notice, Subscription};
+use crate::codec::ResultCodec;
+use flightdeck_core::error::OwnerGone;
+
+use crate::error::RemoteFailure;
+use crate::execute::{Execute, Role};
+use crate::fallback::{FailureClass, Fallback, WaitEnded};
+use crate::flights::{wait_deadline, Cx, State};
+use crate::metrics::Op;
+use crate::orphans::TokenGuard;
+
+/// The shortest pause between two re-checks of a follower.
+const MIN_POLL: Duration = Duration::from_millis(5);
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn follow<B, C, Req, E, P>(
+    st: &Arc<State<B, C>>,
+    cx: &Cx,
+    mut guard: TokenGuard<'_, B, C>,
+    generation: u64,
+    expired: bool,
+    req: Req,
+    exec: E,
+    fallback: &P,
+) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+where
+    B: Backend,
+    C: ResultCodec<E::Shared> + Send + Sync + 'static,
+    Req: Send,
+    E: Execute<Req>,
+    P: Fallback<Req>,
+{
+    let policy = &st.policy;
+    let started = Instant::now();
+    let deadline = wait_deadline(policy, started);
+    let record_wait = || {
+        let waited = started.elapsed().as_secs_f64();
+        cx.metrics.with(|m| m.wait.record(waited));
+    };
+    let owner_gone =
+        |generation| -> BoxError { Box::new(OwnerGone::new(Some(cx.stage.clone()), generation)) };
+    if expired {
+        // The owner's lease ran out without a result, and takeover is not
+        // allowed: nothing to wait for.
+        return st
+            .wait_ended(
+                WaitEnded::OwnerGone,
+                owner_gone(generation),
+                req,
+                exec,
+                fallback,
+            )
+            .await;
+    }
+    // Subscribe first, then re-check: a completion published before the
+    // subscription is then seen by the re-check.
+    let mut sub: Option<Subscription> = match st
+        .timed(cx, Op::Subscribe, st.backend.subscribe(&cx.flight))
+        .await
+    {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(stage = %cx.stage, error = %e, "subscribe failed; following by polling");
+            None
+        }
+    };
+    let mut observed = generation;
+    let mut lease_remaining = policy.poll_interval_duration();
+    let mut recheck_now = true;
+    loop {
+        if !recheck_now {
+            let poll = policy
+                .poll_interval_duration()
+                .min(lease_remaining)
+                .max(MIN_POLL);
+            let jittered = poll.mul_f64(rand::random_range(0.5..=1.0));
+            let wake_at = (Instant::now() + jittered).min(deadline);
+            match wait(&mut sub, wake_at, observed).await {
+                Wake::Inline(payload) => {
+                    record_wait();
+                    tracing::debug!(stage = %cx.stage, flight = %cx.flight, role = "follower", "result arrived inline");
+                    return match st.decode::<E::Shared>(cx, &payload) {
+                        Ok(v) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
+                        Ok(_) => exec.execute(req, Role::Unserved).await,
+                        Err(e) => {
+                            drop(guard);
+                            st.wait_ended(
+                                WaitEnded::Failed(FailureClass::Protocol),
+                                e.into_core(),
+                                req,
+                                exec,
+                                fallback,
+                            )
+                            .await
+                        }
+                    };
+                }
+                Wake::Recheck => {}
+                Wake::Timer if Instant::now() >= deadline => {
+                    cx.metrics.with(|m| m.wait_timeout.increment(1));
+                    let err = Box::new(WaitTimeout::new(Some(cx.stage.clone()), started.elapsed()));
+                    return {
+                        drop(guard);
+                        st.wait_ended(WaitEnded::TimedOut, err, req, exec, fallback)
+                            .await
+                    };
+                }
+                Wake::Timer => {}
+            }
+        }
+        recheck_now = false;
+        let answer = st
+            .call(cx, Op::Recheck, &mut guard, |b| {
+                b.recheck(&cx.flight, &cx.token, &cx.terms)
+            })
+            .await;
+        match answer {
+            Ok(Acquired::Hit(stored)) => {
+                record_wait();
+                cx.metrics.with(|m| m.hit.increment(1));
+                return match st.replay::<E::Shared>(cx, &stored) {
+                    Ok(Some(v)) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
+                    Ok(Some(_)) => exec.execute(req, Role::Unserved).await,
+                    // The owner's failure, cached: an answer, not a wait
+                    // failure.
+                    Ok(None) => Err(Box::new(RemoteFailure::new(
+                        String::from_utf8_lossy(&stored.payload).into_owned(),
+                    ))),
+                    Err(e) => {
+                        drop(guard);
+                        st.wait_ended(
+                            WaitEnded::Failed(FailureClass::Protocol),
+                            e.into_core(),
+                            req,
+                            exec,
+                            fallback,
+                        )
+                        .await
+                    }
+                };
+            }
+            Ok(Acquired::Owner {
+                generation,
+                takeover,
+            }) => {
+                cx.metrics.with(|m| {
+                    m.owner.increment(1);
+                    if takeover {
+                        m.takeover.increment(1);
+                    }
+                });
+                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, takeover, role = "owner", "took the flight over");
+                guard.owned();
+                drop(sub);
+                return st.own(cx, generation, req, exec).await;
+            }
+            Ok(Acquired::Follower {
+                generation,
+                lease_remaining: left,
+            }) => {
+                observed = observed.max(generation);
+                lease_remaining = left;
+            }
+            Ok(Acquired::Expired { generation }) => {
+                return {
+                    drop(guard);
+                    st.wait_ended(
+                        WaitEnded::OwnerGone,
+                        owner_gone(generation),
+                        req,
+                        exec,
+                        fallback,
+                    )
+                    .await
+                };
+            }
+            Err(e) => {
+                let class = FailureClass::of(e.kind(), e.is_rejected());
+                if e.kind() == BackendErrorKind::Protocol {
+                    return {
+                        drop(guard);
+                        st.wait_ended(WaitEnded::Failed(class), e.into_core(), req, exec, fallback)
+                            .await
+                    };
+                }
+                let err = e.into_core();
+                if let Some(answer) = fallback.while_following(class, err, &req) {
+                    return Err(answer);
+                }
+                // Never run the work while another node may hold the lease:
+                // keep polling until the wait deadline.
+                if Instant::now() >= deadline {
+                    cx.metrics.with(|m| m.wait_timeout.increment(1));
+                    let err = Box::new(WaitTimeout::new(Some(cx.stage.clone()), started.elapsed()));
+                    return {
+                        drop(guard);
+                        st.wait_ended(WaitEnded::TimedOut, err, req, exec, fallback)
+                            .await
+                    };
+                }
+                lease_remaining = policy.poll_interval_duration();
+            }
+        }
+    }
+}
+
+enum Wake {
+    Inline(Bytes),
+    Recheck,
+    Timer,
+}
+
+/// Waits for a notice about a generation at least `observed`, or the timer.
+async fn wait(sub: &mut Option<Subscription>, until: Instant, observed: u64) -> Wake {
+    loop {
+        let notice = {
+            let recv = async {
+                match sub.as_mut() {
+                    Some(s) => s.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                n = recv => Some(n),
+                () = sleep_until(until) => None,
+            }
+        };
+        match notice {
+            None => return Wake::Timer,
+            Some(None) => *sub = None,
+            Some(Some(Notice::Committed { generation, inline })) if generation >= observed => {
+                return match inline {
+                    Some(p) => Wake::Inline(p),
+                    None => Wake::Recheck,
+                }
+            }
+            Some(Some(Notice::Abandoned { generation })) if generation >= observed => {
+                return Wake::Recheck
+            }
+            Some(Some(Notice::Resync)) => return Wake::Recheck,
+            // A notice about an older generation is not about this flight.
+            Some(Some(_)) => {}
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The duty to deliver a flight's outcome exactly once: [`Completion`]
+//! ends the flight with the work's outcome, or, dropped without one (an
+//! abort, a runtime shutting down, a panic unwinding), as abandoned or
+//! panicked, so that no waiter is ever left hanging.
+
+use std::mem;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::delivery::{Msg, Outcome};
+use super::slot::FlightId;
+use super::Group;
+use crate::metrics::StageMetrics;
+
+/// Ends the flight when the work is dropped without finishing: an abort,
+/// or the runtime shutting down (waiters get `FlightAbandoned`), or a panic
+/// unwinding through `call` (waiters get `WorkPanicked`).
+pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
+    pub(super) group: Arc<Group<V>>,
+    pub(super) flight: FlightId,
+    /// The stage's metric handles (`None`: the first stage's).
+    metrics: Option<Arc<StageMetrics>>,
+    /// When the work was first polled, read only when executions are timed
+    /// (a recorder records them).
+    pub(super) began: Option<Instant>,
+    /// `metrics.timed()`, kept at hand for the first poll.
+    pub(super) timed: bool,
+    /// Whether the flight was told when the work's first poll returned
+    /// pending (the flight TTL counts from there, recorder or not; a flight
+    /// done in its first poll never reads the clock for it).
+    pub(super) told: bool,
+    pub(super) done: bool,
+}
+
+impl<V: Clone + Send + Sync + 'static> Completion<V> {
+    pub(crate) fn new(
+        group: Arc<Group<V>>,
+        flight: FlightId,
+        metrics: Option<Arc<StageMetrics>>,
+        timed: bool,
+    ) -> Self {
+        Self {
+            group,
+            flight,
+            metrics,
+            began: None,
+            timed,
+            told: false,
+            done: false,
+        }
+    }
+
+    /// Counts the flight in (owner, active flights). Called once armed:
+    /// should the recorder panic, dropping the completion ends the flight
+    /// (its waiters hear `WorkPanicked`).
+    pub(crate) fn started(&self) {
+        self.metrics().started();
+    }
+
+    /// The metric handles of the flight's stage.
+    pub(super) fn metrics(&self) -> &StageMetrics {
+        self.group.metrics.kept(&self.metrics)
+    }
+
+    /// Delivers the outcome (with `replay`, the copy of its value to keep
+    /// for replay); returns the leader's message (if the leader is still
+    /// there) and schedules the end of a replay window.
+    pub(super) fn complete(&mut self, outcome: Outcome<V>, replay: Option<V>) -> Option<Msg<V>> {
+        if mem::replace(&mut self.done, true) {
+            return None;
+        }
+        let began = match &outcome {
+            Outcome::Panicked | Outcome::Abandoned => None,
+            _ => self.began,
+        };
+        let (leader, until) =
+            self.group
+                .finish(self.flight, self.metrics(), outcome, replay, began);
+        if let Some(until) = until {
+            let group = Arc::clone(&self.group);
+            let flight = self.flight;
+            // Without a runtime the entry expires when its key is next
+            // looked up.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    group.expire_replay(flight);
+                });
+            }
+        }
+        leader
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Drop for Completion<V> {
+    fn drop(&mut self) {
+        // Nothing when the outcome was delivered already.
+        if self.done {
+            return;
+        }
+        let outcome = if std::thread::panicking() {
+            Outcome::Panicked
+        } else {
+            Outcome::Abandoned
+        };
+        let _ = self.complete(outcome, None);
+    }
+}

@@ -1,0 +1,198 @@
+//! The work of a flight, movable: the leader polls it inline (no task on
+//! the common path), and when the leader leaves early while others still
+//! want the result, it moves to a task of its own.
+
+use std::future::Future;
+use std::mem;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use flightdeck_core::error::DeadlineExceeded;
+use flightdeck_core::SharedError;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use super::completion::Completion;
+use super::delivery::{Msg, Outcome};
+use crate::metrics::StageMetrics;
+use crate::policy::FlightPolicy;
+
+pin_project! {
+    /// The inner service's future and the sharing step, with the duty to
+    /// deliver their outcome, in one allocation: it can move from the
+    /// leader (who polls it inline) to a task of its own when the leader
+    /// leaves early.
+    // Fields drop in order: the work first, then the completion, so that
+    // waiters hear "abandoned" only once the work is gone.
+    struct Cell<V, F>
+    where
+        V: Clone,
+        V: Send,
+        V: Sync,
+        V: 'static,
+    {
+        #[pin]
+        fut: F,
+        completion: Completion<V>,
+        // The flight's deadline, when its leader had one (see
+        // `Running::deadline`): checked, and moved on, when it fires.
+        deadline: Option<Pin<Box<Sleep>>>,
+    }
+}
+
+/// What the leader (or the detached task) sees of a `Cell`.
+trait Drive<V: Clone + Send + Sync + 'static>: Send {
+    /// Polls the work; see [`Work::poll_msg`].
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>>;
+    fn completion(self: Pin<&mut Self>) -> &mut Completion<V>;
+}
+
+impl<V, F> Drive<V> for Cell<V, F>
+where
+    V: Clone + Send + Sync + 'static,
+    F: Future<Output = Outcome<V>> + Send,
+{
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
+        let this = self.project();
+        let c = this.completion;
+        if c.timed && c.began.is_none() {
+            c.began = Some(Instant::now());
+        }
+        let fut = this.fut;
+        // The copy kept for replay is made here, where a panic in the
+        // user's `Clone` is caught like one in the work.
+        let replaying = !c.group.policy.replay_ttl.is_zero();
+        let mut replay = None;
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let polled = fut.poll(cx);
+            if let (true, Poll::Ready(Outcome::Value(v))) = (replaying, &polled) {
+                replay = Some(v.clone());
+            }
+            polled
+        }));
+        let outcome = match polled {
+            Ok(Poll::Ready(outcome)) => outcome,
+            Ok(Poll::Pending) => {
+                if !mem::replace(&mut c.told, true) {
+                    c.group.pending(c.flight, Instant::now());
+                }
+                if !out_of_time(this.deadline, c, cx) {
+                    return Poll::Pending;
+                }
+                // Every caller left at its own deadline: the work is not
+                // wanted any more (dropping it releases what it holds).
+                tracing::debug!(stage = %c.metrics().stage, "the flight's deadline passed: ended");
+                Outcome::Error(SharedError::new(DeadlineExceeded::new("request")))
+            }
+            Err(_panic) => Outcome::Panicked,
+        };
+        Poll::Ready(c.complete(outcome, replay))
+    }
+
+    fn completion(self: Pin<&mut Self>) -> &mut Completion<V> {
+        self.project().completion
+    }
+}
+
+/// Whether the flight's deadline has passed: when its timer fires, the
+/// flight's deadline is read again (callers who joined since may have
+/// extended it, or lifted it) and the timer moved on if need be.
+fn out_of_time<V: Clone + Send + Sync + 'static>(
+    deadline: &mut Option<Pin<Box<Sleep>>>,
+    c: &Completion<V>,
+    cx: &mut Context<'_>,
+) -> bool {
+    loop {
+        let Some(sleep) = deadline.as_mut() else {
+            return false;
+        };
+        if sleep.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        match c.group.flight_deadline(c.flight) {
+            Some(Some(at)) if at > Instant::now() => sleep.as_mut().reset(at),
+            Some(None) => *deadline = None,
+            // Passed, or the flight ended already.
+            _ => return true,
+        }
+    }
+}
+
+/// The work of one flight and the duty to deliver its outcome.
+pub(crate) struct Work<V: Clone + Send + Sync + 'static> {
+    cell: Pin<Box<dyn Drive<V>>>,
+}
+
+impl<V: Clone + Send + Sync + 'static> Work<V> {
+    /// `deadline`: the leader's own (the flight's, until callers join).
+    pub(crate) fn new<F>(completion: Completion<V>, fut: F, deadline: Option<Instant>) -> Self
+    where
+        F: Future<Output = Outcome<V>> + Send + 'static,
+    {
+        Self {
+            cell: Box::pin(Cell {
+                fut,
+                completion,
+                deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            }),
+        }
+    }
+
+    fn completion(&mut self) -> &mut Completion<V> {
+        self.cell.as_mut().completion()
+    }
+
+    pub(crate) fn policy(&mut self) -> &FlightPolicy {
+        &self.completion().group.policy
+    }
+
+    /// The metric handles of the flight's stage.
+    pub(crate) fn metrics(&mut self) -> &StageMetrics {
+        self.completion().metrics()
+    }
+
+    /// Polls the work; when it ends, delivers the outcome and returns the
+    /// leader's message (`None` when nothing is left for the leader). Not
+    /// to be polled again after that. A panic in the work becomes
+    /// `Outcome::Panicked` (for every waiter, and for whoever polls), never
+    /// an unwind through the caller.
+    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
+        self.cell.as_mut().poll_msg(cx)
+    }
+
+    /// The leader leaves before the work finished (dropped, or timed out).
+    /// The work is handed to a task of its own if anybody may still want
+    /// the result, and cancelled otherwise.
+    pub(crate) fn leader_left(mut self, timed_out: bool) {
+        let c = self.completion();
+        let group = Arc::clone(&c.group);
+        let flight = c.flight;
+        if !group.depart(flight, timed_out, true) {
+            // Dropping the work finds nothing left to do.
+            c.done = true;
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let task = rt.spawn(Detached(self));
+                group.set_abort(flight, task.abort_handle());
+            }
+            // No runtime (it is shutting down): dropping the work ends the
+            // flight as abandoned, waiters get `FlightAbandoned`.
+            Err(_) => drop(self),
+        }
+    }
+}
+
+/// The work on a task of its own, after its leader left.
+struct Detached<V: Clone + Send + Sync + 'static>(Work<V>);
+
+impl<V: Clone + Send + Sync + 'static> Future for Detached<V> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.poll_msg(cx).map(drop)
+    }
+}

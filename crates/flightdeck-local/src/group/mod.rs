@@ -1,0 +1,469 @@
+//! The synchronization core: the in-flight map, one slot per flight.
+//!
+//! A flight's whole state (its waiters' channels, how many callers are
+//! left, its abort handle) lives in its slot, under its shard's lock: one
+//! lock, no per-flight allocation, no lock order to get wrong. Callers name
+//! their flight by `(hash, id)`: `id` comes from a counter of the shard,
+//! so it is never reused within the shard that the hash picks.
+//!
+//! A flight ends exactly once, and whoever ends it removes its slot under
+//! the lock and then does the bookkeeping (count, gauge, delivery). A
+//! caller that finds no slot with its id knows the flight already ended.
+//!
+//! The modules hold one concern each: [`slot`] what the map holds,
+//! [`tokens`] the `max_flights` bound, [`delivery`] how an outcome reaches
+//! the callers, [`completion`] the duty to deliver it exactly once, and
+//! [`detach`] the work that can move from its leader to a task.
+
+pub(crate) mod completion;
+pub(crate) mod delivery;
+pub(crate) mod detach;
+pub(crate) mod slot;
+pub(crate) mod tokens;
+
+use std::hash::BuildHasher;
+use std::mem;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
+use flightdeck_core::FlightKey;
+use hashbrown::hash_table::{Entry, HashTable};
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use self::delivery::{deliver, Msg, Outcome};
+use self::slot::{Expired, FlightId, Join, Place, Replay, Running, Shard, Slot, SlotState};
+use self::tokens::{TokenPool, Tokens};
+use crate::flights::Caller;
+use crate::metrics::{Registry, RunningOf, StageMetrics};
+use crate::policy::{FlightPolicy, OnAbandon};
+
+// Keys are BLAKE3 digests already; foldhash (seeded per process) is enough
+// and much cheaper than SipHash on this path. The key is hashed once per
+// lookup and kept in its slot (a `HashTable`, not a map: no second copy of
+// the key).
+type Hasher = foldhash::fast::RandomState;
+
+pub(crate) struct Group<V> {
+    shards: Box<[Mutex<Shard<V>>]>,
+    hasher: Hasher,
+    tokens: TokenPool,
+    pub(crate) metrics: Registry,
+    pub(crate) policy: FlightPolicy,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // None of the user's code (clones, recorders, drops of values) runs
+    // under these locks, and what does cannot panic; but never let a
+    // poisoned lock take the whole layer down.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `at + d`, or an instant some 30 years on when that overflows (a
+/// `Duration::MAX` TTL means "for ever").
+pub(crate) fn later(at: Instant, d: std::time::Duration) -> Instant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + std::time::Duration::from_secs(86_400 * 365 * 30))
+}
+
+impl<V: Send + Sync + 'static> RunningOf for Group<V> {
+    fn running_of(&self, stage: &flightdeck_core::StageName) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                lock(s)
+                    .table
+                    .iter()
+                    .filter(|slot| {
+                        matches!(slot.state, SlotState::Running(_)) && slot.key.stage() == stage
+                    })
+                    .count()
+            })
+            .sum()
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Group<V> {
+    /// `time_work`: whether executions are timed here (see
+    /// `StageMetrics::new`).
+    pub(crate) fn new(policy: FlightPolicy, time_work: bool) -> Arc<Self> {
+        let n = std::thread::available_parallelism()
+            .map_or(4, |n| n.get())
+            .saturating_mul(4)
+            .next_power_of_two()
+            .clamp(4, 256);
+        Arc::new_cyclic(|me: &Weak<Self>| Self {
+            shards: (0..n)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        table: HashTable::new(),
+                        next_id: 0,
+                        tokens: Tokens::default(),
+                    })
+                })
+                .collect(),
+            hasher: Hasher::default(),
+            metrics: Registry::new(time_work, me.clone() as Weak<dyn RunningOf>),
+            tokens: TokenPool::new(policy.max_flights, n),
+            policy,
+        })
+    }
+
+    fn hash(&self, key: &FlightKey) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard of a hash: its upper half picks the shard, the table
+    /// inside uses the lower bits and the top seven.
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
+        lock(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)])
+    }
+
+    /// Running flights right now.
+    pub(crate) fn running(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).tokens.running).sum()
+    }
+
+    /// Entries in the map (running flights and replayable results).
+    pub(crate) fn entries(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).table.len()).sum()
+    }
+
+    /// Joins the flight of `key`, or starts one (a copy of the key goes
+    /// into its slot), on `caller`'s terms: its deadline extends the
+    /// flight's (see `Running::deadline`), and its abandon rule is the
+    /// flight's if it starts one (the policy's when `None`).
+    pub(crate) fn join(&self, key: &FlightKey, caller: Caller) -> Join<V> {
+        // Looked up before the lock: the first use of a stage registers its
+        // handles with the recorder, which is not the shard's business (the
+        // first stage's handles are borrowed, not reference-counted).
+        let metrics = self.metrics.get(key.stage());
+        // Resolved before the lock too: under a recorder seen for the first
+        // time, the stage's handles are registered here, with the active
+        // gauge at the flights running now (not this one, counted when it
+        // starts).
+        let timed = metrics.timed();
+        // A bound of 0 turns every call away, the leader included.
+        if self.policy.max_waiters == 0 {
+            return self.reject(&metrics, key, true);
+        }
+        let hash = self.hash(key);
+        let mut collected = false;
+        loop {
+            let mut guard = self.shard(hash);
+            let shard = &mut *guard;
+            let entry = shard.table.entry(
+                hash,
+                |s| s.current() && s.key == *key,
+                |s| self.hash(&s.key),
+            );
+            let place = match entry {
+                Entry::Vacant(v) => Place::Vacant(v),
+                Entry::Occupied(mut e) => {
+                    // Only here is the time needed: a fresh key reads no clock.
+                    let now = Instant::now();
+                    let slot = e.get_mut();
+                    let id = FlightId { hash, id: slot.id };
+                    match &mut slot.state {
+                        SlotState::Replay(replay) => {
+                            if now < replay.until {
+                                // Cloned after the lock: `V::clone` is the
+                                // user's code.
+                                let replay = Arc::clone(replay);
+                                drop(guard);
+                                metrics.replay();
+                                return Join::Replay(replay.value.clone());
+                            }
+                            // An expired result: its slot is reused.
+                            Place::Reuse(e)
+                        }
+                        SlotState::Running(r) => {
+                            let started = *r.started.get_or_insert(now);
+                            if started
+                                .checked_add(self.policy.flight_ttl)
+                                .is_none_or(|end| now < end)
+                            {
+                                let joiners = r.joiners();
+                                if joiners.live >= self.policy.max_waiters {
+                                    drop(guard);
+                                    return self.reject(&metrics, key, true);
+                                }
+                                let (tx, rx) = oneshot::channel();
+                                joiners.senders.push(tx);
+                                joiners.live += 1;
+                                r.deadline = match (r.deadline, caller.deadline) {
+                                    (Some(a), Some(b)) => Some(a.max(b)),
+                                    _ => None,
+                                };
+                                drop(guard);
+                                metrics.waiter();
+                                return Join::Waiter(id, metrics.keep(), rx, now);
+                            }
+                            // Past its TTL, a running flight finishes for its
+                            // own callers and keeps its slot; a new flight, if
+                            // admitted, takes the key.
+                            Place::Beside(id.id)
+                        }
+                    }
+                }
+            };
+            if !self.tokens.admit(&mut shard.tokens) {
+                drop(guard);
+                // Other shards may keep spare tokens: collected once, then the
+                // call is looked up again (the key's flight may exist by now).
+                if !mem::replace(&mut collected, true) && self.collect() {
+                    continue;
+                }
+                return self.reject(&metrics, key, false);
+            }
+            shard.next_id += 1;
+            let id = FlightId {
+                hash,
+                id: shard.next_id,
+            };
+            let slot = Slot {
+                key: key.clone(),
+                id: id.id,
+                state: SlotState::Running(Running {
+                    started: None,
+                    superseded: false,
+                    finish: caller.on_abandon.unwrap_or(self.policy.on_abandon)
+                        == OnAbandon::Finish,
+                    deadline: caller.deadline,
+                    joiners: None,
+                }),
+            };
+            let old = match place {
+                Place::Vacant(v) => {
+                    v.insert(slot);
+                    None
+                }
+                // The expired result is dropped after the lock. Only a
+                // replayed result's slot is reused (see `Place::Reuse`).
+                Place::Reuse(e) => match mem::replace(e.into_mut(), slot).state {
+                    SlotState::Replay(replay) => Some(replay),
+                    SlotState::Running(_) => {
+                        debug_assert!(false, "a running flight's slot was reused");
+                        None
+                    }
+                },
+                Place::Beside(old) => {
+                    if let Some(r) = shard.running(hash, old) {
+                        r.superseded = true;
+                    }
+                    shard.table.insert_unique(hash, slot, |s| self.hash(&s.key));
+                    None
+                }
+            };
+            drop(guard);
+            // The expired result is dropped (`V::drop` is the user's code)
+            // once the caller has armed the flight's completion.
+            return Join::Leader(id, metrics.keep(), timed, Expired { _replaced: old });
+        }
+    }
+
+    /// Sweeps every shard's spare tokens into the pool (see
+    /// [`TokenPool::collect`]).
+    fn collect(&self) -> bool {
+        self.tokens
+            .collect(|i, take| take(&mut lock(&self.shards[i]).tokens))
+    }
+
+    fn reject(&self, metrics: &StageMetrics, key: &FlightKey, waiters: bool) -> Join<V> {
+        metrics.rejected();
+        let stage = Some(key.stage().clone());
+        Join::Rejected(if waiters {
+            Box::new(TooManyWaiters::new(stage, self.policy.max_waiters))
+        } else {
+            Box::new(TooManyFlights::new(stage, self.policy.max_flights))
+        })
+    }
+
+    /// The work's first poll returned pending at `at`: the flight TTL
+    /// counts from there (unless a waiter found it running first).
+    pub(crate) fn pending(&self, flight: FlightId, at: Instant) {
+        if let Some(r) = self.shard(flight.hash).running(flight.hash, flight.id) {
+            r.started.get_or_insert(at);
+        }
+    }
+
+    /// The flight's deadline now (`Some(None)`: unbounded), `None` once it
+    /// ended.
+    pub(crate) fn flight_deadline(&self, flight: FlightId) -> Option<Option<Instant>> {
+        self.shard(flight.hash)
+            .running(flight.hash, flight.id)
+            .map(|r| r.deadline)
+    }
+
+    /// Records the task that runs the work, so the flight can be cancelled.
+    pub(crate) fn set_abort(&self, flight: FlightId, handle: AbortHandle) {
+        match self.shard(flight.hash).running(flight.hash, flight.id) {
+            Some(r) => r.joiners().abort = Some(handle),
+            // Cancelled (or done) before the task existed.
+            None => handle.abort(),
+        }
+    }
+
+    /// A caller leaves before the flight ended: a waiter, or the leader
+    /// (`leader`). The last one out cancels the flight, unless its leader
+    /// asked it to finish. When a caller timed out waiting, the flight is
+    /// not cancelled at once (a wait timeout never removes the flight for
+    /// the callers still to come): with nobody left it is cancelled once
+    /// its flight TTL has passed, so hung work never holds its token for
+    /// ever. Returns whether the flight goes on (`false`: cancelled now, or
+    /// ended before).
+    pub(crate) fn depart(
+        self: &Arc<Self>,
+        flight: FlightId,
+        timed_out: bool,
+        leader: bool,
+    ) -> bool {
+        let mut shard = self.shard(flight.hash);
+        let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
+            return false;
+        };
+        let Some(r) = e.get_mut().running() else {
+            return false;
+        };
+        let finish = r.finish;
+        let started = r.started;
+        let joiners = r.joiners();
+        joiners.leader_present &= !leader;
+        joiners.live = joiners.live.saturating_sub(1);
+        joiners.keep |= timed_out;
+        if joiners.live > 0 || finish {
+            return true;
+        }
+        if joiners.keep {
+            drop(shard);
+            self.cancel_when_unwanted(flight, started);
+            return true;
+        }
+        let (slot, _) = e.remove();
+        self.tokens.release(&mut shard.tokens);
+        drop(shard);
+        self.cancelled(slot, leader);
+        false
+    }
+
+    /// A flight that nobody waits for any more, kept because a caller timed
+    /// out: cancelled once its flight TTL has passed (from when it started,
+    /// or from now if it never did), unless a caller joined it meanwhile.
+    fn cancel_when_unwanted(self: &Arc<Self>, flight: FlightId, started: Option<Instant>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let at = later(started.unwrap_or_else(Instant::now), self.policy.flight_ttl);
+        let group = Arc::clone(self);
+        drop(rt.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let mut shard = group.shard(flight.hash);
+            let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
+                return;
+            };
+            let wanted = e
+                .get_mut()
+                .running()
+                .is_none_or(|r| r.joiners.as_ref().is_none_or(|j| j.live > 0));
+            if wanted {
+                return;
+            }
+            let (slot, _) = e.remove();
+            group.tokens.release(&mut shard.tokens);
+            drop(shard);
+            tracing::debug!(stage = %slot.key.stage(), key = %slot.key.digest().short(), "flight TTL passed with nobody waiting: cancelled");
+            group.cancelled(slot, false);
+        }));
+    }
+
+    /// The bookkeeping of a cancelled flight whose slot was just removed:
+    /// counted, and its work aborted if it runs on a task.
+    fn cancelled(&self, slot: Slot<V>, leader: bool) {
+        let metrics = self.metrics.get(slot.key.stage());
+        metrics.ended(None);
+        metrics.cancelled();
+        tracing::debug!(stage = %slot.key.stage(), key = %slot.key.digest().short(), leader, "last caller left: flight cancelled");
+        if let SlotState::Running(Running {
+            joiners: Some(joiners),
+            ..
+        }) = slot.state
+        {
+            if let Some(a) = joiners.abort {
+                a.abort();
+            }
+        }
+    }
+
+    /// Ends a flight with its outcome and delivers it to the waiters.
+    /// `replay` is a copy of the value to replay (made by the caller, out
+    /// of the lock: `V::clone` is the user's code), `began` when the work
+    /// began, for work that ran to its end. Returns the leader's message
+    /// when the leader is still there, and the replay deadline when the
+    /// value was kept for replay.
+    fn finish(
+        &self,
+        flight: FlightId,
+        metrics: &StageMetrics,
+        outcome: Outcome<V>,
+        replay: Option<V>,
+        began: Option<Instant>,
+    ) -> (Option<Msg<V>>, Option<Instant>) {
+        let until = replay
+            .as_ref()
+            .map(|_| later(Instant::now(), self.policy.replay_ttl));
+        let mut shard = self.shard(flight.hash);
+        let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
+            // Cancelled: nobody is left to tell.
+            return (None, None);
+        };
+        let slot = e.get_mut();
+        // For the log line of a panic, read before the slot goes.
+        let panicked = matches!(outcome, Outcome::Panicked).then(|| slot.key.digest().short());
+        let Some(r) = slot.running() else {
+            return (None, None);
+        };
+        let joiners = r.joiners.take();
+        let until = match (replay, until) {
+            // A flight that outlived its TTL leaves the key to the newer one.
+            (Some(value), Some(until)) if !r.superseded => {
+                slot.state = SlotState::Replay(Arc::new(Replay { value, until }));
+                Some(until)
+            }
+            // Nothing left in the slot owns anything (its key holds no
+            // reference, its waiters' channels were taken above).
+            _ => {
+                e.remove();
+                None
+            }
+        };
+        self.tokens.release(&mut shard.tokens);
+        drop(shard);
+        metrics.ended(began);
+        if let Some(key) = panicked {
+            metrics.panicked();
+            tracing::error!(stage = %metrics.stage, %key, "work panicked");
+        }
+        let leader = match joiners {
+            Some(j) => deliver(j.senders, outcome, j.leader_present),
+            // Nobody joined: the leader takes the outcome as it is.
+            None => outcome.into_msg(),
+        };
+        (leader, until)
+    }
+
+    /// Removes a replay entry once its window is over.
+    pub(crate) fn expire_replay(&self, flight: FlightId) {
+        let mut shard = self.shard(flight.hash);
+        let ours = |s: &Slot<V>| s.id == flight.id && matches!(s.state, SlotState::Replay(_));
+        if let Ok(e) = shard.table.find_entry(flight.hash, ours) {
+            // The key and the value are dropped after the lock.
+            let slot = e.remove().0;
+            drop(shard);
+            drop(slot);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

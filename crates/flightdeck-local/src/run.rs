@@ -1,0 +1,532 @@
+//! The future of one caller of [`LocalFlights::run`](crate::LocalFlights::run).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
+use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, Unshareable};
+use pin_project_lite::pin_project;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+use tracing::Instrument;
+
+use crate::flights::{Caller, FlightWork};
+use crate::group::completion::Completion;
+use crate::group::delivery::{Letter, Msg, Outcome};
+use crate::group::detach::Work;
+use crate::group::slot::{FlightId, Join};
+use crate::group::Group;
+use crate::metrics::StageMetrics;
+
+/// What a flight's work produces.
+pub(crate) type Produced<V, O> = Result<Shareable<V, O>, BoxError>;
+
+/// What one caller of a flight gets.
+#[derive(Debug)]
+pub enum Answer<V, O> {
+    /// The flight's shared result, to this caller as its leader (or as
+    /// the caller that ran its own request): its own copy (see
+    /// `Share::restore_leader`, which may give it what strangers never
+    /// get, such as its own cookies).
+    Led(V),
+    /// The flight's shared result, handed to this caller (a waiter, or a
+    /// replay).
+    Shared(V),
+    /// An output of this caller's own that was not shared (the leader's
+    /// unshareable response, or a waiter's own run).
+    Own(O),
+}
+
+impl<V, O> Answer<V, O> {
+    /// The answer to a caller of its own work's result.
+    fn own(produced: Shareable<V, O>) -> Self {
+        match produced {
+            Shareable::Shared(v) => Answer::Led(v),
+            Shareable::Unshared(o, _) => Answer::Own(o),
+        }
+    }
+}
+
+/// What a waiter's poll gives: its answer, or its work back when it must run it.
+type Waited<V, W> = Result<Result<Answer<V, <W as FlightWork<V>>::Output>, BoxError>, W>;
+
+type Alone<V, O> = Pin<Box<dyn Future<Output = Result<Answer<V, O>, BoxError>> + Send>>;
+
+pin_project! {
+    /// The future of one caller of [`LocalFlights::run`](crate::LocalFlights::run).
+    ///
+    /// Waiting is event-driven: a waiter sleeps on a oneshot channel (and
+    /// on its timer) and is woken exactly once, when the flight ends. The
+    /// leader polls the work itself; dropped (or out of time) before the
+    /// work finished, it hands the work to a task of its own when others
+    /// still want the result, and cancels it otherwise (unless the flight
+    /// was started to finish).
+    pub struct Run<V, W>
+    where
+        V: Clone,
+        V: Send,
+        V: Sync,
+        V: 'static,
+        W: FlightWork<V>,
+    {
+        #[pin]
+        state: State<V, W>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<V, W>
+    where
+        V: Clone,
+        V: Send,
+        V: Sync,
+        V: 'static,
+        W: FlightWork<V>,
+    {
+        // The leader polls the work itself.
+        Lead {
+            lead: LeaderGuard<V>,
+            deadline: Option<Instant>,
+            // Allocated on the first poll that has to wait.
+            timer: Option<Pin<Box<Timer>>>,
+        },
+        // Waiting for the flight's message (boxed: the future stays small
+        // for the leader, who moves it around most).
+        Waiting { wait: Pin<Box<Wait<V, W>>> },
+        // The result was not shared with this caller: it runs its own.
+        Alone { fut: Alone<V, W::Output> },
+        // Decided at call time (replay, rejection).
+        Ready { out: Option<Result<Answer<V, W::Output>, BoxError>> },
+    }
+}
+
+pin_project! {
+    /// A waiter's state.
+    #[project = WaitProj]
+    struct Wait<V, W>
+    where
+        V: Clone,
+        V: Send,
+        V: Sync,
+        V: 'static,
+    {
+        rx: oneshot::Receiver<Letter<V>>,
+        // Armed on the first poll that has to wait: a waiter whose result
+        // is there at once never touches the timer wheel.
+        #[pin]
+        timer: Timer,
+        guard: WaiterGuard<V>,
+        work: Option<W>,
+        since: Instant,
+        deadline: Option<Instant>,
+        span: tracing::Span,
+    }
+}
+
+/// Why a caller's timer fired.
+#[derive(Clone, Copy)]
+enum Expiry {
+    /// The policy's wait timeout, after waiting this long.
+    Waited(Duration),
+    /// The caller's own deadline.
+    Deadline,
+}
+
+pin_project! {
+    /// A caller's timer (the earlier of its wait timeout and its own
+    /// deadline), armed on its first pending poll.
+    #[project = TimerProj]
+    enum Timer {
+        Unarmed,
+        Armed { #[pin] sleep: Sleep, since: Instant, deadline: bool },
+        // Neither a wait timeout nor a deadline: never fires.
+        Never,
+    }
+}
+
+impl Timer {
+    /// Whether the caller's time is up: the wait `timeout` counted from
+    /// `since()` (read when the timer is armed), or its own `deadline`. A
+    /// timeout too long to add to an instant never ends.
+    fn expired(
+        mut self: Pin<&mut Self>,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+        since: impl FnOnce() -> Instant,
+        cx: &mut Context<'_>,
+    ) -> Option<Expiry> {
+        if let TimerProj::Unarmed = self.as_mut().project() {
+            let since = since();
+            let waited = timeout.and_then(|t| since.checked_add(t));
+            let next = match (waited, deadline) {
+                (Some(w), Some(d)) if d <= w => Some((d, true)),
+                (Some(w), _) => Some((w, false)),
+                (None, Some(d)) => Some((d, true)),
+                (None, None) => None,
+            };
+            self.set(match next {
+                Some((at, deadline)) => Timer::Armed {
+                    sleep: tokio::time::sleep_until(at),
+                    since,
+                    deadline,
+                },
+                None => Timer::Never,
+            });
+        }
+        match self.project() {
+            TimerProj::Armed {
+                sleep,
+                since,
+                deadline,
+            } => sleep.poll(cx).is_ready().then(|| {
+                if *deadline {
+                    Expiry::Deadline
+                } else {
+                    Expiry::Waited(since.elapsed())
+                }
+            }),
+            TimerProj::Unarmed | TimerProj::Never => None,
+        }
+    }
+}
+
+impl<V, W> Run<V, W>
+where
+    V: Clone + Send + Sync + 'static,
+    W: FlightWork<V>,
+{
+    pub(crate) fn ready(out: Result<Answer<V, W::Output>, BoxError>) -> Self {
+        Self {
+            state: State::Ready { out: Some(out) },
+        }
+    }
+
+    pub(crate) fn start(
+        group: &Arc<Group<V>>,
+        key: &FlightKey,
+        caller: Caller,
+        mut work: W,
+    ) -> Self {
+        // Only waiters and leaders have a flight to trace.
+        let span = |role: &'static str| {
+            tracing::debug_span!(
+                "flight",
+                role,
+                stage = %key.stage(),
+                key = %key.digest().short(),
+            )
+        };
+        let state = match group.join(key, caller) {
+            Join::Replay(value) => {
+                if work.serves(&value) {
+                    State::Ready {
+                        out: Some(Ok(Answer::Shared(value))),
+                    }
+                } else {
+                    group.metrics.get(key.stage()).unshared(Unshareable::Vary);
+                    State::Alone { fut: alone(work) }
+                }
+            }
+            Join::Rejected(err) => State::Ready {
+                out: Some(Err(err)),
+            },
+            Join::Waiter(flight, metrics, rx, since) => {
+                work.waiting();
+                State::Waiting {
+                    wait: Box::pin(Wait {
+                        rx,
+                        timer: Timer::Unarmed,
+                        guard: WaiterGuard {
+                            group: Arc::clone(group),
+                            flight,
+                            metrics,
+                            armed: true,
+                        },
+                        work: Some(work),
+                        since,
+                        deadline: caller.deadline,
+                        span: span("waiter"),
+                    }),
+                }
+            }
+            Join::Leader(flight, metrics, timed, expired) => {
+                // Armed before starting the work (or dropping the result it
+                // replaced): if starting it panics, waiters that already
+                // joined get `WorkPanicked`.
+                let completion = Completion::new(Arc::clone(group), flight, metrics, timed);
+                completion.started();
+                drop(expired);
+                let fut = outcome(work.lead());
+                // A disabled span is not worth a wrapper polled every time.
+                let span = span("leader");
+                let work = if span.is_disabled() {
+                    Work::new(completion, fut, caller.deadline)
+                } else {
+                    Work::new(completion, fut.instrument(span), caller.deadline)
+                };
+                State::Lead {
+                    lead: LeaderGuard { work: Some(work) },
+                    deadline: caller.deadline,
+                    timer: None,
+                }
+            }
+        };
+        Self { state }
+    }
+}
+
+/// A caller's own run of its work.
+fn alone<V, W: FlightWork<V>>(work: W) -> Alone<V, W::Output> {
+    let run = work.alone();
+    Box::pin(async move { run.await.map(Answer::own) })
+}
+
+/// The work's answer as the flight's outcome.
+async fn outcome<V, O: Send + 'static>(work: impl Future<Output = Produced<V, O>>) -> Outcome<V> {
+    match work.await {
+        Ok(Shareable::Shared(v)) => Outcome::Value(v),
+        Ok(Shareable::Unshared(o, why)) => Outcome::Unshared(Some(Box::new(o)), why),
+        Err(e) => Outcome::Error(SharedError::new(e)),
+    }
+}
+
+impl<V, W> fmt::Debug for Run<V, W>
+where
+    V: Clone + Send + Sync + 'static,
+    W: FlightWork<V>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Lead { .. } => "lead",
+            State::Waiting { .. } => "waiting",
+            State::Alone { .. } => "alone",
+            State::Ready { .. } => "ready",
+        };
+        f.debug_struct("Run").field("state", &state).finish()
+    }
+}
+
+impl<V, W> Future for Run<V, W>
+where
+    V: Clone + Send + Sync + 'static,
+    W: FlightWork<V>,
+{
+    type Output = Result<Answer<V, W::Output>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let work =
+                match this.state.as_mut().project() {
+                    StateProj::Alone { fut } => return fut.as_mut().poll(cx),
+                    StateProj::Ready { out } => {
+                        return Poll::Ready(out.take().unwrap_or_else(|| {
+                            Err(Box::new(FlightAbandoned::new(None)) as BoxError)
+                        }));
+                    }
+                    StateProj::Lead {
+                        lead,
+                        deadline,
+                        timer,
+                    } => return lead.poll_work::<W::Output>(cx, *deadline, timer),
+                    StateProj::Waiting { wait } => match wait.as_mut().poll_wait(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(out)) => return Poll::Ready(out),
+                        Poll::Ready(Err(work)) => work,
+                    },
+                };
+            this.state.set(State::Alone { fut: alone(work) });
+        }
+    }
+}
+
+impl<V, W> Wait<V, W>
+where
+    V: Clone + Send + Sync + 'static,
+    W: FlightWork<V>,
+{
+    /// Polls a waiter: its answer, or its work when it must run its own.
+    fn poll_wait(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Waited<V, W>> {
+        let WaitProj {
+            rx,
+            timer,
+            guard,
+            work,
+            since,
+            deadline,
+            span,
+        } = self.project();
+        let _entered = span.enter();
+        let msg = match Pin::new(rx).poll(cx) {
+            Poll::Ready(msg) => msg,
+            Poll::Pending => {
+                let timeout = guard.group.policy.wait_timeout;
+                return match timer.expired(timeout, *deadline, || *since, cx) {
+                    Some(expiry) => Poll::Ready(Ok(Err(guard.left(expiry)))),
+                    None => Poll::Pending,
+                };
+            }
+        };
+        // The flight is over for this waiter: nothing to cancel.
+        guard.armed = false;
+        let metrics = guard.metrics();
+        // Until the result was sent (no clock read per waiter), or, when
+        // the flight ended without a word, until now.
+        let waited = match &msg {
+            Ok((_, sent)) => sent.saturating_duration_since(*since),
+            Err(_) => since.elapsed(),
+        };
+        metrics.waited(waited.as_secs_f64());
+        // Built only on the error paths: 10,000 waiters cloning one shared
+        // name from two threads is a contended atomic apiece.
+        let stage = || Some(metrics.stage.clone());
+        let abandoned =
+            || Poll::Ready(Ok(Err(Box::new(FlightAbandoned::new(stage())) as BoxError)));
+        let why = match msg.map(|(msg, _)| msg) {
+            Ok(Msg::Value(v)) => {
+                if work.as_ref().is_none_or(|w| w.serves(&v)) {
+                    return Poll::Ready(Ok(Ok(Answer::Shared(v))));
+                }
+                Unshareable::Vary
+            }
+            Ok(Msg::Error(e)) => return Poll::Ready(Ok(Err(Box::new(e)))),
+            Ok(Msg::Panicked) => return Poll::Ready(Ok(Err(Box::new(WorkPanicked::new(stage()))))),
+            Ok(Msg::Original(o)) => {
+                return match o.downcast::<W::Output>() {
+                    Ok(out) => Poll::Ready(Ok(Ok(Answer::Own(*out)))),
+                    Err(_) => abandoned(),
+                };
+            }
+            Ok(Msg::Unshared(why)) => why,
+            Err(_) => return abandoned(),
+        };
+        match work.take() {
+            Some(work) => {
+                metrics.unshared(why);
+                Poll::Ready(Err(work))
+            }
+            None => abandoned(),
+        }
+    }
+}
+
+/// Tells the flight when a waiter leaves before its result arrived (its
+/// future was dropped, or its time was up), so the last one out can cancel.
+struct WaiterGuard<V: Clone + Send + Sync + 'static> {
+    group: Arc<Group<V>>,
+    flight: FlightId,
+    /// `None`: the group's first stage.
+    metrics: Option<Arc<StageMetrics>>,
+    armed: bool,
+}
+
+impl<V: Clone + Send + Sync + 'static> WaiterGuard<V> {
+    fn metrics(&self) -> &StageMetrics {
+        self.group.metrics.kept(&self.metrics)
+    }
+
+    /// The waiter's time is up: it leaves, the flight goes on.
+    fn left(&mut self, expiry: Expiry) -> BoxError {
+        self.armed = false;
+        let timed_out = matches!(expiry, Expiry::Waited(_));
+        self.group.depart(self.flight, timed_out, false);
+        expiry_error(self.metrics(), expiry)
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Drop for WaiterGuard<V> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.group.depart(self.flight, false, false);
+        }
+    }
+}
+
+/// The leader's hold on the work. Dropped before the work finished, it hands
+/// the work to a task of its own (or cancels it if nobody else waits).
+struct LeaderGuard<V: Clone + Send + Sync + 'static> {
+    work: Option<Work<V>>,
+}
+
+impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
+    fn poll_work<O: Send + 'static>(
+        &mut self,
+        cx: &mut Context<'_>,
+        deadline: Option<Instant>,
+        timer: &mut Option<Pin<Box<Timer>>>,
+    ) -> Poll<Result<Answer<V, O>, BoxError>> {
+        let Some(work) = self.work.as_mut() else {
+            return Poll::Ready(Err(Box::new(FlightAbandoned::new(None))));
+        };
+        // A panic in the work becomes an error for everybody, the leader
+        // included, instead of unwinding through the caller.
+        let msg = match work.poll_msg(cx) {
+            Poll::Ready(msg) => msg,
+            Poll::Pending => {
+                // The leader's wait counts from its work's first pending
+                // poll, which this is when the timer is still unarmed.
+                let timeout = work.policy().wait_timeout;
+                let timer = timer.get_or_insert_with(|| Box::pin(Timer::Unarmed));
+                if let Some(expiry) = timer.as_mut().expired(timeout, deadline, Instant::now, cx) {
+                    return Poll::Ready(Err(self.left(expiry)));
+                }
+                return Poll::Pending;
+            }
+        };
+        // Built only on the error paths.
+        let mut stage = || Some(work.metrics().stage.clone());
+        let out = match msg {
+            Some(Msg::Value(v)) => Ok(Answer::Led(v)),
+            Some(Msg::Error(e)) => Err(Box::new(e) as BoxError),
+            Some(Msg::Panicked) => Err(Box::new(WorkPanicked::new(stage())) as BoxError),
+            Some(Msg::Original(o)) => match o.downcast::<O>() {
+                Ok(out) => Ok(Answer::Own(*out)),
+                Err(_) => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
+            },
+            Some(Msg::Unshared(_)) | None => {
+                Err(Box::new(FlightAbandoned::new(stage())) as BoxError)
+            }
+        };
+        self.work = None;
+        Poll::Ready(out)
+    }
+
+    /// The leader's time is up: it leaves, the work goes on for the others.
+    fn left(&mut self, expiry: Expiry) -> BoxError {
+        match self.work.take() {
+            Some(mut work) => {
+                let err = expiry_error(work.metrics(), expiry);
+                work.leader_left(matches!(expiry, Expiry::Waited(_)));
+                err
+            }
+            None => Box::new(FlightAbandoned::new(None)),
+        }
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<V> {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            work.leader_left(false);
+        }
+    }
+}
+
+fn expiry_error(metrics: &StageMetrics, expiry: Expiry) -> BoxError {
+    match expiry {
+        Expiry::Waited(waited) => {
+            metrics.wait_timeout();
+            tracing::debug!(stage = %metrics.stage, ?waited, "timed out waiting; the flight goes on");
+            Box::new(WaitTimeout::new(Some(metrics.stage.clone()), waited))
+        }
+        Expiry::Deadline => {
+            tracing::debug!(stage = %metrics.stage, "the caller's deadline passed; the flight goes on");
+            Box::new(DeadlineExceeded::new("request"))
+        }
+    }
+}

@@ -1,0 +1,614 @@
+//! The Redis protocol itself, against real `redis-server` processes
+//! started by the testkit: the command budget of every script answer (as
+//! Redis counts it, `INFO commandstats`, which counts the commands a
+//! script runs), a rolling upgrade from the first key layout (its scripts
+//! kept in `legacy`), and the server time of an owner flight, old layout
+//! against new in one run.
+
+mod legacy;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_core::{CloneShare, FlightKey, StageName};
+use flightdeck_distributed::backend::{
+    AbandonArgs, Acquired, Backend, CommitArgs, Committed, LeaseTerms, Notice, Released, Renewal,
+};
+use flightdeck_distributed::{
+    DistributedFlightLayer, DistributedPolicy, FlightId, OwnerToken, PostcardCodec,
+};
+use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_testkit::conformance::{self, fresh_flight, LEASE};
+use flightdeck_testkit::RedisServer;
+use fred::prelude::Value;
+use legacy::Legacy;
+use tower::{service_fn, Layer, ServiceExt};
+
+async fn backend(redis: &RedisServer) -> RedisBackend {
+    RedisBackend::connect(RedisConfig::new(redis.url()).command_timeout(Duration::from_secs(1)))
+        .await
+        .expect("connects to the test redis")
+}
+
+/// `INFO commandstats`: (calls, usec) per command, scripts' inner
+/// commands included.
+fn commandstats(redis: &RedisServer) -> BTreeMap<String, (u64, u64)> {
+    let info = redis.cmd(&["INFO", "commandstats"]).unwrap();
+    let text = info.as_str().expect("INFO answers text").to_owned();
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some((name, stats)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |f: &str| {
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(f))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        out.insert(name.to_owned(), (field("calls="), field("usec=")));
+    }
+    out
+}
+
+/// The commands Redis ran since the last `CONFIG RESETSTAT`, without the
+/// test's own `CONFIG` and `INFO`.
+fn ran(redis: &RedisServer) -> BTreeMap<String, u64> {
+    commandstats(redis)
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("config") && !name.starts_with("info"))
+        .map(|(name, (calls, _))| (name, calls))
+        .collect()
+}
+
+fn reset(redis: &RedisServer) {
+    redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+}
+
+/// Runs `call` and checks that Redis ran exactly `want` for it (one
+/// `EVALSHA` and the script's inner commands).
+async fn costs<T>(
+    redis: &RedisServer,
+    what: &str,
+    want: &[(&str, u64)],
+    call: impl Future<Output = T>,
+) -> T {
+    reset(redis);
+    let out = call.await;
+    let want: BTreeMap<String, u64> = [("evalsha", 1)]
+        .iter()
+        .chain(want)
+        .map(|(name, n)| ((*name).to_owned(), *n))
+        .collect();
+    assert_eq!(ran(redis), want, "{what}: the commands Redis ran");
+    out
+}
+
+fn commit_args(payload: &'static [u8]) -> CommitArgs {
+    conformance::commit_args(payload, 1024)
+}
+
+fn no_failure() -> AbandonArgs {
+    AbandonArgs {
+        failure: None,
+        failure_ttl: Duration::ZERO,
+        state_ttl: Duration::from_secs(30),
+    }
+}
+
+fn owned(answer: Acquired) -> u64 {
+    match answer {
+        Acquired::Owner { generation, .. } => generation,
+        other => panic!("expected OWNER, got {other:?}"),
+    }
+}
+
+const HMGET: (&str, u64) = ("hmget", 1);
+const TIME: (&str, u64) = ("time", 1);
+const HSET: (&str, u64) = ("hset", 1);
+const PEXPIRE: (&str, u64) = ("pexpire", 1);
+const PUBLISH: (&str, u64) = ("publish", 1);
+
+/// The per-flight command budget of `MEASUREMENTS.md`, answer by answer:
+/// hit = 1 inner command, follower = 2, owner = ACQUIRE 4 + COMMIT 4;
+/// heartbeat, abandon, release, invalidate and the refusals as listed.
+/// Any extra `redis.call` (or a missing one) fails here.
+#[tokio::test]
+async fn every_script_answer_keeps_its_command_budget() {
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let t = conformance::terms(true);
+    let tok = OwnerToken::random;
+    let (a, c) = (tok(), tok());
+    let f = fresh_flight();
+
+    let g = owned(
+        costs(
+            &redis,
+            "ACQUIRE -> OWNER (grant)",
+            &[HMGET, TIME, HSET, PEXPIRE],
+            b.acquire(&f, &a, &t),
+        )
+        .await
+        .unwrap(),
+    );
+    let retry = costs(
+        &redis,
+        "ACQUIRE -> OWNER (retry)",
+        &[HMGET, TIME],
+        b.acquire(&f, &a, &t),
+    );
+    assert_eq!(owned(retry.await.unwrap()), g);
+    let follower = costs(
+        &redis,
+        "ACQUIRE -> FOLLOWER",
+        &[HMGET, TIME],
+        b.acquire(&f, &c, &t),
+    );
+    assert!(matches!(follower.await.unwrap(), Acquired::Follower { .. }));
+    let renewed = costs(
+        &redis,
+        "HEARTBEAT -> RENEWED",
+        &[HMGET, TIME, HSET, PEXPIRE],
+        b.heartbeat(&f, &a, g, &t),
+    );
+    assert_eq!(renewed.await.unwrap(), Renewal::Renewed);
+    let lost = costs(
+        &redis,
+        "HEARTBEAT -> LOST",
+        &[HMGET],
+        b.heartbeat(&f, &c, g, &t),
+    );
+    assert_eq!(lost.await.unwrap(), Renewal::Lost);
+    let args = commit_args(b"small result");
+    let fenced = costs(
+        &redis,
+        "COMMIT -> FENCED",
+        &[HMGET],
+        b.commit(&f, &c, g, &args),
+    );
+    assert_eq!(fenced.await.unwrap(), Committed::Fenced);
+    let committed = costs(
+        &redis,
+        "COMMIT -> COMMITTED",
+        &[HMGET, HSET, PEXPIRE, PUBLISH],
+        b.commit(&f, &a, g, &args),
+    );
+    assert_eq!(committed.await.unwrap(), Committed::Committed);
+    let again = costs(
+        &redis,
+        "COMMIT -> COMMITTED (retry)",
+        &[HMGET],
+        b.commit(&f, &a, g, &args),
+    );
+    assert_eq!(again.await.unwrap(), Committed::Committed);
+    let hit = costs(&redis, "ACQUIRE -> HIT", &[HMGET], b.acquire(&f, &c, &t));
+    assert!(matches!(hit.await.unwrap(), Acquired::Hit(_)));
+    let kept = costs(
+        &redis,
+        "RELEASE -> NOT_OWNER (record kept)",
+        &[HMGET, HSET],
+        b.release(&f, &c, Duration::from_secs(30)),
+    );
+    assert_eq!(kept.await.unwrap(), Released::NotOwner);
+
+    let f = fresh_flight();
+    let none = costs(
+        &redis,
+        "RELEASE -> NOT_OWNER (no record)",
+        &[HMGET, HSET, PEXPIRE],
+        b.release(&f, &c, Duration::from_secs(30)),
+    );
+    assert_eq!(none.await.unwrap(), Released::NotOwner);
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap());
+    let no_failure = no_failure();
+    let not_owner = costs(
+        &redis,
+        "ABANDON -> NOT_OWNER",
+        &[HMGET],
+        b.abandon(&f, &c, g, &no_failure),
+    );
+    assert_eq!(not_owner.await.unwrap(), Released::NotOwner);
+    let abandoned = costs(
+        &redis,
+        "ABANDON -> RELEASED",
+        &[HMGET, HSET, PUBLISH],
+        b.abandon(&f, &a, g, &no_failure),
+    );
+    assert_eq!(abandoned.await.unwrap(), Released::Released);
+    // (`c` was released on this flight: it is never granted it.)
+    let d = tok();
+    let g = owned(b.acquire(&f, &d, &t).await.unwrap());
+    let failure = AbandonArgs {
+        failure: Some(Bytes::from_static(b"boom")),
+        failure_ttl: Duration::from_secs(5),
+        ..no_failure.clone()
+    };
+    let cached = costs(
+        &redis,
+        "ABANDON -> RELEASED (failure cached)",
+        &[HMGET, HSET, PEXPIRE, PUBLISH],
+        b.abandon(&f, &d, g, &failure),
+    );
+    assert_eq!(cached.await.unwrap(), Released::Released);
+
+    let f = fresh_flight();
+    owned(b.acquire(&f, &a, &t).await.unwrap());
+    let released = costs(
+        &redis,
+        "RELEASE -> RELEASED",
+        &[HMGET, HSET, PUBLISH],
+        b.release(&f, &a, Duration::from_secs(30)),
+    );
+    assert_eq!(released.await.unwrap(), Released::Released);
+    let ended = costs(
+        &redis,
+        "ACQUIRE -> EXPIRED (a released token)",
+        &[HMGET, TIME],
+        b.acquire(&f, &a, &t),
+    );
+    assert!(matches!(ended.await.unwrap(), Acquired::Expired { .. }));
+    let invalidated = costs(
+        &redis,
+        "INVALIDATE",
+        &[HMGET, TIME, HSET, ("hdel", 1), PEXPIRE, PUBLISH],
+        b.invalidate(&f, Duration::from_secs(30)),
+    );
+    invalidated.await.unwrap();
+
+    let f = fresh_flight();
+    let no_takeover = LeaseTerms {
+        allow_takeover: false,
+        ..t
+    };
+    let g = owned(b.acquire(&f, &a, &no_takeover).await.unwrap());
+    tokio::time::sleep(LEASE + LEASE / 4).await;
+    let expired = costs(
+        &redis,
+        "ACQUIRE -> EXPIRED (dead owner)",
+        &[HMGET, TIME],
+        b.acquire(&f, &c, &no_takeover),
+    );
+    assert_eq!(expired.await.unwrap(), Acquired::Expired { generation: g });
+    let lost = costs(
+        &redis,
+        "HEARTBEAT -> LOST (lease ran out)",
+        &[HMGET, TIME],
+        b.heartbeat(&f, &a, g, &t),
+    );
+    assert_eq!(lost.await.unwrap(), Renewal::Lost);
+}
+
+/// The same budget through the L2 layer (whatever its flow does around
+/// the scripts): an owner flight costs at most 8 inner commands, a hit 1,
+/// and a follower at most 2 per ACQUIRE it sends (plus the owner's COMMIT).
+#[tokio::test]
+async fn owner_hit_and_follower_flights_keep_the_budget() {
+    let redis = RedisServer::start().unwrap();
+    let stage = StageName::new("budget").unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let node = |b: RedisBackend| {
+        let stage = stage.clone();
+        let calls = calls.clone();
+        // Heartbeats far apart: the counts show the protocol itself.
+        let policy = DistributedPolicy::new()
+            .lease(Duration::from_secs(3))
+            .heartbeat(Duration::from_secs(1))
+            .call_timeout(Duration::from_millis(500));
+        let layer = DistributedFlightLayer::new(
+            b,
+            policy,
+            CloneShare::<String>::new(),
+            PostcardCodec::<String>::new(),
+            move |req: &String| Some(FlightKey::from_bytes(stage.clone(), req)),
+        )
+        .unwrap();
+        let flights = layer.flights().clone();
+        let svc = layer.layer(service_fn(move |req: String| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, Infallible>(format!("v:{req}"))
+            }
+        }));
+        (svc, flights)
+    };
+    // The owner's commit runs in the background after its callers have
+    // their answer: every count waits for the flights to be idle.
+    let ((a, a_flights), (b, b_flights)) =
+        (node(backend(&redis).await), node(backend(&redis).await));
+    let inner = |ran: &BTreeMap<String, u64>| -> u64 {
+        ran.iter()
+            .filter(|(name, _)| !matches!(name.as_str(), "evalsha" | "subscribe" | "ping"))
+            .map(|(_, n)| n)
+            .sum()
+    };
+
+    reset(&redis);
+    assert_eq!(a.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    a_flights.idle().await;
+    let owner = ran(&redis);
+    assert_eq!(
+        owner.get("evalsha"),
+        Some(&2),
+        "ACQUIRE + COMMIT: {owner:?}"
+    );
+    assert!(inner(&owner) <= 8, "owner flight: {owner:?}");
+
+    reset(&redis);
+    assert_eq!(b.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    b_flights.idle().await;
+    let hit = ran(&redis);
+    assert_eq!(hit.get("evalsha"), Some(&1), "{hit:?}");
+    assert_eq!(inner(&hit), 1, "hit: {hit:?}");
+
+    let owner_call = tokio::spawn(a.clone().oneshot("y".into()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    reset(&redis);
+    assert_eq!(b.clone().oneshot("y".into()).await.unwrap(), "v:y");
+    owner_call.await.unwrap().unwrap();
+    a_flights.idle().await;
+    b_flights.idle().await;
+    let window = ran(&redis);
+    let scripts = window.get("evalsha").copied().unwrap_or(0);
+    assert!(scripts >= 2, "{window:?}");
+    // The owner's COMMIT (4) plus at most 2 per follower ACQUIRE.
+    assert!(
+        inner(&window) <= 4 + 2 * (scripts - 1),
+        "follower window: {window:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    eprintln!(
+        "inner commands: owner {} ({owner:?}), hit {}, follower window {} for {scripts} EVALSHA ({window:?})",
+        inner(&owner),
+        inner(&hit),
+        inner(&window)
+    );
+}
+
+/// A rolling upgrade: nodes of the first layout (its scripts, run by
+/// hand) and of this one share one Redis and one prefix. Neither reads
+/// the other's keys: each replays only the results its own layout stored,
+/// so no node ever hands out the other layout's result or reads its
+/// format; a flight asked of both at once runs once per layout (the
+/// documented cost of a mixed deployment); and notices do not cross.
+#[tokio::test]
+async fn old_and_new_layouts_never_read_each_other() {
+    let redis = RedisServer::start().unwrap();
+    let new = backend(&redis).await;
+    let old = Legacy::load(new.client(), "fd").await;
+    let t = conformance::terms(true);
+    let word = |v: &Value| v.as_str().map(|s| s.into_owned()).unwrap_or_default();
+
+    // The old layout commits a result; the new one does not see it.
+    let f = fresh_flight();
+    let mut sub = new.subscribe(&f).await.unwrap();
+    let answer = old.acquire(&f, "old-node").await;
+    assert_eq!(word(&answer[0]), "OWNER");
+    let old_gen = answer[1].as_i64().unwrap();
+    let committed = old
+        .commit(&f, "old-node", old_gen, Bytes::from_static(b"old result"))
+        .await;
+    assert_eq!(committed, "COMMITTED");
+    let tok = OwnerToken::random();
+    let g = match new.acquire(&f, &tok, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+        } => generation,
+        other => panic!("the new layout must not read the old one's result: {other:?}"),
+    };
+    assert_eq!(
+        new.commit(&f, &tok, g, &commit_args(b"new result"))
+            .await
+            .unwrap(),
+        Committed::Committed
+    );
+    // Each replays its own.
+    match new.acquire(&f, &OwnerToken::random(), &t).await.unwrap() {
+        Acquired::Hit(r) => assert_eq!(&r.payload[..], b"new result"),
+        other => panic!("expected the new layout's HIT, got {other:?}"),
+    }
+    let answer = old.acquire(&f, "another-old-node").await;
+    assert_eq!(word(&answer[0]), "HIT");
+    assert_eq!(answer[3].as_bytes(), Some(&b"old result"[..]));
+    // The new subscription heard the new commit, not the old one.
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(2), sub.recv())
+            .await
+            .unwrap(),
+        Some(Notice::Committed {
+            generation: g,
+            inline: Some(Bytes::from_static(b"new result"))
+        })
+    );
+
+    // A new node holds the lease; an old node owns the same flight in its
+    // own layout (it runs there too), and neither's commit touches the
+    // other's result.
+    let f = fresh_flight();
+    let tok = OwnerToken::random();
+    let g = owned(new.acquire(&f, &tok, &t).await.unwrap());
+    let answer = old.acquire(&f, "old-node").await;
+    assert_eq!(word(&answer[0]), "OWNER", "the layouts do not coordinate");
+    let old_gen = answer[1].as_i64().unwrap();
+    let committed = old
+        .commit(&f, "old-node", old_gen, Bytes::from_static(b"old"))
+        .await;
+    assert_eq!(committed, "COMMITTED");
+    assert!(matches!(
+        new.acquire(&f, &OwnerToken::random(), &t).await.unwrap(),
+        Acquired::Follower { generation, .. } if generation == g
+    ));
+    new.commit(&f, &tok, g, &commit_args(b"new")).await.unwrap();
+    match new.acquire(&f, &OwnerToken::random(), &t).await.unwrap() {
+        Acquired::Hit(r) => assert_eq!(&r.payload[..], b"new"),
+        other => panic!("expected HIT, got {other:?}"),
+    }
+
+    // No name is shared: three old keys and the old channel, one new key
+    // and the new channel.
+    let old_names = old.keys(&f);
+    for name in new.keys(&f) {
+        assert!(!old_names.contains(&name), "{name}");
+    }
+    let Ok(flightdeck_testkit::Resp::Array(Some(stored))) =
+        redis.cmd(&["KEYS", &format!("fd:{{{}}}:*", f.to_hex())])
+    else {
+        panic!("KEYS answers an array");
+    };
+    assert_eq!(
+        stored.len(),
+        3,
+        "old state + result, new record: {stored:?}"
+    );
+}
+
+/// What Redis ran for one phase of the measurement: `EVALSHA` calls,
+/// their server time, and the inner commands of those scripts.
+#[derive(Clone, Copy, Default)]
+struct Phase {
+    scripts: u64,
+    usec: u64,
+    inner: u64,
+}
+
+impl Phase {
+    fn read(redis: &RedisServer) -> Self {
+        let stats = commandstats(redis);
+        let (scripts, usec) = stats.get("evalsha").copied().unwrap_or((0, 0));
+        let all: u64 = ran(redis).values().sum();
+        Self {
+            scripts,
+            usec,
+            inner: all - scripts,
+        }
+    }
+}
+
+/// One layout's owner flights: ACQUIRE of `FLIGHTS` fresh flights, then
+/// their COMMITs, each phase counted apart.
+async fn owner_flights(
+    redis: &RedisServer,
+    new: &RedisBackend,
+    old: &Legacy,
+    legacy: bool,
+    args: &CommitArgs,
+) -> (Phase, Phase) {
+    let flights: Vec<FlightId> = (0..FLIGHTS).map(|_| fresh_flight()).collect();
+    let tok = OwnerToken::random();
+    // As the first layout's runner: 30 s leases (the phases take a while).
+    let t = LeaseTerms {
+        lease: Duration::from_secs(30),
+        state_ttl: Duration::from_secs(120),
+        allow_takeover: true,
+    };
+    reset(redis);
+    let mut gens = Vec::new();
+    for f in &flights {
+        gens.push(if legacy {
+            u64::try_from(old.acquire(f, tok.as_str()).await[1].as_i64().unwrap()).unwrap()
+        } else {
+            owned(new.acquire(f, &tok, &t).await.unwrap())
+        });
+    }
+    let acquire = Phase::read(redis);
+    reset(redis);
+    for (f, g) in flights.iter().zip(&gens) {
+        if legacy {
+            let g = i64::try_from(*g).unwrap();
+            let done = old.commit(f, tok.as_str(), g, args.payload.clone()).await;
+            assert_eq!(done, "COMMITTED");
+        } else {
+            let done = new.commit(f, &tok, *g, args).await.unwrap();
+            assert_eq!(done, Committed::Committed);
+        }
+    }
+    let commit = Phase::read(redis);
+    assert_eq!((acquire.scripts, commit.scripts), (FLIGHTS, FLIGHTS));
+    (acquire, commit)
+}
+
+/// Flights per phase (fewer in debug builds, where this is only a check
+/// that the measurement runs; measure with `--release`).
+const FLIGHTS: u64 = if cfg!(debug_assertions) { 200 } else { 2000 };
+
+/// For the record (printed, not asserted: a measurement, not a timed
+/// test): Redis server time per owner flight (ACQUIRE + COMMIT, the
+/// `usec` of `EVALSHA` in `INFO commandstats`) of the first layout's
+/// scripts and of this one's, alternating in one run on one server (which
+/// goes first alternates too), with a small (64 B) and a larger (4 KiB)
+/// result; then the median of the rounds. The inner command counts are
+/// checked on the way (8 per owner flight).
+#[tokio::test]
+async fn measure_server_time_per_owner_flight_old_and_new() {
+    const ROUNDS: usize = 6;
+    let redis = RedisServer::start().unwrap();
+    let new = backend(&redis).await;
+    let old = Legacy::load(new.client(), "fd").await;
+    let per = |us: u64| us as f64 / FLIGHTS as f64;
+    for size in [64usize, 4096] {
+        let args = CommitArgs {
+            payload: Bytes::from(vec![b'r'; size]),
+            ..commit_args(b"")
+        };
+        let mut rows = Vec::new();
+        let (mut olds, mut news) = (Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let mut run = [(true, None), (false, None)];
+            if round % 2 == 1 {
+                run.reverse();
+            }
+            for (legacy, out) in &mut run {
+                *out = Some(owner_flights(&redis, &new, &old, *legacy, &args).await);
+            }
+            let get = |legacy: bool| {
+                run.iter()
+                    .find(|(l, _)| *l == legacy)
+                    .and_then(|(_, out)| *out)
+                    .unwrap()
+            };
+            let ((oa, oc), (na, nc)) = (get(true), get(false));
+            assert_eq!(
+                na.inner + nc.inner,
+                8 * FLIGHTS,
+                "8 inner calls per owner flight"
+            );
+            olds.push(per(oa.usec + oc.usec));
+            news.push(per(na.usec + nc.usec));
+            rows.push(format!(
+                "  round {round}: old {:.1} us (ACQUIRE {:.1} + COMMIT {:.1}; {} inner calls) | \
+                 new {:.1} us (ACQUIRE {:.1} + COMMIT {:.1}; {} inner calls)",
+                per(oa.usec + oc.usec),
+                per(oa.usec),
+                per(oc.usec),
+                (oa.inner + oc.inner) / FLIGHTS,
+                per(na.usec + nc.usec),
+                per(na.usec),
+                per(nc.usec),
+                (na.inner + nc.inner) / FLIGHTS,
+            ));
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+        };
+        let (o, n) = (median(&mut olds), median(&mut news));
+        eprintln!(
+            "Redis server time per owner flight (ACQUIRE + COMMIT), {size} B result, {FLIGHTS} \
+             fresh flights per phase:\n{}\n  median of {ROUNDS} rounds: old {o:.1} us, new {n:.1} us \
+             ({:.2}x)",
+            rows.join("\n"),
+            n / o
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Per-stage policy: [`StageConfig`], loadable from TOML and YAML (a
+//! `single-flight:` section with one table per stage), with defaults, and
+//! validated with errors that name the stage and the field.
+//!
+//! ```
+//! # #[cfg(feature = "yaml")] {
+//! use std::time::Duration;
+//! use flightdeck::{Mode, SingleFlightConfig};
+//!
+//! let cfg = SingleFlightConfig::from_yaml(r#"
+//! single-flight:
+//!   stages:
+//!     interview-score:
+//!       backend: main
+//!       lease-timeout: 30s
+//!       heartbeat-interval: 5s
+//!       wait-timeout: 35s
+//!       result-ttl: 60s
+//!     resume-question:
+//!       mode: local-only
+//! "#).unwrap();
+//! let score = &cfg.stages["interview-score"];
+//! assert_eq!(score.mode, Mode::Hybrid);
+//! assert_eq!(score.heartbeat_interval, Duration::from_secs(5));
+//!
+//! let err = SingleFlightConfig::from_yaml(r#"
+//! single-flight:
+//!   stages:
+//!     final-report:
+//!       backend: main
+//!       lease-timeout: 30s
+//!       heartbeat-interval: 15s
+//! "#).unwrap_err();
+//! assert_eq!(err.stage(), Some("final-report"));
+//! assert_eq!(err.field(), Some("heartbeat-interval"));
+//! # }
+//! ```
+
+mod duration;
+mod error;
+mod settings;
+mod stage;
+
+use std::collections::BTreeMap;
+
+pub use self::duration::parse_duration;
+pub use self::error::ConfigError;
+pub use self::settings::{BreakerSettings, BulkheadSettings, KeySettings, SharingSettings};
+pub use self::stage::StageConfig;
+
+/// The `single-flight:` section: one [`StageConfig`] per stage name, and
+/// the deployment's [`KeySettings`].
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(default, rename_all = "kebab-case", deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct SingleFlightConfig {
+    /// The stages, by name.
+    pub stages: BTreeMap<String, StageConfig>,
+    /// What of the HTTP key the deployment decides.
+    pub keys: KeySettings,
+}
+
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    #[serde(rename = "single-flight")]
+    single_flight: SingleFlightConfig,
+}
+
+impl SingleFlightConfig {
+    /// An empty configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) a stage.
+    pub fn stage(mut self, name: impl Into<String>, cfg: StageConfig) -> Self {
+        self.stages.insert(name.into(), cfg);
+        self
+    }
+
+    /// Checks every stage (see [`StageConfig::validate`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, stage) in &self.stages {
+            if flightdeck_core::StageName::new(name).is_err() {
+                return Err(ConfigError::invalid(
+                    Some(name),
+                    "stage",
+                    "is not a valid stage name",
+                ));
+            }
+            stage.validate(name)?;
+        }
+        Ok(())
+    }
+
+    /// Parses a TOML document with a `[single-flight.stages.NAME]` table per
+    /// stage, then validates it. Errors name the stage and the field.
+    #[cfg(feature = "toml")]
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse {
+            format: "toml",
+            message: e.to_string(),
+        })?;
+        Self::from_document(serde_path_to_error::deserialize(de), "toml")
+    }
+
+    /// Parses a YAML document with a `single-flight: stages: NAME:` mapping
+    /// per stage, then validates it. Errors name the stage and the field.
+    #[cfg(feature = "yaml")]
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let de = serde_norway::Deserializer::from_str(text);
+        Self::from_document(serde_path_to_error::deserialize(de), "yaml")
+    }
+
+    /// A deserialized document, validated; a field that does not parse is
+    /// named by its path.
+    #[cfg(feature = "serde")]
+    fn from_document<E: std::fmt::Display>(
+        doc: Result<Document, serde_path_to_error::Error<E>>,
+        format: &'static str,
+    ) -> Result<Self, ConfigError> {
+        let doc = doc.map_err(|e| {
+            let path: Vec<String> = e
+                .path()
+                .iter()
+                .filter_map(|seg| match seg {
+                    serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                    serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                    _ => None,
+                })
+                .collect();
+            let message = e.inner().to_string();
+            match path.as_slice() {
+                [top, stages, stage, field @ ..]
+                    if top == "single-flight" && stages == "stages" =>
+                {
+                    let field = if field.is_empty() {
+                        "stage".to_owned()
+                    } else {
+                        field.join(".")
+                    };
+                    ConfigError::invalid(Some(stage), field, message)
+                }
+                [] => ConfigError::Parse { format, message },
+                [top, rest @ ..] if top == "single-flight" && !rest.is_empty() => {
+                    ConfigError::invalid(None, rest.join("."), message)
+                }
+                path => ConfigError::invalid(None, path.join("."), message),
+            }
+        })?;
+        doc.single_flight.validate()?;
+        Ok(doc.single_flight)
+    }
+}

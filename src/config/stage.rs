@@ -1,0 +1,337 @@
+//! The policy of one stage, its validation, and the layers' policies it
+//! describes.
+
+use std::time::Duration;
+
+use flightdeck_distributed::DistributedPolicy;
+use flightdeck_local::FlightPolicy;
+
+#[cfg(feature = "serde")]
+use super::duration::{opt_duration, required as duration};
+use super::error::ConfigError;
+use super::settings::{BreakerSettings, BulkheadSettings, SharingSettings};
+use crate::mode::{Mode, OnWaitFailure};
+
+/// The largest `max-flights` / `max-waiters` (far above any real need; a
+/// typo of a few digits more is caught).
+const MAX_COUNT: usize = 10_000_000;
+/// The largest bulkhead limit or queue.
+const MAX_CONCURRENCY: usize = 1_000_000;
+/// Redis refuses values over 512 MiB.
+const MAX_RESULT_BYTES: usize = 512 * 1024 * 1024;
+/// The longest duration any setting may have.
+pub(super) const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The configuration key of a distributed policy's field.
+fn policy_field(field: &str) -> &'static str {
+    match field {
+        "lease" => "lease-timeout",
+        "heartbeat" => "heartbeat-interval",
+        "wait_timeout" => "wait-timeout",
+        "poll_interval" => "poll-interval",
+        "result_ttl" => "result-ttl",
+        "failure_ttl" => "failure-ttl",
+        "call_timeout" => "coordination-timeout",
+        "commit_attempts" => "commit-attempts",
+        "max_result_bytes" => "max-result-bytes",
+        _ => "single-flight",
+    }
+}
+
+/// The policy of one stage. Every field has a default (see
+/// [`StageConfig::default`]); configuration files use the kebab-case names
+/// (`lease-timeout`, `heartbeat-interval`, …) and durations written as
+/// `"500ms"`, `"30s"`, `"10m"`, `"1h"` or combinations like `"1m30s"`.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(default, rename_all = "kebab-case", deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct StageConfig {
+    /// The mode (default HYBRID).
+    pub mode: Mode,
+    /// The name of the coordination backend (given to the
+    /// [`SingleFlightLayer`](crate::SingleFlightLayer) builder); required by
+    /// HYBRID and DISTRIBUTED_ONLY.
+    pub backend: Option<String>,
+    /// How long an owner holds a flight without a heartbeat (30 s).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub lease_timeout: Duration,
+    /// How often the owner renews its lease (5 s; at most a third of the
+    /// lease).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub heartbeat_interval: Duration,
+    /// How long a caller waits for a shared result, locally or from another
+    /// node (35 s; at least the lease when takeover is allowed).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub wait_timeout: Duration,
+    /// The longest pause between two re-checks of a follower (1 s).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub poll_interval: Duration,
+    /// How long a committed result is replayed to other nodes (60 s).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub result_ttl: Duration,
+    /// How long an owner's failure is replayed to followers (0: not kept).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub failure_ttl: Duration,
+    /// How long a finished local result is replayed to newcomers in this
+    /// process (0: pure single-flight).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub local_replay_ttl: Duration,
+    /// Compress stored results (true).
+    pub compress_result: bool,
+    /// Size above which stored results are compressed (16 KiB).
+    pub compress_above: usize,
+    /// Results up to this size travel inside the completion notice (8 KiB).
+    pub inline_publish_below: usize,
+    /// Larger results are not stored (8 MiB).
+    pub max_result_bytes: usize,
+    /// A follower may take over a flight whose owner's lease expired
+    /// (true).
+    pub allow_takeover: bool,
+    /// What a follower's caller gets when the wait fails (`wait`).
+    pub on_wait_failure: OnWaitFailure,
+    /// Each coordination round trip (acquire, heartbeat, commit) gets at
+    /// most this long (200 ms): the coordination slice of the budget.
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub coordination_timeout: Duration,
+    /// Total time the real execution may take (none by default): the
+    /// execution slice of the budget, enforced around the inner service.
+    #[cfg_attr(feature = "serde", serde(with = "opt_duration"))]
+    pub execution_timeout: Option<Duration>,
+    /// Attempts to write a result after execution (3); never re-executes.
+    pub commit_attempts: u32,
+    /// Local flights running at once (10,000).
+    pub max_flights: usize,
+    /// Callers on one local flight, the leader included (10,000).
+    pub max_waiters: usize,
+    /// The stage's bulkhead.
+    pub bulkhead: BulkheadSettings,
+    /// The breaker guarding the stage's backend.
+    pub breaker: BreakerSettings,
+    /// What of a response may be shared with other callers (HTTP).
+    pub sharing: SharingSettings,
+}
+
+impl Default for StageConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Hybrid,
+            backend: None,
+            lease_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(35),
+            poll_interval: Duration::from_secs(1),
+            result_ttl: Duration::from_secs(60),
+            failure_ttl: Duration::ZERO,
+            local_replay_ttl: Duration::ZERO,
+            compress_result: true,
+            compress_above: 16 * 1024,
+            inline_publish_below: 8 * 1024,
+            max_result_bytes: 8 * 1024 * 1024,
+            allow_takeover: true,
+            on_wait_failure: OnWaitFailure::Wait,
+            coordination_timeout: Duration::from_millis(200),
+            execution_timeout: None,
+            commit_attempts: 3,
+            max_flights: 10_000,
+            max_waiters: 10_000,
+            bulkhead: BulkheadSettings::default(),
+            breaker: BreakerSettings::default(),
+            sharing: SharingSettings::default(),
+        }
+    }
+}
+
+impl StageConfig {
+    /// The defaults (HYBRID, lease 30 s, heartbeat 5 s, wait 35 s, result
+    /// TTL 60 s, …).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Names the backend.
+    pub fn backend(mut self, name: impl Into<String>) -> Self {
+        self.backend = Some(name.into());
+        self
+    }
+
+    /// Checks the settings; the error names `stage` and the field (in the
+    /// configuration file's spelling).
+    pub fn validate(&self, stage: &str) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, message: String| {
+            Err(ConfigError::invalid(Some(stage), field, message))
+        };
+        // Bounds first: a value out of range is named as itself, not as
+        // the other side of a relation it breaks.
+        for (field, value, max) in [
+            ("max-flights", self.max_flights, MAX_COUNT),
+            ("max-waiters", self.max_waiters, MAX_COUNT),
+            ("commit-attempts", self.commit_attempts as usize, 100),
+            ("bulkhead.limit", self.bulkhead.limit, MAX_CONCURRENCY),
+            ("bulkhead.queue", self.bulkhead.queue, MAX_CONCURRENCY),
+            ("max-result-bytes", self.max_result_bytes, MAX_RESULT_BYTES),
+        ] {
+            if value > max {
+                return bad(field, format!("{value} is over the bound of {max}"));
+            }
+        }
+        for (field, d) in [
+            ("lease-timeout", self.lease_timeout),
+            ("heartbeat-interval", self.heartbeat_interval),
+            ("wait-timeout", self.wait_timeout),
+            ("poll-interval", self.poll_interval),
+            ("result-ttl", self.result_ttl),
+            ("failure-ttl", self.failure_ttl),
+            ("local-replay-ttl", self.local_replay_ttl),
+            ("coordination-timeout", self.coordination_timeout),
+        ] {
+            if d > MAX_DURATION {
+                return bad(field, format!("{d:?} is over the bound of 30 days"));
+            }
+        }
+        if self.mode.is_distributed() && self.backend.is_none() {
+            return bad(
+                "backend",
+                format!("is required by mode {}", self.mode.as_str()),
+            );
+        }
+        if self.lease_timeout < Duration::from_millis(10) {
+            return bad("lease-timeout", "must be at least 10ms".into());
+        }
+        if self.heartbeat_interval.is_zero() {
+            return bad("heartbeat-interval", "must be positive".into());
+        }
+        if self.heartbeat_interval.saturating_mul(3) > self.lease_timeout {
+            return bad(
+                "heartbeat-interval",
+                format!(
+                    "{:?} must be at most a third of lease-timeout ({:?})",
+                    self.heartbeat_interval, self.lease_timeout
+                ),
+            );
+        }
+        if self.wait_timeout.is_zero() {
+            return bad("wait-timeout", "must be positive".into());
+        }
+        if self.allow_takeover && self.wait_timeout < self.lease_timeout {
+            return bad(
+                "wait-timeout",
+                format!(
+                    "{:?} must be at least lease-timeout ({:?}) when takeover is allowed",
+                    self.wait_timeout, self.lease_timeout
+                ),
+            );
+        }
+        if self.poll_interval.is_zero() {
+            return bad("poll-interval", "must be positive".into());
+        }
+        if self.result_ttl <= self.poll_interval {
+            return bad("result-ttl", "must be longer than poll-interval".into());
+        }
+        if self.coordination_timeout.is_zero() || self.coordination_timeout >= self.lease_timeout {
+            return bad(
+                "coordination-timeout",
+                "must be positive and shorter than lease-timeout".into(),
+            );
+        }
+        if self.execution_timeout.is_some_and(|d| d.is_zero()) {
+            return bad("execution-timeout", "must be positive".into());
+        }
+        if self.commit_attempts == 0 {
+            return bad("commit-attempts", "must be at least 1".into());
+        }
+        if self.max_result_bytes == 0 {
+            return bad("max-result-bytes", "must be positive".into());
+        }
+        if self.max_flights == 0 {
+            return bad("max-flights", "must be positive".into());
+        }
+        if self.max_waiters == 0 {
+            return bad("max-waiters", "must be positive".into());
+        }
+        if self.on_wait_failure == OnWaitFailure::Local && self.mode == Mode::DistributedOnly {
+            return bad(
+                "on-wait-failure",
+                "local execution is an opt-in of hybrid stages, never of distributed-only".into(),
+            );
+        }
+        if self.bulkhead.limit == 0 {
+            return bad("bulkhead.limit", "must be positive".into());
+        }
+        if let Some(d) = self.bulkhead.degraded_limit {
+            if d == 0 || d > self.bulkhead.limit {
+                return bad(
+                    "bulkhead.degraded-limit",
+                    format!("must be in 1..={}", self.bulkhead.limit),
+                );
+            }
+        }
+        if self.bulkhead.degraded_rate_limit == Some(0) {
+            return bad(
+                "bulkhead.degraded-rate-limit",
+                "must be at least 1 (permits per second)".into(),
+            );
+        }
+        if self.bulkhead.queue > 0 && self.bulkhead.queue_timeout.is_zero() {
+            return bad(
+                "bulkhead.queue-timeout",
+                "must be positive with a queue".into(),
+            );
+        }
+        self.breaker.validate(stage)?;
+        // What the checks above let through, the layers accept; a failure
+        // here names the setting all the same.
+        if let Err(e) = self.distributed_policy().validate() {
+            return bad(policy_field(e.field()), e.to_string());
+        }
+        Ok(())
+    }
+
+    /// The L2 policy these settings describe.
+    pub fn distributed_policy(&self) -> DistributedPolicy {
+        DistributedPolicy::new()
+            .lease(self.lease_timeout)
+            .heartbeat(self.heartbeat_interval)
+            .wait_timeout(self.wait_timeout)
+            .poll_interval(self.poll_interval)
+            .result_ttl(self.result_ttl)
+            .failure_ttl(self.failure_ttl)
+            .compress_above(if self.compress_result {
+                self.compress_above
+            } else {
+                usize::MAX
+            })
+            .inline_below(self.inline_publish_below)
+            .max_result_bytes(self.max_result_bytes)
+            .allow_takeover(self.allow_takeover)
+            .call_timeout(self.coordination_timeout)
+            .commit_attempts(self.commit_attempts)
+    }
+
+    /// The L1 policy these settings describe. The local wait covers the
+    /// whole distributed wait (a local waiter waits on a leader that may be
+    /// following another node). What happens to a flight its callers left
+    /// is decided per flight, by the mode its leader found on arrival (a
+    /// distributed flight finishes: other nodes may wait on it; a local one
+    /// is cancelled).
+    pub fn local_policy(&self) -> FlightPolicy {
+        FlightPolicy::new()
+            .wait_timeout(Some(
+                self.wait_timeout
+                    .saturating_add(self.coordination_timeout.saturating_mul(2)),
+            ))
+            .flight_ttl(self.lease_timeout.max(self.wait_timeout))
+            .replay_ttl(self.local_replay_ttl)
+            .max_flights(self.max_flights)
+            .max_waiters(self.max_waiters)
+    }
+}

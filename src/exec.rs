@@ -1,0 +1,165 @@
+//! The real execution of a stage's inner service: behind the stage's
+//! bulkhead, within its execution slice, counted and timed once per
+//! execution the bulkhead admitted (`singleflight_execution_total{path}`,
+//! `singleflight_execution_duration`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use flightdeck_core::error::{BoxError, DeadlineExceeded};
+use flightdeck_core::{Serves, Share, Shareable};
+use flightdeck_distributed::{Execute, Fence, Role};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower::util::ServiceExt;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::stage::{Control, Path, Stage};
+
+/// A request's execution: the stage, the inner service, how responses are
+/// shared, how the owner's token reaches the request, and the bound of
+/// the execution slice.
+pub(crate) struct Exec<S, Sh: flightdeck_core::SharedForm, F, C> {
+    pub(crate) stage: Arc<Stage<Sh, C>>,
+    pub(crate) inner: S,
+    pub(crate) share: Sh,
+    pub(crate) fence: F,
+    /// The stage's `execution-timeout`, or an outer budget's execution
+    /// slice, whichever is shorter.
+    pub(crate) bound: Option<Duration>,
+}
+
+impl<S, Sh: flightdeck_core::SharedForm, F, C> Exec<S, Sh, F, C> {
+    /// Runs `req` here, on `path`: behind the bulkhead, within the bound,
+    /// its response shared (and what a shared result needs of the request
+    /// recorded, for the callers it will be handed to).
+    pub(crate) async fn run<Req>(
+        self,
+        req: Req,
+        path: Path,
+    ) -> Result<Shareable<Sh::Shared, Sh::Output>, BoxError>
+    where
+        S: Service<Req> + Clone + Send,
+        S::Error: Into<BoxError>,
+        S::Future: Send,
+        Sh: Share<S::Response> + Serves<Req>,
+        Req: Send,
+    {
+        let leader = self.share.leader(&req);
+        let timed = Timed {
+            inner: self.inner,
+            ctl: Arc::clone(&self.stage.ctl),
+            path,
+        };
+        let call = self.stage.bulkhead.layer(timed).oneshot(req);
+        let resp = match self.bound {
+            None => call.await?,
+            Some(bound) => tokio::time::timeout(bound, call)
+                .await
+                .map_err(|_| DeadlineExceeded::new("execution"))??,
+        };
+        Ok(match self.share.share(resp).await? {
+            Shareable::Shared(v) => Shareable::Shared(self.share.record(v, leader)),
+            unshared => unshared,
+        })
+    }
+}
+
+impl<S, Req, Sh, F, C> Execute<Req> for Exec<S, Sh, F, C>
+where
+    S: Service<Req> + Clone + Send,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    Sh: Share<S::Response> + Serves<Req>,
+    F: Fence<Req>,
+    Req: Send,
+    C: Send + Sync,
+{
+    type Shared = Sh::Shared;
+    type Output = Sh::Output;
+
+    fn execute(
+        self,
+        mut req: Req,
+        role: Role,
+    ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send {
+        let path = match role {
+            Role::Owner(token) => {
+                self.fence.fence(&mut req, token);
+                Path::Owner
+            }
+            Role::Fallback => Path::Fallback,
+            _ => Path::Local,
+        };
+        self.run(req, path)
+    }
+
+    fn serves(&self, shared: &Sh::Shared, req: &Req) -> bool {
+        self.share.serves(shared, req)
+    }
+}
+
+/// The inner service, counted and timed when the bulkhead lets a call
+/// through (a rejected call is not an execution).
+pub(crate) struct Timed<S> {
+    pub(crate) inner: S,
+    pub(crate) ctl: Arc<Control>,
+    pub(crate) path: Path,
+}
+
+impl<S: Clone> Clone for Timed<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            ctl: Arc::clone(&self.ctl),
+            path: self.path,
+        }
+    }
+}
+
+impl<S, Req> Service<Req> for Timed<S>
+where
+    S: Service<Req>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = TimedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.ctl.count_execution(self.path);
+        TimedFuture {
+            fut: self.inner.call(req),
+            ctl: Arc::clone(&self.ctl),
+            started: Instant::now(),
+        }
+    }
+}
+
+pin_project! {
+    /// Records the execution's duration when it ends.
+    pub(crate) struct TimedFuture<F> {
+        #[pin]
+        fut: F,
+        ctl: Arc<Control>,
+        started: Instant,
+    }
+}
+
+impl<F: Future> Future for TimedFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.fut.poll(cx));
+        this.ctl.record_execution(this.started.elapsed());
+        Poll::Ready(out)
+    }
+}

@@ -1,0 +1,91 @@
+//! The failure matrix of a stage, as the [`Fallback`] its L2 asks: one
+//! small table from (mode, failure) to what the callers get.
+//!
+//! | failure | HYBRID | DISTRIBUTED_ONLY |
+//! |---|---|---|
+//! | before acquire (unavailable, outcome unknown, protocol, circuit open) | run here, counted and logged | fail fast with the typed error |
+//! | re-check failed while following | `in-progress` / `fail`: answer now; `wait` / `local`: keep following | same |
+//! | following ended (wait timed out, owner gone, garbage) | `local`: run here; otherwise the policy's answer | the policy's answer (`local` is refused by validation) |
+
+use std::sync::Arc;
+
+use flightdeck_core::error::{BoxError, CoordinationUnavailable, InProgress};
+use flightdeck_distributed::{FailureClass, Fallback, Verdict, WaitEnded};
+
+use crate::mode::{Mode, OnWaitFailure};
+use crate::stage::{Control, Fallback as Reason, WaitAction};
+
+/// A stage's failure matrix in the mode its leader found on arrival.
+pub(crate) struct ModeFallback<'a> {
+    pub(crate) ctl: &'a Arc<Control>,
+    pub(crate) mode: Mode,
+}
+
+impl<Req> Fallback<Req> for ModeFallback<'_> {
+    fn before_acquire(&self, class: FailureClass, error: BoxError, _req: &Req) -> Verdict {
+        let ctl = self.ctl;
+        if class == FailureClass::CircuitOpen {
+            ctl.enter_degraded();
+        } else {
+            ctl.count_distributed_failure(class);
+        }
+        if self.mode == Mode::Hybrid {
+            ctl.count_fallback(Reason::Coordination(class));
+            if class != FailureClass::CircuitOpen {
+                tracing::warn!(stage = %ctl.name, kind = class.as_str(), error = %error, "coordination failed before acquiring: running locally");
+            }
+            Verdict::RunHere
+        } else {
+            ctl.count_fail_fast(class);
+            Verdict::Fail(error)
+        }
+    }
+
+    fn while_following(
+        &self,
+        _class: FailureClass,
+        error: BoxError,
+        _req: &Req,
+    ) -> Option<BoxError> {
+        let ctl = self.ctl;
+        let answer: BoxError = match ctl.cfg.on_wait_failure {
+            OnWaitFailure::InProgress => {
+                ctl.count_wait_failure(WaitAction::InProgress);
+                Box::new(InProgress::new(Some(ctl.name.clone())))
+            }
+            OnWaitFailure::Fail => {
+                ctl.count_wait_failure(WaitAction::Fail);
+                tracing::warn!(stage = %ctl.name, policy = "fail", %error, "follower wait failed");
+                return Some(Box::new(CoordinationUnavailable::new(error)));
+            }
+            // Another node may own the lease: never run it at once.
+            OnWaitFailure::Wait | OnWaitFailure::Local => return None,
+        };
+        tracing::warn!(stage = %ctl.name, policy = %ctl.cfg.on_wait_failure, %error, "follower wait failed");
+        Some(answer)
+    }
+
+    fn wait_ended(&self, end: WaitEnded, error: BoxError, _req: &Req) -> Verdict {
+        let ctl = self.ctl;
+        let policy = ctl.cfg.on_wait_failure;
+        let action = match policy {
+            OnWaitFailure::Local if self.mode == Mode::Hybrid => WaitAction::Local,
+            OnWaitFailure::Local | OnWaitFailure::Wait => WaitAction::Wait,
+            OnWaitFailure::InProgress => WaitAction::InProgress,
+            OnWaitFailure::Fail => WaitAction::Fail,
+        };
+        ctl.count_wait_failure(action);
+        tracing::warn!(stage = %ctl.name, %policy, ?end, %error, "follower wait failed");
+        match action {
+            WaitAction::Local => {
+                ctl.count_fallback(Reason::WaitFailure);
+                Verdict::RunHere
+            }
+            WaitAction::InProgress => {
+                Verdict::Fail(Box::new(InProgress::new(Some(ctl.name.clone()))))
+            }
+            WaitAction::Fail => Verdict::Fail(Box::new(CoordinationUnavailable::new(error))),
+            WaitAction::Wait => Verdict::Fail(error),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! What a caller brings to its flight: the request and the stage's way of
+//! running it, in the mode the caller found on arrival. The flight's leader
+//! runs it (locally, or through L2 with the stage's failure matrix); a
+//! caller that a shared result does not serve runs its own, locally.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use flightdeck_core::error::BoxError;
+use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
+use flightdeck_distributed::{FailureClass, Fence, ResultCodec, Verdict};
+use flightdeck_local::FlightWork;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::exec::Exec;
+use crate::fallback::ModeFallback;
+use crate::mode::Mode;
+use crate::stage::{Fallback, Path, Stage};
+
+/// A flight that goes to the backend: its coordination state, boxed.
+type BoxFuture<T, O> = Pin<Box<dyn Future<Output = Result<Shareable<T, O>, BoxError>> + Send>>;
+
+pin_project! {
+    /// A leader's work, as small as the path it takes.
+    #[project = LeadProj]
+    pub(crate) enum Lead<L, T, O> {
+        /// Runs here (LOCAL_ONLY, a ramp, an open breaker's fallback).
+        Here { #[pin] fut: L },
+        /// Refused before the flight was named.
+        Failed { error: Option<BoxError> },
+        /// Coordinated through L2.
+        Flight { fut: BoxFuture<T, O> },
+    }
+}
+
+impl<L, T, O> Future for Lead<L, T, O>
+where
+    L: Future<Output = Result<Shareable<T, O>, BoxError>>,
+{
+    type Output = L::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            LeadProj::Here { fut } => fut.poll(cx),
+            LeadProj::Failed { error } => {
+                Poll::Ready(Err(error.take().expect("a refused lead is polled once")))
+            }
+            LeadProj::Flight { fut } => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+/// One caller's work.
+pub(crate) struct Leader<S, Req, Sh: SharedForm, C, F> {
+    pub(crate) stage: Arc<Stage<Sh, C>>,
+    pub(crate) mode: Mode,
+    pub(crate) key: FlightKey,
+    pub(crate) req: Req,
+    pub(crate) inner: S,
+    pub(crate) share: Sh,
+    pub(crate) fence: F,
+    /// An outer budget's coordination slice (each backend call's bound).
+    pub(crate) coordination: Option<Duration>,
+    /// The execution bound (see [`Exec::bound`]).
+    pub(crate) bound: Option<Duration>,
+}
+
+impl<S, Req, Sh: SharedForm, C, F> Leader<S, Req, Sh, C, F> {
+    fn exec(
+        stage: Arc<Stage<Sh, C>>,
+        inner: S,
+        share: Sh,
+        fence: F,
+        bound: Option<Duration>,
+    ) -> Exec<S, Sh, F, C> {
+        Exec {
+            stage,
+            inner,
+            share,
+            fence,
+            bound,
+        }
+    }
+}
+
+impl<S, Req, Sh, C, F> FlightWork<Sh::Shared> for Leader<S, Req, Sh, C, F>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    Req: Send + 'static,
+    Sh: Share<S::Response> + Serves<Req>,
+    C: ResultCodec<Sh::Shared>,
+    F: Fence<Req>,
+{
+    type Output = Sh::Output;
+
+    fn lead(
+        self,
+    ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
+    {
+        let Self {
+            stage,
+            mode,
+            key,
+            req,
+            inner,
+            share,
+            fence,
+            coordination,
+            bound,
+        } = self;
+        // The future is as small as the path it takes: a local execution
+        // carries nothing of L2, and only a flight that goes to the
+        // backend carries (boxed) the flight's coordination state.
+        let exec = Self::exec(Arc::clone(&stage), inner, share, fence, bound);
+        let Some(l2) = stage.distributed.as_ref().filter(|_| mode.is_distributed()) else {
+            // LOCAL_ONLY, or a stage without backend.
+            return Lead::Here {
+                fut: exec.run(req, Path::Local),
+            };
+        };
+        // After the breaker closed, a ramp may send only part of the
+        // leaders back to the backend: HYBRID runs the others here
+        // (DISTRIBUTED_ONLY has nowhere else to go, so the ramp holds none
+        // of its leaders back).
+        if mode == Mode::Hybrid && stage.ctl.breaker.ramp_holds_back() {
+            stage
+                .ctl
+                .count_fallback(Fallback::Coordination(FailureClass::CircuitOpen));
+            return Lead::Here {
+                fut: exec.run(req, Path::Fallback),
+            };
+        }
+        // A breaker that is open refuses before the flight is named; L2's
+        // fallback decides, as it would inside the flight.
+        let fallback = ModeFallback {
+            ctl: &stage.ctl,
+            mode,
+        };
+        match l2.refused_early(&key, &req, &fallback) {
+            Some(Verdict::RunHere) => {
+                return Lead::Here {
+                    fut: exec.run(req, Path::Fallback),
+                }
+            }
+            Some(Verdict::Fail(e)) => return Lead::Failed { error: Some(e) },
+            None => {}
+        }
+        let flight: BoxFuture<Sh::Shared, Sh::Output> = Box::pin(async move {
+            let fallback = ModeFallback {
+                ctl: &stage.ctl,
+                mode,
+            };
+            let l2 = stage.distributed.as_ref().expect("checked above");
+            l2.run_within(&key, req, exec, &fallback, coordination)
+                .await
+        });
+        Lead::Flight { fut: flight }
+    }
+
+    fn alone(
+        self,
+    ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
+    {
+        let exec = Self::exec(self.stage, self.inner, self.share, self.fence, self.bound);
+        exec.run(self.req, Path::Local)
+    }
+
+    fn serves(&self, shared: &Sh::Shared) -> bool {
+        self.share.serves(shared, &self.req)
+    }
+}
