@@ -11,10 +11,10 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::classify::Outcome;
-use crate::config::{BreakerConfig, ConfigError};
+use crate::config::{BreakerConfig, BreakerConfigError};
 use crate::layer::CircuitBreakerLayer;
 use crate::metric;
-use crate::state::{CircuitState, Reason, Transition};
+use crate::state::{CircuitState, Transition, TransitionReason};
 use crate::window::{Window, WindowStats};
 
 // Internal states, packed with the epoch into one atomic word so the closed
@@ -127,7 +127,7 @@ impl LazyNow {
 
 impl Breaker {
     /// Creates a breaker after validating its settings.
-    pub fn new(name: impl Into<Arc<str>>, cfg: BreakerConfig) -> Result<Self, ConfigError> {
+    pub fn new(name: impl Into<Arc<str>>, cfg: BreakerConfig) -> Result<Self, BreakerConfigError> {
         cfg.validate()?;
         let now = Instant::now();
         let name = name.into();
@@ -490,7 +490,7 @@ impl Core {
             inner.probes[slot] = None;
             match outcome {
                 Outcome::Ignore => {}
-                _ if failure => self.open(&mut inner, now.get(), Reason::ProbeFailed),
+                _ if failure => self.open(&mut inner, now.get(), TransitionReason::ProbeFailed),
                 _ => {
                     inner.successes += 1;
                     if inner.successes >= self.cfg.successes_needed() {
@@ -514,13 +514,17 @@ impl Core {
         if let Some(k) = self.cfg.consecutive_failures {
             if inner.consecutive >= k {
                 let n = inner.consecutive;
-                self.open(&mut inner, now.get(), Reason::ConsecutiveFailures(n));
+                self.open(
+                    &mut inner,
+                    now.get(),
+                    TransitionReason::ConsecutiveFailures(n),
+                );
                 return;
             }
         }
         let stats = inner.window.stats(|| at.expect("clock read"));
         if stats.calls >= self.cfg.min_calls && stats.failure_rate() >= self.cfg.failure_rate {
-            let reason = Reason::FailureRate {
+            let reason = TransitionReason::FailureRate {
                 rate: stats.failure_rate(),
                 calls: stats.calls,
             };
@@ -544,7 +548,7 @@ impl Core {
             self.emit(
                 CircuitState::Open,
                 CircuitState::HalfOpen,
-                Reason::WaitElapsed,
+                TransitionReason::WaitElapsed,
                 now,
                 None,
             );
@@ -572,7 +576,7 @@ impl Core {
         Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 + u)).unwrap_or(FAR_FUTURE)
     }
 
-    fn open(&self, inner: &mut Inner, now: Instant, reason: Reason) {
+    fn open(&self, inner: &mut Inner, now: Instant, reason: TransitionReason) {
         let from = public(inner.tag);
         inner.opens_in_row = inner.opens_in_row.saturating_add(1);
         let wait = self.open_wait(inner.opens_in_row).min(FAR_FUTURE);
@@ -648,7 +652,7 @@ impl Core {
         self.emit(
             CircuitState::HalfOpen,
             CircuitState::Closed,
-            Reason::ProbesSucceeded,
+            TransitionReason::ProbesSucceeded,
             now,
             None,
         );
@@ -660,7 +664,7 @@ impl Core {
         let from = public(inner.tag);
         inner.opens_in_row = 0;
         self.set_state(&mut inner, tag, now);
-        self.emit(from, public(tag), Reason::Manual, now, None);
+        self.emit(from, public(tag), TransitionReason::Manual, now, None);
     }
 
     fn set_state(&self, inner: &mut Inner, tag: u64, now: Instant) {
@@ -682,7 +686,7 @@ impl Core {
         &self,
         from: CircuitState,
         to: CircuitState,
-        reason: Reason,
+        reason: TransitionReason,
         at: Instant,
         open_for: Option<Duration>,
     ) {
