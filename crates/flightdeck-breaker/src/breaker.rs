@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use flightdeck_core::error::CircuitOpen;
@@ -16,6 +16,7 @@ use crate::layer::CircuitBreakerLayer;
 use crate::metric;
 use crate::state::{CircuitState, Transition, TransitionReason};
 use crate::window::{Window, WindowStats};
+use flightdeck_core::metric::Handles;
 
 // Internal states, packed with the epoch into one atomic word so the closed
 // fast path is a single load.
@@ -82,10 +83,10 @@ struct Core {
     inner: Mutex<Inner>,
     events: broadcast::Sender<Transition>,
     // Built once: a rejected call (the hot path while open) must not
-    // allocate a metric key; the counter handle is registered at the first
-    // rejection (so a recorder installed after the breaker is built is used).
+    // allocate a metric key; the counter handle is registered once per
+    // recorder (so a recorder installed after the breaker is built is used).
     rejected: metrics::Key,
-    rejected_counter: OnceLock<metrics::Counter>,
+    rejected_counter: Handles<metrics::Counter>,
     // `Inner::open_until` as nanoseconds since `base`, published before the
     // state word: an open breaker rejects without taking the lock.
     base: Instant,
@@ -165,7 +166,7 @@ impl Breaker {
                 inner: Mutex::new(inner),
                 events,
                 rejected,
-                rejected_counter: OnceLock::new(),
+                rejected_counter: Handles::new(),
                 base: now,
                 open_until: AtomicU64::new(0),
             }),
@@ -181,6 +182,30 @@ impl Breaker {
     /// The breaker's name.
     pub fn name(&self) -> &str {
         &self.core.name
+    }
+
+    /// Makes sure the recorder in force exports this breaker: its state
+    /// gauge at the current state, its counters at their values (zero
+    /// before the first transition or rejection). Transitions and
+    /// rejections register them anyway; this is for a scrape before the
+    /// first one, under a recorder installed after the breaker was built.
+    pub fn publish_metrics(&self) {
+        let name = self.core.name.to_string();
+        let gauge = metrics::gauge!(metric::CIRCUIT_STATE, metric::LABEL_BREAKER => name.clone());
+        let mut state = self.state();
+        gauge.set(state.gauge_value());
+        // A transition between the read and the write wrote its own value
+        // first: write the newest one again.
+        while self.state() != state {
+            state = self.state();
+            gauge.set(state.gauge_value());
+        }
+        let _registered =
+            metrics::counter!(metric::CIRCUIT_OPEN_TOTAL, metric::LABEL_BREAKER => name);
+        self.core.rejected_counter.with(
+            |r| r.register_counter(&self.core.rejected, &METADATA),
+            |_| (),
+        );
     }
 
     /// The settings.
@@ -452,11 +477,10 @@ impl Core {
 
     #[inline]
     fn count_rejection(&self) {
-        self.rejected_counter
-            .get_or_init(|| {
-                metrics::with_recorder(|r| r.register_counter(&self.rejected, &METADATA))
-            })
-            .increment(1);
+        self.rejected_counter.with(
+            |r| r.register_counter(&self.rejected, &METADATA),
+            |c| c.increment(1),
+        );
     }
 
     /// Whether an open breaker's wait is still running at `now` (read
