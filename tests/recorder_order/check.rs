@@ -45,7 +45,11 @@ pub(crate) fn layer() -> Layer {
 /// every value.
 pub(crate) async fn exported_before_any_request() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while gauge(m::MODE, "off").is_none() && tokio::time::Instant::now() < deadline {
+    // Each stage looks for a recorder every second.
+    let stages = ["hybrid", "local", "off"];
+    while stages.iter().any(|s| gauge(m::MODE, s).is_none())
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for (stage, mode) in [
