@@ -574,6 +574,12 @@ fn test() {
         raw("sum(singleflight_result_write_failure_total)"),
     );
     assert_eq!(rated("Fallbacks and failures", 4), 0.0, "no protocol error");
+    assert_eq!(
+        rated("Fallbacks and failures", 5),
+        0.0,
+        "every score is shareable"
+    );
+    assert_eq!(raw("sum(singleflight_local_unshared_total)"), 0.0);
 
     // Latencies: the model takes 300 ms (bucket 0.25..0.5 s); waiters wait
     // about as long.
