@@ -303,7 +303,6 @@ fn expr_of(panels: &[(String, String)], title: &str, nth: usize) -> String {
 }
 
 fn test() {
-    let deadline = Instant::now() + Duration::from_secs(120);
     let mut redis = RedisServer::start().unwrap();
     let nodes: Vec<NodeChild> = (0..2).map(|_| NodeChild::start(&redis.url())).collect();
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
@@ -640,7 +639,6 @@ fn test() {
         n_panels,
         "every target of every panel is checked: {checked:?}"
     );
-    assert!(Instant::now() < deadline, "the test took over 120 s");
 }
 
 /// The example's histogram buckets (seconds).
