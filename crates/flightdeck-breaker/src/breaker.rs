@@ -1,4 +1,11 @@
 //! The shared state machine behind every clone of a breaker.
+//!
+//! One file of ~800 lines on purpose: the handle ([`Breaker`]), the state
+//! under its lock (`Inner`) and every transition (`Core`) share private
+//! fields. Split across files, those fields would have to be visible to the
+//! whole crate, and the transitions would be read apart from the state and
+//! the invariants they keep (one word mirrors the state for the lock-free
+//! fast path; every transition goes through `set_state`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
