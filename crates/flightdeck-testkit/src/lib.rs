@@ -32,6 +32,7 @@
 pub mod chaos;
 pub mod cluster;
 pub mod conformance;
+mod eventlog;
 pub mod hooked;
 pub mod node;
 pub mod prometheus;
