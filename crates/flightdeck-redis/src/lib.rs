@@ -105,6 +105,13 @@
 
 mod backend;
 pub mod classify;
+mod config;
+mod connect;
+mod eval;
+mod reply;
+mod routing;
 pub mod scripts;
+mod subs;
 
-pub use backend::{RedisBackend, RedisConfig, LAYOUT};
+pub use backend::{RedisBackend, LAYOUT};
+pub use config::RedisConfig;
