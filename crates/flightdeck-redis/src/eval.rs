@@ -1,8 +1,9 @@
-//! Running the scripts: by SHA, reloaded on `NOSCRIPT`, retried while
+//! Running the scripts: by SHA, by source on `NOSCRIPT`, retried while
 //! the flight's slot moves.
 
 use flightdeck_distributed::backend::BackendError;
 use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
 
 use crate::backend::RedisBackend;
 use crate::connect::timed_out;
@@ -10,8 +11,8 @@ use crate::routing::{migrating, slot_in_migration, MIGRATION_PAUSE};
 use crate::scripts;
 
 impl RedisBackend {
-    /// Runs one script by SHA; on `NOSCRIPT` (restart, failover, `SCRIPT
-    /// FLUSH`) loads it and runs it again, once.
+    /// Runs one script by SHA; on `NOSCRIPT` runs it once more by its
+    /// source.
     pub(crate) async fn eval(
         &self,
         script: usize,
@@ -19,37 +20,48 @@ impl RedisBackend {
         args: Vec<Value>,
     ) -> Result<Value, BackendError> {
         let inner = &*self.inner;
-        let t = inner.timeout;
-        let sha = inner.shas[script].as_str();
-        match self.evalsha(sha, &keys, &args).await? {
+        // Routed by the flight's slot (every key of a flight shares it).
+        let slot = keys.first().map_or(ClusterHash::Random, |k| {
+            ClusterHash::Custom(fred::util::redis_keyslot(k.as_bytes()))
+        });
+        let argv = script_args(&keys, args);
+        match self
+            .send("EVALSHA", &inner.shas[script], &slot, &argv)
+            .await?
+        {
             Ok(v) => Ok(v),
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                tracing::debug!("script cache empty; reloading");
-                let with = inner.client.with_options(&inner.opts);
-                let loaded = tokio::time::timeout(
-                    t,
-                    with.script_load_cluster::<String, _>(inner.sources[script].as_str()),
-                )
-                .await
-                .map_err(|_| timed_out("SCRIPT LOAD", t))?;
-                // NOSCRIPT that cannot be reloaded: the backend is unusable.
-                loaded.map_err(BackendError::unavailable)?;
-                self.evalsha(sha, &keys, &args).await?.map_err(migrating)
+                // This node lacks the script (first call since it started,
+                // a failover, `SCRIPT FLUSH`): EVAL sends the source to the
+                // node that owns the flight's slot, which runs it and keeps
+                // it for the next EVALSHA. Nothing else has to be reachable.
+                tracing::debug!("script not cached on this node; sending its source");
+                self.send("EVAL", &inner.sources[script], &slot, &argv)
+                    .await?
+                    .map_err(migrating)
             }
             Err(e) => Err(migrating(e)),
         }
     }
 
-    /// One `EVALSHA` within one command timeout. While the flight's slot
-    /// is being migrated (`TRYAGAIN`, or a redirect: see
+    /// One `EVALSHA` or `EVAL` within one command timeout. While the
+    /// flight's slot is being migrated (`TRYAGAIN`, or a redirect: see
     /// [`NO_REDIRECTS`]) the script did not run; it is sent again after a
     /// short pause while the deadline allows. The outer error is the
     /// deadline, the inner one Redis's (last) answer.
-    async fn evalsha(
+    ///
+    /// Sent as a custom command because fred 10.1's `WithOptions` does not
+    /// implement `LuaInterface`: `with_options(..).evalsha(..)` resolves
+    /// (through `Deref`) to the plain client's `evalsha` and drops the
+    /// options. Without `fail_fast` a script sent while fred reconnects
+    /// waited in fred's queue until its timeout (outcome unknown) instead
+    /// of failing at once (unavailable: never sent).
+    async fn send(
         &self,
-        sha: &str,
-        keys: &[String],
-        args: &[Value],
+        cmd: &'static str,
+        script: &str,
+        slot: &ClusterHash,
+        argv: &[Value],
     ) -> Result<Result<Value, fred::error::Error>, BackendError> {
         let inner = &*self.inner;
         let with = inner.client.with_options(&inner.opts);
@@ -57,12 +69,13 @@ impl RedisBackend {
         let deadline = tokio::time::Instant::now() + t;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let reply = tokio::time::timeout(
-                left,
-                with.evalsha::<Value, _, _, _>(sha, keys.to_vec(), args.to_vec()),
-            )
-            .await
-            .map_err(|_| timed_out("EVALSHA", t))?;
+            let mut args = Vec::with_capacity(argv.len() + 1);
+            args.push(Value::String(script.into()));
+            args.extend(argv.iter().cloned());
+            let command = CustomCommand::new_static(cmd, slot.clone(), false);
+            let reply = tokio::time::timeout(left, with.custom::<Value, Value>(command, args))
+                .await
+                .map_err(|_| timed_out(cmd, t))?;
             match reply {
                 Err(e)
                     if slot_in_migration(&e)
@@ -74,6 +87,17 @@ impl RedisBackend {
             }
         }
     }
+}
+
+/// `numkeys key ... arg ...`, the part of a script call after the script.
+fn script_args(keys: &[String], args: Vec<Value>) -> Vec<Value> {
+    let mut argv = Vec::with_capacity(1 + keys.len() + args.len());
+    argv.push(Value::Integer(
+        i64::try_from(keys.len()).unwrap_or(i64::MAX),
+    ));
+    argv.extend(keys.iter().map(|k| Value::String(k.as_str().into())));
+    argv.extend(args);
+    argv
 }
 
 pub(crate) const SCRIPTS: usize = 6;
