@@ -3,15 +3,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms,
-    OwnerToken, Released, Renewal, Subscription,
+    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
+    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
 };
 use fred::prelude::*;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::classify::classify;
-use crate::connect::timed_out;
+use crate::connect::{timed_out, Link};
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
 use crate::reply::{answer, bad_reply, bytes, gen, ms, parse_acquire, released, text};
 use crate::subs::{Channel, SubGuard, Subs};
@@ -31,6 +31,7 @@ pub(crate) struct Inner {
     pub(crate) sources: [String; SCRIPTS],
     pub(crate) shas: [String; SCRIPTS],
     pub(crate) subs: Arc<Subs>,
+    pub(crate) link: Arc<Link>,
     pub(crate) tasks: Vec<JoinHandle<()>>,
 }
 
@@ -98,6 +99,13 @@ impl Drop for Inner {
 }
 
 impl Backend for RedisBackend {
+    /// While the connection attempts fail (Redis down at start, or since),
+    /// a flight is refused before its first call is built: *unavailable*,
+    /// nothing sent.
+    fn reject_early(&self) -> Option<BackendError> {
+        self.inner.link.refuse(&self.inner.client)
+    }
+
     fn acquire<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -242,6 +250,10 @@ impl Backend for RedisBackend {
                 channel: channel.clone(),
             };
             if new {
+                if !subs.subscriber.is_connected() {
+                    // fred would queue the SUBSCRIBE until a reconnect.
+                    return Err(self.inner.link.not_connected());
+                }
                 let res = tokio::time::timeout(subs.timeout, subs.subscribe(channel))
                     .await
                     .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;

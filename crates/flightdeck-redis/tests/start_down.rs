@@ -1,0 +1,121 @@
+//! A backend created while Redis is down: it is usable at once (every call
+//! fails fast as unavailable, nothing sent), reconnects in the background,
+//! and coordinates across instances once Redis (a standalone server, or a
+//! cluster primary that was down at start) is back.
+
+use std::future::Future;
+use std::time::Duration;
+
+use flightdeck_core::{FlightKey, StageName};
+use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
+use flightdeck_distributed::{BackendErrorKind, FlightId, OwnerToken};
+use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_testkit::{RedisCluster, RedisServer};
+use tokio::time::timeout;
+
+async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
+    timeout(Duration::from_secs(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {secs} s"))
+}
+
+fn config(url: String) -> RedisConfig {
+    RedisConfig::new(url)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .reconnect_max_delay(Duration::from_millis(100))
+}
+
+fn terms() -> LeaseTerms {
+    LeaseTerms {
+        lease: Duration::from_secs(5),
+        state_ttl: Duration::from_secs(20),
+        allow_takeover: true,
+    }
+}
+
+fn flight(key: &str) -> FlightId {
+    FlightId::of(&FlightKey::from_bytes(StageName::new("down").unwrap(), key))
+}
+
+/// While down: `new` succeeds, `ready` names the refusal, a call is
+/// refused as unavailable before it is sent (and so is a subscription).
+async fn assert_down(b: &RedisBackend) {
+    let err = b.ready(Duration::from_millis(300)).await.unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("not connected"), "{err}");
+    let refused = b.reject_early().expect("refused before the call is built");
+    assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
+    let err = within(
+        5,
+        "acquire while down",
+        b.acquire(&flight("x"), &OwnerToken::random(), &terms()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+    let err = within(5, "subscribe while down", b.subscribe(&flight("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+}
+
+/// Two instances agree on one owner for a flight.
+async fn assert_coordinates(a: &RedisBackend, b: &RedisBackend, key: &str) {
+    within(20, "a ready", a.ready(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    within(20, "b ready", b.ready(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert!(a.reject_early().is_none() && b.reject_early().is_none());
+    let f = flight(key);
+    let first = a.acquire(&f, &OwnerToken::random(), &terms()).await;
+    assert!(matches!(first, Ok(Acquired::Owner { .. })), "{first:?}");
+    let second = b.acquire(&f, &OwnerToken::random(), &terms()).await;
+    assert!(
+        matches!(second, Ok(Acquired::Follower { .. })),
+        "{second:?}"
+    );
+    let _sub = b.subscribe(&f).await.expect("subscribes once connected");
+}
+
+#[tokio::test]
+async fn standalone_redis_down_at_start() {
+    let mut redis = RedisServer::start().unwrap();
+    redis.kill();
+    let a = RedisBackend::new(config(redis.url())).expect("created while Redis is down");
+    let b = RedisBackend::new(config(redis.url())).unwrap();
+    assert_down(&a).await;
+    assert!(!a.is_connected());
+    // The strict form still fails, and says why.
+    let err = within(5, "connect", RedisBackend::connect(config(redis.url())))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+
+    redis.restart().unwrap();
+    assert_coordinates(&a, &b, "standalone").await;
+}
+
+#[tokio::test]
+async fn cluster_with_one_primary_down_at_start() {
+    let mut cluster = RedisCluster::start(3).unwrap();
+    cluster.node_mut(1).unwrap().kill();
+    let a = RedisBackend::new(config(cluster.url())).expect("created with a primary down");
+    let b = RedisBackend::new(config(cluster.url())).unwrap();
+    assert_down(&a).await;
+
+    cluster.node_mut(1).unwrap().restart().unwrap();
+    // A key on every primary: each shard coordinates once its node is back.
+    for i in 0..12 {
+        assert_coordinates(&a, &b, &format!("cluster-{i}")).await;
+    }
+}
+
+#[test]
+fn new_outside_a_runtime_is_an_error_not_a_panic() {
+    let err = RedisBackend::new(config("redis://127.0.0.1:1".into())).unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Protocol, "{err}");
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
+}
