@@ -10,7 +10,7 @@ use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
 use flightdeck_distributed::{BackendErrorKind, FlightId, OwnerToken};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{RedisCluster, RedisServer};
+use flightdeck_testkit::{RedisCluster, RedisSentinel, RedisServer};
 use tokio::time::timeout;
 
 async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
@@ -111,6 +111,24 @@ async fn cluster_with_one_primary_down_at_start() {
     for i in 0..12 {
         assert_coordinates(&a, &b, &format!("cluster-{i}")).await;
     }
+}
+
+#[tokio::test]
+async fn sentinel_primary_unreachable_at_start() {
+    let mut sentinel = RedisSentinel::start().unwrap();
+    // Both data nodes down: the sentinels still name the primary, which
+    // refuses connections, and no failover can happen meanwhile.
+    for node in sentinel.data_nodes_mut().iter_mut() {
+        node.kill();
+    }
+    let a = RedisBackend::new(config(sentinel.url())).expect("created with the primary down");
+    let b = RedisBackend::new(config(sentinel.url())).unwrap();
+    assert_down(&a).await;
+
+    for node in sentinel.data_nodes_mut().iter_mut() {
+        node.restart().unwrap();
+    }
+    assert_coordinates(&a, &b, "sentinel").await;
 }
 
 #[test]
