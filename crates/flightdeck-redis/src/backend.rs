@@ -98,6 +98,19 @@ impl Drop for Inner {
     }
 }
 
+/// Classifies a failed (S)SUBSCRIBE. After a slot moved, fred's
+/// subscriber can give up on `SSUBSCRIBE` with "Too many failed write
+/// attempts." (its redirects and reconnects used up the attempts): no
+/// subscription was made, which is unavailable, not a protocol error
+/// (a follower polls instead). Anything else as for every command.
+fn subscribe_error(e: fred::error::Error) -> BackendError {
+    if e.details().starts_with("Too many failed write attempts") {
+        BackendError::unavailable(format!("redis subscription not made: {}", e.details()))
+    } else {
+        classify(e)
+    }
+}
+
 impl Backend for RedisBackend {
     /// While the connection attempts fail (Redis down at start, or since),
     /// a flight is refused before its first call is built: *unavailable*,
@@ -257,7 +270,7 @@ impl Backend for RedisBackend {
                 let res = tokio::time::timeout(subs.timeout, subs.subscribe(channel))
                     .await
                     .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
-                res.map_err(classify)?;
+                res.map_err(subscribe_error)?;
             }
             drop(_serial);
             Ok(Subscription::new(rx, guard))

@@ -104,6 +104,11 @@ async fn slot_in_migration_is_unavailable() {
         .expect("the slot moves to the other node");
     let kind = acquire_kind(&b, "moving").await;
     assert_eq!(kind, Some(BackendErrorKind::Unavailable));
+    // Subscribing while the slot moves works (the old owner serves it).
+    let sub = tokio::time::timeout(Duration::from_secs(5), b.subscribe(&f))
+        .await
+        .expect("subscribe answers")
+        .expect("subscribes during the migration");
     cluster.migrate_all_keys(&migration).unwrap();
     cluster.finish_migration(&migration).unwrap();
     assert_eq!(
@@ -111,4 +116,15 @@ async fn slot_in_migration_is_unavailable() {
         None,
         "served again after the move"
     );
+    // Subscribing after the move: fred's subscriber may give up (its
+    // attempts used up by the redirect); that is unavailable, never a
+    // protocol error.
+    drop(sub);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = tokio::time::timeout(Duration::from_secs(5), b.subscribe(&f))
+        .await
+        .expect("subscribe answers");
+    if let Err(e) = after {
+        assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+    }
 }
