@@ -185,7 +185,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A cheap local check before a flight's first call: a decorator that
     /// knows the backend would refuse it says so (a breaker that is open),
-    /// sparing the caller the work of naming the flight. `None` by default.
+    /// and so does a backend that knows it cannot send it (no connection:
+    /// an unavailable error), sparing the caller the work of naming the
+    /// flight. A layer built on a backend that refuses this way starts
+    /// degraded. `None` by default.
     fn reject_early(&self) -> Option<BackendError> {
         None
     }
