@@ -2,35 +2,15 @@
 //! failure is produced against the testkit's Redis (or cluster) and the
 //! backend's error class is checked.
 
+mod short;
+
 use std::time::Duration;
 
-use flightdeck_core::{FlightKey, StageName};
-use flightdeck_distributed::backend::{Backend, LeaseTerms};
-use flightdeck_distributed::{BackendErrorKind, FlightId, OwnerToken};
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_distributed::backend::Backend;
+use flightdeck_distributed::{BackendErrorKind, OwnerToken};
+use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::{RedisCluster, RedisServer};
-
-fn config(url: String) -> RedisConfig {
-    RedisConfig::new(url)
-        .command_timeout(Duration::from_millis(400))
-        .connect_timeout(Duration::from_millis(400))
-        .reconnect_max_delay(Duration::from_millis(100))
-}
-
-fn terms() -> LeaseTerms {
-    LeaseTerms {
-        lease: Duration::from_secs(5),
-        state_ttl: Duration::from_secs(20),
-        allow_takeover: true,
-    }
-}
-
-fn flight(key: &str) -> FlightId {
-    FlightId::of(&FlightKey::from_bytes(
-        StageName::new("classes").unwrap(),
-        key,
-    ))
-}
+use short::{config, flight, terms};
 
 async fn acquire_kind(b: &RedisBackend, key: &str) -> Option<BackendErrorKind> {
     let (f, token, terms) = (flight(key), OwnerToken::random(), terms());

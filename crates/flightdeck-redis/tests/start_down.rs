@@ -3,39 +3,22 @@
 //! and coordinates across instances once Redis (a standalone server, or a
 //! cluster primary that was down at start) is back.
 
+mod short;
+
 use std::future::Future;
 use std::time::Duration;
 
-use flightdeck_core::{FlightKey, StageName};
-use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
-use flightdeck_distributed::{BackendErrorKind, FlightId, OwnerToken};
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_distributed::backend::{Acquired, Backend};
+use flightdeck_distributed::{BackendErrorKind, OwnerToken};
+use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::{RedisCluster, RedisSentinel, RedisServer};
+use short::{config, flight, terms};
 use tokio::time::timeout;
 
 async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
     timeout(Duration::from_secs(secs), fut)
         .await
         .unwrap_or_else(|_| panic!("{what}: not done within {secs} s"))
-}
-
-fn config(url: String) -> RedisConfig {
-    RedisConfig::new(url)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
-        .reconnect_max_delay(Duration::from_millis(100))
-}
-
-fn terms() -> LeaseTerms {
-    LeaseTerms {
-        lease: Duration::from_secs(5),
-        state_ttl: Duration::from_secs(20),
-        allow_takeover: true,
-    }
-}
-
-fn flight(key: &str) -> FlightId {
-    FlightId::of(&FlightKey::from_bytes(StageName::new("down").unwrap(), key))
 }
 
 /// While down: `new` succeeds, `ready` names the refusal, a call is
