@@ -157,6 +157,9 @@ pub(crate) type FlightLayer = FlightsLayer;
 /// The largest answer the service accepts, and hashes into the key.
 const MAX_BODY: usize = 64 * 1024;
 
+/// How long a starting node waits for Redis before it serves without it.
+const REDIS_WAIT: Duration = Duration::from_secs(1);
+
 /// A running node.
 #[derive(Debug)]
 pub(crate) struct Node {
@@ -201,7 +204,13 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
     let mut flights = SingleFlightLayer::http(keys).config(config);
     flights = match &opts.redis_url {
         Some(url) => {
-            let backend = RedisBackend::connect(RedisConfig::new(url.clone())).await?;
+            // Created even while Redis is down: the node then starts
+            // degraded (HYBRID serves from this process, DISTRIBUTED_ONLY
+            // fails fast) and goes distributed once Redis answers.
+            let backend = RedisBackend::new(RedisConfig::new(url.clone()))?;
+            if let Err(e) = backend.ready(REDIS_WAIT).await {
+                eprintln!("starting without Redis for now: {e}");
+            }
             flights.backend("redis", backend)
         }
         // No Redis: every distributed stage runs in this process only.

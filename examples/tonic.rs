@@ -99,6 +99,9 @@ pub(crate) const DEFAULT_CONFIG: &str = include_str!("flightdeck.toml");
 /// The largest request message accepted (and hashed into the key).
 const MAX_MESSAGE: usize = 64 * 1024;
 
+/// How long a starting node waits for Redis before it serves without it.
+const REDIS_WAIT: Duration = Duration::from_secs(1);
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // flightdeck's warnings (degraded mode, breaker transitions, fallbacks),
@@ -275,10 +278,15 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
         .build()?;
     let mut flights = SingleFlightLayer::grpc(keys).config(config);
     flights = match &opts.redis_url {
-        Some(url) => flights.backend(
-            "redis",
-            RedisBackend::connect(RedisConfig::new(url.clone())).await?,
-        ),
+        Some(url) => {
+            // Created even while Redis is down: the node starts degraded
+            // and goes distributed once Redis answers.
+            let backend = RedisBackend::new(RedisConfig::new(url.clone()))?;
+            if let Err(e) = backend.ready(REDIS_WAIT).await {
+                eprintln!("starting without Redis for now: {e}");
+            }
+            flights.backend("redis", backend)
+        }
         None => flights.local_only(),
     };
     let flights = flights.build()?;

@@ -298,6 +298,17 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
             // still names the section.
             let breaker = Breaker::new(name.clone(), cfg.breaker.to_breaker_config())
                 .map_err(|e| ConfigError::invalid(Some(&name), "breaker", e.to_string()))?;
+            // A backend that already knows it cannot be reached (Redis down
+            // at start) opens the breaker at once: the stage starts
+            // degraded and its half-open probes find out when it is back.
+            let unreachable = cfg.mode.is_distributed()
+                && backend
+                    .as_ref()
+                    .and_then(|b| b.reject_early())
+                    .is_some_and(|e| !e.is_rejected());
+            if unreachable {
+                breaker.trip();
+            }
             let distributed = match backend {
                 Some(b) => Some(
                     DistributedFlights::new(
@@ -343,6 +354,9 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
             );
             let ctl = Arc::new(ctl);
             ctl.watch();
+            if unreachable {
+                ctl.sync_degraded();
+            }
             stages.insert(
                 stage,
                 Arc::new(Stage {

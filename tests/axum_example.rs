@@ -286,3 +286,21 @@ async fn an_oversized_answer_is_refused_without_running_the_model() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_and_serves_with_redis_down() {
+    bounded(async {
+        let mut redis = RedisServer::start().unwrap();
+        redis.kill();
+        let mut opts = Options::local(Duration::from_millis(10));
+        opts.redis_url = Some(redis.url());
+        let node = run(opts).await.expect("starts with Redis down");
+        assert_eq!(node.mode(), Mode::Hybrid);
+        let stage = node.flights.stage("score").unwrap();
+        assert!(stage.is_degraded(), "starts degraded");
+        let (status, _) = score_once(&client(), node.addr, "no redis").await.unwrap();
+        assert_eq!(status, StatusCode::OK, "served from this process");
+        assert_eq!(node.model.calls.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}

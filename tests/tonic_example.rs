@@ -263,3 +263,23 @@ async fn the_shared_config_file_decides_the_grpc_stage() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_and_serves_with_redis_down() {
+    bounded(async {
+        let mut redis = RedisServer::start().unwrap();
+        redis.kill();
+        let mut opts = Options::local(Duration::from_millis(10));
+        opts.redis_url = Some(redis.url());
+        let node = run(opts).await.expect("starts with Redis down");
+        let stage = node.flights.stage("summarize").unwrap();
+        assert_eq!(stage.mode(), Mode::Hybrid);
+        assert!(stage.is_degraded(), "starts degraded");
+        let replies = burst(&[node.addr], 1, "served without redis").await;
+        for r in replies {
+            assert_eq!(r.unwrap().into_inner().text, "served without redis");
+        }
+        assert_eq!(node.model.summarize_calls.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}

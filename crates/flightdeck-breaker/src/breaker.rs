@@ -261,6 +261,19 @@ impl Breaker {
         self.core.events.subscribe()
     }
 
+    /// Opens the circuit now, as a tripped window would: rejected calls
+    /// for the open wait, then half-open probes decide. For a caller that
+    /// knows the guarded dependency is down before any call failed (a
+    /// backend with no connection at start). Does nothing unless the
+    /// circuit is closed (or ramping).
+    pub fn trip(&self) {
+        let now = Instant::now();
+        let mut inner = self.core.lock();
+        if matches!(inner.tag, CLOSED | RAMPING) {
+            self.core.open(&mut inner, now, TransitionReason::Manual);
+        }
+    }
+
     /// Rejects every call until [`reset`](Self::reset).
     pub fn force_open(&self) {
         self.core.manual(FORCED_OPEN);

@@ -693,3 +693,29 @@ fn without_a_timer_the_clock_decides() {
     assert!(b.try_acquire().is_err(), "still open by the clock");
     assert_eq!(b.state(), CircuitState::Open);
 }
+
+/// `trip` opens a closed breaker as a tripped window would (rejections,
+/// then a half-open probe decides); it leaves an open or forced state alone.
+#[tokio::test(start_paused = true)]
+async fn trip_opens_now_and_probes_after_the_wait() {
+    let b = Breaker::new(
+        "t",
+        no_jitter()
+            .wait_in_open(Duration::from_secs(1))
+            .half_open_probes(1)
+            .success_threshold(1),
+    )
+    .unwrap();
+    b.trip();
+    assert_eq!(b.state(), CircuitState::Open);
+    assert!(b.try_acquire().is_err(), "rejected while open");
+    advance(Duration::from_millis(1001)).await;
+    let probe = b.try_acquire().expect("half-open after the wait");
+    assert!(probe.is_probe());
+    probe.record(Outcome::Success);
+    assert_eq!(b.state(), CircuitState::Closed);
+
+    b.force_open();
+    b.trip();
+    assert_eq!(b.state(), CircuitState::ForcedOpen, "a forced state stays");
+}

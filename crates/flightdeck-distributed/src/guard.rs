@@ -13,6 +13,8 @@
 //!   failure when it fails (unavailable, outcome unknown, protocol), or
 //!   when its caller stops waiting for the answer (its call deadline
 //!   passed). So the window counts flights, one judgement each.
+//!   A flight the backend itself refuses before its first call (its
+//!   [`Backend::reject_early`]: no connection) is judged a failure too.
 //! - **Re-checks** (a follower's, or the retry of an ambiguous first
 //!   acquire) are never refused: a flight already admitted is not cut off
 //!   half-way. Only a protocol error among them is recorded (a failure):
@@ -112,7 +114,15 @@ impl<B: Backend> Backend for GuardedBackend<B> {
                 flightdeck_core::error::CircuitOpen::new(std::sync::Arc::clone(&self.name)),
             ));
         }
-        self.inner.reject_early()
+        let refused = self.inner.reject_early()?;
+        // The backend itself refused the flight before its first call
+        // (no connection): judged like that call, so an outage seen this
+        // way opens the circuit, and a half-open probe refused this way
+        // fails.
+        if let Ok(permit) = self.breaker.try_acquire_past_ramp() {
+            permit.record(Outcome::Failure);
+        }
+        Some(refused)
     }
 
     fn acquire<'a>(

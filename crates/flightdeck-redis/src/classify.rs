@@ -31,7 +31,8 @@ const TRANSIENT: [&str; 8] = [
     "NOSCRIPT",
 ];
 
-/// Classifies a fred error:
+/// Classifies a fred error (the full table, with the test of each row,
+/// is `docs/redis-errors.md`):
 /// - the command may have been sent (timeout, IO on the connection): outcome
 ///   unknown;
 /// - nothing was sent or Redis cannot serve now (canceled while
@@ -46,7 +47,11 @@ pub fn classify(e: Error) -> BackendError {
     let unknown_transient = TRANSIENT.contains(&first_word)
         || e.details().contains("channel closed")
         || e.details().starts_with("Failed to route command");
+    // A connection that was refused never carried the command.
+    let never_sent = *e.kind() == ErrorKind::IO
+        && (e.details().contains("Connection refused") || e.details().contains("os error 111"));
     match e.kind() {
+        ErrorKind::IO if never_sent => BackendError::unavailable(e),
         ErrorKind::Timeout | ErrorKind::IO => BackendError::outcome_unknown(e),
         ErrorKind::Canceled
         | ErrorKind::Routing
@@ -108,6 +113,48 @@ mod tests {
             ),
             (ErrorKind::Parse, "Invalid integer string.", K::Protocol),
             (ErrorKind::Cluster, "MOVED 1 x", K::Unavailable),
+            (ErrorKind::Cluster, "ASK 1 x", K::Unavailable),
+            (
+                ErrorKind::Backpressure,
+                "Max in-flight commands reached.",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::Unknown,
+                "BUSY Redis is busy running a script",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::Unknown,
+                "MASTERDOWN Link with MASTER is down",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::Cluster,
+                "CLUSTERDOWN The cluster is down",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::Unknown,
+                "TRYAGAIN Multiple keys request",
+                K::Unavailable,
+            ),
+            (ErrorKind::Routing, "Too many redirections.", K::Unavailable),
+            (
+                ErrorKind::Cluster,
+                "Invalid or missing cluster state.",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::IO,
+                "Connection refused (os error 111)",
+                K::Unavailable,
+            ),
+            (
+                ErrorKind::IO,
+                "Connection reset by peer (os error 104)",
+                K::OutcomeUnknown,
+            ),
         ];
         for (kind, details, class) in cases {
             assert_eq!(

@@ -87,7 +87,8 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! let backend = RedisBackend::connect(RedisConfig::new("redis://127.0.0.1:6390")).await?;
+//! // Connects (and reconnects) in the background; `ready` waits for it.
+//! let backend = RedisBackend::new(RedisConfig::new("redis://127.0.0.1:6390"))?;
 //! let stage = StageName::new("report")?;
 //! let layer = DistributedFlightLayer::new(
 //!     backend,
@@ -105,6 +106,13 @@
 
 mod backend;
 pub mod classify;
+mod config;
+mod connect;
+mod eval;
+mod reply;
+mod routing;
 pub mod scripts;
+mod subs;
 
-pub use backend::{RedisBackend, RedisConfig, LAYOUT};
+pub use backend::{RedisBackend, LAYOUT};
+pub use config::RedisConfig;

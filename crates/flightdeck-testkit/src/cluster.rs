@@ -120,6 +120,12 @@ impl RedisCluster {
         }
     }
 
+    /// One node, to kill, pause or restart it (a restarted node keeps its
+    /// `nodes.conf`, so it rejoins with its slots). `None` past the last.
+    pub fn node_mut(&mut self, i: usize) -> Option<&mut RedisServer> {
+        self.nodes.get_mut(i)
+    }
+
     /// The nodes.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes

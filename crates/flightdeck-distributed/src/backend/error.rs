@@ -1,0 +1,146 @@
+//! How a backend call failed.
+
+use std::fmt;
+
+use flightdeck_core::error::BoxError;
+
+/// The three ways a backend call can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendErrorKind {
+    /// The backend could not be reached; nothing happened.
+    Unavailable,
+    /// The backend answered something we do not understand, or refused the
+    /// call for a reason retrying will not fix.
+    Protocol,
+    /// The call may or may not have taken effect (timeout or connection
+    /// loss after sending). Retry with the same token.
+    OutcomeUnknown,
+}
+
+impl BackendErrorKind {
+    /// A short label for metrics (`unavailable`, `protocol`,
+    /// `outcome_unknown`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Protocol => "protocol",
+            Self::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+}
+
+/// A failed backend call, classified.
+#[derive(Debug)]
+pub struct BackendError {
+    kind: BackendErrorKind,
+    rejected: bool,
+    source: BoxError,
+}
+
+impl BackendError {
+    /// A classified error.
+    pub fn new(kind: BackendErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            rejected: false,
+            source: source.into(),
+        }
+    }
+
+    /// A local guard (a circuit breaker) refused the call: nothing was
+    /// sent. Unavailable, and told apart (see [`is_rejected`](Self::is_rejected)).
+    /// `source` is the guard's own error, one of `flightdeck_core`'s (a
+    /// `CircuitOpen`): [`into_core`](Self::into_core) hands it on as it is.
+    pub fn rejected(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: BackendErrorKind::Unavailable,
+            rejected: true,
+            source: source.into(),
+        }
+    }
+
+    /// Whether a local guard refused the call before it was sent.
+    pub fn is_rejected(&self) -> bool {
+        self.rejected
+    }
+
+    /// The backend could not be reached.
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        Self::new(BackendErrorKind::Unavailable, source)
+    }
+
+    /// The backend's answer made no sense.
+    pub fn protocol(source: impl Into<BoxError>) -> Self {
+        Self::new(BackendErrorKind::Protocol, source)
+    }
+
+    /// The call may have happened.
+    pub fn outcome_unknown(source: impl Into<BoxError>) -> Self {
+        Self::new(BackendErrorKind::OutcomeUnknown, source)
+    }
+
+    /// The class of the failure.
+    pub fn kind(&self) -> BackendErrorKind {
+        self.kind
+    }
+
+    /// Converts into the matching flightdeck-core error
+    /// ([`CoordinationUnavailable`](flightdeck_core::error::CoordinationUnavailable),
+    /// [`ProtocolError`](flightdeck_core::error::ProtocolError) or
+    /// [`OutcomeUnknown`](flightdeck_core::error::OutcomeUnknown)), keeping
+    /// this error as the source.
+    pub fn into_core(self) -> BoxError {
+        use flightdeck_core::error::{CoordinationUnavailable, OutcomeUnknown, ProtocolError};
+        // A local guard's refusal is already a core error (a breaker's
+        // `CircuitOpen`; see `rejected`): no wrapper, no second allocation
+        // on the degraded path.
+        if self.rejected {
+            return self.source;
+        }
+        match self.kind {
+            BackendErrorKind::Unavailable => Box::new(CoordinationUnavailable::new(self)),
+            BackendErrorKind::Protocol => {
+                Box::new(ProtocolError::with_source("backend reply", self))
+            }
+            BackendErrorKind::OutcomeUnknown => Box::new(OutcomeUnknown::new(self)),
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            BackendErrorKind::Unavailable => "backend unavailable",
+            BackendErrorKind::Protocol => "backend protocol error",
+            BackendErrorKind::OutcomeUnknown => "backend outcome unknown",
+        };
+        write!(f, "{what}: {}", self.source)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_convert_to_core_types() {
+        use flightdeck_core::error::{
+            find, CoordinationUnavailable, OutcomeUnknown, ProtocolError,
+        };
+        let e = BackendError::unavailable("refused").into_core();
+        assert!(e.is::<CoordinationUnavailable>());
+        assert!(find::<BackendError>(&*e).is_some());
+        assert!(BackendError::protocol("x")
+            .into_core()
+            .is::<ProtocolError>());
+        assert!(BackendError::outcome_unknown("x")
+            .into_core()
+            .is::<OutcomeUnknown>());
+    }
+}

@@ -1,0 +1,103 @@
+//! The names of flights and owners.
+
+use std::fmt;
+
+use flightdeck_core::{Digest, FlightKey};
+
+/// The name of one flight in the backend: the flight digest of its key
+/// ([`FlightKey::flight_digest`]). Never contains raw input.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlightId(Digest);
+
+impl FlightId {
+    /// The id of a key's flight.
+    pub fn of(key: &FlightKey) -> Self {
+        Self(key.flight_digest())
+    }
+
+    /// Wraps a digest computed elsewhere.
+    pub const fn from_digest(digest: Digest) -> Self {
+        Self(digest)
+    }
+
+    /// The digest.
+    pub fn digest(&self) -> &Digest {
+        &self.0
+    }
+
+    /// The digest as 64 hex characters (the `{h}` of Redis key names).
+    pub fn to_hex(&self) -> String {
+        self.0.to_hex()
+    }
+}
+
+impl fmt::Debug for FlightId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FlightId({})", self.0.short())
+    }
+}
+
+impl fmt::Display for FlightId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.short(), f)
+    }
+}
+
+/// A random token naming one attempt to own a flight. Retries of the same
+/// attempt reuse it, which is what makes acquire and commit idempotent.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct OwnerToken(String);
+
+impl OwnerToken {
+    /// A fresh random token (128 bits, hex).
+    pub fn random() -> Self {
+        let v: u128 = rand::random();
+        Self(format!("{v:032x}"))
+    }
+
+    /// A token from a string (tests, or callers with their own ids). Must be
+    /// non-empty ASCII without `|`; invalid input gets a random token.
+    pub fn from_string(s: impl Into<String>) -> Self {
+        let s = s.into();
+        if s.is_empty() || s.len() > 128 || !s.bytes().all(|b| b.is_ascii_graphic() && b != b'|') {
+            return Self::random();
+        }
+        Self(s)
+    }
+
+    /// The token text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({})", &self.0[..self.0.len().min(8)])
+    }
+}
+
+/// The fencing token of an owner: put into the request's extensions so the
+/// handler can guard its own downstream writes (reject writes carrying a
+/// lower generation than one already seen).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FencingToken {
+    /// Increases on every grant of the flight, takeovers included.
+    pub generation: u64,
+    /// The owner's token for this attempt.
+    pub owner: OwnerToken,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_and_validated() {
+        assert_ne!(OwnerToken::random(), OwnerToken::random());
+        assert_eq!(OwnerToken::random().as_str().len(), 32);
+        assert_eq!(OwnerToken::from_string("node-1").as_str(), "node-1");
+        assert_ne!(OwnerToken::from_string("a|b").as_str(), "a|b");
+        assert_ne!(OwnerToken::from_string("").as_str(), "");
+    }
+}

@@ -1,0 +1,285 @@
+//! The coordination backend: leases, heartbeats, commits, notifications.
+//!
+//! [`Backend`] is the contract between the L2 layer and a shared store (the
+//! Redis backend in `flightdeck-redis`, the in-memory one in
+//! `flightdeck-testkit`). Every implementation keeps these rules, and
+//! `flightdeck-testkit`'s conformance suite checks each of them:
+//!
+//! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored,
+//!   [`Acquired::Follower`] when another token holds a live lease,
+//!   [`Acquired::Owner`] when this token holds it (also on a retry with the
+//!   same token: acquire is idempotent), and otherwise grants the flight
+//!   to the caller with a new generation (the fencing token), marked
+//!   `takeover` when it replaces an owner whose lease ran out without a
+//!   commit or abandon. [`Acquired::Expired`] is the answer instead of a
+//!   takeover when [`LeaseTerms::allow_takeover`] is false, and the answer
+//!   to a token whose attempt already ended (released or abandoned: it is
+//!   never granted the flight again).
+//! - **Generations never repeat and never decrease** for a flight,
+//!   whatever expired in between (lease, result, the flight's whole
+//!   record). A handler may therefore fence its own downstream writes with
+//!   [`FencingToken::generation`]. Generations are not consecutive and do
+//!   not start at 1: compare them, never count them. (The Redis backend
+//!   takes `max(last + 1, server clock in µs)`, see its docs for the clock
+//!   caveat.)
+//! - [`Backend::heartbeat`] extends the lease only while (token,
+//!   generation) holds it and it has not run out; it never re-creates or
+//!   revives a lease.
+//! - [`Backend::commit`] stores the result only for (token, generation) of
+//!   the flight's last grant, whether its lease still runs or ran out with
+//!   nobody granted since; it ends the lease and notifies followers
+//!   (payload inline when small). A retry of a commit that already happened
+//!   answers [`Committed::Committed`]; a commit by any other token, or of
+//!   any other generation, is [`Committed::Fenced`].
+//! - [`Backend::abandon`] ends the lease of (token, generation) of the last
+//!   grant (live or run out) at once, optionally caches a failure, and
+//!   wakes followers.
+//! - [`Backend::release`] ends the lease held by a token whatever its
+//!   generation: what a node calls for every token it gave up on (its
+//!   ACQUIRE timed out and may still have run, a deadline passed while a
+//!   re-check was granting it the flight), so that nobody waits on a lease
+//!   whose holder walked away. The token is never granted the flight
+//!   afterwards, so an ACQUIRE of it that reaches the store late grants
+//!   nothing.
+//! - [`Backend::invalidate`] drops the stored result and any lease and
+//!   starts a newer generation: a running owner's commit is then fenced.
+//! - [`Backend::subscribe`] delivers [`Notice`]s for one flight. Delivery is
+//!   at most once: callers must also poll.
+//!
+//! **How long a flight's record lives.** A grant or heartbeat keeps the
+//! flight's record for [`LeaseTerms::record_ttl`] (two leases with the
+//! policy's state TTL): the lease, then one more lease during which the
+//! owner may still commit or abandon late and, when takeover is not
+//! allowed, ACQUIRE answers [`Acquired::Expired`]. A dead owner therefore
+//! blocks a flight without takeover for one lease after its lease ran
+//! out, never longer; the next grant after that has a larger generation.
+//! A commit keeps the record for the result's TTL, an abandon that caches
+//! a failure for the failure's.
+//!
+//! All durations are measured by the backend's clock (Redis: the server's
+//! time and key expiry), never by the callers'.
+//!
+//! ```
+//! use std::time::Duration;
+//! use flightdeck_core::{FlightKey, StageName};
+//! use flightdeck_distributed::backend::{Acquired, Backend, CommitArgs, Committed, LeaseTerms};
+//! use flightdeck_distributed::{FlightId, OwnerToken};
+//! use flightdeck_testkit::MemoryBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let backend = MemoryBackend::new();
+//! let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("report").unwrap(), "q"));
+//! let terms = LeaseTerms {
+//!     lease: Duration::from_secs(30),
+//!     state_ttl: Duration::from_secs(120),
+//!     allow_takeover: true,
+//! };
+//! let me = OwnerToken::random();
+//! let Acquired::Owner { generation, .. } = backend.acquire(&flight, &me, &terms).await.unwrap() else {
+//!     unreachable!("a fresh flight is owned by the first caller");
+//! };
+//! let args = CommitArgs {
+//!     payload: "result".into(),
+//!     ttl: Duration::from_secs(60),
+//!     inline_below: 1024,
+//!     state_ttl: Duration::from_secs(120),
+//! };
+//! assert_eq!(backend.commit(&flight, &me, generation, &args).await.unwrap(), Committed::Committed);
+//! # }
+//! ```
+
+mod answers;
+mod args;
+mod error;
+mod forward;
+mod ids;
+mod notice;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+pub use answers::{Acquired, Committed, Released, Renewal, ResultStatus, StoredResult};
+pub use args::{AbandonArgs, CommitArgs, LeaseTerms};
+pub use error::{BackendError, BackendErrorKind};
+pub use ids::{FencingToken, FlightId, OwnerToken};
+pub use notice::{Notice, Subscription};
+
+/// The future returned by [`Backend`] methods.
+pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;
+
+/// A shared coordination store for distributed single-flight.
+///
+/// See the module docs for the semantics every implementation must keep;
+/// `flightdeck-testkit`'s conformance suite checks them.
+pub trait Backend: Send + Sync + 'static {
+    /// Tries to own the flight (see [`Acquired`]).
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired>;
+
+    /// Extends the lease held by (token, generation).
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal>;
+
+    /// Stores the result of (token, generation), ends the lease and notifies
+    /// followers.
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed>;
+
+    /// Releases the lease of (token, generation) without a result and wakes
+    /// followers.
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released>;
+
+    /// Releases the lease held by `token`, whatever its generation (the
+    /// caller may never have learned it), and wakes followers (an
+    /// [`Notice::Abandoned`] for that generation): [`Released::Released`].
+    /// Otherwise [`Released::NotOwner`], and nothing else changes: a
+    /// stored result stays, another token's lease stays.
+    ///
+    /// Either way the token is never granted the flight afterwards: an
+    /// ACQUIRE of it that reaches the backend after this call (one that
+    /// timed out on the client but was still queued) grants nothing. That
+    /// memory lasts as long as the flight's record, or `state_ttl` when
+    /// the flight had none. So one answer is final: a caller retries only
+    /// calls that failed.
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released>;
+
+    /// Drops the flight's stored result and lease and starts a new
+    /// generation, which fences any running owner's commit and wakes
+    /// followers (they race again). Returns the new generation.
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64>;
+
+    /// Subscribes to the flight's notices. Subscribe BEFORE re-checking the
+    /// flight, so a notice sent in between is not missed.
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription>;
+
+    /// A cheap local check before a flight's first call: a decorator that
+    /// knows the backend would refuse it says so (a breaker that is open),
+    /// and so does a backend that knows it cannot send it (no connection:
+    /// an unavailable error), sparing the caller the work of naming the
+    /// flight. A layer built on a backend that refuses this way starts
+    /// degraded. `None` by default.
+    fn reject_early(&self) -> Option<BackendError> {
+        None
+    }
+
+    /// A follower's re-check: the same as [`acquire`](Self::acquire) (it
+    /// takes the flight over when the owner's lease expired), told apart so
+    /// that a decorator can treat it differently (a breaker judges the
+    /// backend by flights, not by polls).
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.acquire(flight, token, terms)
+    }
+}
+
+/// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
+/// of one layer different backends).
+impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        (**self).acquire(flight, token, terms)
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        (**self).heartbeat(flight, token, generation, terms)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        (**self).commit(flight, token, generation, args)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        (**self).abandon(flight, token, generation, args)
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        (**self).invalidate(flight, state_ttl)
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        (**self).subscribe(flight)
+    }
+
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released> {
+        (**self).release(flight, token, state_ttl)
+    }
+
+    fn reject_early(&self) -> Option<BackendError> {
+        (**self).reject_early()
+    }
+
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        (**self).recheck(flight, token, terms)
+    }
+}
