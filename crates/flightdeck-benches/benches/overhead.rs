@@ -4,6 +4,12 @@
 //! criterion's estimates and from paired, interleaved batches (see
 //! `flightdeck_benches::harness`).
 //!
+//! Each of those rows comes twice: with work that is ready at its first
+//! poll, and with work that yields once (`tokio::task::yield_now`) before
+//! it completes, the usual case of real work (a socket read, a lock): then
+//! the layer's leader goes through its pending path (clocks, timers, a
+//! wake-up) and every peer through its own.
+//!
 //! Our rows run without a metrics recorder (as the peers, which have no
 //! metrics), and once more with a Prometheus recorder behind the layer's
 //! handles (as the examples install it): then every flight also reads the
@@ -29,7 +35,7 @@ use std::sync::Arc;
 
 use flightdeck_benches::harness::{self, Report, Row};
 use flightdeck_benches::{Floor, PeerError, KEYS};
-use flightdeck_core::{KeyEncoder, StageName};
+use flightdeck_core::{BoxError, FlightKey, KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use tower::{service_fn, Layer, Service};
 
@@ -43,6 +49,29 @@ const OURS_RECORDED: &str = "flightdeck_local, prebuilt key, Prometheus recorder
 const COALESCE: &str = "tower_resilience_coalesce";
 const SINGLEFLIGHT: &str = "async_singleflight";
 const MOKA: &str = "moka get_with";
+const BARE_PENDING: &str = "bare service, pending work";
+const OURS_PENDING: &str = "flightdeck_local, prebuilt key, pending work";
+const OURS_PENDING_NO_TIMEOUT: &str =
+    "flightdeck_local, prebuilt key, pending work, no wait timeout";
+const COALESCE_PENDING: &str = "tower_resilience_coalesce, pending work";
+const SINGLEFLIGHT_PENDING: &str = "async_singleflight, pending work";
+const MOKA_PENDING: &str = "moka get_with, pending work";
+
+/// Work that is pending at its first poll: it yields once to the runtime,
+/// then returns `n`.
+async fn pending(n: u64) -> u64 {
+    tokio::task::yield_now().await;
+    n
+}
+
+/// Our layer over a service whose work yields once, with this policy.
+fn ours_pending(
+    policy: FlightPolicy,
+) -> impl Service<(FlightKey, u64), Response = u64, Error = BoxError> + Clone + 'static {
+    LocalFlightLayer::with_key(policy, |r: &(FlightKey, u64)| Some(r.0.clone())).layer(service_fn(
+        |r: (FlightKey, u64)| async move { Ok::<_, Infallible>(pending(r.1).await) },
+    ))
+}
 
 fn rows() -> Vec<Row> {
     let bare = service_fn(|n: u64| async move { Ok::<_, Infallible>(n) });
@@ -103,7 +132,9 @@ fn rows() -> Vec<Row> {
 
     let sf: Arc<async_singleflight::Group<u64, u64, PeerError>> =
         Arc::new(async_singleflight::Group::new());
+    let sf_pending = Arc::clone(&sf);
     let cache: moka::future::Cache<u64, u64> = moka::future::Cache::new(100_000);
+    let cache_pending = cache.clone();
 
     vec![
         Row::service_cloned(BARE, bare, |n| n),
@@ -138,6 +169,47 @@ fn rows() -> Vec<Row> {
                 let base = rand_base();
                 for n in base..base + iters {
                     std::hint::black_box(cache.get_with(n, async move { n }).await);
+                }
+            }
+        }),
+        // The same layers and peers, over work that yields once.
+        Row::service_cloned(
+            BARE_PENDING,
+            service_fn(|n: u64| async move { Ok::<_, Infallible>(pending(n).await) }),
+            |n| n,
+        ),
+        Row::service_cloned(
+            OURS_PENDING,
+            ours_pending(FlightPolicy::new()),
+            prebuilt.clone(),
+        ),
+        Row::service_cloned(
+            OURS_PENDING_NO_TIMEOUT,
+            ours_pending(FlightPolicy::new().wait_timeout(None)),
+            prebuilt.clone(),
+        ),
+        Row::service_cloned(
+            COALESCE_PENDING,
+            tower_resilience_coalesce::CoalesceLayer::new(|n: &u64| *n).layer(service_fn(
+                |n: u64| async move { Ok::<_, PeerError>(pending(n).await) },
+            )),
+            |n| n,
+        ),
+        Row::new(SINGLEFLIGHT_PENDING, move |iters| {
+            let sf = Arc::clone(&sf_pending);
+            async move {
+                for n in 0..iters {
+                    let out = sf.work(&n, async move { Ok(pending(n).await) }).await;
+                    std::hint::black_box(out.unwrap());
+                }
+            }
+        }),
+        Row::new(MOKA_PENDING, move |iters| {
+            let cache = cache_pending.clone();
+            async move {
+                let base = rand_base();
+                for n in base..base + iters {
+                    std::hint::black_box(cache.get_with(n, pending(n)).await);
                 }
             }
         }),
@@ -193,6 +265,10 @@ fn main() {
                 (FLOOR, COALESCE),
                 (FLOOR_CLOCKS, COALESCE),
                 (OURS, FLOOR_CLOCKS),
+                (OURS_PENDING, COALESCE_PENDING),
+                (OURS_PENDING_NO_TIMEOUT, COALESCE_PENDING),
+                (OURS_PENDING, SINGLEFLIGHT_PENDING),
+                (OURS_PENDING, MOKA_PENDING),
             ],
         },
     );
