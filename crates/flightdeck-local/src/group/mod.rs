@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use self::delivery::{deliver, Msg, Outcome};
 use self::slot::{Expired, FlightId, Join, Place, Replay, Running, Shard, Slot, SlotState};
-use self::timers::Timers;
+use self::timers::{Timeline, Timers};
 use self::tokens::{TokenPool, Tokens};
 use crate::flights::Caller;
 use crate::metrics::{Registry, RunningOf, StageMetrics};
@@ -104,7 +104,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 .map(|_| {
                     Mutex::new(Shard {
                         table: HashTable::new(),
-                        timers: std::collections::BTreeMap::new(),
+                        timers: Timeline::default(),
                         next_id: 0,
                         tokens: Tokens::default(),
                     })
@@ -210,7 +210,9 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     (Some(a), Some(b)) => Some(a.max(b)),
                                     _ => None,
                                 };
-                                let armed = expiry.filter(|&at| shard.arm(hash, id.id, at));
+                                let armed = expiry.filter(|&at| {
+                                    timers::arm(&mut shard.timers, r, hash, id.id, at)
+                                });
                                 drop(guard);
                                 if let Some(at) = armed {
                                     self.armed(at);
@@ -311,8 +313,13 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// `leader`, the leader polls it and must be woken at that instant
     /// (its expiry) if the work is still pending then.
     pub(crate) fn pending(&self, flight: FlightId, at: Instant, leader: Option<(Instant, &Waker)>) {
-        let mut shard = self.shard(flight.hash);
-        let Some(r) = shard.running(flight.hash, flight.id) else {
+        let mut guard = self.shard(flight.hash);
+        let shard = &mut *guard;
+        let Some(r) = shard
+            .table
+            .find_mut(flight.hash, |s| s.id == flight.id)
+            .and_then(Slot::running)
+        else {
             return;
         };
         r.started.get_or_insert(at);
@@ -320,8 +327,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             return;
         };
         r.leader_timer = Some((expiry, waker.clone()));
-        if shard.arm(flight.hash, flight.id, expiry) {
-            drop(shard);
+        if timers::arm(&mut shard.timers, r, flight.hash, flight.id, expiry) {
+            drop(guard);
             self.armed(expiry);
         }
     }

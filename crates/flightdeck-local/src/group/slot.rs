@@ -1,7 +1,7 @@
 //! What the in-flight map holds: one slot per flight (running, or a
 //! finished result kept for replay), and the handles callers keep on it.
 
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::task::Waker;
 
@@ -12,7 +12,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::delivery::Letter;
-use super::timers::WaiterExpiry;
+use super::timers::{Timeline, WaiterExpiry};
 use super::tokens::Tokens;
 use crate::metrics::StageMetrics;
 
@@ -98,9 +98,8 @@ impl<V> Running<V> {
 
 pub(super) struct Shard<V> {
     pub(super) table: HashTable<Slot<V>>,
-    /// One entry per running flight with an expiry: `(when, id)`, and its
-    /// key's hash.
-    pub(super) timers: BTreeMap<(Instant, u64), u64>,
+    /// One entry per running flight with an expiry (see `timers`).
+    pub(super) timers: Timeline,
     pub(super) next_id: u64,
     pub(super) tokens: Tokens,
 }

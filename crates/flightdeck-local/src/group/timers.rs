@@ -25,6 +25,7 @@
 //! Without a tokio runtime nothing fires (there is no clock to wait on).
 
 use std::cmp::Reverse;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,35 +126,88 @@ impl<V> Running<V> {
     }
 }
 
-impl<V> Shard<V> {
-    /// Makes sure the flight `(hash, id)` has an entry no later than `at`.
-    /// Returns whether an entry was added or moved earlier (the driver may
-    /// have to hear of it).
-    pub(super) fn arm(&mut self, hash: u64, id: u64, at: Instant) -> bool {
-        let Some(r) = self
-            .table
-            .find_mut(hash, |s| s.id == id)
-            .and_then(Slot::running)
-        else {
-            return false;
+/// A shard's entries, `(when, flight id, key hash)`, sorted by when. A
+/// sorted deque rather than a tree: nearly every entry is `now + the wait
+/// timeout`, so it goes at the back, and flights mostly end in the order
+/// they started or right after they started, so their entries leave from
+/// either end.
+#[derive(Default)]
+pub(crate) struct Timeline(VecDeque<(Instant, u64, u64)>);
+
+impl Timeline {
+    fn insert(&mut self, at: Instant, id: u64, hash: u64) {
+        let q = &mut self.0;
+        let i = match q.back() {
+            Some(last) if last.0 > at => q.partition_point(|e| e.0 <= at),
+            _ => q.len(),
         };
-        match r.timer {
-            Some(t) if t <= at => false,
-            old => {
-                if let Some(t) = old {
-                    self.timers.remove(&(t, id));
-                }
-                r.timer = Some(at);
-                self.timers.insert((at, id), hash);
-                true
+        q.insert(i, (at, id, hash));
+    }
+
+    fn remove(&mut self, at: Instant, id: u64) {
+        let q = &mut self.0;
+        if q.back().is_some_and(|e| e.1 == id) {
+            q.pop_back();
+        } else if q.front().is_some_and(|e| e.1 == id) {
+            q.pop_front();
+        } else {
+            let from = q.partition_point(|e| e.0 < at);
+            let found = (from..q.len())
+                .take_while(|&i| q[i].0 == at)
+                .find(|&i| q[i].1 == id);
+            if let Some(i) = found {
+                q.remove(i);
             }
         }
     }
 
+    /// The earliest entry, removed if it is due at `now`.
+    fn pop_due(&mut self, now: Instant) -> Option<(Instant, u64, u64)> {
+        self.0
+            .front()
+            .is_some_and(|e| e.0 <= now)
+            .then(|| self.0.pop_front())?
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.0.front().map(|e| e.0)
+    }
+
+    /// Entries (tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Makes sure the flight `(hash, id)`, running as `r`, has an entry in
+/// `timers` no later than `at`. Returns whether an entry was added or
+/// moved earlier (the driver may have to hear of it).
+pub(super) fn arm<V>(
+    timers: &mut Timeline,
+    r: &mut Running<V>,
+    hash: u64,
+    id: u64,
+    at: Instant,
+) -> bool {
+    match r.timer {
+        Some(t) if t <= at => false,
+        old => {
+            if let Some(t) = old {
+                timers.remove(t, id);
+            }
+            r.timer = Some(at);
+            timers.insert(at, id, hash);
+            true
+        }
+    }
+}
+
+impl<V> Shard<V> {
     /// Removes the entry of a flight that ends.
     pub(super) fn disarm(&mut self, id: u64, timer: Option<Instant>) {
         if let Some(t) = timer {
-            self.timers.remove(&(t, id));
+            self.timers.remove(t, id);
         }
     }
 
@@ -167,11 +221,7 @@ impl<V> Shard<V> {
         expired: &mut Vec<oneshot::Sender<Letter<V>>>,
     ) -> Option<Instant> {
         let mut again = Vec::new();
-        while let Some(entry) = self.timers.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let ((_, id), hash) = entry.remove_entry();
+        while let Some((_, id, hash)) = self.timers.pop_due(now) {
             let Some(r) = self
                 .table
                 .find_mut(hash, |s| s.id == id)
@@ -202,9 +252,9 @@ impl<V> Shard<V> {
             }
         }
         for (at, id, hash) in again {
-            self.timers.insert((at, id), hash);
+            self.timers.insert(at, id, hash);
         }
-        self.timers.first_key_value().map(|((at, _), _)| *at)
+        self.timers.first()
     }
 }
 
