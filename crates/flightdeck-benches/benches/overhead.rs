@@ -37,6 +37,8 @@ use flightdeck_benches::harness::{self, Report, Row};
 use flightdeck_benches::{Floor, PeerError, KEYS};
 use flightdeck_core::{BoxError, FlightKey, KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
+use std::future::Future;
+
 use tower::{service_fn, Layer, Service};
 
 const BARE: &str = "bare service";
@@ -54,6 +56,8 @@ const OURS_PENDING: &str = "flightdeck_local, prebuilt key, pending work";
 const OURS_PENDING_NO_TIMEOUT: &str =
     "flightdeck_local, prebuilt key, pending work, no wait timeout";
 const COALESCE_PENDING: &str = "tower_resilience_coalesce, pending work";
+const COALESCE_PENDING_TIMER: &str =
+    "tower_resilience_coalesce, pending work, an idle timer in the runtime";
 const SINGLEFLIGHT_PENDING: &str = "async_singleflight, pending work";
 const MOKA_PENDING: &str = "moka get_with, pending work";
 
@@ -195,6 +199,30 @@ fn rows() -> Vec<Row> {
             )),
             |n| n,
         ),
+        // The same, in a runtime that has a timer registered (as a server
+        // has: keep-alive and read timeouts): then each park of the runtime
+        // consults its timer wheel, which our layer's timer task (sleeping
+        // until the earliest wait timeout) also makes it do.
+        {
+            let svc = tower_resilience_coalesce::CoalesceLayer::new(|n: &u64| *n).layer(
+                service_fn(|n: u64| async move { Ok::<_, PeerError>(pending(n).await) }),
+            );
+            let row = Row::service_cloned(COALESCE_PENDING_TIMER, svc, |n| n);
+            Row::new(COALESCE_PENDING_TIMER, move |iters| {
+                let run = row.run(iters);
+                async move {
+                    let idle = tokio::time::sleep(std::time::Duration::from_secs(3600));
+                    tokio::pin!(idle);
+                    // Registered by its first poll.
+                    std::future::poll_fn(|cx| {
+                        let _ = idle.as_mut().poll(cx);
+                        std::task::Poll::Ready(())
+                    })
+                    .await;
+                    run.await;
+                }
+            })
+        },
         Row::new(SINGLEFLIGHT_PENDING, move |iters| {
             let sf = Arc::clone(&sf_pending);
             async move {
@@ -267,6 +295,7 @@ fn main() {
                 (OURS, FLOOR_CLOCKS),
                 (OURS_PENDING, COALESCE_PENDING),
                 (OURS_PENDING_NO_TIMEOUT, COALESCE_PENDING),
+                (OURS_PENDING, COALESCE_PENDING_TIMER),
                 (OURS_PENDING, SINGLEFLIGHT_PENDING),
                 (OURS_PENDING, MOKA_PENDING),
             ],
