@@ -23,6 +23,10 @@
 //! entry is removed when its flight ends, under the lock that ends it.
 //!
 //! Without a tokio runtime nothing fires (there is no clock to wait on).
+//! The driver's sleep stays set for the earliest expiry it was armed for
+//! even when that flight ends first (it then fires once, finds nothing
+//! due, and re-arms or idles): so a runtime with a paused clock that goes
+//! idle advances to it, as it would to any other timer.
 
 use std::cmp::Reverse;
 use std::collections::VecDeque;
