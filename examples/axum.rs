@@ -49,6 +49,7 @@ pub(crate) const DEFAULT_CONFIG: &str = include_str!("flightdeck.toml");
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    init_logging(std::io::stdout);
     let config = match std::env::var("FLIGHTDECK_CONFIG") {
         Ok(path) => std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read FLIGHTDECK_CONFIG={path}: {e}"))?,
@@ -76,6 +77,25 @@ async fn main() -> Result<(), BoxError> {
         node.model.cost_micro_usd.load(Ordering::Relaxed) as f64 / 1e6
     );
     Ok(())
+}
+
+/// Logs through `tracing-subscriber`, filtered by `RUST_LOG` (default
+/// `info`): flightdeck's warnings on entering and leaving degraded mode,
+/// breaker transitions, mode switches. For example:
+///
+/// ```text
+/// WARN flightdeck::stage: stage degraded: coordination breaker open; coalescing in this process only stage=score mode=hybrid bulkhead_limit=8
+/// ```
+pub(crate) fn init_logging<W>(writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _already_set = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .try_init();
 }
 
 /// How to start one node of the service.

@@ -27,6 +27,14 @@ use hyper_util::rt::TokioExecutor;
 
 #[tokio::main]
 async fn main() -> Result<(), flightdeck::core::BoxError> {
+    // flightdeck's warnings (degraded mode, breaker transitions, fallbacks),
+    // filtered by RUST_LOG (default info).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let n: usize = match std::env::args().nth(1) {
         Some(arg) => match arg.parse() {
             Ok(n) if n > 0 => n,

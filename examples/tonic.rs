@@ -101,6 +101,14 @@ const MAX_MESSAGE: usize = 64 * 1024;
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    // flightdeck's warnings (degraded mode, breaker transitions, fallbacks),
+    // filtered by RUST_LOG (default info).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let listen: SocketAddr = std::env::var("LISTEN")
         .unwrap_or_else(|_| "127.0.0.1:50051".to_owned())
         .parse()?;

@@ -323,12 +323,23 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
             let bulkhead = BulkheadLayer::from_config(bulkhead_cfg);
             let local = LocalFlights::new(cfg.local_policy());
             let share = self.share.for_stage(&cfg.sharing);
+            let peers: crate::stage::Peers = {
+                let (local, distributed, stage) =
+                    (local.clone(), distributed.clone(), stage.clone());
+                Box::new(move || {
+                    local.publish_metrics(&stage);
+                    if let Some(d) = &distributed {
+                        d.publish_metrics(&stage);
+                    }
+                })
+            };
             let ctl = Control::new(
                 stage.clone(),
                 cfg,
                 distributed.is_some(),
                 breaker,
                 bulkhead.handle(),
+                peers,
             );
             let ctl = Arc::new(ctl);
             ctl.watch();

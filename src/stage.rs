@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use flightdeck_breaker::{Breaker, CircuitState};
 use flightdeck_bulkhead::{BulkheadHandle, BulkheadLayer};
-use flightdeck_core::metric::{self, Handles};
+use flightdeck_core::metric::{self, records, Handles};
 use flightdeck_core::{SharedForm, StageName};
 use flightdeck_distributed::{Backend, DistributedFlights, FailureClass, GuardedBackend};
 use flightdeck_local::LocalFlights;
@@ -186,6 +186,10 @@ impl Bundle {
         } else {
             0.0
         });
+        // The stage's other parts, under the same recorder.
+        ctl.breaker.publish_metrics();
+        ctl.bulkhead.publish_metrics();
+        (ctl.peers)();
         b
     }
 }
@@ -201,7 +205,17 @@ pub(crate) struct Control {
     degraded: AtomicBool,
     degraded_since: Mutex<Option<Instant>>,
     metrics: Handles<Bundle>,
+    /// Publishes the metrics of the stage's flights (L1, L2) under the
+    /// recorder in force.
+    peers: Peers,
 }
+
+/// Publishes the metrics of a stage's flights (see [`Control::new`]).
+pub(crate) type Peers = Box<dyn Fn() + Send + Sync>;
+
+/// How often a stage built before any recorder looks for one (see
+/// [`Control::watch`]).
+const RECORDER_POLL: Duration = Duration::from_secs(1);
 
 impl Control {
     pub(crate) fn new(
@@ -210,6 +224,7 @@ impl Control {
         has_backend: bool,
         breaker: Breaker,
         bulkhead: BulkheadHandle,
+        peers: Peers,
     ) -> Self {
         let ctl = Self {
             mode: AtomicU8::new(cfg.mode.to_u8()),
@@ -221,10 +236,11 @@ impl Control {
             degraded: AtomicBool::new(false),
             degraded_since: Mutex::new(None),
             metrics: Handles::new(),
+            peers,
         };
         // Registers the handles (publishing the gauges) under the recorder
         // in force now; another one installed later gets them at its first
-        // use or the stage's next check (see `watch`).
+        // use or within a second (see `watch`).
         ctl.publish();
         ctl
     }
@@ -235,10 +251,12 @@ impl Control {
         self.metrics.with(|r| Bundle::register(r, self), f)
     }
 
-    /// Makes sure the recorder in force has the stage's metrics, with the
-    /// gauges' current values.
-    pub(crate) fn publish(&self) {
-        self.metrics(|_| ());
+    /// Makes sure the recorder in force has the stage's metrics (and its
+    /// breaker's, bulkhead's and flights'), with the gauges' current
+    /// values. Returns whether that recorder records anything (false for
+    /// the no-op recorder in force before one is installed).
+    pub(crate) fn publish(&self) -> bool {
+        self.metrics(|m| records(&m.degraded_duration))
     }
 
     /// Follows the breaker's transitions from a task (when built inside a
@@ -246,21 +264,37 @@ impl Control {
     /// by hand, or the open wait ending) still switches the bulkhead, the
     /// gauge and the logs at once. The task holds the stage weakly and ends
     /// with the breaker.
+    ///
+    /// Until a recorder is in force, the task also looks for one every
+    /// [`RECORDER_POLL`] and publishes the stage's metrics under it: a
+    /// recorder installed after the layer was built (the usual order when
+    /// the exporter is set up with the routes) exports the stage's mode,
+    /// degraded state and zeroed counters before the first request, not
+    /// at its first event.
     pub(crate) fn watch(self: &Arc<Self>) {
+        use tokio::sync::broadcast::error::RecvError;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let mut events = self.breaker.subscribe();
+        let mut looking = !self.publish();
         let ctl = Arc::downgrade(self);
         drop(rt.spawn(async move {
+            let mut poll = tokio::time::interval(RECORDER_POLL);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                match events.recv().await {
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-                match ctl.upgrade() {
-                    Some(ctl) => ctl.sync_degraded(),
-                    None => return,
+                tokio::select! {
+                    event = events.recv() => match event {
+                        Ok(_) | Err(RecvError::Lagged(_)) => match ctl.upgrade() {
+                            Some(ctl) => ctl.sync_degraded(),
+                            None => return,
+                        },
+                        Err(RecvError::Closed) => return,
+                    },
+                    _ = poll.tick(), if looking => match ctl.upgrade() {
+                        Some(ctl) => looking = !ctl.publish(),
+                        None => return,
+                    },
                 }
             }
         }));

@@ -36,6 +36,7 @@ const EMITTED: &[&str] = &[
     m::DISTRIBUTED_FAILURE_TOTAL,
     m::LOCAL_FALLBACK_TOTAL,
     m::FALLBACK_EXECUTION_TOTAL,
+    m::EXECUTION_TOTAL,
     m::MISS_TOTAL,
     m::OWNER_FAILURE_TOTAL,
     m::BYPASS_TOTAL,
@@ -89,7 +90,8 @@ fn dashboard_uses_emitted_metric_names() {
         include_str!("../deploy/grafana/flightdeck.json"),
     );
     for needed in [
-        m::LOCAL_WAITER_TOTAL,
+        m::REQUEST_TOTAL,
+        m::EXECUTION_TOTAL,
         m::FOLLOWER_TOTAL,
         m::DEGRADED,
         breaker::CIRCUIT_STATE,
@@ -98,6 +100,12 @@ fn dashboard_uses_emitted_metric_names() {
     ] {
         assert!(names.contains(needed), "the dashboard shows {needed}");
     }
+    // Executions are counted, never derived from other counters.
+    let dashboard = include_str!("../deploy/grafana/flightdeck.json");
+    assert!(
+        !dashboard.contains("singleflight_local_owner_total"),
+        "no executions as requests minus followers"
+    );
 }
 
 #[test]

@@ -812,6 +812,15 @@ async fn while_degraded_the_bulkhead_admits_only_its_degraded_limit() {
     }
     assert_eq!((ok, full), (2, 3), "two local executions at a time");
     assert_eq!(redis.command_calls("eval").unwrap(), 0);
+    // The rejected calls are not executions: two counted, two timed.
+    assert_eq!(work.calls(), 2);
+    assert_eq!(
+        counter_with(metric::EXECUTION_TOTAL, st, "path", "fallback"),
+        2
+    );
+    assert_eq!(counter(metric::EXECUTION_TOTAL, st), 2);
+    assert_eq!(counter(metric::FALLBACK_EXECUTION_TOTAL, st), 2);
+    assert_eq!(samples(metric::EXECUTION_DURATION, st), 2);
 
     handle.breaker().reset();
     tokio::time::sleep(Duration::from_millis(50)).await;

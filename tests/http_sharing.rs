@@ -32,12 +32,13 @@ use common::fast;
 use flightdeck::budget::FromHeaders;
 use flightdeck::core::http::{CacheControl, ErrorResponseLayer, HttpShare, SetCookie};
 use flightdeck::core::FromExtension;
+use flightdeck::distributed::Backend;
 use flightdeck::distributed::ExtensionFence;
 use flightdeck::distributed::HttpCodec;
 use flightdeck::key::http::HttpKeyExtractor;
 use flightdeck::key::KeyLayer;
 use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer};
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_testkit::{MemoryBackend, RedisServer, Resp};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -126,7 +127,7 @@ async fn node(flights: Flights, origin: Arc<Origin>) -> SocketAddr {
 }
 
 /// The layer of one node, with `share`'s sharing policy.
-fn flights(share: HttpShare, mode: Mode, backend: Option<&MemoryBackend>) -> Flights {
+fn flights<B: Backend + Clone>(share: HttpShare, mode: Mode, backend: Option<&B>) -> Flights {
     let mut b = SingleFlightBuilder::new(FromExtension, share, HttpCodec::new())
         .fence(ExtensionFence)
         .deadlines(FromHeaders::new())
@@ -140,22 +141,72 @@ fn flights(share: HttpShare, mode: Mode, backend: Option<&MemoryBackend>) -> Fli
 /// A LOCAL_ONLY node.
 async fn local(share: HttpShare) -> (SocketAddr, Arc<Origin>) {
     let origin = Arc::new(Origin::default());
-    let addr = node(flights(share, Mode::LocalOnly, None), origin.clone()).await;
+    let addr = node(
+        flights::<MemoryBackend>(share, Mode::LocalOnly, None),
+        origin.clone(),
+    )
+    .await;
     (addr, origin)
 }
 
 /// Two HYBRID nodes sharing one backend (like two processes of one
 /// deployment sharing a Redis) and one origin.
 async fn hybrid(share: HttpShare) -> ([SocketAddr; 2], Arc<Origin>, MemoryBackend) {
-    let origin = Arc::new(Origin::default());
     let backend = MemoryBackend::new();
+    let (addrs, origin) = two_nodes(share, &backend).await;
+    (addrs, origin, backend)
+}
+
+async fn two_nodes<B: Backend + Clone>(
+    share: HttpShare,
+    backend: &B,
+) -> ([SocketAddr; 2], Arc<Origin>) {
+    let origin = Arc::new(Origin::default());
     let a = node(
-        flights(share.clone(), Mode::Hybrid, Some(&backend)),
+        flights(share.clone(), Mode::Hybrid, Some(backend)),
         origin.clone(),
     )
     .await;
-    let b = node(flights(share, Mode::Hybrid, Some(&backend)), origin.clone()).await;
-    ([a, b], origin, backend)
+    let b = node(flights(share, Mode::Hybrid, Some(backend)), origin.clone()).await;
+    ([a, b], origin)
+}
+
+/// Two HYBRID nodes, each with its own connection to one real
+/// redis-server, and one origin.
+async fn hybrid_redis(share: HttpShare) -> ([SocketAddr; 2], Arc<Origin>, RedisServer) {
+    let redis = RedisServer::start().unwrap();
+    let origin = Arc::new(Origin::default());
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let backend = common::redis_backend(redis.url()).await;
+        addrs.push(
+            node(
+                flights(share.clone(), Mode::Hybrid, Some(&backend)),
+                origin.clone(),
+            )
+            .await,
+        );
+    }
+    ([addrs[0], addrs[1]], origin, redis)
+}
+
+/// How many flights in `redis` hold a stored result (field `s` of a
+/// flight's hash: `ok` or `err`).
+fn stored_results(redis: &RedisServer) -> usize {
+    let Ok(Resp::Array(Some(keys))) = redis.cmd(&["KEYS", "*"]) else {
+        panic!("KEYS answers an array")
+    };
+    keys.iter()
+        .filter_map(Resp::as_str)
+        .filter(|k| {
+            k.ends_with(":f2")
+                && redis
+                    .cmd(&["HGET", k, "s"])
+                    .ok()
+                    .and_then(|r| r.as_str().map(str::to_owned))
+                    .is_some()
+        })
+        .count()
 }
 
 #[derive(Debug, Clone)]
@@ -322,17 +373,12 @@ async fn private_no_store_no_cache_and_vary_star_are_never_shared() {
 async fn private_no_store_no_cache_and_vary_star_are_never_replayed_from_the_backend() {
     bounded(async {
         let (addrs, origin, backend) = hybrid(HttpShare::new()).await;
-        let client = client();
-        for path in ["/private", "/no-store", "/no-cache", "/vary-star"] {
-            let first = fetch(&client, addrs[0], path, &[]).await;
-            let second = fetch(&client, addrs[1], path, &[]).await;
-            assert!(first.body.contains(" #1 "), "{path}: {first:?}");
-            assert!(
-                second.body.contains(" #2 "),
-                "{path} was replayed: {second:?}"
-            );
-            assert_eq!(origin.calls(path), 2, "{path}");
-        }
+        never_replayed(
+            addrs,
+            &origin,
+            &["/private", "/no-store", "/no-cache", "/vary-star"],
+        )
+        .await;
         assert_eq!(backend.calls().commit, 0, "nothing was stored");
     })
     .await;
@@ -362,16 +408,7 @@ async fn vary_every_waiter_gets_its_own_flavour() {
 async fn vary_a_replay_on_another_node_honours_the_flavour() {
     bounded(async {
         let (addrs, origin, _) = hybrid(HttpShare::new()).await;
-        let client = client();
-        let vanilla = fetch(&client, addrs[0], "/flavor", &[("x-flavor", "vanilla")]).await;
-        assert!(vanilla.body.contains("flavor=vanilla"), "{vanilla:?}");
-        // The stored vanilla result must not be replayed for chocolate...
-        let chocolate = fetch(&client, addrs[1], "/flavor", &[("x-flavor", "chocolate")]).await;
-        assert!(chocolate.body.contains("flavor=chocolate"), "{chocolate:?}");
-        // ...nor for a caller without the header.
-        let plain = fetch(&client, addrs[1], "/flavor", &[]).await;
-        assert!(plain.body.contains("flavor=-"), "{plain:?}");
-        assert_eq!(origin.calls("/flavor"), 3);
+        vary_replays(addrs, &origin).await;
     })
     .await;
 }
@@ -526,6 +563,84 @@ sharing = {{ set-cookie = "strip" }}
         let replies = anonymous(addr, "/cookie", 20).await;
         assert_eq!(origin.calls("/cookie"), 1);
         assert!(replies.iter().all(|r| r.cookies.len() == 1), "{replies:?}");
+    })
+    .await;
+}
+
+/// Each of `paths` fetched on node 0, then on node 1: the second runs
+/// the origin again (nothing was replayed).
+async fn never_replayed(addrs: [SocketAddr; 2], origin: &Origin, paths: &[&'static str]) {
+    let client = client();
+    for &path in paths {
+        let first = fetch(&client, addrs[0], path, &[]).await;
+        let second = fetch(&client, addrs[1], path, &[]).await;
+        assert!(first.body.contains(" #1 "), "{path}: {first:?}");
+        assert!(
+            second.body.contains(" #2 "),
+            "{path} was replayed: {second:?}"
+        );
+        assert_eq!(origin.calls(path), 2, "{path}");
+    }
+}
+
+/// A `Vary: X-Flavor` page stored by node 0 for vanilla: node 1 replays it
+/// for vanilla only (the header's name in any case), never for chocolate
+/// nor for a caller without the header.
+async fn vary_replays(addrs: [SocketAddr; 2], origin: &Origin) {
+    let client = client();
+    let vanilla = fetch(&client, addrs[0], "/flavor", &[("x-flavor", "vanilla")]).await;
+    assert!(vanilla.body.contains("flavor=vanilla"), "{vanilla:?}");
+    let chocolate = fetch(&client, addrs[1], "/flavor", &[("x-flavor", "chocolate")]).await;
+    assert!(chocolate.body.contains("flavor=chocolate"), "{chocolate:?}");
+    let plain = fetch(&client, addrs[1], "/flavor", &[]).await;
+    assert!(plain.body.contains("flavor=-"), "{plain:?}");
+    let same = fetch(&client, addrs[1], "/flavor", &[("X-Flavor", "vanilla")]).await;
+    assert_eq!(same.body, vanilla.body, "the same flavour is replayed");
+    assert_eq!(origin.calls("/flavor"), 3);
+}
+
+// ---------------------------------------------------------------- over a real redis-server
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_redis_a_shareable_page_is_replayed_on_the_other_node() {
+    bounded(async {
+        let (addrs, origin, redis) = hybrid_redis(HttpShare::new()).await;
+        let client = client();
+        let first = fetch(&client, addrs[0], "/plain", &[]).await;
+        let again = fetch(&client, addrs[1], "/plain", &[]).await;
+        assert_eq!(first.body, again.body, "replayed from Redis");
+        assert_eq!(origin.calls("/plain"), 1);
+        assert_eq!(stored_results(&redis), 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_redis_cookies_private_no_store_no_cache_and_vary_star_are_never_stored() {
+    bounded(async {
+        let (addrs, origin, redis) = hybrid_redis(HttpShare::new()).await;
+        never_replayed(
+            addrs,
+            &origin,
+            &[
+                "/cookie",
+                "/private",
+                "/no-store",
+                "/no-cache",
+                "/vary-star",
+            ],
+        )
+        .await;
+        assert_eq!(stored_results(&redis), 0, "nothing was stored in Redis");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_redis_a_replay_honours_vary() {
+    bounded(async {
+        let (addrs, origin, _redis) = hybrid_redis(HttpShare::new()).await;
+        vary_replays(addrs, &origin).await;
     })
     .await;
 }

@@ -347,3 +347,27 @@ pub async fn burst(svc: Svc, req: &str, n: usize) -> Vec<Result<String, BoxError
     }
     out
 }
+
+/// Whether the recorder has a handle for `name` of `stage` (a counter at 0
+/// and a histogram without samples count: they are exported).
+pub fn registered(name: &str, stage: &str) -> bool {
+    let r = recorded();
+    let pick = |k: &Key| matches(k, name, stage, None);
+    r.counters.lock().unwrap().keys().any(pick)
+        || r.gauges.lock().unwrap().keys().any(pick)
+        || r.histograms.lock().unwrap().keys().any(pick)
+}
+
+/// A gauge with `label = value` (the breaker's carry `breaker`, not
+/// `stage`).
+pub fn gauge_by(name: &str, label: &str, value: &str) -> Option<f64> {
+    recorded()
+        .gauges
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| {
+            k.name() == name && k.labels().any(|l| l.key() == label && l.value() == value)
+        })
+        .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
+}

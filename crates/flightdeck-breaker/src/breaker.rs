@@ -1,8 +1,15 @@
 //! The shared state machine behind every clone of a breaker.
+//!
+//! One file of ~800 lines on purpose: the handle ([`Breaker`]), the state
+//! under its lock (`Inner`) and every transition (`Core`) share private
+//! fields. Split across files, those fields would have to be visible to the
+//! whole crate, and the transitions would be read apart from the state and
+//! the invariants they keep (one word mirrors the state for the lock-free
+//! fast path; every transition goes through `set_state`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use flightdeck_core::error::CircuitOpen;
@@ -11,11 +18,12 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::classify::Outcome;
-use crate::config::{BreakerConfig, ConfigError};
+use crate::config::{BreakerConfig, BreakerConfigError};
 use crate::layer::CircuitBreakerLayer;
 use crate::metric;
-use crate::state::{CircuitState, Reason, Transition};
+use crate::state::{CircuitState, Transition, TransitionReason};
 use crate::window::{Window, WindowStats};
+use flightdeck_core::metric::Handles;
 
 // Internal states, packed with the epoch into one atomic word so the closed
 // fast path is a single load.
@@ -82,10 +90,10 @@ struct Core {
     inner: Mutex<Inner>,
     events: broadcast::Sender<Transition>,
     // Built once: a rejected call (the hot path while open) must not
-    // allocate a metric key; the counter handle is registered at the first
-    // rejection (so a recorder installed after the breaker is built is used).
+    // allocate a metric key; the counter handle is registered once per
+    // recorder (so a recorder installed after the breaker is built is used).
     rejected: metrics::Key,
-    rejected_counter: OnceLock<metrics::Counter>,
+    rejected_counter: Handles<metrics::Counter>,
     // `Inner::open_until` as nanoseconds since `base`, published before the
     // state word: an open breaker rejects without taking the lock.
     base: Instant,
@@ -127,7 +135,7 @@ impl LazyNow {
 
 impl Breaker {
     /// Creates a breaker after validating its settings.
-    pub fn new(name: impl Into<Arc<str>>, cfg: BreakerConfig) -> Result<Self, ConfigError> {
+    pub fn new(name: impl Into<Arc<str>>, cfg: BreakerConfig) -> Result<Self, BreakerConfigError> {
         cfg.validate()?;
         let now = Instant::now();
         let name = name.into();
@@ -165,7 +173,7 @@ impl Breaker {
                 inner: Mutex::new(inner),
                 events,
                 rejected,
-                rejected_counter: OnceLock::new(),
+                rejected_counter: Handles::new(),
                 base: now,
                 open_until: AtomicU64::new(0),
             }),
@@ -181,6 +189,30 @@ impl Breaker {
     /// The breaker's name.
     pub fn name(&self) -> &str {
         &self.core.name
+    }
+
+    /// Makes sure the recorder in force exports this breaker: its state
+    /// gauge at the current state, its counters at their values (zero
+    /// before the first transition or rejection). Transitions and
+    /// rejections register them anyway; this is for a scrape before the
+    /// first one, under a recorder installed after the breaker was built.
+    pub fn publish_metrics(&self) {
+        let name = self.core.name.to_string();
+        let gauge = metrics::gauge!(metric::CIRCUIT_STATE, metric::LABEL_BREAKER => name.clone());
+        let mut state = self.state();
+        gauge.set(state.gauge_value());
+        // A transition between the read and the write wrote its own value
+        // first: write the newest one again.
+        while self.state() != state {
+            state = self.state();
+            gauge.set(state.gauge_value());
+        }
+        let _registered =
+            metrics::counter!(metric::CIRCUIT_OPEN_TOTAL, metric::LABEL_BREAKER => name);
+        self.core.rejected_counter.with(
+            |r| r.register_counter(&self.core.rejected, &METADATA),
+            |_| (),
+        );
     }
 
     /// The settings.
@@ -452,11 +484,10 @@ impl Core {
 
     #[inline]
     fn count_rejection(&self) {
-        self.rejected_counter
-            .get_or_init(|| {
-                metrics::with_recorder(|r| r.register_counter(&self.rejected, &METADATA))
-            })
-            .increment(1);
+        self.rejected_counter.with(
+            |r| r.register_counter(&self.rejected, &METADATA),
+            |c| c.increment(1),
+        );
     }
 
     /// Whether an open breaker's wait is still running at `now` (read
@@ -490,7 +521,7 @@ impl Core {
             inner.probes[slot] = None;
             match outcome {
                 Outcome::Ignore => {}
-                _ if failure => self.open(&mut inner, now.get(), Reason::ProbeFailed),
+                _ if failure => self.open(&mut inner, now.get(), TransitionReason::ProbeFailed),
                 _ => {
                     inner.successes += 1;
                     if inner.successes >= self.cfg.successes_needed() {
@@ -514,13 +545,17 @@ impl Core {
         if let Some(k) = self.cfg.consecutive_failures {
             if inner.consecutive >= k {
                 let n = inner.consecutive;
-                self.open(&mut inner, now.get(), Reason::ConsecutiveFailures(n));
+                self.open(
+                    &mut inner,
+                    now.get(),
+                    TransitionReason::ConsecutiveFailures(n),
+                );
                 return;
             }
         }
         let stats = inner.window.stats(|| at.expect("clock read"));
         if stats.calls >= self.cfg.min_calls && stats.failure_rate() >= self.cfg.failure_rate {
-            let reason = Reason::FailureRate {
+            let reason = TransitionReason::FailureRate {
                 rate: stats.failure_rate(),
                 calls: stats.calls,
             };
@@ -544,7 +579,7 @@ impl Core {
             self.emit(
                 CircuitState::Open,
                 CircuitState::HalfOpen,
-                Reason::WaitElapsed,
+                TransitionReason::WaitElapsed,
                 now,
                 None,
             );
@@ -572,7 +607,7 @@ impl Core {
         Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 + u)).unwrap_or(FAR_FUTURE)
     }
 
-    fn open(&self, inner: &mut Inner, now: Instant, reason: Reason) {
+    fn open(&self, inner: &mut Inner, now: Instant, reason: TransitionReason) {
         let from = public(inner.tag);
         inner.opens_in_row = inner.opens_in_row.saturating_add(1);
         let wait = self.open_wait(inner.opens_in_row).min(FAR_FUTURE);
@@ -648,7 +683,7 @@ impl Core {
         self.emit(
             CircuitState::HalfOpen,
             CircuitState::Closed,
-            Reason::ProbesSucceeded,
+            TransitionReason::ProbesSucceeded,
             now,
             None,
         );
@@ -660,7 +695,7 @@ impl Core {
         let from = public(inner.tag);
         inner.opens_in_row = 0;
         self.set_state(&mut inner, tag, now);
-        self.emit(from, public(tag), Reason::Manual, now, None);
+        self.emit(from, public(tag), TransitionReason::Manual, now, None);
     }
 
     fn set_state(&self, inner: &mut Inner, tag: u64, now: Instant) {
@@ -682,7 +717,7 @@ impl Core {
         &self,
         from: CircuitState,
         to: CircuitState,
-        reason: Reason,
+        reason: TransitionReason,
         at: Instant,
         open_for: Option<Duration>,
     ) {

@@ -197,8 +197,8 @@ impl BreakerConfig {
     }
 
     /// Checks the settings, naming the first bad one.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |what: &'static str| Err(ConfigError { what });
+    pub fn validate(&self) -> Result<(), BreakerConfigError> {
+        let bad = |what: &'static str| Err(BreakerConfigError { what });
         match self.window {
             WindowKind::Count { size: 0 } => return bad("count window size must be > 0"),
             WindowKind::Time { duration, buckets } => {
@@ -250,14 +250,14 @@ impl BreakerConfig {
 
 /// A breaker setting is out of range.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct BreakerConfigError {
     what: &'static str,
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for BreakerConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "invalid breaker config: {}", self.what)
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for BreakerConfigError {}

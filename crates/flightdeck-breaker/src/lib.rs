@@ -77,12 +77,12 @@ mod window;
 
 pub use breaker::{Breaker, Permit};
 pub use classify::{Classify, ErrIsFailure, Outcome, TransientErrors};
-pub use config::{BreakerConfig, ConfigError, Ramp, WindowKind};
+pub use config::{BreakerConfig, BreakerConfigError, Ramp, WindowKind};
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
 pub use registry::{BreakerRegistry, RegistryFull};
 pub use service::CircuitBreaker;
-pub use state::{CircuitState, Reason, Transition};
+pub use state::{CircuitState, Transition, TransitionReason};
 pub use window::WindowStats;
 
 /// Metric names recorded by the breaker (label [`LABEL_BREAKER`](metric::LABEL_BREAKER)).

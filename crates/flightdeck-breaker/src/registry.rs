@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::breaker::Breaker;
-use crate::config::{BreakerConfig, ConfigError};
+use crate::config::{BreakerConfig, BreakerConfigError};
 use crate::state::CircuitState;
 
 /// A bounded set of named breakers, created on first use from one config.
@@ -47,7 +47,7 @@ struct Map {
 
 impl BreakerRegistry {
     /// A registry of at most `max_breakers` breakers built from `template`.
-    pub fn new(template: BreakerConfig, max_breakers: usize) -> Result<Self, ConfigError> {
+    pub fn new(template: BreakerConfig, max_breakers: usize) -> Result<Self, BreakerConfigError> {
         template.validate()?;
         Ok(Self {
             inner: Arc::new(Inner {

@@ -57,7 +57,7 @@ impl fmt::Display for CircuitState {
 /// Why a transition happened.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
-pub enum Reason {
+pub enum TransitionReason {
     /// The failure rate over the window reached the threshold.
     FailureRate {
         /// The rate that was observed.
@@ -87,7 +87,7 @@ pub struct Transition {
     /// State after.
     pub to: CircuitState,
     /// Why.
-    pub reason: Reason,
+    pub reason: TransitionReason,
     /// When (tokio's clock).
     pub at: Instant,
     /// For transitions to [`CircuitState::Open`]: how long it stays open

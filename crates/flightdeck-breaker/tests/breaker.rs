@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flightdeck_breaker::{
-    Breaker, BreakerConfig, BreakerRegistry, CircuitState, Outcome, Ramp, Reason, TransientErrors,
+    Breaker, BreakerConfig, BreakerRegistry, CircuitState, Outcome, Ramp, TransientErrors,
+    TransitionReason,
 };
 use flightdeck_core::error::CircuitOpen;
 use flightdeck_core::BoxError;
@@ -47,7 +48,10 @@ async fn opens_on_failure_rate_once_min_calls_are_in_the_window() {
     assert_eq!(b.state(), CircuitState::Open);
     let t = events.recv().await.unwrap();
     assert_eq!((t.from, t.to), (CircuitState::Closed, CircuitState::Open));
-    assert!(matches!(t.reason, Reason::FailureRate { calls: 10, .. }));
+    assert!(matches!(
+        t.reason,
+        TransitionReason::FailureRate { calls: 10, .. }
+    ));
     let err = b.try_acquire().unwrap_err();
     assert_eq!(err.name(), "t");
 }
@@ -445,7 +449,14 @@ async fn handle_forces_resets_and_reports() {
     let reasons: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
         .map(|t| t.reason)
         .collect();
-    assert_eq!(reasons, [Reason::Manual, Reason::Manual, Reason::Manual]);
+    assert_eq!(
+        reasons,
+        [
+            TransitionReason::Manual,
+            TransitionReason::Manual,
+            TransitionReason::Manual
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -640,7 +651,7 @@ async fn try_reject_rejects_while_a_timer_times_the_open_wait() {
         (
             CircuitState::Open,
             CircuitState::HalfOpen,
-            Reason::WaitElapsed
+            TransitionReason::WaitElapsed
         )
     );
     assert!(t.at >= until);

@@ -96,6 +96,9 @@ impl BulkheadConfig {
     }
 }
 
+/// The `reason` labels of `singleflight_bulkhead_rejected_total`.
+pub(crate) const REJECT_REASONS: [&str; 4] = ["full", "queue_timeout", "rate", "degraded_rate"];
+
 pub(crate) struct Shared {
     stage: Option<StageName>,
     stage_label: String,
@@ -144,6 +147,7 @@ impl Shared {
         BulkheadFull::new(self.stage.clone())
     }
 
+    /// Counts a rejection; `reason` is one of [`REJECT_REASONS`].
     pub(crate) fn reject(&self, reason: &'static str) {
         metrics::counter!(
             metric::BULKHEAD_REJECTED_TOTAL,
@@ -357,6 +361,29 @@ impl BulkheadHandle {
             }
             metrics::gauge!(metric::BULKHEAD_DEGRADED, flightdeck_core::metric::LABEL_STAGE => s.stage_label.clone())
                 .set(if degraded { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// Makes sure the recorder in force exports this bulkhead: its
+    /// degraded gauge at the current state, its rejection counters at
+    /// their values (zero before the first rejection). State changes and
+    /// rejections register them anyway; this is for a scrape before the
+    /// first one, under a recorder installed after the bulkhead was built.
+    pub fn publish_metrics(&self) {
+        let s = &self.shared;
+        let gauge = metrics::gauge!(metric::BULKHEAD_DEGRADED, flightdeck_core::metric::LABEL_STAGE => s.stage_label.clone());
+        let mut degraded = self.is_degraded();
+        gauge.set(if degraded { 1.0 } else { 0.0 });
+        while self.is_degraded() != degraded {
+            degraded = self.is_degraded();
+            gauge.set(if degraded { 1.0 } else { 0.0 });
+        }
+        for reason in REJECT_REASONS {
+            let _registered = metrics::counter!(
+                metric::BULKHEAD_REJECTED_TOTAL,
+                flightdeck_core::metric::LABEL_STAGE => s.stage_label.clone(),
+                "reason" => reason
+            );
         }
     }
 

@@ -131,6 +131,14 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         })
     }
 
+    /// Makes sure the recorder in force exports `stage`'s coordination
+    /// counters (at zero before any flight): events register them anyway;
+    /// this is for a scrape before the first one, under a recorder
+    /// installed after the flights were built.
+    pub fn publish_metrics(&self, stage: &StageName) {
+        self.st.metrics.get(stage).with(|_| ());
+    }
+
     /// The validated policy.
     pub fn policy(&self) -> &DistributedPolicy {
         &self.st.policy

@@ -15,7 +15,7 @@
 //! ```
 //! use std::time::Duration;
 //! use flightdeck_core::{FlightKey, StageName};
-//! use crate::backend::{Acquired, Backend, LeaseTerms};
+//! use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
 //! use flightdeck_distributed::{FlightId, OwnerToken};
 //! use flightdeck_distributed::memory::MemoryBackend;
 //!

@@ -38,7 +38,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use flightdeck_core::error::DeadlineExceeded;
-use flightdeck_core::{BoxError, FlightKey, Shareable};
+use flightdeck_core::{BoxError, FlightKey, Shareable, StageName};
 use tokio::time::Instant;
 
 use crate::group::Group;
@@ -187,6 +187,15 @@ impl<V: Clone + Send + Sync + 'static> LocalFlights<V> {
     /// Entries in the map: running flights plus results kept for replay.
     pub fn entries(&self) -> usize {
         self.group.entries()
+    }
+
+    /// Makes sure the recorder in force exports `stage`'s metrics: its
+    /// counters at their values (zero before any flight) and the active
+    /// flights' gauge at the number running now. Events register them
+    /// anyway; this is for a scrape before the first event, under a
+    /// recorder installed after the flights were built.
+    pub fn publish_metrics(&self, stage: &StageName) {
+        self.group.metrics.get(stage).publish();
     }
 }
 

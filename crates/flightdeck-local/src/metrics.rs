@@ -17,11 +17,10 @@
 //! reads it only then, and a probe recorded zero times ([`records`]) tells,
 //! once per stage and recorder, whether the start is worth reading at all.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock, Weak};
 
-use flightdeck_core::metric::Handles;
+use flightdeck_core::metric::{records, Handles};
 use flightdeck_core::{metric, StageName, Unshareable};
 use metrics::{Counter, Gauge, Histogram, IntoF64, Key, Label, Level, Metadata, Recorder};
 use tokio::time::Instant;
@@ -100,21 +99,6 @@ impl IntoF64 for Elapsed {
     }
 }
 
-/// Whether `histogram` has a recorder behind it: a no-op handle never
-/// converts its value, and a count of zero records no sample.
-fn records(histogram: &Histogram) -> bool {
-    struct Probe<'a>(&'a Cell<bool>);
-    impl IntoF64 for Probe<'_> {
-        fn into_f64(self) -> f64 {
-            self.0.set(true);
-            0.0
-        }
-    }
-    let converted = Cell::new(false);
-    histogram.record_many(Probe(&converted), 0);
-    converted.get()
-}
-
 impl Bundle {
     fn register(r: &dyn Recorder, m: &StageMetrics) -> Self {
         let stage = &m.stage;
@@ -156,6 +140,11 @@ impl StageMetrics {
     #[inline]
     fn with<R>(&self, f: impl FnOnce(&Bundle) -> R) -> R {
         self.handles.with(|r| Bundle::register(r, self), f)
+    }
+
+    /// Registers the handles under the recorder in force, if not done yet.
+    pub(crate) fn publish(&self) {
+        self.with(|_| ());
     }
 
     /// Whether executions of this stage are timed (a recorder records

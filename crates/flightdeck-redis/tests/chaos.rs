@@ -2,7 +2,9 @@
 //! over a load of K keys across N nodes for T seconds, then the invariants
 //! of the coordination protocol (no hung request, no stale commit, at most
 //! one committed result per generation, generations per flight strictly
-//! increasing, ...), checked and printed.
+//! increasing, no lease left held once every node is idle, no follower
+//! seeing a lease with no live owner for longer than the lease, ...),
+//! checked and printed.
 //!
 //! Each node is one process-local stack, L1 (`LocalFlightLayer`) in front of
 //! L2 (`DistributedFlightLayer`) over its own `RedisBackend` (its own fred
@@ -45,9 +47,11 @@ use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
-use flightdeck_distributed::{DistributedFlightLayer, FencingToken, FlightId, PostcardCodec};
+use flightdeck_distributed::{
+    DistributedFlightLayer, DistributedFlights, FencingToken, FlightId, PostcardCodec,
+};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_redis::{RedisBackend, RedisConfig, LAYOUT};
 use flightdeck_testkit::chaos::{
     self, blocking, lock, within, Attempt, Chaos, Exec, Executions, Memory, Settings, Summary,
     Topology,
@@ -88,6 +92,7 @@ fn flight_of(key: &str) -> FlightId {
 struct Node {
     svc: Svc,
     l1: L1,
+    flights: DistributedFlights<Recorder<RedisBackend>, PostcardCodec<String>>,
     backend: RedisBackend,
     proxy: Option<FaultProxy>,
 }
@@ -130,7 +135,7 @@ async fn start_node(
         "connect",
         RedisBackend::connect(
             RedisConfig::new(url)
-                .command_timeout(Duration::from_millis(300))
+                .command_timeout(chaos::CALL_TIMEOUT)
                 .connect_timeout(Duration::from_secs(1))
                 .reconnect_max_delay(Duration::from_millis(200)),
         ),
@@ -150,6 +155,7 @@ async fn start_node(
         FlightPolicy::new().wait_timeout(Some(chaos::LOCAL_WAIT_TIMEOUT)),
         key_of as fn(&Req) -> Option<FlightKey>,
     );
+    let flights = l2.flights().clone();
     let svc = Svc::new(
         l1.clone()
             .layer(l2.layer(service_fn(work(i, executions.clone())))),
@@ -157,6 +163,7 @@ async fn start_node(
     Node {
         svc,
         l1,
+        flights,
         backend,
         proxy,
     }
@@ -282,6 +289,16 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
     }
     let drained = quiet.elapsed();
     memory.end = chaos::rss_bytes();
+    // Then every node's background coordination (commits, abandons, the
+    // release of leases it gave up on): after that no flight runs
+    // anywhere, and a lease still held on Redis is an orphan.
+    for n in &nodes {
+        within(20, "L2 background work ends", n.flights.idle()).await;
+    }
+    let scanned = topology.clone();
+    let leases = blocking("lease scan", move || chaos::scan_leases(&scanned, LAYOUT))
+        .await
+        .expect("the lease scan reads Redis");
 
     let j = journal.journal();
     let execs = lock(&executions).clone();
@@ -327,6 +344,7 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
         executions: &execs,
         drained,
         drained_what: "L1 running and entries, subscriptions",
+        leases: &leases,
         memory: &[memory],
         extra,
     }
@@ -466,4 +484,67 @@ async fn chaos_cluster() {
         ask > 0,
         "no client met ASK: no live migration was exercised"
     );
+}
+
+/// The end-of-run lease scan: a lease granted to a token nobody runs is
+/// found (with its token and what is left of it), a flight whose result is
+/// stored is a record without a held lease, and the lease is gone once its
+/// token released it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_scan_finds_a_lease_left_held() {
+    use flightdeck_distributed::backend::{Acquired, Backend, Committed, LeaseTerms, Released};
+    use flightdeck_distributed::OwnerToken;
+    use flightdeck_testkit::{conformance, RedisServer};
+
+    let redis = blocking("redis", RedisServer::start).await.unwrap();
+    let backend = within(
+        15,
+        "connect",
+        RedisBackend::connect(RedisConfig::new(redis.url())),
+    )
+    .await
+    .unwrap();
+    let topology = Topology::Standalone(Arc::new(Mutex::new(redis)));
+    let scan = || {
+        let t = topology.clone();
+        blocking("scan", move || chaos::scan_leases(&t, LAYOUT))
+    };
+    let terms = LeaseTerms {
+        lease: Duration::from_secs(30),
+        state_ttl: Duration::from_secs(120),
+        allow_takeover: true,
+    };
+    let (left, done) = (conformance::fresh_flight(), conformance::fresh_flight());
+    let (orphan, owner) = (OwnerToken::random(), OwnerToken::random());
+    let acquired = backend.acquire(&left, &orphan, &terms).await.unwrap();
+    assert!(matches!(acquired, Acquired::Owner { .. }), "{acquired:?}");
+    let Acquired::Owner { generation, .. } = backend.acquire(&done, &owner, &terms).await.unwrap()
+    else {
+        panic!("a fresh flight is owned");
+    };
+    let committed = backend
+        .commit(
+            &done,
+            &owner,
+            generation,
+            &conformance::commit_args(b"v", 64),
+        )
+        .await
+        .unwrap();
+    assert_eq!(committed, Committed::Committed);
+
+    let found = scan().await.unwrap();
+    assert_eq!(found.records, 2, "{found:?}");
+    assert_eq!(found.held.len(), 1, "{found:?}");
+    assert_eq!(found.held[0].token, orphan.as_str());
+    assert_eq!(found.held[0].key, backend.keys(&left)[0]);
+    assert!(found.held[0].remaining > Duration::from_secs(25));
+
+    let released = backend
+        .release(&left, &orphan, terms.state_ttl)
+        .await
+        .unwrap();
+    assert_eq!(released, Released::Released);
+    let found = scan().await.unwrap();
+    assert_eq!((found.records, found.held.len()), (2, 0), "{found:?}");
 }

@@ -19,6 +19,8 @@
 //! - [`Recorder`]: a backend wrapper that journals grants and commits and
 //!   checks the chaos invariants (no stale commit, at most one committed
 //!   result per generation).
+//! - [`prometheus::PrometheusServer`]: a real `prometheus` scraping test
+//!   nodes and evaluating alerting rules, queried through its HTTP API.
 //! - [`node::NodeProcess`]: the `flightdeck-node` binary (feature `node`)
 //!   as a separate process driven over HTTP, for multi-process tests.
 //! - [`chaos`]: the seeded fault schedule, the load, and the printed and
@@ -30,8 +32,10 @@
 pub mod chaos;
 pub mod cluster;
 pub mod conformance;
+mod eventlog;
 pub mod hooked;
 pub mod node;
+pub mod prometheus;
 pub mod proxy;
 pub mod recorder;
 pub mod redis;

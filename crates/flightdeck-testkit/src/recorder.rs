@@ -12,6 +12,10 @@
 //! a grant sent after another grant's reply arrived ran later on the
 //! server, so its generation must be the larger one.
 //!
+//! It also keeps what followers saw (which holder generation each
+//! FOLLOWER answer named, first and last), so a run can tell waits on a
+//! live owner from waits on a lease nobody holds any more.
+//!
 //! A recorder can also write every event as a JSON line to an
 //! [`EventLog`] (flushed line by line, so a killed process loses nothing it
 //! recorded); [`Journal::from_log`] reads such lines back, so the journals
@@ -36,16 +40,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use flightdeck_core::Digest;
 use flightdeck_distributed::backend::{
     Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
-    Renewal,
+    Released, Renewal,
 };
 use serde_json::{json, Value};
+
+pub use crate::eventlog::{wall_us, EventLog, SharedBuffer, WallClock};
 use tokio::time::Instant;
 
 /// One grant of a flight.
@@ -81,6 +86,24 @@ pub struct CommitRecord {
     pub committed: Option<bool>,
 }
 
+/// What one follower saw of one holder: the FOLLOWER answers that named
+/// the same owner's generation (the backend said its lease was live).
+#[derive(Clone, Debug)]
+pub struct Followed {
+    /// The flight.
+    pub flight: FlightId,
+    /// The holder's generation the answers named.
+    pub generation: u64,
+    /// The follower's token.
+    pub token: String,
+    /// When the first such answer's request was sent.
+    pub first_sent: Instant,
+    /// When the last such answer arrived.
+    pub last_at: Instant,
+    /// How many such answers.
+    pub answers: u64,
+}
+
 /// What a [`Recorder`] saw.
 #[derive(Clone, Debug, Default)]
 pub struct Journal {
@@ -92,6 +115,15 @@ pub struct Journal {
     pub heartbeats_lost: u64,
     /// Heartbeats that failed (error).
     pub heartbeats_failed: u64,
+    /// RELEASEs by token (of leases a node gave up on) that freed a lease.
+    pub releases_freed: u64,
+    /// RELEASEs by token answered NOT_OWNER (nothing to free).
+    pub releases_not_owner: u64,
+    /// FOLLOWER answers, by (follower token, holder generation).
+    pub followed: HashMap<(String, u64), Followed>,
+    /// Tokens granted in a process that was killed afterwards, with the
+    /// time of the kill (set by whoever reads that process's log).
+    pub killed: HashMap<String, Instant>,
 }
 
 impl Journal {
@@ -185,6 +217,40 @@ impl Journal {
         out
     }
 
+    /// Adds one FOLLOWER answer naming `generation`.
+    fn follower_answer(
+        &mut self,
+        flight: FlightId,
+        token: &str,
+        generation: u64,
+        sent: Instant,
+        at: Instant,
+    ) {
+        self.followed
+            .entry((token.to_owned(), generation))
+            .and_modify(|f| {
+                f.first_sent = f.first_sent.min(sent);
+                f.last_at = f.last_at.max(at);
+                f.answers += 1;
+            })
+            .or_insert_with(|| Followed {
+                flight,
+                generation,
+                token: token.to_owned(),
+                first_sent: sent,
+                last_at: at,
+                answers: 1,
+            });
+    }
+
+    /// Marks every token granted so far as belonging to a process killed
+    /// `at` (for the journal of one killed process).
+    pub fn killed_at(&mut self, at: Instant) {
+        for g in &self.grants {
+            self.killed.entry(g.token.clone()).or_insert(at);
+        }
+    }
+
     /// Grants that took over a dead owner's flight.
     pub fn takeovers(&self) -> usize {
         self.grants.iter().filter(|g| g.takeover).count()
@@ -196,6 +262,10 @@ impl Journal {
         self.commits.extend(other.commits);
         self.heartbeats_lost += other.heartbeats_lost;
         self.heartbeats_failed += other.heartbeats_failed;
+        self.releases_freed += other.releases_freed;
+        self.releases_not_owner += other.releases_not_owner;
+        self.followed.extend(other.followed);
+        self.killed.extend(other.killed);
     }
 
     /// The journal in the JSON lines of an [`EventLog`], times mapped by
@@ -240,6 +310,15 @@ impl Journal {
                 sent: clock.instant(v["sent_us"].as_u64()?),
                 committed: v["committed"].as_bool(),
             }),
+            "follower" => self.follower_answer(
+                flight()?,
+                v["token"].as_str()?,
+                generation()?,
+                clock.instant(v["sent_us"].as_u64()?),
+                clock.instant(v["at_us"].as_u64()?),
+            ),
+            "release" if v["freed"].as_bool()? => self.releases_freed += 1,
+            "release" => self.releases_not_owner += 1,
             "heartbeat_lost" => self.heartbeats_lost += 1,
             "heartbeat_failed" => self.heartbeats_failed += 1,
             _ => {}
@@ -257,109 +336,6 @@ fn flight_of_hex(hex: &str) -> Option<FlightId> {
         *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(FlightId::from_digest(Digest::from_bytes(bytes)))
-}
-
-/// Microseconds since the Unix epoch: the time of a logged event.
-pub fn wall_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
-/// Maps logged wall-clock times onto this process's clock: both clocks are
-/// read once, and every logged time keeps its distance from that moment,
-/// so order and intervals survive (a wall-clock step during the run would
-/// not; test machines do not step their clocks mid-run).
-#[derive(Clone, Copy, Debug)]
-pub struct WallClock {
-    instant: Instant,
-    wall_us: u64,
-}
-
-impl WallClock {
-    /// Both clocks, now.
-    pub fn now() -> Self {
-        Self {
-            instant: Instant::now(),
-            wall_us: wall_us(),
-        }
-    }
-
-    /// The instant of a logged time.
-    pub fn instant(&self, us: u64) -> Instant {
-        if us <= self.wall_us {
-            let back = Duration::from_micros(self.wall_us - us);
-            self.instant.checked_sub(back).unwrap_or(self.instant)
-        } else {
-            self.instant + Duration::from_micros(us - self.wall_us)
-        }
-    }
-}
-
-/// A sink of JSON lines shared by the recorders (and other journaling) of
-/// one process: each event is one line, written and flushed at once.
-/// Write errors are ignored (the journal is for checks after the run).
-#[derive(Clone)]
-pub struct EventLog {
-    out: Arc<Mutex<Box<dyn Write + Send>>>,
-}
-
-impl EventLog {
-    /// Logs to `out`.
-    pub fn new(out: impl Write + Send + 'static) -> Self {
-        Self {
-            out: Arc::new(Mutex::new(Box::new(out))),
-        }
-    }
-
-    /// Appends to the file at `path`, creating it.
-    pub fn append_to(path: &std::path::Path) -> std::io::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        Ok(Self::new(file))
-    }
-
-    /// Writes `event` as one line and flushes it.
-    pub fn write(&self, event: &Value) {
-        let mut line = event.to_string();
-        line.push('\n');
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = out.write_all(line.as_bytes());
-        let _ = out.flush();
-    }
-}
-
-/// An in-memory [`Write`] whose clones share one buffer: a log file for
-/// tests (`EventLog::new(buffer.clone())`, then `buffer.text()`).
-#[derive(Clone, Debug, Default)]
-pub struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
-
-impl SharedBuffer {
-    /// Everything written so far (invalid UTF-8 replaced).
-    pub fn text(&self) -> String {
-        let bytes = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-}
-
-impl Write for SharedBuffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut bytes = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl fmt::Debug for EventLog {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EventLog").finish_non_exhaustive()
-    }
 }
 
 /// Wraps a backend and records a [`Journal`] (see the module docs). Clones
@@ -439,6 +415,16 @@ impl<B: Backend> Backend for Recorder<B> {
         Box::pin(async move {
             let (sent, sent_us) = (Instant::now(), wall_us());
             let answer = self.inner.acquire(flight, token, terms).await?;
+            if let Acquired::Follower { generation, .. } = answer {
+                let at_us = wall_us();
+                self.log(|| {
+                    json!({"event": "follower", "flight": flight.to_hex(), "generation": generation,
+                        "token": token.as_str(), "sent_us": sent_us, "at_us": at_us})
+                });
+                let at = Instant::now();
+                self.lock()
+                    .follower_answer(*flight, token.as_str(), generation, sent, at);
+            }
             if let Acquired::Owner {
                 generation,
                 takeover,
@@ -516,5 +502,27 @@ impl<B: Backend> Backend for Recorder<B> {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => abandon, invalidate, subscribe, release);
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released> {
+        Box::pin(async move {
+            let answer = self.inner.release(flight, token, state_ttl).await;
+            if let Ok(released) = &answer {
+                let freed = *released == Released::Released;
+                self.log(|| json!({"event": "release", "freed": freed}));
+                let mut j = self.lock();
+                if freed {
+                    j.releases_freed += 1;
+                } else {
+                    j.releases_not_owner += 1;
+                }
+            }
+            answer
+        })
+    }
+
+    flightdeck_distributed::forward_backend!(inner => abandon, invalidate, subscribe);
 }

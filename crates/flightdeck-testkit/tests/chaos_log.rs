@@ -156,3 +156,113 @@ async fn a_killed_process_ends_its_executions_and_duplicates_name_what_they_repl
     assert_eq!(dups.by_cause.get(AFTER_UNCOMMITTED), Some(&1), "{dups:?}");
     assert_eq!(dups.by_cause.values().sum::<u64>(), 2);
 }
+
+/// "No follower waits longer than the lease on a lease no live owner
+/// holds": a follower of a journaled, live owner is not counted, however
+/// long it waits; a follower of a lease whose grant never reached a node
+/// (taken here behind the recorder's back) is, and seeing it live past the
+/// lease plus slack (here it is kept alive, as a bug would) is a
+/// violation; so is a follower of an owner whose process was killed. The
+/// follower answers survive the log.
+#[tokio::test(start_paused = true)]
+async fn followers_must_not_wait_past_the_lease_on_a_lease_nobody_holds() {
+    use flightdeck_distributed::backend::{Acquired, Backend};
+    use flightdeck_distributed::OwnerToken;
+    use flightdeck_testkit::chaos::{ownerless_bound, ownerless_waits};
+
+    let buffer = SharedBuffer::default();
+    let mem = MemoryBackend::new();
+    let rec = Recorder::new(mem.clone()).logging_to(EventLog::new(buffer.clone()));
+    let terms = conformance::terms(true);
+    let bound = ownerless_bound(conformance::LEASE, Duration::from_millis(100));
+    let owned = |a: Acquired| match a {
+        Acquired::Owner { generation, .. } => generation,
+        other => panic!("expected OWNER, got {other:?}"),
+    };
+    // Follows `flight` through the recorder for `secs` of (paused) time,
+    // keeping `keep`'s lease alive meanwhile when given.
+    let follow = |flight, keep: Option<(OwnerToken, u64)>| {
+        let (rec, mem) = (rec.clone(), mem.clone());
+        async move {
+            let me = OwnerToken::random();
+            for _ in 0..20 {
+                let a = rec.acquire(&flight, &me, &terms).await.unwrap();
+                assert!(matches!(a, Acquired::Follower { .. }), "{a:?}");
+                if let Some((t, g)) = &keep {
+                    mem.heartbeat(&flight, t, *g, &terms).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+
+    // A live owner, journaled and heartbeating: 2 s of following is fine.
+    let live = conformance::fresh_flight();
+    let owner = OwnerToken::random();
+    let g = owned(rec.acquire(&live, &owner, &terms).await.unwrap());
+    follow(live, Some((owner, g))).await;
+    let j = rec.journal();
+    assert_eq!(ownerless_waits(&j, bound).waits, 0, "{:?}", j.followed);
+
+    // A lease whose grant never reached a node, kept alive for 2 s.
+    let orphaned = conformance::fresh_flight();
+    let orphan = OwnerToken::random();
+    let g = owned(mem.acquire(&orphaned, &orphan, &terms).await.unwrap());
+    follow(orphaned, Some((orphan, g))).await;
+    let j = rec.journal();
+    let found = ownerless_waits(&j, bound);
+    assert_eq!((found.waits, found.violations.len()), (1, 1), "{found:?}");
+    assert!(found.longest > bound);
+    let (read, malformed) = Journal::from_log(&buffer.text(), &WallClock::now());
+    assert_eq!(malformed, 0);
+    // (Logged times are the wall clock's, which paused time does not move:
+    // compare what was seen, not how long.)
+    let seen = |j: &Journal| {
+        let mut v: Vec<_> = j
+            .followed
+            .values()
+            .map(|f| (f.flight.to_hex(), f.generation, f.token.clone(), f.answers))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(seen(&read), seen(&j));
+    assert_eq!(ownerless_waits(&read, bound).waits, 1);
+
+    // A follower that sees an orphan for less than the bound is counted,
+    // not a violation.
+    let brief = conformance::fresh_flight();
+    owned(
+        mem.acquire(&brief, &OwnerToken::random(), &terms)
+            .await
+            .unwrap(),
+    );
+    let me = OwnerToken::random();
+    for _ in 0..3 {
+        rec.acquire(&brief, &me, &terms).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let found = ownerless_waits(&rec.journal(), bound);
+    assert_eq!((found.waits, found.violations.len()), (2, 1), "{found:?}");
+
+    // The owner's process killed before the follower came: the log of
+    // the killed process marks its grant dead.
+    let dead_log = SharedBuffer::default();
+    let dead = Recorder::new(mem.clone()).logging_to(EventLog::new(dead_log.clone()));
+    let killed = conformance::fresh_flight();
+    let victim = OwnerToken::random();
+    let g = owned(dead.acquire(&killed, &victim, &terms).await.unwrap());
+    let clock = WallClock::now();
+    let mut merged = NodeLog::read(&dead_log.text(), 0, &clock, Some(Instant::now())).journal;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let after = Recorder::new(mem.clone());
+    let me = OwnerToken::random();
+    for _ in 0..20 {
+        after.acquire(&killed, &me, &terms).await.unwrap();
+        mem.heartbeat(&killed, &victim, g, &terms).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    merged.merge(after.journal());
+    let found = ownerless_waits(&merged, bound);
+    assert_eq!((found.waits, found.violations.len()), (1, 1), "{found:?}");
+}

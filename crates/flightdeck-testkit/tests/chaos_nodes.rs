@@ -13,8 +13,10 @@
 //! run the test merges them and prints and checks the invariants of
 //! [`flightdeck_testkit::chaos`]: hung requests, wrong-key results, stale
 //! commits, committed results per (key, generation), duplicate executions
-//! by cause; the in-flight maps come from each node's `/stats`, memory from
-//! each node's `VmRSS`.
+//! by cause, leases left held on Redis once every node is idle (`/idle`),
+//! followers waiting on a lease whose owner's grant never reached it or
+//! whose process was killed; the in-flight maps come from each node's
+//! `/stats`, memory from each node's `VmRSS`.
 //!
 //! Short form (CI): 40 s. Long form:
 //! `FLIGHTDECK_CHAOS_SECS=300 cargo test -p flightdeck-testkit --all-features
@@ -29,6 +31,7 @@ use std::time::Duration;
 
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::FlightId;
+use flightdeck_redis::LAYOUT;
 use flightdeck_testkit::chaos::{
     self, blocking, lock, within, Attempt, Chaos, Memory, NodeLog, Settings, Summary,
 };
@@ -285,6 +288,25 @@ async fn chaos_node_processes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let drained = quiet.elapsed();
+    // Then every node's background coordination: after that no flight
+    // runs anywhere, and a lease still held on Redis is an orphan.
+    for i in 0..settings.nodes {
+        let addr = nodes.addr(i).expect("every node is up after the run");
+        let idle = within(
+            15,
+            "a node's L2 background work ends",
+            get_async(addr, "/idle"),
+        )
+        .await;
+        assert!(
+            matches!(&idle, Ok((200, _))),
+            "node {i} still busy 10 s after the load stopped: {idle:?}"
+        );
+    }
+    let scanned = topology.clone();
+    let leases = blocking("lease scan", move || chaos::scan_leases(&scanned, LAYOUT))
+        .await
+        .expect("the lease scan reads Redis");
 
     // Merge what every process (dead or alive) wrote.
     let clock = WallClock::now();
@@ -339,6 +361,7 @@ async fn chaos_node_processes() {
         executions: &executions,
         drained,
         drained_what: "every node's /stats: L1 running and entries, subscriptions",
+        leases: &leases,
         memory: &memory,
         extra,
     }

@@ -120,3 +120,20 @@ impl<T> std::fmt::Debug for Handles<T> {
         f.debug_struct("Handles").field("recorders", &seen).finish()
     }
 }
+
+/// Whether `histogram` has a recorder behind it: a no-op handle never
+/// converts the value it is given, a real one always does, and a count of
+/// zero records no sample. Tells the no-op recorder (in force before one
+/// is installed) from a real one without registering anything.
+pub fn records(histogram: &metrics::Histogram) -> bool {
+    struct Probe<'a>(&'a std::cell::Cell<bool>);
+    impl metrics::IntoF64 for Probe<'_> {
+        fn into_f64(self) -> f64 {
+            self.0.set(true);
+            0.0
+        }
+    }
+    let converted = std::cell::Cell::new(false);
+    histogram.record_many(Probe(&converted), 0);
+    converted.get()
+}

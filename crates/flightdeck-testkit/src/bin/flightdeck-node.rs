@@ -10,6 +10,8 @@
 //!                 [--chaos 1] [--journal PATH]
 //! GET /flight/{key}  -> 200 "{key}|{generation}|{pid}" or 503 "{ErrorClass:?} {error}"
 //! GET /stats         -> 200 "executions N\nworking N\nrunning N\nentries N\nsubscriptions N\n"
+//! GET /idle          -> 200 "idle" once the L2 background work (commits,
+//!                       abandons, lease releases) is done, 503 "busy" after 10 s
 //! ```
 //!
 //! `--chaos 1` takes the chaos suite's settings (`flightdeck_testkit::chaos`:
@@ -118,8 +120,7 @@ impl Drop for Working {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), BoxError> {
     let args = args()?;
-    let mut config =
-        RedisConfig::new(args.redis.clone()).command_timeout(Duration::from_millis(300));
+    let mut config = RedisConfig::new(args.redis.clone()).command_timeout(chaos::CALL_TIMEOUT);
     if args.chaos {
         config = config
             .connect_timeout(Duration::from_secs(1))
@@ -186,6 +187,7 @@ async fn main() -> Result<(), BoxError> {
             }
         })
     };
+    let flights = l2.flights().clone();
     let svc: Svc = BoxCloneService::new(l1.clone().layer(l2.layer(work)));
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -193,6 +195,7 @@ async fn main() -> Result<(), BoxError> {
     loop {
         let (stream, _) = listener.accept().await?;
         let (svc, l1, backend) = (svc.clone(), l1.clone(), backend.clone());
+        let flights = flights.clone();
         let (executions, working) = (executions.clone(), working.clone());
         tokio::spawn(async move {
             let stats = || {
@@ -205,13 +208,23 @@ async fn main() -> Result<(), BoxError> {
                     backend.subscribed_channels()
                 )
             };
-            let _ = serve(stream, svc, stats).await;
+            let idle = async move {
+                tokio::time::timeout(Duration::from_secs(10), flights.idle())
+                    .await
+                    .is_ok()
+            };
+            let _ = serve(stream, svc, stats, idle).await;
         });
     }
 }
 
 /// One request per connection (`Connection: close`).
-async fn serve(stream: TcpStream, svc: Svc, stats: impl Fn() -> String) -> Result<(), Infallible> {
+async fn serve(
+    stream: TcpStream,
+    svc: Svc,
+    stats: impl Fn() -> String,
+    idle: impl std::future::Future<Output = bool>,
+) -> Result<(), Infallible> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     if reader.read_line(&mut line).await.is_err() {
@@ -241,6 +254,12 @@ async fn serve(stream: TcpStream, svc: Svc, stats: impl Fn() -> String) -> Resul
         }
     } else if path == "/stats" {
         ("200 OK", stats())
+    } else if path == "/idle" {
+        if idle.await {
+            ("200 OK", "idle".to_owned())
+        } else {
+            ("503 Service Unavailable", "busy".to_owned())
+        }
     } else {
         ("404 Not Found", "not found".to_owned())
     };

@@ -1,0 +1,332 @@
+//! L2 over a real Redis (a `redis-server` the testkit starts on a free
+//! loopback port), each row next to its floor, raw fred running a trivial
+//! script (`return 1`, one key) by `EVALSHA` on the same client, in the
+//! same run, interleaved round by round:
+//!
+//! - **owner**: a flight on a fresh key, ACQUIRE + trivial work + COMMIT
+//!   (the layer hands the value back first and commits in the background:
+//!   the row waits for the commit too), vs two EVALSHA round trips;
+//! - **hit**: a flight whose result is stored (one ACQUIRE), vs one;
+//! - **follower**: a second node joins a flight whose owner is working;
+//!   the row is the time from the owner's work ending to the follower
+//!   holding the value (the owner's COMMIT, its notice, the decode), vs
+//!   one EVALSHA round trip;
+//! - **flights/s**: one node, 64 tasks, owner flights on fresh keys
+//!   (commits included), vs 64 tasks running EVALSHA pairs (pairs/s).
+//!
+//! Each latency row is the median over rounds of a batch's mean, and the
+//! ratio is the median of the per-round ratios (ours / floor), so a
+//! shared machine's drifting load cannot bias it.
+//!
+//! `cargo bench -p flightdeck-benches --bench l2` (`FLIGHTDECK_L2_ROUNDS`,
+//! default 15; `FLIGHTDECK_L2_SECS`, default 2, per throughput window).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flightdeck_core::error::BoxError;
+use flightdeck_core::{FlightKey, Shareable, StageName};
+use flightdeck_distributed::{
+    DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
+};
+use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_testkit::RedisServer;
+use fred::prelude::*;
+use tokio::sync::Notify;
+
+type Flights = DistributedFlights<RedisBackend, PostcardCodec<String>>;
+
+const BATCH: u32 = 100;
+const TASKS: usize = 64;
+const FLOOR_SCRIPT: &str = "return 1";
+
+/// Trivial work, or work that waits to be let go (the follower row).
+#[derive(Clone, Default)]
+struct Work {
+    gate: Option<Arc<(Notify, Notify)>>,
+}
+
+impl Execute<()> for Work {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
+        if let Some(gate) = &self.gate {
+            gate.0.notify_one();
+            gate.1.notified().await;
+        }
+        Ok(Shareable::Shared("v".to_owned()))
+    }
+}
+
+fn policy() -> DistributedPolicy {
+    DistributedPolicy::new()
+        .lease(Duration::from_secs(10))
+        .heartbeat(Duration::from_secs(2))
+        .call_timeout(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(50))
+        .wait_timeout(Duration::from_secs(10))
+        .result_ttl(Duration::from_secs(300))
+}
+
+static KEYS: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_key() -> FlightKey {
+    let n = KEYS.fetch_add(1, Ordering::Relaxed);
+    FlightKey::from_bytes(
+        StageName::new("l2bench").expect("valid stage"),
+        n.to_le_bytes(),
+    )
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(v: Vec<f64>) -> f64 {
+    quartiles(v).1
+}
+
+/// (first quartile, median, third quartile).
+fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: usize| v[(v.len() - 1) * q / 4];
+    (at(1), at(2), at(3))
+}
+
+/// The floor: one trivial EVALSHA on `client`.
+async fn evalsha(client: &Client, sha: &str) {
+    let _: i64 = client
+        .evalsha(sha, vec!["l2bench:floor"], Vec::<String>::new())
+        .await
+        .expect("EVALSHA");
+}
+
+async fn owner(flights: &Flights) {
+    let out = flights
+        .run(&fresh_key(), (), Work::default(), &Propagate)
+        .await;
+    assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
+    flights.idle().await;
+}
+
+/// One latency row: `ours` and `floor` each run `BATCH` times per round,
+/// alternating which goes first; per round the mean of each and their
+/// ratio.
+struct Row {
+    ours: Vec<f64>,
+    floor: Vec<f64>,
+    ratio: Vec<f64>,
+}
+
+impl Row {
+    fn new() -> Self {
+        Self {
+            ours: Vec::new(),
+            floor: Vec::new(),
+            ratio: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, ours: Duration, floor: Duration) {
+        let (o, f) = (ours.as_secs_f64() * 1e6, floor.as_secs_f64() * 1e6);
+        self.ours.push(o);
+        self.floor.push(f);
+        self.ratio.push(o / f);
+    }
+
+    fn print(self, name: &str, floor: &str, goal: &str) {
+        let (q1, m, q3) = quartiles(self.ratio);
+        println!(
+            "| {name} | {:.1} µs | {floor} {:.1} µs | {m:.2}x ({q1:.2}–{q3:.2}) | {goal} |",
+            median(self.ours),
+            median(self.floor),
+        );
+    }
+}
+
+/// How many times `one` completes in `secs` across [`TASKS`] tasks, then
+/// `settle`, per second of the whole.
+async fn throughput<F, Fut>(secs: f64, one: F) -> f64
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (stop, done, one) = (stop.clone(), done.clone(), one.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    one().await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("task");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let rounds = env("FLIGHTDECK_L2_ROUNDS", 15).max(1);
+    let secs = env("FLIGHTDECK_L2_SECS", 2).max(1) as f64;
+    let redis = RedisServer::start().expect("redis-server starts");
+    let connect = || async {
+        RedisBackend::connect(RedisConfig::new(redis.url()))
+            .await
+            .expect("connect")
+    };
+    let (a, b) = (connect().await, connect().await);
+    let client = a.client().clone();
+    let sha: String = client.script_load(FLOOR_SCRIPT).await.expect("SCRIPT LOAD");
+    let node_a: Flights = DistributedFlights::new(a, policy(), PostcardCodec::new()).unwrap();
+    let node_b: Flights = DistributedFlights::new(b, policy(), PostcardCodec::new()).unwrap();
+    // Warm up: scripts loaded, connections and subscriptions open.
+    for _ in 0..200 {
+        owner(&node_a).await;
+        evalsha(&client, &sha).await;
+    }
+
+    let (mut own, mut hit, mut follow) = (Row::new(), Row::new(), Row::new());
+    for round in 0..rounds {
+        let ours_first = round % 2 == 0;
+        // Owner vs two EVALSHAs.
+        let mut t = [Duration::ZERO; 2];
+        for side in [ours_first, !ours_first] {
+            let started = Instant::now();
+            for _ in 0..BATCH {
+                if side {
+                    owner(&node_a).await;
+                } else {
+                    evalsha(&client, &sha).await;
+                    evalsha(&client, &sha).await;
+                }
+            }
+            t[usize::from(!side)] = started.elapsed() / BATCH;
+        }
+        own.push(t[0], t[1]);
+
+        // Hit vs one EVALSHA, on keys committed just now.
+        let keys: Vec<FlightKey> = (0..BATCH).map(|_| fresh_key()).collect();
+        for k in &keys {
+            node_a
+                .run(k, (), Work::default(), &Propagate)
+                .await
+                .unwrap();
+        }
+        node_a.idle().await;
+        for side in [ours_first, !ours_first] {
+            let started = Instant::now();
+            for k in &keys {
+                if side {
+                    let out = node_b.run(k, (), Work::default(), &Propagate).await;
+                    assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
+                } else {
+                    evalsha(&client, &sha).await;
+                }
+            }
+            t[usize::from(!side)] = started.elapsed() / BATCH;
+        }
+        hit.push(t[0], t[1]);
+
+        // Follower: from the owner's work ending to the follower's value.
+        let mut waited = Duration::ZERO;
+        for _ in 0..BATCH / 4 {
+            let key = fresh_key();
+            let gate = Arc::new((Notify::new(), Notify::new()));
+            let work = Work {
+                gate: Some(gate.clone()),
+            };
+            let owner_task = {
+                let (node, key) = (node_a.clone(), key.clone());
+                tokio::spawn(async move { node.run(&key, (), work, &Propagate).await })
+            };
+            gate.0.notified().await;
+            let follower_task = {
+                let (node, key) = (node_b.clone(), key.clone());
+                tokio::spawn(async move {
+                    let out = node.run(&key, (), Work::default(), &Propagate).await;
+                    (out, Instant::now())
+                })
+            };
+            // Let the follower acquire, subscribe and start waiting.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let released = Instant::now();
+            gate.1.notify_one();
+            let (out, got) = follower_task.await.unwrap();
+            assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
+            waited += got - released;
+            owner_task.await.unwrap().unwrap();
+            node_a.idle().await;
+        }
+        let started = Instant::now();
+        for _ in 0..BATCH / 4 {
+            evalsha(&client, &sha).await;
+        }
+        follow.push(waited / (BATCH / 4), started.elapsed() / (BATCH / 4));
+    }
+
+    // One node's owner flights/s vs EVALSHA pairs/s, alternating.
+    let (mut ours_rate, mut floor_rate, mut rate_ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let node = node_a.clone();
+        let o = throughput(secs, move || {
+            let node = node.clone();
+            async move {
+                let out = node
+                    .run(&fresh_key(), (), Work::default(), &Propagate)
+                    .await;
+                assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
+            }
+        })
+        .await;
+        let started = Instant::now();
+        node_a.idle().await;
+        let settle = started.elapsed().as_secs_f64();
+        let o = o * secs / (secs + settle);
+        let (c, s) = (client.clone(), sha.clone());
+        let f = throughput(secs, move || {
+            let (c, s) = (c.clone(), s.clone());
+            async move {
+                evalsha(&c, &s).await;
+                evalsha(&c, &s).await;
+            }
+        })
+        .await;
+        ours_rate.push(o);
+        floor_rate.push(f);
+        rate_ratio.push(o / f);
+    }
+
+    println!(
+        "\nL2 over one loopback redis-server, {rounds} rounds of {BATCH} (follower: {}), release build; floor = raw fred EVALSHA of `{FLOOR_SCRIPT}` on the same client\n",
+        BATCH / 4
+    );
+    println!("| row | ours (median) | floor (median) | ours / floor: median of rounds (quartiles) | goal |");
+    println!("|---|---|---|---|---|");
+    own.print("owner: ACQUIRE + work + COMMIT", "2 EVALSHA", "≤ 1.3x");
+    hit.print("hit: one ACQUIRE", "1 EVALSHA", "≤ 1.3x");
+    follow.print(
+        "follower: owner's work ended → follower has the value",
+        "1 EVALSHA",
+        "—",
+    );
+    let (q1, m, q3) = quartiles(rate_ratio);
+    println!(
+        "| one node's owner flights/s, {TASKS} tasks, {secs} s windows x3 | {:.0}/s | EVALSHA pairs {:.0}/s | {m:.2}x ({q1:.2}–{q3:.2}) | ≥ 0.6x |",
+        median(ours_rate),
+        median(floor_rate),
+    );
+}

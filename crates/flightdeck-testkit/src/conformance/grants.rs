@@ -1,0 +1,217 @@
+//! Grants, leases and takeovers: who owns a flight, how long, and who
+//! takes it over when its owner's lease runs out.
+
+use super::*;
+
+/// ACQUIRE answers OWNER, then FOLLOWER to others, OWNER with the same
+/// generation to a retry of the same token (invariant 8); COMMIT is
+/// idempotent (7); later acquires HIT.
+pub async fn owner_follower_hit<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let t = terms(true);
+    let g = match b.acquire(&f, &a, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+        } => generation,
+        other => panic!("a fresh flight: expected OWNER without takeover, got {other:?}"),
+    };
+    assert!(g >= 1, "generations start at 1 or later");
+    match b.acquire(&f, &c, &t).await.unwrap() {
+        Acquired::Follower {
+            generation,
+            lease_remaining,
+        } => {
+            assert_eq!(generation, g);
+            assert!(lease_remaining <= LEASE && !lease_remaining.is_zero());
+        }
+        other => panic!("expected FOLLOWER, got {other:?}"),
+    }
+    assert_eq!(
+        b.acquire(&f, &a, &t).await.unwrap(),
+        Acquired::Owner {
+            generation: g,
+            takeover: false
+        },
+        "a retried acquire with the same token must answer OWNER, same generation"
+    );
+    let args = commit_args(b"\x00result\xff", 1024);
+    assert_eq!(
+        b.commit(&f, &a, g, &args).await.unwrap(),
+        Committed::Committed
+    );
+    assert_eq!(
+        b.commit(&f, &a, g, &args).await.unwrap(),
+        Committed::Committed,
+        "a retried commit must be idempotent"
+    );
+    assert_eq!(
+        b.commit(&f, &c, g, &args).await.unwrap(),
+        Committed::Fenced,
+        "a commit from another token must be fenced"
+    );
+    match b.acquire(&f, &c, &t).await.unwrap() {
+        Acquired::Hit(r) => {
+            assert_eq!(r.generation, g);
+            assert_eq!(r.status, ResultStatus::Ok);
+            assert_eq!(&r.payload[..], b"\x00result\xff");
+        }
+        other => panic!("expected HIT, got {other:?}"),
+    }
+}
+
+/// HEARTBEAT extends only the holder's lease and never re-creates a lost
+/// one, not even when nobody took the flight over (invariant 3).
+pub async fn heartbeat_never_resurrects<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let t = terms(true);
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "a fresh flight");
+    // Renewing keeps the lease past its first expiry.
+    for _ in 0..6 {
+        tokio::time::sleep(LEASE / 4).await;
+        assert_eq!(b.heartbeat(&f, &a, g, &t).await.unwrap(), Renewal::Renewed);
+    }
+    assert!(matches!(
+        b.acquire(&f, &c, &t).await.unwrap(),
+        Acquired::Follower { .. }
+    ));
+    assert_eq!(b.heartbeat(&f, &c, g, &t).await.unwrap(), Renewal::Lost);
+    assert_eq!(b.heartbeat(&f, &a, g + 1, &t).await.unwrap(), Renewal::Lost);
+    tokio::time::sleep(PAST_LEASE).await;
+    assert_eq!(
+        b.heartbeat(&f, &a, g, &t).await.unwrap(),
+        Renewal::Lost,
+        "an expired lease must not be renewed by a heartbeat"
+    );
+    assert_eq!(b.heartbeat(&f, &a, g, &t).await.unwrap(), Renewal::Lost);
+    let gc = match b.acquire(&f, &c, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: true,
+        } => generation,
+        other => panic!("the lease stayed expired: expected a takeover, got {other:?}"),
+    };
+    tokio::time::sleep(LEASE * 3).await;
+    assert_eq!(
+        b.heartbeat(&f, &c, gc, &t).await.unwrap(),
+        Renewal::Lost,
+        "a heartbeat after everything expired must not re-create the lease"
+    );
+}
+
+/// After expiry a follower takes over with a newer generation (invariant
+/// 1); the stale owner's commit is FENCED and the new result stands (2).
+pub async fn takeover_fences_the_stale_owner<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (stale, fresh, other) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    let t = terms(true);
+    let g1 = owned(b.acquire(&f, &stale, &t).await.unwrap(), "a fresh flight");
+    tokio::time::sleep(PAST_LEASE).await;
+    let g2 = match b.acquire(&f, &fresh, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: true,
+        } => generation,
+        other => panic!("expected a takeover, got {other:?}"),
+    };
+    assert!(g2 > g1, "a takeover's generation {g2} must exceed {g1}");
+    match b.acquire(&f, &other, &t).await.unwrap() {
+        Acquired::Follower { generation, .. } => assert_eq!(generation, g2),
+        other => panic!("expected FOLLOWER, got {other:?}"),
+    }
+    assert_eq!(
+        b.heartbeat(&f, &stale, g1, &t).await.unwrap(),
+        Renewal::Lost
+    );
+    let old = commit_args(b"old", 1024);
+    assert_eq!(
+        b.commit(&f, &stale, g1, &old).await.unwrap(),
+        Committed::Fenced
+    );
+    let new = commit_args(b"new", 1024);
+    assert_eq!(
+        b.commit(&f, &fresh, g2, &new).await.unwrap(),
+        Committed::Committed
+    );
+    assert_eq!(
+        b.commit(&f, &stale, g1, &old).await.unwrap(),
+        Committed::Fenced
+    );
+    expect_hit(b.acquire(&f, &other, &t).await.unwrap(), g2, b"new");
+}
+
+/// Without takeover an expired flight answers EXPIRED, and nothing changes.
+pub async fn expired_without_takeover<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let g1 = owned(b.acquire(&f, &a, &terms(true)).await.unwrap(), "fresh");
+    tokio::time::sleep(PAST_LEASE).await;
+    assert_eq!(
+        b.acquire(&f, &c, &terms(false)).await.unwrap(),
+        Acquired::Expired { generation: g1 }
+    );
+    match b.acquire(&f, &c, &terms(true)).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: true,
+        } => assert!(generation > g1),
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+}
+
+/// An owner whose lease expired may still commit if nobody was granted the
+/// flight since (the commit rule).
+pub async fn late_commit_without_rival_succeeds<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let a = OwnerToken::random();
+    let g = owned(b.acquire(&f, &a, &terms(true)).await.unwrap(), "fresh");
+    tokio::time::sleep(PAST_LEASE).await;
+    assert_eq!(
+        b.commit(&f, &a, g, &commit_args(b"late", 1024))
+            .await
+            .unwrap(),
+        Committed::Committed
+    );
+}
+
+/// N concurrent acquirers after a dead owner's lease expired: exactly one
+/// takes over (invariant 4), the others follow its generation.
+pub async fn exactly_one_takeover<B: Backend>(b: Arc<B>, n: usize) {
+    let f = fresh_flight();
+    let dead = OwnerToken::random();
+    let g1 = owned(b.acquire(&f, &dead, &terms(true)).await.unwrap(), "fresh");
+    tokio::time::sleep(PAST_LEASE).await;
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let b = b.clone();
+        tasks.push(tokio::spawn(async move {
+            let tok = OwnerToken::random();
+            b.acquire(&f, &tok, &terms(true)).await.unwrap()
+        }));
+    }
+    let mut owners = Vec::new();
+    let mut followed = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Acquired::Owner {
+                generation,
+                takeover: true,
+            } => owners.push(generation),
+            Acquired::Follower { generation, .. } => followed.push(generation),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(owners.len(), 1, "exactly one takeover: {owners:?}");
+    assert!(owners[0] > g1);
+    assert!(
+        followed.iter().all(|g| *g == owners[0]),
+        "followers follow the new owner's generation {}: {followed:?}",
+        owners[0]
+    );
+}

@@ -1,0 +1,178 @@
+//! The conformance suite every [`Backend`] must pass: the rules of the
+//! coordination contract (see [`flightdeck_distributed::backend`]) that a
+//! backend alone is responsible for.
+//!
+//! Each check uses fresh flights, so one backend (one Redis) serves them
+//! all. Checks panic with a message on violation, like `assert!`. Leases
+//! are short ([`LEASE`]) so the expiry checks run in a few seconds of real
+//! time; with the memory backend they also run under paused time.
+//!
+//! By file: `grants` (owners, followers, hits, leases, takeovers),
+//! `results` (abandons, notices, cached failures, invalidation),
+//! `fencing` (generations, token-checked commit and abandon, release by
+//! token, a dead owner without takeover) and `layer` (the rules the L2
+//! layer keeps over the backend: no lease left behind after an unknown
+//! outcome, heartbeats until the commit has returned).
+//!
+//! Generations are compared with each other, never with fixed numbers: a
+//! backend may start a flight anywhere (the Redis backend starts from the
+//! server's clock) as long as it never repeats or goes back.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use flightdeck_testkit::{conformance, MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! conformance::run_all(Arc::new(MemoryBackend::new())).await;
+//! # }
+//! ```
+
+mod fencing;
+mod grants;
+mod layer;
+mod results;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_core::{FlightKey, StageName};
+use flightdeck_distributed::backend::{
+    AbandonArgs, Acquired, Backend, CommitArgs, Committed, FlightId, LeaseTerms, Notice,
+    OwnerToken, Released, Renewal, ResultStatus, Subscription,
+};
+use tokio::time::Instant;
+
+pub use fencing::*;
+pub use grants::*;
+pub use layer::*;
+pub use results::*;
+
+/// The lease used by the expiry checks.
+pub const LEASE: Duration = Duration::from_millis(400);
+
+/// The state TTL of the checks that let a flight's whole record expire.
+pub const SHORT_STATE: Duration = Duration::from_millis(1200);
+
+/// Past the lease, well within the record that outlives it
+/// ([`LeaseTerms::record_ttl`] is two leases with [`terms`]).
+const PAST_LEASE: Duration = Duration::from_millis(500);
+
+/// Past everything a flight granted with [`SHORT_STATE`] keeps.
+const PAST_RECORD: Duration = Duration::from_millis(1600);
+
+/// A fresh flight id.
+pub fn fresh_flight() -> FlightId {
+    let n: u128 = rand::random();
+    FlightId::of(&FlightKey::from_bytes(
+        StageName::new("conformance").expect("valid stage name"),
+        n.to_le_bytes(),
+    ))
+}
+
+/// Lease terms with [`LEASE`] and takeover as given.
+pub fn terms(allow_takeover: bool) -> LeaseTerms {
+    LeaseTerms {
+        lease: LEASE,
+        state_ttl: Duration::from_secs(30),
+        allow_takeover,
+    }
+}
+
+/// Like [`terms`], with [`SHORT_STATE`].
+fn short_terms(allow_takeover: bool) -> LeaseTerms {
+    LeaseTerms {
+        state_ttl: SHORT_STATE,
+        ..terms(allow_takeover)
+    }
+}
+
+/// Commit arguments with a 30 s TTL.
+pub fn commit_args(payload: &'static [u8], inline_below: usize) -> CommitArgs {
+    CommitArgs {
+        payload: Bytes::from_static(payload),
+        ttl: Duration::from_secs(30),
+        inline_below,
+        state_ttl: Duration::from_secs(30),
+    }
+}
+
+/// A result kept for half a lease, with [`SHORT_STATE`].
+fn short_commit(payload: &'static [u8]) -> CommitArgs {
+    CommitArgs {
+        ttl: LEASE / 2,
+        state_ttl: SHORT_STATE,
+        ..commit_args(payload, 1024)
+    }
+}
+
+fn abandon_args(failure: Option<&'static str>) -> AbandonArgs {
+    AbandonArgs {
+        failure: failure.map(|s| Bytes::from_static(s.as_bytes())),
+        failure_ttl: if failure.is_some() {
+            Duration::from_secs(30)
+        } else {
+            Duration::ZERO
+        },
+        state_ttl: Duration::from_secs(30),
+    }
+}
+
+async fn next_notice(sub: &mut Subscription) -> Notice {
+    tokio::time::timeout(Duration::from_secs(5), sub.recv())
+        .await
+        .expect("no notice within 5s")
+        .expect("subscription open")
+}
+
+/// Panics unless `answer` replays the result `payload` of `generation`.
+fn expect_hit(answer: Acquired, generation: u64, payload: &[u8]) {
+    match answer {
+        Acquired::Hit(r) => {
+            assert_eq!(r.generation, generation);
+            assert_eq!(&r.payload[..], payload);
+        }
+        other => panic!("expected HIT, got {other:?}"),
+    }
+}
+
+/// The generation of an OWNER answer; panics on anything else.
+fn owned(answer: Acquired, what: &str) -> u64 {
+    match answer {
+        Acquired::Owner { generation, .. } => generation,
+        other => panic!("{what}: expected OWNER, got {other:?}"),
+    }
+}
+
+/// Runs every check.
+///
+/// A notice published after `subscribe` returned must arrive: a backend
+/// whose subscription is not yet in force when `subscribe` returns fails
+/// here (the Redis backend puts a barrier behind its `SUBSCRIBE`, see
+/// `flightdeck-redis`'s tests/pubsub.rs).
+pub async fn run_all<B: Backend>(backend: Arc<B>) {
+    let b = &*backend;
+    owner_follower_hit(b).await;
+    heartbeat_never_resurrects(b).await;
+    takeover_fences_the_stale_owner(b).await;
+    expired_without_takeover(b).await;
+    late_commit_without_rival_succeeds(b).await;
+    abandon_wakes_followers(b).await;
+    notices_carry_small_payloads_inline(b).await;
+    failures_can_be_cached(b).await;
+    invalidate_fences_the_running_owner(b).await;
+    exactly_one_takeover(backend.clone(), 20).await;
+    // The fencing rules; independent flights, so they run side by side.
+    tokio::join!(
+        generations_never_repeat_or_decrease(b),
+        commit_checks_token_and_generation(b),
+        stale_owner_of_an_expired_record_is_fenced(b),
+        abandon_checks_token_and_generation(b),
+        release_frees_the_tokens_lease_whatever_its_generation(b),
+        dead_owner_without_takeover_blocks_until_its_record_expires(b),
+        // The layer's rules over this backend.
+        an_unknown_outcome_leaves_no_lease(backend.clone()),
+        the_owner_heartbeats_until_its_commit_has_returned(backend.clone()),
+    );
+}

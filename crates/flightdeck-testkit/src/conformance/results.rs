@@ -1,0 +1,137 @@
+//! What ends a grant with an answer for the followers: abandons, notices
+//! (with small payloads inline), cached failures, invalidation.
+
+use super::*;
+
+/// ABANDON releases at once and wakes subscribers; the next acquire owns
+/// a newer generation without a takeover.
+pub async fn abandon_wakes_followers<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let t = terms(true);
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let mut sub = b.subscribe(&f).await.unwrap();
+    assert_eq!(
+        b.abandon(&f, &a, g, &abandon_args(None)).await.unwrap(),
+        Released::Released
+    );
+    assert_eq!(
+        next_notice(&mut sub).await,
+        Notice::Abandoned { generation: g }
+    );
+    assert_eq!(
+        b.abandon(&f, &a, g, &abandon_args(None)).await.unwrap(),
+        Released::NotOwner
+    );
+    match b.acquire(&f, &c, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+        } => assert!(generation > g),
+        other => panic!("expected OWNER without takeover, got {other:?}"),
+    }
+    assert_eq!(
+        b.commit(&f, &a, g, &commit_args(b"x", 0)).await.unwrap(),
+        Committed::Fenced
+    );
+}
+
+/// Completion notices carry payloads up to the inline limit.
+pub async fn notices_carry_small_payloads_inline<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let a = OwnerToken::random();
+    let t = terms(true);
+    let mut sub = b.subscribe(&f).await.unwrap();
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    b.commit(&f, &a, g, &commit_args(b"\x01small\xfe|x", 64))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_notice(&mut sub).await,
+        Notice::Committed {
+            generation: g,
+            inline: Some(Bytes::from_static(b"\x01small\xfe|x"))
+        }
+    );
+    drop(sub);
+
+    let f = fresh_flight();
+    let mut sub = b.subscribe(&f).await.unwrap();
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    b.commit(&f, &a, g, &commit_args(b"too large to inline", 4))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_notice(&mut sub).await,
+        Notice::Committed {
+            generation: g,
+            inline: None
+        }
+    );
+}
+
+/// An abandon with a failure and a TTL is replayed as a failed HIT.
+pub async fn failures_can_be_cached<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let t = terms(true);
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    b.abandon(&f, &a, g, &abandon_args(Some("boom")))
+        .await
+        .unwrap();
+    match b.acquire(&f, &c, &t).await.unwrap() {
+        Acquired::Hit(r) => {
+            assert_eq!(r.generation, g);
+            assert_eq!(r.status, ResultStatus::Failed);
+            assert_eq!(&r.payload[..], b"boom");
+        }
+        other => panic!("expected a failed HIT, got {other:?}"),
+    }
+}
+
+/// INVALIDATE drops the result and the lease and fences the running owner
+/// (invariant 11); the next acquire owns a newer generation.
+pub async fn invalidate_fences_the_running_owner<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let t = terms(true);
+    let g1 = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let mut sub = b.subscribe(&f).await.unwrap();
+    let gi = b.invalidate(&f, Duration::from_secs(30)).await.unwrap();
+    assert!(gi > g1, "INVALIDATE starts a newer generation");
+    assert_eq!(
+        next_notice(&mut sub).await,
+        Notice::Abandoned { generation: gi }
+    );
+    assert_eq!(b.heartbeat(&f, &a, g1, &t).await.unwrap(), Renewal::Lost);
+    assert_eq!(
+        b.commit(&f, &a, g1, &commit_args(b"stale", 1024))
+            .await
+            .unwrap(),
+        Committed::Fenced
+    );
+    let g3 = match b.acquire(&f, &c, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+        } => generation,
+        other => panic!("expected OWNER without takeover, got {other:?}"),
+    };
+    assert!(g3 > gi);
+    b.commit(&f, &c, g3, &commit_args(b"fresh", 1024))
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.acquire(&f, &a, &t).await.unwrap(),
+        Acquired::Hit(_)
+    ));
+    let gi2 = b.invalidate(&f, Duration::from_secs(30)).await.unwrap();
+    assert!(gi2 > g3);
+    match b.acquire(&f, &a, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+        } => assert!(generation > gi2, "the stored result is gone"),
+        other => panic!("the stored result is gone: expected OWNER, got {other:?}"),
+    }
+}
