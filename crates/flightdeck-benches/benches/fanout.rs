@@ -5,6 +5,12 @@
 //! work until the work returns), and the delay from the work's completion
 //! until the last waiter woke up.
 //!
+//! Two floors run next to them: tokio's own `Notify` (the first caller runs
+//! the work and then `notify_waiters`; the others wait on `notified()`, no
+//! timers, no map) and tokio's `OnceCell::get_or_init` (a single-flight of
+//! one value). They say how fast this runtime can wake 10,000 tasks at all;
+//! the last lines print each implementation's last wake over theirs.
+//!
 //! `cargo bench -p flightdeck-benches --bench fanout` (add `-- 1000` for
 //! another waiter count). `FANOUT_ROUNDS=n` sets the rounds (default 5;
 //! each implementation's median is printed), `FANOUT_ONLY=<name>` runs one
@@ -13,7 +19,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +50,13 @@ struct Probe {
     cpu_at_done: Mutex<Option<Duration>>,
     done_at: Mutex<Option<Instant>>,
     last_wake_nanos: AtomicU64,
+    /// The `Notify` floor: whether its work started, its value once done.
+    started: AtomicBool,
+    value: AtomicU64,
+    done: AtomicBool,
+    notify: tokio::sync::Notify,
+    /// The `OnceCell` floor.
+    once: tokio::sync::OnceCell<u64>,
 }
 
 impl Probe {
@@ -104,6 +117,29 @@ async fn run(name: &'static str, round: u64, waiters: usize, call: Call) -> Row 
 
 #[derive(Debug, Clone)]
 struct PeerError;
+
+const NOTIFY: &str = "floor: tokio Notify";
+const ONCE_CELL: &str = "floor: tokio OnceCell";
+
+/// The `Notify` floor's caller: the first runs the work and wakes the
+/// others with `notify_waiters`; the others register, check that the work
+/// is not done already, and wait.
+async fn notify_floor(p: Arc<Probe>) -> u64 {
+    if !p.started.swap(true, Ordering::SeqCst) {
+        let v = p.clone().work().await;
+        p.value.store(v, Ordering::SeqCst);
+        p.done.store(true, Ordering::SeqCst);
+        p.notify.notify_waiters();
+        return v;
+    }
+    let notified = p.notify.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if !p.done.load(Ordering::SeqCst) {
+        notified.await;
+    }
+    p.value.load(Ordering::SeqCst)
+}
 
 /// Resident memory of this process, in bytes (Linux `/proc/self/statm`).
 fn rss() -> Option<u64> {
@@ -212,6 +248,11 @@ fn main() {
             Box::pin(async move { cache.get_with(p.round, p.work()).await })
         });
 
+        // The floors: tokio's primitives, with nothing of a layer around.
+        let notify: Call = Arc::new(|p| Box::pin(notify_floor(p)));
+        let once_cell: Call =
+            Arc::new(|p| Box::pin(async move { *p.once.get_or_init(|| p.clone().work()).await }));
+
         // Several rounds, the implementations in a rotating order, and the
         // median of each: one run on a shared 2-core machine says little.
         let rounds: usize = std::env::var("FANOUT_ROUNDS")
@@ -225,6 +266,8 @@ fn main() {
             ("async_singleflight", sf),
             ("moka_get_with", moka_call),
             ("tower_resilience_coalesce", coalesce),
+            (NOTIFY, notify),
+            (ONCE_CELL, once_cell),
         ]
         .into_iter()
         .filter(|(name, _)| only.as_deref().is_none_or(|o| o == *name))
@@ -275,5 +318,29 @@ fn main() {
             );
         }
         println!("(cpu_ratio: the implementation's CPU while waiting / flightdeck's, same run)");
+        // Each implementation's last wake over a floor's, round by round
+        // (the rounds alternate the implementations), then the median.
+        for floor in [NOTIFY, ONCE_CELL] {
+            let Some(f) = impls.iter().position(|(name, _)| *name == floor) else {
+                continue;
+            };
+            for (i, (name, _)) in impls.iter().enumerate() {
+                if i == f {
+                    continue;
+                }
+                let mut ratios: Vec<f64> = runs[i]
+                    .iter()
+                    .zip(&runs[f])
+                    .map(|(a, b)| a.last_wake.as_secs_f64() / b.last_wake.as_secs_f64().max(1e-9))
+                    .collect();
+                ratios.sort_by(f64::total_cmp);
+                println!(
+                    "last wake, {name} / {floor}: {:.2}x (per-round median; {:.2}x-{:.2}x)",
+                    ratios[ratios.len() / 2],
+                    ratios[0],
+                    ratios[ratios.len() - 1]
+                );
+            }
+        }
     });
 }

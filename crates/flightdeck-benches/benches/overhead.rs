@@ -4,6 +4,12 @@
 //! criterion's estimates and from paired, interleaved batches (see
 //! `flightdeck_benches::harness`).
 //!
+//! Each of those rows comes twice: with work that is ready at its first
+//! poll, and with work that yields once (`tokio::task::yield_now`) before
+//! it completes, the usual case of real work (a socket read, a lock): then
+//! the layer's leader goes through its pending path (clocks, timers, a
+//! wake-up) and every peer through its own.
+//!
 //! Our rows run without a metrics recorder (as the peers, which have no
 //! metrics), and once more with a Prometheus recorder behind the layer's
 //! handles (as the examples install it): then every flight also reads the
@@ -29,8 +35,10 @@ use std::sync::Arc;
 
 use flightdeck_benches::harness::{self, Report, Row};
 use flightdeck_benches::{Floor, PeerError, KEYS};
-use flightdeck_core::{KeyEncoder, StageName};
+use flightdeck_core::{BoxError, FlightKey, KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
+use std::future::Future;
+
 use tower::{service_fn, Layer, Service};
 
 const BARE: &str = "bare service";
@@ -43,6 +51,31 @@ const OURS_RECORDED: &str = "flightdeck_local, prebuilt key, Prometheus recorder
 const COALESCE: &str = "tower_resilience_coalesce";
 const SINGLEFLIGHT: &str = "async_singleflight";
 const MOKA: &str = "moka get_with";
+const BARE_PENDING: &str = "bare service, pending work";
+const OURS_PENDING: &str = "flightdeck_local, prebuilt key, pending work";
+const OURS_PENDING_NO_TIMEOUT: &str =
+    "flightdeck_local, prebuilt key, pending work, no wait timeout";
+const COALESCE_PENDING: &str = "tower_resilience_coalesce, pending work";
+const COALESCE_PENDING_TIMER: &str =
+    "tower_resilience_coalesce, pending work, an idle timer in the runtime";
+const SINGLEFLIGHT_PENDING: &str = "async_singleflight, pending work";
+const MOKA_PENDING: &str = "moka get_with, pending work";
+
+/// Work that is pending at its first poll: it yields once to the runtime,
+/// then returns `n`.
+async fn pending(n: u64) -> u64 {
+    tokio::task::yield_now().await;
+    n
+}
+
+/// Our layer over a service whose work yields once, with this policy.
+fn ours_pending(
+    policy: FlightPolicy,
+) -> impl Service<(FlightKey, u64), Response = u64, Error = BoxError> + Clone + 'static {
+    LocalFlightLayer::with_key(policy, |r: &(FlightKey, u64)| Some(r.0.clone())).layer(service_fn(
+        |r: (FlightKey, u64)| async move { Ok::<_, Infallible>(pending(r.1).await) },
+    ))
+}
 
 fn rows() -> Vec<Row> {
     let bare = service_fn(|n: u64| async move { Ok::<_, Infallible>(n) });
@@ -103,7 +136,9 @@ fn rows() -> Vec<Row> {
 
     let sf: Arc<async_singleflight::Group<u64, u64, PeerError>> =
         Arc::new(async_singleflight::Group::new());
+    let sf_pending = Arc::clone(&sf);
     let cache: moka::future::Cache<u64, u64> = moka::future::Cache::new(100_000);
+    let cache_pending = cache.clone();
 
     vec![
         Row::service_cloned(BARE, bare, |n| n),
@@ -138,6 +173,71 @@ fn rows() -> Vec<Row> {
                 let base = rand_base();
                 for n in base..base + iters {
                     std::hint::black_box(cache.get_with(n, async move { n }).await);
+                }
+            }
+        }),
+        // The same layers and peers, over work that yields once.
+        Row::service_cloned(
+            BARE_PENDING,
+            service_fn(|n: u64| async move { Ok::<_, Infallible>(pending(n).await) }),
+            |n| n,
+        ),
+        Row::service_cloned(
+            OURS_PENDING,
+            ours_pending(FlightPolicy::new()),
+            prebuilt.clone(),
+        ),
+        Row::service_cloned(
+            OURS_PENDING_NO_TIMEOUT,
+            ours_pending(FlightPolicy::new().wait_timeout(None)),
+            prebuilt.clone(),
+        ),
+        Row::service_cloned(
+            COALESCE_PENDING,
+            tower_resilience_coalesce::CoalesceLayer::new(|n: &u64| *n).layer(service_fn(
+                |n: u64| async move { Ok::<_, PeerError>(pending(n).await) },
+            )),
+            |n| n,
+        ),
+        // The same, in a runtime that has a timer registered (as a server
+        // has: keep-alive and read timeouts): then each park of the runtime
+        // consults its timer wheel, which our layer's timer task (sleeping
+        // until the earliest wait timeout) also makes it do.
+        {
+            let svc = tower_resilience_coalesce::CoalesceLayer::new(|n: &u64| *n).layer(
+                service_fn(|n: u64| async move { Ok::<_, PeerError>(pending(n).await) }),
+            );
+            let row = Row::service_cloned(COALESCE_PENDING_TIMER, svc, |n| n);
+            Row::new(COALESCE_PENDING_TIMER, move |iters| {
+                let run = row.run(iters);
+                async move {
+                    let idle = tokio::time::sleep(std::time::Duration::from_secs(3600));
+                    tokio::pin!(idle);
+                    // Registered by its first poll.
+                    std::future::poll_fn(|cx| {
+                        let _ = idle.as_mut().poll(cx);
+                        std::task::Poll::Ready(())
+                    })
+                    .await;
+                    run.await;
+                }
+            })
+        },
+        Row::new(SINGLEFLIGHT_PENDING, move |iters| {
+            let sf = Arc::clone(&sf_pending);
+            async move {
+                for n in 0..iters {
+                    let out = sf.work(&n, async move { Ok(pending(n).await) }).await;
+                    std::hint::black_box(out.unwrap());
+                }
+            }
+        }),
+        Row::new(MOKA_PENDING, move |iters| {
+            let cache = cache_pending.clone();
+            async move {
+                let base = rand_base();
+                for n in base..base + iters {
+                    std::hint::black_box(cache.get_with(n, pending(n)).await);
                 }
             }
         }),
@@ -193,6 +293,11 @@ fn main() {
                 (FLOOR, COALESCE),
                 (FLOOR_CLOCKS, COALESCE),
                 (OURS, FLOOR_CLOCKS),
+                (OURS_PENDING, COALESCE_PENDING),
+                (OURS_PENDING_NO_TIMEOUT, COALESCE_PENDING),
+                (OURS_PENDING, COALESCE_PENDING_TIMER),
+                (OURS_PENDING, SINGLEFLIGHT_PENDING),
+                (OURS_PENDING, MOKA_PENDING),
             ],
         },
     );

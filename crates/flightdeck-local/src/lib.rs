@@ -20,6 +20,10 @@
 //!   once; 10,000 waiters cost memory, not CPU.
 //! - **Four clocks** (see [`FlightPolicy`]): wait timeout, flight TTL,
 //!   replay TTL, and the execution budget (not ours).
+//!   The callers' clocks (wait timeout, own deadline) arm no timer per
+//!   caller: their expiries sit in the flights' slots, and one task per
+//!   layer, spawned on the tokio runtime where the first one is armed,
+//!   sleeps until the earliest and wakes whoever is due.
 //! - **Bounded**: max flights and max waiters per flight, with typed
 //!   rejections.
 //! - **Responses need not be `Clone`.** A [`Share`] adapter turns the one

@@ -5,20 +5,20 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, Unshareable};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::flights::{Caller, FlightWork};
 use crate::group::completion::Completion;
 use crate::group::delivery::{Letter, Msg, Outcome};
-use crate::group::detach::Work;
+use crate::group::detach::{Expiry, LeaderClock, Work};
 use crate::group::slot::{FlightId, Join};
+use crate::group::timers::expiry_of;
 use crate::group::Group;
 use crate::metrics::StageMetrics;
 
@@ -91,9 +91,7 @@ pin_project! {
         // The leader polls the work itself.
         Lead {
             lead: LeaderGuard<V>,
-            deadline: Option<Instant>,
-            // Allocated on the first poll that has to wait.
-            timer: Option<Pin<Box<Timer>>>,
+            clock: LeaderClock,
         },
         // Waiting for the flight's message (boxed: the future stays small
         // for the leader, who moves it around most).
@@ -115,83 +113,14 @@ pin_project! {
         V: Sync,
         V: 'static,
     {
+        // Its expiry is in the flight (see `group::timers`): when its time
+        // is up, this channel says so.
         rx: oneshot::Receiver<Letter<V>>,
-        // Armed on the first poll that has to wait: a waiter whose result
-        // is there at once never touches the timer wheel.
-        #[pin]
-        timer: Timer,
         guard: WaiterGuard<V>,
         work: Option<W>,
         since: Instant,
         deadline: Option<Instant>,
         span: tracing::Span,
-    }
-}
-
-/// Why a caller's timer fired.
-#[derive(Clone, Copy)]
-enum Expiry {
-    /// The policy's wait timeout, after waiting this long.
-    Waited(Duration),
-    /// The caller's own deadline.
-    Deadline,
-}
-
-pin_project! {
-    /// A caller's timer (the earlier of its wait timeout and its own
-    /// deadline), armed on its first pending poll.
-    #[project = TimerProj]
-    enum Timer {
-        Unarmed,
-        Armed { #[pin] sleep: Sleep, since: Instant, deadline: bool },
-        // Neither a wait timeout nor a deadline: never fires.
-        Never,
-    }
-}
-
-impl Timer {
-    /// Whether the caller's time is up: the wait `timeout` counted from
-    /// `since()` (read when the timer is armed), or its own `deadline`. A
-    /// timeout too long to add to an instant never ends.
-    fn expired(
-        mut self: Pin<&mut Self>,
-        timeout: Option<Duration>,
-        deadline: Option<Instant>,
-        since: impl FnOnce() -> Instant,
-        cx: &mut Context<'_>,
-    ) -> Option<Expiry> {
-        if let TimerProj::Unarmed = self.as_mut().project() {
-            let since = since();
-            let waited = timeout.and_then(|t| since.checked_add(t));
-            let next = match (waited, deadline) {
-                (Some(w), Some(d)) if d <= w => Some((d, true)),
-                (Some(w), _) => Some((w, false)),
-                (None, Some(d)) => Some((d, true)),
-                (None, None) => None,
-            };
-            self.set(match next {
-                Some((at, deadline)) => Timer::Armed {
-                    sleep: tokio::time::sleep_until(at),
-                    since,
-                    deadline,
-                },
-                None => Timer::Never,
-            });
-        }
-        match self.project() {
-            TimerProj::Armed {
-                sleep,
-                since,
-                deadline,
-            } => sleep.poll(cx).is_ready().then(|| {
-                if *deadline {
-                    Expiry::Deadline
-                } else {
-                    Expiry::Waited(since.elapsed())
-                }
-            }),
-            TimerProj::Unarmed | TimerProj::Never => None,
-        }
     }
 }
 
@@ -240,7 +169,6 @@ where
                 State::Waiting {
                     wait: Box::pin(Wait {
                         rx,
-                        timer: Timer::Unarmed,
                         guard: WaiterGuard {
                             group: Arc::clone(group),
                             flight,
@@ -271,8 +199,7 @@ where
                 };
                 State::Lead {
                     lead: LeaderGuard { work: Some(work) },
-                    deadline: caller.deadline,
-                    timer: None,
+                    clock: LeaderClock::new(caller.deadline),
                 }
             }
         };
@@ -321,25 +248,22 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let work =
-                match this.state.as_mut().project() {
-                    StateProj::Alone { fut } => return fut.as_mut().poll(cx),
-                    StateProj::Ready { out } => {
-                        return Poll::Ready(out.take().unwrap_or_else(|| {
+            let work = match this.state.as_mut().project() {
+                StateProj::Alone { fut } => return fut.as_mut().poll(cx),
+                StateProj::Ready { out } => {
+                    return Poll::Ready(
+                        out.take().unwrap_or_else(|| {
                             Err(Box::new(FlightAbandoned::new(None)) as BoxError)
-                        }));
-                    }
-                    StateProj::Lead {
-                        lead,
-                        deadline,
-                        timer,
-                    } => return lead.poll_work::<W::Output>(cx, *deadline, timer),
-                    StateProj::Waiting { wait } => match wait.as_mut().poll_wait(cx) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Ok(out)) => return Poll::Ready(out),
-                        Poll::Ready(Err(work)) => work,
-                    },
-                };
+                        }),
+                    );
+                }
+                StateProj::Lead { lead, clock } => return lead.poll_work::<W::Output>(cx, clock),
+                StateProj::Waiting { wait } => match wait.as_mut().poll_wait(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(out)) => return Poll::Ready(out),
+                    Poll::Ready(Err(work)) => work,
+                },
+            };
             this.state.set(State::Alone { fut: alone(work) });
         }
     }
@@ -354,7 +278,6 @@ where
     fn poll_wait(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Waited<V, W>> {
         let WaitProj {
             rx,
-            timer,
             guard,
             work,
             since,
@@ -364,14 +287,17 @@ where
         let _entered = span.enter();
         let msg = match Pin::new(rx).poll(cx) {
             Poll::Ready(msg) => msg,
-            Poll::Pending => {
-                let timeout = guard.group.policy.wait_timeout;
-                return match timer.expired(timeout, *deadline, || *since, cx) {
-                    Some(expiry) => Poll::Ready(Ok(Err(guard.left(expiry)))),
-                    None => Poll::Pending,
-                };
-            }
+            Poll::Pending => return Poll::Pending,
         };
+        if let Ok((Msg::Expired, at)) = &msg {
+            // Its wait timeout, or its own deadline, whichever came first.
+            let timeout = guard.group.policy.wait_timeout;
+            let expiry = match expiry_of(timeout, *since, *deadline) {
+                Some((_, true)) => Expiry::Deadline,
+                _ => Expiry::Waited(at.saturating_duration_since(*since)),
+            };
+            return Poll::Ready(Ok(Err(guard.left(expiry))));
+        }
         // The flight is over for this waiter: nothing to cancel.
         guard.armed = false;
         let metrics = guard.metrics();
@@ -403,7 +329,7 @@ where
                 };
             }
             Ok(Msg::Unshared(why)) => why,
-            Err(_) => return abandoned(),
+            Ok(Msg::Expired) | Err(_) => return abandoned(),
         };
         match work.take() {
             Some(work) => {
@@ -457,22 +383,19 @@ impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
     fn poll_work<O: Send + 'static>(
         &mut self,
         cx: &mut Context<'_>,
-        deadline: Option<Instant>,
-        timer: &mut Option<Pin<Box<Timer>>>,
+        clock: &mut LeaderClock,
     ) -> Poll<Result<Answer<V, O>, BoxError>> {
         let Some(work) = self.work.as_mut() else {
             return Poll::Ready(Err(Box::new(FlightAbandoned::new(None))));
         };
         // A panic in the work becomes an error for everybody, the leader
-        // included, instead of unwinding through the caller.
-        let msg = match work.poll_msg(cx) {
+        // included, instead of unwinding through the caller. The leader's
+        // wait counts from its work's first pending poll (which arms the
+        // clock).
+        let msg = match work.poll_msg(cx, Some(clock)) {
             Poll::Ready(msg) => msg,
             Poll::Pending => {
-                // The leader's wait counts from its work's first pending
-                // poll, which this is when the timer is still unarmed.
-                let timeout = work.policy().wait_timeout;
-                let timer = timer.get_or_insert_with(|| Box::pin(Timer::Unarmed));
-                if let Some(expiry) = timer.as_mut().expired(timeout, deadline, Instant::now, cx) {
+                if let Some(expiry) = clock.expired() {
                     return Poll::Ready(Err(self.left(expiry)));
                 }
                 return Poll::Pending;
@@ -488,6 +411,8 @@ impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
                 Ok(out) => Ok(Answer::Own(*out)),
                 Err(_) => Err(Box::new(FlightAbandoned::new(stage())) as BoxError),
             },
+            // The flight ended at its deadline, which was the leader's.
+            Some(Msg::Expired) => Err(Box::new(DeadlineExceeded::new("request")) as BoxError),
             Some(Msg::Unshared(_)) | None => {
                 Err(Box::new(FlightAbandoned::new(stage())) as BoxError)
             }

@@ -18,6 +18,10 @@ pub(crate) enum Msg<V> {
     /// The unshared original output (a `FlightWork::Output`), for exactly
     /// one receiver: the leader, or the first waiter still there.
     Original(Box<dyn Any + Send>),
+    /// The caller's time is up (its wait timeout or its deadline): sent by
+    /// the group's timers instead of the outcome, or by a flight that ended
+    /// at its deadline.
+    Expired,
 }
 
 /// A message and when it was sent (so a waiter's wait is known without
@@ -34,6 +38,9 @@ pub(crate) enum Outcome<V> {
     Panicked,
     /// Aborted or dropped without a result.
     Abandoned,
+    /// Ended at the flight's deadline: the latest of its callers', so the
+    /// time of every caller still there is up.
+    Expired,
 }
 
 impl<V: Clone> Outcome<V> {
@@ -45,6 +52,7 @@ impl<V: Clone> Outcome<V> {
             Outcome::Error(e) => Some(Msg::Error(e.clone())),
             Outcome::Panicked => Some(Msg::Panicked),
             Outcome::Unshared(_, why) => Some(Msg::Unshared(*why)),
+            Outcome::Expired => Some(Msg::Expired),
             Outcome::Abandoned => None,
         }
     }
@@ -59,6 +67,7 @@ impl<V> Outcome<V> {
             Outcome::Error(e) => Some(Msg::Error(e)),
             Outcome::Panicked => Some(Msg::Panicked),
             Outcome::Unshared(original, _) => original.map(Msg::Original),
+            Outcome::Expired => Some(Msg::Expired),
             Outcome::Abandoned => None,
         }
     }
@@ -68,13 +77,15 @@ impl<V> Outcome<V> {
 /// leader is still there (`leader`). With nobody else waiting, a value
 /// moves to the leader uncloned.
 pub(crate) fn deliver<V: Clone>(
-    senders: Vec<oneshot::Sender<Letter<V>>>,
+    senders: Vec<Option<oneshot::Sender<Letter<V>>>>,
     outcome: Outcome<V>,
     leader: bool,
 ) -> Option<Msg<V>> {
-    if senders.is_empty() {
+    // A waiter whose time was up has been told already.
+    if senders.iter().all(Option::is_none) {
         return if leader { outcome.into_msg() } else { None };
     }
+    let senders = senders.into_iter().flatten();
     // Read once, and only when somebody waits.
     let at = Instant::now();
     match outcome {

@@ -7,17 +7,15 @@ use std::mem;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
-use flightdeck_core::error::DeadlineExceeded;
-use flightdeck_core::SharedError;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use super::completion::Completion;
 use super::delivery::{Msg, Outcome};
+use super::timers::expiry_of;
 use crate::metrics::StageMetrics;
-use crate::policy::FlightPolicy;
 
 pin_project! {
     /// The inner service's future and the sharing step, with the duty to
@@ -45,7 +43,11 @@ pin_project! {
 /// What the leader (or the detached task) sees of a `Cell`.
 trait Drive<V: Clone + Send + Sync + 'static>: Send {
     /// Polls the work; see [`Work::poll_msg`].
-    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>>;
+    fn poll_msg(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        leader: Option<&mut LeaderClock>,
+    ) -> Poll<Option<Msg<V>>>;
     fn completion(self: Pin<&mut Self>) -> &mut Completion<V>;
 }
 
@@ -54,7 +56,11 @@ where
     V: Clone + Send + Sync + 'static,
     F: Future<Output = Outcome<V>> + Send,
 {
-    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
+    fn poll_msg(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        leader: Option<&mut LeaderClock>,
+    ) -> Poll<Option<Msg<V>>> {
         let this = self.project();
         let c = this.completion;
         if c.timed && c.began.is_none() {
@@ -76,7 +82,15 @@ where
             Ok(Poll::Ready(outcome)) => outcome,
             Ok(Poll::Pending) => {
                 if !mem::replace(&mut c.told, true) {
-                    c.group.pending(c.flight, Instant::now());
+                    // One clock read for the flight TTL and the leader's
+                    // wait, and one lock for both.
+                    let now = Instant::now();
+                    let timeout = c.group.policy.wait_timeout;
+                    let timer = leader.and_then(|l| l.arm(timeout, now, cx.waker()));
+                    c.group
+                        .pending(c.flight, now, timer.map(|at| (at, cx.waker())));
+                } else if let Some(l) = leader {
+                    l.rewake(c, cx.waker());
                 }
                 if !out_of_time(this.deadline, c, cx) {
                     return Poll::Pending;
@@ -84,7 +98,7 @@ where
                 // Every caller left at its own deadline: the work is not
                 // wanted any more (dropping it releases what it holds).
                 tracing::debug!(stage = %c.metrics().stage, "the flight's deadline passed: ended");
-                Outcome::Error(SharedError::new(DeadlineExceeded::new("request")))
+                Outcome::Expired
             }
             Err(_panic) => Outcome::Panicked,
         };
@@ -120,6 +134,121 @@ fn out_of_time<V: Clone + Send + Sync + 'static>(
     }
 }
 
+/// The leader's clock (the earlier of its wait timeout and its own
+/// deadline), armed at the end of the work's first pending poll, in the
+/// group's timers (see `timers`): no timer of its own.
+pub(crate) struct LeaderClock {
+    /// The leader's own deadline.
+    deadline: Option<Instant>,
+    state: ClockState,
+}
+
+#[derive(Clone, Copy)]
+enum ClockState {
+    Unarmed,
+    /// Due `at`; `deadline`: it is the leader's deadline (otherwise its
+    /// wait timeout, counted from `since`). `waker`: which waker the
+    /// group's timers hold (its data and vtable addresses, compared as
+    /// `Waker::will_wake` does; the timers hold a clone, so they are not
+    /// reused meanwhile). `fresh`: armed by the poll that is under way.
+    Armed {
+        at: Instant,
+        since: Instant,
+        deadline: bool,
+        waker: (usize, usize),
+        fresh: bool,
+    },
+    /// Neither a wait timeout nor a deadline.
+    Never,
+}
+
+/// Why a caller's time is up.
+#[derive(Clone, Copy)]
+pub(crate) enum Expiry {
+    /// The policy's wait timeout, after waiting this long.
+    Waited(std::time::Duration),
+    /// The caller's own deadline.
+    Deadline,
+}
+
+fn waker_id(w: &Waker) -> (usize, usize) {
+    (w.data() as usize, std::ptr::from_ref(w.vtable()) as usize)
+}
+
+impl LeaderClock {
+    pub(crate) fn new(deadline: Option<Instant>) -> Self {
+        Self {
+            deadline,
+            state: ClockState::Unarmed,
+        }
+    }
+
+    /// Arms the clock at `now`; returns when the group's timers must wake
+    /// `waker`.
+    fn arm(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        now: Instant,
+        waker: &Waker,
+    ) -> Option<Instant> {
+        match expiry_of(timeout, now, self.deadline) {
+            Some((at, deadline)) => {
+                self.state = ClockState::Armed {
+                    at,
+                    since: now,
+                    deadline,
+                    waker: waker_id(waker),
+                    fresh: true,
+                };
+                Some(at)
+            }
+            None => {
+                self.state = ClockState::Never;
+                None
+            }
+        }
+    }
+
+    /// The leader polls with `waker`: the timers get it if it is another.
+    fn rewake<V: Clone + Send + Sync + 'static>(&mut self, c: &Completion<V>, waker: &Waker) {
+        if let ClockState::Armed { waker: held, .. } = &mut self.state {
+            let id = waker_id(waker);
+            if *held != id {
+                *held = id;
+                c.group.rewake(c.flight, waker);
+            }
+        }
+    }
+
+    /// Whether the leader's time is up, after a poll that left the work
+    /// pending (the clock is read only once armed, and not by the poll
+    /// that armed it).
+    pub(crate) fn expired(&mut self) -> Option<Expiry> {
+        let ClockState::Armed {
+            at,
+            since,
+            deadline,
+            fresh,
+            ..
+        } = &mut self.state
+        else {
+            return None;
+        };
+        let now = if mem::replace(fresh, false) {
+            *since
+        } else {
+            Instant::now()
+        };
+        (now >= *at).then(|| {
+            if *deadline {
+                Expiry::Deadline
+            } else {
+                Expiry::Waited(now.saturating_duration_since(*since))
+            }
+        })
+    }
+}
+
 /// The work of one flight and the duty to deliver its outcome.
 pub(crate) struct Work<V: Clone + Send + Sync + 'static> {
     cell: Pin<Box<dyn Drive<V>>>,
@@ -144,10 +273,6 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
         self.cell.as_mut().completion()
     }
 
-    pub(crate) fn policy(&mut self) -> &FlightPolicy {
-        &self.completion().group.policy
-    }
-
     /// The metric handles of the flight's stage.
     pub(crate) fn metrics(&mut self) -> &StageMetrics {
         self.completion().metrics()
@@ -158,8 +283,15 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
     /// to be polled again after that. A panic in the work becomes
     /// `Outcome::Panicked` (for every waiter, and for whoever polls), never
     /// an unwind through the caller.
-    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>) -> Poll<Option<Msg<V>>> {
-        self.cell.as_mut().poll_msg(cx)
+    ///
+    /// `leader`: the leader's clock, when the leader polls (armed by the
+    /// work's first pending poll).
+    pub(crate) fn poll_msg(
+        &mut self,
+        cx: &mut Context<'_>,
+        leader: Option<&mut LeaderClock>,
+    ) -> Poll<Option<Msg<V>>> {
+        self.cell.as_mut().poll_msg(cx, leader)
     }
 
     /// The leader leaves before the work finished (dropped, or timed out).
@@ -193,6 +325,6 @@ impl<V: Clone + Send + Sync + 'static> Future for Detached<V> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.poll_msg(cx).map(drop)
+        self.0.poll_msg(cx, None).map(drop)
     }
 }

@@ -19,11 +19,13 @@ pub(crate) mod completion;
 pub(crate) mod delivery;
 pub(crate) mod detach;
 pub(crate) mod slot;
+pub(crate) mod timers;
 pub(crate) mod tokens;
 
 use std::hash::BuildHasher;
 use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Waker;
 
 use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
 use flightdeck_core::FlightKey;
@@ -34,6 +36,7 @@ use tokio::time::Instant;
 
 use self::delivery::{deliver, Msg, Outcome};
 use self::slot::{Expired, FlightId, Join, Place, Replay, Running, Shard, Slot, SlotState};
+use self::timers::{Timeline, Timers};
 use self::tokens::{TokenPool, Tokens};
 use crate::flights::Caller;
 use crate::metrics::{Registry, RunningOf, StageMetrics};
@@ -49,6 +52,9 @@ pub(crate) struct Group<V> {
     shards: Box<[Mutex<Shard<V>>]>,
     hasher: Hasher,
     tokens: TokenPool,
+    timers: Timers,
+    /// This group, for the timer task (which holds it weakly).
+    me: Weak<Self>,
     pub(crate) metrics: Registry,
     pub(crate) policy: FlightPolicy,
 }
@@ -98,6 +104,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 .map(|_| {
                     Mutex::new(Shard {
                         table: HashTable::new(),
+                        timers: Timeline::default(),
                         next_id: 0,
                         tokens: Tokens::default(),
                     })
@@ -106,6 +113,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             hasher: Hasher::default(),
             metrics: Registry::new(time_work, me.clone() as Weak<dyn RunningOf>),
             tokens: TokenPool::new(policy.max_flights, n),
+            timers: Timers::new(),
+            me: me.clone(),
             policy,
         })
     }
@@ -190,13 +199,24 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     return self.reject(&metrics, key, true);
                                 }
                                 let (tx, rx) = oneshot::channel();
-                                joiners.senders.push(tx);
+                                let expiry = self.expiry(now, caller.deadline);
+                                if let Some(at) = expiry {
+                                    let i = joiners.senders.len();
+                                    joiners.expiries.push(std::cmp::Reverse((at, i)));
+                                }
+                                joiners.senders.push(Some(tx));
                                 joiners.live += 1;
                                 r.deadline = match (r.deadline, caller.deadline) {
                                     (Some(a), Some(b)) => Some(a.max(b)),
                                     _ => None,
                                 };
+                                let armed = expiry.filter(|&at| {
+                                    timers::arm(&mut shard.timers, r, hash, id.id, at)
+                                });
                                 drop(guard);
+                                if let Some(at) = armed {
+                                    self.armed(at);
+                                }
                                 metrics.waiter();
                                 return Join::Waiter(id, metrics.keep(), rx, now);
                             }
@@ -231,6 +251,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                     finish: caller.on_abandon.unwrap_or(self.policy.on_abandon)
                         == OnAbandon::Finish,
                     deadline: caller.deadline,
+                    timer: None,
+                    leader_timer: None,
                     joiners: None,
                 }),
             };
@@ -280,11 +302,43 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         })
     }
 
+    /// When a waiter that joins at `since` (with `deadline`, its own) must
+    /// leave (see `timers::expiry_of`).
+    fn expiry(&self, since: Instant, deadline: Option<Instant>) -> Option<Instant> {
+        timers::expiry_of(self.policy.wait_timeout, since, deadline).map(|(at, _)| at)
+    }
+
     /// The work's first poll returned pending at `at`: the flight TTL
-    /// counts from there (unless a waiter found it running first).
-    pub(crate) fn pending(&self, flight: FlightId, at: Instant) {
+    /// counts from there (unless a waiter found it running first). With
+    /// `leader`, the leader polls it and must be woken at that instant
+    /// (its expiry) if the work is still pending then.
+    pub(crate) fn pending(&self, flight: FlightId, at: Instant, leader: Option<(Instant, &Waker)>) {
+        let mut guard = self.shard(flight.hash);
+        let shard = &mut *guard;
+        let Some(r) = shard
+            .table
+            .find_mut(flight.hash, |s| s.id == flight.id)
+            .and_then(Slot::running)
+        else {
+            return;
+        };
+        r.started.get_or_insert(at);
+        let Some((expiry, waker)) = leader else {
+            return;
+        };
+        r.leader_timer = Some((expiry, waker.clone()));
+        if timers::arm(&mut shard.timers, r, flight.hash, flight.id, expiry) {
+            drop(guard);
+            self.armed(expiry);
+        }
+    }
+
+    /// The leader now polls the work with another waker.
+    pub(crate) fn rewake(&self, flight: FlightId, waker: &Waker) {
         if let Some(r) = self.shard(flight.hash).running(flight.hash, flight.id) {
-            r.started.get_or_insert(at);
+            if let Some((_, w)) = r.leader_timer.as_mut() {
+                w.clone_from(waker);
+            }
         }
     }
 
@@ -319,7 +373,9 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         timed_out: bool,
         leader: bool,
     ) -> bool {
-        let mut shard = self.shard(flight.hash);
+        let mut waker = None;
+        let mut guard = self.shard(flight.hash);
+        let shard = &mut *guard;
         let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
             return false;
         };
@@ -328,6 +384,11 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         };
         let finish = r.finish;
         let started = r.started;
+        if leader {
+            // Its waker is dropped after the lock (it is the user's code).
+            waker = r.leader_timer.take();
+        }
+        let timer = r.timer;
         let joiners = r.joiners();
         joiners.leader_present &= !leader;
         joiners.live = joiners.live.saturating_sub(1);
@@ -336,13 +397,15 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             return true;
         }
         if joiners.keep {
-            drop(shard);
+            drop(guard);
             self.cancel_when_unwanted(flight, started);
             return true;
         }
         let (slot, _) = e.remove();
+        shard.disarm(flight.id, timer);
         self.tokens.release(&mut shard.tokens);
-        drop(shard);
+        drop(guard);
+        drop(waker);
         self.cancelled(slot, leader);
         false
     }
@@ -362,14 +425,15 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
                 return;
             };
-            let wanted = e
-                .get_mut()
-                .running()
-                .is_none_or(|r| r.joiners.as_ref().is_none_or(|j| j.live > 0));
-            if wanted {
+            let Some(r) = e.get_mut().running() else {
+                return;
+            };
+            if r.joiners.as_ref().is_none_or(|j| j.live > 0) {
                 return;
             }
+            let timer = r.timer;
             let (slot, _) = e.remove();
+            shard.disarm(flight.id, timer);
             group.tokens.release(&mut shard.tokens);
             drop(shard);
             tracing::debug!(stage = %slot.key.stage(), key = %slot.key.digest().short(), "flight TTL passed with nobody waiting: cancelled");
@@ -424,6 +488,9 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             return (None, None);
         };
         let joiners = r.joiners.take();
+        let timer = r.timer.take();
+        // Dropped after the lock (a waker is the user's code).
+        let _leader_waker = r.leader_timer.take();
         let until = match (replay, until) {
             // A flight that outlived its TTL leaves the key to the newer one.
             (Some(value), Some(until)) if !r.superseded => {
@@ -437,6 +504,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 None
             }
         };
+        shard.disarm(flight.id, timer);
         self.tokens.release(&mut shard.tokens);
         drop(shard);
         metrics.ended(began);

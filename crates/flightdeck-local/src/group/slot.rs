@@ -1,7 +1,9 @@
 //! What the in-flight map holds: one slot per flight (running, or a
 //! finished result kept for replay), and the handles callers keep on it.
 
+use std::collections::BinaryHeap;
 use std::sync::Arc;
+use std::task::Waker;
 
 use flightdeck_core::{BoxError, FlightKey};
 use hashbrown::hash_table::HashTable;
@@ -10,6 +12,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::delivery::Letter;
+use super::timers::{Timeline, WaiterExpiry};
 use super::tokens::Tokens;
 use crate::metrics::StageMetrics;
 
@@ -50,13 +53,21 @@ pub(super) struct Running<V> {
     /// `None` once one caller had none. Past it, every caller has left (each
     /// at its own deadline) and the flight ends.
     pub(super) deadline: Option<Instant>,
+    /// Its entry in the shard's timers (see `timers`), if it has one.
+    pub(super) timer: Option<Instant>,
+    /// The leader's expiry (its wait timeout or deadline) and its waker,
+    /// while the leader polls the work and has one.
+    pub(super) leader_timer: Option<(Instant, Waker)>,
     pub(super) joiners: Option<Box<Joiners<V>>>,
 }
 
 /// The part of a running flight that exists once somebody tried to join it
 /// (or was turned away by `max_waiters`), or the leader left.
 pub(super) struct Joiners<V> {
-    pub(super) senders: Vec<oneshot::Sender<Letter<V>>>,
+    /// The waiters' channels; taken when a waiter's time is up.
+    pub(super) senders: Vec<Option<oneshot::Sender<Letter<V>>>>,
+    /// The waiters' expiries, earliest first, with their channels' index.
+    pub(super) expiries: BinaryHeap<WaiterExpiry>,
     /// Callers still waiting (leader included).
     pub(super) live: usize,
     /// A waiter timed out: the work is kept even if nobody else waits, so
@@ -75,6 +86,7 @@ impl<V> Running<V> {
         self.joiners.get_or_insert_with(|| {
             Box::new(Joiners {
                 senders: Vec::new(),
+                expiries: BinaryHeap::new(),
                 live: 1,
                 keep: false,
                 leader_present: true,
@@ -86,6 +98,8 @@ impl<V> Running<V> {
 
 pub(super) struct Shard<V> {
     pub(super) table: HashTable<Slot<V>>,
+    /// One entry per running flight with an expiry (see `timers`).
+    pub(super) timers: Timeline,
     pub(super) next_id: u64,
     pub(super) tokens: Tokens,
 }

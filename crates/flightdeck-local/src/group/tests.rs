@@ -243,3 +243,65 @@ fn tokens_are_conserved_and_the_bound_is_exact() {
         }
     }
 }
+
+/// The shards' timers hold an entry only while its flight runs: after
+/// flights that end with waiters, that end at their deadline, whose leader
+/// or waiter leaves at its deadline, or whose leader is dropped, every
+/// shard's timers are empty long before any wait timeout (a finished
+/// flight leaves no entry behind to wait out its timeout).
+#[tokio::test(start_paused = true)]
+async fn timers_hold_nothing_once_flights_end() {
+    use std::time::Duration;
+
+    use crate::{Caller, FlightPolicy, LocalFlights};
+    use flightdeck_core::{BoxError, Shareable};
+
+    let flights = LocalFlights::<u64>::new(FlightPolicy::new());
+    let work = |ms: u64| {
+        move || async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, BoxError>(Shareable::<u64, u64>::Shared(ms))
+        }
+    };
+    let deadline = |ms| {
+        let at = tokio::time::Instant::now() + Duration::from_millis(ms);
+        Caller::new().deadline(Some(at))
+    };
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let mut pair = |k: u64, first: Caller, second: Caller, ms: u64| {
+            let k = key(k);
+            let a = tokio::spawn(flights.run(&k, first, work(ms)));
+            let b = tokio::spawn(flights.run(&k, second, work(ms)));
+            tasks.extend([a, b]);
+        };
+        // Both get the value.
+        pair(i, Caller::new(), deadline(500), 10);
+        // The flight ends at its callers' deadline.
+        pair(1000 + i, deadline(200), deadline(100), 5000);
+        // The leader leaves at its deadline, the waiter gets the value.
+        pair(2000 + i, deadline(100), Caller::new(), 300);
+        // The waiter leaves at its deadline, the leader gets the value.
+        pair(3000 + i, Caller::new(), deadline(100), 300);
+        // A leader dropped while pending: the flight is cancelled.
+        let dropped = tokio::spawn(flights.run(&key(4000 + i), Caller::new(), work(5000)));
+        tokio::task::yield_now().await;
+        dropped.abort();
+    }
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let entries = || -> usize {
+        flights
+            .group
+            .shards
+            .iter()
+            .map(|s| lock(s).timers.len())
+            .sum()
+    };
+    assert!(entries() > 0, "the running flights have entries");
+    for t in tasks {
+        let _ = t.await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(flights.running(), 0);
+    assert_eq!(entries(), 0, "entries of ended flights");
+}

@@ -1,0 +1,392 @@
+//! The callers' clocks (wait timeouts and deadlines), one timer per group
+//! instead of one per caller.
+//!
+//! A tokio `Sleep` per caller costs a registration in the runtime's timer
+//! wheel, a removal when the caller is done, and a scan of the wheel on
+//! each park while it is there: several hundred instructions per flight on
+//! a path that costs about a thousand, and 10,000 removals when 10,000
+//! waiters wake at once. Nearly every such timer is removed long before it
+//! fires. So the callers' expiries live in the flights' slots instead,
+//! under the shard locks that the callers take anyway:
+//!
+//! - each running flight with an expiry has one entry in its shard's
+//!   `timers`: the earliest of its leader's expiry and its waiters';
+//! - a leader's expiry and waker sit in the flight's slot; a waiter's
+//!   expiry sits in the flight's heap of waiter expiries, next to its
+//!   channel, which is also how it is told (`Msg::Expired`);
+//! - one task per group (the [`Driver`]) sleeps until the earliest entry of
+//!   all shards, which `armed` announces; it fires what is due, under each
+//!   shard's lock, and sleeps again.
+//!
+//! A caller whose expiry is later than the one armed (nearly all of them:
+//! the wait timeout is the same for everybody) only reads `armed`. An
+//! entry is removed when its flight ends, under the lock that ends it.
+//!
+//! Without a tokio runtime nothing fires (there is no clock to wait on).
+//! The driver's sleep stays set for the earliest expiry it was armed for
+//! even when that flight ends first (it then fires once, finds nothing
+//! due, and re-arms or idles): so a runtime with a paused clock that goes
+//! idle advances to it, as it would to any other timer.
+
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+
+use super::delivery::{Letter, Msg};
+use super::slot::{Running, Shard, Slot};
+use super::{lock, Group};
+
+/// Nothing armed.
+const IDLE: u64 = u64::MAX;
+
+/// The group's side of the timers: when the driver is armed, and how to
+/// reach it.
+pub(crate) struct Timers {
+    /// Instants are kept as nanoseconds after this one.
+    base: Instant,
+    /// When the driver fires next (`IDLE`: never). Lowered by whoever
+    /// inserts an earlier entry; set by the driver when it has fired.
+    armed: AtomicU64,
+    driver: Mutex<DriverState>,
+}
+
+#[derive(Default)]
+struct DriverState {
+    /// A driver task exists (on some runtime).
+    running: bool,
+    waker: Option<Waker>,
+}
+
+impl Timers {
+    pub(crate) fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            armed: AtomicU64::new(IDLE),
+            driver: Mutex::default(),
+        }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        let n = at.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(n).unwrap_or(IDLE - 1).min(IDLE - 1)
+    }
+
+    fn instant(&self, nanos: u64) -> Instant {
+        super::later(self.base, std::time::Duration::from_nanos(nanos))
+    }
+}
+
+impl Drop for Timers {
+    fn drop(&mut self) {
+        // The group is gone: the driver finds nothing to upgrade and ends.
+        let waker = lock(&self.driver).waker.take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// When a caller that waits from `since` must leave: the earlier of its
+/// wait `timeout` and its own `deadline`, and whether that is the deadline
+/// (`None`: never; a timeout too long to add to an instant never ends).
+pub(crate) fn expiry_of(
+    timeout: Option<std::time::Duration>,
+    since: Instant,
+    deadline: Option<Instant>,
+) -> Option<(Instant, bool)> {
+    let waited = timeout.and_then(|t| since.checked_add(t));
+    match (waited, deadline) {
+        (Some(w), Some(d)) if d <= w => Some((d, true)),
+        (Some(w), _) => Some((w, false)),
+        (None, Some(d)) => Some((d, true)),
+        (None, None) => None,
+    }
+}
+
+/// A waiter's expiry in its flight's heap: when, and the index of its
+/// channel.
+pub(crate) type WaiterExpiry = Reverse<(Instant, usize)>;
+
+impl<V> Running<V> {
+    /// The earliest expiry among the leader's and the waiters'.
+    fn next_expiry(&self) -> Option<Instant> {
+        let leader = self.leader_timer.as_ref().map(|(at, _)| *at);
+        let waiters = self
+            .joiners
+            .as_ref()
+            .and_then(|j| j.expiries.peek())
+            .map(|Reverse((at, _))| *at);
+        match (leader, waiters) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// A shard's entries, `(when, flight id, key hash)`, sorted by when. A
+/// sorted deque rather than a tree: nearly every entry is `now + the wait
+/// timeout`, so it goes at the back, and flights mostly end in the order
+/// they started or right after they started, so their entries leave from
+/// either end.
+#[derive(Default)]
+pub(crate) struct Timeline(VecDeque<(Instant, u64, u64)>);
+
+impl Timeline {
+    fn insert(&mut self, at: Instant, id: u64, hash: u64) {
+        let q = &mut self.0;
+        let i = match q.back() {
+            Some(last) if last.0 > at => q.partition_point(|e| e.0 <= at),
+            _ => q.len(),
+        };
+        q.insert(i, (at, id, hash));
+    }
+
+    fn remove(&mut self, at: Instant, id: u64) {
+        let q = &mut self.0;
+        if q.back().is_some_and(|e| e.1 == id) {
+            q.pop_back();
+        } else if q.front().is_some_and(|e| e.1 == id) {
+            q.pop_front();
+        } else {
+            let from = q.partition_point(|e| e.0 < at);
+            let found = (from..q.len())
+                .take_while(|&i| q[i].0 == at)
+                .find(|&i| q[i].1 == id);
+            if let Some(i) = found {
+                q.remove(i);
+            }
+        }
+    }
+
+    /// The earliest entry, removed if it is due at `now`.
+    fn pop_due(&mut self, now: Instant) -> Option<(Instant, u64, u64)> {
+        self.0
+            .front()
+            .is_some_and(|e| e.0 <= now)
+            .then(|| self.0.pop_front())?
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.0.front().map(|e| e.0)
+    }
+
+    /// Entries (tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Makes sure the flight `(hash, id)`, running as `r`, has an entry in
+/// `timers` no later than `at`. Returns whether an entry was added or
+/// moved earlier (the driver may have to hear of it).
+pub(super) fn arm<V>(
+    timers: &mut Timeline,
+    r: &mut Running<V>,
+    hash: u64,
+    id: u64,
+    at: Instant,
+) -> bool {
+    match r.timer {
+        Some(t) if t <= at => false,
+        old => {
+            if let Some(t) = old {
+                timers.remove(t, id);
+            }
+            r.timer = Some(at);
+            timers.insert(at, id, hash);
+            true
+        }
+    }
+}
+
+impl<V> Shard<V> {
+    /// Removes the entry of a flight that ends.
+    pub(super) fn disarm(&mut self, id: u64, timer: Option<Instant>) {
+        if let Some(t) = timer {
+            self.timers.remove(t, id);
+        }
+    }
+
+    /// Fires every entry due at `now`: the leaders' wakers to wake and the
+    /// waiters' channels to tell, taken out of their flights (so that no
+    /// flight delivers to them any more). Returns the shard's next entry.
+    fn fire(
+        &mut self,
+        now: Instant,
+        wakers: &mut Vec<Waker>,
+        expired: &mut Vec<oneshot::Sender<Letter<V>>>,
+    ) -> Option<Instant> {
+        let mut again = Vec::new();
+        while let Some((_, id, hash)) = self.timers.pop_due(now) {
+            let Some(r) = self
+                .table
+                .find_mut(hash, |s| s.id == id)
+                .and_then(Slot::running)
+            else {
+                continue;
+            };
+            r.timer = None;
+            if r.leader_timer.as_ref().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, w)) = r.leader_timer.take() {
+                    wakers.push(w);
+                }
+            }
+            if let Some(j) = r.joiners.as_mut() {
+                while let Some(&Reverse((at, i))) = j.expiries.peek() {
+                    if at > now {
+                        break;
+                    }
+                    j.expiries.pop();
+                    if let Some(tx) = j.senders.get_mut(i).and_then(Option::take) {
+                        expired.push(tx);
+                    }
+                }
+            }
+            if let Some(next) = r.next_expiry() {
+                r.timer = Some(next);
+                again.push((next, id, hash));
+            }
+        }
+        for (at, id, hash) in again {
+            self.timers.insert(at, id, hash);
+        }
+        self.timers.first()
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Group<V> {
+    /// An entry no later than `at` was just added in a shard (after its
+    /// lock was released): wakes (or starts) the driver if it sleeps past
+    /// `at`.
+    pub(super) fn armed(&self, at: Instant) {
+        let nanos = self.timers.nanos(at);
+        // The common case: a driver armed for earlier fires first and finds
+        // this entry then.
+        if nanos >= self.timers.armed.load(Ordering::SeqCst) {
+            return;
+        }
+        if self.timers.armed.fetch_min(nanos, Ordering::SeqCst) <= nanos {
+            return;
+        }
+        let mut driver = lock(&self.timers.driver);
+        if driver.running {
+            if let Some(w) = &driver.waker {
+                w.wake_by_ref();
+            }
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        driver.running = true;
+        drop(driver);
+        drop(rt.spawn(Driver {
+            group: self.me.clone(),
+            sleep: None,
+            fresh: true,
+        }));
+    }
+
+    /// Fires what is due in every shard, then arms the driver for the
+    /// earliest entry left.
+    fn fire(&self) {
+        // Set before the shards are read: an entry added meanwhile is either
+        // seen below, or lowers `armed` again (and wakes the driver).
+        self.timers.armed.store(IDLE, Ordering::SeqCst);
+        let now = Instant::now();
+        let mut next = IDLE;
+        let (mut wakers, mut expired) = (Vec::new(), Vec::new());
+        for shard in self.shards.iter() {
+            let earliest = lock(shard).fire(now, &mut wakers, &mut expired);
+            if let Some(at) = earliest {
+                next = next.min(self.timers.nanos(at));
+            }
+            // Out of the lock: a waker is the user's code.
+            for w in wakers.drain(..) {
+                w.wake();
+            }
+            for tx in expired.drain(..) {
+                let _ = tx.send((Msg::Expired, now));
+            }
+        }
+        self.timers.armed.fetch_min(next, Ordering::SeqCst);
+    }
+}
+
+/// The group's timer task: sleeps until `armed`, fires, and again. Holds
+/// the group weakly; ends with it.
+struct Driver<V> {
+    group: Weak<Group<V>>,
+    /// The sleep, and the `armed` value it was set for.
+    sleep: Option<(Pin<Box<Sleep>>, u64)>,
+    /// Not polled yet: it fires first, to arm itself for the entries that
+    /// a driver gone with its runtime left behind.
+    fresh: bool,
+}
+
+impl<V: Clone + Send + Sync + 'static> Future for Driver<V> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let Some(group) = self.group.upgrade() else {
+                return Poll::Ready(());
+            };
+            if std::mem::take(&mut self.fresh) {
+                group.fire();
+            }
+            {
+                // Registered before `armed` is read: an entry that lowers it
+                // afterwards wakes this waker.
+                let mut d = lock(&group.timers.driver);
+                if d.waker.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
+                    d.waker = Some(cx.waker().clone());
+                }
+            }
+            let armed = group.timers.armed.load(Ordering::SeqCst);
+            if armed == IDLE {
+                return Poll::Pending;
+            }
+            let at = group.timers.instant(armed);
+            drop(group);
+            match &mut self.sleep {
+                Some((sleep, set)) if *set == armed => {}
+                Some((sleep, set)) => {
+                    sleep.as_mut().reset(at);
+                    *set = armed;
+                }
+                none => *none = Some((Box::pin(tokio::time::sleep_until(at)), armed)),
+            }
+            if let Some((sleep, _)) = &mut self.sleep {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+            }
+            let Some(group) = self.group.upgrade() else {
+                return Poll::Ready(());
+            };
+            group.fire();
+        }
+    }
+}
+
+impl<V> Drop for Driver<V> {
+    fn drop(&mut self) {
+        // Dropped with its runtime (or done): the next entry starts another.
+        if let Some(group) = self.group.upgrade() {
+            let mut d = lock(&group.timers.driver);
+            d.running = false;
+            d.waker = None;
+            // So that the next entry, whenever it is due, starts one.
+            group.timers.armed.store(IDLE, Ordering::SeqCst);
+        }
+    }
+}
