@@ -103,7 +103,7 @@ pub enum Chaos {
         down: Duration,
     },
     /// The cluster slot of the current window's key number `key` (modulo
-    /// the keys per window, see [`Load::live_key`]) moved to the next
+    /// the keys per window, see [`Load::live_key`](super::Load::live_key)) moved to the next
     /// primary while the load runs: held `pause` in MIGRATING/IMPORTING
     /// before and again after its keys move, so clients meet `TRYAGAIN`
     /// and `ASK`, then `MOVED` ([`migrate_slot`]). Applied by the runner,
