@@ -242,7 +242,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let subs = &self.inner.subs;
             let [_, channel] = self.keys(flight);
-            let _serial = subs.commands.lock().await;
+            let serial = subs.serial(&channel).await;
             let (rx, new) = {
                 let mut channels = subs.channels();
                 match channels.get_mut(&channel) {
@@ -272,7 +272,7 @@ impl Backend for RedisBackend {
                     .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
                 res.map_err(subscribe_error)?;
             }
-            drop(_serial);
+            drop(serial);
             Ok(Subscription::new(rx, guard))
         })
     }

@@ -227,7 +227,7 @@ impl RedisBackend {
         let subs = Arc::new(Subs {
             subscriber: subscriber.clone(),
             channels: Mutex::new(HashMap::new()),
-            commands: tokio::sync::Mutex::new(()),
+            ops: Mutex::new(HashMap::new()),
             timeout: cmd,
             sharded,
         });

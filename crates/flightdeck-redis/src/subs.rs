@@ -16,9 +16,11 @@ use tokio::sync::broadcast;
 pub(crate) struct Subs {
     pub(crate) subscriber: SubscriberClient,
     pub(crate) channels: Mutex<HashMap<String, Channel>>,
-    // Serializes SUBSCRIBE/UNSUBSCRIBE so a late UNSUBSCRIBE never undoes a
-    // newer SUBSCRIBE of the same channel.
-    pub(crate) commands: tokio::sync::Mutex<()>,
+    // One lock per channel with a SUBSCRIBE or UNSUBSCRIBE under way: the
+    // commands of one channel go out in order (a late UNSUBSCRIBE never
+    // undoes a newer SUBSCRIBE), those of different channels concurrently.
+    // An entry lives while somebody holds or waits for its lock.
+    pub(crate) ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) timeout: Duration,
     // Cluster: sharded pub/sub (SSUBSCRIBE/SPUBLISH), so a flight's
     // messages stay on the shard that owns its slot.
@@ -57,7 +59,47 @@ pub(crate) struct Channel {
     pub(crate) refs: usize,
 }
 
+/// The right to send SUBSCRIBE / UNSUBSCRIBE for one channel; see
+/// [`Subs::serial`].
+pub(crate) struct Serial<'a> {
+    subs: &'a Subs,
+    channel: String,
+    lock: Option<Arc<tokio::sync::Mutex<()>>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Serial<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let Some(lock) = self.lock.take() else {
+            return;
+        };
+        let mut ops = self.subs.ops.lock().unwrap_or_else(|e| e.into_inner());
+        // Ours and the map's: nobody else holds or waits for it.
+        if Arc::strong_count(&lock) == 2 {
+            ops.remove(&self.channel);
+        }
+    }
+}
+
 impl Subs {
+    /// Waits for the right to send SUBSCRIBE / UNSUBSCRIBE for `channel`
+    /// (other channels' commands do not wait).
+    pub(crate) async fn serial(&self, channel: &str) -> Serial<'_> {
+        let lock = {
+            let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(ops.entry(channel.to_owned()).or_default())
+        };
+        let mut serial = Serial {
+            subs: self,
+            channel: channel.to_owned(),
+            lock: Some(Arc::clone(&lock)),
+            guard: None,
+        };
+        serial.guard = Some(lock.lock_owned().await);
+        serial
+    }
+
     pub(crate) fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -137,7 +179,7 @@ impl Drop for SubGuard {
         let subs = self.subs.clone();
         let channel = std::mem::take(&mut self.channel);
         handle.spawn(async move {
-            let _serial = subs.commands.lock().await;
+            let _serial = subs.serial(&channel).await;
             if subs.channels().contains_key(&channel) {
                 return;
             }
@@ -149,6 +191,44 @@ impl Drop for SubGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn subs() -> Subs {
+        let subscriber = Builder::from_config(Config::default())
+            .build_subscriber_client()
+            .unwrap();
+        Subs {
+            subscriber,
+            channels: Mutex::new(HashMap::new()),
+            ops: Mutex::new(HashMap::new()),
+            timeout: Duration::from_secs(1),
+            sharded: false,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_channel_waits_for_its_own_commands_only() {
+        let subs = subs();
+        let a = subs.serial("a").await;
+        // Another channel's SUBSCRIBE goes out meanwhile...
+        let b = tokio::time::timeout(Duration::from_secs(1), subs.serial("b")).await;
+        assert!(b.is_ok(), "channel b waited for channel a");
+        drop(b);
+        // ...the same channel's waits for the command under way.
+        let again = subs.serial("a");
+        tokio::pin!(again);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), &mut again)
+                .await
+                .is_err(),
+            "a second command of channel a went out before the first ended"
+        );
+        drop(a);
+        let again = tokio::time::timeout(Duration::from_secs(1), again).await;
+        assert!(again.is_ok(), "channel a is free again");
+        drop(again);
+        // Nothing is kept once nobody holds or waits.
+        assert!(subs.ops.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn notices_parse_and_garbage_does_not() {
