@@ -377,6 +377,20 @@ fn test() {
     // 2. A Redis outage: requests run locally, the breakers open, the
     // alert fires; Redis comes back, the breakers close, the alert
     // resolves.
+    // The "current degraded period" panel measures from the last 5 s step
+    // at which a stage was seen not degraded: wait until Prometheus has
+    // such a step, however short the phase before was on this machine.
+    eventually(
+        "Prometheus saw the stage not degraded at a 5 s step",
+        Duration::from_secs(20),
+        || {
+            !values(
+                &prom,
+                r#"max by (stage) (max_over_time(timestamp(singleflight_degraded{stage=~"score"} == 0)[12h:5s]))"#,
+            )
+            .is_empty()
+        },
+    );
     redis.kill();
     let outage = Instant::now();
     let traffic_stop = Arc::new(Mutex::new(false));
