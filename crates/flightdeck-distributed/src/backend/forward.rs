@@ -1,5 +1,8 @@
 //! `forward_backend!`: a wrapper writes out only the methods it changes.
 
+/// With `*self =>` instead of a field, forwards through `Deref` (a smart
+/// pointer to a backend).
+///
 /// Implements the listed [`Backend`](crate::Backend) methods of a wrapper by forwarding them
 /// to one of its fields, so that a wrapper writes out only the methods it
 /// changes.
@@ -29,20 +32,25 @@
 /// ```
 #[macro_export]
 macro_rules! forward_backend {
-    ($field:ident => $($method:ident),+ $(,)?) => {
-        $( $crate::forward_backend!(@one $field $method); )+
+    (*self => $($method:ident),+ $(,)?) => {
+        $( $crate::forward_backend!(@one [deref] $method); )+
     };
-    (@one $f:ident acquire) => {
+    ($field:ident => $($method:ident),+ $(,)?) => {
+        $( $crate::forward_backend!(@one [field $field] $method); )+
+    };
+    (@via $s:ident [deref]) => { &**$s };
+    (@via $s:ident [field $f:ident]) => { &$s.$f };
+    (@one $via:tt acquire) => {
         fn acquire<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
             token: &'a $crate::OwnerToken,
             terms: &'a $crate::backend::LeaseTerms,
         ) -> $crate::backend::BackendFuture<'a, $crate::Acquired> {
-                        $crate::Backend::acquire(&self.$f, flight, token, terms)
+                        $crate::Backend::acquire($crate::forward_backend!(@via self $via), flight, token, terms)
         }
     };
-    (@one $f:ident heartbeat) => {
+    (@one $via:tt heartbeat) => {
         fn heartbeat<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
@@ -50,10 +58,10 @@ macro_rules! forward_backend {
             generation: u64,
             terms: &'a $crate::backend::LeaseTerms,
         ) -> $crate::backend::BackendFuture<'a, $crate::backend::Renewal> {
-                        $crate::Backend::heartbeat(&self.$f, flight, token, generation, terms)
+                        $crate::Backend::heartbeat($crate::forward_backend!(@via self $via), flight, token, generation, terms)
         }
     };
-    (@one $f:ident commit) => {
+    (@one $via:tt commit) => {
         fn commit<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
@@ -61,35 +69,35 @@ macro_rules! forward_backend {
             generation: u64,
             args: &'a $crate::backend::CommitArgs,
         ) -> $crate::backend::BackendFuture<'a, $crate::backend::Committed> {
-                        $crate::Backend::commit(&self.$f, flight, token, generation, args)
+                        $crate::Backend::commit($crate::forward_backend!(@via self $via), flight, token, generation, args)
         }
     };
-    (@one $f:ident release) => {
+    (@one $via:tt release) => {
         fn release<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
             token: &'a $crate::OwnerToken,
             state_ttl: ::std::time::Duration,
         ) -> $crate::backend::BackendFuture<'a, $crate::backend::Released> {
-                        $crate::Backend::release(&self.$f, flight, token, state_ttl)
+                        $crate::Backend::release($crate::forward_backend!(@via self $via), flight, token, state_ttl)
         }
     };
-    (@one $f:ident reject_early) => {
+    (@one $via:tt reject_early) => {
         fn reject_early(&self) -> ::std::option::Option<$crate::BackendError> {
-                        $crate::Backend::reject_early(&self.$f)
+                        $crate::Backend::reject_early($crate::forward_backend!(@via self $via))
         }
     };
-    (@one $f:ident recheck) => {
+    (@one $via:tt recheck) => {
         fn recheck<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
             token: &'a $crate::OwnerToken,
             terms: &'a $crate::backend::LeaseTerms,
         ) -> $crate::backend::BackendFuture<'a, $crate::Acquired> {
-                        $crate::Backend::recheck(&self.$f, flight, token, terms)
+                        $crate::Backend::recheck($crate::forward_backend!(@via self $via), flight, token, terms)
         }
     };
-    (@one $f:ident abandon) => {
+    (@one $via:tt abandon) => {
         fn abandon<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
@@ -97,24 +105,24 @@ macro_rules! forward_backend {
             generation: u64,
             args: &'a $crate::backend::AbandonArgs,
         ) -> $crate::backend::BackendFuture<'a, $crate::backend::Released> {
-                        $crate::Backend::abandon(&self.$f, flight, token, generation, args)
+                        $crate::Backend::abandon($crate::forward_backend!(@via self $via), flight, token, generation, args)
         }
     };
-    (@one $f:ident invalidate) => {
+    (@one $via:tt invalidate) => {
         fn invalidate<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
             state_ttl: ::std::time::Duration,
         ) -> $crate::backend::BackendFuture<'a, u64> {
-                        $crate::Backend::invalidate(&self.$f, flight, state_ttl)
+                        $crate::Backend::invalidate($crate::forward_backend!(@via self $via), flight, state_ttl)
         }
     };
-    (@one $f:ident subscribe) => {
+    (@one $via:tt subscribe) => {
         fn subscribe<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
         ) -> $crate::backend::BackendFuture<'a, $crate::Subscription> {
-                        $crate::Backend::subscribe(&self.$f, flight)
+                        $crate::Backend::subscribe($crate::forward_backend!(@via self $via), flight)
         }
     };
 }
