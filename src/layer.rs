@@ -304,7 +304,7 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
             let unreachable = cfg.mode.is_distributed()
                 && backend
                     .as_ref()
-                    .and_then(|b| b.reject_early())
+                    .and_then(|b| b.unreachable())
                     .is_some_and(|e| !e.is_rejected());
             if unreachable {
                 breaker.trip();

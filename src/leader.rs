@@ -136,7 +136,7 @@ where
                 fut: exec.run(req, Path::Fallback),
             };
         }
-        // A breaker that is open refuses before the flight is named; L2's
+        // A breaker that is open for the flight's shard refuses before any call; L2's
         // fallback decides, as it would inside the flight.
         let fallback = ModeFallback {
             ctl: &stage.ctl,

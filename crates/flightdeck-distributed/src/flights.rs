@@ -202,11 +202,11 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// the flight's own state; `run` makes the same check first.
     pub fn refused_early<Req, P: Fallback<Req>>(
         &self,
-        _key: &FlightKey,
+        key: &FlightKey,
         req: &Req,
         fallback: &P,
     ) -> Option<Verdict> {
-        let refused = self.st.backend.reject_early()?;
+        let refused = self.st.backend.reject_early(&FlightId::of(key))?;
         let class = FailureClass::of(refused.kind(), refused.is_rejected());
         Some(fallback.before_acquire(class, refused.into_core(), req))
     }
@@ -229,16 +229,17 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         P: Fallback<Req>,
     {
         let st = &self.st;
-        // A guard that knows the call would be refused says so before the
-        // flight is even named (a breaker that is open: HYBRID's degraded
-        // path stays as cheap as the local one).
-        if let Some(refused) = st.backend.reject_early() {
+        // A guard that knows the call would be refused says so before any
+        // call is built (a breaker that is open for the flight's shard:
+        // HYBRID's degraded path stays nearly as cheap as the local one).
+        let flight = FlightId::of(key);
+        if let Some(refused) = st.backend.reject_early(&flight) {
             return st.before_acquire(refused, req, exec, fallback).await;
         }
         let policy = &st.policy;
         let cx = Cx {
             stage: key.stage().clone(),
-            flight: FlightId::of(key),
+            flight,
             token: OwnerToken::random(),
             terms: LeaseTerms {
                 lease: policy.lease_duration(),

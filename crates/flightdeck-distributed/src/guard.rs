@@ -7,7 +7,7 @@
 //!
 //! - **A flight's first acquire** is gated and judged: refused at once while
 //!   the circuit is open (nothing is sent; [`Backend::reject_early`]
-//!   answers without even naming the flight), admitted as a probe while it
+//!   answers before any call is built), admitted as a probe while it
 //!   is half-open, and recorded as a success as soon as the backend answers
 //!   (whatever the answer, and however long the work then takes) or as a
 //!   failure when it fails (unavailable, outcome unknown, protocol), or
@@ -31,13 +31,15 @@
 //! ```
 //! use flightdeck_breaker::{Breaker, BreakerConfig};
 //! use flightdeck_distributed::guard::GuardedBackend;
-//! use flightdeck_distributed::Backend;
+//! use flightdeck_core::{FlightKey, StageName};
+//! use flightdeck_distributed::{Backend, FlightId};
 //! use flightdeck_testkit::MemoryBackend;
 //!
 //! let breaker = Breaker::new("redis", BreakerConfig::default()).unwrap();
 //! let backend = GuardedBackend::new(MemoryBackend::new(), breaker.clone());
 //! breaker.force_open();
-//! assert!(backend.reject_early().unwrap().is_rejected());
+//! let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("report").unwrap(), "q"));
+//! assert!(backend.reject_early(&flight).unwrap().is_rejected());
 //! ```
 
 use std::fmt;
@@ -108,13 +110,13 @@ fn judged<T>(res: &Result<T, BackendError>) -> Outcome {
 }
 
 impl<B: Backend> Backend for GuardedBackend<B> {
-    fn reject_early(&self) -> Option<BackendError> {
+    fn reject_early(&self, flight: &FlightId) -> Option<BackendError> {
         if self.breaker.try_reject() {
             return Some(BackendError::rejected(
                 flightdeck_core::error::CircuitOpen::new(std::sync::Arc::clone(&self.name)),
             ));
         }
-        let refused = self.inner.reject_early()?;
+        let refused = self.inner.reject_early(flight)?;
         // The backend itself refused the flight before its first call
         // (no connection): judged like that call, so an outage seen this
         // way opens the circuit, and a half-open probe refused this way
@@ -166,5 +168,5 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         })
     }
 
-    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release);
+    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, shard);
 }

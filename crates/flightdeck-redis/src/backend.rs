@@ -113,9 +113,9 @@ fn subscribe_error(e: fred::error::Error) -> BackendError {
 
 impl Backend for RedisBackend {
     /// While the connection attempts fail (Redis down at start, or since),
-    /// a flight is refused before its first call is built: *unavailable*,
-    /// nothing sent.
-    fn reject_early(&self) -> Option<BackendError> {
+    /// every flight is refused before its first call is built:
+    /// *unavailable*, nothing sent.
+    fn unreachable(&self) -> Option<BackendError> {
         self.inner.link.refuse(&self.inner.client)
     }
 

@@ -27,7 +27,7 @@ async fn assert_down(b: &RedisBackend) {
     let err = b.ready(Duration::from_millis(300)).await.unwrap_err();
     assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("not connected"), "{err}");
-    let refused = b.reject_early().expect("refused before the call is built");
+    let refused = b.unreachable().expect("refused before the call is built");
     assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
     let err = within(
         5,
@@ -51,7 +51,7 @@ async fn assert_coordinates(a: &RedisBackend, b: &RedisBackend, key: &str) {
     within(20, "b ready", b.ready(Duration::from_secs(20)))
         .await
         .unwrap();
-    assert!(a.reject_early().is_none() && b.reject_early().is_none());
+    assert!(a.unreachable().is_none() && b.unreachable().is_none());
     let f = flight(key);
     let first = a.acquire(&f, &OwnerToken::random(), &terms()).await;
     assert!(matches!(first, Ok(Acquired::Owner { .. })), "{first:?}");

@@ -83,8 +83,18 @@ macro_rules! forward_backend {
         }
     };
     (@one $via:tt reject_early) => {
-        fn reject_early(&self) -> ::std::option::Option<$crate::BackendError> {
-                        $crate::Backend::reject_early($crate::forward_backend!(@via self $via))
+        fn reject_early(&self, flight: &$crate::FlightId) -> ::std::option::Option<$crate::BackendError> {
+                        $crate::Backend::reject_early($crate::forward_backend!(@via self $via), flight)
+        }
+    };
+    (@one $via:tt unreachable) => {
+        fn unreachable(&self) -> ::std::option::Option<$crate::BackendError> {
+                        $crate::Backend::unreachable($crate::forward_backend!(@via self $via))
+        }
+    };
+    (@one $via:tt shard) => {
+        fn shard(&self, flight: &$crate::FlightId) -> $crate::backend::Shard {
+                        $crate::Backend::shard($crate::forward_backend!(@via self $via), flight)
         }
     };
     (@one $via:tt recheck) => {

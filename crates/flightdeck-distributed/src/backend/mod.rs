@@ -95,6 +95,7 @@ mod error;
 mod forward;
 mod ids;
 mod notice;
+mod shard;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -105,6 +106,7 @@ pub use args::{AbandonArgs, CommitArgs, LeaseTerms};
 pub use error::{BackendError, BackendErrorKind};
 pub use ids::{FencingToken, FlightId, OwnerToken};
 pub use notice::{Notice, Subscription};
+pub use shard::Shard;
 
 /// The future returned by [`Backend`] methods.
 pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;
@@ -183,14 +185,29 @@ pub trait Backend: Send + Sync + 'static {
     /// flight, so a notice sent in between is not missed.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription>;
 
-    /// A cheap local check before a flight's first call: a decorator that
-    /// knows the backend would refuse it says so (a breaker that is open),
-    /// and so does a backend that knows it cannot send it (no connection:
-    /// an unavailable error), sparing the caller the work of naming the
-    /// flight. A layer built on a backend that refuses this way starts
-    /// degraded. `None` by default.
-    fn reject_early(&self) -> Option<BackendError> {
+    /// The shard that serves `flight` (see [`Shard`]): what a decorator
+    /// judges failures by, so that one shard's outage degrades only the
+    /// flights it serves. [`Shard::WHOLE`] by default (one store).
+    fn shard(&self, flight: &FlightId) -> Shard {
+        let _ = flight;
+        Shard::WHOLE
+    }
+
+    /// The backend knows it can send no call at all (no connection to any
+    /// node): an unavailable error saying why. A layer built on a backend
+    /// that answers so starts degraded. `None` by default.
+    fn unreachable(&self) -> Option<BackendError> {
         None
+    }
+
+    /// A cheap local check before a flight's first call: a decorator that
+    /// knows the backend would refuse it says so (a breaker that is open
+    /// for the flight's shard), and so does a backend that knows it cannot
+    /// send it (no connection to the flight's shard: an unavailable
+    /// error). [`unreachable`](Self::unreachable) by default.
+    fn reject_early(&self, flight: &FlightId) -> Option<BackendError> {
+        let _ = flight;
+        self.unreachable()
     }
 
     /// A follower's re-check: the same as [`acquire`](Self::acquire) (it
@@ -210,5 +227,5 @@ pub trait Backend: Send + Sync + 'static {
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck);
+    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, unreachable);
 }
