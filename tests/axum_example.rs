@@ -27,7 +27,14 @@ fn client() -> HttpClient {
 }
 
 /// Every test gets a bounded time: nothing here may hang CI.
+///
+/// The tests of this file run one at a time: the example installs its
+/// Prometheus recorder once per process, and every node's stages are named
+/// alike, so a node that starts (or leaves degraded mode) sets the same
+/// `singleflight_degraded{stage="score"}` series that another test reads.
 async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _alone = ONE_AT_A_TIME.lock().await;
     tokio::time::timeout(Duration::from_secs(60), f)
         .await
         .expect("the test finished within 60 s")
