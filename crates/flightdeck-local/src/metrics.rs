@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock, Weak};
 
-use flightdeck_core::metric::{records, Handles};
+use flightdeck_core::metric::{records, Generation, Handles};
 use flightdeck_core::{metric, StageName, Unshareable};
 use metrics::{Counter, Gauge, Histogram, IntoF64, Key, Label, Level, Metadata, Recorder};
 use tokio::time::Instant;
@@ -147,11 +147,21 @@ impl StageMetrics {
         self.with(|_| ());
     }
 
-    /// Whether executions of this stage are timed (a recorder records
+    /// Looks up the recorder in force once for a flight: its generation
+    /// (every later event of the flight is recorded under it, so the
+    /// active gauge goes down under the recorder it went up under) and
+    /// whether executions of this stage are timed (a recorder records
     /// them).
     #[inline]
-    pub(crate) fn timed(&self) -> bool {
-        self.with(|m| m.timed)
+    pub(crate) fn resolve(&self) -> (Generation, bool) {
+        self.handles
+            .resolve(|r| Bundle::register(r, self), |m| m.timed)
+    }
+
+    #[inline]
+    fn with_generation<R>(&self, gen: Generation, f: impl FnOnce(&Bundle) -> R) -> R {
+        self.handles
+            .with_generation(gen, |r| Bundle::register(r, self), f)
     }
 
     #[inline]
@@ -189,19 +199,21 @@ impl StageMetrics {
     pub(crate) fn wait_timeout(&self) {
         self.with(|m| m.wait_timeout.increment(1));
     }
-    /// A flight started: one owner, one more active flight.
+    /// A flight started: one owner, one more active flight (under the
+    /// generation the flight resolved).
     #[inline]
-    pub(crate) fn started(&self) {
-        self.with(|m| {
+    pub(crate) fn started(&self, gen: Generation) {
+        self.with_generation(gen, |m| {
             m.owner.increment(1);
             m.active.increment(1.0);
         });
     }
     /// A flight ended: one active flight less, and the time since its work
-    /// began when the work ran to the end.
+    /// began when the work ran to the end (under the generation the flight
+    /// started under).
     #[inline]
-    pub(crate) fn ended(&self, began: Option<Instant>) {
-        self.with(|m| {
+    pub(crate) fn ended(&self, gen: Generation, began: Option<Instant>) {
+        self.with_generation(gen, |m| {
             m.active.decrement(1.0);
             if let Some(began) = began {
                 m.exec.record(Elapsed(began));
@@ -372,12 +384,12 @@ mod tests {
     #[test]
     fn a_stage_is_timed_only_with_a_recorder() {
         let stage = StageName::new("timed").unwrap();
-        assert!(!StageMetrics::new(&stage, true, none()).timed());
+        assert!(!StageMetrics::new(&stage, true, none()).resolve().1);
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || {
-            assert!(StageMetrics::new(&stage, true, none()).timed());
+            assert!(StageMetrics::new(&stage, true, none()).resolve().1);
             assert!(
-                !StageMetrics::new(&stage, false, none()).timed(),
+                !StageMetrics::new(&stage, false, none()).resolve().1,
                 "unless the layer times no work"
             );
         });

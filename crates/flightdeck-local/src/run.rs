@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::flights::{Caller, FlightWork};
 use crate::group::completion::Completion;
 use crate::group::delivery::{Letter, Msg, Outcome};
-use crate::group::detach::{Expiry, LeaderClock, Work};
+use crate::group::detach::{Expiry, Work};
 use crate::group::slot::{FlightId, Join};
 use crate::group::timers::expiry_of;
 use crate::group::Group;
@@ -89,10 +89,7 @@ pin_project! {
         W: FlightWork<V>,
     {
         // The leader polls the work itself.
-        Lead {
-            lead: LeaderGuard<V>,
-            clock: LeaderClock,
-        },
+        Lead { lead: LeaderGuard<V> },
         // Waiting for the flight's message (boxed: the future stays small
         // for the leader, who moves it around most).
         Waiting { wait: Pin<Box<Wait<V, W>>> },
@@ -182,11 +179,11 @@ where
                     }),
                 }
             }
-            Join::Leader(flight, metrics, timed, expired) => {
+            Join::Leader(leader) => {
                 // Armed before starting the work (or dropping the result it
                 // replaced): if starting it panics, waiters that already
                 // joined get `WorkPanicked`.
-                let completion = Completion::new(Arc::clone(group), flight, metrics, timed);
+                let (completion, expired) = Completion::new(Arc::clone(group), leader);
                 completion.started();
                 drop(expired);
                 let fut = outcome(work.lead());
@@ -199,7 +196,6 @@ where
                 };
                 State::Lead {
                     lead: LeaderGuard { work: Some(work) },
-                    clock: LeaderClock::new(caller.deadline),
                 }
             }
         };
@@ -248,22 +244,21 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let work = match this.state.as_mut().project() {
-                StateProj::Alone { fut } => return fut.as_mut().poll(cx),
-                StateProj::Ready { out } => {
-                    return Poll::Ready(
-                        out.take().unwrap_or_else(|| {
+            let work =
+                match this.state.as_mut().project() {
+                    StateProj::Alone { fut } => return fut.as_mut().poll(cx),
+                    StateProj::Ready { out } => {
+                        return Poll::Ready(out.take().unwrap_or_else(|| {
                             Err(Box::new(FlightAbandoned::new(None)) as BoxError)
-                        }),
-                    );
-                }
-                StateProj::Lead { lead, clock } => return lead.poll_work::<W::Output>(cx, clock),
-                StateProj::Waiting { wait } => match wait.as_mut().poll_wait(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(out)) => return Poll::Ready(out),
-                    Poll::Ready(Err(work)) => work,
-                },
-            };
+                        }));
+                    }
+                    StateProj::Lead { lead } => return lead.poll_work::<W::Output>(cx),
+                    StateProj::Waiting { wait } => match wait.as_mut().poll_wait(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(out)) => return Poll::Ready(out),
+                        Poll::Ready(Err(work)) => work,
+                    },
+                };
             this.state.set(State::Alone { fut: alone(work) });
         }
     }
@@ -383,7 +378,6 @@ impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
     fn poll_work<O: Send + 'static>(
         &mut self,
         cx: &mut Context<'_>,
-        clock: &mut LeaderClock,
     ) -> Poll<Result<Answer<V, O>, BoxError>> {
         let Some(work) = self.work.as_mut() else {
             return Poll::Ready(Err(Box::new(FlightAbandoned::new(None))));
@@ -392,10 +386,10 @@ impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
         // included, instead of unwinding through the caller. The leader's
         // wait counts from its work's first pending poll (which arms the
         // clock).
-        let msg = match work.poll_msg(cx, Some(clock)) {
+        let msg = match work.poll_msg(cx, true) {
             Poll::Ready(msg) => msg,
             Poll::Pending => {
-                if let Some(expiry) = clock.expired() {
+                if let Some(expiry) = work.leader_expired() {
                     return Poll::Ready(Err(self.left(expiry)));
                 }
                 return Poll::Pending;

@@ -663,16 +663,21 @@ async fn metrics_count_owners_and_waiters() {
     let _ = BoxError::from("unused");
 }
 
+/// A runtime with paused time, for tests that enter it under a recorder.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn metrics_record_execution_wait_and_the_active_gauge() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer(FlightPolicy::new()).layer(counted(calls.clone(), Duration::from_millis(50)));
     let out = metrics::with_local_recorder(&recorder, || {
@@ -708,6 +713,50 @@ fn metrics_record_execution_wait_and_the_active_gauge() {
         Some(DebugValue::Gauge(g)) => assert_eq!(g.into_inner(), 0.0),
         other => panic!("active gauge: {other:?}"),
     }
+}
+
+/// A flight is counted out under the recorder it was counted in under:
+/// started while one recorder is in force and finished while another is,
+/// the first one's active gauge comes back to 0 and the second one's never
+/// goes below it. (Recorded under the recorder in force at each event, the
+/// first one would stay at 1.) A snapshot of the debugging recorder resets
+/// gauges, so each is read once, at the end.
+#[test]
+fn a_flight_is_counted_out_under_the_recorder_it_was_counted_in_under() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    let active = |s: &Snapshotter| {
+        s.snapshot()
+            .into_vec()
+            .into_iter()
+            .find_map(|(k, _, _, v)| match v {
+                DebugValue::Gauge(g) if k.key().name() == "singleflight_active_flights" => {
+                    Some(g.into_inner())
+                }
+                _ => None,
+            })
+    };
+    let (first, second) = (DebuggingRecorder::new(), DebuggingRecorder::new());
+    let (at_start, at_end) = (first.snapshotter(), second.snapshotter());
+    let rt = paused_runtime();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = layer(FlightPolicy::new()).layer(counted(calls.clone(), Duration::from_millis(50)));
+    let mut call = Box::pin(svc.oneshot("q".to_owned()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // First poll under the first recorder: the flight starts (pending).
+    let polled = metrics::with_local_recorder(&first, || {
+        rt.block_on(async { std::future::Future::poll(call.as_mut(), &mut cx).is_pending() })
+    });
+    assert!(polled);
+    // Finished under the second one.
+    let out = metrics::with_local_recorder(&second, || rt.block_on(call));
+    assert_eq!(out.as_deref().ok(), Some("answer to q"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(active(&at_start), Some(0.0), "counted out where counted in");
+    assert!(
+        active(&at_end).is_none_or(|v| v >= 0.0),
+        "the second recorder's gauge: {:?}",
+        active(&at_end)
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -79,6 +79,51 @@ impl<T> Handles<T> {
         })
     }
 
+    /// Like [`with`](Self::with), and also returns the [`Generation`] whose
+    /// handles `f` got: an operation that records several events (a flight
+    /// counted in when it starts and out when it ends) looks the recorder
+    /// up once and records every event under the same one with
+    /// [`with_generation`](Self::with_generation).
+    #[inline]
+    pub fn resolve<R>(
+        &self,
+        register: impl FnOnce(&dyn Recorder) -> T,
+        f: impl FnOnce(&T) -> R,
+    ) -> (Generation, R) {
+        metrics::with_recorder(|recorder| {
+            let id = recorder_id(recorder);
+            for (i, gen) in self.gens.iter().enumerate() {
+                if let Some((seen, handles)) = gen.get() {
+                    if *seen == id {
+                        return (Generation(i as u8), f(handles));
+                    }
+                }
+            }
+            let out = self.register(recorder, id, register, f);
+            let i = self
+                .gens
+                .iter()
+                .position(|g| g.get().is_some_and(|(seen, _)| *seen == id));
+            (Generation(i.map_or(Generation::NONE.0, |i| i as u8)), out)
+        })
+    }
+
+    /// Runs `f` with the handles of `gen` (see [`resolve`](Self::resolve)),
+    /// without looking the recorder up; for a generation that holds none
+    /// (a fourth recorder), as [`with`](Self::with) does.
+    #[inline]
+    pub fn with_generation<R>(
+        &self,
+        gen: Generation,
+        register: impl FnOnce(&dyn Recorder) -> T,
+        f: impl FnOnce(&T) -> R,
+    ) -> R {
+        match self.gens.get(usize::from(gen.0)).and_then(OnceLock::get) {
+            Some((_, handles)) => f(handles),
+            None => self.with(register, f),
+        }
+    }
+
     #[cold]
     fn register<R>(
         &self,
@@ -106,6 +151,17 @@ impl<T> Handles<T> {
         let build = register.expect("not taken: no generation was filled by this call");
         f(&build(recorder))
     }
+}
+
+/// Which recorder's handles of a [`Handles`] an operation records under
+/// (see [`Handles::resolve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Generation(u8);
+
+impl Generation {
+    /// No generation: events are recorded under the recorder in force at
+    /// each use.
+    pub const NONE: Generation = Generation(u8::MAX);
 }
 
 impl<T> Default for Handles<T> {

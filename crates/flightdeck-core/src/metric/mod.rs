@@ -124,4 +124,4 @@ pub const BULKHEAD_DEGRADED: &str = "singleflight_bulkhead_degraded";
 
 mod handles;
 
-pub use handles::{recorder_id, records, Handles};
+pub use handles::{recorder_id, records, Generation, Handles};

@@ -6,10 +6,11 @@
 use std::mem;
 use std::sync::Arc;
 
+use flightdeck_core::metric::Generation;
 use tokio::time::Instant;
 
 use super::delivery::{Msg, Outcome};
-use super::slot::FlightId;
+use super::slot::{Expired, FlightId, Leader};
 use super::Group;
 use crate::metrics::StageMetrics;
 
@@ -26,6 +27,8 @@ pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
     pub(super) began: Option<Instant>,
     /// `metrics.timed()`, kept at hand for the first poll.
     pub(super) timed: bool,
+    /// The metrics generation the flight is counted under.
+    gen: Generation,
     /// Whether the flight was told when the work's first poll returned
     /// pending (the flight TTL counts from there, recorder or not; a flight
     /// done in its first poll never reads the clock for it).
@@ -34,28 +37,34 @@ pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Completion<V> {
-    pub(crate) fn new(
-        group: Arc<Group<V>>,
-        flight: FlightId,
-        metrics: Option<Arc<StageMetrics>>,
-        timed: bool,
-    ) -> Self {
-        Self {
+    /// The completion of the flight `leader` started, and the result the
+    /// flight replaced (to drop once the completion is armed).
+    pub(crate) fn new(group: Arc<Group<V>>, leader: Leader<V>) -> (Self, Expired<V>) {
+        let Leader {
+            flight,
+            metrics,
+            gen,
+            timed,
+            expired,
+        } = leader;
+        let completion = Self {
             group,
             flight,
             metrics,
             began: None,
             timed,
+            gen,
             told: false,
             done: false,
-        }
+        };
+        (completion, expired)
     }
 
     /// Counts the flight in (owner, active flights). Called once armed:
     /// should the recorder panic, dropping the completion ends the flight
     /// (its waiters hear `WorkPanicked`).
     pub(crate) fn started(&self) {
-        self.metrics().started();
+        self.metrics().started(self.gen);
     }
 
     /// The metric handles of the flight's stage.

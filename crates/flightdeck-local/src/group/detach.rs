@@ -37,18 +37,18 @@ pin_project! {
         // The flight's deadline, when its leader had one (see
         // `Running::deadline`): checked, and moved on, when it fires.
         deadline: Option<Pin<Box<Sleep>>>,
+        // The leader's clock, used while the leader polls (here rather
+        // than in the leader's future, which callers move around).
+        clock: LeaderClock,
     }
 }
 
 /// What the leader (or the detached task) sees of a `Cell`.
 trait Drive<V: Clone + Send + Sync + 'static>: Send {
     /// Polls the work; see [`Work::poll_msg`].
-    fn poll_msg(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        leader: Option<&mut LeaderClock>,
-    ) -> Poll<Option<Msg<V>>>;
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>, leader: bool) -> Poll<Option<Msg<V>>>;
     fn completion(self: Pin<&mut Self>) -> &mut Completion<V>;
+    fn clock(self: Pin<&mut Self>) -> &mut LeaderClock;
 }
 
 impl<V, F> Drive<V> for Cell<V, F>
@@ -56,12 +56,9 @@ where
     V: Clone + Send + Sync + 'static,
     F: Future<Output = Outcome<V>> + Send,
 {
-    fn poll_msg(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        leader: Option<&mut LeaderClock>,
-    ) -> Poll<Option<Msg<V>>> {
+    fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>, leader: bool) -> Poll<Option<Msg<V>>> {
         let this = self.project();
+        let leader = leader.then_some(this.clock);
         let c = this.completion;
         if c.timed && c.began.is_none() {
             c.began = Some(Instant::now());
@@ -107,6 +104,10 @@ where
 
     fn completion(self: Pin<&mut Self>) -> &mut Completion<V> {
         self.project().completion
+    }
+
+    fn clock(self: Pin<&mut Self>) -> &mut LeaderClock {
+        self.project().clock
     }
 }
 
@@ -265,6 +266,7 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
                 fut,
                 completion,
                 deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+                clock: LeaderClock::new(deadline),
             }),
         }
     }
@@ -284,14 +286,15 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
     /// `Outcome::Panicked` (for every waiter, and for whoever polls), never
     /// an unwind through the caller.
     ///
-    /// `leader`: the leader's clock, when the leader polls (armed by the
-    /// work's first pending poll).
-    pub(crate) fn poll_msg(
-        &mut self,
-        cx: &mut Context<'_>,
-        leader: Option<&mut LeaderClock>,
-    ) -> Poll<Option<Msg<V>>> {
+    /// `leader`: the leader polls (its clock is armed by the work's first
+    /// pending poll).
+    pub(crate) fn poll_msg(&mut self, cx: &mut Context<'_>, leader: bool) -> Poll<Option<Msg<V>>> {
         self.cell.as_mut().poll_msg(cx, leader)
+    }
+
+    /// Whether the leader's time is up (see [`LeaderClock::expired`]).
+    pub(crate) fn leader_expired(&mut self) -> Option<Expiry> {
+        self.cell.as_mut().clock().expired()
     }
 
     /// The leader leaves before the work finished (dropped, or timed out).
@@ -325,6 +328,6 @@ impl<V: Clone + Send + Sync + 'static> Future for Detached<V> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.poll_msg(cx, None).map(drop)
+        self.0.poll_msg(cx, false).map(drop)
     }
 }

@@ -35,7 +35,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use self::delivery::{deliver, Msg, Outcome};
-use self::slot::{Expired, FlightId, Join, Place, Replay, Running, Shard, Slot, SlotState};
+use self::slot::{Expired, FlightId, Join, Leader, Place, Replay, Running, Shard, Slot, SlotState};
 use self::timers::{Timeline, Timers};
 use self::tokens::{TokenPool, Tokens};
 use crate::flights::Caller;
@@ -152,7 +152,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         // time, the stage's handles are registered here, with the active
         // gauge at the flights running now (not this one, counted when it
         // starts).
-        let timed = metrics.timed();
+        let (gen, timed) = metrics.resolve();
         // A bound of 0 turns every call away, the leader included.
         if self.policy.max_waiters == 0 {
             return self.reject(&metrics, key, true);
@@ -254,6 +254,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                     timer: None,
                     leader_timer: None,
                     joiners: None,
+                    gen,
                 }),
             };
             let old = match place {
@@ -281,7 +282,13 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             drop(guard);
             // The expired result is dropped (`V::drop` is the user's code)
             // once the caller has armed the flight's completion.
-            return Join::Leader(id, metrics.keep(), timed, Expired { _replaced: old });
+            return Join::Leader(Leader {
+                flight: id,
+                metrics: metrics.keep(),
+                gen,
+                timed,
+                expired: Expired { _replaced: old },
+            });
         }
     }
 
@@ -445,7 +452,9 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// counted, and its work aborted if it runs on a task.
     fn cancelled(&self, slot: Slot<V>, leader: bool) {
         let metrics = self.metrics.get(slot.key.stage());
-        metrics.ended(None);
+        if let SlotState::Running(r) = &slot.state {
+            metrics.ended(r.gen, None);
+        }
         metrics.cancelled();
         tracing::debug!(stage = %slot.key.stage(), key = %slot.key.digest().short(), leader, "last caller left: flight cancelled");
         if let SlotState::Running(Running {
@@ -488,6 +497,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             return (None, None);
         };
         let joiners = r.joiners.take();
+        let gen = r.gen;
         let timer = r.timer.take();
         // Dropped after the lock (a waker is the user's code).
         let _leader_waker = r.leader_timer.take();
@@ -507,7 +517,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         shard.disarm(flight.id, timer);
         self.tokens.release(&mut shard.tokens);
         drop(shard);
-        metrics.ended(began);
+        metrics.ended(gen, began);
         if let Some(key) = panicked {
             metrics.panicked();
             tracing::error!(stage = %metrics.stage, %key, "work panicked");

@@ -5,6 +5,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::task::Waker;
 
+use flightdeck_core::metric::Generation;
 use flightdeck_core::{BoxError, FlightKey};
 use hashbrown::hash_table::HashTable;
 use tokio::sync::oneshot;
@@ -59,6 +60,8 @@ pub(super) struct Running<V> {
     /// while the leader polls the work and has one.
     pub(super) leader_timer: Option<(Instant, Waker)>,
     pub(super) joiners: Option<Box<Joiners<V>>>,
+    /// The metrics generation the flight is counted under.
+    pub(super) gen: Generation,
 }
 
 /// The part of a running flight that exists once somebody tried to join it
@@ -150,11 +153,22 @@ pub(crate) struct Expired<V> {
     pub(super) _replaced: Option<Arc<Replay<V>>>,
 }
 
+/// A caller that starts a flight: its name, its stage's metrics (`None`:
+/// the group's first stage), the metrics generation it is counted under,
+/// whether executions are timed, and the result it replaced.
+pub(crate) struct Leader<V> {
+    pub(crate) flight: FlightId,
+    pub(crate) metrics: Option<Arc<StageMetrics>>,
+    pub(crate) gen: Generation,
+    pub(crate) timed: bool,
+    pub(crate) expired: Expired<V>,
+}
+
 pub(crate) enum Join<V> {
     /// With the stage's metric handles (`None`: the first stage's, see
     /// `Registry::kept`), whether its execution is timed, and the result
     /// it replaced.
-    Leader(FlightId, Option<Arc<StageMetrics>>, bool, Expired<V>),
+    Leader(Leader<V>),
     /// With the stage's metric handles and when it joined.
     Waiter(
         FlightId,

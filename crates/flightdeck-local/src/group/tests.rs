@@ -46,7 +46,7 @@ fn shard_of(g: &Group<u64>, k: &FlightKey) -> usize {
 
 fn lead(g: &Group<u64>, k: FlightKey) -> Option<FlightId> {
     match g.join(&k, Caller::new()) {
-        Join::Leader(id, _, _, _) => Some(id),
+        Join::Leader(l) => Some(l.flight),
         Join::Rejected(_) => None,
         _ => panic!("unexpected join"),
     }
@@ -207,7 +207,7 @@ fn tokens_are_conserved_and_the_bound_is_exact() {
                 });
                 let before = g.running();
                 match g.join(&k, Caller::new()) {
-                    Join::Leader(id, _, _, _) => live.push(id),
+                    Join::Leader(l) => live.push(l.flight),
                     Join::Rejected(e) => {
                         assert!(e.is::<TooManyFlights>());
                         assert_eq!(before, max, "rejected with {before} of {max}");
