@@ -298,12 +298,16 @@ impl FlightKey {
     /// flight in shared stores (e.g. the `{h}` of Redis key names).
     pub fn flight_digest(&self) -> Digest {
         let mut enc = KeyEncoder::with_domain(b"flightdeck.flight");
-        enc = enc.field(self.stage.as_str().as_bytes());
-        enc = match &self.scope {
-            Some(s) => enc.field(b"s").field(s.as_bytes()),
-            None => enc.field(b"-"),
-        };
-        enc.field(self.digest.as_bytes()).finish()
+        enc.push(self.stage.as_str().as_bytes());
+        match &self.scope {
+            Some(s) => {
+                enc.push(b"s");
+                enc.push(s.as_bytes());
+            }
+            None => enc.push(b"-"),
+        }
+        enc.push(self.digest.as_bytes());
+        enc.finish()
     }
 }
 
@@ -341,55 +345,108 @@ pub const KEY_ENCODING_VERSION: u8 = 1;
 /// Each field is written as its length (u64, little endian) followed by its
 /// bytes, after a versioned domain prefix. Different field lists therefore
 /// always produce different hash inputs.
+///
+/// The bytes are gathered in a small buffer and hashed in one call when
+/// the key is finished; only a key larger than the buffer (a body, say)
+/// streams through a hasher (the digest is the same either way).
 #[derive(Clone)]
 pub struct KeyEncoder {
-    hasher: blake3::Hasher,
+    /// What was written and not hashed yet.
+    buf: [u8; ENCODER_BUFFER],
+    len: usize,
+    /// The hasher, once the input outgrew the buffer (boxed: keys that fit
+    /// in the buffer, the usual case, never build one, and the encoder
+    /// stays small to move).
+    hasher: Option<Box<blake3::Hasher>>,
 }
+
+/// Bytes an encoder gathers before it starts hashing them.
+const ENCODER_BUFFER: usize = 192;
 
 impl KeyEncoder {
     /// A new encoder in the default domain (`flightdeck.key`).
+    #[inline]
     pub fn new() -> Self {
         Self::with_domain(b"flightdeck.key")
     }
 
     /// A new encoder in a caller-chosen domain: digests from different
     /// domains never collide.
+    #[inline]
     pub fn with_domain(domain: &[u8]) -> Self {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&[KEY_ENCODING_VERSION]);
-        hasher.update(&(domain.len() as u64).to_le_bytes());
-        hasher.update(domain);
-        Self { hasher }
+        let mut enc = Self {
+            buf: [0; ENCODER_BUFFER],
+            len: 0,
+            hasher: None,
+        };
+        enc.write(&[KEY_ENCODING_VERSION]);
+        enc.write(&(domain.len() as u64).to_le_bytes());
+        enc.write(domain);
+        enc
+    }
+
+    /// Writes raw bytes (no length prefix).
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if end <= ENCODER_BUFFER {
+            self.buf[self.len..end].copy_from_slice(bytes);
+            self.len = end;
+        } else {
+            self.spill(bytes);
+        }
+    }
+
+    /// Hashes the buffer and `bytes`: the input outgrew the buffer.
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        let hasher = self.hasher.get_or_insert_with(Default::default);
+        hasher.update(&self.buf[..self.len]);
+        self.len = 0;
+        hasher.update(bytes);
     }
 
     /// Appends one length-prefixed field.
     #[must_use]
+    #[inline]
     pub fn field(mut self, bytes: &[u8]) -> Self {
         self.push(bytes);
         self
     }
 
     /// Appends one length-prefixed field in place.
+    #[inline]
     pub fn push(&mut self, bytes: &[u8]) {
-        self.hasher.update(&(bytes.len() as u64).to_le_bytes());
-        self.hasher.update(bytes);
+        self.write(&(bytes.len() as u64).to_le_bytes());
+        self.write(bytes);
     }
 
     /// Appends one field whose content arrives in pieces (e.g. a body in
     /// frames). `len` must be the total length of the pieces.
     pub fn push_parts<'a>(&mut self, len: u64, parts: impl IntoIterator<Item = &'a [u8]>) {
-        self.hasher.update(&len.to_le_bytes());
+        self.write(&len.to_le_bytes());
         for p in parts {
-            self.hasher.update(p);
+            self.write(p);
         }
     }
 
     /// The digest of everything written so far.
+    #[inline]
     pub fn finish(&self) -> Digest {
-        Digest(*self.hasher.finalize().as_bytes())
+        let pending = &self.buf[..self.len];
+        let hash = match &self.hasher {
+            None => blake3::hash(pending),
+            Some(h) => {
+                let mut h = blake3::Hasher::clone(h);
+                h.update(pending);
+                h.finalize()
+            }
+        };
+        Digest(*hash.as_bytes())
     }
 
     /// Finishes into a [`FlightKey`].
+    #[inline]
     pub fn finish_key(&self, stage: StageName, scope: Option<Digest>) -> FlightKey {
         FlightKey::new(stage, scope, self.finish())
     }
@@ -468,6 +525,63 @@ mod tests {
             enc.push(b"ab");
         }
         assert_eq!(enc.finish().as_bytes(), blake3::hash(&raw).as_bytes());
+    }
+
+    /// Small keys (hashed from the buffer in one call), and writes that
+    /// end exactly at, or cross, the buffer's end, give the specified
+    /// digest too.
+    #[test]
+    fn buffered_and_spilled_keys_give_the_specified_digest() {
+        for n in [0usize, 1, 100, 160, 161, 166, 167, 168, 191, 192, 193, 400] {
+            let field = vec![b'k'; n];
+            let mut raw = vec![KEY_ENCODING_VERSION];
+            raw.extend_from_slice(&14u64.to_le_bytes());
+            raw.extend_from_slice(b"flightdeck.key");
+            raw.extend_from_slice(&(n as u64).to_le_bytes());
+            raw.extend_from_slice(&field);
+            raw.extend_from_slice(&2u64.to_le_bytes());
+            raw.extend_from_slice(b"ab");
+            let enc = KeyEncoder::new().field(&field).field(b"ab");
+            assert_eq!(
+                enc.finish().as_bytes(),
+                blake3::hash(&raw).as_bytes(),
+                "{n}"
+            );
+            // Finishing does not consume: more fields can follow.
+            let more = enc.field(b"c").finish();
+            raw.extend_from_slice(&1u64.to_le_bytes());
+            raw.push(b'c');
+            assert_eq!(more.as_bytes(), blake3::hash(&raw).as_bytes(), "{n} + c");
+        }
+    }
+
+    /// A flight's digest (the name of its records in shared stores) is
+    /// specified as well: nodes of different versions must agree on it.
+    #[test]
+    fn flight_digest_is_blake3_of_the_specified_encoding() {
+        let scope = KeyEncoder::new().field(b"tenant").finish();
+        for scope in [None, Some(scope)] {
+            let key = FlightKey::new(stage(), scope, KeyEncoder::new().field(b"q").finish());
+            let mut raw = vec![KEY_ENCODING_VERSION];
+            let mut field = |bytes: &[u8]| {
+                raw.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+                raw.extend_from_slice(bytes);
+            };
+            field(b"flightdeck.flight");
+            field(b"score");
+            match &scope {
+                Some(s) => {
+                    field(b"s");
+                    field(s.as_bytes());
+                }
+                None => field(b"-"),
+            }
+            field(key.digest().as_bytes());
+            assert_eq!(
+                key.flight_digest().as_bytes(),
+                blake3::hash(&raw).as_bytes()
+            );
+        }
     }
 
     #[test]

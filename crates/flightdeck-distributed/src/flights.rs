@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backend::{
     Acquired, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
-    OwnerToken, ResultStatus, StoredResult,
+    OwnerToken, ResultStatus, Shard, StoredResult,
 };
 use crate::codec::{Envelope, ResultCodec};
 use crate::error::{CallTimedOut, RemoteFailure};
@@ -206,7 +206,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         req: &Req,
         fallback: &P,
     ) -> Option<Verdict> {
-        let refused = self.st.backend.reject_early(&FlightId::of(key))?;
+        let refused = self.st.refused_early(key).1?;
         let class = FailureClass::of(refused.kind(), refused.is_rejected());
         Some(fallback.before_acquire(class, refused.into_core(), req))
     }
@@ -232,10 +232,11 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         // A guard that knows the call would be refused says so before any
         // call is built (a breaker that is open for the flight's shard:
         // HYBRID's degraded path stays nearly as cheap as the local one).
-        let flight = FlightId::of(key);
-        if let Some(refused) = st.backend.reject_early(&flight) {
+        let (flight, refused) = st.refused_early(key);
+        if let Some(refused) = refused {
             return st.before_acquire(refused, req, exec, fallback).await;
         }
+        let flight = flight.unwrap_or_else(|| FlightId::of(key));
         let policy = &st.policy;
         let cx = Cx {
             stage: key.stage().clone(),
@@ -346,6 +347,20 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
 }
 
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
+    /// Whether the backend refuses the flight of `key` before any call
+    /// ([`Backend::reject_early`] for its shard), and the flight's id when
+    /// naming its shard needed it (a backend that is not sharded is asked
+    /// without: HYBRID's degraded path hashes nothing more).
+    fn refused_early(&self, key: &FlightKey) -> (Option<FlightId>, Option<BackendError>) {
+        if self.backend.sharded() {
+            let flight = FlightId::of(key);
+            let refused = self.backend.reject_early(&self.backend.shard(&flight));
+            (Some(flight), refused)
+        } else {
+            (None, self.backend.reject_early(&Shard::WHOLE))
+        }
+    }
+
     /// Runs one backend call under the flight's call deadline, counting
     /// failures. While it runs, the token is suspected of holding a lease
     /// (a drop mid-call, or an answer of unknown outcome, leaves it so).

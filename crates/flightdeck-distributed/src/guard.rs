@@ -31,15 +31,13 @@
 //! ```
 //! use flightdeck_breaker::{Breaker, BreakerConfig};
 //! use flightdeck_distributed::guard::GuardedBackend;
-//! use flightdeck_core::{FlightKey, StageName};
-//! use flightdeck_distributed::{Backend, FlightId};
+//! use flightdeck_distributed::backend::{Backend, Shard};
 //! use flightdeck_testkit::MemoryBackend;
 //!
 //! let breaker = Breaker::new("redis", BreakerConfig::default()).unwrap();
 //! let backend = GuardedBackend::new(MemoryBackend::new(), breaker.clone());
 //! breaker.force_open();
-//! let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("report").unwrap(), "q"));
-//! assert!(backend.reject_early(&flight).unwrap().is_rejected());
+//! assert!(backend.reject_early(&Shard::WHOLE).unwrap().is_rejected());
 //! ```
 
 use std::fmt;
@@ -48,7 +46,7 @@ use flightdeck_breaker::{Breaker, Outcome};
 
 use crate::backend::{
     Acquired, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
-    OwnerToken,
+    OwnerToken, Shard,
 };
 
 /// A backend behind a circuit breaker; see the [module docs](self).
@@ -110,13 +108,13 @@ fn judged<T>(res: &Result<T, BackendError>) -> Outcome {
 }
 
 impl<B: Backend> Backend for GuardedBackend<B> {
-    fn reject_early(&self, flight: &FlightId) -> Option<BackendError> {
+    fn reject_early(&self, shard: &Shard) -> Option<BackendError> {
         if self.breaker.try_reject() {
             return Some(BackendError::rejected(
                 flightdeck_core::error::CircuitOpen::new(std::sync::Arc::clone(&self.name)),
             ));
         }
-        let refused = self.inner.reject_early(flight)?;
+        let refused = self.inner.reject_early(shard)?;
         // The backend itself refused the flight before its first call
         // (no connection): judged like that call, so an outage seen this
         // way opens the circuit, and a half-open probe refused this way
@@ -168,5 +166,5 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         })
     }
 
-    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, shard);
+    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, shard, sharded);
 }

@@ -83,8 +83,13 @@ macro_rules! forward_backend {
         }
     };
     (@one $via:tt reject_early) => {
-        fn reject_early(&self, flight: &$crate::FlightId) -> ::std::option::Option<$crate::BackendError> {
-                        $crate::Backend::reject_early($crate::forward_backend!(@via self $via), flight)
+        fn reject_early(&self, shard: &$crate::backend::Shard) -> ::std::option::Option<$crate::BackendError> {
+                        $crate::Backend::reject_early($crate::forward_backend!(@via self $via), shard)
+        }
+    };
+    (@one $via:tt sharded) => {
+        fn sharded(&self) -> bool {
+                        $crate::Backend::sharded($crate::forward_backend!(@via self $via))
         }
     };
     (@one $via:tt unreachable) => {

@@ -185,6 +185,13 @@ pub trait Backend: Send + Sync + 'static {
     /// flight, so a notice sent in between is not missed.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription>;
 
+    /// Whether flights are spread over shards (see [`shard`](Self::shard)).
+    /// `false` by default: every flight is on [`Shard::WHOLE`], and a caller
+    /// need not name a flight to ask [`reject_early`](Self::reject_early).
+    fn sharded(&self) -> bool {
+        false
+    }
+
     /// The shard that serves `flight` (see [`Shard`]): what a decorator
     /// judges failures by, so that one shard's outage degrades only the
     /// flights it serves. [`Shard::WHOLE`] by default (one store).
@@ -200,13 +207,15 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// A cheap local check before a flight's first call: a decorator that
-    /// knows the backend would refuse it says so (a breaker that is open
-    /// for the flight's shard), and so does a backend that knows it cannot
-    /// send it (no connection to the flight's shard: an unavailable
-    /// error). [`unreachable`](Self::unreachable) by default.
-    fn reject_early(&self, flight: &FlightId) -> Option<BackendError> {
-        let _ = flight;
+    /// A cheap local check before the first call of a flight on `shard`
+    /// (its [`shard`](Self::shard), or [`Shard::WHOLE`] when the backend
+    /// is not [`sharded`](Self::sharded)): a decorator that knows the
+    /// backend would refuse it says so (a breaker that is open for the
+    /// shard), and so does a backend that knows it cannot send it (no
+    /// connection to the shard: an unavailable error).
+    /// [`unreachable`](Self::unreachable) by default.
+    fn reject_early(&self, shard: &Shard) -> Option<BackendError> {
+        let _ = shard;
         self.unreachable()
     }
 
@@ -227,5 +236,5 @@ pub trait Backend: Send + Sync + 'static {
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, unreachable);
+    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, unreachable);
 }
