@@ -344,10 +344,16 @@ impl Cluster {
             map.len(),
             primaries.len()
         );
-        state.map = Some(map);
+        let moved = state.map.replace(map).is_some();
         drop(state);
         // Dropped outside the lock: the last reference quits the clients.
         drop(dropped);
+        if moved {
+            // A channel stays subscribed where it was (a moved slot's, or a
+            // dropped node's, gets no more messages there): its followers
+            // re-check now rather than at their next poll.
+            self.subs.resync_all();
+        }
     }
 }
 
