@@ -4,16 +4,17 @@ use std::time::Duration;
 
 use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+    LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
 use fred::prelude::*;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::classify::classify;
-use crate::connect::{timed_out, Link};
+use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
 use crate::reply::{answer, bad_reply, bytes, gen, ms, parse_acquire, released, text};
+use crate::routing::{not_connected, Topology};
 use crate::subs::{Channel, SubGuard, Subs};
 
 /// The Redis coordination backend (see the crate docs). Cheap to clone:
@@ -24,14 +25,13 @@ pub struct RedisBackend {
 }
 
 pub(crate) struct Inner {
-    pub(crate) client: Client,
+    pub(crate) topology: Topology,
     pub(crate) opts: Options,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
-    pub(crate) sources: [String; SCRIPTS],
+    pub(crate) sources: Arc<[String]>,
     pub(crate) shas: [String; SCRIPTS],
     pub(crate) subs: Arc<Subs>,
-    pub(crate) link: Arc<Link>,
     pub(crate) tasks: Vec<JoinHandle<()>>,
 }
 
@@ -48,9 +48,22 @@ impl RedisBackend {
         ]
     }
 
-    /// The command client (for tests and diagnostics).
-    pub fn client(&self) -> &Client {
-        &self.inner.client
+    /// The command client, for tests and diagnostics: the server's, or in
+    /// a cluster one primary's (a connected one if any).
+    pub fn client(&self) -> Client {
+        let nodes = self.inner.topology.nodes();
+        let node = nodes
+            .iter()
+            .find(|n| n.client.is_connected())
+            .or(nodes.first());
+        // A cluster always has a node (the URL's, then the primaries).
+        node.map_or_else(Client::default, |n| n.client.clone())
+    }
+
+    /// The flight's hash slot, shared by all its names: their hash tag is
+    /// the digest in hex, and a name's slot is its hash tag's.
+    pub(crate) fn slot(&self, flight: &FlightId) -> u16 {
+        fred::util::redis_keyslot(flight.to_hex().as_bytes())
     }
 
     /// How many channels this node is subscribed to.
@@ -58,10 +71,11 @@ impl RedisBackend {
         self.inner.subs.channels().len()
     }
 
-    /// Closes both connections.
+    /// Closes every connection.
     pub async fn quit(&self) {
-        let _ = self.inner.client.quit().await;
-        let _ = self.inner.subs.subscriber.quit().await;
+        for node in self.inner.topology.nodes() {
+            node.quit().await;
+        }
     }
 }
 
@@ -81,28 +95,20 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// The nodes quit their clients when the last reference to them goes.
 impl Drop for Inner {
     fn drop(&mut self) {
         for t in &self.tasks {
             t.abort();
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let subscriber = self.subs.subscriber.clone();
-            let t = self.timeout;
-            handle.spawn(async move {
-                let _ = tokio::time::timeout(t, client.quit()).await;
-                let _ = tokio::time::timeout(t, subscriber.quit()).await;
-            });
-        }
     }
 }
 
-/// Classifies a failed (S)SUBSCRIBE. After a slot moved, fred's
-/// subscriber can give up on `SSUBSCRIBE` with "Too many failed write
-/// attempts." (its redirects and reconnects used up the attempts): no
-/// subscription was made, which is unavailable, not a protocol error
-/// (a follower polls instead). Anything else as for every command.
+/// Classifies a failed (S)SUBSCRIBE. fred's subscriber can give up with
+/// "Too many failed write attempts." (its attempts used up by a
+/// reconnect): no subscription was made, which is unavailable, not a
+/// protocol error (a follower polls instead). Anything else as for every
+/// command (a `MOVED` past the deadline is unavailable too).
 fn subscribe_error(e: fred::error::Error) -> BackendError {
     if e.details().starts_with("Too many failed write attempts") {
         BackendError::unavailable(format!("redis subscription not made: {}", e.details()))
@@ -111,12 +117,85 @@ fn subscribe_error(e: fred::error::Error) -> BackendError {
     }
 }
 
+impl RedisBackend {
+    /// (S)SUBSCRIBEs `channel` on the subscriber of the node serving
+    /// `slot`, following `MOVED` as [`send`](Self::eval) does, within one
+    /// command timeout. The caller holds the channel's [`Subs::serial`].
+    async fn subscribe_on_owner(&self, channel: &str, slot: u16) -> Result<(), BackendError> {
+        let subs = &self.inner.subs;
+        let deadline = tokio::time::Instant::now() + subs.timeout;
+        loop {
+            let refreshes = self.refreshes();
+            let node = self.inner.topology.route(slot)?;
+            if !node.subscriber.is_connected() {
+                // fred would queue the SUBSCRIBE until a reconnect.
+                return Err(not_connected(&node));
+            }
+            // Set before it is sent: a follower that gives up meanwhile
+            // unsubscribes there.
+            if let Some(ch) = subs.channels().get_mut(channel) {
+                ch.on = Some(node.subscriber.clone());
+            }
+            let res = tokio::time::timeout_at(
+                deadline,
+                subs.subscribe(&node.subscriber, channel.to_owned()),
+            )
+            .await
+            .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
+            match res {
+                Ok(()) => return Ok(()),
+                Err(e)
+                    if self
+                        .retry_after(&e, (slot, &node.addr), refreshes, deadline)
+                        .await => {}
+                Err(e) => return Err(subscribe_error(e)),
+            }
+        }
+    }
+}
+
 impl Backend for RedisBackend {
     /// While the connection attempts fail (Redis down at start, or since),
     /// every flight is refused before its first call is built:
-    /// *unavailable*, nothing sent.
+    /// *unavailable*, nothing sent. In a cluster: only while no primary at
+    /// all is connected and each has failed a connection attempt (see
+    /// [`reject_early`](Self::reject_early) for one flight's primary).
     fn unreachable(&self) -> Option<BackendError> {
-        self.inner.link.refuse(&self.inner.client)
+        match &self.inner.topology {
+            Topology::Single(node) => node.link.refuse(&node.client),
+            Topology::Cluster(cluster) => {
+                let nodes = cluster.nodes();
+                if nodes.iter().any(|n| n.client.is_connected())
+                    || !nodes.iter().all(|n| n.link.is_failing())
+                {
+                    return None;
+                }
+                let why = nodes
+                    .first()
+                    .map_or_else(String::new, |n| n.link.why_not_connected());
+                Some(BackendError::unavailable(format!(
+                    "no redis cluster primary connected: {why}"
+                )))
+            }
+        }
+    }
+
+    /// In a cluster: refused (*unavailable*, nothing sent) when the
+    /// flight's slot is not in our map or its primary has no connection;
+    /// flights of the other primaries go on. One server: as
+    /// [`unreachable`](Self::unreachable).
+    fn reject_early(&self, flight: &FlightId) -> Option<BackendError> {
+        match &self.inner.topology {
+            Topology::Single(_) => self.unreachable(),
+            Topology::Cluster(_) => self.inner.topology.route(self.slot(flight)).err(),
+        }
+    }
+
+    /// In a cluster, the primary serving the flight's slot (`host:port`,
+    /// by our slot map; [`Shard::WHOLE`] while the map is not known). One
+    /// server: [`Shard::WHOLE`].
+    fn shard(&self, flight: &FlightId) -> Shard {
+        self.inner.topology.shard(self.slot(flight))
     }
 
     fn acquire<'a>(
@@ -242,6 +321,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let subs = &self.inner.subs;
             let [_, channel] = self.keys(flight);
+            let slot = self.slot(flight);
             let serial = subs.serial(&channel).await;
             let (rx, new) = {
                 let mut channels = subs.channels();
@@ -252,7 +332,12 @@ impl Backend for RedisBackend {
                     }
                     None => {
                         let (tx, rx) = broadcast::channel(16);
-                        channels.insert(channel.clone(), Channel { tx, refs: 1 });
+                        let ch = Channel {
+                            tx,
+                            refs: 1,
+                            on: None,
+                        };
+                        channels.insert(channel.clone(), ch);
                         (rx, true)
                     }
                 }
@@ -263,17 +348,30 @@ impl Backend for RedisBackend {
                 channel: channel.clone(),
             };
             if new {
-                if !subs.subscriber.is_connected() {
-                    // fred would queue the SUBSCRIBE until a reconnect.
-                    return Err(self.inner.link.not_connected());
-                }
-                let res = tokio::time::timeout(subs.timeout, subs.subscribe(channel))
-                    .await
-                    .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
-                res.map_err(subscribe_error)?;
+                self.subscribe_on_owner(&channel, slot).await?;
             }
             drop(serial);
             Ok(Subscription::new(rx, guard))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flightdeck_core::{FlightKey, StageName};
+    use flightdeck_distributed::FlightId;
+
+    use crate::{RedisBackend, RedisConfig};
+
+    #[tokio::test]
+    async fn a_flight_slot_is_its_names_slot() {
+        let b = RedisBackend::new(RedisConfig::new("redis://127.0.0.1:1").prefix("p:q")).unwrap();
+        let stage = StageName::new("slots").unwrap();
+        for i in 0..100 {
+            let flight = FlightId::of(&FlightKey::from_bytes(stage.clone(), format!("r{i}")));
+            for name in b.keys(&flight) {
+                assert_eq!(fred::util::redis_keyslot(name.as_bytes()), b.slot(&flight));
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@ use fred::types::{ClusterHash, CustomCommand};
 
 use crate::backend::RedisBackend;
 use crate::connect::timed_out;
-use crate::routing::{migrating, slot_in_migration, MIGRATION_PAUSE};
+use crate::routing::{migrating, moved_to, slot_in_migration, Topology, MIGRATION_PAUSE};
 use crate::scripts;
 
 impl RedisBackend {
@@ -21,12 +21,12 @@ impl RedisBackend {
     ) -> Result<Value, BackendError> {
         let inner = &*self.inner;
         // Routed by the flight's slot (every key of a flight shares it).
-        let slot = keys.first().map_or(ClusterHash::Random, |k| {
-            ClusterHash::Custom(fred::util::redis_keyslot(k.as_bytes()))
-        });
+        let slot = keys
+            .first()
+            .map_or(0, |k| fred::util::redis_keyslot(k.as_bytes()));
         let argv = script_args(&keys, args);
         match self
-            .send("EVALSHA", &inner.shas[script], &slot, &argv)
+            .send("EVALSHA", &inner.shas[script], slot, &argv)
             .await?
         {
             Ok(v) => Ok(v),
@@ -36,7 +36,7 @@ impl RedisBackend {
                 // node that owns the flight's slot, which runs it and keeps
                 // it for the next EVALSHA. Nothing else has to be reachable.
                 tracing::debug!("script not cached on this node; sending its source");
-                self.send("EVAL", &inner.sources[script], &slot, &argv)
+                self.send("EVAL", &inner.sources[script], slot, &argv)
                     .await?
                     .map_err(migrating)
             }
@@ -44,11 +44,13 @@ impl RedisBackend {
         }
     }
 
-    /// One `EVALSHA` or `EVAL` within one command timeout. While the
-    /// flight's slot is being migrated (`TRYAGAIN`, or a redirect: see
-    /// [`NO_REDIRECTS`]) the script did not run; it is sent again after a
-    /// short pause while the deadline allows. The outer error is the
-    /// deadline, the inner one Redis's (last) answer.
+    /// One `EVALSHA` or `EVAL` within one command timeout, on the node
+    /// serving `slot`. While the slot is being migrated (`TRYAGAIN`,
+    /// `ASK`) the script did not run; it is sent again after a short pause
+    /// while the deadline allows. After `MOVED` the slot map is refreshed
+    /// and the script sent again to the new owner, within the deadline too
+    /// (see [`routing`](crate::routing)). The outer error is the deadline
+    /// or a node without connection, the inner one Redis's (last) answer.
     ///
     /// Sent as a custom command because fred 10.1's `WithOptions` does not
     /// implement `LuaInterface`: `with_options(..).evalsha(..)` resolves
@@ -60,32 +62,70 @@ impl RedisBackend {
         &self,
         cmd: &'static str,
         script: &str,
-        slot: &ClusterHash,
+        slot: u16,
         argv: &[Value],
     ) -> Result<Result<Value, fred::error::Error>, BackendError> {
         let inner = &*self.inner;
-        let with = inner.client.with_options(&inner.opts);
         let t = inner.timeout;
         let deadline = tokio::time::Instant::now() + t;
         loop {
+            let refreshes = self.refreshes();
+            let node = inner.topology.route(slot)?;
+            let with = node.client.with_options(&inner.opts);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let mut args = Vec::with_capacity(argv.len() + 1);
             args.push(Value::String(script.into()));
             args.extend(argv.iter().cloned());
-            let command = CustomCommand::new_static(cmd, slot.clone(), false);
+            let command = CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
             let reply = tokio::time::timeout(left, with.custom::<Value, Value>(command, args))
                 .await
                 .map_err(|_| timed_out(cmd, t))?;
             match reply {
                 Err(e)
-                    if slot_in_migration(&e)
-                        && tokio::time::Instant::now() + MIGRATION_PAUSE < deadline =>
-                {
-                    tokio::time::sleep(MIGRATION_PAUSE).await;
-                }
+                    if self
+                        .retry_after(&e, (slot, &node.addr), refreshes, deadline)
+                        .await => {}
                 other => return Ok(other),
             }
         }
+    }
+
+    /// The refreshes of the cluster's slot map so far (0 for one server).
+    pub(crate) fn refreshes(&self) -> u64 {
+        match &self.inner.topology {
+            Topology::Cluster(c) => c.refreshes(),
+            Topology::Single(_) => 0,
+        }
+    }
+
+    /// Whether a call for `slot` that `from` (a node's address) refused
+    /// with `e` goes again (before `deadline`): after `MOVED`, once the
+    /// slot map was refreshed since the call was sent (`refreshes`, see
+    /// [`Self::refreshes`]); after `TRYAGAIN` or `ASK`, after
+    /// [`MIGRATION_PAUSE`].
+    pub(crate) async fn retry_after(
+        &self,
+        e: &fred::error::Error,
+        (slot, from): (u16, &str),
+        refreshes: u64,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        if !slot_in_migration(e) || tokio::time::Instant::now() + MIGRATION_PAUSE >= deadline {
+            return false;
+        }
+        if let (Some(to), Topology::Cluster(cluster)) = (moved_to(e), &self.inner.topology) {
+            let refresh = cluster.refreshed_since(refreshes, Some(to));
+            if tokio::time::timeout_at(deadline, refresh).await.is_err() {
+                return false;
+            }
+            if cluster.primary_of(slot).as_deref() == Some(from) {
+                // The node asked has not heard of the move yet: no spin.
+                tokio::time::sleep(MIGRATION_PAUSE).await;
+            }
+            return tokio::time::Instant::now() < deadline;
+        }
+        tokio::time::sleep(MIGRATION_PAUSE).await;
+        true
     }
 }
 

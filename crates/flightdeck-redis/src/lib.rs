@@ -36,31 +36,55 @@
 //! nothing is replayed.
 //!
 //! One [`RedisBackend`] holds one command connection and one subscriber
-//! connection per node; followers share the subscriber, reference-counted
-//! per channel, and it resubscribes after reconnects (a reconnect also
-//! makes every follower re-check, since pub/sub messages sent meanwhile are
-//! lost). Every command has a deadline and is sent at most once (fred would
-//! otherwise replay in-flight commands after a reconnect); errors are
-//! classified as unavailable, protocol or outcome-unknown ([`classify`]).
+//! connection per server (per primary in a cluster); followers share the
+//! subscriber, reference-counted per channel, and it resubscribes after
+//! reconnects (a reconnect also makes every follower re-check, since
+//! pub/sub messages sent meanwhile are lost). Every command has a deadline
+//! and is sent at most once (fred would otherwise replay in-flight
+//! commands after a reconnect); errors are classified as unavailable,
+//! protocol or outcome-unknown ([`classify`]).
 //!
-//! Cluster: give a `redis-cluster://host:port?node=host:port` URL. Every key
-//! of a flight shares one slot through the hash tag, the scripts are loaded
-//! on every primary (and reloaded on the node that answers `NOSCRIPT`), and
-//! completion messages use sharded pub/sub (`SPUBLISH` in the scripts,
-//! `SSUBSCRIBE` on the subscriber), so they stay on the flight's shard.
-//! A slot migration (resharding) is followed through `MOVED` once it is
-//! done. While it runs, our scripts cannot run anywhere for the moving
-//! slot: the old owner answers `TRYAGAIN` (it has the flight's record but
-//! not the channel, which is never stored) or `ASK`, and the new owner, even after `ASKING`, serves a
-//! multi-key command only when it has every key (the channel in `KEYS` is
-//! never stored, so never). The command client lets fred follow no
-//! redirect (fred 10.1's `ASK` handling wedges the connection, see
-//! `NO_REDIRECTS` in the source) and retries `TRYAGAIN`, `ASK` and `MOVED`
-//! within the call's deadline; past it the call is *unavailable* (the
-//! script did not run): HYBRID stages fall back locally for the moving
-//! slot's flights, owners keep retrying their commit (`commit_attempts`),
-//! and followers keep polling: a migration shorter than the lease and the
-//! owner's commit retries costs no second execution.
+//! Cluster: give a `redis-cluster://host:port?node=host:port` URL. The
+//! backend keeps its own slot map (`CLUSTER SLOTS`, asked of a connected
+//! node, else of the URL's nodes) and one client pair per primary, each
+//! connecting and reconnecting on its own, and sends each call to the
+//! primary that serves the flight's slot. So a primary that is down fails
+//! only the flights of its slots: they are refused at once as
+//! *unavailable* (`Backend::reject_early` names the primary; nothing is
+//! sent), while the other primaries' flights are served, by a backend that
+//! was running and by one created during the outage; once the primary is
+//! back its flights are served again, without a restart.
+//! `Backend::shard` names the primary (`host:port`) serving a flight,
+//! so that a per-shard breaker degrades that shard only, and
+//! `Backend::unreachable` answers only while no primary at all is
+//! connected. The map is refreshed when a call meets `MOVED`, when a
+//! node's connection is lost or back, and every 5 s; a new primary gets a
+//! client pair (and the scripts), one that serves no slot any more is
+//! dropped. Run the cluster with `cluster-require-full-coverage no`:
+//! otherwise, once the cluster has marked a primary failed (after
+//! `cluster-node-timeout`), the healthy primaries themselves answer
+//! `CLUSTERDOWN` for every key.
+//!
+//! Every key of a flight shares one slot through the hash tag, the scripts
+//! are loaded on every primary (and reloaded on the node that answers
+//! `NOSCRIPT`), and completion messages use sharded pub/sub (`SPUBLISH` in
+//! the scripts, `SSUBSCRIBE` on the subscriber of the primary that serves
+//! the channel's slot), so they stay on the flight's shard. A slot
+//! migration (resharding) is followed through `MOVED` once it is done: the
+//! backend refreshes its map and sends the call to the new owner, within
+//! the call's deadline. While it runs, our scripts cannot run anywhere for
+//! the moving slot: the old owner answers `TRYAGAIN` (it has the flight's
+//! record but not the channel, which is never stored) or `ASK`, and the
+//! new owner, even after `ASKING`, serves a multi-key command only when it
+//! has every key (the channel in `KEYS` is never stored, so never). So the
+//! backend follows no `ASK` and retries `TRYAGAIN` and `ASK` within the
+//! call's deadline; past it the call is *unavailable* (the script did not
+//! run): HYBRID stages fall back locally for the moving slot's flights,
+//! owners keep retrying their commit (`commit_attempts`), and followers
+//! keep polling: a migration shorter than the lease and the owner's commit
+//! retries costs no second execution. (fred's own cluster client is not
+//! used: it refuses every command while any primary is down, and follows
+//! `ASK` wrongly; see the routing module's source.)
 //!
 //! Sentinel: give `redis-sentinel://sentinel:port/0?sentinelServiceName=NAME&node=sentinel2:port`;
 //! fred asks the sentinels for the primary when it (re)connects. It does
@@ -106,9 +130,11 @@
 
 mod backend;
 pub mod classify;
+mod cluster;
 mod config;
 mod connect;
 mod eval;
+mod node;
 mod reply;
 mod routing;
 pub mod scripts;

@@ -1,20 +1,108 @@
-//! Cluster routing: what a slot migration looks like to us, and how
-//! many redirects and attempts fred gets.
+//! Which node serves a flight, and what a cluster's redirects mean to us.
+//!
+//! In a cluster every flight's keys share one hash slot (the hash tag), and
+//! each call goes to the client of the primary that serves that slot in
+//! our own slot map ([`Cluster`]). The per-node clients are plain
+//! (centralized) fred clients, so they follow no redirect: a `MOVED` or
+//! `ASK` reply comes back to us as an error.
+//!
+//! - `MOVED`: the slot has a new owner. We refresh our map (asking the node
+//!   the redirect names first) and send the call again, within its
+//!   deadline.
+//! - `ASK` and `TRYAGAIN`: the slot is being migrated. Our scripts cannot
+//!   run anywhere for it meanwhile: the target serves a multi-key command
+//!   in an importing slot only when it has every key (`getNodeByQuery`
+//!   answers `TRYAGAIN` otherwise), and the channel in `KEYS` is never a
+//!   stored key, so following `ASK` would not help. The call is sent again
+//!   after [`MIGRATION_PAUSE`] within its deadline; past it, it is
+//!   *unavailable* (the script did not run).
+//!
+//! fred's own cluster client is not used: it keeps one connection state
+//! for the whole cluster (a primary that is down makes it refuse every
+//! command, see `docs/redis-errors.md`), and it follows `ASK` wrongly
+//! (fred 10.1.0: `process_ask` in src/router/commands.rs sets the command's
+//! hash slot but not its `cluster_node`, so the command goes back to the
+//! old owner until the redirections run out, and the `ASKING` of
+//! `send_asking_with_policy`, src/router/utils.rs, is read straight off a
+//! shared socket ahead of replies owed to commands in flight on it).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use flightdeck_distributed::backend::BackendError;
+use flightdeck_distributed::backend::{BackendError, Shard};
+use fred::interfaces::ClientLike;
 
 use crate::classify::classify;
+use crate::cluster::Cluster;
+use crate::node::Node;
+
+/// The servers behind a backend.
+pub(crate) enum Topology {
+    /// One server (standalone, or the primary sentinels name).
+    Single(Arc<Node>),
+    /// A Redis Cluster: a node per primary.
+    Cluster(Arc<Cluster>),
+}
+
+impl Topology {
+    /// The node to send a call for `slot` on, or why there is none
+    /// (unavailable: nothing can be sent). A cluster refuses at once when
+    /// the slot's primary has no connection; one server leaves that to
+    /// fred (`fail_fast`), as it knows best.
+    pub(crate) fn route(&self, slot: u16) -> Result<Arc<Node>, BackendError> {
+        match self {
+            Self::Single(node) => Ok(node.clone()),
+            Self::Cluster(cluster) => {
+                let node = cluster.node_for(slot)?;
+                if node.client.is_connected() {
+                    Ok(node)
+                } else {
+                    Err(not_connected(&node))
+                }
+            }
+        }
+    }
+
+    /// The shard serving `slot` (see [`Backend::shard`](flightdeck_distributed::Backend::shard)).
+    pub(crate) fn shard(&self, slot: u16) -> Shard {
+        match self {
+            Self::Single(_) => Shard::WHOLE,
+            Self::Cluster(cluster) => cluster.primary_of(slot).map_or(Shard::WHOLE, Shard::new),
+        }
+    }
+
+    /// Every node.
+    pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
+        match self {
+            Self::Single(node) => vec![node.clone()],
+            Self::Cluster(cluster) => cluster.nodes(),
+        }
+    }
+}
+
+/// Unavailable: `node` has no connection to send on.
+pub(crate) fn not_connected(node: &Node) -> BackendError {
+    BackendError::unavailable(format!(
+        "{} (cluster primary {})",
+        node.link.why_not_connected(),
+        node.addr
+    ))
+}
+
+/// The node a `MOVED` reply names (`MOVED <slot> <host:port>`).
+pub(crate) fn moved_to(e: &fred::error::Error) -> Option<&str> {
+    let mut words = e.details().split_whitespace();
+    (words.next() == Some("MOVED"))
+        .then(|| words.nth(1))
+        .flatten()
+}
 
 /// Whether Redis Cluster refused a command because its slot is moving:
-/// `TRYAGAIN` (the keys are split between the two nodes), or `ASK` /
-/// `MOVED`, which fred reports as "Too many redirections." since we let it
-/// follow none (see [`NO_REDIRECTS`]). The command did not run.
+/// `TRYAGAIN` (the keys are split between the two nodes) or `ASK`. The
+/// command did not run.
 pub(crate) fn slot_in_migration(e: &fred::error::Error) -> bool {
-    e.details().starts_with("TRYAGAIN")
-        || (matches!(e.kind(), fred::error::ErrorKind::Routing)
-            && e.details().starts_with("Too many redirections"))
+    let first = e.details().split_whitespace().next().unwrap_or("");
+    matches!(first, "TRYAGAIN" | "ASK" | "MOVED")
 }
 
 /// Classifies an error, naming a slot migration that outlasted the call's
@@ -30,37 +118,28 @@ pub(crate) fn migrating(e: fred::error::Error) -> BackendError {
     }
 }
 
-/// Redirects fred may follow for the command client in a cluster: none.
-///
-/// fred 10.1 follows `ASK` wrongly (fred 10.1.0 is the newest release).
-/// `process_ask` (src/router/commands.rs) sets the command's hash slot but
-/// not its `cluster_node`, so the command is routed by the cached slot map,
-/// that is back to the old owner, which answers `ASK` again, until the
-/// redirections run out. And the `ASKING` it sends each time
-/// (`send_asking_with_policy`, src/router/utils.rs) is written on the
-/// shared connection to the target and its reply read straight off the
-/// socket (`read_skip_pubsub`), ahead of the replies still owed to
-/// commands in flight on that connection. With requests in flight we saw
-/// `Max attempts reached.` from that function, `channel closed`, and
-/// clients whose every later command timed out, after the migration too.
-///
-/// Following `ASK` correctly would not help our scripts anyway: the target
-/// serves a multi-key command in an importing slot only when it has every
-/// key (`getNodeByQuery` answers `TRYAGAIN` otherwise), and the channel in
-/// `KEYS` is never a stored key. So every redirect comes back to us as an
-/// error and the call is retried within its deadline; for `MOVED` fred
-/// has refreshed its slot map first, so the retry goes to the new owner.
-pub(crate) const NO_REDIRECTS: u32 = 0;
-
-/// fred attempts per command in a cluster. One attempt would be enough
-/// elsewhere (after a dropped connection the outcome is unknown and the
-/// layer retries with the same token), but in a cluster fred may write a
-/// command again after it re-syncs its slot map or reconnects a node, and
-/// the subscriber follows `MOVED` for `SSUBSCRIBE` (our scripts follow no
-/// redirect, see [`NO_REDIRECTS`]). A replay after a reconnect is safe:
-/// every script is idempotent for the same (token, generation), and
-/// INVALIDATE at worst starts one more generation.
-pub(crate) const CLUSTER_ATTEMPTS: u32 = 4;
-
 /// The pause before retrying a script whose slot is being migrated.
 pub(crate) const MIGRATION_PAUSE: Duration = Duration::from_millis(20);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fred::error::{Error, ErrorKind};
+
+    #[test]
+    fn redirects_are_read() {
+        let moved = Error::new(ErrorKind::Cluster, "MOVED 3999 127.0.0.1:6381");
+        assert_eq!(moved_to(&moved), Some("127.0.0.1:6381"));
+        assert!(slot_in_migration(&moved));
+        let ask = Error::new(ErrorKind::Cluster, "ASK 3999 127.0.0.1:6381");
+        assert_eq!(moved_to(&ask), None);
+        assert!(slot_in_migration(&ask));
+        let again = Error::new(ErrorKind::Unknown, "TRYAGAIN Multiple keys request");
+        assert!(slot_in_migration(&again));
+        assert!(!slot_in_migration(&Error::new(ErrorKind::Unknown, "ERR x")));
+        assert_eq!(
+            migrating(again).kind(),
+            flightdeck_distributed::BackendErrorKind::Unavailable
+        );
+    }
+}

@@ -1,4 +1,4 @@
-//! The node's shared subscriber: one connection, reference-counted
+//! The node's shared subscriptions: one subscriber connection per server, reference-counted
 //! channels, notices fanned out to every follower of a flight.
 
 use std::collections::HashMap;
@@ -12,9 +12,10 @@ use fred::prelude::*;
 use fred::types::Message;
 use tokio::sync::broadcast;
 
-/// The node's one subscriber connection, shared by every follower.
+/// The node's subscriptions, shared by every follower: one subscriber
+/// connection per server (one per primary in a cluster), each channel
+/// subscribed on the server that serves it.
 pub(crate) struct Subs {
-    pub(crate) subscriber: SubscriberClient,
     pub(crate) channels: Mutex<HashMap<String, Channel>>,
     // One lock per channel with a SUBSCRIBE or UNSUBSCRIBE under way: the
     // commands of one channel go out in order (a late UNSUBSCRIBE never
@@ -28,12 +29,16 @@ pub(crate) struct Subs {
 }
 
 impl Subs {
-    pub(crate) async fn subscribe(&self, channel: String) -> Result<(), fred::error::Error> {
+    pub(crate) async fn subscribe(
+        &self,
+        subscriber: &SubscriberClient,
+        channel: String,
+    ) -> Result<(), fred::error::Error> {
         if self.sharded {
             // SSUBSCRIBE waits for Redis's reply.
-            self.subscriber.ssubscribe(channel).await
+            subscriber.ssubscribe(channel).await
         } else {
-            self.subscriber.subscribe(channel).await?;
+            subscriber.subscribe(channel).await?;
             // fred 10.1 answers SUBSCRIBE as soon as it is written to the
             // socket (`Connection::push_command`: `has_no_responses`), not
             // when Redis applied it; a notice published in between by
@@ -41,15 +46,19 @@ impl Subs {
             // rounds under load, tests/pubsub.rs). Redis answers a PING on
             // the same connection only after the SUBSCRIBE before it: the
             // barrier that makes "subscribed" true when this returns.
-            self.subscriber.ping::<Value>(None).await.map(drop)
+            subscriber.ping::<Value>(None).await.map(drop)
         }
     }
 
-    pub(crate) async fn unsubscribe(&self, channel: String) -> Result<(), fred::error::Error> {
+    pub(crate) async fn unsubscribe(
+        &self,
+        subscriber: &SubscriberClient,
+        channel: String,
+    ) -> Result<(), fred::error::Error> {
         if self.sharded {
-            self.subscriber.sunsubscribe(channel).await
+            subscriber.sunsubscribe(channel).await
         } else {
-            self.subscriber.unsubscribe(channel).await
+            subscriber.unsubscribe(channel).await
         }
     }
 }
@@ -57,6 +66,9 @@ impl Subs {
 pub(crate) struct Channel {
     pub(crate) tx: broadcast::Sender<Notice>,
     pub(crate) refs: usize,
+    /// The subscriber the channel was subscribed on (its server's), once
+    /// it was: where the last follower's UNSUBSCRIBE goes.
+    pub(crate) on: Option<SubscriberClient>,
 }
 
 /// The right to send SUBSCRIBE / UNSUBSCRIBE for one channel; see
@@ -159,20 +171,17 @@ impl Drop for SubGuard {
         let last = {
             let mut channels = self.subs.channels();
             match channels.get_mut(&self.channel) {
-                Some(ch) if ch.refs <= 1 => {
-                    channels.remove(&self.channel);
-                    true
-                }
+                Some(ch) if ch.refs <= 1 => channels.remove(&self.channel).and_then(|ch| ch.on),
                 Some(ch) => {
                     ch.refs -= 1;
-                    false
+                    None
                 }
-                None => false,
+                None => None,
             }
         };
-        if !last {
+        let Some(subscriber) = last else {
             return;
-        }
+        };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -183,7 +192,8 @@ impl Drop for SubGuard {
             if subs.channels().contains_key(&channel) {
                 return;
             }
-            let _ = tokio::time::timeout(subs.timeout, subs.unsubscribe(channel)).await;
+            let unsubscribe = subs.unsubscribe(&subscriber, channel);
+            let _ = tokio::time::timeout(subs.timeout, unsubscribe).await;
         });
     }
 }
@@ -193,11 +203,7 @@ mod tests {
     use super::*;
 
     fn subs() -> Subs {
-        let subscriber = Builder::from_config(Config::default())
-            .build_subscriber_client()
-            .unwrap();
         Subs {
-            subscriber,
             channels: Mutex::new(HashMap::new()),
             ops: Mutex::new(HashMap::new()),
             timeout: Duration::from_secs(1),

@@ -3,6 +3,8 @@
 //! every primary and reloaded after a cluster-wide SCRIPT FLUSH
 //! (invariant 13).
 
+mod short;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,11 @@ use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
-use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, FlightId, PostcardCodec};
+use flightdeck_distributed::backend::{Backend, Shard};
+use flightdeck_distributed::{
+    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, FlightId, OwnerToken,
+    PostcardCodec,
+};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::{conformance, RedisCluster};
 use tower::util::BoxCloneService;
@@ -53,7 +59,7 @@ impl Calls {
     /// Waits (at most `limit`) until `done` holds; checked on every change.
     async fn wait_until(&self, what: &str, limit: Duration, done: impl Fn(&Self) -> bool) {
         let mut changes = self.changed.subscribe();
-        tokio::time::timeout(limit, async {
+        tokio::time::timeout(Duration::from_secs(5), async {
             while !done(self) {
                 changes.changed().await.expect("the sender lives in self");
             }
@@ -498,4 +504,182 @@ async fn slot_migration_ask_is_handled() {
          TRYAGAIN {tryagains}x in all; in flight {running_values} values; during {during_values} \
          values, {during_errors} typed errors; after {after_values} values"
     );
+}
+
+/// One flight through two backends: `a` owns it and commits, `b` follows
+/// (its subscription gets the commit's notice) and then hits the result.
+async fn owner_follower_hit(a: &RedisBackend, b: &RedisBackend, key: &str) {
+    use flightdeck_distributed::backend::{Acquired, Backend, CommitArgs, Committed, Notice};
+    let within = |what: &'static str| move |_| format!("{key}: {what} not within 5 s");
+    let (f, terms, me) = (short::flight(key), short::terms(), OwnerToken::random());
+    let acquired = tokio::time::timeout(Duration::from_secs(5), a.acquire(&f, &me, &terms))
+        .await
+        .map_err(within("acquire"))
+        .unwrap();
+    let Ok(Acquired::Owner { generation, .. }) = acquired else {
+        panic!("{key}: owner expected: {acquired:?}");
+    };
+    let mut sub = tokio::time::timeout(Duration::from_secs(5), b.subscribe(&f))
+        .await
+        .map_err(within("subscribe"))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{key}: subscribe: {e}"));
+    let follows = b.acquire(&f, &OwnerToken::random(), &terms).await;
+    assert!(
+        matches!(follows, Ok(Acquired::Follower { .. })),
+        "{key}: {follows:?}"
+    );
+    let args = CommitArgs {
+        payload: format!("v:{key}").into(),
+        ttl: Duration::from_secs(10),
+        inline_below: 1024,
+        state_ttl: Duration::from_secs(20),
+    };
+    let committed = a.commit(&f, &me, generation, &args).await;
+    assert_eq!(committed.ok(), Some(Committed::Committed), "{key}");
+    let notice = tokio::time::timeout(Duration::from_secs(5), sub.recv())
+        .await
+        .map_err(within("notice"))
+        .unwrap();
+    assert!(
+        matches!(notice, Some(Notice::Committed { generation: g, .. }) if g == generation),
+        "{key}: {notice:?}"
+    );
+    match b.acquire(&f, &OwnerToken::random(), &terms).await {
+        Ok(Acquired::Hit(r)) => assert_eq!(r.payload, args.payload, "{key}"),
+        other => panic!("{key}: hit expected: {other:?}"),
+    }
+}
+
+/// Waits until `b` refuses (`down`) or accepts (`!down`) the flight of
+/// `key` before sending anything.
+async fn wait_refused(b: &RedisBackend, key: &str, down: bool) {
+    let started = tokio::time::Instant::now();
+    while b.reject_early(&short::flight(key)).is_some() != down {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{key}: refused early should be {down} within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A primary killed under two running backends: the flights of the two
+/// live shards keep working end to end (owner, follower, notice, hit),
+/// right after the loss and once the cluster has marked the primary
+/// failed; the dead shard's flights are refused early and fail fast as
+/// unavailable; after the primary's restart every shard works again,
+/// through the same backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_primary_down_the_other_shards_keep_working() {
+    let mut cluster = RedisCluster::start(3).unwrap();
+    let a = RedisBackend::connect(short::config(cluster.url()))
+        .await
+        .unwrap();
+    let b = RedisBackend::connect(short::config(cluster.url()))
+        .await
+        .unwrap();
+    let keys = short::keys_by_node(&cluster, &a, 4);
+    let dead = Shard::new(format!("127.0.0.1:{}", cluster.nodes()[1].port()));
+    for keys in &keys {
+        owner_follower_hit(&a, &b, &keys[0]).await;
+    }
+
+    cluster.node_mut(1).unwrap().kill();
+    wait_refused(&a, &keys[1][1], true).await;
+    wait_refused(&b, &keys[1][1], true).await;
+    let live = |round: usize| [keys[0][round].clone(), keys[2][round].clone()];
+    for key in live(1) {
+        owner_follower_hit(&a, &b, &key).await;
+    }
+    for key in &keys[1][1..3] {
+        let f = short::flight(key);
+        assert_eq!(a.shard(&f), dead);
+        let refused = a.reject_early(&f).expect("its primary is down");
+        assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
+        assert!(
+            refused.to_string().contains(dead.name().unwrap()),
+            "{refused}"
+        );
+        let started = tokio::time::Instant::now();
+        let err = a
+            .acquire(&f, &OwnerToken::random(), &short::terms())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+        let Err(err) = b.subscribe(&f).await else {
+            panic!("{key}: subscribed on a dead primary");
+        };
+        assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(200),
+            "{key}: failed in {took:?}"
+        );
+    }
+    // Once the other primaries agree that it failed (cluster-node-timeout
+    // 2 s), they still serve their slots.
+    let failed = std::time::Instant::now();
+    let marked_failed = || {
+        let nodes = cluster.nodes()[0].cmd(&["CLUSTER", "NODES"]).unwrap();
+        let text = nodes.as_str().unwrap_or_default().to_owned();
+        text.lines().any(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .is_some_and(|f| f.split(',').any(|f| f == "fail"))
+        })
+    };
+    while !marked_failed() {
+        assert!(
+            failed.elapsed() < Duration::from_secs(20),
+            "never marked failed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for key in live(2) {
+        owner_follower_hit(&a, &b, &key).await;
+    }
+    assert!(a.unreachable().is_none() && b.unreachable().is_none());
+
+    cluster.node_mut(1).unwrap().restart().unwrap();
+    wait_refused(&a, &keys[1][3], false).await;
+    wait_refused(&b, &keys[1][3], false).await;
+    for keys in &keys {
+        retry_until_served(&a, &b, &keys[3]).await;
+    }
+}
+
+/// [`owner_follower_hit`] once the shard answers (a restarted primary
+/// answers `CLUSTERDOWN` until it has rejoined).
+async fn retry_until_served(a: &RedisBackend, b: &RedisBackend, key: &str) {
+    use flightdeck_distributed::backend::Backend;
+    let started = tokio::time::Instant::now();
+    let f = short::flight(key);
+    while let Err(e) = a.invalidate(&f, Duration::from_secs(20)).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{key}: not served within 20 s: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    owner_follower_hit(a, b, key).await;
+}
+
+/// `shard` names the primary that serves a flight: equal for flights on
+/// one primary, different across primaries.
+#[tokio::test]
+async fn shards_are_the_primaries() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let b = backend(&cluster).await;
+    let keys = short::keys_by_node(&cluster, &b, 2);
+    for (i, keys) in keys.iter().enumerate() {
+        let want = Shard::new(format!("127.0.0.1:{}", cluster.nodes()[i].port()));
+        for key in keys {
+            assert_eq!(b.shard(&short::flight(key)), want, "{key}");
+        }
+    }
+    let s = |i: usize| b.shard(&short::flight(&keys[i][0]));
+    assert_ne!(s(0), s(1));
+    assert_ne!(s(1), s(2));
+    assert_ne!(s(0), s(2));
 }

@@ -10,7 +10,7 @@ use flightdeck_distributed::backend::Backend;
 use flightdeck_distributed::{BackendErrorKind, OwnerToken};
 use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::{RedisCluster, RedisServer};
-use short::{config, flight, terms};
+use short::{config, flight, keys_by_node, terms};
 
 async fn acquire_kind(b: &RedisBackend, key: &str) -> Option<BackendErrorKind> {
     let (f, token, terms) = (flight(key), OwnerToken::random(), terms());
@@ -41,29 +41,40 @@ async fn killed_server_is_unavailable_not_outcome_unknown() {
     }
 }
 
-/// Row "a cluster primary down": unavailable for the flights fred cannot
-/// route (and, with fred 10.1, for every flight: see the docs).
+/// Row "a cluster primary down": the flights of its slots are refused as
+/// unavailable at once (before anything is sent: `reject_early`, and the
+/// call itself fails fast), the other primaries' flights are served.
 #[tokio::test]
-async fn dead_cluster_primary_is_unavailable() {
+async fn dead_cluster_primary_is_unavailable_for_its_slots_only() {
     let mut cluster = RedisCluster::start(3).unwrap();
     let b = RedisBackend::connect(config(cluster.url())).await.unwrap();
-    assert_eq!(acquire_kind(&b, "up").await, None);
+    let keys = keys_by_node(&cluster, &b, 3);
+    let dead = format!("127.0.0.1:{}", cluster.nodes()[1].port());
+    assert_eq!(acquire_kind(&b, &keys[1][0]).await, None);
     cluster.node_mut(1).unwrap().kill();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut kinds = Vec::new();
-    for i in 0..6 {
-        kinds.push(acquire_kind(&b, &format!("k-{i}")).await);
+    // The backend sees the loss (its connection to that primary fails).
+    let seen = tokio::time::Instant::now();
+    while b.reject_early(&flight(&keys[1][1])).is_none() {
+        assert!(seen.elapsed() < Duration::from_secs(5), "loss not seen");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(
-        kinds
-            .iter()
-            .all(|k| matches!(k, None | Some(BackendErrorKind::Unavailable))),
-        "{kinds:?}"
-    );
-    assert!(
-        kinds.contains(&Some(BackendErrorKind::Unavailable)),
-        "{kinds:?}"
-    );
+    for key in &keys[1][1..] {
+        let refused = b.reject_early(&flight(key)).expect("refused early");
+        assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
+        assert!(refused.to_string().contains(&dead), "{refused}");
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            acquire_kind(&b, key).await,
+            Some(BackendErrorKind::Unavailable)
+        );
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(200), "{key}: {took:?}");
+    }
+    for key in keys[0].iter().chain(&keys[2]) {
+        assert!(b.reject_early(&flight(key)).is_none(), "{key}");
+        assert_eq!(acquire_kind(&b, key).await, None, "{key}");
+    }
+    assert!(b.unreachable().is_none(), "two primaries are connected");
 }
 
 /// Row "TRYAGAIN / ASK while a slot migrates, beyond the deadline":

@@ -385,7 +385,7 @@ async fn owner_hit_and_follower_flights_keep_the_budget() {
 async fn old_and_new_layouts_never_read_each_other() {
     let redis = RedisServer::start().unwrap();
     let new = backend(&redis).await;
-    let old = Legacy::load(new.client(), "fd").await;
+    let old = Legacy::load(&new.client(), "fd").await;
     let t = conformance::terms(true);
     let word = |v: &Value| v.as_str().map(|s| s.into_owned()).unwrap_or_default();
 
@@ -554,7 +554,7 @@ async fn measure_server_time_per_owner_flight_old_and_new() {
     const ROUNDS: usize = 6;
     let redis = RedisServer::start().unwrap();
     let new = backend(&redis).await;
-    let old = Legacy::load(new.client(), "fd").await;
+    let old = Legacy::load(&new.client(), "fd").await;
     let per = |us: u64| us as f64 / FLIGHTS as f64;
     for size in [64usize, 4096] {
         let args = CommitArgs {

@@ -1,7 +1,8 @@
 //! A backend created while Redis is down: it is usable at once (every call
 //! fails fast as unavailable, nothing sent), reconnects in the background,
-//! and coordinates across instances once Redis (a standalone server, or a
-//! cluster primary that was down at start) is back.
+//! and coordinates across instances once Redis (a standalone server, a
+//! sentinel's primary, a cluster's primaries) is back. A cluster with some
+//! primaries down serves the others' flights from the start.
 
 mod short;
 
@@ -12,7 +13,7 @@ use flightdeck_distributed::backend::{Acquired, Backend};
 use flightdeck_distributed::{BackendErrorKind, OwnerToken};
 use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::{RedisCluster, RedisSentinel, RedisServer};
-use short::{config, flight, terms};
+use short::{config, flight, keys_by_node, terms};
 use tokio::time::timeout;
 
 async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
@@ -27,6 +28,7 @@ async fn assert_down(b: &RedisBackend) {
     let err = b.ready(Duration::from_millis(300)).await.unwrap_err();
     assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("not connected"), "{err}");
+    assert!(err.to_string().contains("Connection refused"), "{err}");
     let refused = b.unreachable().expect("refused before the call is built");
     assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
     let err = within(
@@ -53,6 +55,18 @@ async fn assert_coordinates(a: &RedisBackend, b: &RedisBackend, key: &str) {
         .unwrap();
     assert!(a.unreachable().is_none() && b.unreachable().is_none());
     let f = flight(key);
+    // A cluster is ready with some primaries still reconnecting, and a
+    // restarted primary answers CLUSTERDOWN until it has rejoined: wait
+    // for this flight's primary to serve.
+    within(20, "the flight's primary serves", async {
+        while a.reject_early(&f).is_some()
+            || b.reject_early(&f).is_some()
+            || a.invalidate(&f, Duration::from_secs(20)).await.is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let first = a.acquire(&f, &OwnerToken::random(), &terms()).await;
     assert!(matches!(first, Ok(Acquired::Owner { .. })), "{first:?}");
     let second = b.acquire(&f, &OwnerToken::random(), &terms()).await;
@@ -81,18 +95,70 @@ async fn standalone_redis_down_at_start() {
     assert_coordinates(&a, &b, "standalone").await;
 }
 
+/// A backend created with one primary down is ready and serves the other
+/// primaries' flights at once; the down primary's flights are refused as
+/// unavailable until it is back, then served too.
 #[tokio::test]
 async fn cluster_with_one_primary_down_at_start() {
     let mut cluster = RedisCluster::start(3).unwrap();
+    let probe = RedisBackend::connect(config(cluster.url())).await.unwrap();
+    let keys = keys_by_node(&cluster, &probe, 4);
+    probe.quit().await;
     cluster.node_mut(1).unwrap().kill();
     let a = RedisBackend::new(config(cluster.url())).expect("created with a primary down");
     let b = RedisBackend::new(config(cluster.url())).unwrap();
-    assert_down(&a).await;
+    within(10, "a ready", a.ready(Duration::from_secs(5)))
+        .await
+        .expect("ready with two primaries of three");
+    within(10, "b ready", b.ready(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(!a.is_connected(), "one primary is down");
+    assert!(a.unreachable().is_none());
+    for key in keys[0].iter().chain(&keys[2]) {
+        assert_coordinates(&a, &b, key).await;
+    }
+    for key in &keys[1] {
+        let refused = a.reject_early(&flight(key)).expect("its primary is down");
+        assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
+        let err = within(
+            5,
+            "acquire",
+            a.acquire(&flight(key), &OwnerToken::random(), &terms()),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+    }
 
     cluster.node_mut(1).unwrap().restart().unwrap();
-    // A key on every primary: each shard coordinates once its node is back.
-    for i in 0..12 {
-        assert_coordinates(&a, &b, &format!("cluster-{i}")).await;
+    for key in &keys[1] {
+        assert_coordinates(&a, &b, key).await;
+    }
+    assert!(a.is_connected());
+}
+
+/// A backend created with every primary down is refused like one server
+/// down, and converges (slot map, every primary) once they are back.
+#[tokio::test]
+async fn cluster_with_every_primary_down_at_start() {
+    let mut cluster = RedisCluster::start(3).unwrap();
+    let probe = RedisBackend::connect(config(cluster.url())).await.unwrap();
+    let keys = keys_by_node(&cluster, &probe, 1);
+    probe.quit().await;
+    for i in 0..3 {
+        cluster.node_mut(i).unwrap().kill();
+    }
+    let a = RedisBackend::new(config(cluster.url())).expect("created with every primary down");
+    let b = RedisBackend::new(config(cluster.url())).unwrap();
+    assert_down(&a).await;
+    assert!(a.reject_early(&flight("x")).is_some(), "no slot map yet");
+
+    for i in 0..3 {
+        cluster.node_mut(i).unwrap().restart().unwrap();
+    }
+    for key in keys.iter().flatten() {
+        assert_coordinates(&a, &b, key).await;
     }
 }
 

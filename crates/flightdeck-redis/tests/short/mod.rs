@@ -31,3 +31,33 @@ pub(crate) fn flight(key: &str) -> FlightId {
         key,
     ))
 }
+
+/// Flight keys (for [`flight`]) by the cluster node serving them: entry `i`
+/// holds `n` keys whose slot node `i` serves now (by the cluster's own
+/// `CLUSTER SLOTS`, asked of node 0). Also makes the cluster keep serving
+/// the other primaries' slots while one is down
+/// (`cluster-require-full-coverage no`: otherwise every primary answers
+/// `CLUSTERDOWN` once the cluster marks one failed).
+pub(crate) fn keys_by_node(
+    cluster: &flightdeck_testkit::RedisCluster,
+    b: &flightdeck_redis::RedisBackend,
+    n: usize,
+) -> Vec<Vec<String>> {
+    for node in cluster.nodes() {
+        node.cmd(&["CONFIG", "SET", "cluster-require-full-coverage", "no"])
+            .expect("CONFIG SET");
+    }
+    let mut by_node = vec![Vec::new(); cluster.nodes().len()];
+    for i in 0.. {
+        let key = format!("k-{i}");
+        let slot = fred::util::redis_keyslot(b.keys(&flight(&key))[0].as_bytes());
+        let owner = cluster.slot_owner(slot).expect("slot owner");
+        if by_node[owner].len() < n {
+            by_node[owner].push(key);
+        }
+        if by_node.iter().all(|keys| keys.len() == n) {
+            break;
+        }
+    }
+    by_node
+}

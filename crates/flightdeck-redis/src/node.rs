@@ -1,0 +1,298 @@
+//! One Redis server's clients (commands and subscriber), connecting and
+//! reconnecting on their own, and what we know about their connection.
+//!
+//! A standalone or sentinel deployment is one node; a cluster is one node
+//! per primary (see [`cluster`](crate::cluster)), so that a primary that is
+//! down takes only its own connections down.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use flightdeck_distributed::backend::BackendError;
+use fred::clients::SubscriberClient;
+use fred::prelude::*;
+use fred::types::config::ServerConfig;
+use tokio::sync::{broadcast, Notify};
+use tokio::task::JoinHandle;
+
+use crate::classify::classify;
+use crate::config::RedisConfig;
+use crate::subs::Subs;
+
+/// What the node knows about its connections, from fred's events.
+#[derive(Debug, Default)]
+pub(crate) struct Link {
+    /// A connection attempt of the command client failed and none is
+    /// known to have succeeded since: calls are refused before they are
+    /// built (fred would refuse them anyway, see `Options::fail_fast`).
+    failing: AtomicBool,
+    /// The last connection error of either client, for messages.
+    last_error: Mutex<Option<fred::error::Error>>,
+}
+
+impl Link {
+    fn failed(&self, command_client: bool, e: fred::error::Error) {
+        if command_client {
+            self.failing.store(true, Ordering::Release);
+        }
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(e);
+    }
+
+    pub(crate) fn last_error(&self) -> Option<fred::error::Error> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether a connection attempt of the command client failed since it
+    /// was last known connected.
+    pub(crate) fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
+    /// Why there is no connection to send on.
+    pub(crate) fn why_not_connected(&self) -> String {
+        match self.last_error() {
+            Some(e) => format!(
+                "redis not connected (reconnecting in the background; last error: {})",
+                e.details()
+            ),
+            None => "redis not connected yet (connecting)".to_owned(),
+        }
+    }
+
+    /// Unavailable: no connection to send on (the call was not sent).
+    pub(crate) fn not_connected(&self) -> BackendError {
+        BackendError::unavailable(self.why_not_connected())
+    }
+
+    /// The cheap check before a call: refuses it while the command
+    /// client's connection attempts fail (one atomic load otherwise).
+    pub(crate) fn refuse(&self, client: &Client) -> Option<BackendError> {
+        if !self.failing.load(Ordering::Acquire) {
+            return None;
+        }
+        if client.is_connected() {
+            self.failing.store(false, Ordering::Release);
+            return None;
+        }
+        Some(self.not_connected())
+    }
+}
+
+/// Follows one client's connection events into `link` (and wakes
+/// `changed`, if given, on each).
+fn watch_link(
+    client: &impl EventInterface,
+    link: &Arc<Link>,
+    command_client: bool,
+    changed: Option<&Arc<Notify>>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) {
+    let mut errors = client.error_rx();
+    let on_error = link.clone();
+    let wake = changed.cloned();
+    tasks.push(tokio::spawn(async move {
+        loop {
+            match errors.recv().await {
+                Ok((e, _)) => on_error.failed(command_client, e),
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => break,
+            }
+            if let Some(wake) = &wake {
+                wake.notify_one();
+            }
+        }
+    }));
+    if let Some(wake) = changed.cloned() {
+        let mut reconnects = client.reconnect_rx();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = reconnects.recv().await
+            {
+                wake.notify_one();
+            }
+        }));
+    }
+}
+
+/// How every node's clients are built: the parsed URL with our settings.
+pub(crate) struct Settings {
+    /// fred's config of the deployment (credentials, TLS, `fail_fast`).
+    pub(crate) fred: Config,
+    pub(crate) command_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) reconnect_max_delay: Duration,
+}
+
+impl Settings {
+    pub(crate) fn new(config: &RedisConfig) -> Result<Self, BackendError> {
+        let mut fred_config = Config::from_url(&config.url).map_err(classify)?;
+        if config.password.is_some() {
+            fred_config.username = config.username.clone();
+            fred_config.password = config.password.clone();
+        }
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &config.tls {
+            fred_config.tls = Some(tls.clone());
+        }
+        // A first connection that fails is retried with the reconnect
+        // policy, like a lost one, instead of ending the client.
+        fred_config.fail_fast = false;
+        Ok(Self {
+            fred: fred_config,
+            command_timeout: config.command_timeout,
+            connect_timeout: config.connect_timeout,
+            reconnect_max_delay: config.reconnect_max_delay,
+        })
+    }
+
+    /// A builder for clients of `server` (the deployment's own server
+    /// config when `None`).
+    pub(crate) fn builder(&self, server: Option<ServerConfig>) -> Builder {
+        let mut fred_config = self.fred.clone();
+        if let Some(server) = server {
+            fred_config.server = server;
+        }
+        let mut builder = Builder::from_config(fred_config);
+        let cmd = self.command_timeout;
+        let connect = self.connect_timeout;
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = connect;
+                // A hung server completes the TCP handshake: this bounds
+                // each connection attempt.
+                c.internal_command_timeout = cmd.max(connect);
+                // In-flight commands are not replayed after a reconnect: an
+                // IO error means "outcome unknown", and we retry ourselves.
+                c.max_command_attempts = 1;
+                c.unresponsive.max_timeout = Some(cmd * 2);
+                c.unresponsive.interval = (cmd / 2).max(Duration::from_millis(50));
+            })
+            .with_performance_config(|p| p.default_command_timeout = cmd)
+            .set_policy(ReconnectPolicy::new_exponential(
+                0,
+                50,
+                u32::try_from(self.reconnect_max_delay.as_millis()).unwrap_or(u32::MAX),
+                2,
+            ));
+        builder
+    }
+
+    /// Per-command options: one attempt, one timeout, refused at once
+    /// while disconnected.
+    pub(crate) fn options(&self) -> Options {
+        Options {
+            timeout: Some(self.command_timeout),
+            max_attempts: Some(1),
+            // While disconnected, fred refuses a command at once
+            // ("Connection closed unexpectedly.", unavailable) instead of
+            // queueing it until a reconnect.
+            fail_fast: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// One server's command client and subscriber, their connection state and
+/// the tasks that follow their events.
+pub(crate) struct Node {
+    /// `host:port` in a cluster (the flight's shard); the URL otherwise.
+    pub(crate) addr: Arc<str>,
+    pub(crate) client: Client,
+    pub(crate) subscriber: SubscriberClient,
+    pub(crate) link: Arc<Link>,
+    tasks: Vec<JoinHandle<()>>,
+    timeout: Duration,
+}
+
+impl Node {
+    /// Builds the node's clients and starts connecting them (in the
+    /// background, reconnecting for as long as the node lives). `changed`
+    /// is woken on every connection event.
+    pub(crate) fn start(
+        settings: &Settings,
+        server: Option<ServerConfig>,
+        addr: Arc<str>,
+        subs: &Arc<Subs>,
+        changed: Option<&Arc<Notify>>,
+    ) -> Result<Arc<Self>, BackendError> {
+        let builder = settings.builder(server);
+        let client = builder.build().map_err(classify)?;
+        let subscriber = builder.build_subscriber_client().map_err(classify)?;
+        let link = Arc::new(Link::default());
+        let mut tasks = Vec::new();
+        // Subscribed before connecting, so no event of the first attempt is
+        // missed.
+        watch_link(&client, &link, true, changed, &mut tasks);
+        watch_link(&subscriber, &link, false, changed, &mut tasks);
+        // Resubscribe every tracked channel after a reconnect.
+        let manage = subscriber.manage_subscriptions();
+        tasks.push(tokio::spawn(async move {
+            let _ = manage.await;
+        }));
+        let mut messages = subscriber.message_rx();
+        let dispatch = subs.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match messages.recv().await {
+                    Ok(msg) => dispatch.dispatch(&msg),
+                    Err(broadcast::error::RecvError::Lagged(_)) => dispatch.resync_all(),
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        }));
+        // Messages sent while disconnected are lost: re-check on reconnect.
+        let mut reconnects = subscriber.reconnect_rx();
+        let resync = subs.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = reconnects.recv().await
+            {
+                resync.resync_all();
+            }
+        }));
+        // The connection tasks run until `quit` (see the drop).
+        drop(client.connect());
+        drop(subscriber.connect());
+        Ok(Arc::new(Self {
+            addr,
+            client,
+            subscriber,
+            link,
+            tasks,
+            timeout: settings.command_timeout,
+        }))
+    }
+
+    /// Whether both connections (commands and subscriber) are up now.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.client.is_connected() && self.subscriber.is_connected()
+    }
+
+    /// Closes both connections.
+    pub(crate) async fn quit(&self) {
+        let _ = self.client.quit().await;
+        let _ = self.subscriber.quit().await;
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let subscriber = self.subscriber.clone();
+            let t = self.timeout;
+            handle.spawn(async move {
+                let _ = tokio::time::timeout(t, client.quit()).await;
+                let _ = tokio::time::timeout(t, subscriber.quit()).await;
+            });
+        }
+    }
+}
