@@ -181,14 +181,19 @@ impl Backend for RedisBackend {
     }
 
     /// In a cluster: refused (*unavailable*, nothing sent) when the
-    /// flight's slot is not in our map or its primary has no connection;
-    /// flights of the other primaries go on. One server: as
-    /// [`unreachable`](Self::unreachable).
-    fn reject_early(&self, flight: &FlightId) -> Option<BackendError> {
+    /// shard's primary has no connection, or the flight's slot is not in
+    /// our map ([`Shard::WHOLE`]); flights of the other primaries go on.
+    /// One server: as [`unreachable`](Self::unreachable).
+    fn reject_early(&self, shard: &Shard) -> Option<BackendError> {
         match &self.inner.topology {
             Topology::Single(_) => self.unreachable(),
-            Topology::Cluster(_) => self.inner.topology.route(self.slot(flight)).err(),
+            Topology::Cluster(cluster) => cluster.refuse(shard.name()),
         }
+    }
+
+    /// In a cluster.
+    fn sharded(&self) -> bool {
+        matches!(self.inner.topology, Topology::Cluster(_))
     }
 
     /// In a cluster, the primary serving the flight's slot (`host:port`,

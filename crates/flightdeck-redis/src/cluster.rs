@@ -166,6 +166,31 @@ impl Cluster {
         })
     }
 
+    /// Why no call can be sent to the shard named `primary` (see
+    /// [`Backend::shard`](flightdeck_distributed::Backend::shard): `None`
+    /// when the slot map is not known or names no primary for the slot).
+    pub(crate) fn refuse(&self, primary: Option<&str>) -> Option<BackendError> {
+        let state = self.read();
+        if state.map.is_none() {
+            return Some(BackendError::unavailable(format!(
+                "redis cluster slot map not known yet ({})",
+                self.why_no_map()
+            )));
+        }
+        let Some(primary) = primary else {
+            return Some(BackendError::unavailable(
+                "redis cluster slot is served by no primary",
+            ));
+        };
+        match state.nodes.get(primary) {
+            Some(node) if node.client.is_connected() => None,
+            Some(node) => Some(crate::routing::not_connected(node)),
+            None => Some(BackendError::unavailable(format!(
+                "redis cluster primary {primary} has no client"
+            ))),
+        }
+    }
+
     /// The `host:port` of the primary serving `slot`, if known.
     pub(crate) fn primary_of(&self, slot: u16) -> Option<Arc<str>> {
         self.read().primary_of(slot).cloned()

@@ -555,7 +555,7 @@ async fn owner_follower_hit(a: &RedisBackend, b: &RedisBackend, key: &str) {
 /// `key` before sending anything.
 async fn wait_refused(b: &RedisBackend, key: &str, down: bool) {
     let started = tokio::time::Instant::now();
-    while b.reject_early(&short::flight(key)).is_some() != down {
+    while b.reject_early(&b.shard(&short::flight(key))).is_some() != down {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "{key}: refused early should be {down} within 20 s"
@@ -595,7 +595,7 @@ async fn one_primary_down_the_other_shards_keep_working() {
     for key in &keys[1][1..3] {
         let f = short::flight(key);
         assert_eq!(a.shard(&f), dead);
-        let refused = a.reject_early(&f).expect("its primary is down");
+        let refused = a.reject_early(&a.shard(&f)).expect("its primary is down");
         assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
         assert!(
             refused.to_string().contains(dead.name().unwrap()),

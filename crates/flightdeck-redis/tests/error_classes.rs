@@ -54,12 +54,14 @@ async fn dead_cluster_primary_is_unavailable_for_its_slots_only() {
     cluster.node_mut(1).unwrap().kill();
     // The backend sees the loss (its connection to that primary fails).
     let seen = tokio::time::Instant::now();
-    while b.reject_early(&flight(&keys[1][1])).is_none() {
+    while b.reject_early(&b.shard(&flight(&keys[1][1]))).is_none() {
         assert!(seen.elapsed() < Duration::from_secs(5), "loss not seen");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for key in &keys[1][1..] {
-        let refused = b.reject_early(&flight(key)).expect("refused early");
+        let refused = b
+            .reject_early(&b.shard(&flight(key)))
+            .expect("refused early");
         assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
         assert!(refused.to_string().contains(&dead), "{refused}");
         let started = tokio::time::Instant::now();
@@ -71,7 +73,7 @@ async fn dead_cluster_primary_is_unavailable_for_its_slots_only() {
         assert!(took < Duration::from_millis(200), "{key}: {took:?}");
     }
     for key in keys[0].iter().chain(&keys[2]) {
-        assert!(b.reject_early(&flight(key)).is_none(), "{key}");
+        assert!(b.reject_early(&b.shard(&flight(key))).is_none(), "{key}");
         assert_eq!(acquire_kind(&b, key).await, None, "{key}");
     }
     assert!(b.unreachable().is_none(), "two primaries are connected");

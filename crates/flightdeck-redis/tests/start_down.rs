@@ -59,8 +59,8 @@ async fn assert_coordinates(a: &RedisBackend, b: &RedisBackend, key: &str) {
     // restarted primary answers CLUSTERDOWN until it has rejoined: wait
     // for this flight's primary to serve.
     within(20, "the flight's primary serves", async {
-        while a.reject_early(&f).is_some()
-            || b.reject_early(&f).is_some()
+        while a.reject_early(&a.shard(&f)).is_some()
+            || b.reject_early(&b.shard(&f)).is_some()
             || a.invalidate(&f, Duration::from_secs(20)).await.is_err()
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -119,7 +119,9 @@ async fn cluster_with_one_primary_down_at_start() {
         assert_coordinates(&a, &b, key).await;
     }
     for key in &keys[1] {
-        let refused = a.reject_early(&flight(key)).expect("its primary is down");
+        let refused = a
+            .reject_early(&a.shard(&flight(key)))
+            .expect("its primary is down");
         assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
         let err = within(
             5,
@@ -152,7 +154,10 @@ async fn cluster_with_every_primary_down_at_start() {
     let a = RedisBackend::new(config(cluster.url())).expect("created with every primary down");
     let b = RedisBackend::new(config(cluster.url())).unwrap();
     assert_down(&a).await;
-    assert!(a.reject_early(&flight("x")).is_some(), "no slot map yet");
+    assert!(
+        a.reject_early(&a.shard(&flight("x"))).is_some(),
+        "no slot map yet"
+    );
 
     for i in 0..3 {
         cluster.node_mut(i).unwrap().restart().unwrap();
