@@ -9,6 +9,8 @@
 //! - DISTRIBUTED_ONLY: `s0`'s keys fail fast (503), `s1`'s coalesce.
 //! - Both: once `s0` answers again, its breaker's half-open probe closes
 //!   it and its keys coalesce across the nodes again.
+//! - The stage's own breaker still stands for the whole store: forced open,
+//!   it degrades every shard.
 
 mod common;
 
@@ -111,6 +113,9 @@ fn config(mode: Mode) -> flightdeck::StageConfig {
 
 struct Node {
     svc: Svc,
+    /// The same node, with work that takes a second (for overlaps that
+    /// must hold on a loaded machine).
+    slow: Svc,
     handle: StageHandle,
 }
 
@@ -124,6 +129,7 @@ fn nodes(stage: &str, mode: Mode, backend: &Arc<Sharded>, work: &Work) -> Vec<No
                 .unwrap();
             Node {
                 svc: stack(&layer, work, Duration::from_millis(300)),
+                slow: stack(&layer, work, Duration::from_secs(1)),
                 handle: layer.stage(stage).unwrap(),
             }
         })
@@ -298,12 +304,12 @@ async fn hybrid_one_failing_shard_falls_back_alone_while_healthy_shards_coalesce
     let node = &nodes[0];
     let mut calls = tokio::task::JoinSet::new();
     for i in 0..2 {
-        let svc = node.svc.clone();
+        let svc = node.slow.clone();
         let key = key_on(stage, "s0", &format!("lane-{i}"));
         calls.spawn(async move { ("s0", svc.oneshot(key).await) });
     }
     for i in 0..3 {
-        let svc = node.svc.clone();
+        let svc = node.slow.clone();
         let key = key_on(stage, "s1", &format!("normal-{i}"));
         calls.spawn(async move { ("s1", svc.oneshot(key).await) });
     }
@@ -362,4 +368,70 @@ async fn distributed_only_fails_fast_on_the_failing_shard_only() {
     assert_eq!(work.calls() - before, 1);
 
     back_again(stage, &nodes, &backend, &work).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forcing_the_stage_breaker_open_degrades_every_shard() {
+    metrics_on();
+    let stage = "shard-forced";
+    let (_backend, work, nodes) = healthy(stage, Mode::Hybrid).await;
+    let handle = &nodes[0].handle;
+    handle.breaker().force_open();
+    let degraded: Vec<Shard> = handle
+        .degraded_shards()
+        .into_iter()
+        .map(|(shard, _)| shard)
+        .collect();
+    assert_eq!(
+        degraded,
+        vec![Shard::WHOLE],
+        "the whole store, not one shard"
+    );
+    assert!(
+        handle.bulkhead().is_degraded(),
+        "the stage-wide degraded limit"
+    );
+    assert_eq!(gauge_shard(metric::DEGRADED, stage, None), Some(1.0));
+    assert_eq!(gauge_shard(metric::DEGRADED, stage, Some("s1")), Some(0.0));
+
+    // A key on healthy s1: node 1 runs and stores it; node 0 would replay
+    // it, but its breaker refuses every shard, so it runs it itself.
+    let before = work.calls();
+    let y = key_on(stage, "s1", "forced");
+    assert_eq!(
+        nodes[1].svc.clone().oneshot(y.clone()).await.unwrap(),
+        format!("done:{y}")
+    );
+    nodes[1].handle.idle().await;
+    let fallbacks = counter_with(
+        metric::LOCAL_FALLBACK_TOTAL,
+        stage,
+        "reason",
+        "circuit_open",
+    );
+    assert_eq!(
+        nodes[0].svc.clone().oneshot(y.clone()).await.unwrap(),
+        format!("done:{y}")
+    );
+    assert_eq!(
+        work.calls() - before,
+        2,
+        "node 0 did not replay node 1's result"
+    );
+    assert_eq!(
+        counter_with(
+            metric::LOCAL_FALLBACK_TOTAL,
+            stage,
+            "reason",
+            "circuit_open"
+        ) - fallbacks,
+        1
+    );
+    // Node 1, not forced, replays it.
+    nodes[1].svc.clone().oneshot(y.clone()).await.unwrap();
+    assert_eq!(work.calls() - before, 2);
+
+    handle.breaker().reset();
+    assert!(!handle.is_degraded());
+    assert_eq!(gauge_shard(metric::DEGRADED, stage, None), Some(0.0));
 }
