@@ -221,6 +221,16 @@ async fn back_again(stage: &str, nodes: &[Node], backend: &Sharded, work: &Work)
     );
 }
 
+/// HYBRID leaders of `stage` that ran here because a breaker refused them.
+fn circuit_open_fallbacks(stage: &str) -> u64 {
+    counter_with(
+        metric::LOCAL_FALLBACK_TOTAL,
+        stage,
+        "reason",
+        "circuit_open",
+    )
+}
+
 fn assert_only_s0_degraded(stage: &str, nodes: &[Node]) {
     for node in nodes {
         let degraded: Vec<Shard> = node
@@ -277,27 +287,14 @@ async fn hybrid_one_failing_shard_falls_back_alone_while_healthy_shards_coalesce
     assert_eq!(work.calls() - before, 1, "coalesced across the nodes");
 
     // A key on s0 runs in each node (once per node: L1 still coalesces).
-    let fallbacks = counter_with(
-        metric::LOCAL_FALLBACK_TOTAL,
-        stage,
-        "reason",
-        "circuit_open",
-    );
+    let fallbacks = circuit_open_fallbacks(stage);
     let before = work.calls();
     let x = key_on(stage, "s0", "degraded");
     for r in both(&nodes, &x, 3).await {
         assert_eq!(r.unwrap(), format!("done:{x}"));
     }
     assert_eq!(work.calls() - before, 2, "one local execution per node");
-    assert_eq!(
-        counter_with(
-            metric::LOCAL_FALLBACK_TOTAL,
-            stage,
-            "reason",
-            "circuit_open"
-        ) - fallbacks,
-        2
-    );
+    assert_eq!(circuit_open_fallbacks(stage) - fallbacks, 2);
 
     // The degraded limit (1) holds s0's executions; s1's keep the normal
     // limit (4): three of them run next to one of s0's.
@@ -403,12 +400,7 @@ async fn forcing_the_stage_breaker_open_degrades_every_shard() {
         format!("done:{y}")
     );
     nodes[1].handle.idle().await;
-    let fallbacks = counter_with(
-        metric::LOCAL_FALLBACK_TOTAL,
-        stage,
-        "reason",
-        "circuit_open",
-    );
+    let fallbacks = circuit_open_fallbacks(stage);
     assert_eq!(
         nodes[0].svc.clone().oneshot(y.clone()).await.unwrap(),
         format!("done:{y}")
@@ -418,15 +410,7 @@ async fn forcing_the_stage_breaker_open_degrades_every_shard() {
         2,
         "node 0 did not replay node 1's result"
     );
-    assert_eq!(
-        counter_with(
-            metric::LOCAL_FALLBACK_TOTAL,
-            stage,
-            "reason",
-            "circuit_open"
-        ) - fallbacks,
-        1
-    );
+    assert_eq!(circuit_open_fallbacks(stage) - fallbacks, 1);
     // Node 1, not forced, replays it.
     nodes[1].svc.clone().oneshot(y.clone()).await.unwrap();
     assert_eq!(work.calls() - before, 2);
