@@ -1,5 +1,6 @@
 //! The real execution of a stage's inner service: behind the stage's
-//! bulkhead, within its execution slice, counted and timed once per
+//! bulkhead (and its degraded lane too, for a flight whose shard is
+//! degraded), within its execution slice, counted and timed once per
 //! execution the bulkhead admitted (`singleflight_execution_total{path}`,
 //! `singleflight_execution_duration`).
 
@@ -11,10 +12,10 @@ use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::{Serves, Share, Shareable};
-use flightdeck_distributed::{Execute, Fence, Role};
+use flightdeck_distributed::{Execute, Fence, FlightId, Role};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
-use tower::util::ServiceExt;
+use tower::util::{Either, ServiceExt};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -31,6 +32,9 @@ pub(crate) struct Exec<S, Sh: flightdeck_core::SharedForm, F, C> {
     /// The stage's `execution-timeout`, or an outer budget's execution
     /// slice, whichever is shorter.
     pub(crate) bound: Option<Duration>,
+    /// The flight, when it is coordinated over a sharded backend: while
+    /// its shard is degraded, it runs through the bulkhead's degraded lane.
+    pub(crate) flight: Option<FlightId>,
 }
 
 impl<S, Sh: flightdeck_core::SharedForm, F, C> Exec<S, Sh, F, C> {
@@ -55,7 +59,16 @@ impl<S, Sh: flightdeck_core::SharedForm, F, C> Exec<S, Sh, F, C> {
             ctl: Arc::clone(&self.stage.ctl),
             path,
         };
-        let call = self.stage.bulkhead.layer(timed).oneshot(req);
+        let bulkhead = self.stage.bulkhead.layer(timed);
+        let degraded = self
+            .flight
+            .is_some_and(|f| self.stage.ctl.in_degraded_shard(&f));
+        let call = if degraded {
+            Either::Left(self.stage.lane.layer(bulkhead))
+        } else {
+            Either::Right(bulkhead)
+        }
+        .oneshot(req);
         let resp = match self.bound {
             None => call.await?,
             Some(bound) => tokio::time::timeout(bound, call)

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use flightdeck_core::error::{BoxError, CoordinationUnavailable, InProgress};
-use flightdeck_distributed::{FailureClass, Fallback, Verdict, WaitEnded};
+use flightdeck_distributed::{FailureClass, Fallback, FlightId, Verdict, WaitEnded};
 
 use crate::mode::{Mode, OnWaitFailure};
 use crate::stage::{Control, Fallback as Reason, WaitAction};
@@ -19,13 +19,16 @@ use crate::stage::{Control, Fallback as Reason, WaitAction};
 pub(crate) struct ModeFallback<'a> {
     pub(crate) ctl: &'a Arc<Control>,
     pub(crate) mode: Mode,
+    /// The flight, when the stage's backend is sharded: a refusal then
+    /// follows the breaker of the flight's shard.
+    pub(crate) flight: Option<FlightId>,
 }
 
 impl<Req> Fallback<Req> for ModeFallback<'_> {
     fn before_acquire(&self, class: FailureClass, error: BoxError, _req: &Req) -> Verdict {
         let ctl = self.ctl;
         if class == FailureClass::CircuitOpen {
-            ctl.enter_degraded();
+            ctl.enter_degraded(self.flight.as_ref());
         } else {
             ctl.count_distributed_failure(class);
         }

@@ -9,7 +9,7 @@ use flightdeck_breaker::Breaker;
 use flightdeck_budget::NoInbound;
 use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
 use flightdeck_core::{SharedForm, StageName};
-use flightdeck_distributed::{Backend, DistributedFlights, GuardedBackend, NoFence};
+use flightdeck_distributed::{Backend, DistributedFlights, GuardedBackend, NoFence, ShardBreakers};
 use flightdeck_local::LocalFlights;
 use tower_layer::Layer;
 
@@ -309,10 +309,13 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
             if unreachable {
                 breaker.trip();
             }
-            let distributed = match backend {
+            // One breaker per shard of the backend, `breaker` the whole
+            // store's: shared by the guard and the stage's control.
+            let breakers = ShardBreakers::new(breaker);
+            let distributed = match &backend {
                 Some(b) => Some(
                     DistributedFlights::new(
-                        GuardedBackend::new(b, breaker.clone()),
+                        GuardedBackend::with_breakers(Arc::clone(b), breakers.clone()),
                         cfg.distributed_policy(),
                         self.codec.clone(),
                     )
@@ -332,6 +335,7 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                 bulkhead_cfg = bulkhead_cfg.queue(cfg.bulkhead.queue, cfg.bulkhead.queue_timeout);
             }
             let bulkhead = BulkheadLayer::from_config(bulkhead_cfg);
+            let lane = bulkhead.handle().degraded_lane();
             let local = LocalFlights::new(cfg.local_policy());
             let share = self.share.for_stage(&cfg.sharing);
             let peers: crate::stage::Peers = {
@@ -347,8 +351,8 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
             let ctl = Control::new(
                 stage.clone(),
                 cfg,
-                distributed.is_some(),
-                breaker,
+                backend,
+                breakers,
                 bulkhead.handle(),
                 peers,
             );
@@ -365,6 +369,7 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                     local,
                     distributed,
                     bulkhead,
+                    lane,
                 }),
             );
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
-use flightdeck_distributed::{FailureClass, Fence, ResultCodec, Verdict};
+use flightdeck_distributed::{FailureClass, Fence, FlightId, ResultCodec, Verdict};
 use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -76,6 +76,7 @@ impl<S, Req, Sh: SharedForm, C, F> Leader<S, Req, Sh, C, F> {
         share: Sh,
         fence: F,
         bound: Option<Duration>,
+        flight: Option<FlightId>,
     ) -> Exec<S, Sh, F, C> {
         Exec {
             stage,
@@ -83,7 +84,16 @@ impl<S, Req, Sh: SharedForm, C, F> Leader<S, Req, Sh, C, F> {
             share,
             fence,
             bound,
+            flight,
         }
+    }
+
+    /// The flight's id when it is coordinated over a sharded backend (the
+    /// points that judge it by shard need it); `None` otherwise, which
+    /// costs nothing.
+    fn sharded_flight(stage: &Stage<Sh, C>, mode: Mode, key: &FlightKey) -> Option<FlightId> {
+        (mode.is_distributed() && stage.distributed.is_some() && stage.ctl.sharded())
+            .then(|| FlightId::of(key))
     }
 }
 
@@ -117,7 +127,8 @@ where
         // The future is as small as the path it takes: a local execution
         // carries nothing of L2, and only a flight that goes to the
         // backend carries (boxed) the flight's coordination state.
-        let exec = Self::exec(Arc::clone(&stage), inner, share, fence, bound);
+        let flight = Self::sharded_flight(&stage, mode, &key);
+        let exec = Self::exec(Arc::clone(&stage), inner, share, fence, bound, flight);
         let Some(l2) = stage.distributed.as_ref().filter(|_| mode.is_distributed()) else {
             // LOCAL_ONLY, or a stage without backend.
             return Lead::Here {
@@ -127,8 +138,12 @@ where
         // After the breaker closed, a ramp may send only part of the
         // leaders back to the backend: HYBRID runs the others here
         // (DISTRIBUTED_ONLY has nowhere else to go, so the ramp holds none
-        // of its leaders back).
-        if mode == Mode::Hybrid && stage.ctl.breaker.ramp_holds_back() {
+        // of its leaders back). The whole store's ramp holds back any
+        // flight; a shard's, the flights of that shard.
+        if mode == Mode::Hybrid
+            && (stage.ctl.breaker.ramp_holds_back()
+                || flight.is_some_and(|f| l2.backend().breaker_for(&f).ramp_holds_back()))
+        {
             stage
                 .ctl
                 .count_fallback(Fallback::Coordination(FailureClass::CircuitOpen));
@@ -141,6 +156,7 @@ where
         let fallback = ModeFallback {
             ctl: &stage.ctl,
             mode,
+            flight,
         };
         match l2.refused_early(&key, &req, &fallback) {
             Some(Verdict::RunHere) => {
@@ -155,6 +171,7 @@ where
             let fallback = ModeFallback {
                 ctl: &stage.ctl,
                 mode,
+                flight,
             };
             let l2 = stage.distributed.as_ref().expect("checked above");
             l2.run_within(&key, req, exec, &fallback, coordination)
@@ -167,7 +184,10 @@ where
         self,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
-        let exec = Self::exec(self.stage, self.inner, self.share, self.fence, self.bound);
+        let flight = Self::sharded_flight(&self.stage, self.mode, &self.key);
+        let exec = Self::exec(
+            self.stage, self.inner, self.share, self.fence, self.bound, flight,
+        );
         exec.run(self.req, Path::Local)
     }
 

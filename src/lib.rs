@@ -61,6 +61,24 @@
 //! gauge is 1, a `warn` is logged on entering and on leaving, and the
 //! period's length is recorded in `singleflight_degraded_duration`.
 //!
+//! **Per shard.** A sharded backend (Redis Cluster) says which shard
+//! serves each flight, and coordination failures are judged per shard:
+//! the stage's breaker is the template of one breaker per shard (named
+//! `{stage}@{shard}`), so one primary's outage degrades only the flights
+//! it serves, while the others keep coalescing across nodes. That shard
+//! alone is degraded: `singleflight_degraded{stage, shard}` is 1 (the
+//! series without `shard` is the whole store's),
+//! [`StageHandle::degraded_shards`] lists it, its `warn` lines name it, and
+//! only its flights fall back (HYBRID) or fail fast (DISTRIBUTED_ONLY).
+//! Their executions go through the bulkhead's *degraded lane*
+//! ([`BulkheadHandle::degraded_lane`](bulkhead::BulkheadHandle::degraded_lane)),
+//! a second bulkhead nested outside the stage's: at most the degraded limit
+//! (and rate) of them at once, while every other flight keeps the normal
+//! limit. When the shard answers again, its half-open probe closes its
+//! breaker and its flights coordinate again. The stage's own breaker
+//! ([`StageHandle::breaker`]) still stands for the whole store: forced open
+//! it degrades every shard.
+//!
 //! # Deadlines
 //!
 //! A request's own deadline comes from an [`Inbound`](budget::Inbound) of

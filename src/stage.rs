@@ -1,17 +1,22 @@
 //! One stage's state (built with the layer, shared by every service) and
-//! its runtime handle: the mode (kill switch), the breaker, the bulkhead,
-//! the degraded state, and the stage's metrics.
+//! its runtime handle: the mode (kill switch), the breakers, the bulkhead,
+//! the degraded state (of the whole store, and of each shard of a sharded
+//! one), and the stage's metrics.
 
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use flightdeck_breaker::{Breaker, CircuitState};
 use flightdeck_bulkhead::{BulkheadHandle, BulkheadLayer};
 use flightdeck_core::metric::{self, records, Handles};
 use flightdeck_core::{SharedForm, StageName};
-use flightdeck_distributed::{Backend, DistributedFlights, FailureClass, GuardedBackend};
+use flightdeck_distributed::backend::Shard;
+use flightdeck_distributed::{
+    Backend, DistributedFlights, FailureClass, FlightId, GuardedBackend, ShardBreakers,
+};
 use flightdeck_local::LocalFlights;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
 use tokio::time::Instant;
@@ -35,6 +40,9 @@ pub(crate) struct Stage<Sh: SharedForm, C> {
     pub(crate) local: LocalFlights<Sh::Shared>,
     pub(crate) distributed: Option<Coordination<C>>,
     pub(crate) bulkhead: BulkheadLayer,
+    /// The bulkhead's degraded lane, nested outside it, for the
+    /// executions of flights whose shard is degraded.
+    pub(crate) lane: BulkheadLayer,
 }
 
 /// Where a real execution of the inner service ran (the `path` label of
@@ -186,6 +194,11 @@ impl Bundle {
         } else {
             0.0
         });
+        // Each named shard's gauge, and its breaker, under this recorder.
+        for (shard, st) in ctl.shards().iter() {
+            shard_gauge(ctl, shard).set(if st.since.is_some() { 1.0 } else { 0.0 });
+            st.breaker.publish_metrics();
+        }
         // The stage's other parts, under the same recorder.
         ctl.breaker.publish_metrics();
         ctl.bulkhead.publish_metrics();
@@ -194,16 +207,51 @@ impl Bundle {
     }
 }
 
+/// The degraded state of one named shard of the stage's backend.
+struct ShardState {
+    breaker: Breaker,
+    /// When its current degraded period started.
+    since: Option<Instant>,
+}
+
+/// `singleflight_degraded{stage, shard}` of a named shard.
+fn shard_gauge(ctl: &Control, shard: &Shard) -> metrics::Gauge {
+    metrics::gauge!(
+        metric::DEGRADED,
+        metric::LABEL_STAGE => ctl.name.as_str().to_owned(),
+        metric::LABEL_SHARD => shard.to_string()
+    )
+}
+
+fn is_open(state: CircuitState) -> bool {
+    matches!(
+        state,
+        CircuitState::Open | CircuitState::HalfOpen | CircuitState::ForcedOpen
+    )
+}
+
 /// The runtime side of a stage, reachable through a [`StageHandle`].
+///
+/// The degraded state is kept per shard of the backend: `degraded` (and
+/// the bulkhead's own degraded limit) for the whole store, judged by the
+/// whole-store breaker `breaker`; `shards` for each named shard, judged by
+/// its own breaker (its flights' executions then go through the
+/// bulkhead's degraded lane).
 pub(crate) struct Control {
     pub(crate) name: StageName,
     pub(crate) cfg: StageConfig,
     mode: AtomicU8,
-    has_backend: bool,
+    /// The stage's backend, to tell a flight's shard.
+    backend: Option<Arc<dyn Backend>>,
     pub(crate) breaker: Breaker,
+    breakers: ShardBreakers,
     bulkhead: BulkheadHandle,
     degraded: AtomicBool,
     degraded_since: Mutex<Option<Instant>>,
+    shards: Mutex<BTreeMap<Shard, ShardState>>,
+    /// Named shards degraded now: zero keeps the per-execution check to
+    /// one load.
+    shards_degraded: AtomicUsize,
     metrics: Handles<Bundle>,
     /// Publishes the metrics of the stage's flights (L1, L2) under the
     /// recorder in force.
@@ -221,8 +269,8 @@ impl Control {
     pub(crate) fn new(
         name: StageName,
         cfg: StageConfig,
-        has_backend: bool,
-        breaker: Breaker,
+        backend: Option<Arc<dyn Backend>>,
+        breakers: ShardBreakers,
         bulkhead: BulkheadHandle,
         peers: Peers,
     ) -> Self {
@@ -230,11 +278,14 @@ impl Control {
             mode: AtomicU8::new(cfg.mode.to_u8()),
             name,
             cfg,
-            has_backend,
-            breaker,
+            backend,
+            breaker: breakers.whole().clone(),
+            breakers,
             bulkhead,
             degraded: AtomicBool::new(false),
             degraded_since: Mutex::new(None),
+            shards: Mutex::new(BTreeMap::new()),
+            shards_degraded: AtomicUsize::new(0),
             metrics: Handles::new(),
             peers,
         };
@@ -271,8 +322,17 @@ impl Control {
     /// the exporter is set up with the routes) exports the stage's mode,
     /// degraded state and zeroed counters before the first request, not
     /// at its first event.
+    ///
+    /// Each named shard's breaker is followed the same way, from when it
+    /// is created (see [`add_shard`](Self::add_shard)).
     pub(crate) fn watch(self: &Arc<Self>) {
         use tokio::sync::broadcast::error::RecvError;
+        let me = Arc::downgrade(self);
+        self.breakers.on_shard(move |shard, breaker| {
+            if let Some(ctl) = me.upgrade() {
+                ctl.add_shard(shard, breaker);
+            }
+        });
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -362,13 +422,172 @@ impl Control {
         self.metrics(|m| m.execution_duration.record(took.as_secs_f64()));
     }
 
-    /// Follows the breaker, but only until the stage is known to be
-    /// degraded (the per-call cost while degraded is one load).
+    /// A named shard's breaker was created: its degraded state is kept
+    /// from now on (published at 0), following its transitions from a
+    /// task as [`watch`](Self::watch) does for the whole-store breaker.
+    fn add_shard(self: &Arc<Self>, shard: &Shard, breaker: &Breaker) {
+        use tokio::sync::broadcast::error::RecvError;
+        let mut events = breaker.subscribe();
+        {
+            let mut shards = self.shards();
+            if shards.contains_key(shard) {
+                return;
+            }
+            shards.insert(
+                shard.clone(),
+                ShardState {
+                    breaker: breaker.clone(),
+                    since: None,
+                },
+            );
+            shard_gauge(self, shard).set(0.0);
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let ctl = Arc::downgrade(self);
+            let shard = shard.clone();
+            drop(rt.spawn(async move {
+                loop {
+                    match events.recv().await {
+                        Ok(_) | Err(RecvError::Lagged(_)) => match ctl.upgrade() {
+                            Some(ctl) => ctl.sync_shard(&shard),
+                            None => return,
+                        },
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            }));
+        }
+        // A transition before the subscription is not missed.
+        self.sync_shard(shard);
+    }
+
+    fn shards(&self) -> MutexGuard<'_, BTreeMap<Shard, ShardState>> {
+        self.shards.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The shard of a flight of this stage.
+    pub(crate) fn shard_of(&self, flight: &FlightId) -> Shard {
+        self.backend
+            .as_ref()
+            .map_or(Shard::WHOLE, |b| b.shard(flight))
+    }
+
+    /// Whether the stage's backend has shown named shards: its flights
+    /// then carry their id to the points that judge them by shard.
     #[inline]
-    pub(crate) fn enter_degraded(&self) {
+    pub(crate) fn sharded(&self) -> bool {
+        self.breakers.has_named()
+    }
+
+    /// Whether `flight`'s shard is a named shard that is degraded now (its
+    /// executions go through the bulkhead's degraded lane).
+    #[inline]
+    pub(crate) fn in_degraded_shard(&self, flight: &FlightId) -> bool {
+        if self.shards_degraded.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let shard = self.shard_of(flight);
+        !shard.is_whole()
+            && self
+                .shards()
+                .get(&shard)
+                .is_some_and(|st| st.since.is_some())
+    }
+
+    /// A breaker refused a flight (of `flight`, when its shard is known):
+    /// follows the breaker that refused it, but only until the stage (or
+    /// that shard) is known to be degraded (for a backend that is not
+    /// sharded, the per-call cost while degraded is one load).
+    #[inline]
+    pub(crate) fn enter_degraded(&self, flight: Option<&FlightId>) {
         if !self.degraded.load(Ordering::Acquire) {
             self.sync_degraded();
         }
+        if let Some(flight) = flight {
+            if !self.degraded.load(Ordering::Acquire) {
+                let shard = self.shard_of(flight);
+                if !shard.is_whole() {
+                    self.sync_shard(&shard);
+                }
+            }
+        }
+    }
+
+    /// Follows a named shard's breaker, as [`sync_degraded`](Self::sync_degraded)
+    /// does the whole store's: its gauge, its degraded period, the logs;
+    /// while it is degraded, its flights' executions go through the
+    /// bulkhead's degraded lane.
+    fn sync_shard(&self, shard: &Shard) {
+        let mut shards = self.shards();
+        let Some(st) = shards.get_mut(shard) else {
+            return;
+        };
+        let open = is_open(st.breaker.state());
+        match (open, st.since) {
+            (true, None) => {
+                st.since = Some(Instant::now());
+                self.shards_degraded.fetch_add(1, Ordering::AcqRel);
+                shard_gauge(self, shard).set(1.0);
+                tracing::warn!(
+                    stage = %self.name,
+                    %shard,
+                    mode = %self.mode(),
+                    bulkhead_limit = self.bulkhead.degraded_lane().handle().limit(),
+                    "stage degraded on one shard: its coordination breaker is open; its flights are {}",
+                    match self.mode() {
+                        Mode::DistributedOnly => "failing fast",
+                        _ => "coalescing in this process only",
+                    }
+                );
+            }
+            (false, Some(start)) => {
+                st.since = None;
+                self.shards_degraded.fetch_sub(1, Ordering::AcqRel);
+                let lasted = start.elapsed();
+                shard_gauge(self, shard).set(0.0);
+                metrics::histogram!(
+                    metric::DEGRADED_DURATION,
+                    metric::LABEL_STAGE => self.name.as_str().to_owned(),
+                    metric::LABEL_SHARD => shard.to_string()
+                )
+                .record(lasted.as_secs_f64());
+                tracing::warn!(
+                    stage = %self.name,
+                    %shard,
+                    degraded_for = ?lasted,
+                    "shard left degraded mode: its coordination breaker closed"
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// Follows every breaker: the whole store's and each named shard's.
+    fn sync_all(&self) {
+        self.sync_degraded();
+        let named: Vec<Shard> = self.shards().keys().cloned().collect();
+        for shard in named {
+            self.sync_shard(&shard);
+        }
+    }
+
+    /// The shards degraded now: [`Shard::WHOLE`] for the whole store,
+    /// then each named shard.
+    fn degraded_shards(&self) -> Vec<(Shard, Instant)> {
+        self.sync_all();
+        let whole = *self
+            .degraded_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        whole
+            .map(|since| (Shard::WHOLE, since))
+            .into_iter()
+            .chain(
+                self.shards()
+                    .iter()
+                    .filter_map(|(s, st)| st.since.map(|since| (s.clone(), since))),
+            )
+            .collect()
     }
 
     /// Follows the breaker: entering degraded mode (breaker open, probing or
@@ -467,7 +686,7 @@ impl StageHandle {
     /// Switches the mode for new requests and returns the previous one.
     /// HYBRID and DISTRIBUTED_ONLY need a backend for the stage.
     pub fn set_mode(&self, mode: Mode) -> Result<Mode, ModeError> {
-        if mode.is_distributed() && !self.ctl.has_backend {
+        if mode.is_distributed() && self.ctl.backend.is_none() {
             return Err(ModeError::new(self.ctl.name.clone(), mode));
         }
         let prev = Mode::from_u8(self.ctl.mode.swap(mode.to_u8(), Ordering::AcqRel));
@@ -478,27 +697,54 @@ impl StageHandle {
         Ok(prev)
     }
 
-    /// True while the stage is degraded (its coordination breaker is open
-    /// or probing).
+    /// True while the stage is degraded, wholly or on any shard of its
+    /// backend (a coordination breaker is open or probing). See
+    /// [`degraded_shards`](Self::degraded_shards) for which.
     pub fn is_degraded(&self) -> bool {
-        self.ctl.sync_degraded();
-        self.ctl.degraded.load(Ordering::Acquire)
+        !self.ctl.degraded_shards().is_empty()
     }
 
     /// How long the current degraded period has lasted, if the stage is
-    /// degraded.
+    /// degraded (the longest, when several shards are).
     pub fn degraded_for(&self) -> Option<Duration> {
-        self.ctl.sync_degraded();
         self.ctl
-            .degraded_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .map(|s| s.elapsed())
+            .degraded_shards()
+            .into_iter()
+            .map(|(_, since)| since.elapsed())
+            .max()
     }
 
-    /// The breaker guarding the stage's backend (read, force, reset).
+    /// The shards of the stage's backend that are degraded now, each with
+    /// how long it has been: [`Shard::WHOLE`] when the whole store is (a
+    /// backend that is not sharded, or the whole-store breaker forced or
+    /// tripped), and each named shard of a sharded backend (a Redis
+    /// Cluster primary) whose breaker is open or probing: only its flights
+    /// fall back or fail fast, and only they are held to the bulkhead's
+    /// degraded limit.
+    pub fn degraded_shards(&self) -> Vec<(Shard, Duration)> {
+        self.ctl
+            .degraded_shards()
+            .into_iter()
+            .map(|(shard, since)| (shard, since.elapsed()))
+            .collect()
+    }
+
+    /// Whether `shard` is degraded now ([`Shard::WHOLE`]: the whole store).
+    pub fn is_shard_degraded(&self, shard: &Shard) -> bool {
+        self.ctl.degraded_shards().iter().any(|(s, _)| s == shard)
+    }
+
+    /// The whole-store breaker guarding the stage's backend (read, force,
+    /// reset): the breaker of a backend that is not sharded; forced open,
+    /// it refuses every flight of a sharded one too.
     pub fn breaker(&self) -> &Breaker {
         &self.ctl.breaker
+    }
+
+    /// Every breaker of the stage: the whole store's, and each named
+    /// shard's (created when the shard's first flight is judged).
+    pub fn breakers(&self) -> &ShardBreakers {
+        &self.ctl.breakers
     }
 
     /// The stage's bulkhead.
@@ -522,6 +768,10 @@ impl fmt::Debug for StageHandle {
             .field("stage", &self.ctl.name)
             .field("mode", &self.ctl.mode())
             .field("degraded", &self.ctl.degraded.load(Ordering::Acquire))
+            .field(
+                "degraded_shards",
+                &self.ctl.shards_degraded.load(Ordering::Acquire),
+            )
             .finish()
     }
 }

@@ -371,3 +371,33 @@ pub fn gauge_by(name: &str, label: &str, value: &str) -> Option<f64> {
         })
         .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
 }
+
+/// Whether `key` carries `shard` as its shard label (`None`: no shard
+/// label at all, the whole store's series).
+fn on_shard(key: &Key, shard: Option<&str>) -> bool {
+    key.labels()
+        .find(|l| l.key() == metric::LABEL_SHARD)
+        .map(|l| l.value())
+        == shard
+}
+
+/// A gauge of one stage on one shard (`None`: the series without a shard
+/// label).
+pub fn gauge_shard(name: &str, stage: &str, shard: Option<&str>) -> Option<f64> {
+    recorded()
+        .gauges
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| matches(k, name, stage, None) && on_shard(k, shard))
+        .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
+}
+
+/// Samples recorded in a histogram of one stage on one shard.
+pub fn samples_shard(name: &str, stage: &str, shard: Option<&str>) -> usize {
+    sum(
+        &recorded().histograms,
+        |k| matches(k, name, stage, None) && on_shard(k, shard),
+        |v| v.0.load(Ordering::SeqCst),
+    ) as usize
+}

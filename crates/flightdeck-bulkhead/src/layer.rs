@@ -30,6 +30,10 @@ impl BulkheadLayer {
         }
     }
 
+    pub(crate) fn from_handle(handle: BulkheadHandle) -> Self {
+        Self { handle }
+    }
+
     /// The shared handle (switch the degraded limit, read the load).
     pub fn handle(&self) -> BulkheadHandle {
         self.handle.clone()

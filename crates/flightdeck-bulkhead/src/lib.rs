@@ -17,6 +17,11 @@
 //!   (the facade lowers it while the coordination breaker is open, so a
 //!   Redis outage does not multiply the load on the downstream); it applies
 //!   to new calls at once and never touches running ones;
+//! - a **degraded lane** ([`BulkheadHandle::degraded_lane`]): a second
+//!   bulkhead, nested outside this one, that holds only part of the calls
+//!   to the degraded limit while the others keep the normal one (the
+//!   facade sends through it the executions of flights whose shard of the
+//!   coordination store is degraded);
 //! - a rate limit (permits per second, through `governor`, on tokio's clock)
 //!   rejecting with [`RateLimited`], always or only while degraded.
 //!

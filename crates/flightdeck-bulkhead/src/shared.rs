@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use flightdeck_core::error::BulkheadFull;
@@ -111,6 +111,11 @@ pub(crate) struct Shared {
     waiters: Mutex<VecDeque<oneshot::Sender<Permit>>>,
     rate: Option<Limiter>,
     degraded_rate: Option<Limiter>,
+    /// The degraded rate limit's quota, for the degraded lane.
+    degraded_quota: Option<(NonZeroU32, NonZeroU32)>,
+    /// The degraded lane, once asked for (see
+    /// [`BulkheadHandle::degraded_lane`]).
+    lane: OnceLock<Arc<Shared>>,
     // A rate limit applies now (`rate`, or `degraded_rate` while degraded):
     // the fast path is then not taken.
     rated: AtomicBool,
@@ -123,23 +128,49 @@ pub(crate) enum Admission {
 
 impl Shared {
     pub(crate) fn new(cfg: BulkheadConfig) -> Arc<Self> {
+        Self::build(cfg, false)
+    }
+
+    /// A bulkhead that is degraded from the start (the degraded lane),
+    /// or not.
+    fn build(cfg: BulkheadConfig, degraded: bool) -> Arc<Self> {
         let stage_label = cfg
             .stage
             .as_ref()
             .map_or_else(|| "default".to_owned(), |s| s.as_str().to_owned());
+        let degraded_limit = cfg.degraded_limit.unwrap_or(cfg.limit);
         Arc::new(Self {
             stage: cfg.stage,
             stage_label,
             normal: AtomicUsize::new(cfg.limit),
-            degraded_limit: AtomicUsize::new(cfg.degraded_limit.unwrap_or(cfg.limit)),
-            degraded: AtomicBool::new(false),
-            limit: AtomicUsize::new(cfg.limit),
+            degraded_limit: AtomicUsize::new(degraded_limit),
+            degraded: AtomicBool::new(degraded),
+            limit: AtomicUsize::new(if degraded { degraded_limit } else { cfg.limit }),
             active: AtomicUsize::new(0),
             queue: cfg.queue,
             waiters: Mutex::new(VecDeque::new()),
-            rated: AtomicBool::new(cfg.rate.is_some()),
+            rated: AtomicBool::new(cfg.rate.is_some() || (degraded && cfg.degraded_rate.is_some())),
             rate: cfg.rate.map(limiter),
             degraded_rate: cfg.degraded_rate.map(limiter),
+            degraded_quota: cfg.degraded_rate,
+            lane: OnceLock::new(),
+        })
+    }
+
+    /// The degraded lane: at most the degraded limit at once, at the
+    /// degraded rate, with the same queue; always degraded.
+    fn lane(&self) -> &Arc<Shared> {
+        self.lane.get_or_init(|| {
+            let limit = self.degraded_limit.load(Ordering::Acquire);
+            let cfg = BulkheadConfig {
+                limit,
+                degraded_limit: Some(limit),
+                queue: self.queue,
+                rate: None,
+                degraded_rate: self.degraded_quota,
+                stage: self.stage.clone(),
+            };
+            Self::build(cfg, true)
         })
     }
 
@@ -392,13 +423,51 @@ impl BulkheadHandle {
         self.shared.degraded.load(Ordering::Acquire)
     }
 
-    /// Changes the normal and degraded limits.
+    /// Changes the normal and degraded limits (the
+    /// [degraded lane](Self::degraded_lane)'s too).
     pub fn set_limits(&self, normal: usize, degraded: usize) {
         self.shared.normal.store(normal, Ordering::Release);
         self.shared
             .degraded_limit
             .store(degraded, Ordering::Release);
         self.shared.apply_limit();
+        if let Some(lane) = self.shared.lane.get() {
+            lane.normal.store(degraded, Ordering::Release);
+            lane.degraded_limit.store(degraded, Ordering::Release);
+            lane.apply_limit();
+        }
+    }
+
+    /// The degraded lane: a bulkhead for the calls the degraded limit
+    /// applies to while the rest of the traffic is healthy (the facade
+    /// sends through it the executions of flights whose shard of the
+    /// coordination store is degraded). At most the degraded limit of its
+    /// calls run at once, at the degraded rate limit if any, waiting in a
+    /// queue of the same size and timeout as this bulkhead's; it is
+    /// degraded from the start and never switched. Rejections count under
+    /// this bulkhead's stage label (`full`, `queue_timeout`,
+    /// `degraded_rate`); it exports no degraded gauge of its own.
+    ///
+    /// Nest the lane's layer *outside* this bulkhead's, so that a call of
+    /// the lane takes a slot of both: the calls of both never exceed this
+    /// bulkhead's limit. (Queued in both, such a call waits for at most
+    /// twice the queue timeout.) Always the same lane for one bulkhead;
+    /// [`set_limits`](Self::set_limits) changes its limit too.
+    ///
+    /// ```
+    /// use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
+    ///
+    /// let main = BulkheadLayer::from_config(BulkheadConfig::new(32).degraded_limit(8));
+    /// let lane = main.handle().degraded_lane();
+    /// assert_eq!(lane.handle().limit(), 8);
+    /// assert_eq!(main.handle().limit(), 32, "the bulkhead itself stays healthy");
+    /// main.handle().set_limits(16, 4);
+    /// assert_eq!(lane.handle().limit(), 4);
+    /// ```
+    pub fn degraded_lane(&self) -> crate::BulkheadLayer {
+        crate::BulkheadLayer::from_handle(BulkheadHandle {
+            shared: Arc::clone(self.shared.lane()),
+        })
     }
 
     /// The limit in force now.

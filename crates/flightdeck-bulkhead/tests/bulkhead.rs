@@ -199,6 +199,78 @@ async fn degraded_limit_applies_to_new_calls_and_spares_running_ones() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_degraded_lane_holds_its_calls_to_the_degraded_limit_and_the_others_keep_the_normal_one(
+) {
+    let main = BulkheadLayer::from_config(
+        BulkheadConfig::new(4)
+            .degraded_limit(1)
+            .degraded_rate_limit(NonZeroU32::new(1).unwrap(), NonZeroU32::new(5).unwrap()),
+    );
+    let lane = main.handle().degraded_lane();
+    let probe = Probe::default();
+    let healthy = ServiceBuilder::new()
+        .layer(main.clone())
+        .service(probe.service());
+    let degraded = ServiceBuilder::new()
+        .layer(lane.clone())
+        .layer(main.clone())
+        .service(probe.service());
+
+    // One call of the lane runs; the next one is refused by the lane.
+    let first = tokio::spawn(degraded.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    let err = degraded.clone().oneshot(0).await.unwrap_err();
+    assert!(err.is::<BulkheadFull>(), "{err}");
+    // The healthy calls still get the normal limit: 3 more slots.
+    let others: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(healthy.clone().oneshot(0)))
+        .collect();
+    tokio::task::yield_now().await;
+    assert_eq!(probe.running.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        main.handle().active(),
+        4,
+        "a lane call holds a main slot too"
+    );
+    assert!(!main.handle().is_degraded());
+    assert!(healthy.clone().oneshot(0).await.is_err(), "main is full");
+    probe.release.notify_waiters();
+    first.await.unwrap().unwrap();
+    for r in others {
+        r.await.unwrap().unwrap();
+    }
+
+    // A lane call cannot take a slot that the healthy calls fill.
+    let fill: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(healthy.clone().oneshot(0)))
+        .collect();
+    tokio::task::yield_now().await;
+    assert!(degraded.clone().oneshot(0).await.is_err());
+    assert_eq!(lane.handle().active(), 0, "its lane slot was given back");
+    probe.release.notify_waiters();
+    for r in fill {
+        r.await.unwrap().unwrap();
+    }
+
+    // The degraded rate limit applies to the lane only: its burst (5) is
+    // spent by the lane calls above and these, while the healthy calls
+    // are not rate limited at all.
+    for _ in 0..2 {
+        degraded.clone().oneshot(1).await.unwrap();
+    }
+    let err = degraded.clone().oneshot(1).await.unwrap_err();
+    assert!(err.is::<RateLimited>(), "{err}");
+    for _ in 0..10 {
+        healthy.clone().oneshot(1).await.unwrap();
+    }
+
+    // Limits changed through the main handle change the lane's too.
+    main.handle().set_limits(8, 2);
+    assert_eq!(lane.handle().limit(), 2);
+    assert_eq!(main.handle().limit(), 8);
+}
+
+#[tokio::test(start_paused = true)]
 async fn raising_the_limit_hands_slots_to_queued_calls() {
     let layer = BulkheadLayer::from_config(
         BulkheadConfig::new(2)

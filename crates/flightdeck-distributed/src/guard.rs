@@ -1,7 +1,17 @@
 //! The breaker as a backend decorator: [`GuardedBackend`] puts a
-//! [`Breaker`] in front of a backend, so that an open circuit is one more
-//! failure before acquire ([`FailureClass::CircuitOpen`](crate::fallback::FailureClass::CircuitOpen)), decided by the
+//! [`Breaker`] per shard in front of a backend, so that an open circuit is
+//! one more failure before acquire ([`FailureClass::CircuitOpen`](crate::fallback::FailureClass::CircuitOpen)), decided by the
 //! same [`Fallback`](crate::fallback::Fallback) as any other.
+//!
+//! **Per shard.** Each flight is judged by the breaker of the shard that
+//! serves it ([`Backend::shard`]; see [`ShardBreakers`]): when one Redis
+//! Cluster primary fails, only the flights it serves are refused, and the
+//! others keep coordinating. A backend that is not sharded puts every
+//! flight on [`Shard::WHOLE`](crate::backend::Shard::WHOLE), judged by the
+//! breaker given to [`GuardedBackend::new`]. That breaker also stands for
+//! the whole store: while it is not closed (forced by hand, or tripped
+//! because the backend could not be reached at all), it judges every
+//! flight.
 //!
 //! Which calls the breaker sees, and how it judges them:
 //!
@@ -40,6 +50,9 @@
 //! assert!(backend.reject_early(&Shard::WHOLE).unwrap().is_rejected());
 //! ```
 
+mod breakers;
+
+use std::borrow::Cow;
 use std::fmt;
 
 use flightdeck_breaker::{Breaker, Outcome};
@@ -49,28 +62,43 @@ use crate::backend::{
     OwnerToken, Shard,
 };
 
-/// A backend behind a circuit breaker; see the [module docs](self).
+pub use breakers::{ShardBreakers, MAX_SHARD_BREAKERS};
+
+/// A backend behind a circuit breaker per shard; see the
+/// [module docs](self).
 pub struct GuardedBackend<B> {
     inner: B,
-    breaker: Breaker,
-    /// The breaker's name, for refusals that allocate no string.
+    breakers: ShardBreakers,
+    /// The whole-store breaker's name, for refusals that allocate no
+    /// string.
     name: std::sync::Arc<str>,
 }
 
 impl<B> GuardedBackend<B> {
-    /// Guards `inner` with `breaker`.
+    /// Guards `inner` with `breaker` for [`Shard::WHOLE`](crate::backend::Shard::WHOLE),
+    /// the template of every named shard's breaker (see [`ShardBreakers`]).
     pub fn new(inner: B, breaker: Breaker) -> Self {
-        let name = breaker.name().into();
+        Self::with_breakers(inner, ShardBreakers::new(breaker))
+    }
+
+    /// Guards `inner` with `breakers` (shared with whoever watches them).
+    pub fn with_breakers(inner: B, breakers: ShardBreakers) -> Self {
+        let name = breakers.whole().name().into();
         Self {
             inner,
-            breaker,
+            breakers,
             name,
         }
     }
 
-    /// The breaker.
+    /// The whole-store breaker ([`Shard::WHOLE`](crate::backend::Shard::WHOLE)'s).
     pub fn breaker(&self) -> &Breaker {
-        &self.breaker
+        self.breakers.whole()
+    }
+
+    /// Every shard's breaker.
+    pub fn breakers(&self) -> &ShardBreakers {
+        &self.breakers
     }
 
     /// The guarded backend.
@@ -79,11 +107,39 @@ impl<B> GuardedBackend<B> {
     }
 }
 
+impl<B: Backend> GuardedBackend<B> {
+    /// The breaker that judges `flight` now: its shard's (created if
+    /// needed), or the whole-store breaker while that one is not closed.
+    pub fn breaker_for(&self, flight: &FlightId) -> Breaker {
+        self.judge(flight).into_owned()
+    }
+
+    #[inline]
+    fn judge(&self, flight: &FlightId) -> Cow<'_, Breaker> {
+        if self.inner.sharded() {
+            self.breakers.judging(&self.inner.shard(flight))
+        } else {
+            Cow::Borrowed(self.breakers.whole())
+        }
+    }
+
+    /// A refusal by `breaker` (no string allocated for the whole-store
+    /// breaker).
+    fn refusal(&self, breaker: &Breaker) -> BackendError {
+        let name = if breaker.name() == &*self.name {
+            std::sync::Arc::clone(&self.name)
+        } else {
+            breaker.name().into()
+        };
+        BackendError::rejected(flightdeck_core::error::CircuitOpen::new(name))
+    }
+}
+
 impl<B: fmt::Debug> fmt::Debug for GuardedBackend<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardedBackend")
             .field("inner", &self.inner)
-            .field("breaker", &self.breaker)
+            .field("breakers", &self.breakers)
             .finish()
     }
 }
@@ -109,17 +165,16 @@ fn judged<T>(res: &Result<T, BackendError>) -> Outcome {
 
 impl<B: Backend> Backend for GuardedBackend<B> {
     fn reject_early(&self, shard: &Shard) -> Option<BackendError> {
-        if self.breaker.try_reject() {
-            return Some(BackendError::rejected(
-                flightdeck_core::error::CircuitOpen::new(std::sync::Arc::clone(&self.name)),
-            ));
+        let breaker = self.breakers.judging(shard);
+        if breaker.try_reject() {
+            return Some(self.refusal(&breaker));
         }
         let refused = self.inner.reject_early(shard)?;
         // The backend itself refused the flight before its first call
         // (no connection): judged like that call, so an outage seen this
         // way opens the circuit, and a half-open probe refused this way
         // fails.
-        if let Ok(permit) = self.breaker.try_acquire_past_ramp() {
+        if let Ok(permit) = breaker.try_acquire_past_ramp() {
             permit.record(Outcome::Failure);
         }
         Some(refused)
@@ -131,7 +186,7 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        let permit = match self.breaker.try_acquire_past_ramp() {
+        let permit = match self.judge(flight).try_acquire_past_ramp() {
             Ok(permit) => permit,
             Err(open) => return Box::pin(async move { Err(BackendError::rejected(open)) }),
         };
@@ -157,7 +212,7 @@ impl<B: Backend> Backend for GuardedBackend<B> {
             let res = call.await;
             if let Err(e) = &res {
                 if e.kind() == BackendErrorKind::Protocol {
-                    if let Ok(permit) = self.breaker.try_acquire_past_ramp() {
+                    if let Ok(permit) = self.judge(flight).try_acquire_past_ramp() {
                         permit.record(Outcome::Failure);
                     }
                 }
@@ -167,4 +222,189 @@ impl<B: Backend> Backend for GuardedBackend<B> {
     }
 
     crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, shard, sharded);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use flightdeck_breaker::{Breaker, BreakerConfig, CircuitState};
+    use flightdeck_core::{FlightKey, StageName};
+
+    use super::GuardedBackend;
+    use crate::backend::{
+        Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken, Shard,
+    };
+    use crate::memory::MemoryBackend;
+
+    /// The memory backend on two shards ("a" for keys starting with `a`,
+    /// "b" otherwise); the first acquires of a failing shard's flights
+    /// are unavailable.
+    #[derive(Default)]
+    struct TwoShards {
+        inner: MemoryBackend,
+        failing: Mutex<HashSet<Shard>>,
+        names: Mutex<Vec<(FlightId, Shard)>>,
+    }
+
+    impl TwoShards {
+        fn flight(&self, key: &str) -> FlightId {
+            let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("s").unwrap(), key));
+            let shard = Shard::new(if key.starts_with('a') { "a" } else { "b" });
+            self.names.lock().unwrap().push((flight, shard));
+            flight
+        }
+
+        fn fail(&self, shard: &str, yes: bool) {
+            let mut failing = self.failing.lock().unwrap();
+            if yes {
+                failing.insert(Shard::new(shard));
+            } else {
+                failing.remove(&Shard::new(shard));
+            }
+        }
+    }
+
+    impl Backend for TwoShards {
+        fn acquire<'a>(
+            &'a self,
+            flight: &'a FlightId,
+            token: &'a OwnerToken,
+            terms: &'a LeaseTerms,
+        ) -> BackendFuture<'a, Acquired> {
+            if self.failing.lock().unwrap().contains(&self.shard(flight)) {
+                return Box::pin(async { Err(BackendError::unavailable("shard down")) });
+            }
+            self.inner.acquire(flight, token, terms)
+        }
+
+        fn sharded(&self) -> bool {
+            true
+        }
+
+        fn shard(&self, flight: &FlightId) -> Shard {
+            let names = self.names.lock().unwrap();
+            names
+                .iter()
+                .find(|(f, _)| f == flight)
+                .map_or(Shard::WHOLE, |(_, s)| s.clone())
+        }
+
+        crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck, unreachable);
+    }
+
+    fn terms() -> LeaseTerms {
+        LeaseTerms {
+            lease: Duration::from_secs(5),
+            state_ttl: Duration::from_secs(20),
+            allow_takeover: true,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_shards_failures_open_only_its_own_breaker_until_its_probe_succeeds() {
+        let whole = Breaker::new(
+            "stage",
+            BreakerConfig::default()
+                .consecutive_failures(2)
+                .wait_in_open(Duration::from_secs(1))
+                .jitter(0.0, 0.0)
+                .half_open_probes(1)
+                .success_threshold(1),
+        )
+        .unwrap();
+        let backend = Arc::new(TwoShards::default());
+        let guarded = GuardedBackend::new(Arc::clone(&backend), whole.clone());
+        let created = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&created);
+        guarded.breakers().on_shard(move |shard, breaker| {
+            seen.lock()
+                .unwrap()
+                .push((shard.clone(), breaker.name().to_owned()))
+        });
+        let token = OwnerToken::random();
+        backend.fail("a", true);
+
+        for i in 0..2 {
+            let f = backend.flight(&format!("a{i}"));
+            assert!(
+                guarded.reject_early(&guarded.shard(&f)).is_none(),
+                "closed: not refused yet"
+            );
+            let err = guarded.acquire(&f, &token, &terms()).await.unwrap_err();
+            assert!(!err.is_rejected(), "the backend's own failure");
+        }
+        let a = guarded
+            .breakers()
+            .get(&Shard::new("a"))
+            .expect("created on first use");
+        assert_eq!(a.name(), "stage@a");
+        assert_eq!(a.state(), CircuitState::Open);
+        assert_eq!(
+            whole.state(),
+            CircuitState::Closed,
+            "the whole store is not judged"
+        );
+
+        // Shard a's flights are refused before any call; shard b's go on.
+        let fa = backend.flight("a-next");
+        let refused = guarded
+            .reject_early(&guarded.shard(&fa))
+            .expect("a's breaker is open");
+        assert!(refused.is_rejected());
+        assert!(refused.to_string().contains("stage@a"), "{refused}");
+        let fb = backend.flight("b1");
+        assert!(guarded.reject_early(&guarded.shard(&fb)).is_none());
+        assert!(matches!(
+            guarded.acquire(&fb, &token, &terms()).await.unwrap(),
+            Acquired::Owner { .. }
+        ));
+        let b = guarded.breaker_for(&fb);
+        assert_eq!(b.name(), "stage@b");
+        assert_eq!(b.state(), CircuitState::Closed);
+        assert_eq!(
+            *created.lock().unwrap(),
+            vec![
+                (Shard::new("a"), "stage@a".to_owned()),
+                (Shard::new("b"), "stage@b".to_owned())
+            ],
+            "each shard's breaker announced once, when created"
+        );
+
+        // Shard a recovers: after the open wait its probe succeeds and
+        // closes its breaker.
+        backend.fail("a", false);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert!(guarded.reject_early(&guarded.shard(&fa)).is_none());
+        assert_eq!(a.state(), CircuitState::HalfOpen);
+        guarded.acquire(&fa, &token, &terms()).await.unwrap();
+        assert_eq!(a.state(), CircuitState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_whole_store_breaker_judges_every_flight_while_it_is_not_closed() {
+        let whole = Breaker::new("stage", BreakerConfig::default()).unwrap();
+        let backend = Arc::new(TwoShards::default());
+        let guarded = GuardedBackend::new(Arc::clone(&backend), whole.clone());
+        let fa = backend.flight("a1");
+        assert_eq!(guarded.breaker_for(&fa).name(), "stage@a");
+        whole.force_open();
+        assert_eq!(guarded.breaker_for(&fa).name(), "stage");
+        let refused = guarded
+            .reject_early(&guarded.shard(&fa))
+            .expect("forced open for every shard");
+        assert!(refused.is_rejected());
+        let err = guarded
+            .acquire(&fa, &OwnerToken::random(), &terms())
+            .await
+            .unwrap_err();
+        assert!(err.is_rejected());
+        whole.reset();
+        assert!(guarded.reject_early(&guarded.shard(&fa)).is_none());
+        // A flight on no named shard is the whole store's.
+        let other = FlightId::of(&FlightKey::from_bytes(StageName::new("s").unwrap(), "x"));
+        assert_eq!(guarded.breaker_for(&other).name(), "stage");
+    }
 }

@@ -107,7 +107,7 @@ pub use execute::ExtensionFence;
 pub use execute::{Execute, Fence, NoFence, Role};
 pub use fallback::{FailureClass, Fallback, Propagate, Verdict, WaitEnded};
 pub use flights::DistributedFlights;
-pub use guard::GuardedBackend;
+pub use guard::{GuardedBackend, ShardBreakers};
 pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
 pub use service::DistributedFlight;

@@ -7,6 +7,11 @@
 /// Label name for the stage.
 pub const LABEL_STAGE: &str = "stage";
 
+/// Label name for the shard of a sharded coordination store (a Redis
+/// Cluster primary) on [`DEGRADED`] and [`DEGRADED_DURATION`]; absent on
+/// the series of a store that is not sharded (and of the whole store).
+pub const LABEL_SHARD: &str = "shard";
+
 /// Counter: calls that started a local flight (the L1 leader).
 pub const LOCAL_OWNER_TOTAL: &str = "singleflight_local_owner_total";
 /// Counter: calls that joined a running local flight.
@@ -95,10 +100,11 @@ pub const FAIL_FAST_TOTAL: &str = "singleflight_fail_fast_total";
 /// `wait` | `in_progress` | `fail` | `local`).
 pub const WAIT_FAILURE_TOTAL: &str = "singleflight_wait_failure_total";
 /// Gauge: 1 while a stage is degraded (its coordination breaker is open or
-/// probing), else 0.
+/// probing), else 0. Without a [`LABEL_SHARD`]: the whole store; with
+/// one: that shard of a sharded store, whose flights only are degraded.
 pub const DEGRADED: &str = "singleflight_degraded";
-/// Histogram (seconds): how long each degraded period of a stage lasted,
-/// recorded when it ends.
+/// Histogram (seconds): how long each degraded period of a stage (or, with
+/// a [`LABEL_SHARD`], of one shard) lasted, recorded when it ends.
 pub const DEGRADED_DURATION: &str = "singleflight_degraded_duration";
 /// Gauge: the stage's mode (0 DISTRIBUTED_ONLY, 1 LOCAL_ONLY, 2 HYBRID,
 /// 3 BYPASS).
