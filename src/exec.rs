@@ -14,8 +14,9 @@ use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::{Serves, Share, Shareable};
 use flightdeck_distributed::{Execute, Fence, FlightId, Role};
 use pin_project_lite::pin_project;
+use tokio::time::timeout;
 use tokio::time::Instant;
-use tower::util::{Either, ServiceExt};
+use tower::util::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -63,23 +64,31 @@ impl<S, Sh: flightdeck_core::SharedForm, F, C> Exec<S, Sh, F, C> {
         let degraded = self
             .flight
             .is_some_and(|f| self.stage.ctl.in_degraded_shard(&f));
-        let call = if degraded {
-            Either::Left(self.stage.lane.layer(bulkhead))
+        // The degraded lane's call is boxed: the common path's future does
+        // not grow by it.
+        let resp = if degraded {
+            let call = Box::pin(self.stage.lane.layer(bulkhead).oneshot(req));
+            match self.bound {
+                None => call.await?,
+                Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
+            }
         } else {
-            Either::Right(bulkhead)
-        }
-        .oneshot(req);
-        let resp = match self.bound {
-            None => call.await?,
-            Some(bound) => tokio::time::timeout(bound, call)
-                .await
-                .map_err(|_| DeadlineExceeded::new("execution"))??,
+            let call = bulkhead.oneshot(req);
+            match self.bound {
+                None => call.await?,
+                Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
+            }
         };
         Ok(match self.share.share(resp).await? {
             Shareable::Shared(v) => Shareable::Shared(self.share.record(v, leader)),
             unshared => unshared,
         })
     }
+}
+
+/// The execution slice ran out.
+fn out_of_time() -> DeadlineExceeded {
+    DeadlineExceeded::new("execution")
 }
 
 impl<S, Req, Sh, F, C> Execute<Req> for Exec<S, Sh, F, C>

@@ -621,7 +621,9 @@ async fn breaker_open_sends_nothing_half_open_sends_the_probes_then_distributed_
     let backend = redis_backend(redis.url()).await;
     let mut cfg = fast(Mode::Hybrid);
     cfg.breaker.consecutive_failures = Some(2);
-    cfg.breaker.wait_in_open = Duration::from_secs(1);
+    // Long enough for Redis to come back and drain while still open, on a
+    // loaded machine too; the test waits for its end, not for 4 s.
+    cfg.breaker.wait_in_open = Duration::from_secs(4);
     cfg.breaker.half_open_probes = 2;
     // No heartbeat within the 300 ms probes: each probe flight is exactly
     // acquire + commit on the server.
@@ -683,6 +685,11 @@ async fn breaker_open_sends_nothing_half_open_sends_the_probes_then_distributed_
     }
     assert!(warmed, "redis answers again");
     tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        handle.breaker().state(),
+        CircuitState::Open,
+        "still open after the reconnect (the open period is long enough for a loaded machine)"
+    );
 
     // Open: twelve concurrent requests (under the degraded limit), zero
     // commands reach Redis.

@@ -18,7 +18,7 @@
 //! once per stage and recorder, whether the start is worth reading at all.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock, Weak};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use flightdeck_core::metric::{records, Generation, Handles};
 use flightdeck_core::{metric, StageName, Unshareable};
@@ -28,19 +28,12 @@ use tokio::time::Instant;
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-/// Counts the running flights of a stage (for the gauge of a recorder that
-/// appears while they run).
-pub(crate) trait RunningOf: Send + Sync {
-    fn running_of(&self, stage: &StageName) -> usize;
-}
-
 /// Metric handles of one stage.
 pub(crate) struct StageMetrics {
     /// The stage they belong to (for the errors of waiters).
     pub(crate) stage: StageName,
     /// Whether the layer times its work (see [`Registry::new`]).
     time_work: bool,
-    running: Weak<dyn RunningOf>,
     handles: Handles<Bundle>,
 }
 
@@ -106,9 +99,10 @@ impl Bundle {
         let counter = |name| r.register_counter(&key(name), &METADATA);
         let exec = r.register_histogram(&key(metric::EXECUTION_DURATION), &METADATA);
         let active = r.register_gauge(&key(metric::ACTIVE_FLIGHTS), &METADATA);
-        // Flights already running count from the start (the recorder may
-        // have come after them).
-        active.set(m.running.upgrade().map_or(0, |g| g.running_of(stage)) as f64);
+        // Published at once. Flights already running when a recorder is
+        // first seen are not in its gauge: each flight counts in and out
+        // under the recorder it started under (see `resolve`).
+        active.set(0.0);
         Self {
             owner: counter(metric::LOCAL_OWNER_TOTAL),
             waiter: counter(metric::LOCAL_WAITER_TOTAL),
@@ -128,11 +122,10 @@ impl Bundle {
 }
 
 impl StageMetrics {
-    fn new(stage: &StageName, time_work: bool, running: Weak<dyn RunningOf>) -> Self {
+    fn new(stage: &StageName, time_work: bool) -> Self {
         Self {
             stage: stage.clone(),
             time_work,
-            running,
             handles: Handles::new(),
         }
     }
@@ -234,7 +227,6 @@ impl StageMetrics {
 pub(crate) struct Registry {
     /// Whether executions are timed (see [`Registry::new`]).
     time_work: bool,
-    running: Weak<dyn RunningOf>,
     first: OnceLock<(StageName, Arc<StageMetrics>)>,
     stages: RwLock<HashMap<StageName, Arc<StageMetrics>, foldhash::fast::RandomState>>,
 }
@@ -270,12 +262,10 @@ impl std::ops::Deref for Metrics<'_> {
 
 impl Registry {
     /// `time_work`: whether the layer times its work (the `tower` shell
-    /// does; the facade times real executions itself). `running` counts a
-    /// stage's running flights.
-    pub(crate) fn new(time_work: bool, running: Weak<dyn RunningOf>) -> Self {
+    /// does; the facade times real executions itself).
+    pub(crate) fn new(time_work: bool) -> Self {
         Self {
             time_work,
-            running,
             first: OnceLock::new(),
             stages: RwLock::default(),
         }
@@ -311,11 +301,7 @@ impl Registry {
         let (name, m) = self.first.get_or_init(|| {
             (
                 stage.clone(),
-                Arc::new(StageMetrics::new(
-                    stage,
-                    self.time_work,
-                    self.running.clone(),
-                )),
+                Arc::new(StageMetrics::new(stage, self.time_work)),
             )
         });
         if name == stage {
@@ -331,11 +317,7 @@ impl Registry {
         }
         // Registered out of the lock (the recorder is the user's code), and
         // kept for good: a process has at most `MAX_STAGE_NAMES` stages.
-        let m = Arc::new(StageMetrics::new(
-            stage,
-            self.time_work,
-            self.running.clone(),
-        ));
+        let m = Arc::new(StageMetrics::new(stage, self.time_work));
         let mut w = self.stages.write().unwrap_or_else(|e| e.into_inner());
         Metrics::Other(Arc::clone(w.entry(stage.clone()).or_insert(m)))
     }
@@ -369,27 +351,15 @@ mod tests {
         assert!(samples.iter().all(|&n| n == 0), "{samples:?}");
     }
 
-    struct Idle;
-
-    impl RunningOf for Idle {
-        fn running_of(&self, _stage: &StageName) -> usize {
-            0
-        }
-    }
-
-    fn none() -> Weak<dyn RunningOf> {
-        Weak::<Idle>::new()
-    }
-
     #[test]
     fn a_stage_is_timed_only_with_a_recorder() {
         let stage = StageName::new("timed").unwrap();
-        assert!(!StageMetrics::new(&stage, true, none()).resolve().1);
+        assert!(!StageMetrics::new(&stage, true).resolve().1);
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || {
-            assert!(StageMetrics::new(&stage, true, none()).resolve().1);
+            assert!(StageMetrics::new(&stage, true).resolve().1);
             assert!(
-                !StageMetrics::new(&stage, false, none()).resolve().1,
+                !StageMetrics::new(&stage, false).resolve().1,
                 "unless the layer times no work"
             );
         });

@@ -181,13 +181,15 @@ impl Backend for RedisBackend {
     }
 
     /// In a cluster: refused (*unavailable*, nothing sent) when the
-    /// shard's primary has no connection, or the flight's slot is not in
-    /// our map ([`Shard::WHOLE`]); flights of the other primaries go on.
-    /// One server: as [`unreachable`](Self::unreachable).
+    /// shard's primary has no connection, or no primary serves the
+    /// flight's slot in our map (the shard `unmapped`, also while the map
+    /// is not known); flights of the other primaries go on. For
+    /// [`Shard::WHOLE`] (a caller that did not name the flight's shard),
+    /// and for one server: as [`unreachable`](Self::unreachable).
     fn reject_early(&self, shard: &Shard) -> Option<BackendError> {
-        match &self.inner.topology {
-            Topology::Single(_) => self.unreachable(),
-            Topology::Cluster(cluster) => cluster.refuse(shard.name()),
+        match (&self.inner.topology, shard.name()) {
+            (Topology::Cluster(cluster), Some(primary)) => cluster.refuse(primary),
+            _ => self.unreachable(),
         }
     }
 
@@ -197,8 +199,8 @@ impl Backend for RedisBackend {
     }
 
     /// In a cluster, the primary serving the flight's slot (`host:port`,
-    /// by our slot map; [`Shard::WHOLE`] while the map is not known). One
-    /// server: [`Shard::WHOLE`].
+    /// by our slot map; `unmapped` while the map is not known or names no
+    /// primary for the slot). One server: [`Shard::WHOLE`].
     fn shard(&self, flight: &FlightId) -> Shard {
         self.inner.topology.shard(self.slot(flight))
     }

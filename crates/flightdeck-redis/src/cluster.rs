@@ -31,6 +31,11 @@ pub(crate) const REFRESH_PERIOD: Duration = Duration::from_secs(5);
 /// Hash slots of Redis Cluster.
 const SLOTS: u32 = 16384;
 
+/// The shard of flights whose slot no primary serves in our map (or while
+/// the map is not known): judged apart from every primary's, and from the
+/// whole store.
+pub(crate) const UNMAPPED: &str = "unmapped";
+
 /// One range of slots and the primary serving it (`host:port`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Range {
@@ -167,9 +172,10 @@ impl Cluster {
     }
 
     /// Why no call can be sent to the shard named `primary` (see
-    /// [`Backend::shard`](flightdeck_distributed::Backend::shard): `None`
-    /// when the slot map is not known or names no primary for the slot).
-    pub(crate) fn refuse(&self, primary: Option<&str>) -> Option<BackendError> {
+    /// [`Backend::shard`](flightdeck_distributed::Backend::shard);
+    /// [`UNMAPPED`] when the slot map is not known or names no primary for
+    /// the flight's slot).
+    pub(crate) fn refuse(&self, primary: &str) -> Option<BackendError> {
         let state = self.read();
         if state.map.is_none() {
             return Some(BackendError::unavailable(format!(
@@ -177,11 +183,11 @@ impl Cluster {
                 self.why_no_map()
             )));
         }
-        let Some(primary) = primary else {
+        if primary == UNMAPPED {
             return Some(BackendError::unavailable(
                 "redis cluster slot is served by no primary",
             ));
-        };
+        }
         match state.nodes.get(primary) {
             Some(node) if node.client.is_connected() => None,
             Some(node) => Some(crate::routing::not_connected(node)),

@@ -67,7 +67,9 @@ impl Topology {
     pub(crate) fn shard(&self, slot: u16) -> Shard {
         match self {
             Self::Single(_) => Shard::WHOLE,
-            Self::Cluster(cluster) => cluster.primary_of(slot).map_or(Shard::WHOLE, Shard::new),
+            Self::Cluster(cluster) => cluster
+                .primary_of(slot)
+                .map_or_else(|| Shard::new(crate::cluster::UNMAPPED), Shard::new),
         }
     }
 

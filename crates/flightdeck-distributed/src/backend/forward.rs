@@ -27,7 +27,8 @@
 ///         self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 ///         self.inner.acquire(flight, token, terms)
 ///     }
-///     forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck, reject_early);
+///     forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck,
+///         reject_early, unreachable, sharded, shard);
 /// }
 /// ```
 #[macro_export]

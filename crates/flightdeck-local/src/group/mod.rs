@@ -39,7 +39,7 @@ use self::slot::{Expired, FlightId, Join, Leader, Place, Replay, Running, Shard,
 use self::timers::{Timeline, Timers};
 use self::tokens::{TokenPool, Tokens};
 use crate::flights::Caller;
-use crate::metrics::{Registry, RunningOf, StageMetrics};
+use crate::metrics::{Registry, StageMetrics};
 use crate::policy::{FlightPolicy, OnAbandon};
 
 // Keys are BLAKE3 digests already; foldhash (seeded per process) is enough
@@ -73,23 +73,6 @@ pub(crate) fn later(at: Instant, d: std::time::Duration) -> Instant {
         .unwrap_or_else(|| at + std::time::Duration::from_secs(86_400 * 365 * 30))
 }
 
-impl<V: Send + Sync + 'static> RunningOf for Group<V> {
-    fn running_of(&self, stage: &flightdeck_core::StageName) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                lock(s)
-                    .table
-                    .iter()
-                    .filter(|slot| {
-                        matches!(slot.state, SlotState::Running(_)) && slot.key.stage() == stage
-                    })
-                    .count()
-            })
-            .sum()
-    }
-}
-
 impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// `time_work`: whether executions are timed here (see
     /// `StageMetrics::new`).
@@ -111,7 +94,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 })
                 .collect(),
             hasher: Hasher::default(),
-            metrics: Registry::new(time_work, me.clone() as Weak<dyn RunningOf>),
+            metrics: Registry::new(time_work),
             tokens: TokenPool::new(policy.max_flights, n),
             timers: Timers::new(),
             me: me.clone(),
