@@ -265,6 +265,10 @@ pub(crate) type Peers = Box<dyn Fn() + Send + Sync>;
 /// [`Control::watch`]).
 const RECORDER_POLL: Duration = Duration::from_secs(1);
 
+/// How often a stage over a sharded backend forgets the shards that no
+/// longer serve flights (see [`Control::retire_gone_shards`]).
+const SHARD_CHECK: Duration = Duration::from_secs(5);
+
 impl Control {
     pub(crate) fn new(
         name: StageName,
@@ -338,10 +342,13 @@ impl Control {
         };
         let mut events = self.breaker.subscribe();
         let mut looking = !self.publish();
+        let sharded = self.backend.as_ref().is_some_and(|b| b.sharded());
         let ctl = Arc::downgrade(self);
         drop(rt.spawn(async move {
             let mut poll = tokio::time::interval(RECORDER_POLL);
             poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut check = tokio::time::interval(SHARD_CHECK);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     event = events.recv() => match event {
@@ -353,6 +360,10 @@ impl Control {
                     },
                     _ = poll.tick(), if looking => match ctl.upgrade() {
                         Some(ctl) => looking = !ctl.publish(),
+                        None => return,
+                    },
+                    _ = check.tick(), if sharded => match ctl.upgrade() {
+                        Some(ctl) => ctl.retire_gone_shards(),
                         None => return,
                     },
                 }
@@ -542,24 +553,49 @@ impl Control {
             }
             (false, Some(start)) => {
                 st.since = None;
-                self.shards_degraded.fetch_sub(1, Ordering::AcqRel);
-                let lasted = start.elapsed();
-                shard_gauge(self, shard).set(0.0);
-                metrics::histogram!(
-                    metric::DEGRADED_DURATION,
-                    metric::LABEL_STAGE => self.name.as_str().to_owned(),
-                    metric::LABEL_SHARD => shard.to_string()
-                )
-                .record(lasted.as_secs_f64());
-                tracing::warn!(
-                    stage = %self.name,
-                    %shard,
-                    degraded_for = ?lasted,
-                    "shard left degraded mode: its coordination breaker closed"
-                );
+                self.shard_recovered(shard, start, "its coordination breaker closed");
             }
             _ => {}
         }
+    }
+
+    /// Forgets the named shards the backend no longer serves flights from
+    /// ([`Backend::shards`]: a primary replaced in a failover, say): their
+    /// breakers are dropped, and a degraded period ends (nothing would
+    /// ever probe their breakers again, so they would stay degraded, and
+    /// alerting, for good). A shard that comes back starts closed.
+    pub(crate) fn retire_gone_shards(&self) {
+        let Some(serving) = self.backend.as_ref().and_then(|b| b.shards()) else {
+            return;
+        };
+        for shard in self.breakers.retire(&serving) {
+            let Some(st) = self.shards().remove(&shard) else {
+                continue;
+            };
+            if let Some(start) = st.since {
+                self.shard_recovered(&shard, start, "it no longer serves any flight");
+            }
+        }
+    }
+
+    /// A named shard's degraded period that began at `start` ended
+    /// (`why`): counted, timed, logged.
+    fn shard_recovered(&self, shard: &Shard, start: Instant, why: &str) {
+        self.shards_degraded.fetch_sub(1, Ordering::AcqRel);
+        let lasted = start.elapsed();
+        shard_gauge(self, shard).set(0.0);
+        metrics::histogram!(
+            metric::DEGRADED_DURATION,
+            metric::LABEL_STAGE => self.name.as_str().to_owned(),
+            metric::LABEL_SHARD => shard.to_string()
+        )
+        .record(lasted.as_secs_f64());
+        tracing::warn!(
+            stage = %self.name,
+            %shard,
+            degraded_for = ?lasted,
+            "shard left degraded mode: {why}"
+        );
     }
 
     /// Follows every breaker: the whole store's and each named shard's.

@@ -42,6 +42,8 @@ fn shard_name(flight: &FlightId) -> &'static str {
 struct Sharded {
     inner: MemoryBackend,
     failing: Mutex<HashSet<&'static str>>,
+    /// Shards no longer serving flights (a primary replaced in a failover).
+    gone: Mutex<HashSet<&'static str>>,
 }
 
 impl Sharded {
@@ -93,6 +95,17 @@ impl Backend for Sharded {
 
     fn shard(&self, flight: &FlightId) -> Shard {
         Shard::new(shard_name(flight))
+    }
+
+    fn shards(&self) -> Option<Vec<Shard>> {
+        let gone = self.gone.lock().unwrap();
+        Some(
+            SHARDS
+                .iter()
+                .filter(|s| !gone.contains(*s))
+                .map(|s| Shard::new(*s))
+                .collect(),
+        )
     }
 }
 
@@ -422,4 +435,36 @@ async fn forcing_the_stage_breaker_open_degrades_every_shard() {
     handle.breaker().reset();
     assert!(!handle.is_degraded());
     assert_eq!(gauge_shard(metric::DEGRADED, stage, None), Some(0.0));
+}
+
+/// A degraded shard that stops serving flights (its primary was replaced:
+/// nothing will ever probe its breaker again) stops being degraded within
+/// the stage's shard check, on every node; its gauge goes back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_shard_that_went_away_is_forgotten() {
+    metrics_on();
+    let stage = "shard-gone";
+    let (backend, _work, nodes) = healthy(stage, Mode::Hybrid).await;
+    backend.fail("s0", true);
+    open_s0(stage, &nodes, "open").await;
+    assert_only_s0_degraded(stage, &nodes);
+
+    backend.gone.lock().unwrap().insert("s0");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while nodes.iter().any(|n| n.handle.is_degraded()) {
+        assert!(
+            Instant::now() < deadline,
+            "a shard that went away stays degraded"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    for node in &nodes {
+        assert!(node.handle.degraded_shards().is_empty());
+        assert!(
+            node.handle.breakers().get(&s("s0")).is_none(),
+            "its breaker is dropped"
+        );
+        assert!(node.handle.breakers().get(&s("s1")).is_some());
+    }
+    assert_eq!(gauge_shard(metric::DEGRADED, stage, Some("s0")), Some(0.0));
 }

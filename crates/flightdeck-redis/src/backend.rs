@@ -193,6 +193,15 @@ impl Backend for RedisBackend {
         }
     }
 
+    /// In a cluster, once the slot map is known: its primaries (and
+    /// `unmapped` while some slot has none).
+    fn shards(&self) -> Option<Vec<Shard>> {
+        match &self.inner.topology {
+            Topology::Cluster(cluster) => cluster.shards(),
+            Topology::Single(_) => None,
+        }
+    }
+
     /// In a cluster.
     fn sharded(&self) -> bool {
         matches!(self.inner.topology, Topology::Cluster(_))

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use flightdeck_distributed::backend::BackendError;
+use flightdeck_distributed::backend::{BackendError, Shard};
 use fred::prelude::*;
 use fred::types::config::ServerConfig;
 use fred::types::{ClusterHash, CustomCommand};
@@ -195,6 +195,27 @@ impl Cluster {
                 "redis cluster primary {primary} has no client"
             ))),
         }
+    }
+
+    /// The shards flights are served from now: the map's primaries, and
+    /// [`UNMAPPED`] when some slot has none; `None` while the map is not
+    /// known.
+    pub(crate) fn shards(&self) -> Option<Vec<Shard>> {
+        let state = self.read();
+        let map = state.map.as_ref()?;
+        let mut shards: Vec<Shard> = Vec::new();
+        let mut covered = 0u32;
+        for r in map {
+            covered += u32::from(r.last) - u32::from(r.first) + 1;
+            let shard = Shard::new(Arc::clone(&r.primary));
+            if !shards.contains(&shard) {
+                shards.push(shard);
+            }
+        }
+        if covered < SLOTS {
+            shards.push(Shard::new(UNMAPPED));
+        }
+        Some(shards)
     }
 
     /// The `host:port` of the primary serving `slot`, if known.

@@ -28,7 +28,7 @@
 ///         self.inner.acquire(flight, token, terms)
 ///     }
 ///     forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck,
-///         reject_early, unreachable, sharded, shard);
+///         reject_early, unreachable, sharded, shard, shards);
 /// }
 /// ```
 #[macro_export]
@@ -86,6 +86,11 @@ macro_rules! forward_backend {
     (@one $via:tt reject_early) => {
         fn reject_early(&self, shard: &$crate::backend::Shard) -> ::std::option::Option<$crate::BackendError> {
                         $crate::Backend::reject_early($crate::forward_backend!(@via self $via), shard)
+        }
+    };
+    (@one $via:tt shards) => {
+        fn shards(&self) -> ::std::option::Option<::std::vec::Vec<$crate::backend::Shard>> {
+                        $crate::Backend::shards($crate::forward_backend!(@via self $via))
         }
     };
     (@one $via:tt sharded) => {

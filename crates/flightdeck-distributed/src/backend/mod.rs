@@ -200,6 +200,15 @@ pub trait Backend: Send + Sync + 'static {
         Shard::WHOLE
     }
 
+    /// The shards serving flights now, when the backend knows them (a
+    /// Redis Cluster's primaries, by its slot map); `None` by default. A
+    /// decorator forgets the state it kept for a shard that is no longer
+    /// among them (a primary replaced in a failover): nothing would ever
+    /// probe it again.
+    fn shards(&self) -> Option<Vec<Shard>> {
+        None
+    }
+
     /// The backend knows it can send no call at all (no connection to any
     /// node): an unavailable error saying why. A layer built on a backend
     /// that answers so starts degraded. `None` by default.
@@ -236,5 +245,5 @@ pub trait Backend: Send + Sync + 'static {
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, unreachable);
+    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, shards, unreachable);
 }

@@ -35,9 +35,10 @@ type OnShard = Arc<dyn Fn(&Shard, &Breaker) + Send + Sync>;
 ///   backend names its primaries). At most [`MAX_SHARD_BREAKERS`] named
 ///   shards get a breaker; the flights of any further shard are judged by
 ///   the whole-store breaker (a warning is logged once), which is how a
-///   backend that is not sharded is judged. A breaker, once created, is
-///   kept for the backend's lifetime (a shard that went away costs one
-///   idle breaker).
+///   backend that is not sharded is judged. The breaker of a shard that
+///   went away (a primary replaced in a failover) is dropped by
+///   [`retire`](Self::retire); created again, if the shard comes back,
+///   closed.
 ///
 /// ```
 /// use flightdeck_breaker::{Breaker, BreakerConfig, CircuitState};
@@ -143,6 +144,31 @@ impl ShardBreakers {
             f(&shard, &breaker);
         }
         hooks.push(Arc::new(f));
+    }
+
+    /// Drops the breakers of the named shards not in `serving` (the shards
+    /// the backend serves flights from now, see
+    /// [`Backend::shards`](crate::Backend::shards)); returns the shards
+    /// dropped.
+    pub fn retire(&self, serving: &[Shard]) -> Vec<Shard> {
+        if !self.has_named() {
+            return Vec::new();
+        }
+        let mut named = self
+            .inner
+            .named
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let gone: Vec<Shard> = named
+            .keys()
+            .filter(|s| !serving.contains(s))
+            .cloned()
+            .collect();
+        for shard in &gone {
+            named.remove(shard);
+        }
+        self.inner.count.store(named.len(), Ordering::Release);
+        gone
     }
 
     fn of(&self, shard: &Shard) -> Cow<'_, Breaker> {
