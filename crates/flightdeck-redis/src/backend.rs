@@ -126,7 +126,7 @@ impl RedisBackend {
         let deadline = tokio::time::Instant::now() + subs.timeout;
         loop {
             let refreshes = self.refreshes();
-            let node = self.inner.topology.route(slot)?;
+            let node = self.inner.topology.route_within(slot, deadline).await?;
             if !node.subscriber.is_connected() {
                 // fred would queue the SUBSCRIBE until a reconnect.
                 return Err(not_connected(&node));

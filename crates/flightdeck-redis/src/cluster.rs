@@ -189,7 +189,9 @@ impl Cluster {
             ));
         }
         match state.nodes.get(primary) {
-            Some(node) if node.client.is_connected() => None,
+            // Connected, or connecting (no attempt failed yet: a new
+            // primary, say): the call waits for it within its deadline.
+            Some(node) if node.client.is_connected() || !node.link.is_failing() => None,
             Some(node) => Some(crate::routing::not_connected(node)),
             None => Some(BackendError::unavailable(format!(
                 "redis cluster primary {primary} has no client"

@@ -70,7 +70,7 @@ impl RedisBackend {
         let deadline = tokio::time::Instant::now() + t;
         loop {
             let refreshes = self.refreshes();
-            let node = inner.topology.route(slot)?;
+            let node = inner.topology.route_within(slot, deadline).await?;
             let with = node.client.with_options(&inner.opts);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let mut args = Vec::with_capacity(argv.len() + 1);

@@ -46,20 +46,31 @@ pub(crate) enum Topology {
 
 impl Topology {
     /// The node to send a call for `slot` on, or why there is none
-    /// (unavailable: nothing can be sent). A cluster refuses at once when
-    /// the slot's primary has no connection; one server leaves that to
-    /// fred (`fail_fast`), as it knows best.
-    pub(crate) fn route(&self, slot: u16) -> Result<Arc<Node>, BackendError> {
-        match self {
-            Self::Single(node) => Ok(node.clone()),
-            Self::Cluster(cluster) => {
-                let node = cluster.node_for(slot)?;
-                if node.client.is_connected() {
-                    Ok(node)
-                } else {
-                    Err(not_connected(&node))
-                }
-            }
+    /// (unavailable: nothing can be sent). One server leaves that to fred
+    /// (`fail_fast`), as it knows best. A cluster refuses at once when the
+    /// slot's primary fails to connect; a primary whose connection is
+    /// being made (a new primary after a failover or a reshard, or one
+    /// reconnecting whose attempt has not failed yet) is waited for until
+    /// `deadline`.
+    pub(crate) async fn route_within(
+        &self,
+        slot: u16,
+        deadline: tokio::time::Instant,
+    ) -> Result<Arc<Node>, BackendError> {
+        let cluster = match self {
+            Self::Single(node) => return Ok(node.clone()),
+            Self::Cluster(cluster) => cluster,
+        };
+        let node = cluster.node_for(slot)?;
+        if node.client.is_connected() {
+            return Ok(node);
+        }
+        if node.link.is_failing() {
+            return Err(not_connected(&node));
+        }
+        match tokio::time::timeout_at(deadline, node.client.wait_for_connect()).await {
+            Ok(Ok(())) => Ok(node),
+            _ => Err(not_connected(&node)),
         }
     }
 
