@@ -163,3 +163,17 @@ pub(crate) const COMMIT: usize = 2;
 pub(crate) const ABANDON: usize = 3;
 pub(crate) const INVALIDATE: usize = 4;
 pub(crate) const RELEASE: usize = 5;
+
+#[cfg(test)]
+mod tests {
+    use super::{time_for_one_more, MIGRATION_PAUSE};
+    use tokio::time::Instant;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_needs_a_migration_pause_left() {
+        let now = Instant::now();
+        assert!(time_for_one_more(now + 2 * MIGRATION_PAUSE));
+        assert!(!time_for_one_more(now + MIGRATION_PAUSE));
+        assert!(!time_for_one_more(now));
+    }
+}
