@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use flightdeck::core::error::{find, BoxError, BulkheadFull, CircuitOpen, ErrorClass};
+use flightdeck::core::error::{find, BoxError, CircuitOpen, ErrorClass};
 use flightdeck::core::{metric, FlightKey, StageName};
 use flightdeck::distributed::backend::{
     AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
     LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
-use flightdeck::{Mode, StageHandle};
+use flightdeck::Mode;
 use flightdeck_testkit::MemoryBackend;
 use tokio::time::{sleep, Instant};
 use tower::ServiceExt;
@@ -118,37 +118,13 @@ fn key_on(stage: &str, shard: &str, tag: &str) -> String {
         .expect("some key lands on every shard")
 }
 
-fn config(mode: Mode) -> flightdeck::StageConfig {
-    let mut cfg = fast(mode);
-    cfg.breaker.consecutive_failures = Some(2);
-    cfg.breaker.wait_in_open = Duration::from_secs(3);
-    cfg.breaker.half_open_probes = 1;
-    cfg.bulkhead.limit = 4;
-    cfg.bulkhead.degraded_limit = Some(1);
-    cfg
-}
-
-struct Node {
-    svc: Svc,
-    /// The same node, with work that takes a second (for overlaps that
-    /// must hold on a loaded machine).
-    slow: Svc,
-    handle: StageHandle,
-}
+type Node = StageNode;
 
 fn nodes(stage: &str, mode: Mode, backend: &Arc<Sharded>, work: &Work) -> Vec<Node> {
     (0..2)
         .map(|_| {
-            let layer = builder(stage)
-                .stage(stage, config(mode))
-                .backend("redis", Arc::clone(backend))
-                .build()
-                .unwrap();
-            Node {
-                svc: stack(&layer, work, Duration::from_millis(300)),
-                slow: stack(&layer, work, Duration::from_secs(1)),
-                handle: layer.stage(stage).unwrap(),
-            }
+            let cfg = shard_outage_config(mode, Duration::from_secs(3));
+            stage_node(stage, cfg, Arc::clone(backend), work)
         })
         .collect()
 }
@@ -250,12 +226,7 @@ fn circuit_open_fallbacks(stage: &str) -> u64 {
 
 fn assert_only_s0_degraded(stage: &str, nodes: &[Node]) {
     for node in nodes {
-        let degraded: Vec<Shard> = node
-            .handle
-            .degraded_shards()
-            .into_iter()
-            .map(|(shard, _)| shard)
-            .collect();
+        let degraded = degraded_names(&node.handle);
         assert_eq!(degraded, vec![s("s0")]);
         assert!(!node.handle.is_shard_degraded(&s("s1")));
         assert!(!node.handle.is_shard_degraded(&Shard::WHOLE));
@@ -327,22 +298,12 @@ async fn hybrid_one_failing_shard_falls_back_alone_while_healthy_shards_coalesce
         let key = key_on(stage, "s1", &format!("normal-{i}"));
         calls.spawn(async move { ("s1", svc.oneshot(key).await) });
     }
-    let (mut s0_ok, mut s0_full, mut s1_ok) = (0, 0, 0);
+    let mut answers = Vec::new();
     while let Some(done) = calls.join_next().await {
-        match done.unwrap() {
-            ("s0", Ok(_)) => s0_ok += 1,
-            ("s0", Err(e)) => {
-                assert!(find::<BulkheadFull>(&*e).is_some(), "{e}");
-                assert_eq!(ErrorClass::of(&*e), ErrorClass::TooManyRequests);
-                s0_full += 1;
-            }
-            (_, r) => {
-                r.expect("s1's flights are not held to the degraded limit");
-                s1_ok += 1;
-            }
-        }
+        let (shard, r) = done.unwrap();
+        answers.push((shard == "s0", r));
     }
-    assert_eq!((s0_ok, s0_full, s1_ok), (1, 1, 3));
+    assert_eq!(degraded_lane_tally(answers), (1, 1, 3));
 
     // s0 answers again: its breaker's probe closes it on each node, and
     // its keys coalesce across the nodes again.

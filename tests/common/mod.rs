@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use flightdeck::core::error::BoxError;
+use flightdeck::core::error::{find, BoxError, BulkheadFull, ErrorClass};
 use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{
     Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+use flightdeck::{Mode, SingleFlightBuilder, StageConfig, StageHandle};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use metrics::{Key, KeyName, Metadata, SharedString, Unit};
 use tower::util::BoxCloneService;
@@ -277,6 +277,19 @@ pub fn fast(mode: Mode) -> StageConfig {
     cfg
 }
 
+/// [`fast`] settings for shard outages: two consecutive failures open a
+/// shard's breaker, which lets one probe through after `wait_in_open`; the
+/// bulkhead holds 4 executions, 1 of them of a degraded shard.
+pub fn shard_outage_config(mode: Mode, wait_in_open: Duration) -> StageConfig {
+    let mut cfg = fast(mode);
+    cfg.breaker.consecutive_failures = Some(2);
+    cfg.breaker.wait_in_open = wait_in_open;
+    cfg.breaker.half_open_probes = 1;
+    cfg.bulkhead.limit = 4;
+    cfg.bulkhead.degraded_limit = Some(1);
+    cfg
+}
+
 /// The tests' inner service: counts executions, sleeps `delay`, fails for
 /// requests starting with "fail", answers "done:<req>".
 #[derive(Clone, Default)]
@@ -331,6 +344,30 @@ where
     <L::Service as tower::Service<String>>::Future: Send + 'static,
 {
     BoxCloneService::new(layer.layer(work.service(delay)))
+}
+
+/// One node of a stage: its layer over a backend (registered as "redis")
+/// and the work.
+pub struct StageNode {
+    pub svc: Svc,
+    /// The same node, with work that takes a second (for overlaps that
+    /// must hold on a loaded machine).
+    pub slow: Svc,
+    pub handle: StageHandle,
+}
+
+/// A node of `stage` with `cfg` over `backend`; the work takes 300 ms.
+pub fn stage_node(stage: &str, cfg: StageConfig, backend: impl Backend, work: &Work) -> StageNode {
+    let layer = builder(stage)
+        .stage(stage, cfg)
+        .backend("redis", backend)
+        .build()
+        .unwrap();
+    StageNode {
+        svc: stack(&layer, work, Duration::from_millis(300)),
+        slow: stack(&layer, work, Duration::from_secs(1)),
+        handle: layer.stage(stage).unwrap(),
+    }
 }
 
 /// Sends `n` identical requests at once; returns every result.
@@ -400,4 +437,38 @@ pub fn samples_shard(name: &str, stage: &str, shard: Option<&str>) -> usize {
         |k| matches(k, name, stage, None) && on_shard(k, shard),
         |v| v.0.load(Ordering::SeqCst),
     ) as usize
+}
+
+/// Tallies the answers of flights sent next to each other, each marked
+/// whether its shard is degraded: (degraded ones served, degraded ones
+/// refused by the bulkhead as full (429), others served). Panics on any
+/// other answer: the others are never held to the degraded limit.
+pub fn degraded_lane_tally(
+    answers: impl IntoIterator<Item = (bool, Result<String, BoxError>)>,
+) -> (usize, usize, usize) {
+    let (mut degraded_ok, mut degraded_full, mut others_ok) = (0, 0, 0);
+    for answer in answers {
+        match answer {
+            (true, Ok(_)) => degraded_ok += 1,
+            (true, Err(e)) => {
+                assert!(find::<BulkheadFull>(&*e).is_some(), "{e}");
+                assert_eq!(ErrorClass::of(&*e), ErrorClass::TooManyRequests);
+                degraded_full += 1;
+            }
+            (false, r) => {
+                r.expect("the healthy shards' flights are not held to the degraded limit");
+                others_ok += 1;
+            }
+        }
+    }
+    (degraded_ok, degraded_full, others_ok)
+}
+
+/// The shards degraded now on `handle`, without their durations.
+pub fn degraded_names(handle: &StageHandle) -> Vec<flightdeck::distributed::backend::Shard> {
+    handle
+        .degraded_shards()
+        .into_iter()
+        .map(|(shard, _)| shard)
+        .collect()
 }

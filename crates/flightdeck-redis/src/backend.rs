@@ -60,9 +60,11 @@ impl RedisBackend {
         node.map_or_else(Client::default, |n| n.client.clone())
     }
 
-    /// The flight's hash slot, shared by all its names: their hash tag is
-    /// the digest in hex, and a name's slot is its hash tag's.
-    pub(crate) fn slot(&self, flight: &FlightId) -> u16 {
+    /// The Redis Cluster hash slot of the flight, shared by all its names
+    /// ([`keys`](Self::keys)): their hash tag is the digest in hex, and a
+    /// name's slot is its hash tag's. To see which slots (and so which
+    /// primary) a set of flights lands on, or to move them in a reshard.
+    pub fn slot(&self, flight: &FlightId) -> u16 {
         fred::util::redis_keyslot(flight.to_hex().as_bytes())
     }
 

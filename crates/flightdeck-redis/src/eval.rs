@@ -122,11 +122,19 @@ impl RedisBackend {
                 // The node asked has not heard of the move yet: no spin.
                 tokio::time::sleep(MIGRATION_PAUSE).await;
             }
-            return tokio::time::Instant::now() < deadline;
+            return time_for_one_more(deadline);
         }
         tokio::time::sleep(MIGRATION_PAUSE).await;
-        true
+        time_for_one_more(deadline)
     }
+}
+
+/// Whether a call sent again now still has time for its answer (at least
+/// [`MIGRATION_PAUSE`] before `deadline`). One sent in the last instant
+/// would time out (outcome unknown) where the slot's last answer says the
+/// script did not run (unavailable).
+fn time_for_one_more(deadline: tokio::time::Instant) -> bool {
+    tokio::time::Instant::now() + MIGRATION_PAUSE < deadline
 }
 
 /// `numkeys key ... arg ...`, the part of a script call after the script.
@@ -155,3 +163,17 @@ pub(crate) const COMMIT: usize = 2;
 pub(crate) const ABANDON: usize = 3;
 pub(crate) const INVALIDATE: usize = 4;
 pub(crate) const RELEASE: usize = 5;
+
+#[cfg(test)]
+mod tests {
+    use super::{time_for_one_more, MIGRATION_PAUSE};
+    use tokio::time::Instant;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_needs_a_migration_pause_left() {
+        let now = Instant::now();
+        assert!(time_for_one_more(now + 2 * MIGRATION_PAUSE));
+        assert!(!time_for_one_more(now + MIGRATION_PAUSE));
+        assert!(!time_for_one_more(now));
+    }
+}

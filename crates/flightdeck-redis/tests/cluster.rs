@@ -537,10 +537,20 @@ async fn owner_follower_hit(a: &RedisBackend, b: &RedisBackend, key: &str) {
     };
     let committed = a.commit(&f, &me, generation, &args).await;
     assert_eq!(committed.ok(), Some(Committed::Committed), "{key}");
-    let notice = tokio::time::timeout(Duration::from_secs(5), sub.recv())
-        .await
-        .map_err(within("notice"))
-        .unwrap();
+    // A `Resync` (the slot map changed, a connection came back: re-check)
+    // may come first while a primary is down or back; the commit's notice
+    // must follow it.
+    let notice = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match sub.recv().await {
+                Some(Notice::Resync) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .map_err(within("notice"))
+    .unwrap();
     assert!(
         matches!(notice, Some(Notice::Committed { generation: g, .. }) if g == generation),
         "{key}: {notice:?}"

@@ -3,6 +3,14 @@
 //! the 16384 slots split evenly, joined with `CLUSTER MEET`. Every node is
 //! killed when the cluster is dropped.
 //!
+//! The nodes run with `cluster-node-timeout 2000` (a node unreachable for
+//! 2 s is marked failed) and `cluster-require-full-coverage no`, also after
+//! a [`restart`](RedisServer::restart): once one primary is marked failed,
+//! the others keep serving their own slots (with the Redis default `yes`,
+//! every node answers `CLUSTERDOWN` for every key instead). There are no
+//! replicas, so nothing fails over: a killed primary's slots are
+//! unavailable until it is restarted.
+//!
 //! ```no_run
 //! use flightdeck_testkit::RedisCluster;
 //!
@@ -49,7 +57,8 @@ fn free_cluster_port() -> Result<u16, RedisServerError> {
 
 impl RedisCluster {
     /// Starts `primaries` nodes (at least 1), assigns the slots, joins them
-    /// and waits until every node reports `cluster_state:ok`.
+    /// and waits until every node reports `cluster_state:ok`. See the
+    /// module docs for the nodes' settings.
     pub fn start(primaries: usize) -> Result<Self, RedisServerError> {
         let n = primaries.max(1);
         let mut nodes = Vec::with_capacity(n);
@@ -62,6 +71,8 @@ impl RedisCluster {
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "2000",
+                    "--cluster-require-full-coverage",
+                    "no",
                 ],
                 free_cluster_port,
             )?);

@@ -5,7 +5,9 @@
 //!   resumed, restarted on the same port and have its script cache flushed.
 //!   It is killed when dropped. Tests never touch a Redis they did not start.
 //! - [`RedisCluster`]: a Redis Cluster of such processes (primaries only,
-//!   slots split evenly), for hash-tag and sharded pub/sub tests.
+//!   slots split evenly, `cluster-require-full-coverage no` so the others
+//!   keep serving while one is down), for hash-tag, sharded pub/sub,
+//!   primary-outage and slot-migration tests.
 //! - [`FaultProxy`]: a TCP proxy between a client and Redis that adds
 //!   latency, blackholes, resets connections or cuts a reply in the middle,
 //!   switchable at run time.

@@ -92,6 +92,16 @@ fn a_three_node_cluster_starts_and_cleans_up() {
         node.cmd(&["SET", "fd:{abc}:lease", "x"]).unwrap(),
         Resp::Simple("OK".into())
     );
+    // Every node keeps serving its slots while another is down.
+    for node in cluster.nodes() {
+        let Resp::Array(Some(pair)) = node
+            .cmd(&["CONFIG", "GET", "cluster-require-full-coverage"])
+            .unwrap()
+        else {
+            panic!("CONFIG GET did not answer an array");
+        };
+        assert_eq!(pair.get(1).and_then(Resp::as_str), Some("no"));
+    }
     cluster.flush_scripts().unwrap();
     let pids: Vec<u32> = cluster.nodes().iter().map(|n| n.pid().unwrap()).collect();
     drop(cluster);

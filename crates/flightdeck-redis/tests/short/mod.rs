@@ -34,19 +34,14 @@ pub(crate) fn flight(key: &str) -> FlightId {
 
 /// Flight keys (for [`flight`]) by the cluster node serving them: entry `i`
 /// holds `n` keys whose slot node `i` serves now (by the cluster's own
-/// `CLUSTER SLOTS`, asked of node 0). Also makes the cluster keep serving
+/// `CLUSTER SLOTS`, asked of node 0). The testkit's cluster keeps serving
 /// the other primaries' slots while one is down
-/// (`cluster-require-full-coverage no`: otherwise every primary answers
-/// `CLUSTERDOWN` once the cluster marks one failed).
+/// (`cluster-require-full-coverage no`).
 pub(crate) fn keys_by_node(
     cluster: &flightdeck_testkit::RedisCluster,
     b: &flightdeck_redis::RedisBackend,
     n: usize,
 ) -> Vec<Vec<String>> {
-    for node in cluster.nodes() {
-        node.cmd(&["CONFIG", "SET", "cluster-require-full-coverage", "no"])
-            .expect("CONFIG SET");
-    }
     let mut by_node = vec![Vec::new(); cluster.nodes().len()];
     for i in 0.. {
         let key = format!("k-{i}");
