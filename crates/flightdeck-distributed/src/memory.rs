@@ -123,6 +123,9 @@ struct Record {
     /// Tokens released while they held nothing here (newest first): never
     /// granted the flight.
     released: Vec<OwnerToken>,
+    /// The generation of the last invalidation while the record lived
+    /// (kept by later grants, like the Redis record's `i` field).
+    invalidated: Option<u64>,
     expires: Instant,
 }
 
@@ -225,6 +228,7 @@ impl MemoryBackend {
             deadline: None,
             result: Some((ResultStatus::Ok, payload)),
             released: Vec::new(),
+            invalidated: None,
             expires: Instant::now() + key_ttl(ttl),
         });
     }
@@ -267,6 +271,7 @@ impl MemoryBackend {
         let f = flights.entry(*flight).or_default();
         let mut takeover = false;
         let mut released = Vec::new();
+        let mut invalidated = None;
         if let Some(r) = f.record(now) {
             if let Some((status, payload)) = &r.result {
                 return Acquired::Hit(StoredResult {
@@ -304,6 +309,7 @@ impl MemoryBackend {
                 return Acquired::Expired { generation: r.gen };
             }
             released = std::mem::take(&mut r.released);
+            invalidated = r.invalidated;
         }
         let gen = f.next_gen();
         f.record = Some(Record {
@@ -312,6 +318,7 @@ impl MemoryBackend {
             deadline: Some(now + terms.lease),
             result: None,
             released,
+            invalidated,
             expires: now + key_ttl(terms.record_ttl()),
         });
         Acquired::Owner {
@@ -436,6 +443,7 @@ impl MemoryBackend {
                     deadline: None,
                     result: None,
                     released: vec![token.clone()],
+                    invalidated: None,
                     expires: now + key_ttl(state_ttl),
                 });
             }
@@ -577,11 +585,29 @@ impl Backend for MemoryBackend {
                 deadline: None,
                 result: None,
                 released,
+                invalidated: Some(generation),
                 expires: now + key_ttl(state_ttl),
             });
             drop(flights);
             self.publish(flight, Notice::Abandoned { generation });
             generation
+        });
+        Box::pin(async move { res })
+    }
+
+    fn invalidated_since<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        generation: u64,
+    ) -> BackendFuture<'a, Option<bool>> {
+        let res = self.check().map(|()| {
+            let mut flights = self.flights();
+            let since = flights
+                .get_mut(flight)
+                .and_then(|f| f.record(Instant::now()))
+                .and_then(|r| r.invalidated)
+                .is_some_and(|i| i > generation);
+            Some(since)
         });
         Box::pin(async move { res })
     }

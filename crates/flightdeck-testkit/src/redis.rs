@@ -402,6 +402,26 @@ impl RedisServer {
         }
     }
 
+    /// Starts a replica of `primary` (`--replicaof`) on a free loopback
+    /// port and waits (up to 10 s) until `primary` lists it online.
+    pub fn start_replica_of(primary: &RedisServer) -> Result<Self, RedisServerError> {
+        let port = primary.port().to_string();
+        let replica = Self::start_with_args(&["--replicaof", "127.0.0.1", &port])?;
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Resp::Bulk(Some(info)) = primary.cmd(&["INFO", "replication"])? {
+                let text = String::from_utf8_lossy(&info);
+                if text.contains(&format!("port={},state=online", replica.port())) {
+                    return Ok(replica);
+                }
+            }
+            if std::time::Instant::now() >= until {
+                return Err(err("the replica did not come online within 10 s"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `SCRIPT FLUSH`: empties the script cache (as a restart or failover
     /// would).
     pub fn flush_scripts(&self) -> Result<(), RedisServerError> {
