@@ -138,6 +138,7 @@ mod node;
 mod reply;
 mod routing;
 pub mod scripts;
+mod stored;
 mod subs;
 
 pub use backend::{RedisBackend, LAYOUT};

@@ -13,6 +13,7 @@
 //! | `d` | the last grant's lease deadline, server time in ms; `0` once the grant ended (committed, abandoned, released, invalidated) |
 //! | `s`, `b` | the stored result: status `ok`/`err` and body; only while a result is stored |
 //! | `x` | tokens released while they held nothing here (space-separated, newest first, at most 8): never granted the flight |
+//! | `i` | generation of the last invalidation, while the record lives: tells an invalidated result from a lost one |
 //!
 //! and one expiry, the record's: [`LeaseTerms::record_ttl`] from a grant
 //! or heartbeat (the lease plus one more lease, at most `state_ttl`), the
@@ -62,6 +63,7 @@
 //! | RELEASE → RELEASED | 3: `HMGET`, `HSET`, `PUBLISH` |
 //! | RELEASE → NOT_OWNER | 2: `HMGET`, `HSET` (+ `PEXPIRE` when the flight had no record) |
 //! | INVALIDATE | 6: `HMGET`, `TIME`, `HSET`, `HDEL`, `PEXPIRE`, `PUBLISH` |
+//! | READ | 1: `HMGET` |
 //!
 //! A value the scripts did not write is a protocol error, never a result:
 //! another type at the record's name makes Redis answer `WRONGTYPE`, a
@@ -243,9 +245,17 @@ local gen = tm[1] .. string.sub('00000' .. tm[2], -6)
 if g >= tm[1] * 1000000 + tm[2] then
   gen = string.format('%.0f', g + 1)
 end
-redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0')
+redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0', 'i', gen)
 redis.call('HDEL', KEYS[1], 's', 'b')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('PUBLISH', KEYS[2], gen .. '|a')
 return gen
+";
+
+/// `READ()` → `{gen, st, body, invalidated}`, the record's fields `g`,
+/// `s`, `b`, `i` (each nil when absent). Writes nothing (`no-writes`), so
+/// a primary that refuses writes (`NOREPLICAS`) or a replica (`READONLY`)
+/// still runs it; an expired record reads as absent.
+pub const READ: &str = r"#!lua flags=no-writes
+return redis.call('HMGET', KEYS[1], 'g', 's', 'b', 'i')
 ";
