@@ -275,6 +275,16 @@ fn every_bad_value_names_its_stage_and_field() {
         ("execution-timeout = \"0\"", "execution-timeout"),
         ("commit-attempts = 0", "commit-attempts"),
         ("commit-attempts = 4294967295", "commit-attempts"),
+        ("commit-replicas = 17", "commit-replicas"),
+        ("commit-replicas = -1", "commit-replicas"),
+        (
+            "commit-replicas = 1\ncommit-replicas-timeout = \"1s\"",
+            "commit-replicas-timeout",
+        ),
+        (
+            "commit-replicas-timeout = \"40d\"",
+            "commit-replicas-timeout",
+        ),
         ("max-flights = 0", "max-flights"),
         ("max-flights = 18446744073709551615", "max-flights"),
         ("max-waiters = 0", "max-waiters"),
