@@ -109,6 +109,9 @@ pub struct CallCounts {
 struct Flight {
     high: u64,
     record: Option<Record>,
+    /// The last invalidation's generation and how long it is remembered
+    /// (`state_ttl`, whatever happens to the record).
+    invalidated: Option<(u64, Instant)>,
 }
 
 struct Record {
@@ -123,9 +126,6 @@ struct Record {
     /// Tokens released while they held nothing here (newest first): never
     /// granted the flight.
     released: Vec<OwnerToken>,
-    /// The generation of the last invalidation while the record lived
-    /// (kept by later grants, like the Redis record's `i` field).
-    invalidated: Option<u64>,
     expires: Instant,
 }
 
@@ -228,7 +228,6 @@ impl MemoryBackend {
             deadline: None,
             result: Some((ResultStatus::Ok, payload)),
             released: Vec::new(),
-            invalidated: None,
             expires: Instant::now() + key_ttl(ttl),
         });
     }
@@ -271,7 +270,6 @@ impl MemoryBackend {
         let f = flights.entry(*flight).or_default();
         let mut takeover = false;
         let mut released = Vec::new();
-        let mut invalidated = None;
         if let Some(r) = f.record(now) {
             if let Some((status, payload)) = &r.result {
                 return Acquired::Hit(StoredResult {
@@ -309,7 +307,6 @@ impl MemoryBackend {
                 return Acquired::Expired { generation: r.gen };
             }
             released = std::mem::take(&mut r.released);
-            invalidated = r.invalidated;
         }
         let gen = f.next_gen();
         f.record = Some(Record {
@@ -318,7 +315,6 @@ impl MemoryBackend {
             deadline: Some(now + terms.lease),
             result: None,
             released,
-            invalidated,
             expires: now + key_ttl(terms.record_ttl()),
         });
         Acquired::Owner {
@@ -443,7 +439,6 @@ impl MemoryBackend {
                     deadline: None,
                     result: None,
                     released: vec![token.clone()],
-                    invalidated: None,
                     expires: now + key_ttl(state_ttl),
                 });
             }
@@ -585,9 +580,9 @@ impl Backend for MemoryBackend {
                 deadline: None,
                 result: None,
                 released,
-                invalidated: Some(generation),
                 expires: now + key_ttl(state_ttl),
             });
+            f.invalidated = Some((generation, now + key_ttl(state_ttl)));
             drop(flights);
             self.publish(flight, Notice::Abandoned { generation });
             generation
@@ -601,12 +596,12 @@ impl Backend for MemoryBackend {
         generation: u64,
     ) -> BackendFuture<'a, Option<bool>> {
         let res = self.check().map(|()| {
-            let mut flights = self.flights();
+            let flights = self.flights();
+            let now = Instant::now();
             let since = flights
-                .get_mut(flight)
-                .and_then(|f| f.record(Instant::now()))
-                .and_then(|r| r.invalidated)
-                .is_some_and(|i| i > generation);
+                .get(flight)
+                .and_then(|f| f.invalidated)
+                .is_some_and(|(i, until)| until > now && i > generation);
             Some(since)
         });
         Box::pin(async move { res })

@@ -61,6 +61,14 @@ impl RedisBackend {
         node.map_or_else(Client::default, |n| n.client.clone())
     }
 
+    /// The names INVALIDATE and READ get: the flight's record, its channel
+    /// and its last invalidation (`…:f2:i`, see [`scripts`](crate::scripts)).
+    pub(crate) fn keys_with_invalidation(&self, flight: &FlightId) -> Vec<String> {
+        let [record, channel] = self.keys(flight);
+        let invalidation = format!("{record}:i");
+        vec![record, channel, invalidation]
+    }
+
     /// The flight's hash slot, shared by all its names: their hash tag is
     /// the digest in hex, and a name's slot is its hash tag's.
     pub(crate) fn slot(&self, flight: &FlightId) -> u16 {
@@ -229,8 +237,7 @@ impl Backend for RedisBackend {
         })
     }
 
-    /// From the record's `i` field, written by INVALIDATE and kept while
-    /// the record lives.
+    /// From the invalidation key INVALIDATE leaves for `state_ttl`.
     fn invalidated_since<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -347,7 +354,11 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, u64> {
         Box::pin(async move {
             let v = self
-                .eval(INVALIDATE, self.keys(flight).to_vec(), vec![ms(state_ttl)])
+                .eval(
+                    INVALIDATE,
+                    self.keys_with_invalidation(flight),
+                    vec![ms(state_ttl)],
+                )
                 .await?;
             gen(&v).ok_or_else(|| bad_reply("INVALIDATE", &v))
         })

@@ -28,10 +28,11 @@ pub(crate) fn writes_refused(e: &BackendError) -> Option<&'static str> {
 }
 
 impl RedisBackend {
-    /// The record's `g`, `s`, `b` and `i` (see [`scripts::READ`](crate::scripts::READ)).
+    /// The record's `g`, `s`, `b` and the last invalidation (see
+    /// [`scripts::READ`](crate::scripts::READ)).
     async fn read(&self, flight: &FlightId) -> Result<Vec<Value>, BackendError> {
         match self
-            .eval(READ, self.keys(flight).to_vec(), Vec::new())
+            .eval(READ, self.keys_with_invalidation(flight), Vec::new())
             .await?
         {
             Value::Array(items) if items.len() == 4 => Ok(items),
@@ -80,7 +81,8 @@ impl RedisBackend {
         Ok(replay)
     }
 
-    /// Whether the record holds an invalidation newer than `generation`.
+    /// Whether the flight was invalidated after `generation` (within the
+    /// last `state_ttl`).
     pub(crate) async fn invalidated_after(
         &self,
         flight: &FlightId,

@@ -65,7 +65,7 @@ pub const RESULT_LOST_TOTAL: &str = "singleflight_result_lost_total";
 /// Counter: commits followed by a wait for replicas (the stage's
 /// `commit-replicas`): `result` = `acked` (enough replicas acknowledged)
 /// | `short` (fewer, within the timeout) | `failed` (the wait itself
-/// failed).
+/// failed, or the backend has no replicas to ask).
 pub const COMMIT_REPLICAS_TOTAL: &str = "singleflight_commit_replicas_total";
 /// Counter: Redis ACQUIREs refused because the server takes no writes
 /// (`reason` = `noreplicas` | `readonly`) that were answered by a
