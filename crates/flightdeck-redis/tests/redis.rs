@@ -962,3 +962,41 @@ async fn refused_writes_still_replay_stored_results() {
         .unwrap_err();
     assert_eq!(refused.kind(), BackendErrorKind::Unavailable);
 }
+
+/// An invalidation by another node stays known after the flight's record
+/// expired (a grant after it, abandoned, keeps the record only two
+/// leases): the missing result is still not counted lost.
+#[tokio::test]
+async fn an_invalidation_outlives_the_record() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = layer(backend(&redis).await, "outlived", policy());
+    let flights = a.flights().clone();
+    let a = a.layer(work(calls.clone(), "v", Duration::ZERO));
+    assert_eq!(a.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+
+    let b = layer(backend(&redis).await, "outlived", policy());
+    let b_flights = b.flights().clone();
+    b.invalidate(&FlightKey::from_bytes(stage("outlived"), "k"))
+        .await
+        .unwrap();
+    let failing = BoxCloneService::new(service_fn(|_req: String| async {
+        Err::<String, BoxError>("no result this time".into())
+    }));
+    b.layer(failing).oneshot("k".into()).await.unwrap_err();
+    b_flights.idle().await;
+    // The abandoned grant's record lives two leases.
+    tokio::time::sleep(LEASE * 2 + Duration::from_millis(300)).await;
+    let Resp::Int(0) = redis
+        .cmd(&["EXISTS", &b.backend().keys(&flight_of("outlived", "k"))[0]])
+        .unwrap()
+    else {
+        panic!("the record expired");
+    };
+
+    assert_eq!(a.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, "outlived"), 0);
+}
