@@ -45,6 +45,11 @@
 //!   starts a newer generation: a running owner's commit is then fenced.
 //! - [`Backend::subscribe`] delivers [`Notice`]s for one flight. Delivery is
 //!   at most once: callers must also poll.
+//! - [`Backend::invalidated_since`] and [`Backend::wait_replicas`] are
+//!   optional (by default: "not known", "no replicas"). The first lets the
+//!   L2 layer tell a result that was invalidated from one the store lost
+//!   (`singleflight_result_lost_total`); the second serves a stage's
+//!   `commit_replicas`.
 //!
 //! **How long a flight's record lives.** A grant or heartbeat keeps the
 //! flight's record for [`LeaseTerms::record_ttl`] (two leases with the
