@@ -65,6 +65,8 @@ backend = "main"
 on-wait-failure = "local"
 coordination-timeout = "150ms"
 execution-timeout = "1m30s"
+commit-replicas = 1
+commit-replicas-timeout = "50ms"
 
 [single-flight.stages.image-render.bulkhead]
 limit = 8
@@ -119,6 +121,14 @@ fn a_good_toml_file_loads_and_builds_a_layer() {
     assert_eq!(img.bulkhead.queue, 4);
     assert_eq!(img.bulkhead.degraded_rate_limit, Some(3));
     assert_eq!(img.breaker.ramp, vec![0.1, 0.5]);
+    let policy = img.distributed_policy();
+    assert_eq!(policy.commit_replica_count(), 1);
+    assert_eq!(
+        policy.commit_replicas_timeout_duration(),
+        Duration::from_millis(50)
+    );
+    let score = cfg.stages["interview-score"].distributed_policy();
+    assert_eq!(score.commit_replica_count(), 0, "no wait by default");
 
     let layer = SingleFlightBuilder::new(
         |_: &String| None::<FlightKey>,
@@ -275,6 +285,16 @@ fn every_bad_value_names_its_stage_and_field() {
         ("execution-timeout = \"0\"", "execution-timeout"),
         ("commit-attempts = 0", "commit-attempts"),
         ("commit-attempts = 4294967295", "commit-attempts"),
+        ("commit-replicas = 17", "commit-replicas"),
+        ("commit-replicas = -1", "commit-replicas"),
+        (
+            "commit-replicas = 1\ncommit-replicas-timeout = \"1s\"",
+            "commit-replicas-timeout",
+        ),
+        (
+            "commit-replicas-timeout = \"40d\"",
+            "commit-replicas-timeout",
+        ),
         ("max-flights = 0", "max-flights"),
         ("max-flights = 18446744073709551615", "max-flights"),
         ("max-waiters = 0", "max-waiters"),

@@ -30,6 +30,9 @@ const EMITTED: &[&str] = &[
     m::RESULT_WRITE_FAILURE_TOTAL,
     m::HEARTBEAT_LOST_TOTAL,
     m::FENCED_TOTAL,
+    m::RESULT_LOST_TOTAL,
+    m::COMMIT_REPLICAS_TOTAL,
+    m::READONLY_REPLAY_TOTAL,
     m::UNKNOWN_ACTION_TOTAL,
     m::COORDINATION_ERROR_TOTAL,
     m::DISTRIBUTED_REQUEST_TOTAL,
@@ -118,6 +121,7 @@ fn alerts_use_emitted_metric_names_and_cover_the_silent_failures() {
         m::DEGRADED,
         m::WAIT_TIMEOUT_TOTAL,
         m::RESULT_WRITE_FAILURE_TOTAL,
+        m::RESULT_LOST_TOTAL,
         m::UNKNOWN_ACTION_TOTAL,
     ] {
         assert!(names.contains(needed), "an alert watches {needed}");

@@ -640,12 +640,16 @@ fn test() {
         firing(&prom, "FlightdeckResultWriteFailures"),
         raw("sum(singleflight_result_write_failure_total)") > 0.0
     );
+    assert_eq!(
+        firing(&prom, "FlightdeckResultsLost"),
+        raw("sum(singleflight_result_lost_total)") > 0.0
+    );
     let every_alert: Vec<String> = rules
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .map(str::to_owned)
         .collect();
-    assert_eq!(every_alert.len(), 8, "{every_alert:?}");
+    assert_eq!(every_alert.len(), 9, "{every_alert:?}");
 
     let checked = checked.into_inner();
     assert_eq!(

@@ -33,6 +33,8 @@ fn policy_field(field: &str) -> &'static str {
         "failure_ttl" => "failure-ttl",
         "call_timeout" => "coordination-timeout",
         "commit_attempts" => "commit-attempts",
+        "commit_replicas" => "commit-replicas",
+        "commit_replicas_timeout" => "commit-replicas-timeout",
         "max_result_bytes" => "max-result-bytes",
         _ => "single-flight",
     }
@@ -103,6 +105,17 @@ pub struct StageConfig {
     pub execution_timeout: Option<Duration>,
     /// Attempts to write a result after execution (3); never re-executes.
     pub commit_attempts: u32,
+    /// Replicas that must acknowledge each commit (0: no wait, the
+    /// default; at most 16). After a successful commit the owner waits, in
+    /// the background, up to `commit-replicas-timeout` (Redis: `WAIT`), and
+    /// counts and logs a shortfall; callers have their value either way.
+    /// Costs one more round trip per commit, up to the timeout; on Redis
+    /// the wait holds this node's connection to the server meanwhile.
+    pub commit_replicas: u32,
+    /// The longest a `commit-replicas` wait lasts (100 ms; shorter than
+    /// `coordination-timeout`).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub commit_replicas_timeout: Duration,
     /// Local flights running at once (10,000).
     pub max_flights: usize,
     /// Callers on one local flight, the leader included (10,000).
@@ -136,6 +149,8 @@ impl Default for StageConfig {
             coordination_timeout: Duration::from_millis(200),
             execution_timeout: None,
             commit_attempts: 3,
+            commit_replicas: 0,
+            commit_replicas_timeout: Duration::from_millis(100),
             max_flights: 10_000,
             max_waiters: 10_000,
             bulkhead: BulkheadSettings::default(),
@@ -176,6 +191,11 @@ impl StageConfig {
             ("max-flights", self.max_flights, MAX_COUNT),
             ("max-waiters", self.max_waiters, MAX_COUNT),
             ("commit-attempts", self.commit_attempts as usize, 100),
+            (
+                "commit-replicas",
+                self.commit_replicas as usize,
+                flightdeck_distributed::policy::MAX_COMMIT_REPLICAS as usize,
+            ),
             ("bulkhead.limit", self.bulkhead.limit, MAX_CONCURRENCY),
             ("bulkhead.queue", self.bulkhead.queue, MAX_CONCURRENCY),
             ("max-result-bytes", self.max_result_bytes, MAX_RESULT_BYTES),
@@ -193,6 +213,7 @@ impl StageConfig {
             ("failure-ttl", self.failure_ttl),
             ("local-replay-ttl", self.local_replay_ttl),
             ("coordination-timeout", self.coordination_timeout),
+            ("commit-replicas-timeout", self.commit_replicas_timeout),
         ] {
             if d > MAX_DURATION {
                 return bad(field, format!("{d:?} is over the bound of 30 days"));
@@ -315,6 +336,8 @@ impl StageConfig {
             .allow_takeover(self.allow_takeover)
             .call_timeout(self.coordination_timeout)
             .commit_attempts(self.commit_attempts)
+            .commit_replicas(self.commit_replicas)
+            .commit_replicas_timeout(self.commit_replicas_timeout)
     }
 
     /// The L1 policy these settings describe. The local wait covers the

@@ -240,7 +240,7 @@ impl<B: Backend> Backend for Faulty<B> {
         }
     }
 
-    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards);
+    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
 }
 
 /// A Redis backend for a testkit server, with short deadlines.

@@ -25,6 +25,7 @@ use crate::metrics::{Op, Registry, StageMetrics};
 use crate::orphans::{Orphans, TokenGuard};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
+use crate::seen::Seen;
 
 /// The flights of one deployment's stage(s) on this node: a backend, a
 /// policy and a result codec, shared by every flight (cheap to clone).
@@ -80,6 +81,8 @@ pub(crate) struct State<B, C> {
     pub(crate) envelope: Envelope,
     pub(crate) metrics: Registry,
     pub(crate) orphans: Orphans,
+    /// Results this node saw committed, to tell when one was lost.
+    pub(crate) seen: Seen,
     /// Background work (commits, abandons, releases), for [`DistributedFlights::idle`].
     pub(crate) tasks: TaskTracker,
 }
@@ -110,6 +113,8 @@ pub(crate) struct Cx {
     /// The deadline of each backend call of this flight.
     pub(crate) call_timeout: Duration,
     pub(crate) metrics: Arc<StageMetrics>,
+    /// When the flight's first call was sent.
+    pub(crate) started: Instant,
 }
 
 impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
@@ -126,6 +131,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 envelope,
                 metrics: Registry::default(),
                 orphans: Orphans::default(),
+                seen: Seen::default(),
                 tasks: TaskTracker::new(),
             }),
         })
@@ -251,6 +257,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 d.min(policy.call_timeout_duration())
             }),
             metrics: st.metrics.get(key.stage()),
+            started: Instant::now(),
         };
         // Until the token is known to hold no lease (or hands it to the
         // owner's lease keeper), dropping this flight releases it.
@@ -283,9 +290,21 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 return st.before_acquire(e, req, exec, fallback).await;
             }
         };
+        if !matches!(acquired, Acquired::Hit(_)) {
+            st.missing(&cx);
+        }
         match acquired {
             Acquired::Hit(stored) => {
                 guard.settled();
+                if st
+                    .seen
+                    .expected(&cx.flight)
+                    .is_some_and(|g| g != stored.generation)
+                {
+                    // Another generation's result: the one seen committed
+                    // was invalidated (or is stale), not lost.
+                    st.seen.forget(&cx.flight);
+                }
                 cx.metrics.with(|m| m.hit.increment(1));
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(&cx, &stored) {
@@ -333,6 +352,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
         let limit = self.st.policy.call_timeout_duration();
         let flight = FlightId::of(key);
+        self.st.seen.forget(&flight);
         let call = self
             .st
             .backend
@@ -358,6 +378,40 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             (Some(flight), refused)
         } else {
             (None, self.backend.reject_early(&Shard::WHOLE))
+        }
+    }
+
+    /// The flight's result is not stored (the acquire was granted, or found
+    /// the flight running): if this node saw it committed and its TTL has
+    /// not run out, ask the backend (in the background) whether it was
+    /// invalidated since; if not, the result was lost, counted and logged.
+    fn missing(self: &Arc<Self>, cx: &Cx) {
+        let Some(generation) = self.seen.expected(&cx.flight) else {
+            return;
+        };
+        self.seen.forget(&cx.flight);
+        let st = Arc::clone(self);
+        let stage = cx.stage.clone();
+        let cx = cx.clone();
+        let check = async move {
+            let asked = st.backend.invalidated_since(&cx.flight, generation);
+            match tokio::time::timeout(cx.call_timeout, asked).await {
+                Ok(Ok(Some(false))) => {
+                    cx.metrics.with(|m| m.result_lost.increment(1));
+                    tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "a committed result is gone before its TTL ran out (the store lost writes: a failover, a flush); the flight runs again");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(stage = %cx.stage, flight = %cx.flight, error = %e, "could not tell whether a missing result was lost");
+                }
+                Err(_) => {
+                    tracing::debug!(stage = %cx.stage, flight = %cx.flight, "could not tell whether a missing result was lost: timed out");
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(self.tasks.spawn_on(check, &rt)),
+            Err(_) => tracing::debug!(%stage, "no runtime to check a missing result"),
         }
     }
 

@@ -94,9 +94,16 @@ where
             let jittered = poll.mul_f64(rand::random_range(0.5..=1.0));
             let wake_at = (Instant::now() + jittered).min(deadline);
             match wait(&mut sub, wake_at, observed).await {
-                Wake::Inline(payload) => {
+                Wake::Inline(committed, payload) => {
                     record_wait();
                     tracing::debug!(stage = %cx.stage, flight = %cx.flight, role = "follower", "result arrived inline");
+                    // Committed after this follower's first call.
+                    st.seen.remember(
+                        cx.flight,
+                        committed,
+                        cx.started,
+                        policy.result_ttl_duration(),
+                    );
                     return match st.decode::<E::Shared>(cx, &payload) {
                         Ok(v) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
                         Ok(_) => exec.execute(req, Role::Unserved).await,
@@ -223,7 +230,8 @@ where
 }
 
 enum Wake {
-    Inline(Bytes),
+    /// The generation that committed, and its payload.
+    Inline(u64, Bytes),
     Recheck,
     Timer,
 }
@@ -248,7 +256,7 @@ async fn wait(sub: &mut Option<Subscription>, until: Instant, observed: u64) -> 
             Some(None) => *sub = None,
             Some(Some(Notice::Committed { generation, inline })) if generation >= observed => {
                 return match inline {
-                    Some(p) => Wake::Inline(p),
+                    Some(p) => Wake::Inline(generation, p),
                     None => Wake::Recheck,
                 }
             }

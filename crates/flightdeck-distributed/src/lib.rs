@@ -93,6 +93,7 @@ mod metrics;
 mod orphans;
 mod owner;
 pub mod policy;
+mod seen;
 mod service;
 
 pub use backend::{

@@ -109,6 +109,9 @@ pub struct CallCounts {
 struct Flight {
     high: u64,
     record: Option<Record>,
+    /// The last invalidation's generation and how long it is remembered
+    /// (`state_ttl`, whatever happens to the record).
+    invalidated: Option<(u64, Instant)>,
 }
 
 struct Record {
@@ -579,9 +582,27 @@ impl Backend for MemoryBackend {
                 released,
                 expires: now + key_ttl(state_ttl),
             });
+            f.invalidated = Some((generation, now + key_ttl(state_ttl)));
             drop(flights);
             self.publish(flight, Notice::Abandoned { generation });
             generation
+        });
+        Box::pin(async move { res })
+    }
+
+    fn invalidated_since<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        generation: u64,
+    ) -> BackendFuture<'a, Option<bool>> {
+        let res = self.check().map(|()| {
+            let flights = self.flights();
+            let now = Instant::now();
+            let since = flights
+                .get(flight)
+                .and_then(|f| f.invalidated)
+                .is_some_and(|(i, until)| until > now && i > generation);
+            Some(since)
         });
         Box::pin(async move { res })
     }

@@ -24,10 +24,11 @@ pub(crate) enum Op {
     Release,
     Subscribe,
     Invalidate,
+    WaitReplicas,
 }
 
 impl Op {
-    const ALL: [Op; 8] = [
+    const ALL: [Op; 9] = [
         Op::Acquire,
         Op::Recheck,
         Op::Heartbeat,
@@ -36,6 +37,7 @@ impl Op {
         Op::Release,
         Op::Subscribe,
         Op::Invalidate,
+        Op::WaitReplicas,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -49,6 +51,7 @@ impl Op {
             Op::Release => "release",
             Op::Subscribe => "subscribe",
             Op::Invalidate => "invalidate",
+            Op::WaitReplicas => "wait_replicas",
         }
     }
 }
@@ -84,6 +87,30 @@ impl Orphan {
     }
 }
 
+/// How a wait for replicas after a commit ended (the `result` label of
+/// `singleflight_commit_replicas_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replicas {
+    /// Enough replicas acknowledged the commit.
+    Acked,
+    /// Fewer did before the timeout.
+    Short,
+    /// The wait failed (or the backend has no replicas to ask).
+    Failed,
+}
+
+impl Replicas {
+    const ALL: [Replicas; 3] = [Replicas::Acked, Replicas::Short, Replicas::Failed];
+
+    const fn as_str(self) -> &'static str {
+        match self {
+            Replicas::Acked => "acked",
+            Replicas::Short => "short",
+            Replicas::Failed => "failed",
+        }
+    }
+}
+
 /// The handles of one stage under one recorder.
 pub(crate) struct Bundle {
     pub(crate) request: Counter,
@@ -97,6 +124,8 @@ pub(crate) struct Bundle {
     pub(crate) result_write_failure: Counter,
     pub(crate) heartbeat_lost: Counter,
     pub(crate) fenced: Counter,
+    pub(crate) result_lost: Counter,
+    replicas: [Counter; Replicas::ALL.len()],
     pub(crate) wait: Histogram,
     /// Recorded by the `tower` shell only (the facade times real
     /// executions itself).
@@ -132,6 +161,9 @@ impl Bundle {
             result_write_failure: counter(metric::RESULT_WRITE_FAILURE_TOTAL, &[]),
             heartbeat_lost: counter(metric::HEARTBEAT_LOST_TOTAL, &[]),
             fenced: counter(metric::FENCED_TOTAL, &[]),
+            result_lost: counter(metric::RESULT_LOST_TOTAL, &[]),
+            replicas: Replicas::ALL
+                .map(|o| counter(metric::COMMIT_REPLICAS_TOTAL, &[("result", o.as_str())])),
             wait: r.register_histogram(&key(metric::WAIT_DURATION, &[]), &METADATA),
             execution: r.register_histogram(&key(metric::EXECUTION_DURATION, &[]), &METADATA),
             unknown_backend: counter(metric::UNKNOWN_ACTION_TOTAL, &[("reason", "backend")]),
@@ -163,6 +195,12 @@ impl Bundle {
     /// A stored result that does not decode.
     pub(crate) fn undecodable(&self) {
         self.unknown_codec.increment(1);
+    }
+
+    /// A wait for replicas after a commit.
+    pub(crate) fn replicas(&self, what: Replicas) {
+        let i = Replicas::ALL.iter().position(|o| *o == what).unwrap_or(0);
+        self.replicas[i].increment(1);
     }
 
     pub(crate) fn orphan(&self, what: Orphan) {

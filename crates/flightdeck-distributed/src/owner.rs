@@ -23,7 +23,7 @@ use crate::backend::{
     AbandonArgs, Backend, BackendError, BackendErrorKind, CommitArgs, Committed, Renewal,
 };
 use crate::flights::{Cx, State};
-use crate::metrics::Op;
+use crate::metrics::{Op, Replicas};
 
 /// How the owner settles its flight.
 pub(crate) enum Finish {
@@ -126,14 +126,17 @@ async fn keeper<B, C>(
     let settle = async {
         // Dropped without a word: the owner's future went away mid-work.
         let how = finish.await.unwrap_or(Finish::Abandon(None));
-        settle(&st, &cx, generation, how).await;
+        settle(&st, &cx, generation, how).await
     };
-    tokio::select! {
+    let committed = tokio::select! {
         // A settled flight needs no more heartbeats (and must not count a
         // heartbeat answered after its commit as a lost lease).
         biased;
-        () = settle => {}
-        () = &mut heartbeats => {}
+        committed = settle => committed,
+        () = &mut heartbeats => false,
+    };
+    if committed {
+        wait_replicas(&st, &cx, generation).await;
     }
 }
 
@@ -180,13 +183,13 @@ async fn heartbeat<B: Backend, C: Send + Sync + 'static>(
 /// meantime reaches them instead. Safe to repeat: a commit is idempotent
 /// for (token, generation), and fenced once a newer owner holds the flight.
 /// An abandon is retried the same way, so followers race again as soon as
-/// the backend answers.
+/// the backend answers. Whether the result was stored.
 async fn settle<B: Backend, C: Send + Sync + 'static>(
     st: &State<B, C>,
     cx: &Cx,
     generation: u64,
     how: Finish,
-) {
+) -> bool {
     let until = Instant::now() + st.policy.lease_duration();
     match how {
         Finish::Commit(payload) => {
@@ -210,15 +213,17 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
                     .await;
                 let err = match res {
                     Ok(Committed::Committed) => {
+                        st.seen
+                            .remember(cx.flight, generation, cx.started, args.ttl);
                         if attempt > attempts {
                             tracing::info!(stage = %cx.stage, flight = %cx.flight, generation, "commit settled in the background");
                         }
-                        return;
+                        return true;
                     }
                     Ok(Committed::Fenced) => {
                         cx.metrics.with(|m| m.fenced.increment(1));
                         tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "commit fenced: a newer owner holds the flight; the value served this node's callers");
-                        return;
+                        return false;
                     }
                     Err(e) => e,
                 };
@@ -228,7 +233,7 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
                 }
                 if !retry(&err, &mut pause, until).await {
                     tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "result never stored; the lease ends and followers take over");
-                    return;
+                    return false;
                 }
             }
         }
@@ -249,17 +254,53 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
                     )
                     .await;
                 match res {
-                    Ok(_) => return,
+                    Ok(_) => return false,
                     Err(e) => {
                         if !retry(&e, &mut pause, until).await {
                             // The lease expires on its own; followers then
                             // take over.
                             tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "abandon failed");
-                            return;
+                            return false;
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// After a commit: waits for the policy's `commit_replicas` replicas to
+/// acknowledge it (nothing when it is 0), counts and logs the outcome.
+async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
+    st: &State<B, C>,
+    cx: &Cx,
+    generation: u64,
+) {
+    let wanted = st.policy.commit_replica_count();
+    if wanted == 0 {
+        return;
+    }
+    let timeout = st.policy.commit_replicas_timeout_duration();
+    let res = st
+        .timed(
+            cx,
+            Op::WaitReplicas,
+            st.backend.wait_replicas(&cx.flight, wanted, timeout),
+        )
+        .await;
+    match res {
+        Ok(Some(acked)) if acked >= wanted => cx.metrics.with(|m| m.replicas(Replicas::Acked)),
+        Ok(Some(acked)) => {
+            cx.metrics.with(|m| m.replicas(Replicas::Short));
+            tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, acked, wanted, "commit acknowledged by fewer replicas than asked; a failover now may lose it");
+        }
+        Ok(None) => {
+            cx.metrics.with(|m| m.replicas(Replicas::Failed));
+            tracing::debug!(stage = %cx.stage, "commit-replicas is set but the backend has no replicas to ask");
+        }
+        Err(e) => {
+            cx.metrics.with(|m| m.replicas(Replicas::Failed));
+            tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "waiting for replicas after a commit failed");
         }
     }
 }

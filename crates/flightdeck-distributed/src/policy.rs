@@ -65,14 +65,20 @@ pub struct DistributedPolicy {
     cancel_on_lease_loss: bool,
     call_timeout: Duration,
     commit_attempts: u32,
+    commit_replicas: u32,
+    commit_replicas_timeout: Duration,
 }
+
+/// The most replicas [`DistributedPolicy::commit_replicas`] may ask for.
+pub const MAX_COMMIT_REPLICAS: u32 = 16;
 
 impl DistributedPolicy {
     /// The defaults: lease 30 s, heartbeat 5 s, wait timeout 35 s, poll
     /// every 1 s, result TTL 60 s, failures not cached, compression above
     /// 16 KiB, inline notices up to 8 KiB, results up to 8 MiB, takeover
     /// allowed, work not cancelled on lease loss, 1 s per backend call,
-    /// 3 commit attempts.
+    /// 3 commit attempts, no wait for replicas (`commit_replicas` 0, a
+    /// 100 ms timeout when set).
     pub const fn new() -> Self {
         Self {
             lease: Duration::from_secs(30),
@@ -88,6 +94,8 @@ impl DistributedPolicy {
             cancel_on_lease_loss: false,
             call_timeout: Duration::from_secs(1),
             commit_attempts: 3,
+            commit_replicas: 0,
+            commit_replicas_timeout: Duration::from_millis(100),
         }
     }
 
@@ -188,6 +196,37 @@ impl DistributedPolicy {
         self
     }
 
+    /// After each successful commit, wait until `n` replicas of the store
+    /// acknowledged it (Redis: `WAIT n timeout` on the connection, and to
+    /// the node, that ran the commit), for at most
+    /// [`commit_replicas_timeout`](Self::commit_replicas_timeout). The
+    /// outcome is counted (`singleflight_commit_replicas_total`, `result` =
+    /// `acked` | `short` | `failed`) and a shortfall logged; the callers
+    /// have their value either way (the commit happened on the primary),
+    /// and a shortfall is not retried.
+    ///
+    /// Cost: one more round trip per commit, which lasts up to the timeout
+    /// while replicas lag or are missing. It runs in the background, under
+    /// the owner's lease, after the callers were answered; but on Redis the
+    /// wait holds the connection it runs on (Redis answers nothing else on
+    /// it meanwhile), so every coordination call of this node to that
+    /// server waits behind it: keep the timeout short. 0 (the default):
+    /// no wait. At most [`MAX_COMMIT_REPLICAS`].
+    #[must_use]
+    pub const fn commit_replicas(mut self, n: u32) -> Self {
+        self.commit_replicas = n;
+        self
+    }
+
+    /// The longest a [`commit_replicas`](Self::commit_replicas) wait lasts
+    /// (positive, shorter than the call timeout; Redis counts it in whole
+    /// milliseconds).
+    #[must_use]
+    pub const fn commit_replicas_timeout(mut self, d: Duration) -> Self {
+        self.commit_replicas_timeout = d;
+        self
+    }
+
     /// Checks the policy; the error names the field.
     pub fn validate(self) -> Result<Self, PolicyError> {
         let err = |field, reason| Err(PolicyError { field, reason });
@@ -238,6 +277,18 @@ impl DistributedPolicy {
         }
         if self.commit_attempts == 0 {
             return err("commit_attempts", "must be at least 1");
+        }
+        if self.commit_replicas > MAX_COMMIT_REPLICAS {
+            return err("commit_replicas", "must be at most 16");
+        }
+        if self.commit_replicas > 0 && self.commit_replicas_timeout < Duration::from_millis(1) {
+            return err("commit_replicas_timeout", "must be at least 1ms");
+        }
+        if self.commit_replicas > 0 && self.commit_replicas_timeout >= self.call_timeout {
+            return err(
+                "commit_replicas_timeout",
+                "must be shorter than the call timeout",
+            );
         }
         if self.max_result_bytes == 0 {
             return err("max_result_bytes", "must be positive");
@@ -296,6 +347,14 @@ impl DistributedPolicy {
     /// The number of commit attempts.
     pub const fn commit_attempt_count(&self) -> u32 {
         self.commit_attempts
+    }
+    /// How many replicas a commit waits for (0: none).
+    pub const fn commit_replica_count(&self) -> u32 {
+        self.commit_replicas
+    }
+    /// The longest a commit waits for its replicas.
+    pub const fn commit_replicas_timeout_duration(&self) -> Duration {
+        self.commit_replicas_timeout
     }
     /// The bound on how long a backend keeps what it remembers of a flight
     /// without a lease or result (a released token, an invalidation): two
@@ -372,6 +431,16 @@ mod tests {
             (
                 DistributedPolicy::new().commit_attempts(0),
                 "commit_attempts",
+            ),
+            (
+                DistributedPolicy::new().commit_replicas(17),
+                "commit_replicas",
+            ),
+            (
+                DistributedPolicy::new()
+                    .commit_replicas(1)
+                    .commit_replicas_timeout(ms(1000)),
+                "commit_replicas_timeout",
             ),
         ];
         for (p, field) in cases {

@@ -674,3 +674,64 @@ mod http_responses {
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }
+
+/// A result committed by this node (as owner, or seen committed as
+/// follower) and gone before its TTL, without an invalidation, is counted
+/// lost; an invalidation by another node, or an expiry, is not.
+#[tokio::test(start_paused = true)]
+async fn lost_results_are_counted_and_told_from_invalidations_and_expiry() {
+    let b = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stage = "gone";
+    let a = node(&b, stage, policy(), work(&calls, "v", SEC));
+    let other = node(&b, stage, policy(), work(&calls, "v", SEC));
+    let flight = |req| FlightId::of(&key_of(stage, req));
+    let settle = || tokio::time::sleep(Duration::from_millis(10));
+
+    // Owner: committed, then lost.
+    assert_eq!(a.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    settle().await;
+    b.remove_result(&flight("x"));
+    assert_eq!(a.clone().oneshot("x".into()).await.unwrap(), "v:x");
+    settle().await;
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, stage), 1);
+
+    // Follower: saw the commit inline, then lost.
+    let owner = tokio::spawn(a.clone().oneshot("y".into()));
+    tokio::time::sleep(SEC / 4).await;
+    assert_eq!(other.clone().oneshot("y".into()).await.unwrap(), "v:y");
+    owner.await.unwrap().unwrap();
+    settle().await;
+    b.remove_result(&flight("y"));
+    assert_eq!(other.clone().oneshot("y".into()).await.unwrap(), "v:y");
+    settle().await;
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, stage), 2);
+
+    // Invalidated by another node: not lost.
+    let layer = DistributedFlightLayer::new(
+        b.clone(),
+        policy(),
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+        move |req: &String| Some(key_of(stage, req)),
+    )
+    .unwrap();
+    assert_eq!(a.clone().oneshot("z".into()).await.unwrap(), "v:z");
+    settle().await;
+    layer.invalidate(&key_of(stage, "z")).await.unwrap();
+    assert_eq!(a.clone().oneshot("z".into()).await.unwrap(), "v:z");
+    settle().await;
+
+    // Expired by its TTL: not lost.
+    assert_eq!(a.clone().oneshot("w".into()).await.unwrap(), "v:w");
+    settle().await;
+    tokio::time::sleep(61 * SEC).await;
+    assert_eq!(a.clone().oneshot("w".into()).await.unwrap(), "v:w");
+    settle().await;
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, stage), 2);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        8,
+        "each missing result ran again"
+    );
+}

@@ -15,6 +15,7 @@ use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
 use crate::reply::{answer, bad_reply, bytes, gen, ms, parse_acquire, released, text};
 use crate::routing::{not_connected, Topology};
+use crate::stored::writes_refused;
 use crate::subs::{Channel, SubGuard, Subs};
 
 /// The Redis coordination backend (see the crate docs). Cheap to clone:
@@ -58,6 +59,14 @@ impl RedisBackend {
             .or(nodes.first());
         // A cluster always has a node (the URL's, then the primaries).
         node.map_or_else(Client::default, |n| n.client.clone())
+    }
+
+    /// The names INVALIDATE and READ get: the flight's record, its channel
+    /// and its last invalidation (`…:f2:i`, see [`scripts`](crate::scripts)).
+    pub(crate) fn keys_with_invalidation(&self, flight: &FlightId) -> Vec<String> {
+        let [record, channel] = self.keys(flight);
+        let invalidation = format!("{record}:i");
+        vec![record, channel, invalidation]
     }
 
     /// The Redis Cluster hash slot of the flight, shared by all its names
@@ -229,9 +238,38 @@ impl Backend for RedisBackend {
                 text(if terms.allow_takeover { "1" } else { "0" }),
                 ms(terms.record_ttl()),
             ];
-            let v = self.eval(ACQUIRE, self.keys(flight).to_vec(), args).await?;
-            parse_acquire(&v)
+            match self.eval(ACQUIRE, self.keys(flight).to_vec(), args).await {
+                Ok(v) => parse_acquire(&v),
+                Err(e) => match writes_refused(&e) {
+                    // The server refuses writes (ACQUIRE may write), not
+                    // reads: a stored result is still replayed.
+                    Some(reason) => self.replay_refused(flight, e, reason).await,
+                    None => Err(e),
+                },
+            }
         })
+    }
+
+    /// From the invalidation key INVALIDATE leaves for `state_ttl`.
+    fn invalidated_since<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        generation: u64,
+    ) -> BackendFuture<'a, Option<bool>> {
+        Box::pin(async move { self.invalidated_after(flight, generation).await.map(Some) })
+    }
+
+    /// `WAIT replicas timeout` on the connection to the flight's node (in
+    /// a cluster, the primary serving its slot: the one that ran the
+    /// commit, unless the slot moved since). Redis answers nothing else on
+    /// that connection meanwhile.
+    fn wait_replicas<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        replicas: u32,
+        timeout: Duration,
+    ) -> BackendFuture<'a, Option<u32>> {
+        Box::pin(async move { self.wait_for(flight, replicas, timeout).await.map(Some) })
     }
 
     fn heartbeat<'a>(
@@ -329,7 +367,11 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, u64> {
         Box::pin(async move {
             let v = self
-                .eval(INVALIDATE, self.keys(flight).to_vec(), vec![ms(state_ttl)])
+                .eval(
+                    INVALIDATE,
+                    self.keys_with_invalidation(flight),
+                    vec![ms(state_ttl)],
+                )
                 .await?;
             gen(&v).ok_or_else(|| bad_reply("INVALIDATE", &v))
         })

@@ -148,7 +148,7 @@ fn script_args(keys: &[String], args: Vec<Value>) -> Vec<Value> {
     argv
 }
 
-pub(crate) const SCRIPTS: usize = 6;
+pub(crate) const SCRIPTS: usize = 7;
 pub(crate) const SOURCES: [&str; SCRIPTS] = [
     scripts::ACQUIRE,
     scripts::HEARTBEAT,
@@ -156,6 +156,7 @@ pub(crate) const SOURCES: [&str; SCRIPTS] = [
     scripts::ABANDON,
     scripts::INVALIDATE,
     scripts::RELEASE,
+    scripts::READ,
 ];
 pub(crate) const ACQUIRE: usize = 0;
 pub(crate) const HEARTBEAT: usize = 1;
@@ -163,6 +164,7 @@ pub(crate) const COMMIT: usize = 2;
 pub(crate) const ABANDON: usize = 3;
 pub(crate) const INVALIDATE: usize = 4;
 pub(crate) const RELEASE: usize = 5;
+pub(crate) const READ: usize = 6;
 
 #[cfg(test)]
 mod tests {

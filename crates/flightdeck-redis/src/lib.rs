@@ -97,7 +97,10 @@
 //! to the old primary until the sentinels demote it (which closes the
 //! connections, up to 10 s later), and those writes are lost. Run the data
 //! nodes with `min-replicas-to-write 1` so the old primary refuses them
-//! (`NOREPLICAS`, classified unavailable). Credentials: in the URL or with
+//! (`NOREPLICAS`, classified unavailable). An ACQUIRE refused so (or with
+//! `READONLY`) still replays a stored result: the backend then reads it
+//! with a script that writes nothing (`scripts::READ`), and answers
+//! unavailable only when none is stored. Credentials: in the URL or with
 //! [`RedisConfig::credentials`] / [`RedisConfig::password`]; refused ones
 //! fail `connect` with a protocol error that says so. TLS (feature `tls`,
 //! rustls with the ring provider): `rediss://…`, with
@@ -143,6 +146,7 @@ mod node;
 mod reply;
 mod routing;
 pub mod scripts;
+mod stored;
 mod subs;
 
 pub use backend::{RedisBackend, LAYOUT};

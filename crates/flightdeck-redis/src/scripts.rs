@@ -1,10 +1,12 @@
 //! The Lua scripts of the protocol, one per action.
 //!
-//! Every script gets `KEYS = [record, channel]`, both sharing one hash tag
+//! Every script gets `KEYS = [record, channel]` (INVALIDATE and READ also
+//! the invalidation key, below), all sharing one hash tag
 //! (`{prefix}:{h}:…`), so a flight lives in one cluster slot; the `#!lua`
 //! shebang makes Redis reject undeclared cross-slot access.
 //!
-//! **One key per flight**, the record `{prefix}:{h}:f2`, a hash:
+//! **One key per flight** (and one more after an invalidation, below),
+//! the record `{prefix}:{h}:f2`, a hash:
 //!
 //! | field | what |
 //! |---|---|
@@ -19,6 +21,12 @@
 //! result's TTL from a commit, the failure's from an abandon that caches
 //! one. The lease's own end is `d`, compared with the server's `TIME`, so
 //! the lease and the record do not need two keys.
+//!
+//! **An invalidation** also leaves `{prefix}:{h}:f2:i`, a string: the
+//! invalidation's generation, kept for `state_ttl` whatever happens to the
+//! record (a later grant may give the record a shorter life). Only
+//! INVALIDATE writes it and only READ reads it (passed as `KEYS[3]`): it
+//! tells a result that was invalidated from one the store lost.
 //!
 //! **Generations**: a grant (or an invalidation) takes `max(g + 1, now)`
 //! with `now` the server's `TIME` in microseconds. While the record lives,
@@ -61,7 +69,8 @@
 //! | ABANDON → NOT_OWNER | 1: `HMGET` |
 //! | RELEASE → RELEASED | 3: `HMGET`, `HSET`, `PUBLISH` |
 //! | RELEASE → NOT_OWNER | 2: `HMGET`, `HSET` (+ `PEXPIRE` when the flight had no record) |
-//! | INVALIDATE | 6: `HMGET`, `TIME`, `HSET`, `HDEL`, `PEXPIRE`, `PUBLISH` |
+//! | INVALIDATE | 7: `HMGET`, `TIME`, `HSET`, `HDEL`, `PEXPIRE`, `SET`, `PUBLISH` |
+//! | READ | 2: `HMGET`, `GET` |
 //!
 //! A value the scripts did not write is a protocol error, never a result:
 //! another type at the record's name makes Redis answer `WRONGTYPE`, a
@@ -230,8 +239,8 @@ return 'NOT_OWNER'
 ";
 
 /// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result and
-/// the lease, starts a newer generation (fencing a running owner) and
-/// wakes followers.
+/// the lease, starts a newer generation (fencing a running owner), keeps
+/// it in `KEYS[3]` for `state_ttl` and wakes followers.
 pub const INVALIDATE: &str = r"#!lua
 local r = redis.call('HMGET', KEYS[1], 'g')
 local g = tonumber(r[1] or 0)
@@ -246,6 +255,17 @@ end
 redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0')
 redis.call('HDEL', KEYS[1], 's', 'b')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[3], gen, 'PX', ARGV[1])
 redis.call('PUBLISH', KEYS[2], gen .. '|a')
 return gen
+";
+
+/// `READ()` → `{gen, st, body, invalidated}`: the record's fields `g`,
+/// `s`, `b` and the last invalidation's generation (`KEYS[3]`), each nil
+/// when absent. Writes nothing (`no-writes`), so
+/// a primary that refuses writes (`NOREPLICAS`) or a replica (`READONLY`)
+/// still runs it; an expired record reads as absent.
+pub const READ: &str = r"#!lua flags=no-writes
+local r = redis.call('HMGET', KEYS[1], 'g', 's', 'b')
+return {r[1], r[2], r[3], redis.call('GET', KEYS[3])}
 ";

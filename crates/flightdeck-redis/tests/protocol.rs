@@ -260,10 +260,17 @@ async fn every_script_answer_keeps_its_command_budget() {
     let invalidated = costs(
         &redis,
         "INVALIDATE",
-        &[HMGET, TIME, HSET, ("hdel", 1), PEXPIRE, PUBLISH],
+        &[HMGET, TIME, HSET, ("hdel", 1), PEXPIRE, ("set", 1), PUBLISH],
         b.invalidate(&f, Duration::from_secs(30)),
     );
-    invalidated.await.unwrap();
+    let generation = invalidated.await.unwrap();
+    let read = costs(
+        &redis,
+        "READ",
+        &[HMGET, ("get", 1)],
+        b.invalidated_since(&f, generation - 1),
+    );
+    assert_eq!(read.await.unwrap(), Some(true));
 
     let f = fresh_flight();
     let no_takeover = LeaseTerms {

@@ -39,26 +39,41 @@ fn snapshotter() -> &'static Snapshotter {
 
 /// The value of a counter for one stage (0 if never incremented).
 fn counter(name: &str, stage: &str) -> u64 {
+    counter_where(name, stage, None)
+}
+
+/// The value of a counter for one stage, summed over its other labels, or
+/// only where `label` has the given value (0 if never incremented).
+fn counter_where(name: &str, stage: &str, label: Option<(&str, &str)>) -> u64 {
     // A snapshot resets the recorder's counters, and tests run in parallel:
     // fold every snapshot into one running total.
-    static TOTALS: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
+    type Labels = Vec<(String, String)>;
+    static TOTALS: OnceLock<Mutex<HashMap<(String, Labels), u64>>> = OnceLock::new();
     let mut totals = TOTALS.get_or_init(Default::default).lock().unwrap();
     for (k, _, _, v) in snapshotter().snapshot().into_vec() {
         let DebugValue::Counter(c) = v else { continue };
-        let label = k
+        let labels = k
             .key()
             .labels()
-            .find(|l| l.key() == metric::LABEL_STAGE)
-            .map(|l| l.value().to_owned())
-            .unwrap_or_default();
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
         *totals
-            .entry((k.key().name().to_owned(), label))
+            .entry((k.key().name().to_owned(), labels))
             .or_default() += c;
     }
+    let has = |labels: &Labels, (key, value): (&str, &str)| {
+        labels.iter().any(|(k, v)| k == key && v == value)
+    };
     totals
-        .get(&(name.to_owned(), stage.to_owned()))
-        .copied()
-        .unwrap_or(0)
+        .iter()
+        .filter(|((n, labels), _)| {
+            n == name
+                && (has(labels, (metric::LABEL_STAGE, stage))
+                    || (stage.is_empty() && !labels.iter().any(|(k, _)| k == metric::LABEL_STAGE)))
+                && label.is_none_or(|l| has(labels, l))
+        })
+        .map(|(_, v)| *v)
+        .sum()
 }
 
 fn policy() -> DistributedPolicy {
@@ -787,4 +802,201 @@ async fn measure_owner_path_against_a_round_trip() {
         owner.as_secs_f64() / rtt.as_secs_f64(),
         hit.as_secs_f64() / rtt.as_secs_f64()
     );
+}
+
+/// A result this node committed, gone from the store before its TTL ran
+/// out (`FLUSHALL`, as a failover to a replica that never got it would
+/// leave it): the next request runs again and the loss is counted.
+#[tokio::test]
+async fn a_lost_result_is_counted() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l2 = layer(backend(&redis).await, "lost", policy());
+    let flights = l2.flights().clone();
+    let svc = l2.layer(work(calls.clone(), "v", Duration::ZERO));
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "replayed while stored");
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, "lost"), 0);
+
+    redis.cmd(&["FLUSHALL"]).unwrap();
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "ran again");
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, "lost"), 1);
+}
+
+/// An invalidation, by this node or by another, is not a lost result.
+#[tokio::test]
+async fn an_invalidated_result_is_not_lost() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = layer(backend(&redis).await, "invalidated", policy());
+    let b = layer(backend(&redis).await, "invalidated", policy());
+    let flights = a.flights().clone();
+    let svc = a.layer(work(calls.clone(), "v", Duration::ZERO));
+    let key = FlightKey::from_bytes(stage("invalidated"), "k");
+    for invalidating in [&a, &b] {
+        assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+        flights.idle().await;
+        invalidating.invalidate(&key).await.unwrap();
+    }
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "each invalidation ran it again"
+    );
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, "invalidated"), 0);
+}
+
+/// A result that expired by its TTL is not a lost result.
+#[tokio::test]
+async fn an_expired_result_is_not_lost() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l2 = layer(
+        backend(&redis).await,
+        "expired",
+        policy().result_ttl(Duration::from_millis(400)),
+    );
+    let flights = l2.flights().clone();
+    let svc = l2.layer(work(calls.clone(), "v", Duration::ZERO));
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "ran again once expired");
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, "expired"), 0);
+}
+
+fn replicas_counted(stage_name: &str, result: &str) -> u64 {
+    counter_where(
+        metric::COMMIT_REPLICAS_TOTAL,
+        stage_name,
+        Some(("result", result)),
+    )
+}
+
+/// `commit_replicas(1)`: with a replica attached the commit is
+/// acknowledged; without one the wait ends at its timeout, short, and the
+/// callers have their value all the same.
+#[tokio::test]
+async fn commits_wait_for_replicas() {
+    let wait = Duration::from_millis(150);
+    let replicated = policy().commit_replicas(1).commit_replicas_timeout(wait);
+
+    let redis = RedisServer::start().unwrap();
+    let _replica = RedisServer::start_replica_of(&redis).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l2 = layer(backend(&redis).await, "acked", replicated.clone());
+    let flights = l2.flights().clone();
+    let svc = l2.layer(work(calls.clone(), "v", Duration::ZERO));
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(replicas_counted("acked", "acked"), 1);
+    assert_eq!(replicas_counted("acked", "short"), 0);
+
+    let alone = RedisServer::start().unwrap();
+    let l2 = layer(backend(&alone).await, "short", replicated);
+    let flights = l2.flights().clone();
+    let svc = l2.layer(work(calls.clone(), "v", Duration::ZERO));
+    let started = Instant::now();
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    let took = started.elapsed();
+    assert_eq!(replicas_counted("short", "short"), 1);
+    assert_eq!(replicas_counted("short", "acked"), 0);
+    assert!(took >= wait, "WAIT lasted its timeout: {took:?}");
+    assert!(took < Duration::from_secs(1), "and no longer: {took:?}");
+    // The commit happened on the primary: the next request replays it.
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// `min-replicas-to-write 1` without a replica: every ACQUIRE is refused
+/// with `NOREPLICAS`, yet a stored result is still replayed (a read-only
+/// lookup, no execution); a key without one stays unavailable.
+#[tokio::test]
+async fn refused_writes_still_replay_stored_results() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let b = backend(&redis).await;
+    let l2 = layer(b.clone(), "noreplicas", policy());
+    let flights = l2.flights().clone();
+    let svc = l2.layer(work(calls.clone(), "v", Duration::ZERO));
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    redis
+        .cmd(&["CONFIG", "SET", "min-replicas-to-write", "1"])
+        .unwrap();
+    let replays =
+        |result| counter_where(metric::READONLY_REPLAY_TOTAL, "", Some(("result", result)));
+    let (hits, misses) = (replays("hit"), replays("miss"));
+
+    assert_eq!(svc.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "replayed, not run");
+    assert_eq!(replays("hit"), hits + 1);
+
+    let err = svc.clone().oneshot("other".into()).await.unwrap_err();
+    assert!(
+        find::<flightdeck_core::error::CoordinationUnavailable>(&*err).is_some(),
+        "{err}"
+    );
+    assert!(err.to_string().contains("NOREPLICAS") || format!("{err:?}").contains("NOREPLICAS"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(replays("miss"), misses + 1);
+
+    // The backend's own answer for a key without a result.
+    let refused = b
+        .acquire(
+            &flight_of("noreplicas", "none"),
+            &OwnerToken::random(),
+            &conformance::terms(true),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), BackendErrorKind::Unavailable);
+}
+
+/// An invalidation by another node stays known after the flight's record
+/// expired (a grant after it, abandoned, keeps the record only two
+/// leases): the missing result is still not counted lost.
+#[tokio::test]
+async fn an_invalidation_outlives_the_record() {
+    let redis = RedisServer::start().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = layer(backend(&redis).await, "outlived", policy());
+    let flights = a.flights().clone();
+    let a = a.layer(work(calls.clone(), "v", Duration::ZERO));
+    assert_eq!(a.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+
+    let b = layer(backend(&redis).await, "outlived", policy());
+    let b_flights = b.flights().clone();
+    b.invalidate(&FlightKey::from_bytes(stage("outlived"), "k"))
+        .await
+        .unwrap();
+    let failing = BoxCloneService::new(service_fn(|_req: String| async {
+        Err::<String, BoxError>("no result this time".into())
+    }));
+    b.layer(failing).oneshot("k".into()).await.unwrap_err();
+    b_flights.idle().await;
+    // The abandoned grant's record lives two leases.
+    tokio::time::sleep(LEASE * 2 + Duration::from_millis(300)).await;
+    let Resp::Int(0) = redis
+        .cmd(&["EXISTS", &b.backend().keys(&flight_of("outlived", "k"))[0]])
+        .unwrap()
+    else {
+        panic!("the record expired");
+    };
+
+    assert_eq!(a.clone().oneshot("k".into()).await.unwrap(), "v:k");
+    flights.idle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, "outlived"), 0);
 }

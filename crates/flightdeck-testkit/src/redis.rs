@@ -80,6 +80,14 @@ fn err(msg: impl Into<String>) -> RedisServerError {
     RedisServerError(msg.into())
 }
 
+/// `INFO replication`, as text (empty if the reply is not a bulk string).
+fn replication_info(server: &RedisServer) -> Result<String, RedisServerError> {
+    Ok(match server.cmd(&["INFO", "replication"])? {
+        Resp::Bulk(Some(info)) => String::from_utf8_lossy(&info).into_owned(),
+        _ => String::new(),
+    })
+}
+
 fn find_binary() -> Result<PathBuf, RedisServerError> {
     find_binary_in(
         std::env::var_os("FLIGHTDECK_REDIS_SERVER"),
@@ -399,6 +407,42 @@ impl RedisServer {
                 Err(e) if started.elapsed() > READY_TIMEOUT => return Err(e),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
+        }
+    }
+
+    /// Starts a replica of `primary` (`--replicaof`) on a free loopback
+    /// port and waits (up to 10 s) until it acknowledges writes: `primary`
+    /// lists it online and it acknowledged a write made after that (so
+    /// that `WAIT` counts it from then on). Sets the primary's
+    /// `repl-diskless-sync-delay` to 0 first, so the sync starts at once.
+    pub fn start_replica_of(primary: &RedisServer) -> Result<Self, RedisServerError> {
+        primary.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])?;
+        let port = primary.port().to_string();
+        let replica = Self::start_with_args(&["--replicaof", "127.0.0.1", &port])?;
+        let online = format!("port={},state=online,offset=", replica.port());
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let mut written: Option<u64> = None;
+        loop {
+            let info = replication_info(primary)?;
+            let field = |after: &str| -> Option<u64> {
+                let rest = &info[info.find(after)? + after.len()..];
+                let end = rest
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(rest.len());
+                rest[..end].parse().ok()
+            };
+            match (written, field(&online)) {
+                (Some(w), Some(acked)) if acked >= w => return Ok(replica),
+                (None, Some(_)) => {
+                    primary.cmd(&["SET", "flightdeck-testkit:replica-probe", "1"])?;
+                    written = field("master_repl_offset:").map(|o| o + 1);
+                }
+                _ => {}
+            }
+            if std::time::Instant::now() >= until {
+                return Err(err("the replica did not acknowledge a write within 10 s"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 

@@ -57,6 +57,22 @@ pub const RESULT_WRITE_FAILURE_TOTAL: &str = "singleflight_result_write_failure_
 pub const HEARTBEAT_LOST_TOTAL: &str = "singleflight_heartbeat_lost_total";
 /// Counter: commits rejected because a newer owner holds the flight.
 pub const FENCED_TOTAL: &str = "singleflight_fenced_total";
+/// Counter: results this node saw committed that were gone before their
+/// TTL ran out (not invalidated): a later acquire of the flight was
+/// granted, or found it running, instead of replaying it. The store lost
+/// writes (a failover to a replica that never got them, a flush).
+pub const RESULT_LOST_TOTAL: &str = "singleflight_result_lost_total";
+/// Counter: commits followed by a wait for replicas (the stage's
+/// `commit-replicas`): `result` = `acked` (enough replicas acknowledged)
+/// | `short` (fewer, within the timeout) | `failed` (the wait itself
+/// failed, or the backend has no replicas to ask).
+pub const COMMIT_REPLICAS_TOTAL: &str = "singleflight_commit_replicas_total";
+/// Counter: Redis ACQUIREs refused because the server takes no writes
+/// (`reason` = `noreplicas` | `readonly`) that were answered by a
+/// read-only lookup of the stored result instead (`result` = `hit`: it was
+/// replayed; `miss`: none stored, the refusal stands). Per node, without
+/// a stage label (the backend serves every stage).
+pub const READONLY_REPLAY_TOTAL: &str = "singleflight_readonly_replay_total";
 /// Counter: protocol errors (unknown action, malformed reply, bad stored
 /// result); `reason` label. Alert on any.
 pub const UNKNOWN_ACTION_TOTAL: &str = "singleflight_unknown_action_total";

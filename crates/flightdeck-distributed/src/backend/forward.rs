@@ -138,6 +138,25 @@ macro_rules! forward_backend {
                         $crate::Backend::invalidate($crate::forward_backend!(@via self $via), flight, state_ttl)
         }
     };
+    (@one $via:tt invalidated_since) => {
+        fn invalidated_since<'a>(
+            &'a self,
+            flight: &'a $crate::FlightId,
+            generation: u64,
+        ) -> $crate::backend::BackendFuture<'a, ::std::option::Option<bool>> {
+                        $crate::Backend::invalidated_since($crate::forward_backend!(@via self $via), flight, generation)
+        }
+    };
+    (@one $via:tt wait_replicas) => {
+        fn wait_replicas<'a>(
+            &'a self,
+            flight: &'a $crate::FlightId,
+            replicas: u32,
+            timeout: ::std::time::Duration,
+        ) -> $crate::backend::BackendFuture<'a, ::std::option::Option<u32>> {
+                        $crate::Backend::wait_replicas($crate::forward_backend!(@via self $via), flight, replicas, timeout)
+        }
+    };
     (@one $via:tt subscribe) => {
         fn subscribe<'a>(
             &'a self,

@@ -45,6 +45,11 @@
 //!   starts a newer generation: a running owner's commit is then fenced.
 //! - [`Backend::subscribe`] delivers [`Notice`]s for one flight. Delivery is
 //!   at most once: callers must also poll.
+//! - [`Backend::invalidated_since`] and [`Backend::wait_replicas`] are
+//!   optional (by default: "not known", "no replicas"). The first lets the
+//!   L2 layer tell a result that was invalidated from one the store lost
+//!   (`singleflight_result_lost_total`); the second serves a stage's
+//!   `commit_replicas`.
 //!
 //! **How long a flight's record lives.** A grant or heartbeat keeps the
 //! flight's record for [`LeaseTerms::record_ttl`] (two leases with the
@@ -228,6 +233,39 @@ pub trait Backend: Send + Sync + 'static {
         self.unreachable()
     }
 
+    /// Whether the flight was invalidated ([`invalidate`](Self::invalidate),
+    /// by any node) after `generation` was granted, as far as the flight's
+    /// record remembers: `Some(true)` when it was, `Some(false)` when the
+    /// record holds no such invalidation (none happened, or the record
+    /// itself was lost), `None` when the backend does not keep this (the
+    /// default). The L2 layer asks it only when a result it saw committed
+    /// is missing before its TTL ran out, to tell an invalidation from a
+    /// lost result; `None` counts no loss.
+    fn invalidated_since<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        generation: u64,
+    ) -> BackendFuture<'a, Option<bool>> {
+        let _ = (flight, generation);
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Waits until `replicas` replicas acknowledged the writes this node
+    /// sent to the flight's store so far (its last commit among them), for
+    /// at most `timeout`: how many did (`Some`), or `None` when the
+    /// backend has no replicas to ask (the default: nothing is sent). The
+    /// Redis backend sends `WAIT` on the connection, and to the node, that
+    /// ran the commit.
+    fn wait_replicas<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        replicas: u32,
+        timeout: Duration,
+    ) -> BackendFuture<'a, Option<u32>> {
+        let _ = (flight, replicas, timeout);
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// A follower's re-check: the same as [`acquire`](Self::acquire) (it
     /// takes the flight over when the owner's lease expired), told apart so
     /// that a decorator can treat it differently (a breaker judges the
@@ -245,5 +283,5 @@ pub trait Backend: Send + Sync + 'static {
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, shards, unreachable);
+    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, shards, unreachable, invalidated_since, wait_replicas);
 }

@@ -1,0 +1,129 @@
+//! A flight's record read without writing (the READ script): the stored
+//! result replayed when the server refuses writes, the last invalidation,
+//! and the wait for replicas after a commit.
+
+use std::time::Duration;
+
+use flightdeck_core::metric;
+use flightdeck_distributed::backend::{Acquired, BackendError, FlightId};
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+
+use crate::backend::RedisBackend;
+use crate::classify::classify;
+use crate::connect::timed_out;
+use crate::eval::READ;
+use crate::reply::{bad_reply, gen, int, parse_acquire, text};
+
+/// The refusal's reason when the server refused a write it would serve as
+/// a read: `NOREPLICAS` (a primary short of `min-replicas-to-write`) or
+/// `READONLY` (a replica, e.g. the old primary after a failover).
+pub(crate) fn writes_refused(e: &BackendError) -> Option<&'static str> {
+    let source = std::error::Error::source(e)?.downcast_ref::<fred::error::Error>()?;
+    match source.details().split_whitespace().next() {
+        Some("NOREPLICAS") => Some("noreplicas"),
+        Some("READONLY") => Some("readonly"),
+        _ => None,
+    }
+}
+
+impl RedisBackend {
+    /// The record's `g`, `s`, `b` and the last invalidation (see
+    /// [`scripts::READ`](crate::scripts::READ)).
+    async fn read(&self, flight: &FlightId) -> Result<Vec<Value>, BackendError> {
+        match self
+            .eval(READ, self.keys_with_invalidation(flight), Vec::new())
+            .await?
+        {
+            Value::Array(items) if items.len() == 4 => Ok(items),
+            other => Err(bad_reply("READ", &other)),
+        }
+    }
+
+    /// ACQUIRE was refused with `refused` because the server takes no
+    /// writes now (`reason`): the stored result, read without writing, is
+    /// the answer ([`Acquired::Hit`], under the checks of ACQUIRE's hit
+    /// path); without one (or when the read fails) the refusal stands.
+    pub(crate) async fn replay_refused(
+        &self,
+        flight: &FlightId,
+        refused: BackendError,
+        reason: &'static str,
+    ) -> Result<Acquired, BackendError> {
+        let count = |result: &'static str| {
+            metrics::counter!(metric::READONLY_REPLAY_TOTAL, "reason" => reason, "result" => result)
+                .increment(1);
+        };
+        let items = match self.read(flight).await {
+            Ok(items) => items,
+            Err(e) => {
+                tracing::debug!(error = %e, "read-only lookup after a refused write failed");
+                count("miss");
+                return Err(refused);
+            }
+        };
+        if items[1].is_null() {
+            count("miss");
+            return Err(refused);
+        }
+        let hit = Value::Array(vec![
+            text("HIT"),
+            items[0].clone(),
+            items[1].clone(),
+            items[2].clone(),
+        ]);
+        let replay = parse_acquire(&hit)?;
+        count("hit");
+        tracing::debug!(
+            reason,
+            "server refuses writes; replaying the stored result read-only"
+        );
+        Ok(replay)
+    }
+
+    /// Whether the flight was invalidated after `generation` (within the
+    /// last `state_ttl`).
+    pub(crate) async fn invalidated_after(
+        &self,
+        flight: &FlightId,
+        generation: u64,
+    ) -> Result<bool, BackendError> {
+        let items = self.read(flight).await?;
+        Ok(gen(&items[3]).is_some_and(|i| i > generation))
+    }
+
+    /// `WAIT replicas timeout` to the node serving the flight, on the
+    /// connection that sent its commit (each node has one command
+    /// connection): how many replicas acknowledged this connection's
+    /// writes so far.
+    pub(crate) async fn wait_for(
+        &self,
+        flight: &FlightId,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<u32, BackendError> {
+        let inner = &*self.inner;
+        let slot = self.slot(flight);
+        let limit = timeout + inner.timeout;
+        let node = inner
+            .topology
+            .route_within(slot, tokio::time::Instant::now() + inner.timeout)
+            .await?;
+        let mut opts = inner.opts.clone();
+        opts.timeout = Some(limit);
+        let wait_ms = i64::try_from(timeout.as_millis())
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(slot), true);
+        let args = vec![Value::Integer(i64::from(replicas)), Value::Integer(wait_ms)];
+        let with = node.client.with_options(&opts);
+        let call = with.custom::<Value, Value>(command, args);
+        let reply = tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| timed_out("WAIT", limit))?
+            .map_err(classify)?;
+        int(&reply)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad_reply("WAIT", &reply))
+    }
+}
