@@ -59,6 +59,24 @@ impl State {
         let r = &map[i];
         (slot <= r.last).then_some(&r.primary)
     }
+
+    /// See [`Cluster::shards`].
+    fn shards(&self) -> Option<Vec<Shard>> {
+        let map = self.map.as_ref()?;
+        let mut shards: Vec<Shard> = Vec::new();
+        let mut covered = 0u32;
+        for r in map {
+            covered += u32::from(r.last) - u32::from(r.first) + 1;
+            let shard = Shard::new(Arc::clone(&r.primary));
+            if !shards.contains(&shard) {
+                shards.push(shard);
+            }
+        }
+        if covered < SLOTS {
+            shards.push(Shard::new(UNMAPPED));
+        }
+        Some(shards)
+    }
 }
 
 /// The cluster's slot map and nodes (see the module docs).
@@ -203,21 +221,7 @@ impl Cluster {
     /// [`UNMAPPED`] when some slot has none; `None` while the map is not
     /// known.
     pub(crate) fn shards(&self) -> Option<Vec<Shard>> {
-        let state = self.read();
-        let map = state.map.as_ref()?;
-        let mut shards: Vec<Shard> = Vec::new();
-        let mut covered = 0u32;
-        for r in map {
-            covered += u32::from(r.last) - u32::from(r.first) + 1;
-            let shard = Shard::new(Arc::clone(&r.primary));
-            if !shards.contains(&shard) {
-                shards.push(shard);
-            }
-        }
-        if covered < SLOTS {
-            shards.push(Shard::new(UNMAPPED));
-        }
-        Some(shards)
+        self.read().shards()
     }
 
     /// The `host:port` of the primary serving `slot`, if known.
@@ -546,6 +550,25 @@ mod tests {
         assert_eq!(holes.primary_of(9), None);
         assert_eq!(holes.primary_of(21), None);
         assert!(holes.primary_of(15).is_some());
+        // The shards flights are served from: each primary once, and
+        // `unmapped` while some slot has none.
+        assert_eq!(
+            state.shards(),
+            Some(vec![
+                Shard::new("10.0.0.1:7000"),
+                Shard::new("10.0.0.2:7001"),
+                Shard::new("10.0.0.3:7002"),
+            ])
+        );
+        assert_eq!(
+            holes.shards(),
+            Some(vec![Shard::new("h:1"), Shard::new(UNMAPPED)])
+        );
+        let unknown = State {
+            map: None,
+            nodes: HashMap::new(),
+        };
+        assert_eq!(unknown.shards(), None);
     }
 
     #[test]
