@@ -533,12 +533,12 @@ async fn flow(
 async fn a_live_reshard_counts_no_protocol_error_and_gives_no_wrong_value() {
     let stage = "cluster-reshard";
     // A breaker that never opens and no degraded limit: the reshard's
-    // unavailable calls fall back to local execution, one by one. The
-    // backends' own deadline (150 ms) comes before the stage's (250 ms),
-    // so a call that keeps meeting a moving slot ends as the backend
-    // judges it (unavailable: the script did not run), not cut off by the
-    // stage (outcome unknown).
-    let f = Fixture::start_with(stage, fast(Mode::Hybrid), Duration::from_millis(150), 2).await;
+    // unavailable calls fall back to local execution, one by one. With the
+    // backends' defaults (1 s per command, migrations retried for 100 ms)
+    // a call that keeps meeting a moving slot ends as the backend judges
+    // it (unavailable: the script did not run) before the stage's deadline
+    // (250 ms) would cut it off (outcome unknown).
+    let f = Fixture::start_with(stage, fast(Mode::Hybrid), Duration::from_secs(1), 2).await;
     let from = f.cluster.slot_owner(0).unwrap();
     let to = (from + 2) % 3;
     let slots = 0..4u16;

@@ -30,6 +30,9 @@ pub(crate) struct Inner {
     pub(crate) opts: Options,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
+    /// How long calls on a migrating slot are sent again (at most
+    /// `timeout`; see [`crate::RedisConfig::migration_retry`]).
+    pub(crate) migration_retry: Duration,
     pub(crate) sources: Arc<[String]>,
     pub(crate) shas: [String; SCRIPTS],
     pub(crate) subs: Arc<Subs>,
@@ -135,6 +138,8 @@ impl RedisBackend {
     async fn subscribe_on_owner(&self, channel: &str, slot: u16) -> Result<(), BackendError> {
         let subs = &self.inner.subs;
         let deadline = tokio::time::Instant::now() + subs.timeout;
+        let retry_until =
+            tokio::time::Instant::now() + subs.timeout.min(self.inner.migration_retry);
         loop {
             let refreshes = self.refreshes();
             let node = self.inner.topology.route_within(slot, deadline).await?;
@@ -157,7 +162,7 @@ impl RedisBackend {
                 Ok(()) => return Ok(()),
                 Err(e)
                     if self
-                        .retry_after(&e, (slot, &node.addr), refreshes, deadline)
+                        .retry_after(&e, (slot, &node.addr), refreshes, retry_until)
                         .await => {}
                 Err(e) => return Err(subscribe_error(e)),
             }

@@ -21,6 +21,7 @@ pub struct RedisConfig {
     pub(crate) url: String,
     pub(crate) prefix: String,
     pub(crate) command_timeout: Duration,
+    pub(crate) migration_retry: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_max_delay: Duration,
     pub(crate) username: Option<String>,
@@ -42,6 +43,7 @@ impl fmt::Debug for RedisConfig {
         d.field("url", &url)
             .field("prefix", &self.prefix)
             .field("command_timeout", &self.command_timeout)
+            .field("migration_retry", &self.migration_retry)
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("username", &self.username)
@@ -54,13 +56,15 @@ impl fmt::Debug for RedisConfig {
 
 impl RedisConfig {
     /// Connects to `url` (`redis://host:port[/db]`, see fred's
-    /// `Config::from_url`), key prefix `fd`, 1 s per command, 1 s to
-    /// connect, reconnecting forever with backoff up to 1 s.
+    /// `Config::from_url`), key prefix `fd`, 1 s per command, calls on a
+    /// migrating slot retried for 100 ms, 1 s to connect, reconnecting
+    /// forever with backoff up to 1 s.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             prefix: "fd".to_owned(),
             command_timeout: Duration::from_secs(1),
+            migration_retry: Duration::from_millis(100),
             connect_timeout: Duration::from_secs(1),
             reconnect_max_delay: Duration::from_secs(1),
             username: None,
@@ -127,6 +131,18 @@ impl RedisConfig {
     /// bound, doubled).
     pub fn command_timeout(mut self, d: Duration) -> Self {
         self.command_timeout = d;
+        self
+    }
+
+    /// How long a call whose slot is being migrated in a Redis Cluster
+    /// (answered `TRYAGAIN`, `ASK` or `MOVED`) is sent again before it is
+    /// refused as *unavailable* (the script did not run); at most the
+    /// command timeout. Keep it below the layer's call timeout (the stage's
+    /// `coordination-timeout`, 200 ms by default): a call the layer cuts
+    /// off counts as outcome unknown, though the backend knew nothing ran.
+    /// 100 ms by default.
+    pub fn migration_retry(mut self, d: Duration) -> Self {
+        self.migration_retry = d;
         self
     }
 

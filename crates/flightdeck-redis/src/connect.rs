@@ -111,6 +111,7 @@ impl RedisBackend {
                 opts,
                 prefix: config.prefix,
                 timeout: cmd,
+                migration_retry: config.migration_retry.min(cmd),
                 sources,
                 shas,
                 subs,

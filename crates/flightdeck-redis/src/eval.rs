@@ -68,6 +68,9 @@ impl RedisBackend {
         let inner = &*self.inner;
         let t = inner.timeout;
         let deadline = tokio::time::Instant::now() + t;
+        // Sent again after a migration's answer only until here (see
+        // `RedisConfig::migration_retry`).
+        let retry_until = tokio::time::Instant::now() + inner.migration_retry;
         loop {
             let refreshes = self.refreshes();
             let node = inner.topology.route_within(slot, deadline).await?;
@@ -83,7 +86,7 @@ impl RedisBackend {
             match reply {
                 Err(e)
                     if self
-                        .retry_after(&e, (slot, &node.addr), refreshes, deadline)
+                        .retry_after(&e, (slot, &node.addr), refreshes, retry_until)
                         .await => {}
                 other => return Ok(other),
             }

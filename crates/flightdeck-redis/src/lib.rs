@@ -77,13 +77,14 @@
 //! record but not the channel, which is never stored) or `ASK`, and the
 //! new owner, even after `ASKING`, serves a multi-key command only when it
 //! has every key (the channel in `KEYS` is never stored, so never). So the
-//! backend follows no `ASK` and retries `TRYAGAIN` and `ASK` within the
-//! call's deadline ([`RedisConfig::command_timeout`]); past it the call is
-//! *unavailable* (the script did not run). Keep that deadline shorter than
-//! the stage's coordination timeout (the layer's per-call deadline), or the
-//! layer cuts such a call off first and counts it as *outcome unknown*
-//! (an acquire's lease is then released in the background, and HYBRID
-//! fallbacks say `outcome_unknown`). Either way: HYBRID stages fall back
+//! backend follows no `ASK` and retries `TRYAGAIN` and `ASK` for
+//! [`RedisConfig::migration_retry`] (100 ms by default); past it the call
+//! is *unavailable* (the script did not run). That is shorter than the
+//! stage's coordination timeout (the layer's per-call deadline, 200 ms by
+//! default); set longer, the layer would cut such a call off first and
+//! count it as *outcome unknown* (an acquire's lease is then released in
+//! the background, and HYBRID fallbacks say `outcome_unknown`). Either
+//! way: HYBRID stages fall back
 //! locally for the moving slot's flights,
 //! owners keep retrying their commit (`commit_attempts`), and followers
 //! keep polling: a migration shorter than the lease and the owner's commit
