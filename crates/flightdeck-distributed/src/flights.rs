@@ -296,15 +296,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         match acquired {
             Acquired::Hit(stored) => {
                 guard.settled();
-                if st
-                    .seen
-                    .expected(&cx.flight)
-                    .is_some_and(|g| g != stored.generation)
-                {
-                    // Another generation's result: the one seen committed
-                    // was invalidated (or is stale), not lost.
-                    st.seen.forget(&cx.flight);
-                }
+                st.seen.forget_other(&cx.flight, stored.generation);
                 cx.metrics.with(|m| m.hit.increment(1));
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(&cx, &stored) {
@@ -386,10 +378,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// not run out, ask the backend (in the background) whether it was
     /// invalidated since; if not, the result was lost, counted and logged.
     fn missing(self: &Arc<Self>, cx: &Cx) {
-        let Some(generation) = self.seen.expected(&cx.flight) else {
+        let Some(generation) = self.seen.take(&cx.flight) else {
             return;
         };
-        self.seen.forget(&cx.flight);
         let st = Arc::clone(self);
         let stage = cx.stage.clone();
         let cx = cx.clone();

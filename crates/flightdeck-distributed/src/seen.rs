@@ -101,6 +101,7 @@ impl Seen {
 
     /// The generation seen committed for `flight` whose result the store
     /// should still hold (one past that moment is forgotten).
+    #[cfg(test)]
     pub(crate) fn expected(&self, flight: &FlightId) -> Option<u64> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let c = *inner.flights.get(flight)?;
@@ -109,6 +110,32 @@ impl Seen {
         }
         inner.flights.remove(flight);
         None
+    }
+
+    /// Forgets `flight` and returns the generation seen committed for it,
+    /// if the store should still hold its result (one lock).
+    pub(crate) fn take(&self, flight: &FlightId) -> Option<u64> {
+        let c = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .flights
+            .remove(flight)?;
+        (c.until > Instant::now()).then_some(c.generation)
+    }
+
+    /// Forgets `flight` if the generation seen committed for it is not
+    /// `generation` (the store holds another generation's result: the one
+    /// seen was invalidated or is stale, not lost).
+    pub(crate) fn forget_other(&self, flight: &FlightId, generation: u64) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner
+            .flights
+            .get(flight)
+            .is_some_and(|c| c.generation != generation)
+        {
+            inner.flights.remove(flight);
+        }
     }
 }
 
