@@ -243,6 +243,8 @@ pub(crate) struct Control {
     mode: AtomicU8,
     /// The stage's backend, to tell a flight's shard.
     backend: Option<Arc<dyn Backend>>,
+    /// Whether that backend spreads flights over shards.
+    sharded: bool,
     pub(crate) breaker: Breaker,
     breakers: ShardBreakers,
     bulkhead: BulkheadHandle,
@@ -282,6 +284,7 @@ impl Control {
             mode: AtomicU8::new(cfg.mode.to_u8()),
             name,
             cfg,
+            sharded: backend.as_ref().is_some_and(|b| b.sharded()),
             backend,
             breaker: breakers.whole().clone(),
             breakers,
@@ -342,7 +345,7 @@ impl Control {
         };
         let mut events = self.breaker.subscribe();
         let mut looking = !self.publish();
-        let sharded = self.backend.as_ref().is_some_and(|b| b.sharded());
+        let sharded = self.sharded;
         let ctl = Arc::downgrade(self);
         drop(rt.spawn(async move {
             let mut poll = tokio::time::interval(RECORDER_POLL);
@@ -483,11 +486,11 @@ impl Control {
             .map_or(Shard::WHOLE, |b| b.shard(flight))
     }
 
-    /// Whether the stage's backend has shown named shards: its flights
-    /// then carry their id to the points that judge them by shard.
+    /// Whether the stage's backend spreads flights over shards: its
+    /// flights then carry their id to the points that judge them by shard.
     #[inline]
     pub(crate) fn sharded(&self) -> bool {
-        self.breakers.has_named()
+        self.sharded
     }
 
     /// Whether `flight`'s shard is a named shard that is degraded now (its
