@@ -173,17 +173,24 @@ impl Cluster {
     /// can be sent for it).
     pub(crate) fn node_for(&self, slot: u16) -> Result<Arc<Node>, BackendError> {
         let state = self.read();
+        let primary = state.primary_of(slot).cloned();
+        self.node_named(&state, primary.as_deref().unwrap_or(UNMAPPED))
+    }
+
+    /// The node of the shard `primary` ([`UNMAPPED`]: no primary serves
+    /// the flight's slot, or the map is not known), or why there is none.
+    fn node_named(&self, state: &State, primary: &str) -> Result<Arc<Node>, BackendError> {
         if state.map.is_none() {
             return Err(BackendError::unavailable(format!(
                 "redis cluster slot map not known yet ({})",
                 self.why_no_map()
             )));
         }
-        let Some(primary) = state.primary_of(slot) else {
-            return Err(BackendError::unavailable(format!(
-                "redis cluster slot {slot} is served by no primary"
-            )));
-        };
+        if primary == UNMAPPED {
+            return Err(BackendError::unavailable(
+                "redis cluster slot is served by no primary",
+            ));
+        }
         state.nodes.get(primary).cloned().ok_or_else(|| {
             BackendError::unavailable(format!("redis cluster primary {primary} has no client"))
         })
@@ -194,27 +201,14 @@ impl Cluster {
     /// [`UNMAPPED`] when the slot map is not known or names no primary for
     /// the flight's slot).
     pub(crate) fn refuse(&self, primary: &str) -> Option<BackendError> {
-        let state = self.read();
-        if state.map.is_none() {
-            return Some(BackendError::unavailable(format!(
-                "redis cluster slot map not known yet ({})",
-                self.why_no_map()
-            )));
-        }
-        if primary == UNMAPPED {
-            return Some(BackendError::unavailable(
-                "redis cluster slot is served by no primary",
-            ));
-        }
-        match state.nodes.get(primary) {
-            // Connected, or connecting (no attempt failed yet: a new
-            // primary, say): the call waits for it within its deadline.
-            Some(node) if node.client.is_connected() || !node.link.is_failing() => None,
-            Some(node) => Some(crate::routing::not_connected(node)),
-            None => Some(BackendError::unavailable(format!(
-                "redis cluster primary {primary} has no client"
-            ))),
-        }
+        let node = match self.node_named(&self.read(), primary) {
+            Ok(node) => node,
+            Err(e) => return Some(e),
+        };
+        // Connected, or connecting (no attempt failed yet: a new primary,
+        // say): the call waits for it within its deadline.
+        (!node.client.is_connected() && node.link.is_failing())
+            .then(|| crate::routing::not_connected(&node))
     }
 
     /// The shards flights are served from now: the map's primaries, and
