@@ -97,13 +97,17 @@ where
                 Wake::Inline(committed, payload) => {
                     record_wait();
                     tracing::debug!(stage = %cx.stage, flight = %cx.flight, role = "follower", "result arrived inline");
-                    // Committed after this follower's first call.
-                    st.seen.remember(
-                        cx.flight,
-                        committed,
-                        cx.started,
-                        policy.result_ttl_duration(),
-                    );
+                    // Committed after this follower's first call. With
+                    // `commit_replicas`, only the owner learns whether
+                    // the commit was acknowledged, so only it remembers.
+                    if policy.commit_replica_count() == 0 {
+                        st.seen.remember(
+                            cx.flight,
+                            committed,
+                            cx.started,
+                            policy.result_ttl_duration(),
+                        );
+                    }
                     return match st.decode::<E::Shared>(cx, &payload) {
                         Ok(v) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
                         Ok(_) => exec.execute(req, Role::Unserved).await,

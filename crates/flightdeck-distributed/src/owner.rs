@@ -213,8 +213,12 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
                     .await;
                 let err = match res {
                     Ok(Committed::Committed) => {
-                        st.seen
-                            .remember(cx.flight, generation, cx.started, args.ttl);
+                        // With `commit_replicas`, the result is expected
+                        // to survive only once replicas acknowledged it.
+                        if st.policy.commit_replica_count() == 0 {
+                            st.seen
+                                .remember(cx.flight, generation, cx.started, args.ttl);
+                        }
                         if attempt > attempts {
                             tracing::info!(stage = %cx.stage, flight = %cx.flight, generation, "commit settled in the background");
                         }
@@ -271,6 +275,10 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
 
 /// After a commit: waits for the policy's `commit_replicas` replicas to
 /// acknowledge it (nothing when it is 0), counts and logs the outcome.
+/// Only an acknowledged commit is remembered as a result the store must
+/// keep (so that its later absence counts as lost): one acknowledged by
+/// fewer replicas was counted `short` (or `failed`) here, at the commit,
+/// and a failover may drop it without a second count.
 async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
     st: &State<B, C>,
     cx: &Cx,
@@ -289,7 +297,15 @@ async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
         )
         .await;
     match res {
-        Ok(Some(acked)) if acked >= wanted => cx.metrics.with(|m| m.replicas(Replicas::Acked)),
+        Ok(Some(acked)) if acked >= wanted => {
+            cx.metrics.with(|m| m.replicas(Replicas::Acked));
+            st.seen.remember(
+                cx.flight,
+                generation,
+                cx.started,
+                st.policy.result_ttl_duration(),
+            );
+        }
         Ok(Some(acked)) => {
             cx.metrics.with(|m| m.replicas(Replicas::Short));
             tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, acked, wanted, "commit acknowledged by fewer replicas than asked; a failover now may lose it");

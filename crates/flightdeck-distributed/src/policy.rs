@@ -205,6 +205,13 @@ impl DistributedPolicy {
     /// have their value either way (the commit happened on the primary),
     /// and a shortfall is not retried.
     ///
+    /// It also decides which results count as lost when they go missing
+    /// (`singleflight_result_lost_total`): with a wait, only a commit that
+    /// enough replicas acknowledged (one that was counted `short` or
+    /// `failed` was already reported, and a failover may drop it), and only
+    /// on the owner's node (a follower cannot tell); without one, every
+    /// commit this node made or saw.
+    ///
     /// Cost: one more round trip per commit, which lasts up to the timeout
     /// while replicas lag or are missing. It runs in the background, under
     /// the owner's lease, after the callers were answered; but on Redis the

@@ -3,7 +3,9 @@
 //! apart from one that merely expired.
 //!
 //! A node remembers the flights it committed as owner, and those whose
-//! commit notice it received as follower, with the generation and the
+//! commit notice it received as follower (with `commit_replicas`, only
+//! the commits it saw acknowledged by enough replicas), with the
+//! generation and the
 //! earliest moment the store may drop the result: the flight's start plus
 //! the result TTL (the commit happened after the flight started, so the
 //! store keeps the result at least that long), less a small margin for

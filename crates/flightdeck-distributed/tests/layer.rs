@@ -1,10 +1,9 @@
 //! The L2 layer's logic against the in-memory backend, with paused time.
 //! (The same paths against real Redis are in flightdeck-redis's tests.)
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{
@@ -19,45 +18,11 @@ use flightdeck_distributed::error::RemoteFailure;
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FencingToken, FlightId, OwnerToken, PostcardCodec,
 };
+use flightdeck_testkit::counters::{self, counter};
 use flightdeck_testkit::{Hooked, MemoryBackend};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
-
-fn snapshotter() -> &'static Snapshotter {
-    static S: OnceLock<Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let rec = DebuggingRecorder::new();
-        let snap = rec.snapshotter();
-        rec.install()
-            .expect("the only recorder in this test binary");
-        snap
-    })
-}
-
-fn counter(name: &str, stage: &str) -> u64 {
-    // A snapshot resets the recorder's counters, and tests run in parallel:
-    // fold every snapshot into one running total.
-    static TOTALS: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
-    let mut totals = TOTALS.get_or_init(Default::default).lock().unwrap();
-    for (k, _, _, v) in snapshotter().snapshot().into_vec() {
-        let DebugValue::Counter(c) = v else { continue };
-        let label = k
-            .key()
-            .labels()
-            .find(|l| l.key() == metric::LABEL_STAGE)
-            .map(|l| l.value().to_owned())
-            .unwrap_or_default();
-        *totals
-            .entry((k.key().name().to_owned(), label))
-            .or_default() += c;
-    }
-    totals
-        .get(&(name.to_owned(), stage.to_owned()))
-        .copied()
-        .unwrap_or(0)
-}
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -83,7 +48,7 @@ fn node<B: Backend + Clone>(
     policy: DistributedPolicy,
     inner: Svc,
 ) -> Svc {
-    snapshotter();
+    counters::install();
     let layer = DistributedFlightLayer::new(
         backend.clone(),
         policy,
@@ -339,7 +304,7 @@ async fn invalidate_fences_the_running_owner() {
         |req: &String| Some(key_of("inval", req)),
     )
     .unwrap();
-    snapshotter();
+    counters::install();
     let svc = layer.clone().layer(work(&calls, "v", 2 * SEC));
     let owner = tokio::spawn(svc.clone().oneshot("x".into()));
     tokio::time::sleep(SEC).await;
@@ -734,4 +699,82 @@ async fn lost_results_are_counted_and_told_from_invalidations_and_expiry() {
         8,
         "each missing result ran again"
     );
+}
+
+/// Answers `wait_replicas` with a set number of acknowledgements.
+struct Replicas {
+    inner: MemoryBackend,
+    acked: Arc<AtomicUsize>,
+}
+
+impl Backend for Replicas {
+    fn wait_replicas<'a>(
+        &'a self,
+        _: &'a FlightId,
+        _: u32,
+        _: Duration,
+    ) -> BackendFuture<'a, Option<u32>> {
+        let acked = u32::try_from(self.acked.load(Ordering::SeqCst)).unwrap();
+        Box::pin(std::future::ready(Ok(Some(acked))))
+    }
+
+    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, invalidate, release, recheck, reject_early, unreachable, shard, sharded, shards, invalidated_since);
+}
+
+/// With `commit_replicas`, a result counts as lost when it goes missing
+/// only if enough replicas acknowledged its commit: a short commit was
+/// counted at the commit, and a failover may drop it without a second
+/// count. A follower, which cannot tell, never counts.
+#[tokio::test(start_paused = true)]
+async fn with_commit_replicas_only_acknowledged_results_count_as_lost() {
+    let mem = MemoryBackend::new();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let b = Arc::new(Replicas {
+        inner: mem.clone(),
+        acked: acked.clone(),
+    });
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stage = "replicated-lost";
+    let wait = policy()
+        .call_timeout(SEC)
+        .commit_replicas(1)
+        .commit_replicas_timeout(SEC / 10);
+    let a = node(&b, stage, wait.clone(), work(&calls, "v", SEC));
+    let other = node(&b, stage, wait, work(&calls, "v", SEC));
+    let flight = |req| FlightId::of(&key_of(stage, req));
+    let settle = || tokio::time::sleep(Duration::from_millis(10));
+
+    // Short: committed, gone, run again; not counted lost.
+    assert_eq!(a.clone().oneshot("short".into()).await.unwrap(), "v:short");
+    settle().await;
+    mem.remove_result(&flight("short"));
+    assert_eq!(a.clone().oneshot("short".into()).await.unwrap(), "v:short");
+    settle().await;
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, stage), 0);
+
+    // Acknowledged: gone before its TTL, counted lost on the owner's node;
+    // the follower on the other node saw it committed, and does not count.
+    acked.store(1, Ordering::SeqCst);
+    let owner = tokio::spawn(a.clone().oneshot("acked".into()));
+    tokio::time::sleep(SEC / 4).await;
+    assert_eq!(
+        other.clone().oneshot("acked".into()).await.unwrap(),
+        "v:acked"
+    );
+    owner.await.unwrap().unwrap();
+    settle().await;
+    mem.remove_result(&flight("acked"));
+    assert_eq!(
+        other.clone().oneshot("acked".into()).await.unwrap(),
+        "v:acked"
+    );
+    settle().await;
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, stage), 0, "the follower");
+    // The follower's node ran it again and committed (acknowledged) it.
+    mem.remove_result(&flight("acked"));
+    assert_eq!(a.clone().oneshot("acked".into()).await.unwrap(), "v:acked");
+    settle().await;
+    // `a` was the first owner: its memory of the first commit counts.
+    assert_eq!(counter(metric::RESULT_LOST_TOTAL, stage), 1, "the owner");
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
 }

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
-use flightdeck_core::{CloneShare, FlightKey, StageName};
+use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
-    BackendErrorKind, DistributedFlightLayer, DistributedPolicy, PostcardCodec,
+    BackendErrorKind, DistributedFlightLayer, DistributedFlights, DistributedPolicy, PostcardCodec,
 };
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{conformance, RedisSentinel, RedisServer, Resp};
+use flightdeck_testkit::{conformance, counters, RedisSentinel, RedisServer, Resp};
 use tokio::time::{timeout, Instant};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
@@ -35,36 +35,112 @@ fn config(url: String) -> RedisConfig {
 type Svc = BoxCloneService<String, String, BoxError>;
 type Calls = Arc<Mutex<HashMap<String, usize>>>;
 
+fn policy() -> DistributedPolicy {
+    DistributedPolicy::new()
+        .lease(Duration::from_millis(1500))
+        .heartbeat(Duration::from_millis(400))
+        .poll_interval(Duration::from_millis(100))
+        .wait_timeout(Duration::from_secs(5))
+        .result_ttl(Duration::from_secs(60))
+        .call_timeout(Duration::from_millis(500))
+}
+
 /// An L2 stack whose work answers `v:{req}` and counts executions per key.
 fn stack(b: RedisBackend, calls: &Calls) -> Svc {
+    stack_with(b, calls, "deploy", policy()).0
+}
+
+/// [`stack`] for a stage and a policy, with its flights (to wait for the
+/// background calls).
+fn stack_with(
+    b: RedisBackend,
+    calls: &Calls,
+    stage: &'static str,
+    policy: DistributedPolicy,
+) -> (Svc, DistributedFlights<RedisBackend, PostcardCodec<String>>) {
+    counters::install();
     let calls = calls.clone();
     let layer = DistributedFlightLayer::new(
         b,
-        DistributedPolicy::new()
-            .lease(Duration::from_millis(1500))
-            .heartbeat(Duration::from_millis(400))
-            .poll_interval(Duration::from_millis(100))
-            .wait_timeout(Duration::from_secs(5))
-            .result_ttl(Duration::from_secs(60))
-            .call_timeout(Duration::from_millis(500)),
+        policy,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
-        |req: &String| {
-            Some(FlightKey::from_bytes(
-                StageName::new("deploy").unwrap(),
-                req,
-            ))
-        },
+        move |req: &String| Some(FlightKey::from_bytes(StageName::new(stage).unwrap(), req)),
     )
     .unwrap();
-    BoxCloneService::new(layer.layer(service_fn(move |req: String| {
+    let flights = layer.flights().clone();
+    let svc = BoxCloneService::new(layer.layer(service_fn(move |req: String| {
         let calls = calls.clone();
         async move {
             *calls.lock().unwrap().entry(req.clone()).or_default() += 1;
             tokio::time::sleep(Duration::from_millis(50)).await;
             Ok::<_, BoxError>(format!("v:{req}"))
         }
-    })))
+    })));
+    (svc, flights)
+}
+
+async fn start_sentinel() -> Arc<RedisSentinel> {
+    let sentinel = within(60, "sentinel start", async {
+        tokio::task::spawn_blocking(RedisSentinel::start)
+            .await
+            .unwrap()
+            .unwrap()
+    })
+    .await;
+    Arc::new(sentinel)
+}
+
+/// A forced failover, waited for (see `RedisSentinel::failover`).
+async fn failover(sentinel: &Arc<RedisSentinel>) {
+    let s = sentinel.clone();
+    within(60, "failover", async move {
+        tokio::task::spawn_blocking(move || s.failover(Duration::from_secs(45)))
+            .await
+            .unwrap()
+            .unwrap()
+    })
+    .await;
+}
+
+/// Distinct flights one after the other (`during-{i}`, 20 ms apart) until
+/// stopped; every answer is right or a typed error, none hangs.
+struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(Vec<String>, u32)>,
+}
+
+impl Load {
+    fn start(svc: &Svc) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (svc, stopped) = (svc.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let (mut answered, mut failed) = (Vec::new(), 0);
+            for i in 0.. {
+                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let key = format!("during-{i}");
+                match timeout(Duration::from_secs(10), svc.clone().oneshot(key.clone())).await {
+                    Ok(Ok(v)) => {
+                        assert_eq!(v, format!("v:{key}"));
+                        answered.push(key);
+                    }
+                    Ok(Err(_)) => failed += 1,
+                    Err(_) => panic!("request {key} hung"),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (answered, failed)
+        });
+        Self { stop, task }
+    }
+
+    /// The keys answered, and how many requests failed (typed errors).
+    async fn stop(self) -> (Vec<String>, u32) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        within(20, "load", self.task).await.unwrap()
+    }
 }
 
 /// Issue 7: a server with a password and an ACL user. The backend connects
@@ -172,14 +248,7 @@ async fn password_and_acl_user() {
 /// before the failover is replayed, not re-executed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_keeps_the_backend_working() {
-    let sentinel = within(60, "sentinel start", async {
-        tokio::task::spawn_blocking(RedisSentinel::start)
-            .await
-            .unwrap()
-            .unwrap()
-    })
-    .await;
-    let sentinel = Arc::new(sentinel);
+    let sentinel = start_sentinel().await;
     let first_primary = sentinel.primary_port().unwrap();
     let url = sentinel.url();
     let raw = within(10, "connect", RedisBackend::connect(config(url.clone())))
@@ -208,37 +277,9 @@ async fn sentinel_failover_keeps_the_backend_working() {
     );
 
     // Load during the failover: every answer is right or a typed error.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = {
-        let (a, stop) = (a.clone(), stop.clone());
-        tokio::spawn(async move {
-            let (mut ok, mut failed) = (0u32, 0u32);
-            let mut i = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                i += 1;
-                let key = format!("during-{i}");
-                match timeout(Duration::from_secs(10), a.clone().oneshot(key.clone())).await {
-                    Ok(Ok(v)) => {
-                        assert_eq!(v, format!("v:{key}"));
-                        ok += 1;
-                    }
-                    Ok(Err(_)) => failed += 1,
-                    Err(_) => panic!("request {key} hung"),
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            (ok, failed)
-        })
-    };
+    let load = Load::start(&a);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let s = sentinel.clone();
-    within(60, "failover", async move {
-        tokio::task::spawn_blocking(move || s.failover(Duration::from_secs(45)))
-            .await
-            .unwrap()
-            .unwrap()
-    })
-    .await;
+    failover(&sentinel).await;
     let new_primary = sentinel.primary_port().unwrap();
     assert_ne!(new_primary, first_primary);
 
@@ -260,8 +301,8 @@ async fn sentinel_failover_keeps_the_backend_working() {
             Err(_) => panic!("request hung after the failover"),
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (ok, failed) = within(20, "load", load).await.unwrap();
+    let (answered, failed) = load.stop().await;
+    let ok = answered.len();
     eprintln!(
         "sentinel failover {first_primary} -> {new_primary}: during it {ok} ok, {failed} typed errors; \
          back {:?} after the sentinels agreed",
@@ -293,4 +334,121 @@ async fn sentinel_failover_keeps_the_backend_working() {
         panic!("KEYS answers an array");
     };
     assert!(!keys.is_empty());
+}
+
+/// What a forced failover under load did to the results of one node.
+#[derive(Debug)]
+struct Losses {
+    /// Requests answered during the failover (each a flight of its own).
+    answered: usize,
+    /// Of those, the ones asked again after it that ran again: their
+    /// result was gone.
+    ran_again: usize,
+    lost: u64,
+    write_failures: u64,
+    /// Commits refused because the store named another owner: the value
+    /// served its callers and was never stored.
+    fenced: u64,
+    acked: u64,
+    unacked: u64,
+}
+
+/// Starts Sentinel, runs distinct flights on one node through a forced
+/// failover (after `SENTINEL FAILOVER` the old primary keeps taking this
+/// node's writes until the sentinels demote it, several seconds later: a
+/// failover that loses writes, for real), then asks every answered key
+/// again on the same node and counts what ran again and what the node's
+/// metrics said.
+async fn failover_under_load(stage: &'static str, policy: DistributedPolicy) -> Losses {
+    let sentinel = start_sentinel().await;
+    let calls = Calls::default();
+    let backend = within(10, "connect", RedisBackend::connect(config(sentinel.url())))
+        .await
+        .unwrap();
+    let (a, flights) = stack_with(backend, &calls, stage, policy);
+    let load = Load::start(&a);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    failover(&sentinel).await;
+    // The old primary is a replica now (it refuses writes): the node is
+    // back once a new flight commits and is replayed.
+    let healed = Instant::now();
+    for n in 0.. {
+        let key = format!("after-{n}");
+        let first = within(10, "after", a.clone().oneshot(key.clone())).await;
+        flights.idle().await;
+        let again = within(10, "after again", a.clone().oneshot(key.clone())).await;
+        if first.is_ok() && again.is_ok() && calls.lock().unwrap().get(&key) == Some(&1) {
+            break;
+        }
+        assert!(healed.elapsed() < Duration::from_secs(30), "not back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (answered, _) = load.stop().await;
+    flights.idle().await;
+    let mut ran_again = 0;
+    for key in &answered {
+        within(10, "again", a.clone().oneshot(key.clone()))
+            .await
+            .unwrap();
+        if calls.lock().unwrap()[key] > 1 {
+            ran_again += 1;
+        }
+    }
+    // The lost-result checks run in the background.
+    flights.idle().await;
+    let replicas = |result| {
+        counters::counter_where(
+            metric::COMMIT_REPLICAS_TOTAL,
+            stage,
+            Some(("result", result)),
+        )
+    };
+    Losses {
+        answered: answered.len(),
+        ran_again,
+        lost: counters::counter(metric::RESULT_LOST_TOTAL, stage),
+        write_failures: counters::counter(metric::RESULT_WRITE_FAILURE_TOTAL, stage),
+        fenced: counters::counter(metric::FENCED_TOTAL, stage),
+        acked: replicas("acked"),
+        unacked: replicas("short") + replicas("failed"),
+    }
+}
+
+/// A Sentinel failover that loses committed results says so: every result
+/// this node committed and later found gone ran again, and each is counted
+/// in `singleflight_result_lost_total` (or was never stored: a counted
+/// write failure, or a commit fenced by the new primary); nothing is lost
+/// silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_counts_the_results_it_lost() {
+    let l = failover_under_load("lost", policy()).await;
+    eprintln!("{l:?}");
+    assert!(
+        l.ran_again > 0,
+        "the old primary took writes after the promotion, and lost them: {l:?}"
+    );
+    assert!(l.lost as usize <= l.ran_again, "{l:?}");
+    assert!(
+        (l.lost + l.write_failures + l.fenced) as usize >= l.ran_again,
+        "every result that ran again was counted lost or never stored: {l:?}"
+    );
+}
+
+/// With `commit_replicas(1)` no acknowledged result is lost in the same
+/// failover: what ran again had been counted unacknowledged at its commit
+/// (the old primary had no replica any more), and nothing counts as lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_loses_no_acknowledged_result() {
+    let wait = policy()
+        .commit_replicas(1)
+        .commit_replicas_timeout(Duration::from_millis(100));
+    let l = failover_under_load("acked", wait).await;
+    eprintln!("{l:?}");
+    assert!(l.acked > 0, "{l:?}");
+    assert_eq!(l.lost, 0, "{l:?}");
+    assert!(
+        (l.unacked + l.write_failures + l.fenced) as usize >= l.ran_again,
+        "every result that ran again was reported at its commit: {l:?}"
+    );
+    assert!(l.answered > l.ran_again, "{l:?}");
 }

@@ -3,10 +3,9 @@
 //!
 //! Each test names the invariant it checks.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{find, BoxError, ErrorClass, ProtocolError};
@@ -17,64 +16,14 @@ use flightdeck_distributed::{
     PostcardCodec,
 };
 use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_testkit::counters::{counter, counter_where};
 use flightdeck_testkit::{conformance, Hooked, RedisServer, Resp};
 use fred::interfaces::ClientLike;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 
 const LEASE: Duration = Duration::from_millis(600);
-
-fn snapshotter() -> &'static Snapshotter {
-    static S: OnceLock<Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let rec = DebuggingRecorder::new();
-        let snap = rec.snapshotter();
-        rec.install()
-            .expect("the only recorder in this test binary");
-        snap
-    })
-}
-
-/// The value of a counter for one stage (0 if never incremented).
-fn counter(name: &str, stage: &str) -> u64 {
-    counter_where(name, stage, None)
-}
-
-/// The value of a counter for one stage, summed over its other labels, or
-/// only where `label` has the given value (0 if never incremented).
-fn counter_where(name: &str, stage: &str, label: Option<(&str, &str)>) -> u64 {
-    // A snapshot resets the recorder's counters, and tests run in parallel:
-    // fold every snapshot into one running total.
-    type Labels = Vec<(String, String)>;
-    static TOTALS: OnceLock<Mutex<HashMap<(String, Labels), u64>>> = OnceLock::new();
-    let mut totals = TOTALS.get_or_init(Default::default).lock().unwrap();
-    for (k, _, _, v) in snapshotter().snapshot().into_vec() {
-        let DebugValue::Counter(c) = v else { continue };
-        let labels = k
-            .key()
-            .labels()
-            .map(|l| (l.key().to_owned(), l.value().to_owned()))
-            .collect();
-        *totals
-            .entry((k.key().name().to_owned(), labels))
-            .or_default() += c;
-    }
-    let has = |labels: &Labels, (key, value): (&str, &str)| {
-        labels.iter().any(|(k, v)| k == key && v == value)
-    };
-    totals
-        .iter()
-        .filter(|((n, labels), _)| {
-            n == name
-                && (has(labels, (metric::LABEL_STAGE, stage))
-                    || (stage.is_empty() && !labels.iter().any(|(k, _)| k == metric::LABEL_STAGE)))
-                && label.is_none_or(|l| has(labels, l))
-        })
-        .map(|(_, v)| *v)
-        .sum()
-}
 
 fn policy() -> DistributedPolicy {
     DistributedPolicy::new()
@@ -119,7 +68,7 @@ type Layer2 = DistributedFlightLayer<RedisBackend, CloneShare<String>, PostcardC
 
 fn layer(b: RedisBackend, stage_name: &str, policy: DistributedPolicy) -> Layer2 {
     // Metrics recorded before the recorder is installed would be lost.
-    snapshotter();
+    flightdeck_testkit::counters::install();
     DistributedFlightLayer::new(
         b,
         policy,
@@ -490,7 +439,7 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
             assert_eq!(done, Committed::Committed);
         }
     });
-    snapshotter();
+    flightdeck_testkit::counters::install();
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = DistributedFlightLayer::new(
         hooked,

@@ -34,6 +34,7 @@
 pub mod chaos;
 pub mod cluster;
 pub mod conformance;
+pub mod counters;
 mod eventlog;
 pub mod hooked;
 pub mod node;

@@ -60,7 +60,9 @@ pub const FENCED_TOTAL: &str = "singleflight_fenced_total";
 /// Counter: results this node saw committed that were gone before their
 /// TTL ran out (not invalidated): a later acquire of the flight was
 /// granted, or found it running, instead of replaying it. The store lost
-/// writes (a failover to a replica that never got them, a flush).
+/// writes (a failover to a replica that never got them, a flush). With
+/// `commit_replicas`, only the owner's commits that enough replicas
+/// acknowledged count.
 pub const RESULT_LOST_TOTAL: &str = "singleflight_result_lost_total";
 /// Counter: commits followed by a wait for replicas (the stage's
 /// `commit-replicas`): `result` = `acked` (enough replicas acknowledged)
