@@ -48,7 +48,7 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
-    DistributedFlightLayer, DistributedFlights, FencingToken, FlightId, PostcardCodec,
+    Backend, DistributedFlightLayer, DistributedFlights, FencingToken, FlightId, PostcardCodec,
 };
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig, LAYOUT};
@@ -200,6 +200,17 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
     settings.announce(spec.name, plan.len());
 
     let load = settings.load();
+    let backend = nodes[0].backend.clone();
+    load.shard_by(move |key| {
+        let req = Req {
+            key: key.to_owned(),
+            fence: None,
+        };
+        key_of(&req).map_or_else(
+            || "no flight".to_owned(),
+            |k| backend.shard(&FlightId::of(&k)).to_string(),
+        )
+    });
     // (start, end) of every failed request and of every slot migration.
     let failures = Spans::default();
     let migrations = Spans::default();

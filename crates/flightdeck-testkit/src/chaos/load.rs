@@ -144,6 +144,19 @@ pub struct Outcomes {
     pub errors: Mutex<BTreeMap<String, u64>>,
     /// The slowest request.
     pub slowest_ms: AtomicU64,
+    /// Per shard (the one serving the key's flight when the request was
+    /// sent, see [`Load::shard_by`]; `whole` when not sharded): requests
+    /// that got a value, and those that did not (an error or hung).
+    pub by_shard: Mutex<BTreeMap<String, (u64, u64)>>,
+}
+
+/// Names the shard serving a request key's flight.
+pub struct ShardOf(Box<dyn Fn(&str) -> String + Send + Sync>);
+
+impl std::fmt::Debug for ShardOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShardOf(..)")
+    }
 }
 
 /// A load of `keys` keys per time window: every worker requests the same K
@@ -163,6 +176,8 @@ pub struct Load {
     pub stop: AtomicBool,
     /// What the requests came to.
     pub out: Outcomes,
+    /// How a key maps to its shard, once set.
+    shard_of: std::sync::OnceLock<ShardOf>,
 }
 
 impl Load {
@@ -175,7 +190,21 @@ impl Load {
             started: Instant::now(),
             stop: AtomicBool::new(false),
             out: Outcomes::default(),
+            shard_of: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Counts the requests per shard with `shard_of` (e.g. a sharded
+    /// backend's `Backend::shard` of the key's flight), asked when each
+    /// request is sent; the first call wins.
+    pub fn shard_by(&self, shard_of: impl Fn(&str) -> String + Send + Sync + 'static) {
+        let _ = self.shard_of.set(ShardOf(Box::new(shard_of)));
+    }
+
+    fn shard(&self, key: &str) -> String {
+        self.shard_of
+            .get()
+            .map_or_else(|| "whole".to_owned(), |f| (f.0)(key))
     }
 
     /// The name of key number `i` (modulo [`keys`](Self::keys)) of the
@@ -199,22 +228,35 @@ where
         let key = load.live_key(rng.random_range(0..load.keys));
         let began = Instant::now();
         let out = &load.out;
-        match timeout(REQUEST_DEADLINE, call(key.clone())).await {
+        let shard = load.shard(&key);
+        let served = match timeout(REQUEST_DEADLINE, call(key.clone())).await {
             Err(_) => {
                 out.hung.fetch_add(1, Ordering::SeqCst);
+                false
             }
             Ok(Attempt::Value(v)) => {
                 if v.split('|').next() != Some(key.as_str()) {
                     out.wrong_key.fetch_add(1, Ordering::SeqCst);
                 }
                 out.ok.fetch_add(1, Ordering::SeqCst);
+                true
             }
             Ok(Attempt::Error(class)) => {
                 *lock(&out.errors).entry(class).or_default() += 1;
+                false
             }
             Ok(Attempt::Skipped) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
+            }
+        };
+        {
+            let mut by_shard = lock(&out.by_shard);
+            let counts = by_shard.entry(shard).or_default();
+            if served {
+                counts.0 += 1;
+            } else {
+                counts.1 += 1;
             }
         }
         let took = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);

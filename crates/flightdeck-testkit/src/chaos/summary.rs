@@ -95,8 +95,9 @@ pub struct Summary<'a> {
 }
 
 impl Summary<'_> {
-    /// Prints the summary, then asserts the invariants: no hung request,
-    /// no result for another key, some values, memory growth under 96 MiB
+    /// Prints the summary (with the availability of each shard), then
+    /// asserts the invariants: no hung request, no result for another key,
+    /// some values, some on every shard, memory growth under 96 MiB
     /// per process; with `strict`, also no stale commit, at most one
     /// committed result per (key, generation), generations per flight
     /// strictly increasing, no generation run twice at once, no committed
@@ -131,6 +132,19 @@ impl Summary<'_> {
         println!(
             "requests: {ok} ok, errors by class {errors:?}, slowest {} ms (deadline {REQUEST_DEADLINE:?})",
             out.slowest_ms.load(Ordering::SeqCst)
+        );
+        let by_shard = lock(&out.by_shard).clone();
+        println!(
+            "availability by shard (serving the key when the request was sent): {}",
+            by_shard
+                .iter()
+                .map(|(shard, (ok, failed))| format!(
+                    "{shard} {:.1}% ({ok} of {})",
+                    100.0 * *ok as f64 / (ok + failed).max(1) as f64,
+                    ok + failed
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         println!("hung requests: {hung}");
         println!("results delivered for the wrong key: {wrong}");
@@ -226,6 +240,9 @@ impl Summary<'_> {
         assert_eq!(hung, 0, "every request ends by its deadline");
         assert_eq!(wrong, 0, "no result for another key");
         assert!(ok > 0, "some requests got a value");
+        for (shard, (ok, _)) in &by_shard {
+            assert!(*ok > 0, "shard {shard} served no request");
+        }
         assert!(
             leases.records > 0,
             "the lease scan saw the run's flight records"
