@@ -4,26 +4,50 @@
 
 mod short;
 
+use std::future::Future;
 use std::time::Duration;
 
 use flightdeck_distributed::backend::Backend;
-use flightdeck_distributed::{BackendErrorKind, OwnerToken};
+use flightdeck_distributed::{BackendError, BackendErrorKind, OwnerToken};
 use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::{RedisCluster, RedisServer};
+use fred::interfaces::ClientLike;
 use short::{config, flight, keys_by_node, terms};
 
 async fn acquire_kind(b: &RedisBackend, key: &str) -> Option<BackendErrorKind> {
+    acquire_error(b, key).await.map(|e| e.kind())
+}
+
+/// The error of an ACQUIRE by a fresh token (`None`: it succeeded).
+async fn acquire_error(b: &RedisBackend, key: &str) -> Option<BackendError> {
     let (f, token, terms) = (flight(key), OwnerToken::random(), terms());
-    let call = b.acquire(&f, &token, &terms);
+    error_of(&format!("acquire {key}"), b.acquire(&f, &token, &terms)).await
+}
+
+/// One call's error (`None`: it succeeded), within 5 s.
+async fn error_of<T>(
+    what: &str,
+    call: impl Future<Output = Result<T, BackendError>>,
+) -> Option<BackendError> {
     match tokio::time::timeout(Duration::from_secs(5), call).await {
         Ok(Ok(_)) => None,
-        Ok(Err(e)) => Some(e.kind()),
-        Err(_) => panic!("acquire {key}: no answer within 5 s"),
+        Ok(Err(e)) => Some(e),
+        Err(_) => panic!("{what}: no answer within 5 s"),
     }
 }
 
-/// Row "server killed (connection refused, reconnecting)": unavailable,
-/// not outcome unknown — the script was never sent.
+/// Asserts that `e` is unavailable and names `word` (Redis's reply, say).
+fn assert_unavailable(e: Option<BackendError>, word: &str) {
+    let e = e.expect("the call failed");
+    assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains(word), "{word}: {e}");
+}
+
+/// Rows "reconnecting after a loss" and "connection refused": the server
+/// killed, fred's reconnection attempts are refused (`IO` "Connection
+/// refused"). Every call is refused before it is sent, naming that
+/// error: unavailable, not outcome unknown — the script was never sent.
+/// The layer's own check before a flight (`reject_early`) says the same.
 #[tokio::test]
 async fn killed_server_is_unavailable_not_outcome_unknown() {
     let mut redis = RedisServer::start().unwrap();
@@ -33,12 +57,40 @@ async fn killed_server_is_unavailable_not_outcome_unknown() {
     // Let fred see the dropped connection and fail to reconnect.
     let _ = b.ready(Duration::from_millis(0)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = b.reject_early(&b.shard(&flight("down"))).expect("refused");
+    assert_unavailable(Some(early), "Connection refused");
     for i in 0..3 {
-        assert_eq!(
-            acquire_kind(&b, &format!("down-{i}")).await,
-            Some(BackendErrorKind::Unavailable)
-        );
+        let e = acquire_error(&b, &format!("down-{i}")).await;
+        assert_unavailable(e, "Connection refused");
     }
+}
+
+/// Row "reconnecting after a loss": a call made after fred saw the
+/// connection close and before its first reconnection attempt (50 ms or
+/// more later) was written nowhere. fred still says "connected" then, so
+/// its `fail_fast` lets the call in, and its router holds it behind the
+/// reconnection until the call's timeout (outcome unknown, for a script
+/// that was never sent). The backend refuses it: unavailable, at once
+/// when the reconnection fails (Redis is down).
+#[tokio::test]
+async fn call_just_after_a_loss_is_unavailable_not_outcome_unknown() {
+    let mut redis = RedisServer::start().unwrap();
+    let b = RedisBackend::connect(config(redis.url())).await.unwrap();
+    // The window is short: try until a call lands in it.
+    for _ in 0..10 {
+        assert_eq!(acquire_kind(&b, "before").await, None);
+        redis.kill();
+        // fred reads the close (and says why on its error channel).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if b.client().is_connected() {
+            let e = acquire_error(&b, "just-after").await;
+            assert_unavailable(e, "Connection refused");
+            return;
+        }
+        redis.restart().unwrap();
+        b.ready(Duration::from_secs(5)).await.unwrap();
+    }
+    panic!("no call made while fred still said connected after the loss");
 }
 
 /// Row "a cluster primary down": the flights of its slots are refused as
