@@ -27,19 +27,41 @@ pub(crate) struct Link {
     /// known to have succeeded since: calls are refused before they are
     /// built (fred would refuse them anyway, see `Options::fail_fast`).
     failing: AtomicBool,
+    /// The command client's connection was lost (fred's error event
+    /// names the server whose connection closed) and no new one is made
+    /// yet. Until its first reconnection attempt (50 ms or more later)
+    /// fred still says it is connected, and a call sent then waits behind
+    /// the reconnection, never written, until its timeout: outcome
+    /// unknown for a call that did not run. Calls wait for the new
+    /// connection instead ([`back_within`](Self::back_within)).
+    lost: AtomicBool,
+    /// Woken whenever `failing` or `lost` changes.
+    changed: Notify,
     /// The last connection error of either client, for messages.
     last_error: Mutex<Option<fred::error::Error>>,
 }
 
 impl Link {
-    fn failed(&self, command_client: bool, e: fred::error::Error) {
+    /// An error event of one of the node's clients: `lost` when it names
+    /// a server (a connection that closed), otherwise a connection
+    /// attempt that failed.
+    fn failed(&self, command_client: bool, e: fred::error::Error, lost: bool) {
         if command_client {
-            self.failing.store(true, Ordering::Release);
+            let flag = if lost { &self.lost } else { &self.failing };
+            flag.store(true, Ordering::Release);
+            self.changed.notify_waiters();
         }
         *self
             .last_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(e);
+    }
+
+    /// The command client made a new connection.
+    fn reconnected(&self) {
+        self.lost.store(false, Ordering::Release);
+        self.failing.store(false, Ordering::Release);
+        self.changed.notify_waiters();
     }
 
     pub(crate) fn last_error(&self) -> Option<fred::error::Error> {
@@ -53,6 +75,32 @@ impl Link {
     /// was last known connected.
     pub(crate) fn is_failing(&self) -> bool {
         self.failing.load(Ordering::Acquire)
+    }
+
+    /// Whether the command client lost its connection and has not made a
+    /// new one yet (whatever fred says: see `lost`).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Waits until `deadline` for a lost connection to be made again:
+    /// true once it is, false as soon as a reconnection attempt fails
+    /// (nothing to send on: unavailable) or at the deadline.
+    pub(crate) async fn back_within(&self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.is_lost() {
+                return true;
+            }
+            if self.is_failing() {
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Why there is no connection to send on.
@@ -77,7 +125,7 @@ impl Link {
         if !self.failing.load(Ordering::Acquire) {
             return None;
         }
-        if client.is_connected() {
+        if client.is_connected() && !self.is_lost() {
             self.failing.store(false, Ordering::Release);
             return None;
         }
@@ -86,7 +134,9 @@ impl Link {
 }
 
 /// Follows one client's connection events into `link` (and wakes
-/// `changed`, if given, on each).
+/// `changed`, if given, on each). One task reads both of fred's
+/// channels, errors first: a loss is always followed by its
+/// reconnection, so when both are pending the loss is older.
 fn watch_link(
     client: &impl EventInterface,
     link: &Arc<Link>,
@@ -95,29 +145,32 @@ fn watch_link(
     tasks: &mut Vec<JoinHandle<()>>,
 ) {
     let mut errors = client.error_rx();
-    let on_error = link.clone();
+    let mut reconnects = client.reconnect_rx();
+    let link = link.clone();
     let wake = changed.cloned();
     tasks.push(tokio::spawn(async move {
         loop {
-            match errors.recv().await {
-                Ok((e, _)) => on_error.failed(command_client, e),
-                Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => break,
+            tokio::select! {
+                biased;
+                error = errors.recv() => match error {
+                    Ok((e, server)) => link.failed(command_client, e, server.is_some()),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                reconnect = reconnects.recv() => match reconnect {
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if command_client {
+                            link.reconnected();
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
             }
             if let Some(wake) = &wake {
                 wake.notify_one();
             }
         }
     }));
-    if let Some(wake) = changed.cloned() {
-        let mut reconnects = client.reconnect_rx();
-        tasks.push(tokio::spawn(async move {
-            while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = reconnects.recv().await
-            {
-                wake.notify_one();
-            }
-        }));
-    }
 }
 
 /// How every node's clients are built: the parsed URL with our settings.
@@ -203,6 +256,8 @@ impl Settings {
 pub(crate) struct Node {
     /// `host:port` in a cluster (the flight's shard); the URL otherwise.
     pub(crate) addr: Arc<str>,
+    /// One primary of a cluster (not the deployment's one server).
+    pub(crate) sharded: bool,
     pub(crate) client: Client,
     pub(crate) subscriber: SubscriberClient,
     pub(crate) link: Arc<Link>,
@@ -221,6 +276,7 @@ impl Node {
         subs: &Arc<Subs>,
         changed: Option<&Arc<Notify>>,
     ) -> Result<Arc<Self>, BackendError> {
+        let sharded = server.is_some();
         let builder = settings.builder(server);
         let client = builder.build().map_err(classify)?;
         let subscriber = builder.build_subscriber_client().map_err(classify)?;
@@ -260,6 +316,7 @@ impl Node {
         drop(subscriber.connect());
         Ok(Arc::new(Self {
             addr,
+            sharded,
             client,
             subscriber,
             link,

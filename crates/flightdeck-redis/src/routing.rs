@@ -46,22 +46,29 @@ pub(crate) enum Topology {
 
 impl Topology {
     /// The node to send a call for `slot` on, or why there is none
-    /// (unavailable: nothing can be sent). One server leaves that to fred
-    /// (`fail_fast`), as it knows best. A cluster refuses at once when the
-    /// slot's primary fails to connect; a primary whose connection is
-    /// being made (a new primary after a failover or a reshard, or one
-    /// reconnecting whose attempt has not failed yet) is waited for until
-    /// `deadline`.
+    /// (unavailable: nothing can be sent). A node whose connection was
+    /// just lost (see `Link::lost`: fred still says it is connected) is
+    /// waited for until `deadline`, and refused once a reconnection
+    /// attempt fails. Otherwise one server leaves the rest to fred
+    /// (`fail_fast`). A cluster refuses at once when the slot's primary
+    /// fails to connect; a primary whose connection is being made (a new
+    /// primary after a failover or a reshard, or one reconnecting whose
+    /// attempt has not failed yet) is waited for until `deadline`.
     pub(crate) async fn route_within(
         &self,
         slot: u16,
         deadline: tokio::time::Instant,
     ) -> Result<Arc<Node>, BackendError> {
-        let cluster = match self {
-            Self::Single(node) => return Ok(node.clone()),
-            Self::Cluster(cluster) => cluster,
+        let node = match self {
+            Self::Single(node) => node.clone(),
+            Self::Cluster(cluster) => cluster.node_for(slot)?,
         };
-        let node = cluster.node_for(slot)?;
+        if node.link.is_lost() && !node.link.back_within(deadline).await {
+            return Err(not_connected(&node));
+        }
+        if let Self::Single(_) = self {
+            return Ok(node);
+        }
         if node.client.is_connected() {
             return Ok(node);
         }
@@ -93,13 +100,18 @@ impl Topology {
     }
 }
 
-/// Unavailable: `node` has no connection to send on.
+/// Unavailable: `node` has no connection to send on (naming the
+/// primary in a cluster).
 pub(crate) fn not_connected(node: &Node) -> BackendError {
-    BackendError::unavailable(format!(
-        "{} (cluster primary {})",
-        node.link.why_not_connected(),
-        node.addr
-    ))
+    if node.sharded {
+        BackendError::unavailable(format!(
+            "{} (cluster primary {})",
+            node.link.why_not_connected(),
+            node.addr
+        ))
+    } else {
+        node.link.not_connected()
+    }
 }
 
 /// The node a `MOVED` reply names (`MOVED <slot> <host:port>`).

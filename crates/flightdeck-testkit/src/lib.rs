@@ -49,5 +49,5 @@ pub use flightdeck_distributed::memory::{self, CallCounts, MemoryBackend};
 pub use hooked::Hooked;
 pub use proxy::{Fault, FaultProxy, ProxyStats};
 pub use recorder::{Journal, Recorder};
-pub use redis::{RedisServer, RedisServerError, Resp};
+pub use redis::{Pending, RedisServer, RedisServerError, Resp};
 pub use sentinel::RedisSentinel;

@@ -7,7 +7,9 @@
 //! [`resume`](RedisServer::resume) (SIGSTOP / SIGCONT),
 //! [`restart`](RedisServer::restart) on the same port,
 //! [`flush_scripts`](RedisServer::flush_scripts). [`cmd`](RedisServer::cmd)
-//! sends one command over a plain connection (for `INFO`, `SET`, ...).
+//! sends one command over a plain connection (for `INFO`, `SET`, ...);
+//! [`send`](RedisServer::send) sends one without waiting for its reply (a
+//! long script, `DEBUG RELOAD`: commands that hold the server).
 //!
 //! The binary is looked up in `$FLIGHTDECK_REDIS_SERVER`, then `PATH`, then
 //! `/usr/bin`; if it is missing, `start` fails with a message naming it and
@@ -463,7 +465,22 @@ impl RedisServer {
 
     /// Like [`cmd`](Self::cmd), with binary arguments.
     pub fn cmd_bytes(&self, args: &[&[u8]]) -> Result<Resp, RedisServerError> {
-        let io = |e: std::io::Error| err(format!("redis on port {}: {e}", self.port));
+        self.send_bytes(args)?.reply()
+    }
+
+    /// Sends one command on a fresh connection and returns without reading
+    /// the reply, for a command that holds the server (`EVAL` of a long
+    /// script, `DEBUG RELOAD`, `DEBUG SLEEP`) while the test goes on. The
+    /// connection stays open until the [`Pending`] is dropped or its
+    /// [`reply`](Pending::reply) read.
+    pub fn send(&self, args: &[&str]) -> Result<Pending, RedisServerError> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.send_bytes(&args)
+    }
+
+    fn send_bytes(&self, args: &[&[u8]]) -> Result<Pending, RedisServerError> {
+        let port = self.port;
+        let io = |e: std::io::Error| err(format!("redis on port {port}: {e}"));
         let stream = TcpStream::connect_timeout(&self.addr(), CMD_TIMEOUT).map_err(io)?;
         stream.set_read_timeout(Some(CMD_TIMEOUT)).map_err(io)?;
         stream.set_write_timeout(Some(CMD_TIMEOUT)).map_err(io)?;
@@ -487,7 +504,7 @@ impl RedisServer {
             }
         }
         reader.get_ref().write_all(&out).map_err(io)?;
-        read_resp(&mut reader).map_err(io)
+        Ok(Pending { reader, port })
     }
 
     /// Sum of `calls` over every command in `INFO commandstats` whose name
@@ -542,6 +559,20 @@ impl Drop for RedisServer {
         }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A command sent by [`RedisServer::send`] whose reply is not read yet.
+#[derive(Debug)]
+pub struct Pending {
+    reader: BufReader<TcpStream>,
+    port: u16,
+}
+
+impl Pending {
+    /// Reads the reply (waiting up to 5 s for it).
+    pub fn reply(mut self) -> Result<Resp, RedisServerError> {
+        read_resp(&mut self.reader).map_err(|e| err(format!("redis on port {}: {e}", self.port)))
     }
 }
 
