@@ -43,7 +43,8 @@ impl RedisBackend {
     /// ACQUIRE was refused with `refused` because the server takes no
     /// writes now (`reason`): the stored result, read without writing, is
     /// the answer ([`Acquired::Hit`], under the checks of ACQUIRE's hit
-    /// path); without one (or when the read fails) the refusal stands.
+    /// path); without one (or when the read fails: counted `failed`, not
+    /// `miss`) the refusal stands.
     pub(crate) async fn replay_refused(
         &self,
         flight: &FlightId,
@@ -58,7 +59,7 @@ impl RedisBackend {
             Ok(items) => items,
             Err(e) => {
                 tracing::debug!(error = %e, "read-only lookup after a refused write failed");
-                count("miss");
+                count("failed");
                 return Err(refused);
             }
         };

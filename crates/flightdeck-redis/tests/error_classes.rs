@@ -7,11 +7,12 @@ mod short;
 use std::future::Future;
 use std::time::Duration;
 
+use flightdeck_core::metric;
 use flightdeck_distributed::backend::{Acquired, Backend, BackendFuture, LeaseTerms, Renewal};
 use flightdeck_distributed::{BackendError, BackendErrorKind, FlightId, OwnerToken};
 use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::conformance::commit_args;
-use flightdeck_testkit::{RedisCluster, RedisServer, Resp};
+use flightdeck_testkit::{counters, RedisCluster, RedisServer, Resp};
 use fred::interfaces::ClientLike;
 use short::{config, flight, keys_by_node, terms};
 
@@ -375,7 +376,21 @@ async fn stale_replica_is_unavailable() {
             .unwrap_or(false)
     })
     .await;
+    counters::install();
+    let failed = || {
+        counters::counter_where(
+            metric::READONLY_REPLAY_TOTAL,
+            "",
+            Some(("result", "failed")),
+        )
+    };
+    let before = failed();
     assert_unavailable(acquire_error(&b, "stale").await, "READONLY");
+    assert_eq!(
+        failed(),
+        before + 1,
+        "the read-only lookup failed, not a miss"
+    );
     assert_unavailable(
         error_of("invalidated_since", b.invalidated_since(&f, 0)).await,
         "MASTERDOWN",
