@@ -598,3 +598,37 @@ async fn wait_after_the_commits_connection_was_lost_acknowledges_nothing() {
     );
     first_replica.resume().unwrap();
 }
+
+/// Calls made just after a loss wait for the new connection (the row
+/// above): once it is made, with Redis up, they are served, not refused by
+/// fred's `fail_fast` in the instant between fred's new connection and its
+/// state saying so. Many calls from a multi-threaded runtime, several
+/// losses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_for_the_new_connection_are_served() {
+    let redis = RedisServer::start().unwrap();
+    let b = RedisBackend::connect(config(redis.url())).await.unwrap();
+    let mut waited = 0;
+    for round in 0..10 {
+        redis.cmd(&["CLIENT", "KILL", "TYPE", "normal"]).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if !b.client().is_connected() {
+            // fred already reconnecting: not the window.
+            b.ready(Duration::from_secs(5)).await.unwrap();
+            continue;
+        }
+        waited += 1;
+        let calls: Vec<_> = (0..20)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { acquire_error(&b, &format!("r{round}-{i}")).await })
+            })
+            .collect();
+        for call in calls {
+            let e = call.await.unwrap();
+            assert!(e.is_none(), "round {round}: {e:?}");
+        }
+        b.ready(Duration::from_secs(5)).await.unwrap();
+    }
+    assert!(waited > 0, "no call made while fred still said connected");
+}
