@@ -5,7 +5,7 @@
 //! per primary (see [`cluster`](crate::cluster)), so that a primary that is
 //! down takes only its own connections down.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -35,6 +35,10 @@ pub(crate) struct Link {
     /// unknown for a call that did not run. Calls wait for the new
     /// connection instead ([`back_within`](Self::back_within)).
     lost: AtomicBool,
+    /// How many times the command client's connection was lost: a call
+    /// that must run on one connection (`WAIT`) tells by it that it may
+    /// have gone on another.
+    losses: AtomicU64,
     /// Woken whenever `failing` or `lost` changes.
     changed: Notify,
     /// The last connection error of either client, for messages.
@@ -49,6 +53,10 @@ impl Link {
         if command_client {
             let flag = if lost { &self.lost } else { &self.failing };
             flag.store(true, Ordering::Release);
+            if lost {
+                // After `lost`: whoever reads this count sees it set.
+                self.losses.fetch_add(1, Ordering::AcqRel);
+            }
             self.changed.notify_waiters();
         }
         *self
@@ -81,6 +89,11 @@ impl Link {
     /// new one yet (whatever fred says: see `lost`).
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
+    }
+
+    /// How many times the command client's connection was lost so far.
+    pub(crate) fn losses(&self) -> u64 {
+        self.losses.load(Ordering::Acquire)
     }
 
     /// Waits until `deadline` for a lost connection to be made again:

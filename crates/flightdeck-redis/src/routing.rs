@@ -81,6 +81,31 @@ impl Topology {
         }
     }
 
+    /// The node to send a call for `slot` on now, without waiting for a
+    /// connection being made: unavailable when the node's connection is
+    /// lost or not made yet. For `WAIT`, which counts the replicas that
+    /// acknowledged the writes of the connection it runs on: sent on a new
+    /// one (after a loss, fred may reach another server: Sentinel's new
+    /// primary; in a cluster, a new primary), it would count replicas
+    /// that never got the commit. With the node, how many times its
+    /// connection was lost so far ([`Link::losses`]): a call whose answer
+    /// comes after another loss may have gone on the new connection.
+    ///
+    /// [`Link::losses`]: crate::node::Link::losses
+    pub(crate) fn route_now(&self, slot: u16) -> Result<(Arc<Node>, u64), BackendError> {
+        let node = match self {
+            Self::Single(node) => node.clone(),
+            Self::Cluster(cluster) => cluster.node_for(slot)?,
+        };
+        // Counted before `lost` is read: a loss counted later is one the
+        // caller's second look sees.
+        let losses = node.link.losses();
+        if node.link.is_lost() || !node.client.is_connected() {
+            return Err(not_connected(&node));
+        }
+        Ok((node, losses))
+    }
+
     /// The shard serving `slot` (see [`Backend::shard`](flightdeck_distributed::Backend::shard)).
     pub(crate) fn shard(&self, slot: u16) -> Shard {
         match self {

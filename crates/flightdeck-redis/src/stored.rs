@@ -96,7 +96,9 @@ impl RedisBackend {
     /// `WAIT replicas timeout` to the node serving the flight, on the
     /// connection that sent its commit (each node has one command
     /// connection): how many replicas acknowledged this connection's
-    /// writes so far.
+    /// writes so far. Unavailable when that connection was lost since
+    /// (seen before the call or before its answer): a new connection's
+    /// count says nothing of the commit.
     pub(crate) async fn wait_for(
         &self,
         flight: &FlightId,
@@ -106,10 +108,9 @@ impl RedisBackend {
         let inner = &*self.inner;
         let slot = self.slot(flight);
         let limit = timeout + inner.timeout;
-        let node = inner
-            .topology
-            .route_within(slot, tokio::time::Instant::now() + inner.timeout)
-            .await?;
+        // Not after a loss: the new connection (maybe to another server)
+        // has acknowledgements of its own writes, not of the commit.
+        let (node, losses) = inner.topology.route_now(slot)?;
         let mut opts = inner.opts.clone();
         opts.timeout = Some(limit);
         let wait_ms = i64::try_from(timeout.as_millis())
@@ -123,6 +124,12 @@ impl RedisBackend {
             .await
             .map_err(|_| timed_out("WAIT", limit))?
             .map_err(classify)?;
+        if node.link.losses() != losses {
+            // Lost meanwhile: fred may have sent it on the new connection.
+            return Err(BackendError::unavailable(
+                "redis connection lost around WAIT: its count may be of another connection than the commit's",
+            ));
+        }
         int(&reply)
             .and_then(|n| u32::try_from(n).ok())
             .ok_or_else(|| bad_reply("WAIT", &reply))

@@ -12,7 +12,7 @@ use flightdeck_distributed::backend::{Acquired, Backend, BackendFuture, LeaseTer
 use flightdeck_distributed::{BackendError, BackendErrorKind, FlightId, OwnerToken};
 use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::conformance::commit_args;
-use flightdeck_testkit::{counters, RedisCluster, RedisServer, Resp};
+use flightdeck_testkit::{counters, FaultProxy, RedisCluster, RedisServer, Resp};
 use fred::interfaces::ClientLike;
 use short::{config, flight, keys_by_node, terms};
 
@@ -566,4 +566,84 @@ async fn cluster_wait_asks_the_flights_primary() {
             assert_eq!(*is, expected, "{key}: WAIT calls of node {i}");
         }
     }
+}
+
+/// `WAIT` counts the replicas that acknowledged the writes of the
+/// connection it runs on, on the server it runs on. Asked just after the
+/// connection that ran the commit was lost, it must not wait for the new
+/// connection and go there: that may be another server (fred asks
+/// Sentinel for the primary again; here a proxy switched to another
+/// server), whose replicas acknowledge its own writes, never this commit.
+/// The commit's server has one replica, paused (it acknowledges nothing);
+/// the other server has one that works. The wait must fail (the owner
+/// counts the commit unacknowledged), not report one replica.
+#[tokio::test]
+async fn wait_after_the_commits_connection_was_lost_acknowledges_nothing() {
+    let first = RedisServer::start().unwrap();
+    let mut first_replica = RedisServer::start_replica_of(&first).unwrap();
+    let second = RedisServer::start().unwrap();
+    let _second_replica = RedisServer::start_replica_of(&second).unwrap();
+    let proxy = FaultProxy::start(first.addr()).unwrap();
+    let b = RedisBackend::connect(config(proxy.url())).await.unwrap();
+    // Still online for its primary, acknowledging nothing from now on.
+    first_replica.pause().unwrap();
+    let f = flight("unacked");
+    let (token, generation) = owned(&b, &f).await;
+    b.commit(&f, &token, generation, &commit_args(b"v", 1024))
+        .await
+        .unwrap();
+    let on_its_connection = b.wait_replicas(&f, 1, Duration::from_millis(20)).await;
+    assert_eq!(
+        on_its_connection.unwrap(),
+        Some(0),
+        "the paused replica did not acknowledge the commit"
+    );
+    // The commit's connection is lost, and the next one reaches another
+    // server (a failover).
+    proxy.set_upstream(second.addr());
+    proxy.reset_all();
+    // fred reads the reset (and says so on its error channel); its first
+    // reconnection attempt comes 50 ms or more later.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(b.client().is_connected(), "fred says connected until then");
+    let after = b.wait_replicas(&f, 1, Duration::from_millis(20)).await;
+    assert!(
+        !matches!(after, Ok(Some(n)) if n >= 1),
+        "a replica that never got the commit counted as acknowledging it: {after:?}"
+    );
+    first_replica.resume().unwrap();
+}
+
+/// Calls made just after a loss wait for the new connection (the row
+/// above): once it is made, with Redis up, they are served, not refused by
+/// fred's `fail_fast` in the instant between fred's new connection and its
+/// state saying so. Many calls from a multi-threaded runtime, several
+/// losses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_for_the_new_connection_are_served() {
+    let redis = RedisServer::start().unwrap();
+    let b = RedisBackend::connect(config(redis.url())).await.unwrap();
+    let mut waited = 0;
+    for round in 0..10 {
+        redis.cmd(&["CLIENT", "KILL", "TYPE", "normal"]).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if !b.client().is_connected() {
+            // fred already reconnecting: not the window.
+            b.ready(Duration::from_secs(5)).await.unwrap();
+            continue;
+        }
+        waited += 1;
+        let calls: Vec<_> = (0..20)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { acquire_error(&b, &format!("r{round}-{i}")).await })
+            })
+            .collect();
+        for call in calls {
+            let e = call.await.unwrap();
+            assert!(e.is_none(), "round {round}: {e:?}");
+        }
+        b.ready(Duration::from_secs(5)).await.unwrap();
+    }
+    assert!(waited > 0, "no call made while fred still said connected");
 }
