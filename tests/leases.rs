@@ -178,7 +178,7 @@ impl<B: Backend> Backend for SlowRechecks<B> {
         })
     }
 
-    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
+    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// A follower whose only caller gives up (its deadline) while a re-check
@@ -282,7 +282,7 @@ impl<B: Backend> Backend for SlowCommits<B> {
         })
     }
 
-    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
+    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// The owner's commit lands only after its lease would have run out (the

@@ -240,7 +240,7 @@ impl<B: Backend> Backend for Faulty<B> {
         }
     }
 
-    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
+    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// A Redis backend for a testkit server, with short deadlines.

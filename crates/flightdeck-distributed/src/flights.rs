@@ -122,6 +122,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// with `codec` (`PostcardCodec`, `HttpCodec`).
     pub fn new(backend: B, policy: DistributedPolicy, codec: C) -> Result<Self, PolicyError> {
         let policy = policy.validate()?;
+        // So that it answers "unavailable" for a call it never sent before
+        // this layer cuts the call off as "outcome unknown".
+        backend.call_timeout_hint(policy.call_timeout_duration());
         let envelope = Envelope::new(policy.compress_above_bytes(), policy.max_result_size());
         Ok(Self {
             st: Arc::new(State {

@@ -221,7 +221,7 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         })
     }
 
-    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
+    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 #[cfg(test)]
@@ -292,7 +292,7 @@ mod tests {
                 .map_or(Shard::WHOLE, |(_, s)| s.clone())
         }
 
-        crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck, unreachable, invalidated_since, wait_replicas);
+        crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck, unreachable, invalidated_since, wait_replicas, call_timeout_hint);
     }
 
     fn terms() -> LeaseTerms {

@@ -778,3 +778,46 @@ async fn with_commit_replicas_only_acknowledged_results_count_as_lost() {
     assert_eq!(counter(metric::RESULT_LOST_TOTAL, stage), 1, "the owner");
     assert_eq!(calls.load(Ordering::SeqCst), 5);
 }
+
+/// Remembers the call timeouts it is told.
+struct Told {
+    inner: MemoryBackend,
+    told: Mutex<Vec<Duration>>,
+}
+
+impl Backend for Told {
+    fn call_timeout_hint(&self, timeout: Duration) {
+        self.told.lock().unwrap().push(timeout);
+    }
+
+    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, invalidate, release, recheck, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
+}
+
+/// Every layer tells its backend (through `Arc` and the breaker's
+/// `GuardedBackend`) the call timeout it cuts calls off at, so that a
+/// backend waiting before it sends gives up first, answering unavailable.
+#[tokio::test]
+async fn layers_tell_the_backend_their_call_timeout() {
+    let b = Arc::new(Told {
+        inner: MemoryBackend::new(),
+        told: Mutex::default(),
+    });
+    let calls = Arc::new(AtomicUsize::new(0));
+    node(
+        &b,
+        "told-a",
+        policy().call_timeout(SEC / 4),
+        work(&calls, "v", SEC),
+    );
+    let breaker =
+        flightdeck_breaker::Breaker::new("told", flightdeck_breaker::BreakerConfig::default())
+            .unwrap();
+    let guarded = flightdeck_distributed::GuardedBackend::new(b.clone(), breaker);
+    node(
+        &Arc::new(guarded),
+        "told-b",
+        policy().call_timeout(SEC / 2),
+        work(&calls, "v", SEC),
+    );
+    assert_eq!(*b.told.lock().unwrap(), [SEC / 4, SEC / 2]);
+}

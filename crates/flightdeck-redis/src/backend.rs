@@ -1,4 +1,5 @@
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,10 +34,28 @@ pub(crate) struct Inner {
     /// How long calls on a migrating slot are sent again (at most
     /// `timeout`; see [`crate::RedisConfig::migration_retry`]).
     pub(crate) migration_retry: Duration,
+    /// The shortest call timeout of the layers built on this backend
+    /// (`Backend::call_timeout_hint`), in nanoseconds; `u64::MAX` until
+    /// one is told.
+    pub(crate) cut_after: AtomicU64,
     pub(crate) sources: Arc<[String]>,
     pub(crate) shas: [String; SCRIPTS],
     pub(crate) subs: Arc<Subs>,
     pub(crate) tasks: Vec<JoinHandle<()>>,
+}
+
+impl Inner {
+    /// Until when a call started now may wait before it is sent (for a
+    /// connection being made, a migrating slot): one command timeout, and
+    /// clear of the moment its caller cuts it off (the shortest call
+    /// timeout told, less a tenth of it and at least 20 ms), so that a
+    /// call that was never sent ends unavailable, not cut off as outcome
+    /// unknown.
+    pub(crate) fn unsent_until(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        let told = Duration::from_nanos(self.cut_after.load(Ordering::Relaxed));
+        let margin = (told / 10).max(Duration::from_millis(20));
+        now + self.timeout.min(told.saturating_sub(margin))
+    }
 }
 
 impl RedisBackend {
@@ -137,12 +156,13 @@ impl RedisBackend {
     /// command timeout. The caller holds the channel's [`Subs::serial`].
     async fn subscribe_on_owner(&self, channel: &str, slot: u16) -> Result<(), BackendError> {
         let subs = &self.inner.subs;
-        let deadline = tokio::time::Instant::now() + subs.timeout;
-        let retry_until =
-            tokio::time::Instant::now() + subs.timeout.min(self.inner.migration_retry);
+        let now = tokio::time::Instant::now();
+        let deadline = now + subs.timeout;
+        let unsent = self.inner.unsent_until(now).min(deadline);
+        let retry_until = unsent.min(now + self.inner.migration_retry);
         loop {
             let refreshes = self.refreshes();
-            let node = self.inner.topology.route_within(slot, deadline).await?;
+            let node = self.inner.topology.route_within(slot, unsent).await?;
             if !node.subscriber.is_connected() {
                 // fred would queue the SUBSCRIBE until a reconnect.
                 return Err(not_connected(&node));
@@ -171,6 +191,11 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
+    fn call_timeout_hint(&self, timeout: Duration) {
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.cut_after.fetch_min(nanos, Ordering::Relaxed);
+    }
+
     /// While the connection attempts fail (Redis down at start, or since),
     /// every flight is refused before its first call is built:
     /// *unavailable*, nothing sent. In a cluster: only while no primary at

@@ -137,10 +137,10 @@ impl RedisConfig {
     /// How long a call whose slot is being migrated in a Redis Cluster
     /// (answered `TRYAGAIN`, `ASK` or `MOVED`) is sent again before it is
     /// refused as *unavailable* (the script did not run); at most the
-    /// command timeout. Keep it below the layer's call timeout (the stage's
-    /// `coordination-timeout`, 200 ms by default): a call the layer cuts
-    /// off counts as outcome unknown, though the backend knew nothing ran.
-    /// 100 ms by default.
+    /// command timeout, and never past shortly before the call timeout of
+    /// the layers built on this backend (they tell it:
+    /// `Backend::call_timeout_hint`), so the layer does not cut such a call
+    /// off as outcome unknown. 100 ms by default.
     pub fn migration_retry(mut self, d: Duration) -> Self {
         self.migration_retry = d;
         self

@@ -3,6 +3,7 @@
 //! waiting for them ([`RedisBackend::ready`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -112,6 +113,7 @@ impl RedisBackend {
                 prefix: config.prefix,
                 timeout: cmd,
                 migration_retry: config.migration_retry.min(cmd),
+                cut_after: AtomicU64::new(u64::MAX),
                 sources,
                 shas,
                 subs,

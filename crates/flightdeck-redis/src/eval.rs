@@ -67,13 +67,15 @@ impl RedisBackend {
     ) -> Result<Result<Value, fred::error::Error>, BackendError> {
         let inner = &*self.inner;
         let t = inner.timeout;
-        let deadline = tokio::time::Instant::now() + t;
-        // Sent again after a migration's answer only until here (see
-        // `RedisConfig::migration_retry`).
-        let retry_until = tokio::time::Instant::now() + inner.migration_retry;
+        let now = tokio::time::Instant::now();
+        let deadline = now + t;
+        // Waited for (a connection) and sent again after a migration's
+        // answer (see `RedisConfig::migration_retry`) only until here.
+        let unsent = inner.unsent_until(now);
+        let retry_until = unsent.min(now + inner.migration_retry);
         loop {
             let refreshes = self.refreshes();
-            let node = inner.topology.route_within(slot, deadline).await?;
+            let node = inner.topology.route_within(slot, unsent).await?;
             let with = node.client.with_options(&inner.opts);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let mut args = Vec::with_capacity(argv.len() + 1);

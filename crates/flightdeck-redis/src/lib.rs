@@ -78,13 +78,14 @@
 //! new owner, even after `ASKING`, serves a multi-key command only when it
 //! has every key (the channel in `KEYS` is never stored, so never). So the
 //! backend follows no `ASK` and retries `TRYAGAIN` and `ASK` for
-//! [`RedisConfig::migration_retry`] (100 ms by default); past it the call
-//! is *unavailable* (the script did not run). That is shorter than the
-//! stage's coordination timeout (the layer's per-call deadline, 200 ms by
-//! default); set longer, the layer would cut such a call off first and
-//! count it as *outcome unknown* (an acquire's lease is then released in
-//! the background, and HYBRID fallbacks say `outcome_unknown`). Either
-//! way: HYBRID stages fall back
+//! [`RedisConfig::migration_retry`] (100 ms by default), and never past
+//! shortly before the layer cuts the call off (each L2 layer tells the
+//! backend its call timeout, `Backend::call_timeout_hint`; the same bound
+//! holds for a call waiting for a connection being made); past it the call
+//! is *unavailable* (the script did not run), not cut off by the layer as
+//! *outcome unknown*. A caller's own shorter deadline (an outer budget) can
+//! still cut a call off first: outcome unknown, its lease (if any) released
+//! in the background. HYBRID stages fall back
 //! locally for the moving slot's flights,
 //! owners keep retrying their commit (`commit_attempts`), and followers
 //! keep polling: a migration shorter than the lease and the owner's commit

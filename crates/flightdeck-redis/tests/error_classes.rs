@@ -647,3 +647,50 @@ async fn calls_waiting_for_the_new_connection_are_served() {
     }
     assert!(waited > 0, "no call made while fred still said connected");
 }
+
+/// Row "a call made while the connection is being made again": when the
+/// new connection takes long (a host that accepts and never answers, the
+/// attempt lasting its connect timeout), a call waits for it only until
+/// shortly before its caller cuts it off (the layer's call timeout, told
+/// by `Backend::call_timeout_hint`), and is refused as unavailable: it
+/// was never sent, so it must not end cut off as outcome unknown.
+#[tokio::test]
+async fn call_waiting_for_a_slow_reconnection_is_refused_before_its_caller_cuts_it_off() {
+    use flightdeck_testkit::Fault;
+    let redis = RedisServer::start().unwrap();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let b = RedisBackend::connect(
+        config(proxy.url())
+            .command_timeout(Duration::from_secs(1))
+            .connect_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let cut = Duration::from_millis(300);
+    b.call_timeout_hint(cut);
+    assert_eq!(acquire_kind(&b, "before").await, None);
+
+    proxy.set(Fault::Blackhole);
+    proxy.reset_all();
+    // The loss is seen; the reconnection hangs on the blackhole.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let f = flight("while-reconnecting");
+    let started = tokio::time::Instant::now();
+    let answered = tokio::time::timeout(cut, b.acquire(&f, &OwnerToken::random(), &terms())).await;
+    let took = started.elapsed();
+    let err = match answered {
+        Ok(Err(e)) => e,
+        Ok(Ok(a)) => panic!("served through a blackhole: {a:?}"),
+        Err(_) => {
+            panic!("cut off by its caller after {took:?}: outcome unknown for a call never sent")
+        }
+    };
+    assert_eq!(err.kind(), BackendErrorKind::Unavailable, "{err}");
+
+    proxy.set(Fault::Pass);
+    let back = tokio::time::Instant::now();
+    while acquire_kind(&b, "after").await.is_some() {
+        assert!(back.elapsed() < Duration::from_secs(10), "not back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -108,7 +108,7 @@ impl<B: Backend> Backend for Hooked<B> {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
+    flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {

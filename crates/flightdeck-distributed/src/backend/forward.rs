@@ -157,6 +157,11 @@ macro_rules! forward_backend {
                         $crate::Backend::wait_replicas($crate::forward_backend!(@via self $via), flight, replicas, timeout)
         }
     };
+    (@one $via:tt call_timeout_hint) => {
+        fn call_timeout_hint(&self, timeout: ::std::time::Duration) {
+                        $crate::Backend::call_timeout_hint($crate::forward_backend!(@via self $via), timeout)
+        }
+    };
     (@one $via:tt subscribe) => {
         fn subscribe<'a>(
             &'a self,

@@ -266,6 +266,19 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// Tells the backend how long its callers let each call run (the L2
+    /// layer's call timeout: [`DistributedPolicy::call_timeout`], told once
+    /// by every layer built on it). A caller that cuts a call off takes it
+    /// as *outcome unknown*, even one that was never sent: so a backend
+    /// that waits before sending (for a connection being made, a slot being
+    /// migrated) should give up before this and answer *unavailable*. The
+    /// shortest timeout told is the one to keep. The default ignores it.
+    ///
+    /// [`DistributedPolicy::call_timeout`]: crate::DistributedPolicy::call_timeout
+    fn call_timeout_hint(&self, timeout: Duration) {
+        let _ = timeout;
+    }
+
     /// A follower's re-check: the same as [`acquire`](Self::acquire) (it
     /// takes the flight over when the owner's lease expired), told apart so
     /// that a decorator can treat it differently (a breaker judges the
@@ -283,5 +296,5 @@ pub trait Backend: Send + Sync + 'static {
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, shards, unreachable, invalidated_since, wait_replicas);
+    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, shards, unreachable, invalidated_since, wait_replicas, call_timeout_hint);
 }
