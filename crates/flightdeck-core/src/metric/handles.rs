@@ -120,8 +120,21 @@ impl<T> Handles<T> {
     ) -> R {
         match self.gens.get(usize::from(gen.0)).and_then(OnceLock::get) {
             Some((_, handles)) => f(handles),
-            None => self.with(register, f),
+            None => self.with_cold(register, f),
         }
+    }
+
+    /// [`with`](Self::with), out of the way of
+    /// [`with_generation`](Self::with_generation)'s common case (which
+    /// then stays small enough to inline).
+    #[cold]
+    #[inline(never)]
+    fn with_cold<R>(
+        &self,
+        register: impl FnOnce(&dyn Recorder) -> T,
+        f: impl FnOnce(&T) -> R,
+    ) -> R {
+        self.with(register, f)
     }
 
     #[cold]

@@ -63,6 +63,7 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
     /// Counts the flight in (owner, active flights). Called once armed:
     /// should the recorder panic, dropping the completion ends the flight
     /// (its waiters hear `WorkPanicked`).
+    #[inline]
     pub(crate) fn started(&self) {
         self.metrics().started(self.gen);
     }
