@@ -398,6 +398,7 @@ struct LeaderGuard<V: Clone + Send + Sync + 'static> {
 }
 
 impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
+    #[inline(always)]
     fn poll_work<O: Send + 'static>(
         &mut self,
         cx: &mut Context<'_>,
