@@ -457,7 +457,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// began, for work that ran to its end. Returns the leader's message
     /// when the leader is still there, and the replay deadline when the
     /// value was kept for replay.
-    #[inline]
+    #[inline(always)]
     fn finish(
         &self,
         flight: FlightId,
