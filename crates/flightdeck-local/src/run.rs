@@ -132,6 +132,7 @@ where
         }
     }
 
+    #[inline]
     pub(crate) fn start(
         group: &Arc<Group<V>>,
         key: &FlightKey,
