@@ -166,6 +166,7 @@ impl<V: Clone + Send + Sync + 'static> LocalFlights<V> {
     /// Errors: the work's error (shared with every caller, as a
     /// `SharedError`), `WorkPanicked`, `FlightAbandoned`, `WaitTimeout`,
     /// `DeadlineExceeded`, `TooManyFlights` / `TooManyWaiters`.
+    #[inline]
     pub fn run<W: FlightWork<V>>(&self, key: &FlightKey, caller: Caller, work: W) -> Run<V, W> {
         if caller.deadline.is_some_and(|at| at <= Instant::now()) {
             return Run::ready(Err(Box::new(DeadlineExceeded::new("request"))));

@@ -132,6 +132,7 @@ where
         }
     }
 
+    #[inline]
     pub(crate) fn start(
         group: &Arc<Group<V>>,
         key: &FlightKey,
@@ -186,13 +187,13 @@ where
                 let (completion, expired) = Completion::new(Arc::clone(group), leader);
                 completion.started();
                 drop(expired);
-                let fut = outcome(work.lead());
                 // A disabled span is not worth a wrapper polled every time.
                 let span = span("leader");
                 let work = if span.is_disabled() {
-                    Work::new(completion, fut, caller.deadline)
+                    Work::new(completion, || outcome(work.lead()), caller.deadline)
                 } else {
-                    Work::new(completion, fut.instrument(span), caller.deadline)
+                    let fut = || outcome(work.lead()).instrument(span);
+                    Work::new(completion, fut, caller.deadline)
                 };
                 State::Lead {
                     lead: LeaderGuard { work: Some(work) },
@@ -210,11 +211,34 @@ fn alone<V, W: FlightWork<V>>(work: W) -> Alone<V, W::Output> {
 }
 
 /// The work's answer as the flight's outcome.
-async fn outcome<V, O: Send + 'static>(work: impl Future<Output = Produced<V, O>>) -> Outcome<V> {
-    match work.await {
-        Ok(Shareable::Shared(v)) => Outcome::Value(v),
-        Ok(Shareable::Unshared(o, why)) => Outcome::Unshared(Some(Box::new(o)), why),
-        Err(e) => Outcome::Error(SharedError::new(e)),
+fn outcome<F>(work: F) -> Outcomes<F> {
+    Outcomes { work }
+}
+
+pin_project! {
+    /// The future of [`outcome`]: a plain map, not an `async fn`, whose
+    /// state machine (and the call a poll of it costs) every flight would
+    /// pay for.
+    struct Outcomes<F> {
+        #[pin]
+        work: F,
+    }
+}
+
+impl<F, V, O> Future for Outcomes<F>
+where
+    F: Future<Output = Produced<V, O>>,
+    O: Send + 'static,
+{
+    type Output = Outcome<V>;
+
+    #[inline(always)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome<V>> {
+        self.project().work.poll(cx).map(|produced| match produced {
+            Ok(Shareable::Shared(v)) => Outcome::Value(v),
+            Ok(Shareable::Unshared(o, why)) => Outcome::Unshared(Some(Box::new(o)), why),
+            Err(e) => Outcome::Error(SharedError::new(e)),
+        })
     }
 }
 
@@ -375,6 +399,7 @@ struct LeaderGuard<V: Clone + Send + Sync + 'static> {
 }
 
 impl<V: Clone + Send + Sync + 'static> LeaderGuard<V> {
+    #[inline(always)]
     fn poll_work<O: Send + 'static>(
         &mut self,
         cx: &mut Context<'_>,

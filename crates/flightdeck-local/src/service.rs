@@ -1,8 +1,11 @@
 use std::fmt;
 use std::future::Future;
-use std::task::{Context, Poll};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
 use flightdeck_core::{BoxError, KeySource, Serves, Share, Shareable, SharedForm, Unshareable};
+use pin_project_lite::pin_project;
 use tower::util::ServiceExt;
 use tower_service::Service;
 
@@ -142,14 +145,11 @@ where
         let leader = share.leader(&req);
         // Called at once, as tower expects of a service polled ready.
         let fut = svc.call(req);
-        async move {
-            // Converted before anything else is awaited: `S::Error` need not
-            // be `Send`, `BoxError` is.
-            let resp = fut.await.map_err(Into::into)?;
-            Ok(match share.share(resp).await? {
-                Shareable::Shared(v) => Shareable::Shared(share.record(v, leader)),
-                unshared => unshared,
-            })
+        Lead {
+            step: Step::Call { fut },
+            share,
+            leader: Some(leader),
+            _req: PhantomData,
         }
     }
 
@@ -175,6 +175,76 @@ where
 
     fn serves(&self, shared: &Sh::Shared) -> bool {
         self.share.serves(shared, &self.req)
+    }
+}
+
+pin_project! {
+    /// The leader's run of the inner service: its call, then the sharing
+    /// step. A plain future rather than an `async` block, so that its poll
+    /// inlines into the flight's instead of costing every flight a call
+    /// of its own.
+    struct Lead<Fut, Sh, Req, T>
+    where
+        Sh: Share<T>,
+        Sh: Serves<Req>,
+    {
+        #[pin]
+        step: Step<Fut, <Sh as Share<T>>::Future>,
+        share: Sh,
+        leader: Option<<Sh as Serves<Req>>::Leader>,
+        _req: PhantomData<fn() -> (Req, T)>,
+    }
+}
+
+pin_project! {
+    #[project = StepProj]
+    enum Step<Fut, ShFut> {
+        Call { #[pin] fut: Fut },
+        Share { #[pin] fut: ShFut },
+        Done,
+    }
+}
+
+impl<Fut, E, Sh, Req, T> Future for Lead<Fut, Sh, Req, T>
+where
+    Fut: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    Sh: Share<T> + Serves<Req>,
+{
+    type Output = Result<Shareable<Sh::Shared, <Sh as Share<T>>::Output>, BoxError>;
+
+    #[inline(always)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.step.as_mut().project() {
+                StepProj::Call { fut } => {
+                    // Converted at once: `S::Error` need not be `Send`,
+                    // `BoxError` is.
+                    let resp = match ready!(fut.poll(cx)) {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            this.step.set(Step::Done);
+                            return Poll::Ready(Err(e.into()));
+                        }
+                    };
+                    let fut = this.share.share(resp);
+                    this.step.set(Step::Share { fut });
+                }
+                StepProj::Share { fut } => {
+                    let shared = ready!(fut.poll(cx));
+                    this.step.set(Step::Done);
+                    return Poll::Ready(shared.map(|shared| match shared {
+                        Shareable::Shared(v) => match this.leader.take() {
+                            Some(leader) => Shareable::Shared(this.share.record(v, leader)),
+                            None => Shareable::Shared(v),
+                        },
+                        unshared => unshared,
+                    }));
+                }
+                StepProj::Done => panic!("the leader's work was polled after it completed"),
+            }
+        }
     }
 }
 

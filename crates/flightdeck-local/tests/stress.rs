@@ -9,6 +9,7 @@
 //! `FLIGHTDECK_STRESS_ROUNDS` (default 40) and `FLIGHTDECK_STRESS_SEED`
 //! (printed on failure) replay or lengthen a run.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,22 +154,34 @@ fn random_schedules_leave_nothing_behind() {
         let rt = runtime();
         rt.block_on(async {
             let base = GATED + round * 1000;
-            let held: Vec<_> = (0..limit as u64)
-                .map(|i| tokio::spawn(svc.clone().oneshot(base + i)))
+            // Every held caller is admitted, and one more refused, within
+            // one poll of this task: the callers' wait timeouts (5 to 25
+            // ms, which with `Cancel` end their flights) cannot run out
+            // between the first admission and the check, however slowly a
+            // loaded machine schedules tasks.
+            let mut held: Vec<_> = (0..limit as u64)
+                .map(|i| Box::pin(svc.clone().oneshot(base + i)))
                 .collect();
-            // A bound in real time, not in sleeps: on a loaded machine the
-            // spawned callers may wait seconds for a worker thread.
-            let until = std::time::Instant::now() + Duration::from_secs(30);
-            while layer.running_flights() != limit && std::time::Instant::now() < until {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+            let mut extra = Box::pin(svc.clone().oneshot(base + 999));
+            let (admitted, refused) = std::future::poll_fn(|cx| {
+                for h in &mut held {
+                    assert!(
+                        h.as_mut().poll(cx).is_pending(),
+                        "{ctx}: a held flight ended"
+                    );
+                }
+                let admitted = layer.running_flights();
+                std::task::Poll::Ready((admitted, extra.as_mut().poll(cx)))
+            })
+            .await;
+            assert_eq!(admitted, limit, "{ctx}: admitted of the bound");
+            match refused {
+                std::task::Poll::Ready(Err(e)) => {
+                    assert!(e.is::<TooManyFlights>(), "{ctx}: {e}");
+                }
+                other => panic!("{ctx}: one over the bound not refused at once: {other:?}"),
             }
-            assert_eq!(
-                layer.running_flights(),
-                limit,
-                "{ctx}: admitted of the bound"
-            );
-            let extra = svc.clone().oneshot(base + 999).await.unwrap_err();
-            assert!(extra.is::<TooManyFlights>(), "{ctx}: {extra}");
+            let held: Vec<_> = held.into_iter().map(tokio::spawn).collect();
             gate.add_permits(limit);
             for h in held {
                 // Leaders may have timed out waiting; their work goes on.

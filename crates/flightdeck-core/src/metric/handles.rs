@@ -42,6 +42,16 @@ pub fn recorder_id(recorder: &dyn Recorder) -> usize {
     (recorder as *const dyn Recorder).cast::<()>() as usize
 }
 
+/// The [`recorder_id`] of the recorder in force on this thread. Not
+/// generic (so compiled once, here): the thread-local lookup that
+/// `metrics::with_recorder` makes is then one plain call from every
+/// [`Handles`] use, instead of an instance that may or may not land where
+/// its caller can inline it.
+#[inline(never)]
+pub(crate) fn current_recorder_id() -> usize {
+    metrics::with_recorder(recorder_id)
+}
+
 /// Handles (a single handle, or a bundle) registered with each recorder in
 /// force when they were used: a recorder installed after a handle was
 /// first used gets handles of its own at the next use.
@@ -66,17 +76,7 @@ impl<T> Handles<T> {
     /// seen.
     #[inline]
     pub fn with<R>(&self, register: impl FnOnce(&dyn Recorder) -> T, f: impl FnOnce(&T) -> R) -> R {
-        metrics::with_recorder(|recorder| {
-            let id = recorder_id(recorder);
-            for gen in &self.gens {
-                if let Some((seen, handles)) = gen.get() {
-                    if *seen == id {
-                        return f(handles);
-                    }
-                }
-            }
-            self.register(recorder, id, register, f)
-        })
+        self.resolve(register, f).1
     }
 
     /// Like [`with`](Self::with), and also returns the [`Generation`] whose
@@ -90,15 +90,30 @@ impl<T> Handles<T> {
         register: impl FnOnce(&dyn Recorder) -> T,
         f: impl FnOnce(&T) -> R,
     ) -> (Generation, R) {
-        metrics::with_recorder(|recorder| {
-            let id = recorder_id(recorder);
-            for (i, gen) in self.gens.iter().enumerate() {
-                if let Some((seen, handles)) = gen.get() {
-                    if *seen == id {
-                        return (Generation(i as u8), f(handles));
-                    }
+        let id = current_recorder_id();
+        for (i, gen) in self.gens.iter().enumerate() {
+            if let Some((seen, handles)) = gen.get() {
+                if *seen == id {
+                    return (Generation(i as u8), f(handles));
                 }
             }
+        }
+        self.resolve_slow(register, f)
+    }
+
+    /// [`resolve`](Self::resolve) the slow way, out of the way of the
+    /// common cases (which then stay small enough to inline): under a
+    /// recorder not seen yet its handles are registered, under one seen
+    /// already they are found.
+    #[cold]
+    #[inline(never)]
+    fn resolve_slow<R>(
+        &self,
+        register: impl FnOnce(&dyn Recorder) -> T,
+        f: impl FnOnce(&T) -> R,
+    ) -> (Generation, R) {
+        metrics::with_recorder(|recorder| {
+            let id = recorder_id(recorder);
             let out = self.register(recorder, id, register, f);
             let i = self
                 .gens
@@ -120,7 +135,7 @@ impl<T> Handles<T> {
     ) -> R {
         match self.gens.get(usize::from(gen.0)).and_then(OnceLock::get) {
             Some((_, handles)) => f(handles),
-            None => self.with(register, f),
+            None => self.resolve_slow(register, f).1,
         }
     }
 

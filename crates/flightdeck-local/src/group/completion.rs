@@ -63,6 +63,7 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
     /// Counts the flight in (owner, active flights). Called once armed:
     /// should the recorder panic, dropping the completion ends the flight
     /// (its waiters hear `WorkPanicked`).
+    #[inline]
     pub(crate) fn started(&self) {
         self.metrics().started(self.gen);
     }
@@ -75,6 +76,7 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
     /// Delivers the outcome (with `replay`, the copy of its value to keep
     /// for replay); returns the leader's message (if the leader is still
     /// there) and schedules the end of a replay window.
+    #[inline(always)]
     pub(super) fn complete(&mut self, outcome: Outcome<V>, replay: Option<V>) -> Option<Msg<V>> {
         if mem::replace(&mut self.done, true) {
             return None;
@@ -102,17 +104,27 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
     }
 }
 
-impl<V: Clone + Send + Sync + 'static> Drop for Completion<V> {
-    fn drop(&mut self) {
-        // Nothing when the outcome was delivered already.
-        if self.done {
-            return;
-        }
+impl<V: Clone + Send + Sync + 'static> Completion<V> {
+    /// Dropped without an outcome: the flight ends as abandoned, or as
+    /// panicked when a panic unwinds. Out of line: every flight's drop
+    /// checks `done`, hardly any gets here.
+    #[cold]
+    #[inline(never)]
+    fn abandon(&mut self) {
         let outcome = if std::thread::panicking() {
             Outcome::Panicked
         } else {
             Outcome::Abandoned
         };
         let _ = self.complete(outcome, None);
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Drop for Completion<V> {
+    fn drop(&mut self) {
+        // Nothing when the outcome was delivered already.
+        if !self.done {
+            self.abandon();
+        }
     }
 }

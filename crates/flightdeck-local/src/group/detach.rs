@@ -257,17 +257,30 @@ pub(crate) struct Work<V: Clone + Send + Sync + 'static> {
 
 impl<V: Clone + Send + Sync + 'static> Work<V> {
     /// `deadline`: the leader's own (the flight's, until callers join).
-    pub(crate) fn new<F>(completion: Completion<V>, fut: F, deadline: Option<Instant>) -> Self
+    /// `fut` builds the work's future, into the cell's allocation: a
+    /// future built first and then moved into its box is copied there
+    /// whole, on every flight.
+    #[inline]
+    pub(crate) fn new<F>(
+        completion: Completion<V>,
+        fut: impl FnOnce() -> F,
+        deadline: Option<Instant>,
+    ) -> Self
     where
         F: Future<Output = Outcome<V>> + Send + 'static,
     {
-        Self {
-            cell: Box::pin(Cell {
-                fut,
+        let cell = Box::new_uninit();
+        let cell = Box::write(
+            cell,
+            Cell {
+                fut: fut(),
                 completion,
                 deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
                 clock: LeaderClock::new(deadline),
-            }),
+            },
+        );
+        Self {
+            cell: Box::into_pin(cell),
         }
     }
 

@@ -457,6 +457,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// began, for work that ran to its end. Returns the leader's message
     /// when the leader is still there, and the replay deadline when the
     /// value was kept for replay.
+    #[inline(always)]
     fn finish(
         &self,
         flight: FlightId,
@@ -491,9 +492,13 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 Some(until)
             }
             // Nothing left in the slot owns anything (its key holds no
-            // reference, its waiters' channels were taken above).
+            // reference, its waiters' channels and the leader's waker were
+            // taken above): it is forgotten, not dropped, so that the
+            // removal does not copy the whole slot out of the table only
+            // to drop nothing.
             _ => {
-                e.remove();
+                debug_assert!(r.owns_nothing());
+                std::mem::forget(e.remove().0);
                 None
             }
         };

@@ -84,6 +84,12 @@ pub(super) struct Joiners<V> {
 }
 
 impl<V> Running<V> {
+    /// Whether dropping it would free nothing (its waiters' part and the
+    /// leader's waker are gone).
+    pub(super) fn owns_nothing(&self) -> bool {
+        self.joiners.is_none() && self.leader_timer.is_none()
+    }
+
     pub(super) fn joiners(&mut self) -> &mut Joiners<V> {
         // Without it, the flight has its leader alone.
         self.joiners.get_or_insert_with(|| {

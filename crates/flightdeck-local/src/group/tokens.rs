@@ -61,6 +61,7 @@ impl TokenPool {
 
     /// Gives a new flight of the shard owning `tokens` a token, if one is
     /// left (call under that shard's lock).
+    #[inline]
     pub(crate) fn admit(&self, tokens: &mut Tokens) -> bool {
         if tokens.spare == 0 {
             tokens.spare = self.take();
@@ -105,6 +106,7 @@ impl TokenPool {
     /// A flight of the shard owning `tokens` ended (call under that shard's
     /// lock): its token becomes spare (or goes back to the pool while tokens
     /// are scarce), and the shard gives tokens back when it keeps too many.
+    #[inline]
     pub(crate) fn release(&self, tokens: &mut Tokens) {
         tokens.running -= 1;
         // Read under the shard's lock: a collection that made tokens scarce
