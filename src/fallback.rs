@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use flightdeck_core::error::{BoxError, CoordinationUnavailable, InProgress};
-use flightdeck_distributed::{FailureClass, Fallback, FlightId, Verdict, WaitEnded};
+use flightdeck_distributed::{BackendError, FailureClass, Fallback, FlightId, Verdict, WaitEnded};
 
 use crate::mode::{Mode, OnWaitFailure};
 use crate::stage::{Control, Fallback as Reason, WaitAction};
@@ -25,7 +25,7 @@ pub(crate) struct ModeFallback<'a> {
 }
 
 impl<Req> Fallback<Req> for ModeFallback<'_> {
-    fn before_acquire(&self, class: FailureClass, error: BoxError, _req: &Req) -> Verdict {
+    fn before_acquire(&self, class: FailureClass, error: BackendError, _req: &Req) -> Verdict {
         let ctl = self.ctl;
         if class == FailureClass::CircuitOpen {
             ctl.enter_degraded(self.flight.as_ref());
@@ -40,7 +40,7 @@ impl<Req> Fallback<Req> for ModeFallback<'_> {
             Verdict::RunHere
         } else {
             ctl.count_fail_fast(class);
-            Verdict::Fail(error)
+            Verdict::Fail(error.into_core())
         }
     }
 

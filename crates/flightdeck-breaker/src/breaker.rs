@@ -191,6 +191,12 @@ impl Breaker {
         &self.core.name
     }
 
+    /// The error a call this breaker refuses answers (it names the
+    /// breaker; building it counts nothing).
+    pub fn circuit_open(&self) -> CircuitOpen {
+        CircuitOpen::new(Arc::clone(&self.core.name))
+    }
+
     /// Makes sure the recorder in force exports this breaker: its state
     /// gauge at the current state, its counters at their values (zero
     /// before the first transition or rejection). Transitions and

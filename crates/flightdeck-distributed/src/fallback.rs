@@ -25,12 +25,13 @@
 //! ```
 //! use flightdeck_core::error::{BoxError, InProgress};
 //! use flightdeck_distributed::fallback::{Verdict, Fallback, FailureClass, WaitEnded};
+//! use flightdeck_distributed::BackendError;
 //!
 //! /// Run here when Redis is down; tell followers to come back later.
 //! struct Lenient;
 //!
 //! impl<Req> Fallback<Req> for Lenient {
-//!     fn before_acquire(&self, _class: FailureClass, _error: BoxError, _req: &Req) -> Verdict {
+//!     fn before_acquire(&self, _class: FailureClass, _error: BackendError, _req: &Req) -> Verdict {
 //!         Verdict::RunHere
 //!     }
 //!     fn while_following(&self, _class: FailureClass, _error: BoxError, _req: &Req) -> Option<BoxError> {
@@ -46,7 +47,7 @@ use std::fmt;
 
 use flightdeck_core::error::BoxError;
 
-use crate::backend::BackendErrorKind;
+use crate::backend::{BackendError, BackendErrorKind};
 
 /// The class of a coordination failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,8 +119,13 @@ pub enum Verdict {
 
 /// The hook L2 asks when coordination fails; see the [module docs](self).
 pub trait Fallback<Req>: Send + Sync {
-    /// The backend failed before this node acquired the flight.
-    fn before_acquire(&self, class: FailureClass, error: BoxError, req: &Req) -> Verdict;
+    /// The backend failed (or its guard refused) before this node acquired
+    /// the flight. The error is the backend's as it is, so that a verdict
+    /// that drops it (a HYBRID stage running the request here) costs no
+    /// conversion; [`BackendError::into_core`] makes the caller's error of
+    /// it (`CoordinationUnavailable`, `OutcomeUnknown`, `ProtocolError`,
+    /// or the breaker's `CircuitOpen` as it is).
+    fn before_acquire(&self, class: FailureClass, error: BackendError, req: &Req) -> Verdict;
 
     /// A re-check failed while following: `Some(error)` answers now, `None`
     /// keeps following (L2 polls on until the wait timeout, and takes the
@@ -137,8 +143,8 @@ pub trait Fallback<Req>: Send + Sync {
 pub struct Propagate;
 
 impl<Req> Fallback<Req> for Propagate {
-    fn before_acquire(&self, _class: FailureClass, error: BoxError, _req: &Req) -> Verdict {
-        Verdict::Fail(error)
+    fn before_acquire(&self, _class: FailureClass, error: BackendError, _req: &Req) -> Verdict {
+        Verdict::Fail(error.into_core())
     }
 
     fn while_following(

@@ -217,7 +217,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     ) -> Option<Verdict> {
         let refused = self.st.refused_early(key).1?;
         let class = FailureClass::of(refused.kind(), refused.is_rejected());
-        Some(fallback.before_acquire(class, refused.into_core(), req))
+        Some(fallback.before_acquire(class, refused, req))
     }
 
     /// [`run`](Self::run), with each backend call of this flight bounded by
@@ -467,7 +467,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         P: Fallback<Req>,
     {
         let class = FailureClass::of(error.kind(), error.is_rejected());
-        match fallback.before_acquire(class, error.into_core(), &req) {
+        match fallback.before_acquire(class, error, &req) {
             Verdict::RunHere => exec.execute(req, Role::Fallback).await,
             Verdict::Fail(e) => Err(e),
         }

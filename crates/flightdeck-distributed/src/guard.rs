@@ -69,9 +69,6 @@ pub use breakers::{ShardBreakers, MAX_SHARD_BREAKERS};
 pub struct GuardedBackend<B> {
     inner: B,
     breakers: ShardBreakers,
-    /// The whole-store breaker's name, for refusals that allocate no
-    /// string.
-    name: std::sync::Arc<str>,
 }
 
 impl<B> GuardedBackend<B> {
@@ -83,12 +80,7 @@ impl<B> GuardedBackend<B> {
 
     /// Guards `inner` with `breakers` (shared with whoever watches them).
     pub fn with_breakers(inner: B, breakers: ShardBreakers) -> Self {
-        let name = breakers.whole().name().into();
-        Self {
-            inner,
-            breakers,
-            name,
-        }
+        Self { inner, breakers }
     }
 
     /// The whole-store breaker ([`Shard::WHOLE`](crate::backend::Shard::WHOLE)'s).
@@ -126,12 +118,7 @@ impl<B: Backend> GuardedBackend<B> {
     /// A refusal by `breaker` (no string allocated for the whole-store
     /// breaker).
     fn refusal(&self, breaker: &Breaker) -> BackendError {
-        let name = if breaker.name() == &*self.name {
-            std::sync::Arc::clone(&self.name)
-        } else {
-            breaker.name().into()
-        };
-        BackendError::rejected(flightdeck_core::error::CircuitOpen::new(name))
+        BackendError::circuit_open(breaker.circuit_open())
     }
 }
 
@@ -188,7 +175,7 @@ impl<B: Backend> Backend for GuardedBackend<B> {
     ) -> BackendFuture<'a, Acquired> {
         let permit = match self.judge(flight).try_acquire_past_ramp() {
             Ok(permit) => permit,
-            Err(open) => return Box::pin(async move { Err(BackendError::rejected(open)) }),
+            Err(open) => return Box::pin(async move { Err(BackendError::circuit_open(open)) }),
         };
         let call = self.inner.acquire(flight, token, terms);
         let mut pending = Unanswered(Some(permit));

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use flightdeck_core::error::BoxError;
+use flightdeck_core::error::{BoxError, CircuitOpen};
 
 /// The three ways a backend call can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,7 +34,16 @@ impl BackendErrorKind {
 pub struct BackendError {
     kind: BackendErrorKind,
     rejected: bool,
-    source: BoxError,
+    source: Source,
+}
+
+/// What caused it: any error, boxed; or an open circuit, kept unboxed (the
+/// degraded path refuses every request this way, and mostly drops the
+/// refusal: a HYBRID stage runs the request here).
+#[derive(Debug)]
+enum Source {
+    Boxed(BoxError),
+    Circuit(CircuitOpen),
 }
 
 impl BackendError {
@@ -43,7 +52,7 @@ impl BackendError {
         Self {
             kind,
             rejected: false,
-            source: source.into(),
+            source: Source::Boxed(source.into()),
         }
     }
 
@@ -55,7 +64,18 @@ impl BackendError {
         Self {
             kind: BackendErrorKind::Unavailable,
             rejected: true,
-            source: source.into(),
+            source: Source::Boxed(source.into()),
+        }
+    }
+
+    /// A circuit breaker refused the call: [`rejected`](Self::rejected)
+    /// with the breaker's `CircuitOpen`, which is boxed only if the
+    /// refusal is handed on ([`into_core`](Self::into_core)).
+    pub fn circuit_open(open: CircuitOpen) -> Self {
+        Self {
+            kind: BackendErrorKind::Unavailable,
+            rejected: true,
+            source: Source::Circuit(open),
         }
     }
 
@@ -95,7 +115,10 @@ impl BackendError {
         // `CircuitOpen`; see `rejected`): no wrapper, no second allocation
         // on the degraded path.
         if self.rejected {
-            return self.source;
+            return match self.source {
+                Source::Boxed(e) => e,
+                Source::Circuit(open) => Box::new(open),
+            };
         }
         match self.kind {
             BackendErrorKind::Unavailable => Box::new(CoordinationUnavailable::new(self)),
@@ -114,13 +137,19 @@ impl fmt::Display for BackendError {
             BackendErrorKind::Protocol => "backend protocol error",
             BackendErrorKind::OutcomeUnknown => "backend outcome unknown",
         };
-        write!(f, "{what}: {}", self.source)
+        match &self.source {
+            Source::Boxed(e) => write!(f, "{what}: {e}"),
+            Source::Circuit(open) => write!(f, "{what}: {open}"),
+        }
     }
 }
 
 impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.source)
+        Some(match &self.source {
+            Source::Boxed(e) => &**e,
+            Source::Circuit(open) => open,
+        })
     }
 }
 
@@ -142,5 +171,10 @@ mod tests {
         assert!(BackendError::outcome_unknown("x")
             .into_core()
             .is::<OutcomeUnknown>());
+        let open = BackendError::circuit_open(CircuitOpen::new("b"));
+        assert!(open.is_rejected());
+        assert_eq!(open.kind(), BackendErrorKind::Unavailable);
+        assert!(open.to_string().contains("circuit"), "{open}");
+        assert!(open.into_core().is::<CircuitOpen>(), "handed on as it is");
     }
 }
