@@ -691,6 +691,14 @@ async fn breaker_open_sends_nothing_half_open_sends_the_probes_then_distributed_
         "still open after the reconnect (the open period is long enough for a loaded machine)"
     );
 
+    // The open phase's background work is over first: the release of the
+    // leases its timed-out acquires may hold (sent whatever the breaker
+    // says, and possibly retried after the reconnect).
+    tokio::time::timeout(Duration::from_secs(10), handle.idle())
+        .await
+        .expect("background coordination ends");
+    assert_eq!(handle.breaker().state(), CircuitState::Open, "still open");
+
     // Open: twelve concurrent requests (under the degraded limit), zero
     // commands reach Redis.
     let base = redis.command_calls("eval").unwrap();
