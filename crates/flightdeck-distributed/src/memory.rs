@@ -2,6 +2,10 @@
 //! fast unit tests of L2 logic (with paused tokio time), plus fault
 //! injection.
 //!
+//! (Over 600 lines on purpose: one `Backend` method per script, each
+//! mirroring its script in `flightdeck-redis/src/scripts.rs` check for
+//! check, read side by side; the fault knobs and call counts are the rest.)
+//!
 //! It keeps the same record per flight as the Redis backend (last grant,
 //! lease deadline, result, released tokens) with the same expiry. One
 //! difference: its generations count up from 1 per flight (a per-flight

@@ -1,5 +1,9 @@
 //! Real `redis-server` processes for tests.
 //!
+//! (About 650 lines of code, on purpose: one process type with its faults
+//! and its replica and cluster start-up, and the minimal RESP client its
+//! `cmd` needs.)
+//!
 //! [`RedisServer::start`] picks a free loopback port, starts `redis-server`
 //! with no persistence (`--save "" --appendonly no`) and waits until it
 //! answers `PING`. The process is killed when the value is dropped. Faults:

@@ -1,5 +1,10 @@
 //! The HTTP extractor: which HTTP requests are "the same work".
 //!
+//! (Over 600 lines on purpose: the extractor, its route rule and its
+//! builder share one private `Config`, and the builder's documented
+//! options are most of the file; the parts of a key that stand alone —
+//! body, query, route patterns, scope, idempotency — are submodules.)
+//!
 //! [`HttpKeyExtractor`] keys an `http::Request<B>` by:
 //!
 //! - **stage**: the first matching route rule (method + path pattern), else

@@ -1,10 +1,10 @@
 //! One stage's state (built with the layer, shared by every service) and
 //! its runtime handle: the mode (kill switch), the breakers, the bulkhead,
 //! the degraded state (of the whole store, and of each shard of a sharded
-//! one), and the stage's metrics.
+//! one), and the stage's metrics. The metric handles and their labels are
+//! `counters`; the public [`StageHandle`] is `handle`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -18,12 +18,20 @@ use flightdeck_distributed::{
     Backend, DistributedFlights, FailureClass, FlightId, GuardedBackend, ShardBreakers,
 };
 use flightdeck_local::LocalFlights;
-use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
+use metrics::{Level, Metadata};
 use tokio::time::Instant;
 
 use crate::config::StageConfig;
 use crate::error::ModeError;
 use crate::mode::Mode;
+
+mod counters;
+mod handle;
+
+use counters::{class_index, Bundle, CLASSES};
+pub(crate) use counters::{Fallback, Path, WaitAction};
+pub(crate) use handle::Idle;
+pub use handle::StageHandle;
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -43,168 +51,6 @@ pub(crate) struct Stage<Sh: SharedForm, C> {
     /// The bulkhead's degraded lane, nested outside it, for the
     /// executions of flights whose shard is degraded.
     pub(crate) lane: BulkheadLayer,
-}
-
-/// Where a real execution of the inner service ran (the `path` label of
-/// `singleflight_execution_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Path {
-    /// As the owner of a distributed flight.
-    Owner,
-    /// In this process only: LOCAL_ONLY, a stage without backend, or a
-    /// caller whose request a shared result did not serve.
-    Local,
-    /// HYBRID's local fallback (coordination failed or the breaker is open).
-    Fallback,
-    /// BYPASS: no coalescing at all.
-    Bypass,
-}
-
-impl Path {
-    const ALL: [Path; 4] = [Path::Owner, Path::Local, Path::Fallback, Path::Bypass];
-
-    const fn as_str(self) -> &'static str {
-        match self {
-            Path::Owner => "owner",
-            Path::Local => "local",
-            Path::Fallback => "fallback",
-            Path::Bypass => "bypass",
-        }
-    }
-}
-
-/// Why a HYBRID leader ran locally (the `reason` label of
-/// `singleflight_local_fallback_total`): a coordination failure before
-/// acquire, or a follower's wait that failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fallback {
-    Coordination(FailureClass),
-    WaitFailure,
-}
-
-const CLASSES: [FailureClass; 4] = [
-    FailureClass::CircuitOpen,
-    FailureClass::Unavailable,
-    FailureClass::OutcomeUnknown,
-    FailureClass::Protocol,
-];
-
-fn class_index(class: FailureClass) -> usize {
-    CLASSES.iter().position(|c| *c == class).unwrap_or(0)
-}
-
-/// What a follower's caller got when its wait failed (the `action` label
-/// of `singleflight_wait_failure_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitAction {
-    Wait,
-    InProgress,
-    Fail,
-    Local,
-}
-
-impl WaitAction {
-    const ALL: [WaitAction; 4] = [
-        WaitAction::Wait,
-        WaitAction::InProgress,
-        WaitAction::Fail,
-        WaitAction::Local,
-    ];
-
-    const fn as_str(self) -> &'static str {
-        match self {
-            WaitAction::Wait => "wait",
-            WaitAction::InProgress => "in_progress",
-            WaitAction::Fail => "fail",
-            WaitAction::Local => "local",
-        }
-    }
-}
-
-/// The handles of one stage under one recorder.
-pub(crate) struct Bundle {
-    request: Counter,
-    bypass: Counter,
-    fallback_execution: Counter,
-    fallback: [Counter; CLASSES.len() + 1],
-    fail_fast: [Counter; CLASSES.len()],
-    distributed_failure: [Counter; CLASSES.len()],
-    wait_failure: [Counter; WaitAction::ALL.len()],
-    execution: [Counter; Path::ALL.len()],
-    execution_duration: Histogram,
-    degraded: Gauge,
-    degraded_duration: Histogram,
-    mode: Gauge,
-}
-
-impl Bundle {
-    /// Registers the stage's handles with `r`, and publishes the gauges'
-    /// values the stage keeps (so a recorder installed after the layer was
-    /// built sees them at once).
-    fn register(r: &dyn Recorder, ctl: &Control) -> Self {
-        let stage = Label::new(
-            metric::LABEL_STAGE,
-            metrics::SharedString::const_str(ctl.name.as_str()),
-        );
-        let key = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
-            let mut labels = vec![stage.clone()];
-            labels.extend(extra.map(|(k, v)| Label::new(k, v)));
-            Key::from_parts(name, labels)
-        };
-        let counter = |name, extra| r.register_counter(&key(name, extra), &METADATA);
-        let by_class = |name| CLASSES.map(|c| counter(name, Some(("reason", c.as_str()))));
-        let b = Self {
-            request: counter(metric::REQUEST_TOTAL, None),
-            bypass: counter(metric::BYPASS_TOTAL, None),
-            fallback_execution: counter(metric::FALLBACK_EXECUTION_TOTAL, None),
-            fallback: {
-                let [a, b, c, d] = by_class(metric::LOCAL_FALLBACK_TOTAL);
-                [
-                    a,
-                    b,
-                    c,
-                    d,
-                    counter(
-                        metric::LOCAL_FALLBACK_TOTAL,
-                        Some(("reason", "wait_failure")),
-                    ),
-                ]
-            },
-            fail_fast: by_class(metric::FAIL_FAST_TOTAL),
-            distributed_failure: CLASSES.map(|c| {
-                counter(
-                    metric::DISTRIBUTED_FAILURE_TOTAL,
-                    Some(("kind", c.as_str())),
-                )
-            }),
-            wait_failure: WaitAction::ALL
-                .map(|a| counter(metric::WAIT_FAILURE_TOTAL, Some(("action", a.as_str())))),
-            execution: Path::ALL
-                .map(|p| counter(metric::EXECUTION_TOTAL, Some(("path", p.as_str())))),
-            execution_duration: r
-                .register_histogram(&key(metric::EXECUTION_DURATION, None), &METADATA),
-            degraded: r.register_gauge(&key(metric::DEGRADED, None), &METADATA),
-            degraded_duration: r
-                .register_histogram(&key(metric::DEGRADED_DURATION, None), &METADATA),
-            mode: r.register_gauge(&key(metric::MODE, None), &METADATA),
-        };
-        b.mode.set(f64::from(ctl.mode().to_u8()));
-        b.degraded.set(if ctl.degraded.load(Ordering::Acquire) {
-            1.0
-        } else {
-            0.0
-        });
-        // Each named shard's gauge, and its breaker, under this recorder.
-        for (shard, st) in ctl.shards().iter() {
-            shard_gauge(ctl, shard).set(if st.since.is_some() { 1.0 } else { 0.0 });
-            st.breaker.publish_metrics();
-        }
-        // The stage's other parts, under the same recorder.
-        ctl.breaker.publish_metrics();
-        ctl.bulkhead.publish_metrics();
-        (ctl.peers)();
-        b
-    }
 }
 
 /// The degraded state of one named shard of the stage's backend.
@@ -679,138 +525,5 @@ impl Control {
             }
             _ => {}
         }
-    }
-}
-
-/// A handle on one stage of a [`SingleFlightLayer`](crate::SingleFlightLayer):
-/// switch its mode at run time (the kill switch), read whether it is
-/// degraded and for how long, reach its breaker and bulkhead. Cheap to
-/// clone.
-///
-/// Switching the mode never touches requests already in flight: each
-/// request follows the mode it found when it arrived.
-#[derive(Clone)]
-pub struct StageHandle {
-    pub(crate) ctl: Arc<Control>,
-    pub(crate) idle: Option<Arc<dyn Idle>>,
-}
-
-/// Waits for a stage's background coordination.
-pub(crate) trait Idle: Send + Sync {
-    fn idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
-}
-
-impl<C: Send + Sync + 'static> Idle for Coordination<C> {
-    fn idle(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(DistributedFlights::idle(self))
-    }
-}
-
-impl StageHandle {
-    /// The stage's name.
-    pub fn name(&self) -> &StageName {
-        &self.ctl.name
-    }
-
-    /// The stage's configuration, as built.
-    pub fn config(&self) -> &StageConfig {
-        &self.ctl.cfg
-    }
-
-    /// The current mode.
-    pub fn mode(&self) -> Mode {
-        self.ctl.mode()
-    }
-
-    /// Switches the mode for new requests and returns the previous one.
-    /// HYBRID and DISTRIBUTED_ONLY need a backend for the stage.
-    pub fn set_mode(&self, mode: Mode) -> Result<Mode, ModeError> {
-        if mode.is_distributed() && self.ctl.backend.is_none() {
-            return Err(ModeError::new(self.ctl.name.clone(), mode));
-        }
-        let prev = Mode::from_u8(self.ctl.mode.swap(mode.to_u8(), Ordering::AcqRel));
-        self.ctl.metrics(|m| m.mode.set(f64::from(mode.to_u8())));
-        if prev != mode {
-            tracing::warn!(stage = %self.ctl.name, from = %prev, to = %mode, "stage mode switched");
-        }
-        Ok(prev)
-    }
-
-    /// True while the stage is degraded, wholly or on any shard of its
-    /// backend (a coordination breaker is open or probing). See
-    /// [`degraded_shards`](Self::degraded_shards) for which.
-    pub fn is_degraded(&self) -> bool {
-        !self.ctl.degraded_shards().is_empty()
-    }
-
-    /// How long the current degraded period has lasted, if the stage is
-    /// degraded (the longest, when several shards are).
-    pub fn degraded_for(&self) -> Option<Duration> {
-        self.ctl
-            .degraded_shards()
-            .into_iter()
-            .map(|(_, since)| since.elapsed())
-            .max()
-    }
-
-    /// The shards of the stage's backend that are degraded now, each with
-    /// how long it has been: [`Shard::WHOLE`] when the whole store is (a
-    /// backend that is not sharded, or the whole-store breaker forced or
-    /// tripped), and each named shard of a sharded backend (a Redis
-    /// Cluster primary) whose breaker is open or probing: only its flights
-    /// fall back or fail fast, and only they are held to the bulkhead's
-    /// degraded limit.
-    pub fn degraded_shards(&self) -> Vec<(Shard, Duration)> {
-        self.ctl
-            .degraded_shards()
-            .into_iter()
-            .map(|(shard, since)| (shard, since.elapsed()))
-            .collect()
-    }
-
-    /// Whether `shard` is degraded now ([`Shard::WHOLE`]: the whole store).
-    pub fn is_shard_degraded(&self, shard: &Shard) -> bool {
-        self.ctl.degraded_shards().iter().any(|(s, _)| s == shard)
-    }
-
-    /// The whole-store breaker guarding the stage's backend (read, force,
-    /// reset): the breaker of a backend that is not sharded; forced open,
-    /// it refuses every flight of a sharded one too.
-    pub fn breaker(&self) -> &Breaker {
-        &self.ctl.breaker
-    }
-
-    /// Every breaker of the stage: the whole store's, and each named
-    /// shard's (created when the shard's first flight is judged).
-    pub fn breakers(&self) -> &ShardBreakers {
-        &self.ctl.breakers
-    }
-
-    /// The stage's bulkhead.
-    pub fn bulkhead(&self) -> &BulkheadHandle {
-        &self.ctl.bulkhead
-    }
-
-    /// Resolves once the stage has no background coordination left:
-    /// owners' commits and abandons (with their heartbeats), releases of
-    /// leases this node gave up on. For graceful shutdown, and tests.
-    pub async fn idle(&self) {
-        if let Some(idle) = &self.idle {
-            idle.idle().await;
-        }
-    }
-}
-
-impl fmt::Debug for StageHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StageHandle")
-            .field("stage", &self.ctl.name)
-            .field("mode", &self.ctl.mode())
-            .field("degraded", &self.ctl.degraded.load(Ordering::Acquire))
-            .field(
-                "degraded_shards",
-                &self.ctl.shards_degraded.load(Ordering::Acquire),
-            )
-            .finish()
     }
 }

@@ -1,0 +1,173 @@
+//! One stage's metric handles under one recorder, and the labels they
+//! carry (where an execution ran, why a leader fell back, what a failed
+//! wait answered).
+
+use std::sync::atomic::Ordering;
+
+use flightdeck_core::metric;
+use flightdeck_distributed::FailureClass;
+use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
+
+use super::{shard_gauge, Control, METADATA};
+
+/// Where a real execution of the inner service ran (the `path` label of
+/// `singleflight_execution_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// As the owner of a distributed flight.
+    Owner,
+    /// In this process only: LOCAL_ONLY, a stage without backend, or a
+    /// caller whose request a shared result did not serve.
+    Local,
+    /// HYBRID's local fallback (coordination failed or the breaker is open).
+    Fallback,
+    /// BYPASS: no coalescing at all.
+    Bypass,
+}
+
+impl Path {
+    pub(super) const ALL: [Path; 4] = [Path::Owner, Path::Local, Path::Fallback, Path::Bypass];
+
+    pub(super) const fn as_str(self) -> &'static str {
+        match self {
+            Path::Owner => "owner",
+            Path::Local => "local",
+            Path::Fallback => "fallback",
+            Path::Bypass => "bypass",
+        }
+    }
+}
+
+/// Why a HYBRID leader ran locally (the `reason` label of
+/// `singleflight_local_fallback_total`): a coordination failure before
+/// acquire, or a follower's wait that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    Coordination(FailureClass),
+    WaitFailure,
+}
+
+pub(super) const CLASSES: [FailureClass; 4] = [
+    FailureClass::CircuitOpen,
+    FailureClass::Unavailable,
+    FailureClass::OutcomeUnknown,
+    FailureClass::Protocol,
+];
+
+pub(super) fn class_index(class: FailureClass) -> usize {
+    CLASSES.iter().position(|c| *c == class).unwrap_or(0)
+}
+
+/// What a follower's caller got when its wait failed (the `action` label
+/// of `singleflight_wait_failure_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitAction {
+    Wait,
+    InProgress,
+    Fail,
+    Local,
+}
+
+impl WaitAction {
+    pub(super) const ALL: [WaitAction; 4] = [
+        WaitAction::Wait,
+        WaitAction::InProgress,
+        WaitAction::Fail,
+        WaitAction::Local,
+    ];
+
+    pub(super) const fn as_str(self) -> &'static str {
+        match self {
+            WaitAction::Wait => "wait",
+            WaitAction::InProgress => "in_progress",
+            WaitAction::Fail => "fail",
+            WaitAction::Local => "local",
+        }
+    }
+}
+
+/// The handles of one stage under one recorder.
+pub(crate) struct Bundle {
+    pub(super) request: Counter,
+    pub(super) bypass: Counter,
+    pub(super) fallback_execution: Counter,
+    pub(super) fallback: [Counter; CLASSES.len() + 1],
+    pub(super) fail_fast: [Counter; CLASSES.len()],
+    pub(super) distributed_failure: [Counter; CLASSES.len()],
+    pub(super) wait_failure: [Counter; WaitAction::ALL.len()],
+    pub(super) execution: [Counter; Path::ALL.len()],
+    pub(super) execution_duration: Histogram,
+    pub(super) degraded: Gauge,
+    pub(super) degraded_duration: Histogram,
+    pub(super) mode: Gauge,
+}
+
+impl Bundle {
+    /// Registers the stage's handles with `r`, and publishes the gauges'
+    /// values the stage keeps (so a recorder installed after the layer was
+    /// built sees them at once).
+    pub(super) fn register(r: &dyn Recorder, ctl: &Control) -> Self {
+        let stage = Label::new(
+            metric::LABEL_STAGE,
+            metrics::SharedString::const_str(ctl.name.as_str()),
+        );
+        let key = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
+            let mut labels = vec![stage.clone()];
+            labels.extend(extra.map(|(k, v)| Label::new(k, v)));
+            Key::from_parts(name, labels)
+        };
+        let counter = |name, extra| r.register_counter(&key(name, extra), &METADATA);
+        let by_class = |name| CLASSES.map(|c| counter(name, Some(("reason", c.as_str()))));
+        let b = Self {
+            request: counter(metric::REQUEST_TOTAL, None),
+            bypass: counter(metric::BYPASS_TOTAL, None),
+            fallback_execution: counter(metric::FALLBACK_EXECUTION_TOTAL, None),
+            fallback: {
+                let [a, b, c, d] = by_class(metric::LOCAL_FALLBACK_TOTAL);
+                [
+                    a,
+                    b,
+                    c,
+                    d,
+                    counter(
+                        metric::LOCAL_FALLBACK_TOTAL,
+                        Some(("reason", "wait_failure")),
+                    ),
+                ]
+            },
+            fail_fast: by_class(metric::FAIL_FAST_TOTAL),
+            distributed_failure: CLASSES.map(|c| {
+                counter(
+                    metric::DISTRIBUTED_FAILURE_TOTAL,
+                    Some(("kind", c.as_str())),
+                )
+            }),
+            wait_failure: WaitAction::ALL
+                .map(|a| counter(metric::WAIT_FAILURE_TOTAL, Some(("action", a.as_str())))),
+            execution: Path::ALL
+                .map(|p| counter(metric::EXECUTION_TOTAL, Some(("path", p.as_str())))),
+            execution_duration: r
+                .register_histogram(&key(metric::EXECUTION_DURATION, None), &METADATA),
+            degraded: r.register_gauge(&key(metric::DEGRADED, None), &METADATA),
+            degraded_duration: r
+                .register_histogram(&key(metric::DEGRADED_DURATION, None), &METADATA),
+            mode: r.register_gauge(&key(metric::MODE, None), &METADATA),
+        };
+        b.mode.set(f64::from(ctl.mode().to_u8()));
+        b.degraded.set(if ctl.degraded.load(Ordering::Acquire) {
+            1.0
+        } else {
+            0.0
+        });
+        // Each named shard's gauge, and its breaker, under this recorder.
+        for (shard, st) in ctl.shards().iter() {
+            shard_gauge(ctl, shard).set(if st.since.is_some() { 1.0 } else { 0.0 });
+            st.breaker.publish_metrics();
+        }
+        // The stage's other parts, under the same recorder.
+        ctl.breaker.publish_metrics();
+        ctl.bulkhead.publish_metrics();
+        (ctl.peers)();
+        b
+    }
+}
