@@ -59,10 +59,7 @@ impl Topology {
         slot: u16,
         deadline: tokio::time::Instant,
     ) -> Result<Arc<Node>, BackendError> {
-        let node = match self {
-            Self::Single(node) => node.clone(),
-            Self::Cluster(cluster) => cluster.node_for(slot)?,
-        };
+        let node = self.node_for(slot)?;
         if node.link.is_lost() && !node.link.back_within(deadline).await {
             return Err(not_connected(&node));
         }
@@ -81,6 +78,15 @@ impl Topology {
         }
     }
 
+    /// The node serving `slot` (the one server, or the slot's primary),
+    /// whatever its connection.
+    fn node_for(&self, slot: u16) -> Result<Arc<Node>, BackendError> {
+        match self {
+            Self::Single(node) => Ok(node.clone()),
+            Self::Cluster(cluster) => cluster.node_for(slot),
+        }
+    }
+
     /// The node to send a call for `slot` on now, without waiting for a
     /// connection being made: unavailable when the node's connection is
     /// lost or not made yet. For `WAIT`, which counts the replicas that
@@ -93,10 +99,7 @@ impl Topology {
     ///
     /// [`Link::losses`]: crate::node::Link::losses
     pub(crate) fn route_now(&self, slot: u16) -> Result<(Arc<Node>, u64), BackendError> {
-        let node = match self {
-            Self::Single(node) => node.clone(),
-            Self::Cluster(cluster) => cluster.node_for(slot)?,
-        };
+        let node = self.node_for(slot)?;
         // Counted before `lost` is read: a loss counted later is one the
         // caller's second look sees.
         let losses = node.link.losses();
