@@ -135,8 +135,15 @@ async fn keeper<B, C>(
         committed = settle => committed,
         () = &mut heartbeats => false,
     };
-    if committed {
-        wait_replicas(&st, &cx, generation).await;
+    // Remembered as a result the store must keep (its later absence
+    // counts as lost) once it is as durable as the stage asks.
+    if committed && wait_replicas(&st, &cx, generation).await {
+        st.seen.remember(
+            cx.flight,
+            generation,
+            cx.started,
+            st.policy.result_ttl_duration(),
+        );
     }
 }
 
@@ -213,12 +220,6 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
                     .await;
                 let err = match res {
                     Ok(Committed::Committed) => {
-                        // With `commit_replicas`, the result is expected
-                        // to survive only once replicas acknowledged it.
-                        if st.policy.commit_replica_count() == 0 {
-                            st.seen
-                                .remember(cx.flight, generation, cx.started, args.ttl);
-                        }
                         if attempt > attempts {
                             tracing::info!(stage = %cx.stage, flight = %cx.flight, generation, "commit settled in the background");
                         }
@@ -275,18 +276,18 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
 
 /// After a commit: waits for the policy's `commit_replicas` replicas to
 /// acknowledge it (nothing when it is 0), counts and logs the outcome.
-/// Only an acknowledged commit is remembered as a result the store must
-/// keep (so that its later absence counts as lost): one acknowledged by
-/// fewer replicas was counted `short` (or `failed`) here, at the commit,
-/// and a failover may drop it without a second count.
+/// Whether the commit is as durable as the stage asks (always, without a
+/// wait): only then is it remembered as a result the store must keep. One
+/// acknowledged by fewer replicas was counted `short` (or `failed`) here,
+/// at the commit, and a failover may drop it without a second count.
 async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
     st: &State<B, C>,
     cx: &Cx,
     generation: u64,
-) {
+) -> bool {
     let wanted = st.policy.commit_replica_count();
     if wanted == 0 {
-        return;
+        return true;
     }
     let timeout = st.policy.commit_replicas_timeout_duration();
     let res = st
@@ -299,12 +300,7 @@ async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
     match res {
         Ok(Some(acked)) if acked >= wanted => {
             cx.metrics.with(|m| m.replicas(Replicas::Acked));
-            st.seen.remember(
-                cx.flight,
-                generation,
-                cx.started,
-                st.policy.result_ttl_duration(),
-            );
+            return true;
         }
         Ok(Some(acked)) => {
             cx.metrics.with(|m| m.replicas(Replicas::Short));
@@ -319,6 +315,7 @@ async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
             tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "waiting for replicas after a commit failed");
         }
     }
+    false
 }
 
 /// Waits before another try of a call that failed with `err`: `false` when
