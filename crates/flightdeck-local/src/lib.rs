@@ -23,7 +23,10 @@
 //!   The callers' clocks (wait timeout, own deadline) arm no timer per
 //!   caller: their expiries sit in the flights' slots, and one task per
 //!   layer, spawned on the tokio runtime where the first one is armed,
-//!   sleeps until the earliest and wakes whoever is due.
+//!   sleeps until the earliest and wakes whoever is due. A caller on
+//!   another runtime keeps a timer of its own, so a runtime that stops
+//!   being driven (or is busy) never holds another runtime's callers past
+//!   their time.
 //! - **Bounded**: max flights and max waiters per flight, with typed
 //!   rejections.
 //! - **Responses need not be `Clone`.** A [`Share`] adapter turns the one

@@ -10,7 +10,7 @@ use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, Wor
 use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, Unshareable};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tracing::Instrument;
 
 use crate::flights::{Caller, FlightWork};
@@ -111,8 +111,10 @@ pin_project! {
         V: 'static,
     {
         // Its expiry is in the flight (see `group::timers`): when its time
-        // is up, this channel says so.
+        // is up, this channel says so. On a runtime the group's timers do
+        // not serve, its own clock says so instead.
         rx: oneshot::Receiver<Letter<V>>,
+        clock: Option<Pin<Box<Sleep>>>,
         guard: WaiterGuard<V>,
         work: Option<W>,
         since: Instant,
@@ -162,11 +164,12 @@ where
             Join::Rejected(err) => State::Ready {
                 out: Some(Err(err)),
             },
-            Join::Waiter(flight, metrics, rx, since) => {
+            Join::Waiter(flight, metrics, rx, since, own) => {
                 work.waiting();
                 State::Waiting {
                     wait: Box::pin(Wait {
                         rx,
+                        clock: own.map(|at| Box::pin(tokio::time::sleep_until(at))),
                         guard: WaiterGuard {
                             group: Arc::clone(group),
                             flight,
@@ -297,6 +300,7 @@ where
     fn poll_wait(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Waited<V, W>> {
         let WaitProj {
             rx,
+            clock,
             guard,
             work,
             since,
@@ -306,7 +310,10 @@ where
         let _entered = span.enter();
         let msg = match Pin::new(rx).poll(cx) {
             Poll::Ready(msg) => msg,
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => match clock.as_mut().map(|c| c.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Ok((Msg::Expired, Instant::now())),
+                _ => return Poll::Pending,
+            },
         };
         if let Ok((Msg::Expired, at)) = &msg {
             // Its wait timeout, or its own deadline, whichever came first.

@@ -1,6 +1,9 @@
 //! Behaviour of the local single-flight layer (paused tokio time, but for
 //! one test that needs a thread blocked in real time).
 
+mod support;
+use support::paused_runtime;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -661,15 +664,6 @@ async fn metrics_count_owners_and_waiters() {
     assert_eq!(get("singleflight_local_owner_total"), Some(1));
     assert_eq!(get("singleflight_local_waiter_total"), Some(4));
     let _ = BoxError::from("unused");
-}
-
-/// A runtime with paused time, for tests that enter it under a recorder.
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
 }
 
 #[test]

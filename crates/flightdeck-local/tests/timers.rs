@@ -3,6 +3,9 @@
 //! arrival), a leader polled from another task is woken there, and a
 //! layer that outlives a runtime keeps its clocks on the next one.
 
+mod support;
+use support::paused_runtime;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
@@ -23,6 +26,19 @@ type Answer = Result<Shareable<String, String>, BoxError>;
 fn hung() -> impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = Answer> + Send>> + Send + 'static
 {
     || Box::pin(std::future::pending())
+}
+
+/// What a leader of hung work gets on a new paused runtime (`Err`: it
+/// was still waiting after 10 s).
+fn hung_on_a_new_runtime(
+    flights: &LocalFlights<String>,
+    name: &str,
+) -> Result<(&'static str, u128, Option<Duration>), tokio::time::error::Elapsed> {
+    paused_runtime().block_on(async move {
+        let start = Instant::now();
+        let run = flights.run(&key(name), Caller::new(), hung());
+        tokio::time::timeout(Duration::from_secs(10), outcome(start, run)).await
+    })
 }
 
 /// What a caller got, and when (ms after `start`).
@@ -112,15 +128,8 @@ fn clocks_survive_their_runtime() {
     let flights = Arc::new(LocalFlights::<String>::new(
         FlightPolicy::new().wait_timeout(Some(Duration::from_secs(3))),
     ));
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    };
     let f = flights.clone();
-    let got = runtime().block_on(async move {
+    let got = paused_runtime().block_on(async move {
         let start = Instant::now();
         let at = |ms| Some(start + Duration::from_millis(ms));
         // Still waiting when the runtime goes (its expiry at 2 s).
@@ -138,11 +147,77 @@ fn clocks_survive_their_runtime() {
         got.expect("no deadline on the first runtime"),
         ("deadline", 1000, None)
     );
-    let got = runtime().block_on(async move {
-        let start = Instant::now();
-        let run = flights.run(&key("second"), Caller::new(), hung());
-        tokio::time::timeout(Duration::from_secs(10), outcome(start, run)).await
-    });
+    let got = hung_on_a_new_runtime(&flights, "second");
     let got = got.expect("no wait timeout on the second runtime");
     assert_eq!(got, ("wait timeout", 3000, Some(Duration::from_secs(3))));
+}
+
+/// A flight whose leader was first polled outside any runtime (nothing
+/// can fire there), then flights on a runtime: their clocks still fire.
+/// The first expiry must not be taken for a timer that somebody armed.
+#[test]
+fn clocks_fire_after_a_poll_outside_any_runtime() {
+    let flights = Arc::new(LocalFlights::<String>::new(
+        FlightPolicy::new().wait_timeout(Some(Duration::from_secs(3))),
+    ));
+    let mut outside = Box::pin(flights.run(&key("outside"), Caller::new(), hung()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(outside.as_mut().poll(&mut cx).is_pending());
+    drop(outside);
+    let got = hung_on_a_new_runtime(&flights, "inside");
+    let got = got.expect("the leader's wait timeout never fired");
+    assert_eq!(got, ("wait timeout", 3000, Some(Duration::from_secs(3))));
+}
+
+/// A caller with a deadline, polled outside any runtime: no panic (there
+/// is just no clock to leave on until a runtime polls it).
+#[test]
+fn a_deadline_outside_any_runtime_does_not_panic() {
+    let flights = LocalFlights::<String>::new(FlightPolicy::new());
+    let at = Some(Instant::now() + Duration::from_secs(1));
+    let mut outside = Box::pin(flights.run(&key("outside"), Caller::new().deadline(at), hung()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(outside.as_mut().poll(&mut cx).is_pending());
+}
+
+/// The group's timer task started on a runtime that is still there but
+/// no longer driven (its `block_on` returned): flights on another runtime
+/// still leave on time.
+#[test]
+fn clocks_fire_while_the_first_runtime_idles() {
+    let flights = Arc::new(LocalFlights::<String>::new(
+        FlightPolicy::new().wait_timeout(Some(Duration::from_secs(3))),
+    ));
+    let first = paused_runtime();
+    let f = flights.clone();
+    let got = first.block_on(async move {
+        let start = Instant::now();
+        let run = f.run(&key("first"), Caller::new(), hung());
+        tokio::time::timeout(Duration::from_secs(10), outcome(start, run)).await
+    });
+    assert_eq!(
+        got.unwrap(),
+        ("wait timeout", 3000, Some(Duration::from_secs(3)))
+    );
+    // A leader and a waiter of one flight on the second runtime.
+    let got = paused_runtime().block_on(async move {
+        let start = Instant::now();
+        let leader = flights.run(&key("second"), Caller::new(), hung());
+        let leader = tokio::spawn(outcome(start, leader));
+        tokio::task::yield_now().await;
+        let deadline = Some(start + Duration::from_millis(1000));
+        let waiter = flights.run(&key("second"), Caller::new().deadline(deadline), hung());
+        let waiter = tokio::time::timeout(Duration::from_secs(10), outcome(start, waiter)).await;
+        let leader = tokio::time::timeout(Duration::from_secs(10), leader).await;
+        (waiter, leader.map(Result::unwrap))
+    });
+    assert_eq!(
+        got.0.expect("the waiter's deadline never fired"),
+        ("deadline", 1000, None)
+    );
+    assert_eq!(
+        got.1.expect("the leader's wait timeout never fired"),
+        ("wait timeout", 3000, Some(Duration::from_secs(3)))
+    );
+    drop(first);
 }

@@ -36,7 +36,7 @@ pin_project! {
         completion: Completion<V>,
         // The flight's deadline, when its leader had one (see
         // `Running::deadline`): checked, and moved on, when it fires.
-        deadline: Option<Pin<Box<Sleep>>>,
+        deadline: FlightDeadline,
         // The leader's clock, used while the leader polls (here rather
         // than in the leader's future, which callers move around).
         clock: LeaderClock,
@@ -83,11 +83,12 @@ where
                     // wait, and one lock for both.
                     let now = Instant::now();
                     let timeout = c.group.policy.wait_timeout;
-                    let timer = leader.and_then(|l| l.arm(timeout, now, cx.waker()));
+                    let timer =
+                        leader.and_then(|l| l.arm(timeout, now, cx, || c.group.serves_here()));
                     c.group
                         .pending(c.flight, now, timer.map(|at| (at, cx.waker())));
                 } else if let Some(l) = leader {
-                    l.rewake(c, cx.waker());
+                    l.rewake(c, cx);
                 }
                 if !out_of_time(this.deadline, c, cx) {
                     return Poll::Pending;
@@ -111,24 +112,42 @@ where
     }
 }
 
+/// The flight's deadline timer. Its `Sleep` is made by the first poll
+/// that leaves the work pending on a runtime: a flight done in its first
+/// poll needs none, and outside a runtime there is no clock to make one
+/// on (the deadline is then checked once a runtime polls the work).
+enum FlightDeadline {
+    None,
+    At(Instant),
+    Sleep(Pin<Box<Sleep>>),
+}
+
 /// Whether the flight's deadline has passed: when its timer fires, the
 /// flight's deadline is read again (callers who joined since may have
 /// extended it, or lifted it) and the timer moved on if need be.
 fn out_of_time<V: Clone + Send + Sync + 'static>(
-    deadline: &mut Option<Pin<Box<Sleep>>>,
+    deadline: &mut FlightDeadline,
     c: &Completion<V>,
     cx: &mut Context<'_>,
 ) -> bool {
     loop {
-        let Some(sleep) = deadline.as_mut() else {
-            return false;
+        let sleep = match deadline {
+            FlightDeadline::None => return false,
+            FlightDeadline::At(at) => {
+                if tokio::runtime::Handle::try_current().is_err() {
+                    return false;
+                }
+                *deadline = FlightDeadline::Sleep(Box::pin(tokio::time::sleep_until(*at)));
+                continue;
+            }
+            FlightDeadline::Sleep(sleep) => sleep,
         };
         if sleep.as_mut().poll(cx).is_pending() {
             return false;
         }
         match c.group.flight_deadline(c.flight) {
             Some(Some(at)) if at > Instant::now() => sleep.as_mut().reset(at),
-            Some(None) => *deadline = None,
+            Some(None) => *deadline = FlightDeadline::None,
             // Passed, or the flight ended already.
             _ => return true,
         }
@@ -142,6 +161,9 @@ pub(crate) struct LeaderClock {
     /// The leader's own deadline.
     deadline: Option<Instant>,
     state: ClockState,
+    /// Its own timer, when it runs on a runtime that the group's timers
+    /// do not serve (see `Group::serves_here`).
+    own: Option<Pin<Box<Sleep>>>,
 }
 
 #[derive(Clone, Copy)]
@@ -181,16 +203,19 @@ impl LeaderClock {
         Self {
             deadline,
             state: ClockState::Unarmed,
+            own: None,
         }
     }
 
     /// Arms the clock at `now`; returns when the group's timers must wake
-    /// `waker`.
+    /// `cx`'s waker (`None`: never, or the clock is its own: when
+    /// `served` says the group's timers do not serve this runtime).
     fn arm(
         &mut self,
         timeout: Option<std::time::Duration>,
         now: Instant,
-        waker: &Waker,
+        cx: &mut Context<'_>,
+        served: impl FnOnce() -> bool,
     ) -> Option<Instant> {
         match expiry_of(timeout, now, self.deadline) {
             Some((at, deadline)) => {
@@ -198,10 +223,16 @@ impl LeaderClock {
                     at,
                     since: now,
                     deadline,
-                    waker: waker_id(waker),
+                    waker: waker_id(cx.waker()),
                     fresh: true,
                 };
-                Some(at)
+                if served() {
+                    return Some(at);
+                }
+                let own = self.own.insert(Box::pin(tokio::time::sleep_until(at)));
+                // Registers the waker; `expired` reads the clock.
+                let _ = own.as_mut().poll(cx);
+                None
             }
             None => {
                 self.state = ClockState::Never;
@@ -210,8 +241,18 @@ impl LeaderClock {
         }
     }
 
-    /// The leader polls with `waker`: the timers get it if it is another.
-    fn rewake<V: Clone + Send + Sync + 'static>(&mut self, c: &Completion<V>, waker: &Waker) {
+    /// The leader polls with `cx`'s waker: the timers get it if it is
+    /// another (its own timer, every time).
+    fn rewake<V: Clone + Send + Sync + 'static>(
+        &mut self,
+        c: &Completion<V>,
+        cx: &mut Context<'_>,
+    ) {
+        if let Some(own) = &mut self.own {
+            let _ = own.as_mut().poll(cx);
+            return;
+        }
+        let waker = cx.waker();
         if let ClockState::Armed { waker: held, .. } = &mut self.state {
             let id = waker_id(waker);
             if *held != id {
@@ -275,7 +316,7 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
             Cell {
                 fut: fut(),
                 completion,
-                deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+                deadline: deadline.map_or(FlightDeadline::None, FlightDeadline::At),
                 clock: LeaderClock::new(deadline),
             },
         );

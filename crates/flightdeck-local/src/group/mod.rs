@@ -182,7 +182,12 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     return self.reject(&metrics, key, true);
                                 }
                                 let (tx, rx) = oneshot::channel();
-                                let expiry = self.expiry(now, caller.deadline);
+                                // A waiter on a runtime the group's timers
+                                // do not serve keeps its own clock.
+                                let (expiry, own) = match self.expiry(now, caller.deadline) {
+                                    Some(at) if !self.serves_here() => (None, Some(at)),
+                                    expiry => (expiry, None),
+                                };
                                 if let Some(at) = expiry {
                                     let i = joiners.senders.len();
                                     joiners.expiries.push(std::cmp::Reverse((at, i)));
@@ -201,7 +206,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     self.armed(at);
                                 }
                                 metrics.waiter();
-                                return Join::Waiter(id, metrics.keep(), rx, now);
+                                return Join::Waiter(id, metrics.keep(), rx, now, own);
                             }
                             // Past its TTL, a running flight finishes for its
                             // own callers and keeps its slot; a new flight, if

@@ -175,12 +175,14 @@ pub(crate) enum Join<V> {
     /// `Registry::kept`), whether its execution is timed, and the result
     /// it replaced.
     Leader(Leader<V>),
-    /// With the stage's metric handles and when it joined.
+    /// With the stage's metric handles, when it joined, and its expiry
+    /// when it keeps its own clock (see `Group::serves_here`).
     Waiter(
         FlightId,
         Option<Arc<StageMetrics>>,
         oneshot::Receiver<Letter<V>>,
         Instant,
+        Option<Instant>,
     ),
     Replay(V),
     Rejected(BoxError),

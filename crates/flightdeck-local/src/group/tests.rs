@@ -212,7 +212,7 @@ fn tokens_are_conserved_and_the_bound_is_exact() {
                         assert!(e.is::<TooManyFlights>());
                         assert_eq!(before, max, "rejected with {before} of {max}");
                     }
-                    Join::Waiter(id, _, _, _) => {
+                    Join::Waiter(id, _, _, _, _) => {
                         g.depart(id, false, false);
                     }
                     Join::Replay(_) => {}

@@ -22,6 +22,12 @@
 //! the wait timeout is the same for everybody) only reads `armed`. An
 //! entry is removed when its flight ends, under the lock that ends it.
 //!
+//! The driver runs on one runtime, the group's *home*: the first one
+//! that needed it, until it ends. A caller on another runtime keeps a
+//! tokio timer of its own instead ([`Group::serves_here`]): a home runtime
+//! that is no longer driven (its `block_on` returned) or is busy must
+//! never hold a caller of another runtime past its time.
+//!
 //! Without a tokio runtime nothing fires (there is no clock to wait on).
 //! The driver's sleep stays set for the earliest expiry it was armed for
 //! even when that flight ends first (it then fires once, finds nothing
@@ -33,7 +39,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, Weak};
+use std::sync::{Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
 use tokio::sync::oneshot;
@@ -54,6 +60,9 @@ pub(crate) struct Timers {
     /// When the driver fires next (`IDLE`: never). Lowered by whoever
     /// inserts an earlier entry; set by the driver when it has fired.
     armed: AtomicU64,
+    /// The runtime the driver runs on (see [`runtime_id`]); 0: none.
+    /// Written under `driver`'s lock.
+    home: AtomicU64,
     driver: Mutex<DriverState>,
 }
 
@@ -69,6 +78,7 @@ impl Timers {
         Self {
             base: Instant::now(),
             armed: AtomicU64::new(IDLE),
+            home: AtomicU64::new(0),
             driver: Mutex::default(),
         }
     }
@@ -110,6 +120,30 @@ pub(crate) fn expiry_of(
     }
 }
 
+/// A runtime's id as a number (never 0). `tokio::runtime::Id` only
+/// shows its number through `Hash` and `Display`.
+fn runtime_id(rt: &tokio::runtime::Handle) -> u64 {
+    use std::hash::{Hash, Hasher};
+    /// Keeps the one `u64` that `Id` hashes.
+    struct Number(u64);
+    impl Hasher for Number {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for &b in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(b);
+            }
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+    let mut n = Number(0);
+    rt.id().hash(&mut n);
+    n.0.max(1)
+}
+
 /// A waiter's expiry in its flight's heap: when, and the index of its
 /// channel.
 pub(crate) type WaiterExpiry = Reverse<(Instant, usize)>;
@@ -141,11 +175,15 @@ pub(crate) struct Timeline(VecDeque<(Instant, u64, u64)>);
 impl Timeline {
     fn insert(&mut self, at: Instant, id: u64, hash: u64) {
         let q = &mut self.0;
-        let i = match q.back() {
-            Some(last) if last.0 > at => q.partition_point(|e| e.0 <= at),
-            _ => q.len(),
-        };
-        q.insert(i, (at, id, hash));
+        match q.back() {
+            Some(last) if last.0 > at => {
+                let i = q.partition_point(|e| e.0 <= at);
+                q.insert(i, (at, id, hash));
+            }
+            // The common case (see above), without `insert`'s general
+            // shuffling.
+            _ => q.push_back((at, id, hash)),
+        }
     }
 
     fn remove(&mut self, at: Instant, id: u64) {
@@ -263,6 +301,47 @@ impl<V> Shard<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Group<V> {
+    /// Whether the group's timers serve a caller on the current runtime:
+    /// the driver runs on it, or starts on it now. Otherwise the caller
+    /// keeps a timer of its own (see the module docs). Outside a runtime:
+    /// yes (nothing fires there; the next driver fires every entry
+    /// first).
+    pub(crate) fn serves_here(&self) -> bool {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return true;
+        };
+        let here = runtime_id(&rt);
+        match self.timers.home.load(Ordering::Acquire) {
+            0 => {}
+            home => return home == here,
+        }
+        let driver = lock(&self.timers.driver);
+        if driver.running {
+            return self.timers.home.load(Ordering::Acquire) == here;
+        }
+        self.start_driver(driver, &rt, here);
+        true
+    }
+
+    /// Starts the driver on `rt` (whose id is `here`), which becomes home.
+    /// The lock is let go before the spawn: a runtime that is shutting
+    /// down drops the driver at once, and its drop takes the lock.
+    fn start_driver(
+        &self,
+        mut driver: MutexGuard<'_, DriverState>,
+        rt: &tokio::runtime::Handle,
+        here: u64,
+    ) {
+        driver.running = true;
+        self.timers.home.store(here, Ordering::Release);
+        drop(driver);
+        drop(rt.spawn(Driver {
+            group: self.me.clone(),
+            sleep: None,
+            fresh: true,
+        }));
+    }
+
     /// An entry no later than `at` was just added in a shard (after its
     /// lock was released): wakes (or starts) the driver if it sleeps past
     /// `at`.
@@ -273,26 +352,31 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         if nanos >= self.timers.armed.load(Ordering::SeqCst) {
             return;
         }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // `armed` promises that a driver fires by then. Outside a
+            // runtime only a running driver can keep that promise: with
+            // none, it is not made (the entry waits for the next driver,
+            // which fires every entry first). Under the lock, so that the
+            // driver cannot end between the check and the promise.
+            let driver = lock(&self.timers.driver);
+            if driver.running && self.timers.armed.fetch_min(nanos, Ordering::SeqCst) > nanos {
+                if let Some(w) = &driver.waker {
+                    w.wake_by_ref();
+                }
+            }
+            return;
+        };
         if self.timers.armed.fetch_min(nanos, Ordering::SeqCst) <= nanos {
             return;
         }
-        let mut driver = lock(&self.timers.driver);
+        let driver = lock(&self.timers.driver);
         if driver.running {
             if let Some(w) = &driver.waker {
                 w.wake_by_ref();
             }
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        driver.running = true;
-        drop(driver);
-        drop(rt.spawn(Driver {
-            group: self.me.clone(),
-            sleep: None,
-            fresh: true,
-        }));
+        self.start_driver(driver, &rt, runtime_id(&rt));
     }
 
     /// Fires what is due in every shard, then arms the driver for the
@@ -385,6 +469,7 @@ impl<V> Drop for Driver<V> {
             let mut d = lock(&group.timers.driver);
             d.running = false;
             d.waker = None;
+            group.timers.home.store(0, Ordering::Release);
             // So that the next entry, whenever it is due, starts one.
             group.timers.armed.store(IDLE, Ordering::SeqCst);
         }
