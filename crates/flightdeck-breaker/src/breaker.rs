@@ -33,10 +33,8 @@ const HALF_OPEN: u64 = 2;
 const RAMPING: u64 = 3;
 const FORCED_OPEN: u64 = 4;
 const FORCED_CLOSED: u64 = 5;
-/// The low byte of the state word: the state, plus this bit while an open
-/// breaker's wait is timed by a tokio timer (see [`Breaker::try_reject`]).
-const TIMED: u64 = 0x80;
-const TAG: u64 = 0x7f;
+/// The low byte of the state word: the state.
+const TAG: u64 = 0xff;
 
 /// Far enough to mean "until someone resets it", without overflowing.
 const FAR_FUTURE: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
@@ -350,18 +348,17 @@ impl Breaker {
         }
     }
 
-    /// Rejects a call if one atomic load can tell: the breaker is forced
-    /// open, or open with its wait timed by a tokio timer (set when it
-    /// opened inside a tokio runtime). Counted like a rejection by
-    /// [`try_acquire`](Self::try_acquire); no error is built.
+    /// Rejects a call if that is all there is to tell: the breaker is
+    /// forced open, or open and its wait not over (one atomic load and a
+    /// clock read: no lock, no error built). Counted like a rejection by
+    /// [`try_acquire`](Self::try_acquire).
     ///
     /// `false` says nothing about the call: ask `try_acquire`. This is the
     /// hot path of callers that have somewhere else to go while the breaker
-    /// is open (the facade's HYBRID mode runs locally). The timer ends the
-    /// wait within the timer wheel's resolution (1 ms) after
-    /// [`open_until`](Self::open_until), or, under paused test time, once
-    /// its task has run; `try_acquire` and [`state`](Self::state) read the
-    /// clock and see the end of the wait at once.
+    /// is open (the facade's HYBRID mode runs locally). It reads the clock
+    /// rather than trust the timer that ends the wait: that timer runs on
+    /// the runtime where the breaker opened, which may no longer be driven
+    /// while callers on another runtime ask.
     ///
     /// ```
     /// use flightdeck_breaker::{Breaker, BreakerConfig, Outcome};
@@ -374,14 +371,14 @@ impl Breaker {
     /// assert!(breaker.try_reject());
     /// let until = breaker.open_until().unwrap();
     /// tokio::time::sleep_until(until + std::time::Duration::from_millis(1)).await;
-    /// assert!(!breaker.try_reject(), "the timer ended the wait");
+    /// assert!(!breaker.try_reject(), "the wait is over");
     /// assert!(breaker.try_acquire().unwrap().is_probe());
     /// # }
     /// ```
     #[inline]
     pub fn try_reject(&self) -> bool {
-        let tag = self.core.word.load(Ordering::Acquire) & 0xff;
-        if tag == OPEN | TIMED || tag == FORCED_OPEN {
+        let tag = self.core.word.load(Ordering::Acquire) & TAG;
+        if tag == FORCED_OPEN || (tag == OPEN && self.core.still_open(Instant::now())) {
             self.core.count_rejection();
             true
         } else {
@@ -643,48 +640,23 @@ impl Core {
     }
 
     /// Inside a tokio runtime, a task ends the open wait at its deadline,
-    /// so that [`Breaker::try_reject`] need not read the clock. If the task
-    /// is dropped first (the runtime shuts down), the state word goes back
-    /// to "ask the clock". Called under the lock, right after the word was
-    /// stored: the drop guard therefore only touches the word (it may run
-    /// inside `spawn`, when the runtime is shutting down).
+    /// so that the transition (and its event) comes on time even when no
+    /// call asks. Nothing depends on it running: every caller reads the
+    /// clock, and the first one past the wait makes the same transition.
     fn time_open_wait(&self, inner: &Inner) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        struct Untime {
-            core: Weak<Core>,
-            word: u64,
-        }
-        impl Drop for Untime {
-            fn drop(&mut self) {
-                if let Some(core) = self.core.upgrade() {
-                    // Only if nothing happened since (same epoch, still timed).
-                    let _ = core.word.compare_exchange(
-                        self.word,
-                        self.word & !TIMED,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    );
-                }
-            }
-        }
-        let word = (inner.epoch << 8) | OPEN | TIMED;
-        self.word.store(word, Ordering::Release);
-        let untime = Untime {
-            core: self.me.clone(),
-            word,
-        };
+        let core = self.me.clone();
         let (epoch, until) = (inner.epoch, inner.open_until);
         drop(rt.spawn(async move {
             tokio::time::sleep_until(until).await;
-            if let Some(core) = untime.core.upgrade() {
+            if let Some(core) = core.upgrade() {
                 let mut inner = core.lock();
                 if inner.epoch == epoch {
                     core.advance_open(&mut inner, Instant::now());
                 }
             }
-            drop(untime);
         }));
     }
 

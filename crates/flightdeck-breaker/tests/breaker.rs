@@ -18,6 +18,11 @@ fn no_jitter() -> BreakerConfig {
     BreakerConfig::default().jitter(0.0, 0.0)
 }
 
+/// A breaker that opens on the first failure and waits `wait` in open.
+fn opens_on_one_failure(wait: Duration) -> Breaker {
+    Breaker::new("t", no_jitter().consecutive_failures(1).wait_in_open(wait)).unwrap()
+}
+
 fn fail(b: &Breaker, n: usize) {
     for _ in 0..n {
         b.try_acquire().expect("admitted").record(Outcome::Failure);
@@ -623,17 +628,12 @@ async fn threads_racing_in_half_open_get_exactly_the_probes() {
     assert!(permits.iter().all(|p| p.is_probe()));
 }
 
-/// While a tokio timer times the open wait, `try_reject` rejects with one
-/// load; the timer ends the wait, and probing starts as with the clock.
+/// While the breaker is open, `try_reject` rejects; the timer ends the
+/// wait on time (its transition comes without any caller asking), and
+/// probing starts as with the clock.
 #[tokio::test(start_paused = true)]
 async fn try_reject_rejects_while_a_timer_times_the_open_wait() {
-    let b = Breaker::new(
-        "t",
-        no_jitter()
-            .consecutive_failures(1)
-            .wait_in_open(Duration::from_secs(5)),
-    )
-    .unwrap();
+    let b = opens_on_one_failure(Duration::from_secs(5));
     assert!(!b.try_reject(), "closed");
     let mut events = b.subscribe();
     fail(&b, 1);
@@ -666,7 +666,7 @@ async fn try_reject_rejects_while_a_timer_times_the_open_wait() {
 }
 
 /// Without a runtime (or once the runtime that timed the wait is gone), the
-/// clock decides: `try_reject` says "ask", and `try_acquire` rejects until
+/// clock decides, for `try_reject` as for `try_acquire`: both reject until
 /// the wait has passed.
 #[test]
 fn without_a_timer_the_clock_decides() {
@@ -678,7 +678,7 @@ fn without_a_timer_the_clock_decides() {
     let b = Breaker::new("t", cfg()).unwrap();
     fail(&b, 1);
     assert_eq!(b.state(), CircuitState::Open);
-    assert!(!b.try_reject(), "no timer outside a runtime");
+    assert!(b.try_reject(), "the clock says open, no timer needed");
     assert!(b.try_acquire().is_err(), "the clock says open");
 
     let b = Breaker::new("t", cfg()).unwrap();
@@ -689,7 +689,10 @@ fn without_a_timer_the_clock_decides() {
     rt.block_on(async { fail(&b, 1) });
     assert!(b.try_reject(), "timed");
     drop(rt);
-    assert!(!b.try_reject(), "the timer went with its runtime");
+    assert!(
+        b.try_reject(),
+        "the timer went with its runtime; the clock says open"
+    );
     assert!(b.try_acquire().is_err(), "still open by the clock");
     assert_eq!(b.state(), CircuitState::Open);
 }
@@ -718,4 +721,33 @@ async fn trip_opens_now_and_probes_after_the_wait() {
     b.force_open();
     b.trip();
     assert_eq!(b.state(), CircuitState::ForcedOpen, "a forced state stays");
+}
+
+/// A breaker opened on a runtime that is still there but no longer driven
+/// (its `block_on` returned), then asked on another runtime once the wait
+/// is over: it does not reject (the first runtime's timer never runs, so
+/// it cannot be what ends the wait).
+#[test]
+fn the_wait_ends_on_time_while_the_runtime_that_opened_it_idles() {
+    let b = opens_on_one_failure(Duration::from_secs(5));
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let first = paused();
+    let until = first.block_on(async {
+        fail(&b, 1);
+        assert!(b.try_reject(), "open");
+        b.open_until().unwrap()
+    });
+    paused().block_on(async {
+        assert!(b.try_reject(), "still open");
+        tokio::time::sleep_until(until + Duration::from_millis(1)).await;
+        assert!(!b.try_reject(), "the wait is over");
+        assert!(b.try_acquire().unwrap().is_probe());
+    });
+    drop(first);
 }
