@@ -265,6 +265,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         // Until the token is known to hold no lease (or hands it to the
         // owner's lease keeper), dropping this flight releases it.
         let mut guard = TokenGuard::new(st, &cx);
+        // A subscription another follower here holds, shared before the
+        // first call: if this flight follows too, it needs no re-check.
+        let mut joined = st.backend.join_subscription(&cx.flight);
         let mut first = st
             .call(&cx, Op::Acquire, &mut guard, |b| {
                 b.acquire(&cx.flight, &cx.token, &cx.terms)
@@ -288,6 +291,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         let acquired = match first {
             Ok(a) => a,
             Err(e) => {
+                drop(joined);
                 // Given up: a lease this token may hold is released.
                 drop(guard);
                 return st.before_acquire(e, req, exec, fallback).await;
@@ -295,6 +299,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         };
         if !matches!(acquired, Acquired::Hit(_)) {
             st.missing(&cx);
+        }
+        if !matches!(acquired, Acquired::Follower { .. }) {
+            joined = None;
         }
         match acquired {
             Acquired::Hit(stored) => {
@@ -335,8 +342,17 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                     m.miss.increment(1);
                 });
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, role = "follower", "following flight");
-                let expired = matches!(acquired, Acquired::Expired { .. });
-                follow::follow(st, &cx, guard, generation, expired, req, exec, fallback).await
+                let first = follow::Following {
+                    generation,
+                    lease_remaining: match acquired {
+                        Acquired::Follower {
+                            lease_remaining, ..
+                        } => Some(lease_remaining),
+                        _ => None,
+                    },
+                    joined,
+                };
+                follow::follow(st, &cx, guard, first, req, exec, fallback).await
             }
         }
     }

@@ -1,5 +1,6 @@
-//! A follower's wait for another node's flight: subscribe, re-check, then
-//! wait for the completion notice (small results come inline) or poll with
+//! A follower's wait for another node's flight: subscribe, re-check (or
+//! neither, with a subscription shared before the first call), then wait
+//! for the completion notice (small results come inline) or poll with
 //! jitter; take the flight over when the owner's lease expires.
 //!
 //! A follower never runs the work while another node may hold the lease:
@@ -30,13 +31,24 @@ use crate::orphans::TokenGuard;
 /// The shortest pause between two re-checks of a follower.
 const MIN_POLL: Duration = Duration::from_millis(5);
 
-#[allow(clippy::too_many_arguments)]
+/// What the flight's first call answered, and what it shared.
+pub(crate) struct Following {
+    /// The generation followed.
+    pub(crate) generation: u64,
+    /// How long the owner's lease had left; `None` when it had run out
+    /// and takeover is not allowed (nothing to wait for).
+    pub(crate) lease_remaining: Option<Duration>,
+    /// A subscription shared before the first call
+    /// ([`Backend::join_subscription`]): no notice sent after that call
+    /// ran can be missed, so no re-check is needed.
+    pub(crate) joined: Option<Subscription>,
+}
+
 pub(crate) async fn follow<B, C, Req, E, P>(
     st: &Arc<State<B, C>>,
     cx: &Cx,
     mut guard: TokenGuard<'_, B, C>,
-    generation: u64,
-    expired: bool,
+    first: Following,
     req: Req,
     exec: E,
     fallback: &P,
@@ -57,7 +69,12 @@ where
     };
     let owner_gone =
         |generation| -> BoxError { Box::new(OwnerGone::new(Some(cx.stage.clone()), generation)) };
-    if expired {
+    let Following {
+        generation,
+        lease_remaining: first_lease,
+        joined,
+    } = first;
+    let Some(first_lease) = first_lease else {
         // The owner's lease ran out without a result, and takeover is not
         // allowed: nothing to wait for.
         return st
@@ -69,22 +86,26 @@ where
                 fallback,
             )
             .await;
-    }
-    // Subscribe first, then re-check: a completion published before the
-    // subscription is then seen by the re-check.
-    let mut sub: Option<Subscription> = match st
-        .timed(cx, Op::Subscribe, st.backend.subscribe(&cx.flight))
-        .await
-    {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(stage = %cx.stage, error = %e, "subscribe failed; following by polling");
-            None
-        }
+    };
+    let recheck_now = joined.is_none();
+    // Otherwise, subscribe first, then re-check: a completion published
+    // before the subscription is then seen by the re-check.
+    let mut sub: Option<Subscription> = match joined {
+        Some(s) => Some(s),
+        None => match st
+            .timed(cx, Op::Subscribe, st.backend.subscribe(&cx.flight))
+            .await
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(stage = %cx.stage, error = %e, "subscribe failed; following by polling");
+                None
+            }
+        },
     };
     let mut observed = generation;
-    let mut lease_remaining = policy.poll_interval_duration();
-    let mut recheck_now = true;
+    let mut lease_remaining = first_lease;
+    let mut recheck_now = recheck_now;
     loop {
         if !recheck_now {
             let poll = policy

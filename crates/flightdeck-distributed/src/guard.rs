@@ -208,7 +208,7 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         })
     }
 
-    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 #[cfg(test)]

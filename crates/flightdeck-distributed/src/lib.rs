@@ -17,7 +17,10 @@
 //!   write is fenced.
 //! - **follower**: subscribes, re-checks, then waits for the completion
 //!   notice or polls with jitter; when the owner's lease expires without a
-//!   commit, exactly one follower takes over.
+//!   commit, exactly one follower takes over. A follower of a flight that
+//!   another follower on the node follows shares its subscription, taken
+//!   before the first call ([`Backend::join_subscription`]), and needs no
+//!   re-check.
 //! - **hit**: replays the stored result (a cached failure of the owner is an
 //!   answer too: `RemoteFailure`).
 //!

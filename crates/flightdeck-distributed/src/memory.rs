@@ -633,4 +633,22 @@ impl Backend for MemoryBackend {
         });
         Box::pin(async move { res })
     }
+
+    /// A share of the flight's channel while another follower holds one:
+    /// notices are sent under the same lock, so it is in force at once.
+    fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
+        let channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let tx = channels.get(flight).filter(|tx| tx.receiver_count() > 0)?;
+        Some(Subscription::new(
+            tx.subscribe(),
+            Unsubscribe {
+                backend: self.clone(),
+                flight: *flight,
+            },
+        ))
+    }
 }

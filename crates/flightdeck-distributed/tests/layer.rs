@@ -192,6 +192,78 @@ async fn followers_poll_when_notices_are_lost() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+fn long_lease() -> LeaseTerms {
+    LeaseTerms {
+        lease: 3 * SEC,
+        state_ttl: 120 * SEC,
+        allow_takeover: true,
+    }
+}
+
+/// Commits `value` as generation 1's owner `tok` (another node's),
+/// inline for its followers.
+async fn commit_as(mem: &MemoryBackend, flight: &FlightId, tok: &OwnerToken, value: &str) {
+    let payload = flightdeck_distributed::Envelope::new(1 << 20, 1 << 20)
+        .seal(&PostcardCodec::<String>::new(), &value.to_owned())
+        .unwrap();
+    let args = CommitArgs {
+        payload,
+        ttl: 60 * SEC,
+        inline_below: 1 << 20,
+        state_ttl: 120 * SEC,
+    };
+    let done = mem.commit(flight, tok, 1, &args).await.unwrap();
+    assert_eq!(done, Committed::Committed);
+}
+
+/// Followers of a flight that another follower on this node subscribed to
+/// share that subscription, taken before their first call: one ACQUIRE
+/// each, no SUBSCRIBE and no re-check; a commit that lands right after a
+/// follower's ACQUIRE (before it starts to wait) still wakes it at once.
+#[tokio::test(start_paused = true)]
+async fn followers_share_a_subscription_in_force_and_send_one_acquire() {
+    let mem = MemoryBackend::new();
+    let flight = FlightId::of(&key_of("share", "x"));
+    let owner = OwnerToken::random();
+    let first = mem.acquire(&flight, &owner, &long_lease()).await.unwrap();
+    assert!(matches!(first, Acquired::Owner { generation: 1, .. }));
+    // The owner (another node) commits right after the 12th acquire
+    // through this node: the first follower's ACQUIRE and re-check, then
+    // the 10th follower that shares its subscription.
+    let acquires = Arc::new(AtomicUsize::new(0));
+    let (inner, n) = (mem.clone(), acquires.clone());
+    let b = Hooked::new(mem.clone()).after_acquire(move |flight| {
+        let (inner, owner, n) = (inner.clone(), owner.clone(), n.clone());
+        async move {
+            if n.fetch_add(1, Ordering::SeqCst) + 1 == 12 {
+                commit_as(&inner, &flight, &owner, "shared").await;
+            }
+        }
+    });
+    let calls = Arc::new(AtomicUsize::new(0));
+    let f = node(&b, "share", policy(), work(&calls, "v", SEC));
+    let started = Instant::now();
+    let follower = |f: &Svc| tokio::spawn(f.clone().oneshot("x".to_owned()));
+    let mut followers = vec![follower(&f)];
+    while mem.subscribers(&flight) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let before = mem.calls();
+    followers.extend((0..20).map(|_| follower(&f)));
+    for (i, h) in followers.into_iter().enumerate() {
+        assert_eq!(h.await.unwrap().unwrap(), "shared", "follower {i}");
+    }
+    assert_eq!(started.elapsed(), Duration::ZERO, "no wait for a poll");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let after = mem.calls();
+    // One ACQUIRE per sharing follower (the first follower's ACQUIRE and
+    // re-check came before `before`): the 10 before the commit follow,
+    // the 10 after it hit.
+    assert_eq!(after.acquire - before.acquire, 20, "{before:?} {after:?}");
+    assert_eq!(after.subscribe, 1, "only the first follower subscribed");
+    assert_eq!(mem.subscribers(&flight), 0, "every share released");
+}
+
 /// Publish-before-subscribe: the re-check after subscribing sees the
 /// result at once; no lost wakeup (invariant 5).
 #[tokio::test(start_paused = true)]
@@ -199,12 +271,7 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
     let mem = MemoryBackend::new();
     let flight = FlightId::of(&key_of("race", "x"));
     let tok = OwnerToken::random();
-    let terms = LeaseTerms {
-        lease: 3 * SEC,
-        state_ttl: 120 * SEC,
-        allow_takeover: true,
-    };
-    mem.acquire(&flight, &tok, &terms).await.unwrap();
+    mem.acquire(&flight, &tok, &long_lease()).await.unwrap();
     // The owner commits after the follower's acquire, before its subscribe.
     let owner = Arc::new(Mutex::new(Some(tok)));
     let inner = mem.clone();
@@ -214,17 +281,7 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
             let Some(tok) = owner.lock().unwrap().take() else {
                 return;
             };
-            let payload = flightdeck_distributed::Envelope::new(1 << 20, 1 << 20)
-                .seal(&PostcardCodec::<String>::new(), &"early".to_owned())
-                .unwrap();
-            let args = CommitArgs {
-                payload,
-                ttl: 60 * SEC,
-                inline_below: 1 << 20,
-                state_ttl: 120 * SEC,
-            };
-            let done = inner.commit(&flight, &tok, 1, &args).await.unwrap();
-            assert_eq!(done, Committed::Committed);
+            commit_as(&inner, &flight, &tok, "early").await;
         }
     });
     let calls = Arc::new(AtomicUsize::new(0));

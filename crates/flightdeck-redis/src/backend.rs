@@ -426,6 +426,7 @@ impl Backend for RedisBackend {
                             tx,
                             refs: 1,
                             on: None,
+                            joinable: false,
                         };
                         channels.insert(channel.clone(), ch);
                         (rx, true)
@@ -438,11 +439,25 @@ impl Backend for RedisBackend {
                 channel: channel.clone(),
             };
             if new {
+                let resyncs = subs.resyncs();
                 self.subscribe_on_owner(&channel, slot).await?;
+                subs.confirmed(&channel, resyncs);
             }
             drop(serial);
             Ok(Subscription::new(rx, guard))
         })
+    }
+
+    /// While another follower of the flight on this node holds a
+    /// confirmed subscription, and no reconnect (or moved slot) came
+    /// since: see [`Subs::join`]. Costs one atomic load when this node
+    /// follows nothing.
+    fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
+        let (rx, guard) = self.inner.subs.join(|| {
+            let [_, channel] = self.keys(flight);
+            channel
+        })?;
+        Some(Subscription::new(rx, guard))
     }
 }
 

@@ -2,9 +2,8 @@
 //! primaries), connected lazily and reconnected in the background, and
 //! waiting for them ([`RedisBackend::ready`]).
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use flightdeck_distributed::backend::BackendError;
@@ -90,12 +89,7 @@ impl RedisBackend {
         // NOSCRIPT and gets it with the call (see `eval`).
         let shas = std::array::from_fn(|i| fred::util::sha1_hash(&sources[i]));
         let cmd = config.command_timeout;
-        let subs = Arc::new(Subs {
-            channels: Mutex::new(HashMap::new()),
-            ops: Mutex::new(HashMap::new()),
-            timeout: cmd,
-            sharded,
-        });
+        let subs = Arc::new(Subs::new(cmd, sharded));
         let opts = settings.options();
         let mut tasks = Vec::new();
         let topology = if sharded {

@@ -39,7 +39,10 @@
 //! connection per server (per primary in a cluster); followers share the
 //! subscriber, reference-counted per channel, and it resubscribes after
 //! reconnects (a reconnect also makes every follower re-check, since
-//! pub/sub messages sent meanwhile are lost). Every command has a deadline
+//! pub/sub messages sent meanwhile are lost). A channel whose SUBSCRIBE
+//! Redis confirmed is shared by the node's later followers of the flight
+//! before their ACQUIRE, until the next reconnect: they send one ACQUIRE
+//! and no re-check. Every command has a deadline
 //! and is sent at most once (fred would otherwise replay in-flight
 //! commands after a reconnect); errors are classified as unavailable,
 //! protocol or outcome-unknown ([`classify`]).

@@ -2,6 +2,7 @@
 //! channels, notices fanned out to every follower of a flight.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -26,9 +27,25 @@ pub(crate) struct Subs {
     // Cluster: sharded pub/sub (SSUBSCRIBE/SPUBLISH), so a flight's
     // messages stay on the shard that owns its slot.
     pub(crate) sharded: bool,
+    // How many channels are joinable (see `Channel::joinable`): zero spares
+    // a flight's first call the lookup.
+    joinable: AtomicUsize,
+    // Counts resyncs: a SUBSCRIBE confirmed across one may not be in force.
+    resyncs: AtomicU64,
 }
 
 impl Subs {
+    pub(crate) fn new(timeout: Duration, sharded: bool) -> Self {
+        Self {
+            channels: Mutex::new(HashMap::new()),
+            ops: Mutex::new(HashMap::new()),
+            timeout,
+            sharded,
+            joinable: AtomicUsize::new(0),
+            resyncs: AtomicU64::new(0),
+        }
+    }
+
     pub(crate) async fn subscribe(
         &self,
         subscriber: &SubscriberClient,
@@ -69,6 +86,11 @@ pub(crate) struct Channel {
     /// The subscriber the channel was subscribed on (its server's), once
     /// it was: where the last follower's UNSUBSCRIBE goes.
     pub(crate) on: Option<SubscriberClient>,
+    /// Subscribed on the server (the SUBSCRIBE confirmed) with no resync
+    /// since: every message published from now on reaches `tx`, or a
+    /// resync does. Only then may a flight share it before its first call
+    /// ([`Subs::join`]).
+    pub(crate) joinable: bool,
 }
 
 /// The right to send SUBSCRIBE / UNSUBSCRIBE for one channel; see
@@ -135,10 +157,65 @@ impl Subs {
         }
     }
 
+    /// Messages may have been lost (a reconnect, a lagging dispatcher, a
+    /// moved slot): every follower re-checks, and no channel is joinable
+    /// again (a resubscription after a reconnect is not confirmed).
     pub(crate) fn resync_all(&self) {
-        for ch in self.channels().values() {
+        let mut channels = self.channels();
+        self.resyncs.fetch_add(1, Ordering::Relaxed);
+        for ch in channels.values_mut() {
+            ch.joinable = false;
             let _ = ch.tx.send(Notice::Resync);
         }
+        self.joinable.store(0, Ordering::Relaxed);
+    }
+
+    /// Where resyncs are now: pass it to [`confirmed`](Self::confirmed)
+    /// once the SUBSCRIBE sent after this is confirmed.
+    pub(crate) fn resyncs(&self) -> u64 {
+        let _channels = self.channels();
+        self.resyncs.load(Ordering::Relaxed)
+    }
+
+    /// Marks `channel`'s subscription confirmed on the server, unless a
+    /// resync came since `resyncs` (the subscription may have been lost
+    /// with a connection and not be in force again yet).
+    pub(crate) fn confirmed(&self, channel: &str, resyncs: u64) {
+        let mut channels = self.channels();
+        if self.resyncs.load(Ordering::Relaxed) != resyncs {
+            return;
+        }
+        if let Some(ch) = channels.get_mut(channel) {
+            if !ch.joinable {
+                ch.joinable = true;
+                self.joinable.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A share of `channel` if it is joinable (`None` otherwise): a
+    /// receiver created now gets every message dispatched from now on.
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        channel: impl FnOnce() -> String,
+    ) -> Option<(broadcast::Receiver<Notice>, SubGuard)> {
+        if self.joinable.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let channel = channel();
+        let rx = {
+            let mut channels = self.channels();
+            let ch = channels.get_mut(&channel).filter(|ch| ch.joinable)?;
+            ch.refs += 1;
+            ch.tx.subscribe()
+        };
+        Some((
+            rx,
+            SubGuard {
+                subs: Arc::clone(self),
+                channel,
+            },
+        ))
     }
 }
 
@@ -171,7 +248,12 @@ impl Drop for SubGuard {
         let last = {
             let mut channels = self.subs.channels();
             match channels.get_mut(&self.channel) {
-                Some(ch) if ch.refs <= 1 => channels.remove(&self.channel).and_then(|ch| ch.on),
+                Some(ch) if ch.refs <= 1 => channels.remove(&self.channel).and_then(|ch| {
+                    if ch.joinable {
+                        self.subs.joinable.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    ch.on
+                }),
                 Some(ch) => {
                     ch.refs -= 1;
                     None
@@ -203,12 +285,7 @@ mod tests {
     use super::*;
 
     fn subs() -> Subs {
-        Subs {
-            channels: Mutex::new(HashMap::new()),
-            ops: Mutex::new(HashMap::new()),
-            timeout: Duration::from_secs(1),
-            sharded: false,
-        }
+        Subs::new(Duration::from_secs(1), false)
     }
 
     #[tokio::test(start_paused = true)]

@@ -382,6 +382,100 @@ async fn owner_hit_and_follower_flights_keep_the_budget() {
     );
 }
 
+/// Waits (5 s at most) until the commands Redis ran since the last reset
+/// satisfy `done`, then 100 ms more, and returns them.
+async fn ran_until(
+    redis: &RedisServer,
+    done: impl Fn(&BTreeMap<String, u64>) -> bool,
+) -> BTreeMap<String, u64> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = ran(redis);
+        if done(&now) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return ran(redis);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still {now:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Followers on one node of a flight that another follower there
+/// subscribed to share its subscription: one ACQUIRE each, no SUBSCRIBE,
+/// no PING, no re-check. Once the subscriber's connection was cut (notices
+/// may have been lost, and fred's resubscription is not confirmed) nobody
+/// shares it any more: a new follower re-checks after subscribing.
+#[tokio::test]
+async fn followers_on_one_node_share_a_confirmed_subscription() {
+    let redis = RedisServer::start().unwrap();
+    let stage = StageName::new("share").unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    // Polls and heartbeats far apart: every count below is the protocol.
+    let policy = DistributedPolicy::new()
+        .lease(Duration::from_secs(30))
+        .heartbeat(Duration::from_secs(10))
+        .poll_interval(Duration::from_secs(20))
+        .wait_timeout(Duration::from_secs(30))
+        .call_timeout(Duration::from_secs(1));
+    let node = |b: RedisBackend| {
+        let (stage, calls, release) = (stage.clone(), calls.clone(), release.clone());
+        let layer = DistributedFlightLayer::new(
+            b,
+            policy.clone(),
+            CloneShare::<String>::new(),
+            PostcardCodec::<String>::new(),
+            move |req: &String| Some(FlightKey::from_bytes(stage.clone(), req)),
+        )
+        .unwrap();
+        layer.layer(service_fn(move |req: String| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let release = release.clone();
+            async move {
+                release.notified().await;
+                Ok::<_, Infallible>(format!("v:{req}"))
+            }
+        }))
+    };
+    let (a, b) = (node(backend(&redis).await), node(backend(&redis).await));
+    let owner = tokio::spawn(a.clone().oneshot("x".to_owned()));
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let follower = || tokio::spawn(b.clone().oneshot("x".to_owned()));
+    let scripts = |r: &BTreeMap<String, u64>| r.get("evalsha").copied().unwrap_or(0);
+
+    reset(&redis);
+    let mut followers = vec![follower()];
+    let first = ran_until(&redis, |r| scripts(r) >= 2).await;
+    assert_eq!(scripts(&first), 2, "ACQUIRE, then the re-check: {first:?}");
+    assert_eq!(first.get("subscribe"), Some(&1), "{first:?}");
+
+    reset(&redis);
+    followers.extend((0..10).map(|_| follower()));
+    let shared = ran_until(&redis, |r| scripts(r) >= 10).await;
+    assert_eq!(scripts(&shared), 10, "one ACQUIRE per follower: {shared:?}");
+    assert_eq!(shared.get("subscribe"), None, "{shared:?}");
+    assert_eq!(shared.get("ping"), None, "{shared:?}");
+
+    // The subscriber's connection is cut; every follower re-checks on
+    // the reconnect.
+    reset(&redis);
+    redis.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
+    ran_until(&redis, |r| scripts(r) >= 11).await;
+    reset(&redis);
+    followers.extend((0..5).map(|_| follower()));
+    let after = ran_until(&redis, |r| scripts(r) >= 10).await;
+    assert_eq!(scripts(&after), 10, "ACQUIRE and re-check each: {after:?}");
+
+    release.notify_one();
+    assert_eq!(owner.await.unwrap().unwrap(), "v:x");
+    for (i, f) in followers.into_iter().enumerate() {
+        assert_eq!(f.await.unwrap().unwrap(), "v:x", "follower {i}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// A rolling upgrade: nodes of the first layout (its scripts, run by
 /// hand) and of this one share one Redis and one prefix. Neither reads
 /// the other's keys: each replays only the results its own layout stored,

@@ -1,7 +1,8 @@
 //! A [`Backend`] wrapper that runs a hook before calls, to force races
 //! deterministically (e.g. "the owner commits between the follower's
-//! acquire and its subscribe": publish before subscribe), and can lose the
-//! replies of acquires that did happen (an ambiguous acquire).
+//! acquire and its subscribe": publish before subscribe) or after them
+//! ("the owner commits right after the follower's acquire"), and can lose
+//! the replies of acquires that did happen (an ambiguous acquire).
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,6 +42,7 @@ type Hook = Arc<dyn Fn(FlightId) -> Pin<Box<dyn Future<Output = ()> + Send>> + S
 pub struct Hooked<B> {
     inner: B,
     before_subscribe: Option<Hook>,
+    after_acquire: Option<Hook>,
     lose_acquire_replies: Arc<AtomicUsize>,
 }
 
@@ -50,6 +52,7 @@ impl<B> Hooked<B> {
         Self {
             inner,
             before_subscribe: None,
+            after_acquire: None,
             lose_acquire_replies: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -71,6 +74,17 @@ impl<B> Hooked<B> {
         self
     }
 
+    /// Runs `hook(flight)` to completion after every `acquire` (and
+    /// re-check) that reached the backend, before its answer is returned.
+    pub fn after_acquire<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(FlightId) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.after_acquire = Some(Arc::new(move |f| Box::pin(hook(f))));
+        self
+    }
+
     /// The wrapped backend.
     pub fn get_ref(&self) -> &B {
         &self.inner
@@ -82,6 +96,7 @@ impl<B: fmt::Debug> fmt::Debug for Hooked<B> {
         f.debug_struct("Hooked")
             .field("inner", &self.inner)
             .field("before_subscribe", &self.before_subscribe.is_some())
+            .field("after_acquire", &self.after_acquire.is_some())
             .finish()
     }
 }
@@ -94,7 +109,11 @@ impl<B: Backend> Backend for Hooked<B> {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
-            let answer = self.inner.acquire(flight, token, terms).await?;
+            let answer = self.inner.acquire(flight, token, terms).await;
+            if let Some(hook) = &self.after_acquire {
+                hook(*flight).await;
+            }
+            let answer = answer?;
             let lose = self
                 .lose_acquire_replies
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -117,5 +136,14 @@ impl<B: Backend> Backend for Hooked<B> {
             }
             self.inner.subscribe(flight).await
         })
+    }
+
+    /// Only without a `before_subscribe` hook: a shared subscription would
+    /// skip it.
+    fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
+        match self.before_subscribe {
+            Some(_) => None,
+            None => self.inner.join_subscription(flight),
+        }
     }
 }

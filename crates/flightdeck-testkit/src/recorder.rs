@@ -524,5 +524,5 @@ impl<B: Backend> Backend for Recorder<B> {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => abandon, invalidate, subscribe, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck_distributed::forward_backend!(inner => abandon, invalidate, subscribe, join_subscription, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }

@@ -108,6 +108,14 @@ macro_rules! forward_backend {
                         $crate::Backend::shard($crate::forward_backend!(@via self $via), flight)
         }
     };
+    (@one $via:tt join_subscription) => {
+        fn join_subscription(
+            &self,
+            flight: &$crate::FlightId,
+        ) -> ::std::option::Option<$crate::backend::Subscription> {
+            $crate::Backend::join_subscription($crate::forward_backend!(@via self $via), flight)
+        }
+    };
     (@one $via:tt recheck) => {
         fn recheck<'a>(
             &'a self,

@@ -190,6 +190,22 @@ pub trait Backend: Send + Sync + 'static {
     /// flight, so a notice sent in between is not missed.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription>;
 
+    /// A share of a subscription to the flight's notices that is already
+    /// in force (another follower of the flight on this node holds one),
+    /// without a call: it delivers every notice sent from now on, or a
+    /// [`Notice::Resync`] where some may have been lost. Taken before the
+    /// flight's first call, it spares a follower the subscribe and the
+    /// re-check after it: a notice sent after that call ran cannot be
+    /// missed. `None` when there is none to share (the default): the
+    /// follower subscribes, then re-checks.
+    ///
+    /// A wrapper that changes what [`subscribe`](Self::subscribe) does
+    /// must not forward this to a backend that ignores the change.
+    fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
+        let _ = flight;
+        None
+    }
+
     /// Whether flights are spread over shards (see [`shard`](Self::shard)).
     /// `false` by default: every flight is on [`Shard::WHOLE`], and a caller
     /// need not name a flight to ask [`reject_early`](Self::reject_early).
@@ -296,5 +312,5 @@ pub trait Backend: Send + Sync + 'static {
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, release, reject_early, recheck, shard, sharded, shards, unreachable, invalidated_since, wait_replicas, call_timeout_hint);
+    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, recheck, shard, sharded, shards, unreachable, invalidated_since, wait_replicas, call_timeout_hint);
 }

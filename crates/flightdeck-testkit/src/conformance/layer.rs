@@ -149,7 +149,7 @@ impl<B: Backend> Backend for SlowCommits<B> {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// The owner's first commit attempt fails after 280 ms and its second
