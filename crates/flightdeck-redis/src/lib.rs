@@ -37,9 +37,11 @@
 //!
 //! One [`RedisBackend`] holds one command connection and one subscriber
 //! connection per server (per primary in a cluster); followers share the
-//! subscriber, reference-counted per channel, and it resubscribes after
-//! reconnects (a reconnect also makes every follower re-check, since
-//! pub/sub messages sent meanwhile are lost). A channel whose SUBSCRIBE
+//! subscriber, reference-counted per channel. After a reconnect of the
+//! subscriber (pub/sub messages sent meanwhile are lost) every follower
+//! re-checks, the backend subscribes the channels again, confirmed, and
+//! every follower re-checks once more: a notice published before the
+//! new subscriptions took effect is not missed. A channel whose SUBSCRIBE
 //! Redis confirmed is shared by the node's later followers of the flight
 //! before their ACQUIRE, until the next reconnect: they send one ACQUIRE
 //! and no re-check. Every command has a deadline

@@ -299,11 +299,6 @@ impl Node {
         // missed.
         watch_link(&client, &link, true, changed, &mut tasks);
         watch_link(&subscriber, &link, false, changed, &mut tasks);
-        // Resubscribe every tracked channel after a reconnect.
-        let manage = subscriber.manage_subscriptions();
-        tasks.push(tokio::spawn(async move {
-            let _ = manage.await;
-        }));
         let mut messages = subscriber.message_rx();
         let dispatch = subs.clone();
         tasks.push(tokio::spawn(async move {
@@ -315,12 +310,16 @@ impl Node {
                 }
             }
         }));
-        // Messages sent while disconnected are lost: re-check on reconnect.
+        // Messages sent while disconnected are lost: re-check on reconnect,
+        // resubscribe this subscriber's channels, and re-check again once
+        // Redis confirmed them (see `Subs::resubscribe`).
         let mut reconnects = subscriber.reconnect_rx();
-        let resync = subs.clone();
+        let (resync, on) = (subs.clone(), subscriber.clone());
         tasks.push(tokio::spawn(async move {
             while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = reconnects.recv().await
             {
+                resync.resync_all();
+                resync.resubscribe(&on).await;
                 resync.resync_all();
             }
         }));

@@ -67,6 +67,39 @@ impl Subs {
         }
     }
 
+    /// After `subscriber` reconnected: (S)SUBSCRIBEs again, confirmed,
+    /// every channel subscribed on it; the caller then resyncs again, so
+    /// that a notice published before this took effect is re-checked.
+    /// fred's own resubscription (`manage_subscriptions`) is not used: it
+    /// reports the reconnect before its SUBSCRIBE is even sent (a notice
+    /// published in between was lost with no resync after it), and with
+    /// sharded channels it sends an empty SUBSCRIBE that Redis refuses,
+    /// and stops. A channel that fails here stays as it is (its followers
+    /// poll); the next reconnect tries again.
+    pub(crate) async fn resubscribe(&self, subscriber: &SubscriberClient) {
+        let id = subscriber.id();
+        let on_it: Vec<String> = self
+            .channels()
+            .iter()
+            .filter(|(_, ch)| ch.on.as_ref().is_some_and(|on| on.id() == id))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for channel in on_it {
+            let _serial = self.serial(&channel).await;
+            // Left meanwhile (its UNSUBSCRIBE, if any, waited for us).
+            if !self.channels().contains_key(&channel) {
+                continue;
+            }
+            let again = self.subscribe(subscriber, channel.clone());
+            let error = match tokio::time::timeout(self.timeout, again).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {:?}", self.timeout),
+            };
+            tracing::warn!(%channel, %error, "resubscription after a reconnect failed; its followers poll");
+        }
+    }
+
     pub(crate) async fn unsubscribe(
         &self,
         subscriber: &SubscriberClient,
@@ -205,7 +238,11 @@ impl Subs {
         let channel = channel();
         let rx = {
             let mut channels = self.channels();
-            let ch = channels.get_mut(&channel).filter(|ch| ch.joinable)?;
+            // Its subscriber's connection up: a dead one would not say so
+            // to a follower that shares it.
+            let ch = channels
+                .get_mut(&channel)
+                .filter(|ch| ch.joinable && ch.on.as_ref().is_some_and(|on| on.is_connected()))?;
             ch.refs += 1;
             ch.tx.subscribe()
         };
