@@ -20,7 +20,7 @@ use crate::group::detach::{Expiry, Work};
 use crate::group::slot::{FlightId, Join};
 use crate::group::timers::expiry_of;
 use crate::group::Group;
-use crate::metrics::StageMetrics;
+use crate::metrics::{StageMetrics, WaitTime};
 
 /// What a flight's work produces.
 pub(crate) type Produced<V, O> = Result<Shareable<V, O>, BoxError>;
@@ -328,11 +328,10 @@ where
         let metrics = guard.metrics();
         // Until the result was sent (no clock read per waiter), or, when
         // the flight ended without a word, until now.
-        let waited = match &msg {
-            Ok((_, sent)) => sent.saturating_duration_since(*since),
-            Err(_) => since.elapsed(),
-        };
-        metrics.waited(waited.as_secs_f64());
+        metrics.waited(WaitTime {
+            since: *since,
+            sent: msg.as_ref().ok().map(|(_, sent)| *sent),
+        });
         // Built only on the error paths: 10,000 waiters cloning one shared
         // name from two threads is a contended atomic apiece.
         let stage = || Some(metrics.stage.clone());
