@@ -124,14 +124,23 @@ impl<V> Board<V> {
 impl<V: Clone> Board<V> {
     /// Polls waiter `i`: its message once the flight ended or its time was
     /// up.
+    #[inline]
     pub(crate) fn poll(
         &self,
         i: usize,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Letter<V>, Abandoned>> {
-        if let Some(told) = self.told.get() {
-            return Poll::Ready(self.read(i, told));
+        match self.told.get() {
+            // The fan-out's path: woken once the outcome is posted.
+            Some(told) => Poll::Ready(self.read(i, told)),
+            None => self.register(i, cx),
         }
+    }
+
+    /// Polls waiter `i` before the outcome was seen: under the lock, its
+    /// waker is kept unless the outcome was posted or its time is up.
+    #[inline(never)]
+    fn register(&self, i: usize, cx: &mut Context<'_>) -> Poll<Result<Letter<V>, Abandoned>> {
         let mut state = lock(&self.state);
         // Posted meanwhile (the outcome is set under the lock).
         if let Some(told) = self.told.get() {
@@ -155,6 +164,7 @@ impl<V: Clone> Board<V> {
     }
 
     /// Waiter `i`'s message of the posted outcome.
+    #[inline]
     fn read(&self, i: usize, (told, at): &(Told<V>, Instant)) -> Result<Letter<V>, Abandoned> {
         if self.any_expired.load(Ordering::Acquire) {
             if let Some(at) = lock(&self.state).expired(i) {
