@@ -1,10 +1,13 @@
 //! The synchronization core: the in-flight map, one slot per flight.
 //!
-//! A flight's whole state (its waiters' board, how many callers are
-//! left, its abort handle) lives in its slot, under its shard's lock: one
-//! lock, no per-flight allocation, no lock order to get wrong. Callers name
-//! their flight by `(hash, id)`: `id` comes from a counter of the shard,
-//! so it is never reused within the shard that the hash picks.
+//! A flight's whole state (how many callers are left, its abort handle,
+//! its waiters' expiries) lives in its slot, under its shard's lock: one
+//! lock, no per-flight allocation for a flight without waiters. Its
+//! waiters, once it has some, read its outcome from a board of their own
+//! (see [`board`]), whose lock is taken under a shard's (by the timers)
+//! or alone, never the other way round. Callers name their flight by
+//! `(hash, id)`: `id` comes from a counter of the shard, so it is never
+//! reused within the shard that the hash picks.
 //!
 //! A flight ends exactly once, and whoever ends it removes its slot under
 //! the lock and then does the bookkeeping (count, gauge, delivery). A
