@@ -14,7 +14,20 @@
 //! `cargo bench -p flightdeck-benches --bench fanout` (add `-- 1000` for
 //! another waiter count). `FANOUT_ROUNDS=n` sets the rounds (default 5;
 //! each implementation's median is printed), `FANOUT_ONLY=<name>` runs one
-//! implementation alone (for a profiler).
+//! implementation alone (for a profiler), `FANOUT_MEMORY=0` skips the
+//! memory figures (their 20,000 callers only add to a profile).
+//!
+//! For callgrind, the work's completion and the end of each round's joins
+//! call two marker functions, so that the counts from one to the other
+//! (the wake of every waiter, and the joins of their tasks) come apart:
+//!
+//! ```sh
+//! FANOUT_MEMORY=0 FANOUT_ROUNDS=1 FANOUT_ONLY=flightdeck_local valgrind \
+//!   --tool=callgrind --dump-before='fanout::mark_done' \
+//!   --dump-before='fanout::mark_joined' <fanout binary>
+//! ```
+//!
+//! The dump that begins at `mark_done` holds the wake.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -67,6 +80,7 @@ impl Probe {
         tokio::time::sleep(WORK - SETTLE).await;
         *self.cpu_at_done.lock().unwrap() = Some(cpu_time());
         *self.done_at.lock().unwrap() = Some(Instant::now());
+        mark_done();
         42
     }
 
@@ -74,6 +88,19 @@ impl Probe {
         let n = base.elapsed().as_nanos() as u64;
         self.last_wake_nanos.fetch_max(n, Ordering::SeqCst);
     }
+}
+
+/// The work is done (a mark for callgrind's `--dump-before`).
+#[inline(never)]
+fn mark_done() {
+    std::hint::black_box(1u8);
+}
+
+/// Every task of the round has been joined (a mark, as `mark_done`).
+#[inline(never)]
+fn mark_joined() {
+    // Not the same body as `mark_done`'s, which LLVM would merge.
+    std::hint::black_box(2u8);
 }
 
 struct Row {
@@ -103,6 +130,7 @@ async fn run(name: &'static str, round: u64, waiters: usize, call: Call) -> Row 
     for t in tasks {
         assert_eq!(t.await.unwrap(), 42);
     }
+    mark_joined();
     let done_at = probe.done_at.lock().unwrap().expect("work ran");
     let last_wake = base + Duration::from_nanos(probe.last_wake_nanos.load(Ordering::SeqCst));
     let settle = probe.cpu_at_settle.lock().unwrap().unwrap();
@@ -207,7 +235,9 @@ fn main() {
     rt.block_on(async move {
         // First, on a fresh heap: freed memory of the runs below would be
         // reused without growing the RSS.
-        memory().await;
+        if std::env::var("FANOUT_MEMORY").as_deref() != Ok("0") {
+            memory().await;
+        }
         let stage = StageName::new("fanout").unwrap();
         let ours = LocalFlightLayer::with_key(
             FlightPolicy::new().max_waiters(waiters + 1),

@@ -16,8 +16,9 @@
 //! - **Panics** in the work become [`WorkPanicked`] for every caller, the
 //!   leader included (the panic is caught, it does not unwind through the
 //!   caller), and the key is free again at once.
-//! - **Event-driven waiting.** Waiters sleep on a channel and are woken
-//!   once; 10,000 waiters cost memory, not CPU.
+//! - **Event-driven waiting.** Waiters sleep on their flight's board,
+//!   where its outcome is posted once, and are woken once; 10,000 waiters
+//!   cost memory, not CPU.
 //! - **Four clocks** (see [`FlightPolicy`]): wait timeout, flight TTL,
 //!   replay TTL, and the execution budget (not ours).
 //!   The callers' clocks (wait timeout, own deadline) arm no timer per

@@ -9,18 +9,18 @@ use std::task::{Context, Poll};
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, Unshareable};
 use pin_project_lite::pin_project;
-use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 use tracing::Instrument;
 
 use crate::flights::{Caller, FlightWork};
+use crate::group::board::Board;
 use crate::group::completion::Completion;
-use crate::group::delivery::{Letter, Msg, Outcome};
+use crate::group::delivery::{Msg, Outcome};
 use crate::group::detach::{Expiry, Work};
 use crate::group::slot::{FlightId, Join};
 use crate::group::timers::expiry_of;
 use crate::group::Group;
-use crate::metrics::StageMetrics;
+use crate::metrics::{StageMetrics, WaitTime};
 
 /// What a flight's work produces.
 pub(crate) type Produced<V, O> = Result<Shareable<V, O>, BoxError>;
@@ -59,7 +59,7 @@ type Alone<V, O> = Pin<Box<dyn Future<Output = Result<Answer<V, O>, BoxError>> +
 pin_project! {
     /// The future of one caller of [`LocalFlights::run`](crate::LocalFlights::run).
     ///
-    /// Waiting is event-driven: a waiter sleeps on a oneshot channel (and
+    /// Waiting is event-driven: a waiter sleeps on its flight's board (and
     /// on its timer) and is woken exactly once, when the flight ends. The
     /// leader polls the work itself; dropped (or out of time) before the
     /// work finished, it hands the work to a task of its own when others
@@ -111,9 +111,8 @@ pin_project! {
         V: 'static,
     {
         // Its expiry is in the flight (see `group::timers`): when its time
-        // is up, this channel says so. On a runtime the group's timers do
-        // not serve, its own clock says so instead.
-        rx: oneshot::Receiver<Letter<V>>,
+        // is up, its flight's board (in `guard`) says so. On a runtime the
+        // group's timers do not serve, its own clock says so instead.
         clock: Option<Pin<Box<Sleep>>>,
         guard: WaiterGuard<V>,
         work: Option<W>,
@@ -164,16 +163,17 @@ where
             Join::Rejected(err) => State::Ready {
                 out: Some(Err(err)),
             },
-            Join::Waiter(flight, metrics, rx, since, own) => {
+            Join::Waiter(flight, metrics, (board, seat), since, own) => {
                 work.waiting();
                 State::Waiting {
                     wait: Box::pin(Wait {
-                        rx,
                         clock: own.map(|at| Box::pin(tokio::time::sleep_until(at))),
                         guard: WaiterGuard {
                             group: Arc::clone(group),
                             flight,
                             metrics,
+                            board,
+                            seat,
                             armed: true,
                         },
                         work: Some(work),
@@ -299,7 +299,6 @@ where
     /// Polls a waiter: its answer, or its work when it must run its own.
     fn poll_wait(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Waited<V, W>> {
         let WaitProj {
-            rx,
             clock,
             guard,
             work,
@@ -308,7 +307,7 @@ where
             span,
         } = self.project();
         let _entered = span.enter();
-        let msg = match Pin::new(rx).poll(cx) {
+        let msg = match guard.board.poll(guard.seat, cx) {
             Poll::Ready(msg) => msg,
             Poll::Pending => match clock.as_mut().map(|c| c.as_mut().poll(cx)) {
                 Some(Poll::Ready(())) => Ok((Msg::Expired, Instant::now())),
@@ -329,11 +328,10 @@ where
         let metrics = guard.metrics();
         // Until the result was sent (no clock read per waiter), or, when
         // the flight ended without a word, until now.
-        let waited = match &msg {
-            Ok((_, sent)) => sent.saturating_duration_since(*since),
-            Err(_) => since.elapsed(),
-        };
-        metrics.waited(waited.as_secs_f64());
+        metrics.waited(WaitTime {
+            since: *since,
+            sent: msg.as_ref().ok().map(|(_, sent)| *sent),
+        });
         // Built only on the error paths: 10,000 waiters cloning one shared
         // name from two threads is a contended atomic apiece.
         let stage = || Some(metrics.stage.clone());
@@ -374,6 +372,9 @@ struct WaiterGuard<V: Clone + Send + Sync + 'static> {
     flight: FlightId,
     /// `None`: the group's first stage.
     metrics: Option<Arc<StageMetrics>>,
+    /// Where it is told, and its index there.
+    board: Arc<Board<V>>,
+    seat: usize,
     armed: bool,
 }
 
@@ -386,6 +387,7 @@ impl<V: Clone + Send + Sync + 'static> WaiterGuard<V> {
     fn left(&mut self, expiry: Expiry) -> BoxError {
         self.armed = false;
         let timed_out = matches!(expiry, Expiry::Waited(_));
+        self.board.leave(self.seat);
         self.group.depart(self.flight, timed_out, false);
         expiry_error(self.metrics(), expiry)
     }
@@ -394,6 +396,8 @@ impl<V: Clone + Send + Sync + 'static> WaiterGuard<V> {
 impl<V: Clone + Send + Sync + 'static> Drop for WaiterGuard<V> {
     fn drop(&mut self) {
         if self.armed {
+            // Its waker goes first: a flight it cancels wakes nobody.
+            self.board.leave(self.seat);
             self.group.depart(self.flight, false, false);
         }
     }

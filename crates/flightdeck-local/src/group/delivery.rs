@@ -1,12 +1,13 @@
 //! How a flight's outcome reaches its callers: the messages, and their
-//! delivery when the flight ends (a clone per waiter, the original to one
-//! caller only).
+//! delivery when the flight ends (posted once on the waiters' board, the
+//! original to one caller only).
 
 use std::any::Any;
 
 use flightdeck_core::{SharedError, Unshareable};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+use super::board::{Board, Told};
 
 /// What a caller receives.
 pub(crate) enum Msg<V> {
@@ -43,21 +44,6 @@ pub(crate) enum Outcome<V> {
     Expired,
 }
 
-impl<V: Clone> Outcome<V> {
-    /// A waiter's message of this outcome, when it has one (an unshared
-    /// original is the leader's: the waiter runs alone).
-    fn for_waiter(&self) -> Option<Msg<V>> {
-        match self {
-            Outcome::Value(v) => Some(Msg::Value(v.clone())),
-            Outcome::Error(e) => Some(Msg::Error(e.clone())),
-            Outcome::Panicked => Some(Msg::Panicked),
-            Outcome::Unshared(_, why) => Some(Msg::Unshared(*why)),
-            Outcome::Expired => Some(Msg::Expired),
-            Outcome::Abandoned => None,
-        }
-    }
-}
-
 impl<V> Outcome<V> {
     /// The message of this outcome for its one receiver (the unshared
     /// original included); `None` when the work was abandoned.
@@ -73,49 +59,41 @@ impl<V> Outcome<V> {
     }
 }
 
-/// Sends the outcome to the waiters; returns the leader's message when the
-/// leader is still there (`leader`). With nobody else waiting, a value
-/// moves to the leader uncloned.
+/// Posts the outcome on the waiters' board (when somebody may still read
+/// it: not every waiter's time was up); returns the leader's message when
+/// the leader is still there (`leader`). With nobody else waiting, a value
+/// moves to the leader uncloned; otherwise the leader's copy is made once
+/// the waiters are woken.
 pub(crate) fn deliver<V: Clone>(
-    senders: Vec<Option<oneshot::Sender<Letter<V>>>>,
+    board: Option<&Board<V>>,
     outcome: Outcome<V>,
     leader: bool,
 ) -> Option<Msg<V>> {
-    // A waiter whose time was up has been told already.
-    if senders.iter().all(Option::is_none) {
+    let Some(board) = board else {
         return if leader { outcome.into_msg() } else { None };
-    }
-    let senders = senders.into_iter().flatten();
+    };
     // Read once, and only when somebody waits.
     let at = Instant::now();
-    match outcome {
+    let (told, original) = match outcome {
+        Outcome::Value(v) => (Told::Value(v), None),
+        Outcome::Error(e) => (Told::Error(e), None),
+        Outcome::Panicked => (Told::Panicked, None),
         // The unshared original belongs to the leader; when the leader left,
-        // to the first waiter still there. Everybody else runs alone.
-        Outcome::Unshared(mut original, why) if !leader => {
-            for tx in senders {
-                let msg = match original.take() {
-                    Some(o) => Msg::Original(o),
-                    None => Msg::Unshared(why),
-                };
-                if let Err((Msg::Original(o), _)) = tx.send((msg, at)) {
-                    original = Some(o);
-                }
-            }
-            None
-        }
-        outcome => {
-            for tx in senders {
-                // Abandoned: dropping the senders tells the receivers.
-                let Some(msg) = outcome.for_waiter() else {
-                    break;
-                };
-                let _ = tx.send((msg, at));
-            }
-            if leader {
-                outcome.into_msg()
-            } else {
-                None
-            }
-        }
+        // to the first waiter that reads the outcome. Everybody else runs
+        // alone.
+        Outcome::Unshared(original, why) => (Told::Unshared(why), original),
+        Outcome::Expired => (Told::Expired, None),
+        Outcome::Abandoned => (Told::Abandoned, None),
+    };
+    if !leader {
+        board.tell(told, at, original);
+        return None;
+    }
+    let unshared = matches!(told, Told::Unshared(_));
+    board.tell(told, at, None);
+    if unshared {
+        original.map(Msg::Original)
+    } else {
+        board.copy()
     }
 }

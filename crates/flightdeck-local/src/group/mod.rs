@@ -1,10 +1,13 @@
 //! The synchronization core: the in-flight map, one slot per flight.
 //!
-//! A flight's whole state (its waiters' channels, how many callers are
-//! left, its abort handle) lives in its slot, under its shard's lock: one
-//! lock, no per-flight allocation, no lock order to get wrong. Callers name
-//! their flight by `(hash, id)`: `id` comes from a counter of the shard,
-//! so it is never reused within the shard that the hash picks.
+//! A flight's whole state (how many callers are left, its abort handle,
+//! its waiters' expiries) lives in its slot, under its shard's lock: one
+//! lock, no per-flight allocation for a flight without waiters. Its
+//! waiters, once it has some, read its outcome from a board of their own
+//! (see [`board`]), whose lock is taken under a shard's (by the timers)
+//! or alone, never the other way round. Callers name their flight by
+//! `(hash, id)`: `id` comes from a counter of the shard, so it is never
+//! reused within the shard that the hash picks.
 //!
 //! A flight ends exactly once, and whoever ends it removes its slot under
 //! the lock and then does the bookkeeping (count, gauge, delivery). A
@@ -12,9 +15,11 @@
 //!
 //! The modules hold one concern each: [`slot`] what the map holds,
 //! [`tokens`] the `max_flights` bound, [`delivery`] how an outcome reaches
-//! the callers, [`completion`] the duty to deliver it exactly once, and
-//! [`detach`] the work that can move from its leader to a task.
+//! the callers, [`board`] where the waiters read it, [`completion`] the
+//! duty to deliver it exactly once, and [`detach`] the work that can move
+//! from its leader to a task.
 
+pub(crate) mod board;
 pub(crate) mod completion;
 pub(crate) mod delivery;
 pub(crate) mod detach;
@@ -30,10 +35,10 @@ use std::task::Waker;
 use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
 use flightdeck_core::FlightKey;
 use hashbrown::hash_table::{Entry, HashTable};
-use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use self::board::{Board, Teller};
 use self::delivery::{deliver, Msg, Outcome};
 use self::slot::{Expired, FlightId, Join, Leader, Place, Replay, Running, Shard, Slot, SlotState};
 use self::timers::{Timeline, Timers};
@@ -181,7 +186,9 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     drop(guard);
                                     return self.reject(&metrics, key, true);
                                 }
-                                let (tx, rx) = oneshot::channel();
+                                let board =
+                                    &joiners.board.get_or_insert_with(|| Teller(Board::new())).0;
+                                let seat = (Arc::clone(board), joiners.joined);
                                 // A waiter on a runtime the group's timers
                                 // do not serve keeps its own clock.
                                 let (expiry, own) = match self.expiry(now, caller.deadline) {
@@ -189,10 +196,9 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     expiry => (expiry, None),
                                 };
                                 if let Some(at) = expiry {
-                                    let i = joiners.senders.len();
-                                    joiners.expiries.push(std::cmp::Reverse((at, i)));
+                                    joiners.expiries.push(std::cmp::Reverse((at, seat.1)));
                                 }
-                                joiners.senders.push(Some(tx));
+                                joiners.joined += 1;
                                 joiners.live += 1;
                                 r.deadline = match (r.deadline, caller.deadline) {
                                     (Some(a), Some(b)) => Some(a.max(b)),
@@ -206,7 +212,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     self.armed(at);
                                 }
                                 metrics.waiter();
-                                return Join::Waiter(id, metrics.keep(), rx, now, own);
+                                return Join::Waiter(id, metrics.keep(), seat, now, own);
                             }
                             // Past its TTL, a running flight finishes for its
                             // own callers and keeps its slot; a new flight, if
@@ -497,7 +503,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 Some(until)
             }
             // Nothing left in the slot owns anything (its key holds no
-            // reference, its waiters' channels and the leader's waker were
+            // reference, its waiters' board and the leader's waker were
             // taken above): it is forgotten, not dropped, so that the
             // removal does not copy the whole slot out of the table only
             // to drop nothing.
@@ -516,7 +522,12 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             tracing::error!(stage = %metrics.stage, %key, "work panicked");
         }
         let leader = match joiners {
-            Some(j) => deliver(j.senders, outcome, j.leader_present),
+            // A waiter whose time was up has been told already: with every
+            // waiter's up, nobody reads the board.
+            Some(j) => {
+                let board = j.board.as_ref().filter(|_| j.expired < j.joined);
+                deliver(board.map(|b| &*b.0), outcome, j.leader_present)
+            }
             // Nobody joined: the leader takes the outcome as it is.
             None => outcome.into_msg(),
         };

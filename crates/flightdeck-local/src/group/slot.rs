@@ -8,11 +8,10 @@ use std::task::Waker;
 use flightdeck_core::metric::Generation;
 use flightdeck_core::{BoxError, FlightKey};
 use hashbrown::hash_table::HashTable;
-use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::delivery::Letter;
+use super::board::{Board, Teller};
 use super::timers::{Timeline, WaiterExpiry};
 use super::tokens::Tokens;
 use crate::metrics::StageMetrics;
@@ -67,9 +66,14 @@ pub(super) struct Running<V> {
 /// The part of a running flight that exists once somebody tried to join it
 /// (or was turned away by `max_waiters`), or the leader left.
 pub(super) struct Joiners<V> {
-    /// The waiters' channels; taken when a waiter's time is up.
-    pub(super) senders: Vec<Option<oneshot::Sender<Letter<V>>>>,
-    /// The waiters' expiries, earliest first, with their channels' index.
+    /// Where the waiters are told (from the first waiter on).
+    pub(super) board: Option<Teller<V>>,
+    /// Waiters that joined (the next one's index on the board).
+    pub(super) joined: usize,
+    /// Waiters whose time was up (told so on the board).
+    pub(super) expired: usize,
+    /// The waiters' expiries, earliest first, with their index on the
+    /// board.
     pub(super) expiries: BinaryHeap<WaiterExpiry>,
     /// Callers still waiting (leader included).
     pub(super) live: usize,
@@ -94,7 +98,9 @@ impl<V> Running<V> {
         // Without it, the flight has its leader alone.
         self.joiners.get_or_insert_with(|| {
             Box::new(Joiners {
-                senders: Vec::new(),
+                board: None,
+                joined: 0,
+                expired: 0,
                 expiries: BinaryHeap::new(),
                 live: 1,
                 keep: false,
@@ -175,12 +181,13 @@ pub(crate) enum Join<V> {
     /// `Registry::kept`), whether its execution is timed, and the result
     /// it replaced.
     Leader(Leader<V>),
-    /// With the stage's metric handles, when it joined, and its expiry
-    /// when it keeps its own clock (see `Group::serves_here`).
+    /// With the stage's metric handles, its board and index there, when
+    /// it joined, and its expiry when it keeps its own clock (see
+    /// `Group::serves_here`).
     Waiter(
         FlightId,
         Option<Arc<StageMetrics>>,
-        oneshot::Receiver<Letter<V>>,
+        (Arc<Board<V>>, usize),
         Instant,
         Option<Instant>,
     ),

@@ -12,8 +12,8 @@
 //! - each running flight with an expiry has one entry in its shard's
 //!   `timers`: the earliest of its leader's expiry and its waiters';
 //! - a leader's expiry and waker sit in the flight's slot; a waiter's
-//!   expiry sits in the flight's heap of waiter expiries, next to its
-//!   channel, which is also how it is told (`Msg::Expired`);
+//!   expiry sits in the flight's heap of waiter expiries, with its index
+//!   on the flight's board, which is also how it is told (see `board`);
 //! - one task per group (the [`Driver`]) sleeps until the earliest entry of
 //!   all shards, which `armed` announces; it fires what is due, under each
 //!   shard's lock, and sleeps again.
@@ -42,10 +42,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
-use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use super::delivery::{Letter, Msg};
 use super::slot::{Running, Shard, Slot};
 use super::{lock, Group};
 
@@ -144,8 +142,8 @@ fn runtime_id(rt: &tokio::runtime::Handle) -> u64 {
     n.0.max(1)
 }
 
-/// A waiter's expiry in its flight's heap: when, and the index of its
-/// channel.
+/// A waiter's expiry in its flight's heap: when, and its index on the
+/// flight's board.
 pub(crate) type WaiterExpiry = Reverse<(Instant, usize)>;
 
 impl<V> Running<V> {
@@ -253,15 +251,10 @@ impl<V> Shard<V> {
         }
     }
 
-    /// Fires every entry due at `now`: the leaders' wakers to wake and the
-    /// waiters' channels to tell, taken out of their flights (so that no
+    /// Fires every entry due at `now`: the leaders' wakers to wake, and the
+    /// waiters' to wake once their boards say their time is up (so that no
     /// flight delivers to them any more). Returns the shard's next entry.
-    fn fire(
-        &mut self,
-        now: Instant,
-        wakers: &mut Vec<Waker>,
-        expired: &mut Vec<oneshot::Sender<Letter<V>>>,
-    ) -> Option<Instant> {
+    fn fire(&mut self, now: Instant, wakers: &mut Vec<Waker>) -> Option<Instant> {
         let mut again = Vec::new();
         while let Some((_, id, hash)) = self.timers.pop_due(now) {
             let Some(r) = self
@@ -283,8 +276,9 @@ impl<V> Shard<V> {
                         break;
                     }
                     j.expiries.pop();
-                    if let Some(tx) = j.senders.get_mut(i).and_then(Option::take) {
-                        expired.push(tx);
+                    if let Some(board) = &j.board {
+                        j.expired += 1;
+                        wakers.extend(board.0.expire(i, now));
                     }
                 }
             }
@@ -387,18 +381,15 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         self.timers.armed.store(IDLE, Ordering::SeqCst);
         let now = Instant::now();
         let mut next = IDLE;
-        let (mut wakers, mut expired) = (Vec::new(), Vec::new());
+        let mut wakers = Vec::new();
         for shard in self.shards.iter() {
-            let earliest = lock(shard).fire(now, &mut wakers, &mut expired);
+            let earliest = lock(shard).fire(now, &mut wakers);
             if let Some(at) = earliest {
                 next = next.min(self.timers.nanos(at));
             }
             // Out of the lock: a waker is the user's code.
             for w in wakers.drain(..) {
                 w.wake();
-            }
-            for tx in expired.drain(..) {
-                let _ = tx.send((Msg::Expired, now));
             }
         }
         self.timers.armed.fetch_min(next, Ordering::SeqCst);
