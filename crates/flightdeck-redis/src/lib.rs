@@ -141,6 +141,7 @@
 //! # Ok(()) }
 //! ```
 
+mod args;
 mod backend;
 pub mod classify;
 mod cluster;
