@@ -25,60 +25,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flightdeck_core::error::BoxError;
-use flightdeck_core::{FlightKey, Shareable, StageName};
-use flightdeck_distributed::{
-    DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
+use flightdeck_benches::l2::{
+    connect, evalsha, flight, fresh_key, load_floor, node, owner, Work, FLOOR_SCRIPT,
 };
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_core::{FlightKey, Shareable};
+use flightdeck_distributed::Propagate;
 use flightdeck_testkit::RedisServer;
-use fred::prelude::*;
 use tokio::sync::Notify;
-
-type Flights = DistributedFlights<RedisBackend, PostcardCodec<String>>;
 
 const BATCH: u32 = 100;
 const TASKS: usize = 64;
-const FLOOR_SCRIPT: &str = "return 1";
-
-/// Trivial work, or work that waits to be let go (the follower row).
-#[derive(Clone, Default)]
-struct Work {
-    gate: Option<Arc<(Notify, Notify)>>,
-}
-
-impl Execute<()> for Work {
-    type Shared = String;
-    type Output = String;
-
-    async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
-        if let Some(gate) = &self.gate {
-            gate.0.notify_one();
-            gate.1.notified().await;
-        }
-        Ok(Shareable::Shared("v".to_owned()))
-    }
-}
-
-fn policy() -> DistributedPolicy {
-    DistributedPolicy::new()
-        .lease(Duration::from_secs(10))
-        .heartbeat(Duration::from_secs(2))
-        .call_timeout(Duration::from_secs(1))
-        .poll_interval(Duration::from_millis(50))
-        .wait_timeout(Duration::from_secs(10))
-        .result_ttl(Duration::from_secs(300))
-}
-
-static KEYS: AtomicU64 = AtomicU64::new(0);
-
-fn fresh_key() -> FlightKey {
-    let n = KEYS.fetch_add(1, Ordering::Relaxed);
-    FlightKey::from_bytes(
-        StageName::new("l2bench").expect("valid stage"),
-        n.to_le_bytes(),
-    )
-}
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -96,22 +52,6 @@ fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let at = |q: usize| v[(v.len() - 1) * q / 4];
     (at(1), at(2), at(3))
-}
-
-/// The floor: one trivial EVALSHA on `client`.
-async fn evalsha(client: &Client, sha: &str) {
-    let _: i64 = client
-        .evalsha(sha, vec!["l2bench:floor"], Vec::<String>::new())
-        .await
-        .expect("EVALSHA");
-}
-
-async fn owner(flights: &Flights) {
-    let out = flights
-        .run(&fresh_key(), (), Work::default(), &Propagate)
-        .await;
-    assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
-    flights.idle().await;
 }
 
 /// One latency row: `ours` and `floor` each run `BATCH` times per round,
@@ -183,16 +123,10 @@ async fn main() {
     let rounds = env("FLIGHTDECK_L2_ROUNDS", 15).max(1);
     let secs = env("FLIGHTDECK_L2_SECS", 2).max(1) as f64;
     let redis = RedisServer::start().expect("redis-server starts");
-    let connect = || async {
-        RedisBackend::connect(RedisConfig::new(redis.url()))
-            .await
-            .expect("connect")
-    };
-    let (a, b) = (connect().await, connect().await);
+    let (a, b) = (connect(&redis.url()).await, connect(&redis.url()).await);
     let client = a.client().clone();
-    let sha: String = client.script_load(FLOOR_SCRIPT).await.expect("SCRIPT LOAD");
-    let node_a: Flights = DistributedFlights::new(a, policy(), PostcardCodec::new()).unwrap();
-    let node_b: Flights = DistributedFlights::new(b, policy(), PostcardCodec::new()).unwrap();
+    let sha = load_floor(&client).await;
+    let (node_a, node_b) = (node(a), node(b));
     // Warm up: scripts loaded, connections and subscriptions open.
     for _ in 0..200 {
         owner(&node_a).await;
@@ -221,18 +155,14 @@ async fn main() {
         // Hit vs one EVALSHA, on keys committed just now.
         let keys: Vec<FlightKey> = (0..BATCH).map(|_| fresh_key()).collect();
         for k in &keys {
-            node_a
-                .run(k, (), Work::default(), &Propagate)
-                .await
-                .unwrap();
+            flight(&node_a, k).await;
         }
         node_a.idle().await;
         for side in [ours_first, !ours_first] {
             let started = Instant::now();
             for k in &keys {
                 if side {
-                    let out = node_b.run(k, (), Work::default(), &Propagate).await;
-                    assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
+                    flight(&node_b, k).await;
                 } else {
                     evalsha(&client, &sha).await;
                 }
@@ -284,12 +214,7 @@ async fn main() {
         let node = node_a.clone();
         let o = throughput(secs, move || {
             let node = node.clone();
-            async move {
-                let out = node
-                    .run(&fresh_key(), (), Work::default(), &Propagate)
-                    .await;
-                assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
-            }
+            async move { flight(&node, &fresh_key()).await }
         })
         .await;
         let started = Instant::now();

@@ -1,9 +1,11 @@
 //! Benchmarks only: see `benches/` (`cargo bench -p flightdeck-benches`).
 //! What the bench programs share: the [`harness`] (criterion, paired
 //! ratios, one row alone for callgrind), the peers' error type, our layer
-//! set up the same way in each, and the [`Floor`] to compare both with.
+//! set up the same way in each, and the [`Floor`] to compare both with;
+//! the L2 benches' setup ([`l2`]).
 
 pub mod harness;
+pub mod l2;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -206,12 +206,23 @@ impl Digest {
 
     /// The full digest as 64 lowercase hex characters.
     pub fn to_hex(&self) -> String {
-        let mut s = String::with_capacity(64);
-        for b in self.0 {
-            s.push(char::from(HEX[usize::from(b >> 4)]));
-            s.push(char::from(HEX[usize::from(b & 0x0f)]));
+        self.hex().iter().copied().map(char::from).collect()
+    }
+
+    /// The ASCII bytes of [`to_hex`](Self::to_hex), without an allocation
+    /// (to write the digest into a buffer of one's own).
+    ///
+    /// ```
+    /// let d = flightdeck_core::Digest::from_bytes([0xab; 32]);
+    /// assert_eq!(&d.hex()[..], d.to_hex().as_bytes());
+    /// ```
+    pub fn hex(&self) -> [u8; 64] {
+        let mut out = [0; 64];
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0x0f)];
         }
-        s
+        out
     }
 
     /// The first 6 bytes as 12 hex characters: enough to tell keys apart in

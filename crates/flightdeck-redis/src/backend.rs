@@ -7,14 +7,16 @@ use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
     LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
+use fred::bytes_utils::Str;
 use fred::prelude::*;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
+use crate::args::ScriptArgs;
 use crate::classify::classify;
 use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
-use crate::reply::{answer, bad_reply, bytes, gen, ms, parse_acquire, released, text};
+use crate::reply::{answer, bad_reply, bytes, gen, ms, parse_acquire, released};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
 use crate::subs::{Channel, SubGuard, Subs};
@@ -39,7 +41,8 @@ pub(crate) struct Inner {
     /// one is told.
     pub(crate) cut_after: AtomicU64,
     pub(crate) sources: Arc<[String]>,
-    pub(crate) shas: [String; SCRIPTS],
+    /// The scripts' SHAs, shared with every call that names them.
+    pub(crate) shas: [Str; SCRIPTS],
     pub(crate) subs: Arc<Subs>,
     pub(crate) tasks: Vec<JoinHandle<()>>,
 }
@@ -83,12 +86,17 @@ impl RedisBackend {
         node.map_or_else(Client::default, |n| n.client.clone())
     }
 
-    /// The names INVALIDATE and READ get: the flight's record, its channel
-    /// and its last invalidation (`…:f2:i`, see [`scripts`](crate::scripts)).
-    pub(crate) fn keys_with_invalidation(&self, flight: &FlightId) -> Vec<String> {
-        let [record, channel] = self.keys(flight);
-        let invalidation = format!("{record}:i");
-        vec![record, channel, invalidation]
+    /// The arguments of a script call on `flight` (room for `args` of its
+    /// own), its keys written: the flight's record and channel
+    /// ([`keys`](Self::keys)), and with `invalidation` (INVALIDATE and
+    /// READ) its last invalidation (`…:f2:i`, see [`scripts`](crate::scripts)).
+    pub(crate) fn script_args(
+        &self,
+        flight: &FlightId,
+        invalidation: bool,
+        args: usize,
+    ) -> ScriptArgs {
+        ScriptArgs::new(&self.inner.prefix, flight, invalidation, args)
     }
 
     /// The Redis Cluster hash slot of the flight, shared by all its names
@@ -262,13 +270,13 @@ impl Backend for RedisBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
-            let args = vec![
-                text(token.as_str()),
-                ms(terms.lease),
-                text(if terms.allow_takeover { "1" } else { "0" }),
-                ms(terms.record_ttl()),
-            ];
-            match self.eval(ACQUIRE, self.keys(flight).to_vec(), args).await {
+            let args = self
+                .script_args(flight, false, 4)
+                .text(token.as_str())
+                .value(ms(terms.lease))
+                .text(if terms.allow_takeover { "1" } else { "0" })
+                .value(ms(terms.record_ttl()));
+            match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {
                     // The server refuses writes (ACQUIRE may write), not
@@ -310,15 +318,13 @@ impl Backend for RedisBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Renewal> {
         Box::pin(async move {
-            let args = vec![
-                text(token.as_str()),
-                text(&generation.to_string()),
-                ms(terms.lease),
-                ms(terms.record_ttl()),
-            ];
-            let v = self
-                .eval(HEARTBEAT, self.keys(flight).to_vec(), args)
-                .await?;
+            let args = self
+                .script_args(flight, false, 4)
+                .text(token.as_str())
+                .uint(generation)
+                .value(ms(terms.lease))
+                .value(ms(terms.record_ttl()));
+            let v = self.eval(HEARTBEAT, args).await?;
             answer(
                 "HEARTBEAT",
                 &v,
@@ -335,18 +341,18 @@ impl Backend for RedisBackend {
         args: &'a CommitArgs,
     ) -> BackendFuture<'a, Committed> {
         Box::pin(async move {
-            let argv = vec![
-                text(token.as_str()),
-                text(&generation.to_string()),
-                bytes(&args.payload),
-                ms(args.ttl),
-                text(if args.payload.len() <= args.inline_below {
+            let argv = self
+                .script_args(flight, false, 5)
+                .text(token.as_str())
+                .uint(generation)
+                .value(bytes(&args.payload))
+                .value(ms(args.ttl))
+                .text(if args.payload.len() <= args.inline_below {
                     "1"
                 } else {
                     "0"
-                }),
-            ];
-            let v = self.eval(COMMIT, self.keys(flight).to_vec(), argv).await?;
+                });
+            let v = self.eval(COMMIT, argv).await?;
             answer(
                 "COMMIT",
                 &v,
@@ -366,13 +372,15 @@ impl Backend for RedisBackend {
         args: &'a AbandonArgs,
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
-            let argv = vec![
-                text(token.as_str()),
-                text(&generation.to_string()),
-                Value::Bytes(args.failure.clone().unwrap_or_default()),
-                Value::Integer(i64::try_from(args.failure_ttl.as_millis()).unwrap_or(i64::MAX)),
-            ];
-            let v = self.eval(ABANDON, self.keys(flight).to_vec(), argv).await?;
+            let argv = self
+                .script_args(flight, false, 4)
+                .text(token.as_str())
+                .uint(generation)
+                .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
+                .value(Value::Integer(
+                    i64::try_from(args.failure_ttl.as_millis()).unwrap_or(i64::MAX),
+                ));
+            let v = self.eval(ABANDON, argv).await?;
             released("ABANDON", &v)
         })
     }
@@ -384,8 +392,11 @@ impl Backend for RedisBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
-            let argv = vec![text(token.as_str()), ms(state_ttl)];
-            let v = self.eval(RELEASE, self.keys(flight).to_vec(), argv).await?;
+            let argv = self
+                .script_args(flight, false, 2)
+                .text(token.as_str())
+                .value(ms(state_ttl));
+            let v = self.eval(RELEASE, argv).await?;
             released("RELEASE", &v)
         })
     }
@@ -396,13 +407,8 @@ impl Backend for RedisBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, u64> {
         Box::pin(async move {
-            let v = self
-                .eval(
-                    INVALIDATE,
-                    self.keys_with_invalidation(flight),
-                    vec![ms(state_ttl)],
-                )
-                .await?;
+            let args = self.script_args(flight, true, 1).value(ms(state_ttl));
+            let v = self.eval(INVALIDATE, args).await?;
             gen(&v).ok_or_else(|| bad_reply("INVALIDATE", &v))
         })
     }
@@ -478,5 +484,23 @@ mod tests {
                 assert_eq!(fred::util::redis_keyslot(name.as_bytes()), b.slot(&flight));
             }
         }
+    }
+
+    /// The scripts get the names `keys` gives (and the invalidation's).
+    #[tokio::test]
+    async fn script_keys_are_the_flight_names() {
+        let b = RedisBackend::new(RedisConfig::new("redis://127.0.0.1:1").prefix("p:q")).unwrap();
+        let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("n").unwrap(), "r"));
+        let [record, channel] = b.keys(&flight);
+        let argv = b.script_args(&flight, true, 0).into_argv();
+        let names: Vec<_> = argv[2..].iter().map(|v| v.as_bytes().unwrap()).collect();
+        let invalidation = format!("{record}:i");
+        let want = [
+            record.as_bytes(),
+            channel.as_bytes(),
+            invalidation.as_bytes(),
+        ];
+        assert_eq!(names, want);
+        assert_eq!(argv[1], fred::types::Value::Integer(3));
     }
 }

@@ -87,7 +87,7 @@ impl RedisBackend {
         // EVALSHA names a script by the SHA1 of its source, so the SHAs are
         // known without asking Redis; a node that lacks a script answers
         // NOSCRIPT and gets it with the call (see `eval`).
-        let shas = std::array::from_fn(|i| fred::util::sha1_hash(&sources[i]));
+        let shas = std::array::from_fn(|i| fred::util::sha1_hash(&sources[i]).into());
         let cmd = config.command_timeout;
         let subs = Arc::new(Subs::new(cmd, sharded));
         let opts = settings.options();

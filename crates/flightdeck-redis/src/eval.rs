@@ -5,6 +5,7 @@ use flightdeck_distributed::backend::BackendError;
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
+use crate::args::ScriptArgs;
 use crate::backend::RedisBackend;
 use crate::connect::timed_out;
 use crate::routing::{migrating, moved_to, slot_in_migration, Topology, MIGRATION_PAUSE};
@@ -16,19 +17,18 @@ impl RedisBackend {
     pub(crate) async fn eval(
         &self,
         script: usize,
-        keys: Vec<String>,
-        args: Vec<Value>,
+        args: ScriptArgs,
     ) -> Result<Value, BackendError> {
         let inner = &*self.inner;
-        // Routed by the flight's slot (every key of a flight shares it).
-        let slot = keys
-            .first()
-            .map_or(0, |k| fred::util::redis_keyslot(k.as_bytes()));
-        let argv = script_args(&keys, args);
-        match self
-            .send("EVALSHA", &inner.shas[script], slot, &argv)
-            .await?
-        {
+        // Routed by the flight's slot (every key of a flight shares it);
+        // one server has no slots to route by.
+        let slot = match inner.topology {
+            Topology::Cluster(_) => fred::util::redis_keyslot(args.record()),
+            Topology::Single(_) => 0,
+        };
+        let mut argv = args.into_argv();
+        argv[0] = Value::String(inner.shas[script].clone());
+        match self.send("EVALSHA", slot, &argv).await? {
             Ok(v) => Ok(v),
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 // This node lacks the script (first call since it started,
@@ -36,9 +36,8 @@ impl RedisBackend {
                 // node that owns the flight's slot, which runs it and keeps
                 // it for the next EVALSHA. Nothing else has to be reachable.
                 tracing::debug!("script not cached on this node; sending its source");
-                self.send("EVAL", &inner.sources[script], slot, &argv)
-                    .await?
-                    .map_err(migrating)
+                argv[0] = Value::String(inner.sources[script].as_str().into());
+                self.send("EVAL", slot, &argv).await?.map_err(migrating)
             }
             Err(e) => Err(migrating(e)),
         }
@@ -61,7 +60,6 @@ impl RedisBackend {
     async fn send(
         &self,
         cmd: &'static str,
-        script: &str,
         slot: u16,
         argv: &[Value],
     ) -> Result<Result<Value, fred::error::Error>, BackendError> {
@@ -78,11 +76,9 @@ impl RedisBackend {
             let node = inner.topology.route_within(slot, unsent).await?;
             let with = node.client.with_options(&inner.opts);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let mut args = Vec::with_capacity(argv.len() + 1);
-            args.push(Value::String(script.into()));
-            args.extend(argv.iter().cloned());
             let command = CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
-            let reply = tokio::time::timeout(left, with.custom::<Value, Value>(command, args))
+            let call = with.custom::<Value, Value>(command, argv.to_vec());
+            let reply = tokio::time::timeout(left, call)
                 .await
                 .map_err(|_| timed_out(cmd, t))?;
             match reply {
@@ -140,17 +136,6 @@ impl RedisBackend {
 /// script did not run (unavailable).
 fn time_for_one_more(deadline: tokio::time::Instant) -> bool {
     tokio::time::Instant::now() + MIGRATION_PAUSE < deadline
-}
-
-/// `numkeys key ... arg ...`, the part of a script call after the script.
-fn script_args(keys: &[String], args: Vec<Value>) -> Vec<Value> {
-    let mut argv = Vec::with_capacity(1 + keys.len() + args.len());
-    argv.push(Value::Integer(
-        i64::try_from(keys.len()).unwrap_or(i64::MAX),
-    ));
-    argv.extend(keys.iter().map(|k| Value::String(k.as_str().into())));
-    argv.extend(args);
-    argv
 }
 
 pub(crate) const SCRIPTS: usize = 7;

@@ -143,6 +143,7 @@
 //! # Ok(()) }
 //! ```
 
+mod args;
 mod backend;
 pub mod classify;
 mod cluster;

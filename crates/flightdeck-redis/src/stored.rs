@@ -31,10 +31,7 @@ impl RedisBackend {
     /// The record's `g`, `s`, `b` and the last invalidation (see
     /// [`scripts::READ`](crate::scripts::READ)).
     async fn read(&self, flight: &FlightId) -> Result<Vec<Value>, BackendError> {
-        match self
-            .eval(READ, self.keys_with_invalidation(flight), Vec::new())
-            .await?
-        {
+        match self.eval(READ, self.script_args(flight, true, 0)).await? {
             Value::Array(items) if items.len() == 4 => Ok(items),
             other => Err(bad_reply("READ", &other)),
         }

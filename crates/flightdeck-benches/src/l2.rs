@@ -1,0 +1,101 @@
+//! What the L2 benches share (`benches/l2.rs`, `benches/l2_instructions.rs`):
+//! the layer over a real Redis set up the same way, its trivial work, fresh
+//! keys, and the floor (raw fred running a trivial script by `EVALSHA`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flightdeck_core::error::BoxError;
+use flightdeck_core::{FlightKey, Shareable, StageName};
+use flightdeck_distributed::{
+    DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
+};
+use flightdeck_redis::{RedisBackend, RedisConfig};
+use fred::prelude::*;
+use tokio::sync::Notify;
+
+/// The layer the benches measure: the Redis backend, results as postcard.
+pub type Flights = DistributedFlights<RedisBackend, PostcardCodec<String>>;
+
+/// The floor's script.
+pub const FLOOR_SCRIPT: &str = "return 1";
+
+/// Trivial work, or work that waits to be let go (the follower row).
+#[derive(Clone, Debug, Default)]
+pub struct Work {
+    /// Notified when the work starts (`.0`); the work ends once `.1` is.
+    pub gate: Option<Arc<(Notify, Notify)>>,
+}
+
+impl Execute<()> for Work {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
+        if let Some(gate) = &self.gate {
+            gate.0.notify_one();
+            gate.1.notified().await;
+        }
+        Ok(Shareable::Shared("v".to_owned()))
+    }
+}
+
+/// The benches' policy.
+pub fn policy() -> DistributedPolicy {
+    DistributedPolicy::new()
+        .lease(Duration::from_secs(10))
+        .heartbeat(Duration::from_secs(2))
+        .call_timeout(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(50))
+        .wait_timeout(Duration::from_secs(10))
+        .result_ttl(Duration::from_secs(300))
+}
+
+static KEYS: AtomicU64 = AtomicU64::new(0);
+
+/// A key no flight of this process had.
+pub fn fresh_key() -> FlightKey {
+    let n = KEYS.fetch_add(1, Ordering::Relaxed);
+    FlightKey::from_bytes(
+        StageName::new("l2bench").expect("valid stage"),
+        n.to_le_bytes(),
+    )
+}
+
+/// A backend connected to the server at `url`.
+pub async fn connect(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisConfig::new(url))
+        .await
+        .expect("connect")
+}
+
+/// A node of the layer on `backend`.
+pub fn node(backend: RedisBackend) -> Flights {
+    DistributedFlights::new(backend, policy(), PostcardCodec::new()).expect("valid policy")
+}
+
+/// Loads the floor's script on `client`: its SHA.
+pub async fn load_floor(client: &Client) -> String {
+    client.script_load(FLOOR_SCRIPT).await.expect("SCRIPT LOAD")
+}
+
+/// The floor: one trivial EVALSHA on `client`.
+pub async fn evalsha(client: &Client, sha: &str) {
+    let _: i64 = client
+        .evalsha(sha, vec!["l2bench:floor"], Vec::<String>::new())
+        .await
+        .expect("EVALSHA");
+}
+
+/// A flight of `key` with trivial work: its value shared.
+pub async fn flight(flights: &Flights, key: &FlightKey) {
+    let out = flights.run(key, (), Work::default(), &Propagate).await;
+    assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
+}
+
+/// An owner flight on a fresh key, its background commit included.
+pub async fn owner(flights: &Flights) {
+    flight(flights, &fresh_key()).await;
+    flights.idle().await;
+}

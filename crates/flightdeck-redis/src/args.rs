@@ -1,0 +1,187 @@
+//! A script call's arguments, `script numkeys key ... arg ...`, built
+//! into one buffer: the flight's names and the short arguments are written
+//! one after the other and split off it, so that every argument shares one
+//! allocation (and fred's clones of them are reference counts), instead of
+//! a `String` (and a copy of it) per argument and per call.
+
+use bytes::{BufMut, BytesMut};
+use flightdeck_distributed::backend::FlightId;
+use fred::prelude::Value;
+
+use crate::backend::LAYOUT;
+
+/// The arguments of one EVALSHA (or EVAL): the first is the script, set by
+/// [`RedisBackend::eval`](crate::RedisBackend), then the number of keys,
+/// the keys and the script's own arguments.
+pub(crate) struct ScriptArgs {
+    buf: BytesMut,
+    argv: Vec<Value>,
+}
+
+/// Where the flight's record name is in the arguments (after the script
+/// and the number of keys).
+const RECORD: usize = 2;
+
+impl ScriptArgs {
+    /// Arguments whose keys are `flight`'s names under `prefix` (see
+    /// [`RedisBackend::keys`](crate::RedisBackend::keys)): its record and
+    /// channel, and with `invalidation` its last invalidation (`…:f2:i`);
+    /// room for `args` more arguments.
+    pub(crate) fn new(prefix: &str, flight: &FlightId, invalidation: bool, args: usize) -> Self {
+        let keys = 2 + usize::from(invalidation);
+        let record = prefix.len() + ":{".len() + 64 + "}:".len() + LAYOUT.len();
+        let mut s = Self {
+            // The names (the channel's and the invalidation's repeat the
+            // record's), then room for a token, a generation and flags.
+            buf: BytesMut::with_capacity(keys * record + ":done:i".len() + 64),
+            argv: Vec::with_capacity(2 + keys + args),
+        };
+        s.argv.push(Value::Null);
+        s.argv.push(Value::Integer(keys as i64));
+        s.buf.put_slice(prefix.as_bytes());
+        s.buf.put_slice(b":{");
+        s.buf.put_slice(&flight.digest().hex());
+        s.buf.put_slice(b"}:");
+        s.buf.put_slice(LAYOUT.as_bytes());
+        let record = s.buf.split().freeze();
+        s.argv.push(Value::Bytes(record.clone()));
+        s.buf.put_slice(&record);
+        s = s.text(":done");
+        if invalidation {
+            s.buf.put_slice(&record);
+            s = s.text(":i");
+        }
+        s
+    }
+
+    /// Appends `text` (to what was written since the last argument) and
+    /// ends the argument.
+    pub(crate) fn text(mut self, text: &str) -> Self {
+        self.buf.put_slice(text.as_bytes());
+        let arg = self.buf.split().freeze();
+        self.argv.push(Value::Bytes(arg));
+        self
+    }
+
+    /// An argument: `n` in decimal.
+    pub(crate) fn uint(mut self, n: u64) -> Self {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut rest = n;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        self.buf.put_slice(&digits[at..]);
+        self.text("")
+    }
+
+    /// An argument of its own (a payload: not copied).
+    pub(crate) fn value(mut self, v: Value) -> Self {
+        self.argv.push(v);
+        self
+    }
+
+    /// The flight's record name (its slot is the flight's).
+    pub(crate) fn record(&self) -> &[u8] {
+        match &self.argv[RECORD] {
+            Value::Bytes(b) => b,
+            _ => &[],
+        }
+    }
+
+    /// Every argument, the first (the script's) left for the caller.
+    pub(crate) fn into_argv(self) -> Vec<Value> {
+        self.argv
+    }
+}
+
+/// The bytes of an argument.
+#[cfg(test)]
+fn arg_bytes(v: &Value) -> bytes::Bytes {
+    match v {
+        Value::Bytes(b) => b.clone(),
+        Value::String(s) => s.inner().clone(),
+        Value::Integer(i) => bytes::Bytes::from(i.to_string()),
+        Value::Null => bytes::Bytes::new(),
+        other => panic!("unexpected argument {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flightdeck_core::{FlightKey, StageName};
+
+    use super::*;
+
+    fn flight() -> FlightId {
+        FlightId::of(&FlightKey::from_bytes(StageName::new("args").unwrap(), "q"))
+    }
+
+    fn strings(args: ScriptArgs) -> Vec<String> {
+        args.into_argv()
+            .iter()
+            .map(|v| String::from_utf8(arg_bytes(v).to_vec()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn names_and_arguments_are_written_in_order() {
+        let f = flight();
+        let h = f.to_hex();
+        let args = ScriptArgs::new("fd:x", &f, false, 4)
+            .text("tok")
+            .uint(0)
+            .uint(1_700_000_000_123_456)
+            .uint(u64::MAX)
+            .value(Value::Bytes(bytes::Bytes::from_static(b"pay\0load")))
+            .text("1");
+        assert_eq!(args.record(), format!("fd:x:{{{h}}}:f2").as_bytes());
+        assert_eq!(
+            strings(args),
+            [
+                String::new(),
+                "2".to_owned(),
+                format!("fd:x:{{{h}}}:f2"),
+                format!("fd:x:{{{h}}}:f2:done"),
+                "tok".to_owned(),
+                "0".to_owned(),
+                "1700000000123456".to_owned(),
+                u64::MAX.to_string(),
+                "pay\0load".to_owned(),
+                "1".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_invalidation_key_comes_third() {
+        let f = flight();
+        let h = f.to_hex();
+        assert_eq!(
+            strings(ScriptArgs::new("p", &f, true, 1).uint(42)),
+            [
+                String::new(),
+                "3".to_owned(),
+                format!("p:{{{h}}}:f2"),
+                format!("p:{{{h}}}:f2:done"),
+                format!("p:{{{h}}}:f2:i"),
+                "42".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_long_prefix_outgrows_the_first_buffer() {
+        let f = flight();
+        let prefix = "p".repeat(64);
+        let token = "t".repeat(128);
+        let argv = strings(ScriptArgs::new(&prefix, &f, true, 1).text(&token));
+        assert_eq!(argv[4], format!("{prefix}:{{{}}}:f2:i", f.to_hex()));
+        assert_eq!(argv[5], token);
+    }
+}
