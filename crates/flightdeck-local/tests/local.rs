@@ -252,6 +252,36 @@ async fn a_panic_is_an_error_for_every_waiter_and_the_key_is_free_again() {
     assert_eq!(l.running_flights(), 0);
 }
 
+/// A shared value whose `Clone` panics.
+#[derive(Debug)]
+struct Brittle;
+impl Clone for Brittle {
+    fn clone(&self) -> Self {
+        panic!("the user's Clone panicked");
+    }
+}
+
+/// A value whose `Clone` panics is a panic of the flight for each caller
+/// that needs a copy: a typed error, not a panic of the caller's task (with
+/// 1,000 waiters, 1,000 panics), and nobody hangs.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_clone_of_the_value_is_an_error_for_every_caller() {
+    let l = layer_of::<Brittle>(FlightPolicy::new());
+    let svc = l.layer(service_fn(|_q: String| async {
+        sleep(Duration::from_millis(10)).await;
+        Ok::<_, Infallible>(Brittle)
+    }));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(svc.clone().oneshot("q".to_owned())))
+        .collect();
+    for t in tasks {
+        let answer = t.await.expect("no caller's task panicked");
+        let err = answer.expect_err("a copy could not be made");
+        assert!(err.is::<WorkPanicked>(), "{err}");
+    }
+    assert_eq!(l.running_flights(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_waiter_timeout_leaves_the_flight_running() {
     let calls = Arc::new(AtomicUsize::new(0));

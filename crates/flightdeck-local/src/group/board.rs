@@ -94,9 +94,14 @@ impl<V> Board<V> {
         state.wakers.get_mut(i).and_then(Option::take)
     }
 
-    /// Waiter `i` left before the flight ended: its waker goes.
+    /// Waiter `i` left before the flight ended: its waker goes, and its
+    /// expiry if it had one (nobody reads its seat again).
     pub(crate) fn leave(&self, i: usize) {
-        let waker = lock(&self.state).wakers.get_mut(i).and_then(Option::take);
+        let waker = {
+            let mut state = lock(&self.state);
+            state.expired.remove(&i);
+            state.wakers.get_mut(i).and_then(Option::take)
+        };
         drop(waker);
     }
 
@@ -190,10 +195,16 @@ impl<V: Clone> Board<V> {
 
 impl<V: Clone> Told<V> {
     /// A receiver's message of this outcome (not for `Unshared`, whose
-    /// original is handed out apart; `None`: abandoned).
+    /// original is handed out apart; `None`: abandoned). A value whose
+    /// `Clone` panics is a panic of the flight for this receiver, caught
+    /// here: it does not unwind through the caller's task (each receiver
+    /// clones on its own).
     fn copy(&self) -> Option<Msg<V>> {
         match self {
-            Told::Value(v) => Some(Msg::Value(v.clone())),
+            Told::Value(v) => Some(
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| v.clone()))
+                    .map_or(Msg::Panicked, Msg::Value),
+            ),
             Told::Error(e) => Some(Msg::Error(e.clone())),
             Told::Panicked => Some(Msg::Panicked),
             Told::Unshared(why) => Some(Msg::Unshared(*why)),
