@@ -3,8 +3,9 @@
 //!
 //! - HYBRID with Redis down and the breaker open (goal: at most 1.1):
 //!   while degraded, a leader runs exactly LOCAL_ONLY's path plus the
-//!   breaker's check (one load and a clock read) and the fallback
-//!   counters, and not a single Redis call;
+//!   breaker's check (one load, and which runtime the caller is on: on
+//!   another than the one whose task ends the open wait, a clock read)
+//!   and the fallback counters, and not a single Redis call;
 //! - HYBRID with a healthy Redis (reported: two round trips per flight,
 //!   acquire and commit).
 //!

@@ -96,6 +96,11 @@ struct Core {
     // state word: an open breaker rejects without taking the lock.
     base: Instant,
     open_until: AtomicU64,
+    // The runtime whose task times the open wait (its id, see
+    // `runtime_number`; 0: none), published before the state word. On that
+    // runtime the task is driven, so an open breaker rejects without
+    // reading the clock.
+    timed_on: AtomicU64,
 }
 
 static METADATA: metrics::Metadata<'static> =
@@ -174,6 +179,7 @@ impl Breaker {
                 rejected_counter: Handles::new(),
                 base: now,
                 open_until: AtomicU64::new(0),
+                timed_on: AtomicU64::new(0),
             }),
         })
     }
@@ -349,16 +355,18 @@ impl Breaker {
     }
 
     /// Rejects a call if that is all there is to tell: the breaker is
-    /// forced open, or open and its wait not over (one atomic load and a
-    /// clock read: no lock, no error built). Counted like a rejection by
+    /// forced open, or open and its wait not over (one atomic load, and a
+    /// clock read unless the caller is on the runtime whose task ends the
+    /// wait: no lock, no error built). Counted like a rejection by
     /// [`try_acquire`](Self::try_acquire).
     ///
     /// `false` says nothing about the call: ask `try_acquire`. This is the
     /// hot path of callers that have somewhere else to go while the breaker
-    /// is open (the facade's HYBRID mode runs locally). It reads the clock
-    /// rather than trust the timer that ends the wait: that timer runs on
-    /// the runtime where the breaker opened, which may no longer be driven
-    /// while callers on another runtime ask.
+    /// is open (the facade's HYBRID mode runs locally). The timer that
+    /// ends the wait runs on the runtime where the breaker opened: a caller
+    /// on that runtime trusts it (that runtime is being driven), a caller
+    /// anywhere else reads the clock (that runtime may no longer be
+    /// driven, and its timer would never fire).
     ///
     /// ```
     /// use flightdeck_breaker::{Breaker, BreakerConfig, Outcome};
@@ -378,7 +386,9 @@ impl Breaker {
     #[inline]
     pub fn try_reject(&self) -> bool {
         let tag = self.core.word.load(Ordering::Acquire) & TAG;
-        if tag == FORCED_OPEN || (tag == OPEN && self.core.still_open(Instant::now())) {
+        if tag == FORCED_OPEN
+            || (tag == OPEN && (self.core.timed_here() || self.core.still_open(Instant::now())))
+        {
             self.core.count_rejection();
             true
         } else {
@@ -504,6 +514,15 @@ impl Core {
             |r| r.register_counter(&self.rejected, &METADATA),
             |c| c.increment(1),
         );
+    }
+
+    /// Whether the caller runs on the runtime whose task ends the open
+    /// wait: that runtime is being driven, so its task ends the wait on
+    /// time (within the timer wheel's 1 ms), and until then "open" is true
+    /// without a clock read. Anywhere else the clock decides.
+    fn timed_here(&self) -> bool {
+        let on = self.timed_on.load(Ordering::Relaxed);
+        on != 0 && tokio::runtime::Handle::try_current().is_ok_and(|rt| runtime_number(&rt) == on)
     }
 
     /// Whether an open breaker's wait is still running at `now` (read
@@ -634,19 +653,22 @@ impl Core {
             .as_nanos();
         self.open_until
             .store(u64::try_from(until).unwrap_or(u64::MAX), Ordering::Release);
+        let timer = tokio::runtime::Handle::try_current().ok();
+        let on = timer.as_ref().map_or(0, runtime_number);
+        self.timed_on.store(on, Ordering::Relaxed);
         self.set_state(inner, OPEN, now);
-        self.time_open_wait(inner);
+        if let Some(rt) = timer {
+            self.time_open_wait(inner, &rt);
+        }
         self.emit(from, CircuitState::Open, reason, now, Some(wait));
     }
 
     /// Inside a tokio runtime, a task ends the open wait at its deadline,
     /// so that the transition (and its event) comes on time even when no
-    /// call asks. Nothing depends on it running: every caller reads the
-    /// clock, and the first one past the wait makes the same transition.
-    fn time_open_wait(&self, inner: &Inner) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+    /// call asks, and callers on that runtime need not read the clock
+    /// (see `timed_here`). Callers elsewhere read it: if this runtime is
+    /// no longer driven, the wait still ends for them.
+    fn time_open_wait(&self, inner: &Inner, rt: &tokio::runtime::Handle) {
         let core = self.me.clone();
         let (epoch, until) = (inner.epoch, inner.open_until);
         drop(rt.spawn(async move {
@@ -792,4 +814,28 @@ impl Breaker {
     pub(crate) fn is_unused(&self) -> bool {
         Arc::strong_count(&self.core) == 1
     }
+}
+
+/// A runtime's id as a number (never 0): `tokio::runtime::Id` shows its
+/// number only through `Hash` and `Display`.
+fn runtime_number(rt: &tokio::runtime::Handle) -> u64 {
+    use std::hash::{Hash, Hasher};
+    /// Keeps the `u64` the id writes.
+    struct Keep(u64);
+    impl Hasher for Keep {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            self.0 = bytes
+                .iter()
+                .fold(self.0, |n, &b| n.rotate_left(8) ^ u64::from(b));
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+    let mut keep = Keep(0);
+    rt.id().hash(&mut keep);
+    keep.0.max(1)
 }

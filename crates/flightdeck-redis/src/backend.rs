@@ -455,9 +455,9 @@ impl Backend for RedisBackend {
     }
 
     /// While another follower of the flight on this node holds a
-    /// confirmed subscription, and no reconnect (or moved slot) came
-    /// since: see [`Subs::join`]. Costs one atomic load when this node
-    /// follows nothing.
+    /// subscription that Redis confirmed, its subscriber is connected, and
+    /// no reconnect (or moved slot) came since. Costs one atomic load when
+    /// this node follows nothing.
     fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
         let (rx, guard) = self.inner.subs.join(|| {
             let [_, channel] = self.keys(flight);
