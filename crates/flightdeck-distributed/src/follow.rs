@@ -87,7 +87,7 @@ where
             )
             .await;
     };
-    let recheck_now = joined.is_none();
+    let mut recheck_now = joined.is_none();
     // Otherwise, subscribe first, then re-check: a completion published
     // before the subscription is then seen by the re-check.
     let mut sub: Option<Subscription> = match joined {
@@ -105,7 +105,6 @@ where
     };
     let mut observed = generation;
     let mut lease_remaining = first_lease;
-    let mut recheck_now = recheck_now;
     loop {
         if !recheck_now {
             let poll = policy
