@@ -97,7 +97,7 @@ struct Core {
     base: Instant,
     open_until: AtomicU64,
     // The runtime whose task times the open wait (its id, see
-    // `runtime_number`; 0: none), published before the state word. On that
+    // `flightdeck_core::id_number`; 0: none), published before the state word. On that
     // runtime the task is driven, so an open breaker rejects without
     // reading the clock.
     timed_on: AtomicU64,
@@ -522,7 +522,9 @@ impl Core {
     /// without a clock read. Anywhere else the clock decides.
     fn timed_here(&self) -> bool {
         let on = self.timed_on.load(Ordering::Relaxed);
-        on != 0 && tokio::runtime::Handle::try_current().is_ok_and(|rt| runtime_number(&rt) == on)
+        on != 0
+            && tokio::runtime::Handle::try_current()
+                .is_ok_and(|rt| flightdeck_core::id_number(&rt.id()) == on)
     }
 
     /// Whether an open breaker's wait is still running at `now` (read
@@ -654,7 +656,9 @@ impl Core {
         self.open_until
             .store(u64::try_from(until).unwrap_or(u64::MAX), Ordering::Release);
         let timer = tokio::runtime::Handle::try_current().ok();
-        let on = timer.as_ref().map_or(0, runtime_number);
+        let on = timer
+            .as_ref()
+            .map_or(0, |rt| flightdeck_core::id_number(&rt.id()));
         self.timed_on.store(on, Ordering::Relaxed);
         self.set_state(inner, OPEN, now);
         if let Some(rt) = timer {
@@ -814,28 +818,4 @@ impl Breaker {
     pub(crate) fn is_unused(&self) -> bool {
         Arc::strong_count(&self.core) == 1
     }
-}
-
-/// A runtime's id as a number (never 0): `tokio::runtime::Id` shows its
-/// number only through `Hash` and `Display`.
-fn runtime_number(rt: &tokio::runtime::Handle) -> u64 {
-    use std::hash::{Hash, Hasher};
-    /// Keeps the `u64` the id writes.
-    struct Keep(u64);
-    impl Hasher for Keep {
-        fn finish(&self) -> u64 {
-            self.0
-        }
-        fn write(&mut self, bytes: &[u8]) {
-            self.0 = bytes
-                .iter()
-                .fold(self.0, |n, &b| n.rotate_left(8) ^ u64::from(b));
-        }
-        fn write_u64(&mut self, n: u64) {
-            self.0 = n;
-        }
-    }
-    let mut keep = Keep(0);
-    rt.id().hash(&mut keep);
-    keep.0.max(1)
 }

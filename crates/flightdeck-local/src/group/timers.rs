@@ -118,28 +118,9 @@ pub(crate) fn expiry_of(
     }
 }
 
-/// A runtime's id as a number (never 0). `tokio::runtime::Id` only
-/// shows its number through `Hash` and `Display`.
+/// A runtime's id as a number (never 0).
 fn runtime_id(rt: &tokio::runtime::Handle) -> u64 {
-    use std::hash::{Hash, Hasher};
-    /// Keeps the one `u64` that `Id` hashes.
-    struct Number(u64);
-    impl Hasher for Number {
-        fn finish(&self) -> u64 {
-            self.0
-        }
-        fn write(&mut self, bytes: &[u8]) {
-            for &b in bytes {
-                self.0 = self.0.rotate_left(8) ^ u64::from(b);
-            }
-        }
-        fn write_u64(&mut self, n: u64) {
-            self.0 = n;
-        }
-    }
-    let mut n = Number(0);
-    rt.id().hash(&mut n);
-    n.0.max(1)
+    flightdeck_core::id_number(&rt.id())
 }
 
 /// A waiter's expiry in its flight's heap: when, and its index on the
