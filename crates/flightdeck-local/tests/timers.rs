@@ -119,6 +119,48 @@ async fn a_leader_moved_to_another_task_still_times_out() {
     assert_eq!(got, ("wait timeout", 1000, Some(Duration::from_secs(1))));
 }
 
+/// Flights one after the other on one key (so one shard), each hung: a
+/// leader, then a leader and a waiter. Each leaves at its own time,
+/// though the group's timer task already fired (and went idle) for the
+/// flights before: what a shard knew to be armed is not taken to hold
+/// after a fire.
+#[tokio::test(start_paused = true)]
+async fn clocks_are_armed_again_after_each_fire() {
+    let flights =
+        LocalFlights::<String>::new(FlightPolicy::new().wait_timeout(Some(Duration::from_secs(1))));
+    for round in 0..3 {
+        let start = Instant::now();
+        let run = flights.run(&key("again"), Caller::new(), hung());
+        let got = tokio::time::timeout(Duration::from_secs(10), outcome(start, run)).await;
+        let got = got.unwrap_or_else(|_| panic!("round {round}: the leader hangs"));
+        assert_eq!(got, ("wait timeout", 1000, Some(Duration::from_secs(1))));
+        // Later than anything armed before, and after a fire.
+        sleep(Duration::from_millis(500)).await;
+        let start = Instant::now();
+        let leader = tokio::spawn(outcome(
+            start,
+            flights.run(&key("again"), Caller::new(), hung()),
+        ));
+        tokio::task::yield_now().await;
+        let waiter = flights.run(
+            &key("again"),
+            Caller::new().deadline(Some(start + Duration::from_millis(700))),
+            hung(),
+        );
+        let got = tokio::time::timeout(Duration::from_secs(10), outcome(start, waiter)).await;
+        assert_eq!(
+            got.unwrap_or_else(|_| panic!("round {round}: the waiter hangs")),
+            ("deadline", 700, None)
+        );
+        let got = tokio::time::timeout(Duration::from_secs(10), leader).await;
+        let got = got.unwrap_or_else(|_| panic!("round {round}: the second leader hangs"));
+        assert_eq!(
+            got.unwrap(),
+            ("wait timeout", 1000, Some(Duration::from_secs(1)))
+        );
+    }
+}
+
 /// Flights of one map on a runtime that is shut down while a caller still
 /// waits (its expiry armed), then on a new runtime: the callers there
 /// still leave on time, though their expiries come after the one the
@@ -148,6 +190,25 @@ fn clocks_survive_their_runtime() {
         ("deadline", 1000, None)
     );
     let got = hung_on_a_new_runtime(&flights, "second");
+    let got = got.expect("no wait timeout on the second runtime");
+    assert_eq!(got, ("wait timeout", 3000, Some(Duration::from_secs(3))));
+}
+
+/// A runtime shut down while a caller's expiry is armed and before its
+/// timer task ever fired, then a flight on the same key on a new runtime,
+/// with a later expiry: it leaves on time (the armed timer went with the
+/// first runtime).
+#[test]
+fn clocks_are_armed_again_after_their_runtime_went() {
+    let flights = Arc::new(LocalFlights::<String>::new(
+        FlightPolicy::new().wait_timeout(Some(Duration::from_secs(3))),
+    ));
+    let f = flights.clone();
+    paused_runtime().block_on(async move {
+        drop(tokio::spawn(f.run(&key("same"), Caller::new(), hung())));
+        tokio::task::yield_now().await;
+    });
+    let got = hung_on_a_new_runtime(&flights, "same");
     let got = got.expect("no wait timeout on the second runtime");
     assert_eq!(got, ("wait timeout", 3000, Some(Duration::from_secs(3))));
 }

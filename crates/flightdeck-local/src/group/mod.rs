@@ -204,12 +204,11 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                                     (Some(a), Some(b)) => Some(a.max(b)),
                                     _ => None,
                                 };
-                                let armed = expiry.filter(|&at| {
+                                match expiry.filter(|&at| {
                                     timers::arm(&mut shard.timers, r, hash, id.id, at)
-                                });
-                                drop(guard);
-                                if let Some(at) = armed {
-                                    self.armed(at);
+                                }) {
+                                    Some(at) => self.announce(guard, hash, at),
+                                    None => drop(guard),
                                 }
                                 metrics.waiter();
                                 return Join::Waiter(id, metrics.keep(), seat, now, own);
@@ -329,8 +328,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         };
         r.leader_timer = Some((expiry, waker.clone()));
         if timers::arm(&mut shard.timers, r, flight.hash, flight.id, expiry) {
-            drop(guard);
-            self.armed(expiry);
+            self.announce(guard, flight.hash, expiry);
         }
     }
 

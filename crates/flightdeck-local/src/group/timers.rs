@@ -58,6 +58,10 @@ pub(crate) struct Timers {
     /// When the driver fires next (`IDLE`: never). Lowered by whoever
     /// inserts an earlier entry; set by the driver when it has fired.
     armed: AtomicU64,
+    /// Bumped before anything raises `armed` (a fire, a driver's end), so
+    /// that a shard's note that the driver fires by some instant
+    /// ([`Timeline::covers`]) holds only as long as its epoch is current.
+    epoch: AtomicU64,
     /// The runtime the driver runs on (see [`runtime_id`]); 0: none.
     /// Written under `driver`'s lock.
     home: AtomicU64,
@@ -76,6 +80,7 @@ impl Timers {
         Self {
             base: Instant::now(),
             armed: AtomicU64::new(IDLE),
+            epoch: AtomicU64::new(0),
             home: AtomicU64::new(0),
             driver: Mutex::default(),
         }
@@ -149,11 +154,17 @@ impl<V> Running<V> {
 /// they started or right after they started, so their entries leave from
 /// either end.
 #[derive(Default)]
-pub(crate) struct Timeline(VecDeque<(Instant, u64, u64)>);
+pub(crate) struct Timeline {
+    q: VecDeque<(Instant, u64, u64)>,
+    /// `(epoch, at)`: as of the driver's epoch `epoch`, the driver was
+    /// known to fire by `at` (see [`Group::announce`]). Read and written
+    /// under the shard's lock.
+    covered: Option<(u64, Instant)>,
+}
 
 impl Timeline {
     fn insert(&mut self, at: Instant, id: u64, hash: u64) {
-        let q = &mut self.0;
+        let q = &mut self.q;
         match q.back() {
             Some(last) if last.0 > at => {
                 let i = q.partition_point(|e| e.0 <= at);
@@ -166,7 +177,7 @@ impl Timeline {
     }
 
     fn remove(&mut self, at: Instant, id: u64) {
-        let q = &mut self.0;
+        let q = &mut self.q;
         if q.back().is_some_and(|e| e.1 == id) {
             q.pop_back();
         } else if q.front().is_some_and(|e| e.1 == id) {
@@ -184,20 +195,33 @@ impl Timeline {
 
     /// The earliest entry, removed if it is due at `now`.
     fn pop_due(&mut self, now: Instant) -> Option<(Instant, u64, u64)> {
-        self.0
+        self.q
             .front()
             .is_some_and(|e| e.0 <= now)
-            .then(|| self.0.pop_front())?
+            .then(|| self.q.pop_front())?
     }
 
     fn first(&self) -> Option<Instant> {
-        self.0.front().map(|e| e.0)
+        self.q.front().map(|e| e.0)
+    }
+
+    /// Whether, as of `epoch`, the driver is known to fire by `at`.
+    fn covers(&self, epoch: u64, at: Instant) -> bool {
+        self.covered.is_some_and(|(e, c)| e == epoch && c <= at)
+    }
+
+    /// Records that, as of `epoch`, the driver fires by `at`.
+    fn cover(&mut self, epoch: u64, at: Instant) {
+        self.covered = match self.covered {
+            Some((e, c)) if e == epoch && c <= at => Some((e, c)),
+            _ => Some((epoch, at)),
+        };
     }
 
     /// Entries (tests).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.0.len()
+        self.q.len()
     }
 }
 
@@ -320,12 +344,34 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// An entry no later than `at` was just added in a shard (after its
     /// lock was released): wakes (or starts) the driver if it sleeps past
     /// `at`.
-    pub(super) fn armed(&self, at: Instant) {
+    /// Makes sure the driver fires by `at`, an entry just added under
+    /// `shard` (the lock `guard` holds). The common case reads neither
+    /// the clock's base nor `armed`: the shard noted that, in the current
+    /// epoch, the driver fires by something no later than `at`. Sound
+    /// because `armed` only goes down within an epoch, and the epoch is
+    /// read under the lock that added the entry: a fire that raises
+    /// `armed` bumped the epoch first, so it either came before this read
+    /// (the note is stale) or reads this shard after the lock is let go
+    /// (it sees the entry).
+    pub(super) fn announce(&self, guard: MutexGuard<'_, Shard<V>>, hash: u64, at: Instant) {
+        let epoch = self.timers.epoch.load(Ordering::SeqCst);
+        if guard.timers.covers(epoch, at) {
+            return;
+        }
+        drop(guard);
+        if self.armed(at) {
+            self.shard(hash).timers.cover(epoch, at);
+        }
+    }
+
+    /// Makes sure a driver fires by `at`; returns whether one will (none
+    /// does outside a runtime while no driver runs).
+    fn armed(&self, at: Instant) -> bool {
         let nanos = self.timers.nanos(at);
         // The common case: a driver armed for earlier fires first and finds
         // this entry then.
         if nanos >= self.timers.armed.load(Ordering::SeqCst) {
-            return;
+            return true;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             // `armed` promises that a driver fires by then. Outside a
@@ -339,26 +385,29 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                     w.wake_by_ref();
                 }
             }
-            return;
+            return driver.running;
         };
         if self.timers.armed.fetch_min(nanos, Ordering::SeqCst) <= nanos {
-            return;
+            return true;
         }
         let driver = lock(&self.timers.driver);
         if driver.running {
             if let Some(w) = &driver.waker {
                 w.wake_by_ref();
             }
-            return;
+            return true;
         }
         self.start_driver(driver, &rt, runtime_id(&rt));
+        true
     }
 
     /// Fires what is due in every shard, then arms the driver for the
     /// earliest entry left.
     fn fire(&self) {
         // Set before the shards are read: an entry added meanwhile is either
-        // seen below, or lowers `armed` again (and wakes the driver).
+        // seen below, or lowers `armed` again (and wakes the driver). The
+        // epoch first: the shards' notes of what is armed are stale now.
+        self.timers.epoch.fetch_add(1, Ordering::SeqCst);
         self.timers.armed.store(IDLE, Ordering::SeqCst);
         let now = Instant::now();
         let mut next = IDLE;
@@ -442,7 +491,9 @@ impl<V> Drop for Driver<V> {
             d.running = false;
             d.waker = None;
             group.timers.home.store(0, Ordering::Release);
-            // So that the next entry, whenever it is due, starts one.
+            // So that the next entry, whenever it is due, starts one (the
+            // shards' notes of what is armed are stale from now on).
+            group.timers.epoch.fetch_add(1, Ordering::SeqCst);
             group.timers.armed.store(IDLE, Ordering::SeqCst);
         }
     }
