@@ -58,7 +58,7 @@ pub(crate) struct Timers {
     /// When the driver fires next (`IDLE`: never). Lowered by whoever
     /// inserts an earlier entry; set by the driver when it has fired.
     armed: AtomicU64,
-    /// Bumped before anything raises `armed` (a fire, a driver's end), so
+    /// Bumped before anything raises `armed` ([`Timers::disarm_all`]), so
     /// that a shard's note that the driver fires by some instant
     /// ([`Timeline::covers`]) holds only as long as its epoch is current.
     epoch: AtomicU64,
@@ -89,6 +89,14 @@ impl Timers {
     fn nanos(&self, at: Instant) -> u64 {
         let n = at.saturating_duration_since(self.base).as_nanos();
         u64::try_from(n).unwrap_or(IDLE - 1).min(IDLE - 1)
+    }
+
+    /// Nothing armed any more: the only way `armed` goes up. The epoch
+    /// moves first, so every shard's note of what is armed is stale
+    /// before `armed` is raised.
+    fn disarm_all(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.armed.store(IDLE, Ordering::SeqCst);
     }
 
     fn instant(&self, nanos: u64) -> Instant {
@@ -212,10 +220,9 @@ impl Timeline {
 
     /// Records that, as of `epoch`, the driver fires by `at`.
     fn cover(&mut self, epoch: u64, at: Instant) {
-        self.covered = match self.covered {
-            Some((e, c)) if e == epoch && c <= at => Some((e, c)),
-            _ => Some((epoch, at)),
-        };
+        if !self.covers(epoch, at) {
+            self.covered = Some((epoch, at));
+        }
     }
 
     /// Entries (tests).
@@ -341,9 +348,6 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         }));
     }
 
-    /// An entry no later than `at` was just added in a shard (after its
-    /// lock was released): wakes (or starts) the driver if it sleeps past
-    /// `at`.
     /// Makes sure the driver fires by `at`, an entry just added under
     /// `shard` (the lock `guard` holds). The common case reads neither
     /// the clock's base nor `armed`: the shard noted that, in the current
@@ -405,10 +409,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// earliest entry left.
     fn fire(&self) {
         // Set before the shards are read: an entry added meanwhile is either
-        // seen below, or lowers `armed` again (and wakes the driver). The
-        // epoch first: the shards' notes of what is armed are stale now.
-        self.timers.epoch.fetch_add(1, Ordering::SeqCst);
-        self.timers.armed.store(IDLE, Ordering::SeqCst);
+        // seen below, or lowers `armed` again (and wakes the driver).
+        self.timers.disarm_all();
         let now = Instant::now();
         let mut next = IDLE;
         let mut wakers = Vec::new();
@@ -491,10 +493,8 @@ impl<V> Drop for Driver<V> {
             d.running = false;
             d.waker = None;
             group.timers.home.store(0, Ordering::Release);
-            // So that the next entry, whenever it is due, starts one (the
-            // shards' notes of what is armed are stale from now on).
-            group.timers.epoch.fetch_add(1, Ordering::SeqCst);
-            group.timers.armed.store(IDLE, Ordering::SeqCst);
+            // So that the next entry, whenever it is due, starts one.
+            group.timers.disarm_all();
         }
     }
 }
