@@ -7,9 +7,14 @@ use super::*;
 /// generation to a retry of the same token (invariant 8); COMMIT is
 /// idempotent (7); later acquires HIT.
 pub async fn owner_follower_hit<B: Backend>(b: &B) {
+    conclusive("owner_follower_hit", || owner_follower_hit_once(b)).await
+}
+
+async fn owner_follower_hit_once<B: Backend>(b: &B) -> Result<(), Stalled> {
     let f = fresh_flight();
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
     let t = terms(true);
+    let lease = Window::lease(&t);
     let g = match b.acquire(&f, &a, &t).await.unwrap() {
         Acquired::Owner {
             generation,
@@ -18,7 +23,9 @@ pub async fn owner_follower_hit<B: Backend>(b: &B) {
         other => panic!("a fresh flight: expected OWNER without takeover, got {other:?}"),
     };
     assert!(g >= 1, "generations start at 1 or later");
-    match b.acquire(&f, &c, &t).await.unwrap() {
+    let follower = b.acquire(&f, &c, &t).await.unwrap();
+    lease.held()?;
+    match follower {
         Acquired::Follower {
             generation,
             lease_remaining,
@@ -28,19 +35,19 @@ pub async fn owner_follower_hit<B: Backend>(b: &B) {
         }
         other => panic!("expected FOLLOWER, got {other:?}"),
     }
+    let retried = b.acquire(&f, &a, &t).await.unwrap();
+    let args = commit_args(b"\x00result\xff", 1024);
+    let committed = b.commit(&f, &a, g, &args).await.unwrap();
+    lease.held()?;
     assert_eq!(
-        b.acquire(&f, &a, &t).await.unwrap(),
+        retried,
         Acquired::Owner {
             generation: g,
             takeover: false
         },
         "a retried acquire with the same token must answer OWNER, same generation"
     );
-    let args = commit_args(b"\x00result\xff", 1024);
-    assert_eq!(
-        b.commit(&f, &a, g, &args).await.unwrap(),
-        Committed::Committed
-    );
+    assert_eq!(committed, Committed::Committed);
     assert_eq!(
         b.commit(&f, &a, g, &args).await.unwrap(),
         Committed::Committed,
@@ -59,24 +66,36 @@ pub async fn owner_follower_hit<B: Backend>(b: &B) {
         }
         other => panic!("expected HIT, got {other:?}"),
     }
+    Ok(())
 }
 
 /// HEARTBEAT extends only the holder's lease and never re-creates a lost
 /// one, not even when nobody took the flight over (invariant 3).
 pub async fn heartbeat_never_resurrects<B: Backend>(b: &B) {
+    conclusive("heartbeat_never_resurrects", || {
+        heartbeat_never_resurrects_once(b)
+    })
+    .await
+}
+
+async fn heartbeat_never_resurrects_once<B: Backend>(b: &B) -> Result<(), Stalled> {
     let f = fresh_flight();
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
     let t = terms(true);
+    let (mut lease, mut record) = (Window::lease(&t), Window::record(&t));
     let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "a fresh flight");
     // Renewing keeps the lease past its first expiry.
     for _ in 0..6 {
         tokio::time::sleep(LEASE / 4).await;
-        assert_eq!(b.heartbeat(&f, &a, g, &t).await.unwrap(), Renewal::Renewed);
+        let renewed = (Window::lease(&t), Window::record(&t));
+        let renewal = b.heartbeat(&f, &a, g, &t).await.unwrap();
+        lease.held()?;
+        assert_eq!(renewal, Renewal::Renewed);
+        (lease, record) = renewed;
     }
-    assert!(matches!(
-        b.acquire(&f, &c, &t).await.unwrap(),
-        Acquired::Follower { .. }
-    ));
+    let follower = b.acquire(&f, &c, &t).await.unwrap();
+    lease.held()?;
+    assert!(matches!(follower, Acquired::Follower { .. }));
     assert_eq!(b.heartbeat(&f, &c, g, &t).await.unwrap(), Renewal::Lost);
     assert_eq!(b.heartbeat(&f, &a, g + 1, &t).await.unwrap(), Renewal::Lost);
     tokio::time::sleep(PAST_LEASE).await;
@@ -86,7 +105,9 @@ pub async fn heartbeat_never_resurrects<B: Backend>(b: &B) {
         "an expired lease must not be renewed by a heartbeat"
     );
     assert_eq!(b.heartbeat(&f, &a, g, &t).await.unwrap(), Renewal::Lost);
-    let gc = match b.acquire(&f, &c, &t).await.unwrap() {
+    let taken = b.acquire(&f, &c, &t).await.unwrap();
+    record.held()?;
+    let gc = match taken {
         Acquired::Owner {
             generation,
             takeover: true,
@@ -99,11 +120,19 @@ pub async fn heartbeat_never_resurrects<B: Backend>(b: &B) {
         Renewal::Lost,
         "a heartbeat after everything expired must not re-create the lease"
     );
+    Ok(())
 }
 
 /// After expiry a follower takes over with a newer generation (invariant
 /// 1); the stale owner's commit is FENCED and the new result stands (2).
 pub async fn takeover_fences_the_stale_owner<B: Backend>(b: &B) {
+    conclusive("takeover_fences_the_stale_owner", || {
+        takeover_fences_the_stale_owner_once(b)
+    })
+    .await
+}
+
+async fn takeover_fences_the_stale_owner_once<B: Backend>(b: &B) -> Result<(), Stalled> {
     let f = fresh_flight();
     let (stale, fresh, other) = (
         OwnerToken::random(),
@@ -111,9 +140,13 @@ pub async fn takeover_fences_the_stale_owner<B: Backend>(b: &B) {
         OwnerToken::random(),
     );
     let t = terms(true);
+    let first = Window::record(&t);
     let g1 = owned(b.acquire(&f, &stale, &t).await.unwrap(), "a fresh flight");
     tokio::time::sleep(PAST_LEASE).await;
-    let g2 = match b.acquire(&f, &fresh, &t).await.unwrap() {
+    let (lease, record) = (Window::lease(&t), Window::record(&t));
+    let taken = b.acquire(&f, &fresh, &t).await.unwrap();
+    first.held()?;
+    let g2 = match taken {
         Acquired::Owner {
             generation,
             takeover: true,
@@ -121,7 +154,9 @@ pub async fn takeover_fences_the_stale_owner<B: Backend>(b: &B) {
         other => panic!("expected a takeover, got {other:?}"),
     };
     assert!(g2 > g1, "a takeover's generation {g2} must exceed {g1}");
-    match b.acquire(&f, &other, &t).await.unwrap() {
+    let follower = b.acquire(&f, &other, &t).await.unwrap();
+    lease.held()?;
+    match follower {
         Acquired::Follower { generation, .. } => assert_eq!(generation, g2),
         other => panic!("expected FOLLOWER, got {other:?}"),
     }
@@ -135,56 +170,79 @@ pub async fn takeover_fences_the_stale_owner<B: Backend>(b: &B) {
         Committed::Fenced
     );
     let new = commit_args(b"new", 1024);
-    assert_eq!(
-        b.commit(&f, &fresh, g2, &new).await.unwrap(),
-        Committed::Committed
-    );
+    let committed = b.commit(&f, &fresh, g2, &new).await.unwrap();
+    record.held()?;
+    assert_eq!(committed, Committed::Committed);
     assert_eq!(
         b.commit(&f, &stale, g1, &old).await.unwrap(),
         Committed::Fenced
     );
     expect_hit(b.acquire(&f, &other, &t).await.unwrap(), g2, b"new");
+    Ok(())
 }
 
 /// Without takeover an expired flight answers EXPIRED, and nothing changes.
 pub async fn expired_without_takeover<B: Backend>(b: &B) {
+    conclusive("expired_without_takeover", || {
+        expired_without_takeover_once(b)
+    })
+    .await
+}
+
+async fn expired_without_takeover_once<B: Backend>(b: &B) -> Result<(), Stalled> {
     let f = fresh_flight();
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
+    let record = Window::record(&terms(true));
     let g1 = owned(b.acquire(&f, &a, &terms(true)).await.unwrap(), "fresh");
     tokio::time::sleep(PAST_LEASE).await;
-    assert_eq!(
-        b.acquire(&f, &c, &terms(false)).await.unwrap(),
-        Acquired::Expired { generation: g1 }
-    );
-    match b.acquire(&f, &c, &terms(true)).await.unwrap() {
+    let expired = b.acquire(&f, &c, &terms(false)).await.unwrap();
+    let taken = b.acquire(&f, &c, &terms(true)).await.unwrap();
+    record.held()?;
+    assert_eq!(expired, Acquired::Expired { generation: g1 });
+    match taken {
         Acquired::Owner {
             generation,
             takeover: true,
         } => assert!(generation > g1),
         other => panic!("expected a takeover, got {other:?}"),
     }
+    Ok(())
 }
 
 /// An owner whose lease expired may still commit if nobody was granted the
 /// flight since (the commit rule).
 pub async fn late_commit_without_rival_succeeds<B: Backend>(b: &B) {
+    conclusive("late_commit_without_rival_succeeds", || {
+        late_commit_without_rival_succeeds_once(b)
+    })
+    .await
+}
+
+async fn late_commit_without_rival_succeeds_once<B: Backend>(b: &B) -> Result<(), Stalled> {
     let f = fresh_flight();
     let a = OwnerToken::random();
+    let record = Window::record(&terms(true));
     let g = owned(b.acquire(&f, &a, &terms(true)).await.unwrap(), "fresh");
     tokio::time::sleep(PAST_LEASE).await;
-    assert_eq!(
-        b.commit(&f, &a, g, &commit_args(b"late", 1024))
-            .await
-            .unwrap(),
-        Committed::Committed
-    );
+    let late = b.commit(&f, &a, g, &commit_args(b"late", 1024)).await;
+    record.held()?;
+    assert_eq!(late.unwrap(), Committed::Committed);
+    Ok(())
 }
 
 /// N concurrent acquirers after a dead owner's lease expired: exactly one
 /// takes over (invariant 4), the others follow its generation.
 pub async fn exactly_one_takeover<B: Backend>(b: Arc<B>, n: usize) {
+    conclusive("exactly_one_takeover", || {
+        exactly_one_takeover_once(b.clone(), n)
+    })
+    .await
+}
+
+async fn exactly_one_takeover_once<B: Backend>(b: Arc<B>, n: usize) -> Result<(), Stalled> {
     let f = fresh_flight();
     let dead = OwnerToken::random();
+    let record = Window::record(&terms(true));
     let g1 = owned(b.acquire(&f, &dead, &terms(true)).await.unwrap(), "fresh");
     tokio::time::sleep(PAST_LEASE).await;
     let mut tasks = Vec::new();
@@ -195,10 +253,17 @@ pub async fn exactly_one_takeover<B: Backend>(b: Arc<B>, n: usize) {
             b.acquire(&f, &tok, &terms(true)).await.unwrap()
         }));
     }
+    let mut answers = Vec::with_capacity(n);
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    // Every acquire landed before the dead owner's record expired, so
+    // none of them may find the flight free (a grant without takeover).
+    record.held()?;
     let mut owners = Vec::new();
     let mut followed = Vec::new();
-    for t in tasks {
-        match t.await.unwrap() {
+    for answer in answers {
+        match answer {
             Acquired::Owner {
                 generation,
                 takeover: true,
@@ -214,4 +279,5 @@ pub async fn exactly_one_takeover<B: Backend>(b: Arc<B>, n: usize) {
         "followers follow the new owner's generation {}: {followed:?}",
         owners[0]
     );
+    Ok(())
 }

@@ -14,6 +14,16 @@
 //! layer keeps over the backend: no lease left behind after an unknown
 //! outcome, heartbeats until the commit has returned).
 //!
+//! The checks run in real time against a real server, so a loaded machine
+//! may stall between two calls for longer than a lease. A verdict that
+//! needs a lease or a record still alive when a call lands is only drawn
+//! when that call's answer came back inside the window measured from
+//! before the call that granted or renewed it was sent (a [`Window`]);
+//! otherwise the check says nothing and runs again on a fresh flight, and
+//! fails, naming the window, if the machine stalls every time. A verdict
+//! that needs a window to have passed always holds: the checks sleep past
+//! it after the answer came back.
+//!
 //! Generations are compared with each other, never with fixed numbers: a
 //! backend may start a flight anywhere (the Redis backend starts from the
 //! server's clock) as long as it never repeats or goes back.
@@ -33,6 +43,7 @@ mod grants;
 mod layer;
 mod results;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,6 +72,77 @@ const PAST_LEASE: Duration = Duration::from_millis(500);
 
 /// Past everything a flight granted with [`SHORT_STATE`] keeps.
 const PAST_RECORD: Duration = Duration::from_millis(1600);
+
+/// How often a check runs on a fresh flight before a stall every time
+/// fails it.
+const ATTEMPTS: usize = 5;
+
+/// Taken off every window: the server's clock counts in milliseconds.
+const CLOCK_MARGIN: Duration = Duration::from_millis(5);
+
+/// The machine stalled past the window a verdict needed (named): the
+/// attempt shows nothing either way.
+#[derive(Debug)]
+struct Stalled(&'static str);
+
+/// A lease's or a record's life, measured from before the call that
+/// granted or renewed it was sent: an answer that came back inside it
+/// reached the server inside it.
+#[derive(Clone, Copy)]
+struct Window {
+    opened: Instant,
+    len: Duration,
+    what: &'static str,
+}
+
+impl Window {
+    /// The lease a call about to be sent grants or renews.
+    fn lease(t: &LeaseTerms) -> Self {
+        Self::open(t.lease, "the lease")
+    }
+
+    /// The record a call about to be sent grants or renews.
+    fn record(t: &LeaseTerms) -> Self {
+        Self::open(t.record_ttl(), "the flight's record")
+    }
+
+    fn open(len: Duration, what: &'static str) -> Self {
+        Window {
+            opened: Instant::now(),
+            len: len.saturating_sub(CLOCK_MARGIN),
+            what,
+        }
+    }
+
+    /// `Ok` while the answers received so far all landed inside the window.
+    fn held(&self) -> Result<(), Stalled> {
+        if self.opened.elapsed() < self.len {
+            Ok(())
+        } else {
+            Err(Stalled(self.what))
+        }
+    }
+}
+
+/// Runs `attempt` until it draws its verdict (a violation panics inside
+/// it), on a fresh flight each time.
+async fn conclusive<F, Fut>(check: &str, mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), Stalled>>,
+{
+    let mut stalls = Vec::with_capacity(ATTEMPTS);
+    for _ in 0..ATTEMPTS {
+        match attempt().await {
+            Ok(()) => return,
+            Err(Stalled(what)) => stalls.push(what),
+        }
+    }
+    panic!(
+        "{check}: no verdict in {ATTEMPTS} attempts: each time the machine stalled past the \
+         window a verdict needs ({stalls:?}); no rule was seen broken, none was checked"
+    );
+}
 
 /// A fresh flight id.
 pub fn fresh_flight() -> FlightId {
