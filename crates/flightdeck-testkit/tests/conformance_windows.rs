@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flightdeck_distributed::backend::{Acquired, Backend, BackendFuture, FlightId, LeaseTerms};
+use flightdeck_distributed::backend::{
+    Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, Renewal,
+};
 use flightdeck_distributed::OwnerToken;
 use flightdeck_testkit::{conformance, MemoryBackend};
 
@@ -35,6 +37,10 @@ struct Stalling {
     per_flight: Mutex<HashMap<FlightId, usize>>,
     /// Answer a takeover as a fresh grant (a broken backend).
     demote_takeovers: bool,
+    /// How many of the first heartbeats stall for [`STALL`].
+    stalled_heartbeats: AtomicUsize,
+    /// Heartbeats renew nothing and answer at once (a broken backend).
+    refuse_heartbeats: bool,
 }
 
 impl Stalling {
@@ -45,6 +51,8 @@ impl Stalling {
             acquires: AtomicUsize::new(0),
             per_flight: Mutex::new(HashMap::new()),
             demote_takeovers: false,
+            stalled_heartbeats: AtomicUsize::new(0),
+            refuse_heartbeats: false,
         }
     }
 
@@ -84,7 +92,29 @@ impl Backend for Stalling {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => commit, heartbeat, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        Box::pin(async move {
+            let stalls = self
+                .stalled_heartbeats
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if stalls {
+                tokio::time::sleep(STALL).await;
+            }
+            if self.refuse_heartbeats {
+                return Err(BackendError::unavailable("heartbeats refused"));
+            }
+            self.inner.heartbeat(flight, token, generation, terms).await
+        })
+    }
+
+    flightdeck_distributed::forward_backend!(inner => commit, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// The first takeover acquire lands after the dead owner's record expired
@@ -126,4 +156,28 @@ async fn a_rule_broken_inside_the_window_still_fails_the_check() {
         ..Stalling::new(Stall::Never)
     };
     conformance::exactly_one_takeover(Arc::new(b), 4).await;
+}
+
+/// The owner's first heartbeat stalls past its lease (the backend froze):
+/// the layer check's verdict on the heartbeats means nothing that time,
+/// and the next attempt draws it.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_heartbeat_makes_the_layer_check_run_again() {
+    let b = Stalling::new(Stall::Never);
+    b.stalled_heartbeats.store(1, Ordering::SeqCst);
+    let b = Arc::new(b);
+    conformance::the_owner_heartbeats_until_its_commit_has_returned(b.clone()).await;
+    assert_eq!(b.stalled_heartbeats.load(Ordering::SeqCst), 0);
+}
+
+/// Heartbeats that renew nothing, answered at once, are no stall: the
+/// lapsed lease is a verdict.
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "the owner's lease lapsed")]
+async fn a_lease_lapsed_without_a_stall_still_fails_the_layer_check() {
+    let b = Stalling {
+        refuse_heartbeats: true,
+        ..Stalling::new(Stall::Never)
+    };
+    conformance::the_owner_heartbeats_until_its_commit_has_returned(Arc::new(b)).await;
 }

@@ -5,21 +5,23 @@
 //! to expire; and the owner heartbeats until its commit has returned, so a
 //! slow commit never lets its lease lapse.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Shareable, StageName};
 use flightdeck_distributed::backend::{
-    Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId, OwnerToken,
+    Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms,
+    OwnerToken, Renewal,
 };
 use flightdeck_distributed::{
     DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
 };
-use tokio::time::timeout;
+use tokio::task::JoinHandle;
+use tokio::time::{timeout, Instant};
 
-use super::{terms, LEASE};
+use super::{conclusive, terms, Stalled, LEASE};
 use crate::Hooked;
 
 /// The work of a layer check: answers `value`, counting its runs.
@@ -61,6 +63,51 @@ fn fresh_key() -> FlightKey {
         StageName::new("conformance").expect("valid stage name"),
         n.to_le_bytes(),
     )
+}
+
+/// The longest a stall may hold up the owner's heartbeats before the
+/// verdict on them means nothing: half of what a heartbeat every quarter
+/// lease leaves before the lease lapses.
+const HELD_UP: Duration = Duration::from_millis(150);
+
+/// How late the runtime ran a task that sleeps [`WATCHDOG_TICK`] at a
+/// time, at worst, from its start until it is dropped: a stall of this
+/// process (the runtime starved of CPU) shows here.
+struct Watchdog {
+    worst_us: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+const WATCHDOG_TICK: Duration = Duration::from_millis(10);
+
+impl Watchdog {
+    fn start() -> Self {
+        let worst_us = Arc::new(AtomicU64::new(0));
+        let worst = worst_us.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let asleep = Instant::now();
+                tokio::time::sleep(WATCHDOG_TICK).await;
+                let late = asleep.elapsed().saturating_sub(WATCHDOG_TICK);
+                worst.fetch_max(micros(late), Ordering::Relaxed);
+            }
+        });
+        Watchdog { worst_us, task }
+    }
+
+    fn worst(&self) -> Duration {
+        Duration::from_micros(self.worst_us.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Waits for the layer's background work, at most 10 s.
@@ -122,6 +169,32 @@ struct SlowCommits<B> {
     each: Duration,
     commits: Arc<AtomicUsize>,
     probe: Arc<Mutex<Option<Acquired>>>,
+    /// The slowest heartbeat or probe round trip, in µs: a stalled backend
+    /// shows here.
+    slowest_us: Arc<AtomicU64>,
+}
+
+impl<B> SlowCommits<B> {
+    /// Times a call from now until the guard drops (answered, or given up
+    /// by its caller).
+    fn timed(&self) -> RoundTrip<'_> {
+        RoundTrip {
+            sent: Instant::now(),
+            slowest_us: &self.slowest_us,
+        }
+    }
+}
+
+struct RoundTrip<'a> {
+    sent: Instant,
+    slowest_us: &'a AtomicU64,
+}
+
+impl Drop for RoundTrip<'_> {
+    fn drop(&mut self) {
+        self.slowest_us
+            .fetch_max(micros(self.sent.elapsed()), Ordering::Relaxed);
+    }
 }
 
 impl<B: Backend> Backend for SlowCommits<B> {
@@ -139,17 +212,32 @@ impl<B: Backend> Backend for SlowCommits<B> {
                 return Err(BackendError::unavailable("conformance: commit refused"));
             }
             if n == self.failing {
+                let timed = self.timed();
                 let seen = self
                     .inner
                     .acquire(flight, &OwnerToken::random(), &terms(true))
                     .await?;
+                drop(timed);
                 *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = Some(seen);
             }
             self.inner.commit(flight, token, generation, args).await
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        Box::pin(async move {
+            let _timed = self.timed();
+            self.inner.heartbeat(flight, token, generation, terms).await
+        })
+    }
+
+    flightdeck_distributed::forward_backend!(inner => acquire, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// The owner's first commit attempt fails after 280 ms and its second
@@ -158,17 +246,29 @@ impl<B: Backend> Backend for SlowCommits<B> {
 /// the commit has returned, so a node asking for the flight just before
 /// the second attempt lands (past the lease) follows the owner instead of
 /// taking the flight over, and the result lands under the owner's
-/// generation.
+/// generation. The verdict on the heartbeats is drawn only when neither
+/// this process nor the backend stalled for 150 ms meanwhile;
+/// otherwise the check runs again.
 pub async fn the_owner_heartbeats_until_its_commit_has_returned<B: Backend>(b: Arc<B>) {
+    conclusive("the_owner_heartbeats_until_its_commit_has_returned", || {
+        the_owner_heartbeats_once(b.clone())
+    })
+    .await
+}
+
+async fn the_owner_heartbeats_once<B: Backend>(b: Arc<B>) -> Result<(), Stalled> {
     let commits = Arc::new(AtomicUsize::new(0));
     let probe = Arc::new(Mutex::new(None));
+    let slowest_us = Arc::new(AtomicU64::new(0));
     let slow = SlowCommits {
         inner: b.clone(),
         failing: 1,
         each: Duration::from_millis(280),
         commits: commits.clone(),
         probe: probe.clone(),
+        slowest_us: slowest_us.clone(),
     };
+    let watchdog = Watchdog::start();
     let flights = DistributedFlights::new(slow, policy(LEASE), PostcardCodec::<String>::new())
         .expect("a valid policy");
     let key = fresh_key();
@@ -191,6 +291,10 @@ pub async fn the_owner_heartbeats_until_its_commit_has_returned<B: Backend>(b: A
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let seen = probe.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let slowest = Duration::from_micros(slowest_us.load(Ordering::Relaxed));
+    if watchdog.worst() >= HELD_UP || slowest >= HELD_UP {
+        return Err(Stalled("the owner's heartbeats"));
+    }
     let generation = match seen {
         Some(Acquired::Follower { generation, .. }) => generation,
         other => panic!(
@@ -205,4 +309,5 @@ pub async fn the_owner_heartbeats_until_its_commit_has_returned<B: Backend>(b: A
         Acquired::Hit(stored) => assert_eq!(stored.generation, generation),
         other => panic!("the owner's commit did not land: {other:?}"),
     }
+    Ok(())
 }

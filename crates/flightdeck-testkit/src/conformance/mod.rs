@@ -18,7 +18,7 @@
 //! may stall between two calls for longer than a lease. A verdict that
 //! needs a lease or a record still alive when a call lands is only drawn
 //! when that call's answer came back inside the window measured from
-//! before the call that granted or renewed it was sent (a [`Window`]);
+//! before the call that granted or renewed it was sent;
 //! otherwise the check says nothing and runs again on a fresh flight, and
 //! fails, naming the window, if the machine stalls every time. A verdict
 //! that needs a window to have passed always holds: the checks sleep past
