@@ -4,7 +4,9 @@
 //! allocation (and fred's clones of them are reference counts), instead of
 //! a `String` (and a copy of it) per argument and per call.
 
-use bytes::{BufMut, BytesMut};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
 use flightdeck_distributed::backend::FlightId;
 use fred::prelude::Value;
 
@@ -22,22 +24,50 @@ pub(crate) struct ScriptArgs {
 /// and the number of keys).
 const RECORD: usize = 2;
 
+/// Which of a flight's names a script gets as its keys, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Names {
+    /// The record only (ACQUIRE, HEARTBEAT: they publish nothing).
+    Record,
+    /// The record and its channel.
+    Flight,
+    /// The record, its channel and the last invalidation (`…:f2:i`).
+    All,
+}
+
+impl Names {
+    fn count(self) -> usize {
+        match self {
+            Names::Record => 1,
+            Names::Flight => 2,
+            Names::All => 3,
+        }
+    }
+}
+
+/// Longest a number's decimal digits get.
+const DIGITS: usize = 20;
+
 impl ScriptArgs {
-    /// Arguments whose keys are `flight`'s names under `prefix` (see
-    /// [`RedisBackend::keys`](crate::RedisBackend::keys)): its record and
-    /// channel, and with `invalidation` its last invalidation (`…:f2:i`);
-    /// room for `args` more arguments.
-    pub(crate) fn new(prefix: &str, flight: &FlightId, invalidation: bool, args: usize) -> Self {
-        let keys = 2 + usize::from(invalidation);
+    /// Arguments whose keys are `names` of `flight` under `prefix` (see
+    /// [`RedisBackend::keys`](crate::RedisBackend::keys)); room for `args`
+    /// more arguments. Numbers go as their digits, written here: fred's
+    /// own encoding of an integer argument costs more than the argument.
+    pub(crate) fn new(prefix: &str, flight: &FlightId, names: Names, args: usize) -> Self {
+        let keys = names.count();
         let record = prefix.len() + ":{".len() + 64 + "}:".len() + LAYOUT.len();
         let mut s = Self {
             // The names (the channel's and the invalidation's repeat the
-            // record's), then room for a token, a generation and flags.
-            buf: BytesMut::with_capacity(keys * record + ":done:i".len() + 64),
+            // record's), then room for a token (64) and the numbers.
+            buf: BytesMut::with_capacity(keys * record + ":done:i".len() + 64 + args * DIGITS),
             argv: Vec::with_capacity(2 + keys + args),
         };
         s.argv.push(Value::Null);
-        s.argv.push(Value::Integer(keys as i64));
+        s.argv.push(Value::Bytes(Bytes::from_static(match names {
+            Names::Record => b"1",
+            Names::Flight => b"2",
+            Names::All => b"3",
+        })));
         s.buf.put_slice(prefix.as_bytes());
         s.buf.put_slice(b":{");
         s.buf.put_slice(&flight.digest().hex());
@@ -45,9 +75,11 @@ impl ScriptArgs {
         s.buf.put_slice(LAYOUT.as_bytes());
         let record = s.buf.split().freeze();
         s.argv.push(Value::Bytes(record.clone()));
-        s.buf.put_slice(&record);
-        s = s.text(":done");
-        if invalidation {
+        if names != Names::Record {
+            s.buf.put_slice(&record);
+            s = s.text(":done");
+        }
+        if names == Names::All {
             s.buf.put_slice(&record);
             s = s.text(":i");
         }
@@ -63,9 +95,15 @@ impl ScriptArgs {
         self
     }
 
+    /// An argument: `d` in whole milliseconds, at least 1 (Redis refuses
+    /// an expiry of 0).
+    pub(crate) fn millis(self, d: Duration) -> Self {
+        self.uint(u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1))
+    }
+
     /// An argument: `n` in decimal.
     pub(crate) fn uint(mut self, n: u64) -> Self {
-        let mut digits = [0u8; 20];
+        let mut digits = [0u8; DIGITS];
         let mut at = digits.len();
         let mut rest = n;
         loop {
@@ -133,12 +171,14 @@ mod tests {
     fn names_and_arguments_are_written_in_order() {
         let f = flight();
         let h = f.to_hex();
-        let args = ScriptArgs::new("fd:x", &f, false, 4)
+        let args = ScriptArgs::new("fd:x", &f, Names::Flight, 4)
             .text("tok")
             .uint(0)
             .uint(1_700_000_000_123_456)
             .uint(u64::MAX)
             .value(Value::Bytes(bytes::Bytes::from_static(b"pay\0load")))
+            .millis(Duration::from_micros(2_500))
+            .millis(Duration::ZERO)
             .text("1");
         assert_eq!(args.record(), format!("fd:x:{{{h}}}:f2").as_bytes());
         assert_eq!(
@@ -153,7 +193,24 @@ mod tests {
                 "1700000000123456".to_owned(),
                 u64::MAX.to_string(),
                 "pay\0load".to_owned(),
+                "2".to_owned(),
                 "1".to_owned(),
+                "1".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_script_that_publishes_nothing_gets_the_record_alone() {
+        let f = flight();
+        let h = f.to_hex();
+        assert_eq!(
+            strings(ScriptArgs::new("p", &f, Names::Record, 1).millis(Duration::from_secs(30))),
+            [
+                String::new(),
+                "1".to_owned(),
+                format!("p:{{{h}}}:f2"),
+                "30000".to_owned(),
             ]
         );
     }
@@ -163,7 +220,7 @@ mod tests {
         let f = flight();
         let h = f.to_hex();
         assert_eq!(
-            strings(ScriptArgs::new("p", &f, true, 1).uint(42)),
+            strings(ScriptArgs::new("p", &f, Names::All, 1).uint(42)),
             [
                 String::new(),
                 "3".to_owned(),
@@ -180,7 +237,7 @@ mod tests {
         let f = flight();
         let prefix = "p".repeat(64);
         let token = "t".repeat(128);
-        let argv = strings(ScriptArgs::new(&prefix, &f, true, 1).text(&token));
+        let argv = strings(ScriptArgs::new(&prefix, &f, Names::All, 1).text(&token));
         assert_eq!(argv[4], format!("{prefix}:{{{}}}:f2:i", f.to_hex()));
         assert_eq!(argv[5], token);
     }

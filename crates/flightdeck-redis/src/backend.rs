@@ -12,11 +12,11 @@ use fred::prelude::*;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use crate::args::ScriptArgs;
+use crate::args::{Names, ScriptArgs};
 use crate::classify::classify;
 use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
-use crate::reply::{answer, bad_reply, bytes, gen, ms, parse_acquire, released};
+use crate::reply::{answer, bad_reply, bytes, gen, parse_acquire, released};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
 use crate::subs::{Channel, SubGuard, Subs};
@@ -90,13 +90,8 @@ impl RedisBackend {
     /// own), its keys written: the flight's record and channel
     /// ([`keys`](Self::keys)), and with `invalidation` (INVALIDATE and
     /// READ) its last invalidation (`…:f2:i`, see [`scripts`](crate::scripts)).
-    pub(crate) fn script_args(
-        &self,
-        flight: &FlightId,
-        invalidation: bool,
-        args: usize,
-    ) -> ScriptArgs {
-        ScriptArgs::new(&self.inner.prefix, flight, invalidation, args)
+    pub(crate) fn script_args(&self, flight: &FlightId, names: Names, args: usize) -> ScriptArgs {
+        ScriptArgs::new(&self.inner.prefix, flight, names, args)
     }
 
     /// The Redis Cluster hash slot of the flight, shared by all its names
@@ -271,11 +266,11 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
             let args = self
-                .script_args(flight, false, 4)
+                .script_args(flight, Names::Record, 4)
                 .text(token.as_str())
-                .value(ms(terms.lease))
+                .millis(terms.lease)
                 .text(if terms.allow_takeover { "1" } else { "0" })
-                .value(ms(terms.record_ttl()));
+                .millis(terms.record_ttl());
             match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {
@@ -319,11 +314,11 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Renewal> {
         Box::pin(async move {
             let args = self
-                .script_args(flight, false, 4)
+                .script_args(flight, Names::Record, 4)
                 .text(token.as_str())
                 .uint(generation)
-                .value(ms(terms.lease))
-                .value(ms(terms.record_ttl()));
+                .millis(terms.lease)
+                .millis(terms.record_ttl());
             let v = self.eval(HEARTBEAT, args).await?;
             answer(
                 "HEARTBEAT",
@@ -342,11 +337,11 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Committed> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, false, 5)
+                .script_args(flight, Names::Flight, 5)
                 .text(token.as_str())
                 .uint(generation)
                 .value(bytes(&args.payload))
-                .value(ms(args.ttl))
+                .millis(args.ttl)
                 .text(if args.payload.len() <= args.inline_below {
                     "1"
                 } else {
@@ -373,13 +368,11 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, false, 4)
+                .script_args(flight, Names::Flight, 4)
                 .text(token.as_str())
                 .uint(generation)
                 .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
-                .value(Value::Integer(
-                    i64::try_from(args.failure_ttl.as_millis()).unwrap_or(i64::MAX),
-                ));
+                .uint(u64::try_from(args.failure_ttl.as_millis()).unwrap_or(u64::MAX));
             let v = self.eval(ABANDON, argv).await?;
             released("ABANDON", &v)
         })
@@ -393,9 +386,9 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, false, 2)
+                .script_args(flight, Names::Flight, 2)
                 .text(token.as_str())
-                .value(ms(state_ttl));
+                .millis(state_ttl);
             let v = self.eval(RELEASE, argv).await?;
             released("RELEASE", &v)
         })
@@ -407,7 +400,7 @@ impl Backend for RedisBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, u64> {
         Box::pin(async move {
-            let args = self.script_args(flight, true, 1).value(ms(state_ttl));
+            let args = self.script_args(flight, Names::All, 1).millis(state_ttl);
             let v = self.eval(INVALIDATE, args).await?;
             gen(&v).ok_or_else(|| bad_reply("INVALIDATE", &v))
         })
@@ -492,7 +485,9 @@ mod tests {
         let b = RedisBackend::new(RedisConfig::new("redis://127.0.0.1:1").prefix("p:q")).unwrap();
         let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("n").unwrap(), "r"));
         let [record, channel] = b.keys(&flight);
-        let argv = b.script_args(&flight, true, 0).into_argv();
+        let argv = b
+            .script_args(&flight, crate::args::Names::All, 0)
+            .into_argv();
         let names: Vec<_> = argv[2..].iter().map(|v| v.as_bytes().unwrap()).collect();
         let invalidation = format!("{record}:i");
         let want = [
@@ -501,6 +496,6 @@ mod tests {
             invalidation.as_bytes(),
         ];
         assert_eq!(names, want);
-        assert_eq!(argv[1], fred::types::Value::Integer(3));
+        assert_eq!(argv[1].as_bytes(), Some(&b"3"[..]));
     }
 }

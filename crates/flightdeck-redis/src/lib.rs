@@ -77,11 +77,14 @@
 //! the channel's slot), so they stay on the flight's shard. A slot
 //! migration (resharding) is followed through `MOVED` once it is done: the
 //! backend refreshes its map and sends the call to the new owner, within
-//! the call's deadline. While it runs, our scripts cannot run anywhere for
-//! the moving slot: the old owner answers `TRYAGAIN` (it has the flight's
-//! record but not the channel, which is never stored) or `ASK`, and the
-//! new owner, even after `ASKING`, serves a multi-key command only when it
-//! has every key (the channel in `KEYS` is never stored, so never). So the
+//! the call's deadline. While it runs, an ACQUIRE or HEARTBEAT (whose only
+//! key is the record) is served by the old owner as long as the record is
+//! still there; the other scripts (their `KEYS` hold the channel too,
+//! which is never stored) cannot run anywhere for the moving slot: the
+//! old owner answers `TRYAGAIN` (it has the record, not the channel) or
+//! `ASK`, and the new owner, even after `ASKING`, serves a multi-key
+//! command only when it has every key (so never). Once the record moved,
+//! the old owner answers `ASK` to every script. So the
 //! backend follows no `ASK` and retries `TRYAGAIN` and `ASK` for
 //! [`RedisConfig::migration_retry`] (100 ms by default), and never past
 //! shortly before the layer cuts the call off (each L2 layer tells the

@@ -9,10 +9,6 @@ use flightdeck_distributed::backend::{
 };
 use fred::prelude::*;
 
-pub(crate) fn ms(d: Duration) -> Value {
-    Value::Integer(i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1))
-}
-
 pub(crate) fn text(s: &str) -> Value {
     Value::String(s.into())
 }

@@ -1,9 +1,11 @@
 //! The Lua scripts of the protocol, one per action.
 //!
-//! Every script gets `KEYS = [record, channel]` (INVALIDATE and READ also
-//! the invalidation key, below), all sharing one hash tag
-//! (`{prefix}:{h}:…`), so a flight lives in one cluster slot; the `#!lua`
-//! shebang makes Redis reject undeclared cross-slot access.
+//! A script gets the flight's names it uses as `KEYS`: ACQUIRE and
+//! HEARTBEAT `[record]`, COMMIT, ABANDON and RELEASE `[record, channel]`,
+//! INVALIDATE and READ also the invalidation key (below, `KEYS[3]`). They
+//! share one hash tag (`{prefix}:{h}:…`), so a flight lives in one cluster
+//! slot; the `#!lua` shebang makes Redis reject undeclared cross-slot
+//! access. Numbers are sent as their decimal digits.
 //!
 //! **One key per flight** (and one more after an invalidation, below),
 //! the record `{prefix}:{h}:f2`, a hash:

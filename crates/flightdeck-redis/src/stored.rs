@@ -9,6 +9,7 @@ use flightdeck_distributed::backend::{Acquired, BackendError, FlightId};
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
+use crate::args::Names;
 use crate::backend::RedisBackend;
 use crate::classify::classify;
 use crate::connect::timed_out;
@@ -31,7 +32,10 @@ impl RedisBackend {
     /// The record's `g`, `s`, `b` and the last invalidation (see
     /// [`scripts::READ`](crate::scripts::READ)).
     async fn read(&self, flight: &FlightId) -> Result<Vec<Value>, BackendError> {
-        match self.eval(READ, self.script_args(flight, true, 0)).await? {
+        match self
+            .eval(READ, self.script_args(flight, Names::All, 0))
+            .await?
+        {
             Value::Array(items) if items.len() == 4 => Ok(items),
             other => Err(bad_reply("READ", &other)),
         }

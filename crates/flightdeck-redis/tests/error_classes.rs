@@ -230,14 +230,15 @@ async fn dead_cluster_primary_is_unavailable_for_its_slots_only() {
 }
 
 /// Row "TRYAGAIN / ASK while a slot migrates, beyond the deadline":
-/// unavailable, never protocol.
+/// unavailable, never protocol. ACQUIRE names the record alone, so while
+/// the record is still on the slot's old owner it is served there; once
+/// the record moved (the slot not yet), the old owner answers ASK.
 #[tokio::test]
 async fn slot_in_migration_is_unavailable() {
     let cluster = RedisCluster::start(2).unwrap();
     let b = RedisBackend::connect(config(cluster.url())).await.unwrap();
     let f = flight("moving");
     let record = b.keys(&f)[0].clone();
-    // A stored record, so the old owner answers TRYAGAIN or ASK.
     assert_eq!(acquire_kind(&b, "moving").await, None);
     let slot = cluster.keyslot(&record).unwrap();
     let from = cluster.slot_owner(slot).unwrap();
@@ -245,14 +246,22 @@ async fn slot_in_migration_is_unavailable() {
         .begin_migration(slot, 1 - from)
         .unwrap()
         .expect("the slot moves to the other node");
-    let kind = acquire_kind(&b, "moving").await;
-    assert_eq!(kind, Some(BackendErrorKind::Unavailable));
+    assert_eq!(
+        acquire_kind(&b, "moving").await,
+        None,
+        "the record is still on the old owner, which serves it"
+    );
     // Subscribing while the slot moves works (the old owner serves it).
     let sub = tokio::time::timeout(Duration::from_secs(5), b.subscribe(&f))
         .await
         .expect("subscribe answers")
         .expect("subscribes during the migration");
     cluster.migrate_all_keys(&migration).unwrap();
+    assert_eq!(
+        acquire_kind(&b, "moving").await,
+        Some(BackendErrorKind::Unavailable),
+        "the record moved, the slot not yet: ASK until the deadline"
+    );
     cluster.finish_migration(&migration).unwrap();
     assert_eq!(
         acquire_kind(&b, "moving").await,

@@ -713,3 +713,108 @@ async fn measure_server_time_per_owner_flight_old_and_new() {
         );
     }
 }
+
+/// The owner flights of this layout on `tasks` tasks at once, each taking
+/// its share of `FLIGHTS` fresh flights one after the other: ACQUIRE of
+/// all, then COMMIT of all, each phase counted apart.
+async fn owner_flights_at_once(
+    redis: &RedisServer,
+    b: &RedisBackend,
+    args: &CommitArgs,
+    tasks: usize,
+) -> (Phase, Phase) {
+    let t = LeaseTerms {
+        lease: Duration::from_secs(30),
+        state_ttl: Duration::from_secs(120),
+        allow_takeover: true,
+    };
+    let tok = OwnerToken::random();
+    let flights: Vec<FlightId> = (0..FLIGHTS).map(|_| fresh_flight()).collect();
+    let shares: Vec<Vec<FlightId>> = flights
+        .chunks(flights.len().div_ceil(tasks))
+        .map(<[FlightId]>::to_vec)
+        .collect();
+    reset(redis);
+    let mut granted = tokio::task::JoinSet::new();
+    for share in shares {
+        let (b, tok) = (b.clone(), tok.clone());
+        granted.spawn(async move {
+            let mut out = Vec::with_capacity(share.len());
+            for f in share {
+                let g = owned(b.acquire(&f, &tok, &t).await.unwrap());
+                out.push((f, g));
+            }
+            out
+        });
+    }
+    let granted: Vec<Vec<(FlightId, u64)>> = granted.join_all().await;
+    let acquire = Phase::read(redis);
+    reset(redis);
+    let mut committed = tokio::task::JoinSet::new();
+    for share in granted {
+        let (b, tok, args) = (b.clone(), tok.clone(), args.clone());
+        committed.spawn(async move {
+            for (f, g) in share {
+                let done = b.commit(&f, &tok, g, &args).await.unwrap();
+                assert_eq!(done, Committed::Committed);
+            }
+        });
+    }
+    committed.join_all().await;
+    let commit = Phase::read(redis);
+    assert_eq!((acquire.scripts, commit.scripts), (FLIGHTS, FLIGHTS));
+    assert_eq!(
+        acquire.inner + commit.inner,
+        8 * FLIGHTS,
+        "8 inner calls per owner flight"
+    );
+    (acquire, commit)
+}
+
+/// For the record (printed, not asserted): Redis server time per owner
+/// flight (ACQUIRE + COMMIT, the `usec` of `EVALSHA`) when the server
+/// idles between calls (one flight at a time) and when it is kept busy
+/// (64 tasks on one client), alternating in one run, which goes first
+/// alternating too; then the median of the rounds. A server that idles
+/// between calls runs each one from cold caches; the busy figure is the
+/// one that bounds a node's flights per second.
+#[tokio::test]
+async fn measure_server_time_per_owner_flight_idle_and_busy() {
+    const ROUNDS: usize = 6;
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let per = |us: u64| us as f64 / FLIGHTS as f64;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    for size in [64usize, 4096] {
+        let args = CommitArgs {
+            payload: Bytes::from(vec![b'r'; size]),
+            ..commit_args(b"")
+        };
+        let (mut idle, mut busy, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let mut order = [1, 64];
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for tasks in order {
+                let (a, c) = owner_flights_at_once(&redis, &b, &args, tasks).await;
+                let total = per(a.usec + c.usec);
+                rows.push(format!(
+                    "  round {round}, {tasks:>2} task(s): {total:.1} us (ACQUIRE {:.1} + COMMIT {:.1})",
+                    per(a.usec),
+                    per(c.usec)
+                ));
+                if tasks == 1 { &mut idle } else { &mut busy }.push(total);
+            }
+        }
+        let (i, k) = (median(idle), median(busy));
+        eprintln!(
+            "Redis server time per owner flight, {size} B result, {FLIGHTS} fresh flights per \
+             phase:\n{}\n  median of {ROUNDS} rounds: idle server {i:.1} us, busy server {k:.1} us",
+            rows.join("\n")
+        );
+    }
+}
