@@ -625,7 +625,12 @@ async fn ambiguous_acquire_retry_is_owner_same_generation() {
     let b = backend(&redis).await;
     let flight = flight_of("ambiguous", "k");
     let tok = OwnerToken::random();
-    let terms = conformance::terms(true);
+    // A lease that outlives any stall of this test: the retry and the
+    // other token's ACQUIRE must land while it lives.
+    let terms = LeaseTerms {
+        lease: Duration::from_secs(30),
+        ..conformance::terms(true)
+    };
     redis.pause().unwrap();
     let err = b.acquire(&flight, &tok, &terms).await.unwrap_err();
     assert_eq!(err.kind(), BackendErrorKind::OutcomeUnknown);

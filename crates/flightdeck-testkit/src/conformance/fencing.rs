@@ -35,7 +35,7 @@ async fn generations_never_repeat_or_decrease_once<B: Backend>(b: &B) -> Result<
     let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "a fresh flight");
     next("the first grant", g);
     let committed = b.commit(&f, &a, g, &short_commit(b"r")).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(committed, Committed::Committed);
     tokio::time::sleep(LEASE).await;
 
@@ -44,7 +44,7 @@ async fn generations_never_repeat_or_decrease_once<B: Backend>(b: &B) -> Result<
     let g = owned(b.acquire(&f, &c, &t).await.unwrap(), "the result expired");
     next("after the result expired", g);
     let abandoned = b.abandon(&f, &c, g, &abandon_args(None)).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(abandoned, Released::Released);
     let g = owned(b.acquire(&f, &tok(), &t).await.unwrap(), "abandoned");
     next("after an abandon", g);
@@ -107,7 +107,7 @@ async fn commit_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<()
         Committed::Fenced
     );
     let late = b.commit(&f, &a, g, &mine).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(late, Committed::Committed, "the last grant commits late");
     assert_eq!(
         b.commit(&f, &a, g, &mine).await.unwrap(),
@@ -155,7 +155,7 @@ async fn stale_owner_of_an_expired_record_is_fenced_once<B: Backend>(b: &B) -> R
          (generation {gf})"
     );
     let committed = b.commit(&f, &fresh, gf, &commit_args(b"fresh", 1024)).await;
-    record.held()?;
+    record.kept()?;
     assert_eq!(
         committed.unwrap(),
         Committed::Committed,
@@ -196,7 +196,7 @@ async fn abandon_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<(
         );
     }
     let retried = b.acquire(&f, &a, &t).await.unwrap();
-    lease.held()?;
+    lease.kept()?;
     assert_eq!(
         retried,
         Acquired::Owner {
@@ -207,7 +207,7 @@ async fn abandon_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<(
     );
     tokio::time::sleep(PAST_LEASE).await;
     let expired = b.acquire(&f, &c, &t).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(expired, Acquired::Expired { generation: g });
     let mut sub = b.subscribe(&f).await.unwrap();
     assert_eq!(
@@ -215,7 +215,7 @@ async fn abandon_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<(
         Released::NotOwner
     );
     let abandoned = b.abandon(&f, &a, g, &abandon_args(None)).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(
         abandoned,
         Released::Released,
@@ -261,13 +261,13 @@ async fn release_frees_the_tokens_lease_whatever_its_generation_once<B: Backend>
     let mut sub = b.subscribe(&f).await.unwrap();
     assert_eq!(b.release(&f, &s, state).await.unwrap(), Released::NotOwner);
     let follower = b.acquire(&f, &c, &t).await.unwrap();
-    lease.held()?;
+    lease.kept()?;
     assert!(matches!(
         follower,
         Acquired::Follower { generation, .. } if generation == g
     ));
     let released = b.release(&f, &a, state).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(released, Released::Released);
     assert_eq!(
         next_notice(&mut sub).await,
@@ -306,7 +306,7 @@ async fn release_frees_the_tokens_lease_whatever_its_generation_once<B: Backend>
     tokio::time::sleep(PAST_LEASE).await;
     let expired = b.acquire(&f, &v, &t).await.unwrap();
     let released = b.release(&f, &u, state).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(expired, Acquired::Expired { generation: gu });
     assert_eq!(released, Released::Released);
     let record = Window::record(&t);
@@ -314,7 +314,7 @@ async fn release_frees_the_tokens_lease_whatever_its_generation_once<B: Backend>
     assert!(gv > gu);
     // A stored result is untouched.
     let committed = b.commit(&f, &v, gv, &commit_args(b"kept", 1024)).await;
-    record.held()?;
+    record.kept()?;
     assert_eq!(committed.unwrap(), Committed::Committed);
     assert_eq!(b.release(&f, &v, state).await.unwrap(), Released::NotOwner);
     expect_hit(b.acquire(&f, &w, &t).await.unwrap(), gv, b"kept");
@@ -348,7 +348,7 @@ async fn dead_owner_without_takeover_blocks_until_its_record_expires_once<B: Bac
     let granted = Instant::now();
     tokio::time::sleep(LEASE / 2).await;
     let follower = b.acquire(&f, &c, &t).await.unwrap();
-    lease.held()?;
+    lease.kept()?;
     assert!(matches!(
         follower,
         Acquired::Follower { generation, .. } if generation == g

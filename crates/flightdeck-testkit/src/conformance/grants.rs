@@ -24,7 +24,7 @@ async fn owner_follower_hit_once<B: Backend>(b: &B) -> Result<(), Stalled> {
     };
     assert!(g >= 1, "generations start at 1 or later");
     let follower = b.acquire(&f, &c, &t).await.unwrap();
-    lease.held()?;
+    lease.kept()?;
     match follower {
         Acquired::Follower {
             generation,
@@ -38,7 +38,7 @@ async fn owner_follower_hit_once<B: Backend>(b: &B) -> Result<(), Stalled> {
     let retried = b.acquire(&f, &a, &t).await.unwrap();
     let args = commit_args(b"\x00result\xff", 1024);
     let committed = b.commit(&f, &a, g, &args).await.unwrap();
-    lease.held()?;
+    lease.kept()?;
     assert_eq!(
         retried,
         Acquired::Owner {
@@ -89,12 +89,12 @@ async fn heartbeat_never_resurrects_once<B: Backend>(b: &B) -> Result<(), Stalle
         tokio::time::sleep(LEASE / 4).await;
         let renewed = (Window::lease(&t), Window::record(&t));
         let renewal = b.heartbeat(&f, &a, g, &t).await.unwrap();
-        lease.held()?;
+        lease.kept()?;
         assert_eq!(renewal, Renewal::Renewed);
         (lease, record) = renewed;
     }
     let follower = b.acquire(&f, &c, &t).await.unwrap();
-    lease.held()?;
+    lease.kept()?;
     assert!(matches!(follower, Acquired::Follower { .. }));
     assert_eq!(b.heartbeat(&f, &c, g, &t).await.unwrap(), Renewal::Lost);
     assert_eq!(b.heartbeat(&f, &a, g + 1, &t).await.unwrap(), Renewal::Lost);
@@ -106,7 +106,7 @@ async fn heartbeat_never_resurrects_once<B: Backend>(b: &B) -> Result<(), Stalle
     );
     assert_eq!(b.heartbeat(&f, &a, g, &t).await.unwrap(), Renewal::Lost);
     let taken = b.acquire(&f, &c, &t).await.unwrap();
-    record.held()?;
+    record.kept()?;
     let gc = match taken {
         Acquired::Owner {
             generation,
@@ -145,7 +145,7 @@ async fn takeover_fences_the_stale_owner_once<B: Backend>(b: &B) -> Result<(), S
     tokio::time::sleep(PAST_LEASE).await;
     let (lease, record) = (Window::lease(&t), Window::record(&t));
     let taken = b.acquire(&f, &fresh, &t).await.unwrap();
-    first.held()?;
+    first.kept()?;
     let g2 = match taken {
         Acquired::Owner {
             generation,
@@ -155,7 +155,7 @@ async fn takeover_fences_the_stale_owner_once<B: Backend>(b: &B) -> Result<(), S
     };
     assert!(g2 > g1, "a takeover's generation {g2} must exceed {g1}");
     let follower = b.acquire(&f, &other, &t).await.unwrap();
-    lease.held()?;
+    lease.kept()?;
     match follower {
         Acquired::Follower { generation, .. } => assert_eq!(generation, g2),
         other => panic!("expected FOLLOWER, got {other:?}"),
@@ -171,7 +171,7 @@ async fn takeover_fences_the_stale_owner_once<B: Backend>(b: &B) -> Result<(), S
     );
     let new = commit_args(b"new", 1024);
     let committed = b.commit(&f, &fresh, g2, &new).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(committed, Committed::Committed);
     assert_eq!(
         b.commit(&f, &stale, g1, &old).await.unwrap(),
@@ -197,7 +197,7 @@ async fn expired_without_takeover_once<B: Backend>(b: &B) -> Result<(), Stalled>
     tokio::time::sleep(PAST_LEASE).await;
     let expired = b.acquire(&f, &c, &terms(false)).await.unwrap();
     let taken = b.acquire(&f, &c, &terms(true)).await.unwrap();
-    record.held()?;
+    record.kept()?;
     assert_eq!(expired, Acquired::Expired { generation: g1 });
     match taken {
         Acquired::Owner {
@@ -225,7 +225,7 @@ async fn late_commit_without_rival_succeeds_once<B: Backend>(b: &B) -> Result<()
     let g = owned(b.acquire(&f, &a, &terms(true)).await.unwrap(), "fresh");
     tokio::time::sleep(PAST_LEASE).await;
     let late = b.commit(&f, &a, g, &commit_args(b"late", 1024)).await;
-    record.held()?;
+    record.kept()?;
     assert_eq!(late.unwrap(), Committed::Committed);
     Ok(())
 }
@@ -259,7 +259,7 @@ async fn exactly_one_takeover_once<B: Backend>(b: Arc<B>, n: usize) -> Result<()
     }
     // Every acquire landed before the dead owner's record expired, so
     // none of them may find the flight free (a grant without takeover).
-    record.held()?;
+    record.kept()?;
     let mut owners = Vec::new();
     let mut followed = Vec::new();
     for answer in answers {

@@ -18,7 +18,7 @@
 //! may stall between two calls for longer than a lease. A verdict that
 //! needs a lease or a record still alive when a call lands is only drawn
 //! when that call's answer came back inside the window measured from
-//! before the call that granted or renewed it was sent;
+//! before the call that granted or renewed it was sent (a [`Window`]);
 //! otherwise the check says nothing and runs again on a fresh flight, and
 //! fails, naming the window, if the machine stalls every time. A verdict
 //! that needs a window to have passed always holds: the checks sleep past
@@ -87,9 +87,25 @@ struct Stalled(&'static str);
 
 /// A lease's or a record's life, measured from before the call that
 /// granted or renewed it was sent: an answer that came back inside it
-/// reached the server inside it.
-#[derive(Clone, Copy)]
-struct Window {
+/// reached the server inside it. For checks in real time that need a
+/// lease or a record still alive when a later call lands: open it right
+/// before the granting call, and draw the verdict only if it
+/// [`held`](Self::held) once the later call's answer came back.
+///
+/// ```
+/// use flightdeck_testkit::conformance::{terms, Window};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let record = Window::record(&terms(true));
+/// // ... grant, sleep past the lease, ask again ...
+/// assert!(record.held());
+/// tokio::time::sleep(terms(true).record_ttl()).await;
+/// assert!(!record.held());
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
     opened: Instant,
     len: Duration,
     what: &'static str,
@@ -97,12 +113,12 @@ struct Window {
 
 impl Window {
     /// The lease a call about to be sent grants or renews.
-    fn lease(t: &LeaseTerms) -> Self {
+    pub fn lease(t: &LeaseTerms) -> Self {
         Self::open(t.lease, "the lease")
     }
 
     /// The record a call about to be sent grants or renews.
-    fn record(t: &LeaseTerms) -> Self {
+    pub fn record(t: &LeaseTerms) -> Self {
         Self::open(t.record_ttl(), "the flight's record")
     }
 
@@ -114,9 +130,15 @@ impl Window {
         }
     }
 
-    /// `Ok` while the answers received so far all landed inside the window.
-    fn held(&self) -> Result<(), Stalled> {
-        if self.opened.elapsed() < self.len {
+    /// Whether the answers received so far all landed inside the window
+    /// (less a few milliseconds for the server's clock).
+    pub fn held(&self) -> bool {
+        self.opened.elapsed() < self.len
+    }
+
+    /// [`held`](Self::held), for a check's attempt.
+    fn kept(&self) -> Result<(), Stalled> {
+        if self.held() {
             Ok(())
         } else {
             Err(Stalled(self.what))
