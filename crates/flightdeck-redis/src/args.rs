@@ -96,9 +96,10 @@ impl ScriptArgs {
     }
 
     /// An argument: `d` in whole milliseconds, at least 1 (Redis refuses
-    /// an expiry of 0).
+    /// an expiry of 0) and at most Redis's largest integer.
     pub(crate) fn millis(self, d: Duration) -> Self {
-        self.uint(u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1))
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1);
+        self.uint(ms.unsigned_abs())
     }
 
     /// An argument: `n` in decimal.
@@ -179,6 +180,7 @@ mod tests {
             .value(Value::Bytes(bytes::Bytes::from_static(b"pay\0load")))
             .millis(Duration::from_micros(2_500))
             .millis(Duration::ZERO)
+            .millis(Duration::MAX)
             .text("1");
         assert_eq!(args.record(), format!("fd:x:{{{h}}}:f2").as_bytes());
         assert_eq!(
@@ -195,6 +197,7 @@ mod tests {
                 "pay\0load".to_owned(),
                 "2".to_owned(),
                 "1".to_owned(),
+                i64::MAX.to_string(),
                 "1".to_owned(),
             ]
         );
