@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use flightdeck_distributed::backend::FlightId;
 use fred::prelude::Value;
 
@@ -63,11 +63,7 @@ impl ScriptArgs {
             argv: Vec::with_capacity(2 + keys + args),
         };
         s.argv.push(Value::Null);
-        s.argv.push(Value::Bytes(Bytes::from_static(match names {
-            Names::Record => b"1",
-            Names::Flight => b"2",
-            Names::All => b"3",
-        })));
+        s = s.uint(keys as u64);
         s.buf.put_slice(prefix.as_bytes());
         s.buf.put_slice(b":{");
         s.buf.put_slice(&flight.digest().hex());
@@ -96,9 +92,15 @@ impl ScriptArgs {
     }
 
     /// An argument: `d` in whole milliseconds, at least 1 (Redis refuses
-    /// an expiry of 0) and at most Redis's largest integer.
+    /// an expiry of 0).
     pub(crate) fn millis(self, d: Duration) -> Self {
-        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1);
+        self.millis_or_zero(d.max(Duration::from_millis(1)))
+    }
+
+    /// An argument: `d` in whole milliseconds, at most Redis's largest
+    /// integer.
+    pub(crate) fn millis_or_zero(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         self.uint(ms.unsigned_abs())
     }
 

@@ -372,11 +372,7 @@ impl Backend for RedisBackend {
                 .text(token.as_str())
                 .uint(generation)
                 .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
-                .uint(
-                    u64::try_from(args.failure_ttl.as_millis())
-                        .unwrap_or(u64::MAX)
-                        .min(i64::MAX.unsigned_abs()),
-                );
+                .millis_or_zero(args.failure_ttl);
             let v = self.eval(ABANDON, argv).await?;
             released("ABANDON", &v)
         })
