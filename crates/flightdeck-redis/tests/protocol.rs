@@ -285,28 +285,25 @@ async fn every_script_answer_keeps_its_command_budget() {
     // These answers need the dead owner's record alive when the calls
     // land: an attempt whose answers came back past it (a stalled
     // machine) shows nothing and goes again on a fresh flight.
-    for attempt in 1.. {
-        assert!(attempt <= 5, "stalled past the record 5 times in a row");
+    let (redis, b, a, c) = (&redis, &b, &a, &c);
+    conformance::conclusive("ACQUIRE -> EXPIRED, HEARTBEAT -> LOST", || async move {
         let f = fresh_flight();
         let record = Window::record(&no_takeover);
-        let g = owned(b.acquire(&f, &a, &no_takeover).await.unwrap());
+        let g = owned(b.acquire(&f, a, &no_takeover).await.unwrap());
         tokio::time::sleep(LEASE + LEASE / 4).await;
-        reset(&redis);
-        let expired = b.acquire(&f, &c, &no_takeover).await.unwrap();
-        if !record.held() {
-            continue;
-        }
-        assert_ran(&redis, "ACQUIRE -> EXPIRED (dead owner)", &[HMGET, TIME]);
+        reset(redis);
+        let expired = b.acquire(&f, c, &no_takeover).await.unwrap();
+        record.kept()?;
+        assert_ran(redis, "ACQUIRE -> EXPIRED (dead owner)", &[HMGET, TIME]);
         assert_eq!(expired, Acquired::Expired { generation: g });
-        reset(&redis);
-        let lost = b.heartbeat(&f, &a, g, &t).await.unwrap();
-        if !record.held() {
-            continue;
-        }
-        assert_ran(&redis, "HEARTBEAT -> LOST (lease ran out)", &[HMGET, TIME]);
+        reset(redis);
+        let lost = b.heartbeat(&f, a, g, &t).await.unwrap();
+        record.kept()?;
+        assert_ran(redis, "HEARTBEAT -> LOST (lease ran out)", &[HMGET, TIME]);
         assert_eq!(lost, Renewal::Lost);
-        break;
-    }
+        Ok(())
+    })
+    .await;
 }
 
 /// The same budget through the L2 layer (whatever its flow does around
@@ -619,38 +616,32 @@ async fn owner_flights(
     legacy: bool,
     args: &CommitArgs,
 ) -> (Phase, Phase) {
+    if !legacy {
+        return owner_flights_at_once(redis, new, args, 1).await;
+    }
     let flights: Vec<FlightId> = (0..FLIGHTS).map(|_| fresh_flight()).collect();
     let tok = OwnerToken::random();
-    // As the first layout's runner: 30 s leases (the phases take a while).
-    let t = LeaseTerms {
-        lease: Duration::from_secs(30),
-        state_ttl: Duration::from_secs(120),
-        allow_takeover: true,
-    };
     reset(redis);
     let mut gens = Vec::new();
     for f in &flights {
-        gens.push(if legacy {
-            u64::try_from(old.acquire(f, tok.as_str()).await[1].as_i64().unwrap()).unwrap()
-        } else {
-            owned(new.acquire(f, &tok, &t).await.unwrap())
-        });
+        gens.push(u64::try_from(old.acquire(f, tok.as_str()).await[1].as_i64().unwrap()).unwrap());
     }
     let acquire = Phase::read(redis);
     reset(redis);
     for (f, g) in flights.iter().zip(&gens) {
-        if legacy {
-            let g = i64::try_from(*g).unwrap();
-            let done = old.commit(f, tok.as_str(), g, args.payload.clone()).await;
-            assert_eq!(done, "COMMITTED");
-        } else {
-            let done = new.commit(f, &tok, *g, args).await.unwrap();
-            assert_eq!(done, Committed::Committed);
-        }
+        let g = i64::try_from(*g).unwrap();
+        let done = old.commit(f, tok.as_str(), g, args.payload.clone()).await;
+        assert_eq!(done, "COMMITTED");
     }
     let commit = Phase::read(redis);
     assert_eq!((acquire.scripts, commit.scripts), (FLIGHTS, FLIGHTS));
     (acquire, commit)
+}
+
+/// The median of measurements (an even count: the mean of the middle two).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
 }
 
 /// Flights per phase (fewer in debug builds, where this is only a check
@@ -713,10 +704,6 @@ async fn measure_server_time_per_owner_flight_old_and_new() {
                 (na.inner + nc.inner) / FLIGHTS,
             ));
         }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-        };
         let (o, n) = (median(&mut olds), median(&mut news));
         eprintln!(
             "Redis server time per owner flight (ACQUIRE + COMMIT), {size} B result, {FLIGHTS} \
@@ -737,6 +724,7 @@ async fn owner_flights_at_once(
     args: &CommitArgs,
     tasks: usize,
 ) -> (Phase, Phase) {
+    // As the first layout's runner: 30 s leases (the phases take a while).
     let t = LeaseTerms {
         lease: Duration::from_secs(30),
         state_ttl: Duration::from_secs(120),
@@ -798,10 +786,6 @@ async fn measure_server_time_per_owner_flight_idle_and_busy() {
     let redis = RedisServer::start().unwrap();
     let b = backend(&redis).await;
     let per = |us: u64| us as f64 / FLIGHTS as f64;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
     for size in [64usize, 4096] {
         let args = CommitArgs {
             payload: Bytes::from(vec![b'r'; size]),
@@ -824,7 +808,7 @@ async fn measure_server_time_per_owner_flight_idle_and_busy() {
                 if tasks == 1 { &mut idle } else { &mut busy }.push(total);
             }
         }
-        let (i, k) = (median(idle), median(busy));
+        let (i, k) = (median(&mut idle), median(&mut busy));
         eprintln!(
             "Redis server time per owner flight, {size} B result, {FLIGHTS} fresh flights per \
              phase:\n{}\n  median of {ROUNDS} rounds: idle server {i:.1} us, busy server {k:.1} us",

@@ -75,15 +75,15 @@ const PAST_RECORD: Duration = Duration::from_millis(1600);
 
 /// How often a check runs on a fresh flight before a stall every time
 /// fails it.
-const ATTEMPTS: usize = 5;
+pub const ATTEMPTS: usize = 5;
 
 /// Taken off every window: the server's clock counts in milliseconds.
 const CLOCK_MARGIN: Duration = Duration::from_millis(5);
 
 /// The machine stalled past the window a verdict needed (named): the
-/// attempt shows nothing either way.
+/// attempt shows nothing either way (see [`conclusive`]).
 #[derive(Debug)]
-struct Stalled(&'static str);
+pub struct Stalled(pub &'static str);
 
 /// A lease's or a record's life, measured from before the call that
 /// granted or renewed it was sent: an answer that came back inside it
@@ -136,8 +136,8 @@ impl Window {
         self.opened.elapsed() < self.len
     }
 
-    /// [`held`](Self::held), for a check's attempt.
-    fn kept(&self) -> Result<(), Stalled> {
+    /// [`held`](Self::held), for an attempt run by [`conclusive`].
+    pub fn kept(&self) -> Result<(), Stalled> {
         if self.held() {
             Ok(())
         } else {
@@ -147,8 +147,9 @@ impl Window {
 }
 
 /// Runs `attempt` until it draws its verdict (a violation panics inside
-/// it), on a fresh flight each time.
-async fn conclusive<F, Fut>(check: &str, mut attempt: F)
+/// it), on a fresh flight each time; panics, naming `check` and the
+/// windows, after [`ATTEMPTS`] stalls in a row.
+pub async fn conclusive<F, Fut>(check: &str, mut attempt: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), Stalled>>,
