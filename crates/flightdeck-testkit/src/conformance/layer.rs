@@ -70,11 +70,27 @@ fn fresh_key() -> FlightKey {
 /// lease leaves before the lease lapses.
 const HELD_UP: Duration = Duration::from_millis(150);
 
+/// The longest of the durations noted so far (to the microsecond),
+/// shared by clones.
+#[derive(Clone, Default)]
+struct Worst(Arc<AtomicU64>);
+
+impl Worst {
+    fn note(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.0.fetch_max(us, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Duration {
+        Duration::from_micros(self.0.load(Ordering::Relaxed))
+    }
+}
+
 /// How late the runtime ran a task that sleeps [`WATCHDOG_TICK`] at a
 /// time, at worst, from its start until it is dropped: a stall of this
 /// process (the runtime starved of CPU) shows here.
 struct Watchdog {
-    worst_us: Arc<AtomicU64>,
+    late: Worst,
     task: JoinHandle<()>,
 }
 
@@ -82,21 +98,16 @@ const WATCHDOG_TICK: Duration = Duration::from_millis(10);
 
 impl Watchdog {
     fn start() -> Self {
-        let worst_us = Arc::new(AtomicU64::new(0));
-        let worst = worst_us.clone();
+        let late = Worst::default();
+        let noted = late.clone();
         let task = tokio::spawn(async move {
             loop {
                 let asleep = Instant::now();
                 tokio::time::sleep(WATCHDOG_TICK).await;
-                let late = asleep.elapsed().saturating_sub(WATCHDOG_TICK);
-                worst.fetch_max(micros(late), Ordering::Relaxed);
+                noted.note(asleep.elapsed().saturating_sub(WATCHDOG_TICK));
             }
         });
-        Watchdog { worst_us, task }
-    }
-
-    fn worst(&self) -> Duration {
-        Duration::from_micros(self.worst_us.load(Ordering::Relaxed))
+        Watchdog { late, task }
     }
 }
 
@@ -104,10 +115,6 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Waits for the layer's background work, at most 10 s.
@@ -169,9 +176,9 @@ struct SlowCommits<B> {
     each: Duration,
     commits: Arc<AtomicUsize>,
     probe: Arc<Mutex<Option<Acquired>>>,
-    /// The slowest heartbeat or probe round trip, in µs: a stalled backend
-    /// shows here.
-    slowest_us: Arc<AtomicU64>,
+    /// The slowest heartbeat or probe round trip: a stalled backend shows
+    /// here.
+    slowest: Worst,
 }
 
 impl<B> SlowCommits<B> {
@@ -180,20 +187,19 @@ impl<B> SlowCommits<B> {
     fn timed(&self) -> RoundTrip<'_> {
         RoundTrip {
             sent: Instant::now(),
-            slowest_us: &self.slowest_us,
+            slowest: &self.slowest,
         }
     }
 }
 
 struct RoundTrip<'a> {
     sent: Instant,
-    slowest_us: &'a AtomicU64,
+    slowest: &'a Worst,
 }
 
 impl Drop for RoundTrip<'_> {
     fn drop(&mut self) {
-        self.slowest_us
-            .fetch_max(micros(self.sent.elapsed()), Ordering::Relaxed);
+        self.slowest.note(self.sent.elapsed());
     }
 }
 
@@ -259,14 +265,14 @@ pub async fn the_owner_heartbeats_until_its_commit_has_returned<B: Backend>(b: A
 async fn the_owner_heartbeats_once<B: Backend>(b: Arc<B>) -> Result<(), Stalled> {
     let commits = Arc::new(AtomicUsize::new(0));
     let probe = Arc::new(Mutex::new(None));
-    let slowest_us = Arc::new(AtomicU64::new(0));
+    let slowest = Worst::default();
     let slow = SlowCommits {
         inner: b.clone(),
         failing: 1,
         each: Duration::from_millis(280),
         commits: commits.clone(),
         probe: probe.clone(),
-        slowest_us: slowest_us.clone(),
+        slowest: slowest.clone(),
     };
     let watchdog = Watchdog::start();
     let flights = DistributedFlights::new(slow, policy(LEASE), PostcardCodec::<String>::new())
@@ -291,8 +297,7 @@ async fn the_owner_heartbeats_once<B: Backend>(b: Arc<B>) -> Result<(), Stalled>
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let seen = probe.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let slowest = Duration::from_micros(slowest_us.load(Ordering::Relaxed));
-    if watchdog.worst() >= HELD_UP || slowest >= HELD_UP {
+    if watchdog.late.get() >= HELD_UP || slowest.get() >= HELD_UP {
         return Err(Stalled("the owner's heartbeats"));
     }
     let generation = match seen {
