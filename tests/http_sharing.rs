@@ -199,7 +199,7 @@ fn stored_results(redis: &RedisServer) -> usize {
     keys.iter()
         .filter_map(Resp::as_str)
         .filter(|k| {
-            k.ends_with(":f2")
+            k.ends_with(&format!(":{}", flightdeck_redis::LAYOUT))
                 && redis
                     .cmd(&["HGET", k, "s"])
                     .ok()

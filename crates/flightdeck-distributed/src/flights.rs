@@ -265,8 +265,8 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         // Until the token is known to hold no lease (or hands it to the
         // owner's lease keeper), dropping this flight releases it.
         let mut guard = TokenGuard::new(st, &cx);
-        // A subscription another follower here holds, shared before the
-        // first call: if this flight follows too, it needs no re-check.
+        // A subscription in force before the first call: if this flight
+        // follows, it needs no subscribe and no re-check.
         let mut joined = st.backend.join_subscription(&cx.flight);
         let mut first = st
             .call(&cx, Op::Acquire, &mut guard, |b| {

@@ -1,5 +1,6 @@
-//! A follower's wait for another node's flight: subscribe, re-check (or
-//! neither, with a subscription shared before the first call), then wait
+//! A follower's wait for another node's flight: with a subscription that
+//! was in force before its first call, nothing more; without, subscribe
+//! and re-check. Then wait
 //! for the completion notice (small results come inline) or poll with
 //! jitter; take the flight over when the owner's lease expires.
 //!
@@ -38,7 +39,7 @@ pub(crate) struct Following {
     /// How long the owner's lease had left; `None` when it had run out
     /// and takeover is not allowed (nothing to wait for).
     pub(crate) lease_remaining: Option<Duration>,
-    /// A subscription shared before the first call
+    /// A subscription in force before the first call
     /// ([`Backend::join_subscription`]): no notice sent after that call
     /// ran can be missed, so no re-check is needed.
     pub(crate) joined: Option<Subscription>,

@@ -15,12 +15,12 @@
 //!   repeat or go back for a key, and every commit, heartbeat and abandon
 //!   is checked against the token and the generation, so a stale owner's
 //!   write is fenced.
-//! - **follower**: subscribes, re-checks, then waits for the completion
-//!   notice or polls with jitter; when the owner's lease expires without a
-//!   commit, exactly one follower takes over. A follower of a flight that
-//!   another follower on the node follows shares its subscription, taken
-//!   before the first call ([`Backend::join_subscription`]), and needs no
-//!   re-check.
+//! - **follower**: waits for the completion notice or polls with jitter;
+//!   when the owner's lease expires without a commit, exactly one follower
+//!   takes over. Every flight takes a subscription before its first call
+//!   when the backend has one in force ([`Backend::join_subscription`]:
+//!   the Redis backend's inbox); a follower with one sends that one call
+//!   and waits, one without subscribes and re-checks first.
 //! - **hit**: replays the stored result (a cached failure of the owner is an
 //!   answer too: `RemoteFailure`).
 //!

@@ -75,6 +75,7 @@ struct Faults {
     fail_commits: AtomicBool,
     fail_heartbeats: AtomicBool,
     drop_notices: AtomicBool,
+    inbox_down: AtomicBool,
 }
 
 /// How many times each backend call was made.
@@ -218,6 +219,14 @@ impl MemoryBackend {
     /// Drops every notice (a broken pub/sub): followers must poll.
     pub fn set_drop_notices(&self, yes: bool) {
         self.inner.faults.drop_notices.store(yes, Ordering::Relaxed);
+    }
+
+    /// Takes the node's inbox out of force (a subscriber reconnecting):
+    /// [`Backend::join_subscription`] answers `None`, so a follower
+    /// subscribes and re-checks, as a Redis node does until its inbox is
+    /// subscribed again.
+    pub fn set_inbox_down(&self, yes: bool) {
+        self.inner.faults.inbox_down.store(yes, Ordering::Relaxed);
     }
 
     /// Stores raw bytes as a flight's successful result (a corrupt or
@@ -634,15 +643,23 @@ impl Backend for MemoryBackend {
         Box::pin(async move { res })
     }
 
-    /// A share of the flight's channel while another follower holds one:
-    /// notices are sent under the same lock, so it is in force at once.
+    /// The flight's channel, as a node's inbox that is in force (see the
+    /// Redis backend): notices are sent under the same lock, so it hears
+    /// every notice sent from now on. `None` while
+    /// [`set_inbox_down`](MemoryBackend::set_inbox_down) says so: the
+    /// follower then subscribes and re-checks.
     fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
-        let channels = self
+        if self.inner.faults.inbox_down.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut channels = self
             .inner
             .channels
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let tx = channels.get(flight).filter(|tx| tx.receiver_count() > 0)?;
+        let tx = channels
+            .entry(*flight)
+            .or_insert_with(|| broadcast::channel(64).0);
         Some(Subscription::new(
             tx.subscribe(),
             Unsubscribe {

@@ -216,26 +216,27 @@ async fn commit_as(mem: &MemoryBackend, flight: &FlightId, tok: &OwnerToken, val
     assert_eq!(done, Committed::Committed);
 }
 
-/// Followers of a flight that another follower on this node subscribed to
-/// share that subscription, taken before their first call: one ACQUIRE
-/// each, no SUBSCRIBE and no re-check; a commit that lands right after a
-/// follower's ACQUIRE (before it starts to wait) still wakes it at once.
+/// While the node's subscription is in force before a flight's first call
+/// (the Redis backend's inbox; the memory backend's is, unless
+/// `set_inbox_down`), every follower sends one ACQUIRE and waits: no
+/// SUBSCRIBE, no re-check; a commit that lands right after a follower's
+/// ACQUIRE (before it starts to wait) still wakes it at once. Without it,
+/// the first follower subscribes and re-checks.
 #[tokio::test(start_paused = true)]
-async fn followers_share_a_subscription_in_force_and_send_one_acquire() {
+async fn followers_with_a_subscription_in_force_send_one_acquire() {
     let mem = MemoryBackend::new();
     let flight = FlightId::of(&key_of("share", "x"));
     let owner = OwnerToken::random();
     let first = mem.acquire(&flight, &owner, &long_lease()).await.unwrap();
     assert!(matches!(first, Acquired::Owner { generation: 1, .. }));
-    // The owner (another node) commits right after the 12th acquire
-    // through this node: the first follower's ACQUIRE and re-check, then
-    // the 10th follower that shares its subscription.
+    // The owner (another node) commits right after the 11th follower's
+    // ACQUIRE through this node.
     let acquires = Arc::new(AtomicUsize::new(0));
     let (inner, n) = (mem.clone(), acquires.clone());
     let b = Hooked::new(mem.clone()).after_acquire(move |flight| {
         let (inner, owner, n) = (inner.clone(), owner.clone(), n.clone());
         async move {
-            if n.fetch_add(1, Ordering::SeqCst) + 1 == 12 {
+            if n.fetch_add(1, Ordering::SeqCst) + 1 == 11 {
                 commit_as(&inner, &flight, &owner, "shared").await;
             }
         }
@@ -243,25 +244,38 @@ async fn followers_share_a_subscription_in_force_and_send_one_acquire() {
     let calls = Arc::new(AtomicUsize::new(0));
     let f = node(&b, "share", policy(), work(&calls, "v", SEC));
     let started = Instant::now();
-    let follower = |f: &Svc| tokio::spawn(f.clone().oneshot("x".to_owned()));
-    let mut followers = vec![follower(&f)];
-    while mem.subscribers(&flight) == 0 {
-        tokio::task::yield_now().await;
-    }
     let before = mem.calls();
-    followers.extend((0..20).map(|_| follower(&f)));
+    let followers: Vec<_> = (0..21)
+        .map(|_| tokio::spawn(f.clone().oneshot("x".to_owned())))
+        .collect();
     for (i, h) in followers.into_iter().enumerate() {
         assert_eq!(h.await.unwrap().unwrap(), "shared", "follower {i}");
     }
     assert_eq!(started.elapsed(), Duration::ZERO, "no wait for a poll");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     let after = mem.calls();
-    // One ACQUIRE per sharing follower (the first follower's ACQUIRE and
-    // re-check came before `before`): the 10 before the commit follow,
-    // the 10 after it hit.
-    assert_eq!(after.acquire - before.acquire, 20, "{before:?} {after:?}");
-    assert_eq!(after.subscribe, 1, "only the first follower subscribed");
-    assert_eq!(mem.subscribers(&flight), 0, "every share released");
+    // One ACQUIRE per follower: the 11 before the commit follow, the 10
+    // after it hit.
+    assert_eq!(after.acquire - before.acquire, 21, "{before:?} {after:?}");
+    assert_eq!(after.subscribe, 0, "nobody subscribed");
+    assert_eq!(mem.subscribers(&flight), 0, "every subscription released");
+
+    // The inbox out of force: the follower subscribes, then re-checks.
+    mem.set_inbox_down(true);
+    let flight = FlightId::of(&key_of("share", "y"));
+    let owner = OwnerToken::random();
+    let g = mem.acquire(&flight, &owner, &long_lease()).await.unwrap();
+    assert!(matches!(g, Acquired::Owner { generation: 1, .. }));
+    let before = mem.calls();
+    let follower = tokio::spawn(f.clone().oneshot("y".to_owned()));
+    while mem.subscribers(&flight) == 0 {
+        tokio::task::yield_now().await;
+    }
+    commit_as(&mem, &flight, &owner, "late").await;
+    assert_eq!(follower.await.unwrap().unwrap(), "late");
+    let after = mem.calls();
+    assert_eq!(after.subscribe - before.subscribe, 1);
+    assert_eq!(after.acquire - before.acquire, 2, "ACQUIRE and re-check");
 }
 
 /// Publish-before-subscribe: the re-check after subscribing sees the

@@ -27,20 +27,17 @@ const RECORD: usize = 2;
 /// Which of a flight's names a script gets as its keys, in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Names {
-    /// The record only (ACQUIRE, HEARTBEAT: they publish nothing).
+    /// The record only (every script but INVALIDATE and READ).
     Record,
-    /// The record and its channel.
-    Flight,
-    /// The record, its channel and the last invalidation (`…:f2:i`).
-    All,
+    /// The record and the last invalidation (`…:f3:i`).
+    WithInvalidation,
 }
 
 impl Names {
     fn count(self) -> usize {
         match self {
             Names::Record => 1,
-            Names::Flight => 2,
-            Names::All => 3,
+            Names::WithInvalidation => 2,
         }
     }
 }
@@ -57,9 +54,9 @@ impl ScriptArgs {
         let keys = names.count();
         let record = prefix.len() + ":{".len() + 64 + "}:".len() + LAYOUT.len();
         let mut s = Self {
-            // The names (the channel's and the invalidation's repeat the
-            // record's), then room for a token (64) and the numbers.
-            buf: BytesMut::with_capacity(keys * record + ":done:i".len() + 64 + args * DIGITS),
+            // The names (the invalidation's repeats the record's), then room
+            // for a token (64), an inbox's name and the numbers.
+            buf: BytesMut::with_capacity(keys * record + ":i".len() + 2 * 64 + args * DIGITS),
             argv: Vec::with_capacity(2 + keys + args),
         };
         s.argv.push(Value::Null);
@@ -71,11 +68,7 @@ impl ScriptArgs {
         s.buf.put_slice(LAYOUT.as_bytes());
         let record = s.buf.split().freeze();
         s.argv.push(Value::Bytes(record.clone()));
-        if names != Names::Record {
-            s.buf.put_slice(&record);
-            s = s.text(":done");
-        }
-        if names == Names::All {
+        if names == Names::WithInvalidation {
             s.buf.put_slice(&record);
             s = s.text(":i");
         }
@@ -174,7 +167,7 @@ mod tests {
     fn names_and_arguments_are_written_in_order() {
         let f = flight();
         let h = f.to_hex();
-        let args = ScriptArgs::new("fd:x", &f, Names::Flight, 4)
+        let args = ScriptArgs::new("fd:x", &f, Names::Record, 4)
             .text("tok")
             .uint(0)
             .uint(1_700_000_000_123_456)
@@ -184,14 +177,13 @@ mod tests {
             .millis(Duration::ZERO)
             .millis(Duration::MAX)
             .text("1");
-        assert_eq!(args.record(), format!("fd:x:{{{h}}}:f2").as_bytes());
+        assert_eq!(args.record(), format!("fd:x:{{{h}}}:f3").as_bytes());
         assert_eq!(
             strings(args),
             [
                 String::new(),
-                "2".to_owned(),
-                format!("fd:x:{{{h}}}:f2"),
-                format!("fd:x:{{{h}}}:f2:done"),
+                "1".to_owned(),
+                format!("fd:x:{{{h}}}:f3"),
                 "tok".to_owned(),
                 "0".to_owned(),
                 "1700000000123456".to_owned(),
@@ -206,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn a_script_that_publishes_nothing_gets_the_record_alone() {
+    fn a_script_gets_the_record_alone() {
         let f = flight();
         let h = f.to_hex();
         assert_eq!(
@@ -214,24 +206,23 @@ mod tests {
             [
                 String::new(),
                 "1".to_owned(),
-                format!("p:{{{h}}}:f2"),
+                format!("p:{{{h}}}:f3"),
                 "30000".to_owned(),
             ]
         );
     }
 
     #[test]
-    fn the_invalidation_key_comes_third() {
+    fn the_invalidation_key_comes_second() {
         let f = flight();
         let h = f.to_hex();
         assert_eq!(
-            strings(ScriptArgs::new("p", &f, Names::All, 1).uint(42)),
+            strings(ScriptArgs::new("p", &f, Names::WithInvalidation, 1).uint(42)),
             [
                 String::new(),
-                "3".to_owned(),
-                format!("p:{{{h}}}:f2"),
-                format!("p:{{{h}}}:f2:done"),
-                format!("p:{{{h}}}:f2:i"),
+                "2".to_owned(),
+                format!("p:{{{h}}}:f3"),
+                format!("p:{{{h}}}:f3:i"),
                 "42".to_owned(),
             ]
         );
@@ -242,8 +233,8 @@ mod tests {
         let f = flight();
         let prefix = "p".repeat(64);
         let token = "t".repeat(128);
-        let argv = strings(ScriptArgs::new(&prefix, &f, Names::All, 1).text(&token));
-        assert_eq!(argv[4], format!("{prefix}:{{{}}}:f2:i", f.to_hex()));
-        assert_eq!(argv[5], token);
+        let argv = strings(ScriptArgs::new(&prefix, &f, Names::WithInvalidation, 1).text(&token));
+        assert_eq!(argv[3], format!("{prefix}:{{{}}}:f3:i", f.to_hex()));
+        assert_eq!(argv[4], token);
     }
 }

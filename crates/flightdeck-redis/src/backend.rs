@@ -3,13 +3,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
     LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
 use fred::bytes_utils::Str;
 use fred::prelude::*;
-use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::args::{Names, ScriptArgs};
@@ -19,7 +19,7 @@ use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRI
 use crate::reply::{answer, bad_reply, bytes, gen, parse_acquire, released};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
-use crate::subs::{Channel, SubGuard, Subs};
+use crate::subs::{Registered, Subs};
 
 /// The Redis coordination backend (see the crate docs). Cheap to clone:
 /// clones share the clients and the subscriber.
@@ -62,16 +62,19 @@ impl Inner {
 }
 
 impl RedisBackend {
-    /// The Redis names of a flight: its record (the one key it stores)
-    /// and its completion channel. Both carry the layout's version
-    /// ([`LAYOUT`]), so nodes of another layout never read them.
-    pub fn keys(&self, flight: &FlightId) -> [String; 2] {
-        let p = &self.inner.prefix;
-        let h = flight.to_hex();
-        [
-            format!("{p}:{{{h}}}:{LAYOUT}"),
-            format!("{p}:{{{h}}}:{LAYOUT}:done"),
-        ]
+    /// The Redis name of a flight's record, the one key it stores. It
+    /// carries the layout's version ([`LAYOUT`]), so nodes of another
+    /// layout never read it.
+    pub fn record_key(&self, flight: &FlightId) -> String {
+        format!("{}:{{{}}}:{LAYOUT}", self.inner.prefix, flight.to_hex())
+    }
+
+    /// This node's inbox for flights of `flight`'s slot: the pub/sub
+    /// channel where it hears that a flight it follows ended (one per
+    /// backend on one server; one per hash slot in a cluster). See the
+    /// crate docs.
+    pub fn inbox(&self, flight: &FlightId) -> String {
+        String::from_utf8_lossy(&self.inner.subs.inbox(self.slot(flight))).into_owned()
     }
 
     /// The command client, for tests and diagnostics: the server's, or in
@@ -87,24 +90,32 @@ impl RedisBackend {
     }
 
     /// The arguments of a script call on `flight` (room for `args` of its
-    /// own), its keys written: the flight's record and channel
-    /// ([`keys`](Self::keys)), and with `invalidation` (INVALIDATE and
-    /// READ) its last invalidation (`…:f2:i`, see [`scripts`](crate::scripts)).
+    /// own), its keys written: the flight's record
+    /// ([`record_key`](Self::record_key)), and for INVALIDATE and READ its
+    /// last invalidation (`…:f3:i`, see [`scripts`](crate::scripts)).
     pub(crate) fn script_args(&self, flight: &FlightId, names: Names, args: usize) -> ScriptArgs {
         ScriptArgs::new(&self.inner.prefix, flight, names, args)
     }
 
     /// The Redis Cluster hash slot of the flight, shared by all its names
-    /// ([`keys`](Self::keys)): their hash tag is the digest in hex, and a
-    /// name's slot is its hash tag's. To see which slots (and so which
-    /// primary) a set of flights lands on, or to move them in a reshard.
+    /// ([`record_key`](Self::record_key), its invalidation, and this
+    /// node's [`inbox`](Self::inbox) for it): their hash tags hash to it.
+    /// To see which slots (and so which primary) a set of flights lands
+    /// on, or to move them in a reshard.
     pub fn slot(&self, flight: &FlightId) -> u16 {
         fred::util::redis_keyslot(flight.to_hex().as_bytes())
     }
 
-    /// How many channels this node is subscribed to.
+    /// How many inboxes this node has subscribed to (one on one server;
+    /// in a cluster one per slot it followed flights in).
     pub fn subscribed_channels(&self) -> usize {
-        self.inner.subs.channels().len()
+        self.inner.subs.inboxes()
+    }
+
+    /// How many flights this node's followers wait on now, as its inboxes
+    /// see them (a follower is counted from its first wait).
+    pub fn followed_flights(&self) -> usize {
+        self.inner.subs.followed()
     }
 
     /// Closes every connection.
@@ -115,12 +126,13 @@ impl RedisBackend {
     }
 }
 
-/// The version of the key layout, part of every key name (`…:f2`,
-/// `…:f2:done`). The first layout (keys `…:lease`, `…:state`, `…:result`,
-/// channel `…:done`) had none; a later incompatible layout takes a new
-/// name, so nodes of two layouts never read each other's keys (see the
-/// crate docs on rolling upgrades).
-pub const LAYOUT: &str = "f2";
+/// The version of the key layout, part of every key and channel name
+/// (`…:f3`, `…:f3:i`, the inboxes' `…:f3:n:…`). The first layout (keys
+/// `…:lease`, `…:state`, `…:result`, channel `…:done`) had none, the
+/// second was `f2` (channel per flight `…:f2:done`); each incompatible
+/// layout takes a new name, so nodes of two layouts never read each
+/// other's keys (see the crate docs on rolling upgrades).
+pub const LAYOUT: &str = "f3";
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -154,10 +166,29 @@ fn subscribe_error(e: fred::error::Error) -> BackendError {
 }
 
 impl RedisBackend {
-    /// (S)SUBSCRIBEs `channel` on the subscriber of the node serving
+    /// Makes sure the inbox of `slot` is subscribed and in force: once
+    /// per inbox (and again after a lost subscription), then at once.
+    async fn inbox_in_force(&self, slot: u16) -> Result<(), BackendError> {
+        let subs = &self.inner.subs;
+        if subs.is_joinable(slot) {
+            return Ok(());
+        }
+        let channel = String::from_utf8_lossy(&subs.inbox(slot)).into_owned();
+        let _serial = subs.serial(&channel).await;
+        // Another follower subscribed it while we waited.
+        if subs.is_joinable(slot) {
+            return Ok(());
+        }
+        let resyncs = subs.resyncs();
+        self.subscribe_on_owner(slot).await?;
+        subs.confirmed(slot, resyncs);
+        Ok(())
+    }
+
+    /// (S)SUBSCRIBEs `slot`'s inbox on the subscriber of the node serving
     /// `slot`, following `MOVED` as [`send`](Self::eval) does, within one
-    /// command timeout. The caller holds the channel's [`Subs::serial`].
-    async fn subscribe_on_owner(&self, channel: &str, slot: u16) -> Result<(), BackendError> {
+    /// command timeout. The caller holds the inbox's [`Subs::serial`].
+    async fn subscribe_on_owner(&self, slot: u16) -> Result<(), BackendError> {
         let subs = &self.inner.subs;
         let now = tokio::time::Instant::now();
         let deadline = now + subs.timeout;
@@ -170,17 +201,12 @@ impl RedisBackend {
                 // fred would queue the SUBSCRIBE until a reconnect.
                 return Err(not_connected(&node));
             }
-            // Set before it is sent: a follower that gives up meanwhile
-            // unsubscribes there.
-            if let Some(ch) = subs.channels().get_mut(channel) {
-                ch.on = Some(node.subscriber.clone());
-            }
-            let res = tokio::time::timeout_at(
-                deadline,
-                subs.subscribe(&node.subscriber, channel.to_owned()),
-            )
-            .await
-            .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
+            // Noted before it is sent: a reconnect of this subscriber
+            // subscribes it again.
+            let channel = subs.subscribing(slot, &node.subscriber);
+            let res = tokio::time::timeout_at(deadline, subs.subscribe(&node.subscriber, channel))
+                .await
+                .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
             match res {
                 Ok(()) => return Ok(()),
                 Err(e)
@@ -189,6 +215,20 @@ impl RedisBackend {
                         .await => {}
                 Err(e) => return Err(subscribe_error(e)),
             }
+        }
+    }
+
+    /// The record's name, as the inboxes' messages carry it.
+    fn record_bytes(&self, flight: &FlightId) -> Bytes {
+        Bytes::from(self.record_key(flight))
+    }
+
+    /// The slot a flight's names hash to; 0 on one server, where no slot
+    /// is worked out.
+    fn slot_of(&self, flight: &FlightId) -> u16 {
+        match self.inner.topology {
+            Topology::Cluster(_) => self.slot(flight),
+            Topology::Single(_) => 0,
         }
     }
 }
@@ -266,11 +306,12 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
             let args = self
-                .script_args(flight, Names::Record, 4)
+                .script_args(flight, Names::Record, 5)
                 .text(token.as_str())
                 .millis(terms.lease)
                 .text(if terms.allow_takeover { "1" } else { "0" })
-                .millis(terms.record_ttl());
+                .millis(terms.record_ttl())
+                .value(Value::Bytes(self.inner.subs.inbox(self.slot_of(flight))));
             match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {
@@ -337,7 +378,7 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Committed> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, Names::Flight, 5)
+                .script_args(flight, Names::Record, 5)
                 .text(token.as_str())
                 .uint(generation)
                 .value(bytes(&args.payload))
@@ -368,7 +409,7 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, Names::Flight, 4)
+                .script_args(flight, Names::Record, 4)
                 .text(token.as_str())
                 .uint(generation)
                 .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
@@ -386,7 +427,7 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, Names::Flight, 2)
+                .script_args(flight, Names::Record, 2)
                 .text(token.as_str())
                 .millis(state_ttl);
             let v = self.eval(RELEASE, argv).await?;
@@ -400,63 +441,63 @@ impl Backend for RedisBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, u64> {
         Box::pin(async move {
-            let args = self.script_args(flight, Names::All, 1).millis(state_ttl);
+            let args = self
+                .script_args(flight, Names::WithInvalidation, 1)
+                .millis(state_ttl);
             let v = self.eval(INVALIDATE, args).await?;
             gen(&v).ok_or_else(|| bad_reply("INVALIDATE", &v))
         })
     }
 
+    /// Subscribes this node's inbox for the flight's slot, if it is not
+    /// in force yet, and registers a follower of the flight on it. The
+    /// follower then re-checks: that ACQUIRE names the inbox.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {
             let subs = &self.inner.subs;
-            let [_, channel] = self.keys(flight);
-            let slot = self.slot(flight);
-            let serial = subs.serial(&channel).await;
-            let (rx, new) = {
-                let mut channels = subs.channels();
-                match channels.get_mut(&channel) {
-                    Some(ch) => {
-                        ch.refs += 1;
-                        (ch.tx.subscribe(), false)
-                    }
-                    None => {
-                        let (tx, rx) = broadcast::channel(16);
-                        let ch = Channel {
-                            tx,
-                            refs: 1,
-                            on: None,
-                            joinable: false,
-                        };
-                        channels.insert(channel.clone(), ch);
-                        (rx, true)
-                    }
-                }
-            };
-            // From here the guard owns one reference, released on any error.
-            let guard = SubGuard {
-                subs: subs.clone(),
-                channel: channel.clone(),
-            };
-            if new {
-                let resyncs = subs.resyncs();
-                self.subscribe_on_owner(&channel, slot).await?;
-                subs.confirmed(&channel, resyncs);
-            }
-            drop(serial);
-            Ok(Subscription::new(rx, guard))
+            let mark = subs.mark_resyncs();
+            self.inbox_in_force(self.slot_of(flight)).await?;
+            let record = self.record_bytes(flight);
+            let (rx, backlog) = subs.register(&record, mark);
+            Ok(Subscription::with_backlog(
+                rx,
+                backlog,
+                Registered {
+                    subs: subs.clone(),
+                    record,
+                },
+            ))
         })
     }
 
-    /// While another follower of the flight on this node holds a
-    /// subscription that Redis confirmed, its subscriber is connected, and
-    /// no reconnect (or moved slot) came since. Costs one atomic load when
-    /// this node follows nothing.
+    /// While this node's inbox for the flight's slot is in force (and on
+    /// one server its subscriber connected): every ACQUIRE names the
+    /// inbox, so a flight that turns out to follow hears of every end of
+    /// the grant after its ACQUIRE ran. Opened (registered) only when a
+    /// follower first reads it; costs an atomic load or two otherwise.
     fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
-        let (rx, guard) = self.inner.subs.join(|| {
-            let [_, channel] = self.keys(flight);
-            channel
-        })?;
-        Some(Subscription::new(rx, guard))
+        let slot = self.slot_of(flight);
+        let mark = self.inner.subs.mark(slot)?;
+        if let Topology::Single(node) = &self.inner.topology {
+            // A dead connection would not say so to its followers.
+            if !node.subscriber.is_connected() {
+                return None;
+            }
+        }
+        let (backend, flight) = (self.clone(), *flight);
+        Some(Subscription::deferred(move || {
+            let subs = &backend.inner.subs;
+            let record = backend.record_bytes(&flight);
+            let (rx, backlog) = subs.register(&record, mark);
+            Subscription::with_backlog(
+                rx,
+                backlog,
+                Registered {
+                    subs: subs.clone(),
+                    record,
+                },
+            )
+        }))
     }
 }
 
@@ -473,29 +514,26 @@ mod tests {
         let stage = StageName::new("slots").unwrap();
         for i in 0..100 {
             let flight = FlightId::of(&FlightKey::from_bytes(stage.clone(), format!("r{i}")));
-            for name in b.keys(&flight) {
+            let record = b.record_key(&flight);
+            for name in [record.clone(), format!("{record}:i")] {
                 assert_eq!(fred::util::redis_keyslot(name.as_bytes()), b.slot(&flight));
             }
         }
     }
 
-    /// The scripts get the names `keys` gives (and the invalidation's).
+    /// The scripts get the names `record_key` gives (and the invalidation's).
     #[tokio::test]
     async fn script_keys_are_the_flight_names() {
         let b = RedisBackend::new(RedisConfig::new("redis://127.0.0.1:1").prefix("p:q")).unwrap();
         let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("n").unwrap(), "r"));
-        let [record, channel] = b.keys(&flight);
+        let record = b.record_key(&flight);
         let argv = b
-            .script_args(&flight, crate::args::Names::All, 0)
+            .script_args(&flight, crate::args::Names::WithInvalidation, 0)
             .into_argv();
         let names: Vec<_> = argv[2..].iter().map(|v| v.as_bytes().unwrap()).collect();
         let invalidation = format!("{record}:i");
-        let want = [
-            record.as_bytes(),
-            channel.as_bytes(),
-            invalidation.as_bytes(),
-        ];
+        let want = [record.as_bytes(), invalidation.as_bytes()];
         assert_eq!(names, want);
-        assert_eq!(argv[1].as_bytes(), Some(&b"3"[..]));
+        assert_eq!(argv[1].as_bytes(), Some(&b"2"[..]));
     }
 }

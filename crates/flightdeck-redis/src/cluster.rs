@@ -401,10 +401,11 @@ impl Cluster {
         // Dropped outside the lock: the last reference quits the clients.
         drop(dropped);
         if moved {
-            // A channel stays subscribed where it was (a moved slot's, or a
+            // An inbox stays subscribed where it was (a moved slot's, or a
             // dropped node's, gets no more messages there): its followers
-            // re-check now rather than at their next poll.
-            self.subs.resync_all();
+            // re-check now rather than at their next poll, and the next
+            // follower in its slot subscribes it where the slot is now.
+            self.subs.lost_subscriptions();
         }
     }
 }

@@ -120,7 +120,7 @@ impl RedisConfig {
         Ok(self)
     }
 
-    /// The first part of every key name (`{prefix}:{h}:f2`); letters,
+    /// The first part of every key name (`{prefix}:{h}:f3`); letters,
     /// digits, `_`, `-`, `.` and `:` only.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();

@@ -89,7 +89,7 @@ impl RedisBackend {
         // NOSCRIPT and gets it with the call (see `eval`).
         let shas = std::array::from_fn(|i| fred::util::sha1_hash(&sources[i]).into());
         let cmd = config.command_timeout;
-        let subs = Arc::new(Subs::new(cmd, sharded));
+        let subs = Arc::new(Subs::new(&config.prefix, cmd, sharded));
         let opts = settings.options();
         let mut tasks = Vec::new();
         let topology = if sharded {
@@ -173,13 +173,14 @@ impl RedisBackend {
     }
 
     /// Whether the backend can serve: one server's both connections are
-    /// up; a cluster's slot map is known and every primary is connected,
-    /// or at least one is and every other one has failed a connection
-    /// attempt (`partial` allows that from the first connected primary
-    /// on: at the deadline).
+    /// up and its inbox subscribed (`partial`: without the inbox, whose
+    /// followers subscribe and re-check meanwhile); a cluster's slot map
+    /// is known and every primary is connected, or at least one is and
+    /// every other one has failed a connection attempt (`partial` allows
+    /// that from the first connected primary on: at the deadline).
     fn serving(&self, partial: bool) -> bool {
         let Topology::Cluster(cluster) = &self.inner.topology else {
-            return self.is_connected();
+            return self.is_connected() && (partial || self.inner.subs.is_joinable(0));
         };
         if !cluster.has_map() {
             return false;
@@ -217,7 +218,8 @@ impl RedisBackend {
     /// the scripts.
     ///
     /// One server (standalone, sentinel): both connections (commands and
-    /// subscriber) are up. A cluster: the slot map is known, and every
+    /// subscriber) are up, and this node's inbox is subscribed (at the
+    /// deadline, the connections are enough). A cluster: the slot map is known, and every
     /// primary is connected, or at least one is and each other one has
     /// failed a connection attempt (it is down: its flights are refused
     /// as unavailable while the others are served); at the deadline, at

@@ -6,11 +6,11 @@
 //! ACQUIRE / HEARTBEAT / COMMIT / ABANDON / RELEASE / INVALIDATE (see
 //! [`scripts`] for the exact protocol and its command budget), run by
 //! `EVALSHA` with a transparent reload on `NOSCRIPT`. A flight is one key,
-//! the hash `{prefix}:{h}:f2` (its record: last grant, lease deadline,
-//! result), plus the channel `{prefix}:{h}:f2:done`, where `h` is the
-//! flight digest in hex: one hash tag per flight, no raw input. Lease
-//! deadlines and expiries use the server's clock (`TIME`, `PEXPIRE`),
-//! never the clients'.
+//! the hash `{prefix}:{h}:f3` (its record: last grant, lease deadline,
+//! result, the nodes that follow it), where `h` is the flight digest in
+//! hex: one hash tag per flight, no raw input. Lease deadlines and
+//! expiries use the server's clock (`TIME`, `PEXPIRE`), never the
+//! clients'.
 //!
 //! Generations (fencing tokens) are `max(last + 1, server time in µs)`:
 //! they never repeat or decrease for a flight, also after its record
@@ -19,32 +19,39 @@
 //! time since the record was last written. They are large numbers and not
 //! consecutive: compare them, never count them.
 //!
-//! **Rolling upgrades.** Key names carry the layout's version
-//! ([`LAYOUT`]). The first layout (keys `{prefix}:{h}:lease`, `:state`,
-//! `:result`, channel `:done`) is never read or written by this version,
-//! and nodes of that version never touch these keys. So while old and new
-//! nodes serve side by side, each layout coordinates its own nodes only: a
-//! flight asked of both kinds at once may run once per layout (at most
-//! twice), each node replays only results its own layout stored, and none
-//! reads the other's values or hands out the other's result. Nothing needs
-//! cleaning up afterwards: the old keys expire on their own TTLs (the old
-//! state key after two leases plus the result TTL). To avoid those
-//! duplicates, move a stage's traffic over at once rather than node by
-//! node. A value at this layout's names that its scripts did not write
+//! **Rolling upgrades.** Key and channel names carry the layout's version
+//! ([`LAYOUT`]). The earlier layouts (the first: keys `{prefix}:{h}:lease`,
+//! `:state`, `:result`, channel `:done`; `f2`: the record
+//! `{prefix}:{h}:f2` and a channel per flight `{prefix}:{h}:f2:done`) are
+//! never read or written by this version, and nodes of those versions
+//! never touch this one's names. So while old and new nodes serve side by
+//! side, each layout coordinates its own nodes only: a flight asked of
+//! both kinds at once may run once per layout (at most twice), each node
+//! replays only results its own layout stored, none reads the other's
+//! values or hands out the other's result, and no notice crosses. Nothing
+//! needs cleaning up afterwards: the old keys expire on their own TTLs (at
+//! most two leases plus the result TTL). To avoid those duplicates, move
+//! a stage's traffic over at once rather than node by node. A value at this layout's names that its scripts did not write
 //! (another type, an unreadable field, an unknown status) is refused with
 //! a protocol error, so the layer answers as for any protocol failure and
 //! nothing is replayed.
 //!
 //! One [`RedisBackend`] holds one command connection and one subscriber
-//! connection per server (per primary in a cluster); followers share the
-//! subscriber, reference-counted per channel. After a reconnect of the
-//! subscriber (pub/sub messages sent meanwhile are lost) every follower
-//! re-checks, the backend subscribes the channels again, confirmed, and
-//! every follower re-checks once more: a notice published before the
-//! new subscriptions took effect is not missed. A channel whose SUBSCRIBE
-//! Redis confirmed is shared by the node's later followers of the flight
-//! before their ACQUIRE, until the next reconnect: they send one ACQUIRE
-//! and no re-check. Every command has a deadline
+//! connection per server (per primary in a cluster). On its subscriber it
+//! keeps an **inbox**, a channel of its own ([`RedisBackend::inbox`]),
+//! subscribed once (on one server as soon as it connects; in a cluster one
+//! per hash slot, by the node's first follower there) and kept. Every
+//! ACQUIRE names the inbox, and one that answers FOLLOWER adds it to the
+//! flight's record in the same script; the script that ends the grant
+//! (commit, abandon, release, invalidate) publishes to each inbox there,
+//! and to nothing when nobody follows. So a follower whose inbox was in
+//! force before its ACQUIRE sends that one ACQUIRE and waits: no
+//! SUBSCRIBE, no re-check (see [`scripts`] for the race this closes).
+//! After a reconnect of the subscriber (messages sent meanwhile are lost)
+//! every follower re-checks, the backend subscribes the inboxes again,
+//! confirmed, and every follower re-checks once more: a notice published
+//! before the inbox was back in force is not missed; until then new
+//! followers subscribe and re-check. Every command has a deadline
 //! and is sent at most once (fred would otherwise replay in-flight
 //! commands after a reconnect); errors are classified as unavailable,
 //! protocol or outcome-unknown ([`classify`]).
@@ -70,21 +77,20 @@
 //! `cluster-node-timeout`), the healthy primaries themselves answer
 //! `CLUSTERDOWN` for every key.
 //!
-//! Every key of a flight shares one slot through the hash tag, the scripts
-//! are loaded on every primary (and reloaded on the node that answers
-//! `NOSCRIPT`), and completion messages use sharded pub/sub (`SPUBLISH` in
-//! the scripts, `SSUBSCRIBE` on the subscriber of the primary that serves
-//! the channel's slot), so they stay on the flight's shard. A slot
-//! migration (resharding) is followed through `MOVED` once it is done: the
-//! backend refreshes its map and sends the call to the new owner, within
-//! the call's deadline. While it runs, an ACQUIRE or HEARTBEAT (whose only
-//! key is the record) is served by the old owner as long as the record is
-//! still there; the other scripts (their `KEYS` hold the channel too,
-//! which is never stored) cannot run anywhere for the moving slot: the
-//! old owner answers `TRYAGAIN` (it has the record, not the channel) or
-//! `ASK`, and the new owner, even after `ASKING`, serves a multi-key
-//! command only when it has every key (so never). Once the record moved,
-//! the old owner answers `ASK` to every script. So the
+//! Every name of a flight shares one slot through the hash tag, the
+//! scripts are loaded on every primary (and reloaded on the node that
+//! answers `NOSCRIPT`), and completion messages use sharded pub/sub: a
+//! node's inbox for a slot is named with a hash tag of that slot, so the
+//! scripts' `SPUBLISH` stays in the flight's slot (on its shard), and the
+//! node `SSUBSCRIBE`s it on the subscriber of the primary serving the slot
+//! (again after a slot moved). A slot migration (resharding) is followed
+//! through `MOVED` once it is done: the backend refreshes its map and
+//! sends the call to the new owner, within the call's deadline. While it
+//! runs, every script but INVALIDATE and READ (whose `KEYS` also hold the
+//! invalidation key) has the record as its only key, and is served by the
+//! old owner as long as the record is still there; once the record moved,
+//! the old owner answers `ASK`, and the new owner, even after `ASKING`,
+//! serves a multi-key command only when it has every key. So the
 //! backend follows no `ASK` and retries `TRYAGAIN` and `ASK` for
 //! [`RedisConfig::migration_retry`] (100 ms by default), and never past
 //! shortly before the layer cuts the call off (each L2 layer tells the

@@ -305,22 +305,28 @@ impl Node {
             loop {
                 match messages.recv().await {
                     Ok(msg) => dispatch.dispatch(&msg),
-                    Err(broadcast::error::RecvError::Lagged(_)) => dispatch.resync_all(),
+                    Err(broadcast::error::RecvError::Lagged(_)) => dispatch.lost_messages(),
                     Err(broadcast::error::RecvError::Closed) => break,
                 }
             }
         }));
-        // Messages sent while disconnected are lost: re-check on reconnect,
-        // resubscribe this subscriber's channels, and re-check again once
-        // Redis confirmed them (see `Subs::resubscribe`).
+        // One server's inbox is subscribed from the first connection on,
+        // so that even a node's first follower needs one ACQUIRE.
+        if !sharded {
+            subs.keep_single(&subscriber);
+        }
+        // Messages sent while disconnected are lost: re-check on every
+        // (re)connection, subscribe this subscriber's inboxes again, and
+        // re-check again once Redis confirmed them (see
+        // `Subs::resubscribe`). fred announces the first connection too.
         let mut reconnects = subscriber.reconnect_rx();
         let (resync, on) = (subs.clone(), subscriber.clone());
         tasks.push(tokio::spawn(async move {
             while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = reconnects.recv().await
             {
-                resync.resync_all();
+                resync.lost_subscriptions();
                 resync.resubscribe(&on).await;
-                resync.resync_all();
+                resync.resync_followers();
             }
         }));
         // The connection tasks run until `quit` (see the drop).

@@ -11,11 +11,10 @@
 //!   deadline.
 //! - `ASK` and `TRYAGAIN`: the slot is being migrated, and the script
 //!   cannot run where it was sent (a one-key script, once its record
-//!   moved; a script with the channel in `KEYS` as long as the slot
-//!   moves). The target serves a multi-key command in an importing slot
-//!   only when it has every key (`getNodeByQuery` answers `TRYAGAIN`
-//!   otherwise), and the channel is never a stored key, so following
-//!   `ASK` would help only the one-key scripts; it is not followed. The call is sent again
+//!   moved; INVALIDATE and READ, whose invalidation key may be elsewhere,
+//!   as long as the slot moves). The target serves a multi-key command in
+//!   an importing slot only when it has every key (`getNodeByQuery`
+//!   answers `TRYAGAIN` otherwise); `ASK` is not followed. The call is sent again
 //!   after [`MIGRATION_PAUSE`] within its deadline; past it, it is
 //!   *unavailable* (the script did not run).
 //!

@@ -1,14 +1,13 @@
 //! The Lua scripts of the protocol, one per action.
 //!
-//! A script gets the flight's names it uses as `KEYS`: ACQUIRE and
-//! HEARTBEAT `[record]`, COMMIT, ABANDON and RELEASE `[record, channel]`,
-//! INVALIDATE and READ also the invalidation key (below, `KEYS[3]`). They
-//! share one hash tag (`{prefix}:{h}:…`), so a flight lives in one cluster
-//! slot; the `#!lua` shebang makes Redis reject undeclared cross-slot
-//! access. Numbers are sent as their decimal digits.
+//! A script gets the flight's record as `KEYS[1]`; INVALIDATE and READ also
+//! the invalidation key (below) as `KEYS[2]`. Both share one hash tag
+//! (`{prefix}:{h}:…`), so a flight lives in one cluster slot; the `#!lua`
+//! shebang makes Redis reject undeclared cross-slot access. Numbers are
+//! sent as their decimal digits.
 //!
 //! **One key per flight** (and one more after an invalidation, below),
-//! the record `{prefix}:{h}:f2`, a hash:
+//! the record `{prefix}:{h}:f3`, a hash:
 //!
 //! | field | what |
 //! |---|---|
@@ -17,6 +16,7 @@
 //! | `d` | the last grant's lease deadline, server time in ms; `0` once the grant ended (committed, abandoned, released, invalidated) |
 //! | `s`, `b` | the stored result: status `ok`/`err` and body; only while a result is stored |
 //! | `x` | tokens released while they held nothing here (space-separated, newest first, at most 8): never granted the flight |
+//! | `w` | the inboxes of the nodes that follow the flight (space-separated): added by an ACQUIRE that answers FOLLOWER, told and emptied when the grant ends |
 //!
 //! and one expiry, the record's: [`LeaseTerms::record_ttl`] from a grant
 //! or heartbeat (the lease plus one more lease, at most `state_ttl`), the
@@ -24,11 +24,11 @@
 //! one. The lease's own end is `d`, compared with the server's `TIME`, so
 //! the lease and the record do not need two keys.
 //!
-//! **An invalidation** also leaves `{prefix}:{h}:f2:i`, a string: the
+//! **An invalidation** also leaves `{prefix}:{h}:f3:i`, a string: the
 //! invalidation's generation, kept for `state_ttl` whatever happens to the
 //! record (a later grant may give the record a shorter life). Only
-//! INVALIDATE writes it and only READ reads it (passed as `KEYS[3]`): it
-//! tells a result that was invalidated from one the store lost.
+//! INVALIDATE writes it and only READ reads it: it tells a result that was
+//! invalidated from one the store lost.
 //!
 //! **Generations**: a grant (or an invalidation) takes `max(g + 1, now)`
 //! with `now` the server's `TIME` in microseconds. While the record lives,
@@ -52,26 +52,40 @@
 //! as the strings the client sent. Arithmetic stays exact: integers below
 //! 2^53 (microseconds since 1970 stay below that until the year 2255).
 //!
-//! **Messages** on the channel: `<gen>|c|<payload>` (inline), `<gen>|c`,
-//! or `<gen>|a` (abandoned, released or invalidated: race again).
+//! **Inboxes, not channels per flight.** Each node (each
+//! [`RedisBackend`](crate::RedisBackend)) keeps a subscription open to an
+//! inbox of its own (in a cluster, one per hash slot it follows flights
+//! in, named with a hash tag of that slot, so that `SPUBLISH` from a
+//! flight's script stays on the flight's shard), and names it in every
+//! ACQUIRE. An ACQUIRE that answers FOLLOWER adds it to `w` in the same
+//! script as the read, so a grant that ends after that read is told to it:
+//! a follower whose inbox was subscribed before its ACQUIRE was sent needs
+//! neither a SUBSCRIBE nor a second ACQUIRE. A grant that ends with nobody
+//! following publishes nothing.
+//!
+//! **Messages** to an inbox: `<record>|<gen>|c|<payload>` (inline),
+//! `<record>|<gen>|c`, or `<record>|<gen>|a` (abandoned, released or
+//! invalidated: race again), where `<record>` is the flight's record name.
 //!
 //! **Inner commands** per answer (the per-flight budget, checked by the
-//! crate's tests through `INFO commandstats`):
+//! crate's tests through `INFO commandstats`); `+ n PUBLISH` is one per
+//! node that follows the flight:
 //!
 //! | script and answer | `redis.call`s |
 //! |---|---|
 //! | ACQUIRE → HIT | 1: `HMGET` |
 //! | ACQUIRE → FOLLOWER, EXPIRED, OWNER (retry) | 2: `HMGET`, `TIME` |
+//! | ACQUIRE → FOLLOWER, this node's first | 3: `HMGET`, `TIME`, `HSET` |
 //! | ACQUIRE → OWNER (grant) | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
-//! | COMMIT → COMMITTED | 4: `HMGET`, `HSET`, `PEXPIRE`, `PUBLISH` (a retry: 1) |
+//! | COMMIT → COMMITTED | 3: `HMGET`, `HSET`, `PEXPIRE` (+ n `PUBLISH`; a retry: 1) |
 //! | COMMIT → FENCED | 1: `HMGET` |
 //! | HEARTBEAT → RENEWED | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
 //! | HEARTBEAT → LOST | 1 or 2: `HMGET` (, `TIME`) |
-//! | ABANDON → RELEASED | 3: `HMGET`, `HSET`, `PUBLISH` (+ `PEXPIRE` when it caches a failure) |
+//! | ABANDON → RELEASED | 2: `HMGET`, `HSET` (+ `PEXPIRE` when it caches a failure, + n `PUBLISH`) |
 //! | ABANDON → NOT_OWNER | 1: `HMGET` |
-//! | RELEASE → RELEASED | 3: `HMGET`, `HSET`, `PUBLISH` |
+//! | RELEASE → RELEASED | 2: `HMGET`, `HSET` (+ n `PUBLISH`) |
 //! | RELEASE → NOT_OWNER | 2: `HMGET`, `HSET` (+ `PEXPIRE` when the flight had no record) |
-//! | INVALIDATE | 7: `HMGET`, `TIME`, `HSET`, `HDEL`, `PEXPIRE`, `SET`, `PUBLISH` |
+//! | INVALIDATE | 6: `HMGET`, `TIME`, `HSET`, `HDEL`, `PEXPIRE`, `SET` (+ n `PUBLISH`) |
 //! | READ | 2: `HMGET`, `GET` |
 //!
 //! A value the scripts did not write is a protocol error, never a result:
@@ -91,13 +105,15 @@
 //! }
 //! ```
 
-/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms)` →
+/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox)` →
 /// `{HIT, gen, st, body}` | `{OWNER, gen, takeover}` |
-/// `{FOLLOWER, gen, remaining_ms}` | `{EXPIRED, gen}`. A result whose
-/// generation is missing comes back as a nil generation, which the client
-/// refuses.
+/// `{FOLLOWER, gen, remaining_ms}` | `{EXPIRED, gen}`. A FOLLOWER answer
+/// adds `inbox` (unless empty) to the flight's waiting nodes `w`, in the
+/// same script as the read: every later end of the grant is published
+/// there. A result whose generation is missing comes back as a nil
+/// generation, which the client refuses.
 pub const ACQUIRE: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x')
+local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x', 'w')
 if r[4] then
   return {'HIT', r[1], r[4], r[5] or ''}
 end
@@ -116,6 +132,13 @@ if r[2] == ARGV[1] then
     return {'EXPIRED', r[1]}
   end
 elseif d > now then
+  local w = r[7] or ''
+  if ARGV[5] ~= '' and not string.find(' ' .. w .. ' ', ' ' .. ARGV[5] .. ' ', 1, true) then
+    if w ~= '' then
+      w = w .. ' '
+    end
+    redis.call('HSET', KEYS[1], 'w', w .. ARGV[5])
+  end
   return {'FOLLOWER', r[1], math.ceil(d - now)}
 end
 if d > 0 then
@@ -165,11 +188,12 @@ return 'RENEWED'
 
 /// `COMMIT(tok, gen, payload, ttl_ms, inline)` → `COMMITTED` |
 /// `FENCED`. Only the last grant commits (its lease live or run out);
-/// stores the result, ends the lease and publishes in one round trip (the
-/// payload inline when `inline` is `1`); a retry of a done commit answers
+/// stores the result, ends the lease and tells the waiting nodes in one
+/// round trip (the payload inline when `inline` is `1`): no message at
+/// all when no other node follows. A retry of a done commit answers
 /// `COMMITTED`.
 pub const COMMIT: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's')
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return 'FENCED'
 end
@@ -182,42 +206,56 @@ end
 if not r[3] or r[3] == '0' then
   return 'FENCED'
 end
-redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-if ARGV[5] == '1' then
-  redis.call('PUBLISH', KEYS[2], ARGV[2] .. '|c|' .. ARGV[3])
+local w = r[5] or ''
+if w == '' then
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3])
 else
-  redis.call('PUBLISH', KEYS[2], ARGV[2] .. '|c')
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'w', '')
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if w ~= '' then
+  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c'
+  if ARGV[5] == '1' then
+    m = m .. '|' .. ARGV[3]
+  end
+  for inbox in string.gmatch(w, '%S+') do
+    redis.call('PUBLISH', inbox, m)
+  end
 end
 return 'COMMITTED'
 ";
 
 /// `ABANDON(tok, gen, failure, failure_ttl_ms)` → `RELEASED` |
 /// `NOT_OWNER`. Ends the last grant (its lease live or run out),
-/// optionally caches the failure, and wakes followers at once.
+/// optionally caches the failure, and wakes the waiting nodes at once.
 pub const ABANDON: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd')
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'w')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or not r[3] or r[3] == '0' then
   return 'NOT_OWNER'
 end
 if ARGV[3] ~= '' and tonumber(ARGV[4]) > 0 then
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3])
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3], 'w', '')
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 else
-  redis.call('HSET', KEYS[1], 'd', '0')
+  redis.call('HSET', KEYS[1], 'd', '0', 'w', '')
 end
-redis.call('PUBLISH', KEYS[2], ARGV[2] .. '|a')
+for inbox in string.gmatch(r[4] or '', '%S+') do
+  redis.call('PUBLISH', inbox, KEYS[1] .. '|' .. ARGV[2] .. '|a')
+end
 return 'RELEASED'
 ";
 
 /// `RELEASE(tok, state_ttl_ms)` → `RELEASED` | `NOT_OWNER`. Ends the
-/// lease held by `tok` whatever its generation and wakes followers;
-/// otherwise remembers `tok` so that a late ACQUIRE of it grants nothing.
+/// lease held by `tok` whatever its generation and wakes the waiting
+/// nodes; otherwise remembers `tok` so that a late ACQUIRE of it grants
+/// nothing.
 pub const RELEASE: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'd', 'g', 'x')
+local r = redis.call('HMGET', KEYS[1], 't', 'd', 'g', 'x', 'w')
 if r[1] == ARGV[1] and r[2] and r[2] ~= '0' then
-  redis.call('HSET', KEYS[1], 'd', '0')
-  redis.call('PUBLISH', KEYS[2], r[3] .. '|a')
+  redis.call('HSET', KEYS[1], 'd', '0', 'w', '')
+  for inbox in string.gmatch(r[5] or '', '%S+') do
+    redis.call('PUBLISH', inbox, KEYS[1] .. '|' .. r[3] .. '|a')
+  end
   return 'RELEASED'
 end
 local x = ARGV[1]
@@ -242,9 +280,9 @@ return 'NOT_OWNER'
 
 /// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result and
 /// the lease, starts a newer generation (fencing a running owner), keeps
-/// it in `KEYS[3]` for `state_ttl` and wakes followers.
+/// it in `KEYS[2]` for `state_ttl` and wakes the waiting nodes.
 pub const INVALIDATE: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 'g')
+local r = redis.call('HMGET', KEYS[1], 'g', 'w')
 local g = tonumber(r[1] or 0)
 if not g then
   return redis.error_reply('FDPROTO unreadable flight record')
@@ -255,19 +293,21 @@ if g >= tm[1] * 1000000 + tm[2] then
   gen = string.format('%.0f', g + 1)
 end
 redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0')
-redis.call('HDEL', KEYS[1], 's', 'b')
+redis.call('HDEL', KEYS[1], 's', 'b', 'w')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[3], gen, 'PX', ARGV[1])
-redis.call('PUBLISH', KEYS[2], gen .. '|a')
+redis.call('SET', KEYS[2], gen, 'PX', ARGV[1])
+for inbox in string.gmatch(r[2] or '', '%S+') do
+  redis.call('PUBLISH', inbox, KEYS[1] .. '|' .. gen .. '|a')
+end
 return gen
 ";
 
 /// `READ()` → `{gen, st, body, invalidated}`: the record's fields `g`,
-/// `s`, `b` and the last invalidation's generation (`KEYS[3]`), each nil
+/// `s`, `b` and the last invalidation's generation (`KEYS[2]`), each nil
 /// when absent. Writes nothing (`no-writes`), so
 /// a primary that refuses writes (`NOREPLICAS`) or a replica (`READONLY`)
 /// still runs it; an expired record reads as absent.
 pub const READ: &str = r"#!lua flags=no-writes
 local r = redis.call('HMGET', KEYS[1], 'g', 's', 'b')
-return {r[1], r[2], r[3], redis.call('GET', KEYS[3])}
+return {r[1], r[2], r[3], redis.call('GET', KEYS[2])}
 ";

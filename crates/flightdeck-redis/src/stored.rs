@@ -33,7 +33,7 @@ impl RedisBackend {
     /// [`scripts::READ`](crate::scripts::READ)).
     async fn read(&self, flight: &FlightId) -> Result<Vec<Value>, BackendError> {
         match self
-            .eval(READ, self.script_args(flight, Names::All, 0))
+            .eval(READ, self.script_args(flight, Names::WithInvalidation, 0))
             .await?
         {
             Value::Array(items) if items.len() == 4 => Ok(items),

@@ -1,9 +1,30 @@
-//! The node's shared subscriptions: one subscriber connection per server, reference-counted
-//! channels, notices fanned out to every follower of a flight.
+//! The node's inboxes, and its followers waiting on them.
+//!
+//! A node hears that a flight it follows ended through an inbox of its own:
+//! a pub/sub channel it subscribes to once, and again after every reconnect
+//! (one server: one inbox, subscribed as soon as the subscriber connects;
+//! a cluster: one per hash slot the node follows flights in, subscribed by
+//! its first follower there, on the primary serving the slot). Every
+//! ACQUIRE names the inbox, and one that answers FOLLOWER adds it to the
+//! flight's record in the same script (see [`scripts`](crate::scripts)),
+//! so a grant that ends after that read publishes to it. A follower whose
+//! inbox was in force before its ACQUIRE was sent therefore needs no
+//! SUBSCRIBE and no second ACQUIRE.
+//!
+//! Messages name their flight's record. The dispatcher hands each to the
+//! node's followers of that flight, and keeps the last [`RECENT`] for the
+//! followers whose ACQUIRE answer was still on its way when the message
+//! came (the message may overtake the answer: they travel on two
+//! connections). A follower's subscription taken before its ACQUIRE opens
+//! when it is first read (owners and hits never read theirs), and starts
+//! with the kept messages since it was taken; when some of those were
+//! dropped for room, or notices may have been lost since (a reconnect, a
+//! lagging dispatcher, a moved slot), it starts with a resync instead: the
+//! follower re-checks.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,36 +34,206 @@ use fred::prelude::*;
 use fred::types::Message;
 use tokio::sync::broadcast;
 
-/// The node's subscriptions, shared by every follower: one subscriber
-/// connection per server (one per primary in a cluster), each channel
-/// subscribed on the server that serves it.
+use crate::backend::LAYOUT;
+
+/// Messages kept for followers that register after them.
+pub(crate) const RECENT: usize = 256;
+
+/// Hash slots of a cluster.
+const SLOTS: usize = 16384;
+
+/// The node's inboxes and followers, shared by every flight of the backend.
 pub(crate) struct Subs {
-    pub(crate) channels: Mutex<HashMap<String, Channel>>,
-    // One lock per channel with a SUBSCRIBE or UNSUBSCRIBE under way: the
-    // commands of one channel go out in order (a late UNSUBSCRIBE never
-    // undoes a newer SUBSCRIBE), those of different channels concurrently.
-    // An entry lives while somebody holds or waits for its lock.
-    pub(crate) ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    prefix: String,
+    /// This node's name in its inboxes' names (random, one per backend).
+    node: String,
+    /// One server's inbox (a cluster names one per slot).
+    single: Bytes,
     pub(crate) timeout: Duration,
     // Cluster: sharded pub/sub (SSUBSCRIBE/SPUBLISH), so a flight's
     // messages stay on the shard that owns its slot.
     pub(crate) sharded: bool,
-    // How many channels are joinable (see `Channel::joinable`): zero spares
-    // a flight's first call the lookup.
-    joinable: AtomicUsize,
-    // Counts resyncs: a SUBSCRIBE confirmed across one may not be in force.
+    state: Mutex<State>,
+    // One lock per inbox with a SUBSCRIBE under way: two followers that
+    // find it missing send one. An entry lives while somebody holds or
+    // waits for its lock.
+    ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Bumped, under the state's lock, whenever notices may have been lost.
     resyncs: AtomicU64,
+    /// Messages dispatched so far, bumped under the state's lock.
+    seq: AtomicU64,
+    /// One bit per inbox (its slot; bit 0 on one server): subscribed on
+    /// the server, confirmed, and no subscription lost since. Only then
+    /// may a flight rely on it before its first call ([`Subs::mark`]).
+    /// Cleared before `resyncs` is bumped, set under the state's lock.
+    joinable: Box<[AtomicU64]>,
+}
+
+struct State {
+    /// By slot (0 on one server).
+    inboxes: HashMap<u16, Inbox>,
+    /// The followers of each flight, by its record's name.
+    followers: HashMap<Bytes, Followers>,
+    /// The last [`RECENT`] messages: (seq, record, notice).
+    recent: VecDeque<(u64, Bytes, Notice)>,
+}
+
+struct Inbox {
+    channel: String,
+    /// The subscriber it was subscribed on (its server's), once it was.
+    on: Option<SubscriberClient>,
+}
+
+struct Followers {
+    tx: broadcast::Sender<Notice>,
+    refs: usize,
+}
+
+/// Where the inboxes stood when a flight took its subscription, before
+/// its first call: see [`Subs::register`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mark {
+    resyncs: u64,
+    /// `None`: no kept message is wanted (the follower re-checks after
+    /// registering).
+    seq: Option<u64>,
 }
 
 impl Subs {
-    pub(crate) fn new(timeout: Duration, sharded: bool) -> Self {
+    pub(crate) fn new(prefix: &str, timeout: Duration, sharded: bool) -> Self {
+        let node = flightdeck_distributed::OwnerToken::random()
+            .as_str()
+            .to_owned();
+        let single = Bytes::from(format!("{prefix}:{LAYOUT}:n:{node}"));
+        let bits = if sharded { SLOTS / 64 } else { 1 };
         Self {
-            channels: Mutex::new(HashMap::new()),
-            ops: Mutex::new(HashMap::new()),
+            prefix: prefix.to_owned(),
+            node,
+            single,
             timeout,
             sharded,
-            joinable: AtomicUsize::new(0),
+            state: Mutex::new(State {
+                inboxes: HashMap::new(),
+                followers: HashMap::new(),
+                recent: VecDeque::with_capacity(RECENT),
+            }),
+            ops: Mutex::new(HashMap::new()),
             resyncs: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            joinable: (0..bits).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inbox a flight of `slot` names: the one server's, or in a
+    /// cluster the slot's (its hash tag hashes to `slot`, so the scripts'
+    /// `SPUBLISH` stays in the flight's slot).
+    pub(crate) fn inbox(&self, slot: u16) -> Bytes {
+        if !self.sharded {
+            return self.single.clone();
+        }
+        let tag = &slot_tags()[usize::from(slot) % SLOTS];
+        Bytes::from(format!(
+            "{}:{{{tag}}}:{LAYOUT}:n:{}",
+            self.prefix, self.node
+        ))
+    }
+
+    /// The key of `slot`'s inbox (0 on one server).
+    fn key(&self, slot: u16) -> u16 {
+        if self.sharded {
+            slot
+        } else {
+            0
+        }
+    }
+
+    fn bit(&self, key: u16) -> (&AtomicU64, u64) {
+        let key = usize::from(key);
+        (&self.joinable[key / 64], 1 << (key % 64))
+    }
+
+    /// Whether `slot`'s inbox is in force (see [`Self::joinable`]).
+    pub(crate) fn is_joinable(&self, slot: u16) -> bool {
+        let (word, bit) = self.bit(self.key(slot));
+        word.load(Ordering::Acquire) & bit != 0
+    }
+
+    /// Where the inboxes stand, for a flight of `slot` about to send its
+    /// first call, when `slot`'s inbox is in force: a subscription opened
+    /// later with it ([`register`](Self::register)) gets every message
+    /// dispatched from now on, or a resync. `None` otherwise. Lock-free.
+    pub(crate) fn mark(&self, slot: u16) -> Option<Mark> {
+        // Read before the bit: a loss clears the bits before it bumps
+        // `resyncs`, so a mark that saw the bump sees the bit cleared.
+        let resyncs = self.resyncs.load(Ordering::Acquire);
+        if !self.is_joinable(slot) {
+            return None;
+        }
+        Some(Mark {
+            resyncs,
+            seq: Some(self.seq.load(Ordering::Acquire)),
+        })
+    }
+
+    /// A mark for a follower that re-checks once registered: only the
+    /// resyncs from now on count.
+    pub(crate) fn mark_resyncs(&self) -> Mark {
+        Mark {
+            resyncs: self.resyncs.load(Ordering::Acquire),
+            seq: None,
+        }
+    }
+
+    /// Registers a follower of the flight whose record is `record`: its
+    /// receiver, and what it missed since `mark` (the kept messages about
+    /// its flight, or a resync when some may be lost).
+    pub(crate) fn register(
+        &self,
+        record: &Bytes,
+        mark: Mark,
+    ) -> (broadcast::Receiver<Notice>, Vec<Notice>) {
+        let mut state = self.state();
+        let mut backlog = Vec::new();
+        if self.resyncs.load(Ordering::Relaxed) != mark.resyncs {
+            backlog.push(Notice::Resync);
+        } else if let Some(since) = mark.seq {
+            let oldest = state.recent.front().map_or(u64::MAX, |(seq, _, _)| *seq);
+            if self.seq.load(Ordering::Relaxed) > since && oldest > since + 1 {
+                // Messages since the mark were dropped for room.
+                backlog.push(Notice::Resync);
+            } else {
+                backlog.extend(
+                    state
+                        .recent
+                        .iter()
+                        .filter(|(seq, r, _)| *seq > since && r == record)
+                        .map(|(_, _, n)| n.clone()),
+                );
+            }
+        }
+        let f = state
+            .followers
+            .entry(record.clone())
+            .or_insert_with(|| Followers {
+                tx: broadcast::channel(16).0,
+                refs: 0,
+            });
+        f.refs += 1;
+        (f.tx.subscribe(), backlog)
+    }
+
+    /// A follower of `record` left.
+    pub(crate) fn unregister(&self, record: &Bytes) {
+        let mut state = self.state();
+        if let Some(f) = state.followers.get_mut(record) {
+            f.refs -= 1;
+            if f.refs == 0 {
+                state.followers.remove(record);
+            }
         }
     }
 
@@ -67,67 +258,79 @@ impl Subs {
         }
     }
 
-    /// After `subscriber` reconnected: (S)SUBSCRIBEs again, confirmed,
-    /// every channel subscribed on it; the caller then resyncs again, so
-    /// that a notice published before this took effect is re-checked.
-    /// fred's own resubscription (`manage_subscriptions`) is not used: it
-    /// reports the reconnect before its SUBSCRIBE is even sent (a notice
-    /// published in between was lost with no resync after it), and with
-    /// sharded channels it sends an empty SUBSCRIBE that Redis refuses,
-    /// and stops. A channel that fails here stays as it is (its followers
-    /// poll); the next reconnect tries again.
+    /// Adds one server's inbox, to be subscribed on `subscriber` as soon
+    /// as it connects (and after every reconnect: see
+    /// [`resubscribe`](Self::resubscribe)).
+    pub(crate) fn keep_single(&self, subscriber: &SubscriberClient) {
+        let channel = String::from_utf8_lossy(&self.single).into_owned();
+        self.state().inboxes.insert(
+            0,
+            Inbox {
+                channel,
+                on: Some(subscriber.clone()),
+            },
+        );
+    }
+
+    /// The name of `slot`'s inbox, noted as subscribed on `on` (set before
+    /// its SUBSCRIBE is sent, so a reconnect of `on` resubscribes it).
+    pub(crate) fn subscribing(&self, slot: u16, on: &SubscriberClient) -> String {
+        let key = self.key(slot);
+        let mut state = self.state();
+        let inbox = state.inboxes.entry(key).or_insert_with(|| Inbox {
+            channel: String::from_utf8_lossy(&self.inbox(slot)).into_owned(),
+            on: None,
+        });
+        inbox.on = Some(on.clone());
+        inbox.channel.clone()
+    }
+
+    /// After `subscriber` (re)connected: (S)SUBSCRIBEs again, confirmed,
+    /// every inbox subscribed on it, and marks each in force unless a
+    /// subscription was lost since. fred's own resubscription
+    /// (`manage_subscriptions`) is not used: it reports the reconnect
+    /// before its SUBSCRIBE is even sent (a notice published in between
+    /// was lost with no resync after it), and with sharded channels it
+    /// sends an empty SUBSCRIBE that Redis refuses, and stops. An inbox
+    /// that fails here stays out of force (its followers subscribe again,
+    /// and poll meanwhile); the next reconnect tries again.
     pub(crate) async fn resubscribe(&self, subscriber: &SubscriberClient) {
         let id = subscriber.id();
-        let on_it: Vec<String> = self
-            .channels()
+        let on_it: Vec<(u16, String)> = self
+            .state()
+            .inboxes
             .iter()
-            .filter(|(_, ch)| ch.on.as_ref().is_some_and(|on| on.id() == id))
-            .map(|(name, _)| name.clone())
+            .filter(|(_, inbox)| inbox.on.as_ref().is_some_and(|on| on.id() == id))
+            .map(|(key, inbox)| (*key, inbox.channel.clone()))
             .collect();
-        for channel in on_it {
+        for (key, channel) in on_it {
             let _serial = self.serial(&channel).await;
-            // Left meanwhile (its UNSUBSCRIBE, if any, waited for us).
-            if !self.channels().contains_key(&channel) {
-                continue;
-            }
+            let resyncs = self.resyncs();
             let again = self.subscribe(subscriber, channel.clone());
             let error = match tokio::time::timeout(self.timeout, again).await {
-                Ok(Ok(())) => continue,
+                Ok(Ok(())) => {
+                    self.confirmed(key, resyncs);
+                    continue;
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {:?}", self.timeout),
             };
-            tracing::warn!(%channel, %error, "resubscription after a reconnect failed; its followers poll");
+            tracing::warn!(%channel, %error, "inbox resubscription after a reconnect failed; its followers poll");
         }
     }
 
-    pub(crate) async fn unsubscribe(
-        &self,
-        subscriber: &SubscriberClient,
-        channel: String,
-    ) -> Result<(), fred::error::Error> {
-        if self.sharded {
-            subscriber.sunsubscribe(channel).await
-        } else {
-            subscriber.unsubscribe(channel).await
-        }
+    /// How many inboxes this node has subscribed (or is subscribing).
+    pub(crate) fn inboxes(&self) -> usize {
+        self.state().inboxes.len()
+    }
+
+    /// How many flights this node's followers wait on (registered ones).
+    pub(crate) fn followed(&self) -> usize {
+        self.state().followers.len()
     }
 }
 
-pub(crate) struct Channel {
-    pub(crate) tx: broadcast::Sender<Notice>,
-    pub(crate) refs: usize,
-    /// The subscriber the channel was subscribed on (its server's), once
-    /// it was: where the last follower's UNSUBSCRIBE goes.
-    pub(crate) on: Option<SubscriberClient>,
-    /// Subscribed on the server (the SUBSCRIBE confirmed) with no resync
-    /// since: every message published from now on reaches `tx`, or a
-    /// resync does. Only then may a flight share it before its first call
-    /// ([`Subs::join`]).
-    pub(crate) joinable: bool,
-}
-
-/// The right to send SUBSCRIBE / UNSUBSCRIBE for one channel; see
-/// [`Subs::serial`].
+/// The right to send SUBSCRIBE for one inbox; see [`Subs::serial`].
 pub(crate) struct Serial<'a> {
     subs: &'a Subs,
     channel: String,
@@ -150,8 +353,8 @@ impl Drop for Serial<'_> {
 }
 
 impl Subs {
-    /// Waits for the right to send SUBSCRIBE / UNSUBSCRIBE for `channel`
-    /// (other channels' commands do not wait).
+    /// Waits for the right to send SUBSCRIBE for `channel` (other
+    /// inboxes' commands do not wait).
     pub(crate) async fn serial(&self, channel: &str) -> Serial<'_> {
         let lock = {
             let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
@@ -167,97 +370,111 @@ impl Subs {
         serial
     }
 
-    pub(crate) fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
-        self.channels.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
+    /// Hands a message to the followers of its flight, and keeps it for
+    /// those still to register.
     pub(crate) fn dispatch(&self, msg: &Message) {
-        let Some(payload) = msg.value.as_bytes() else {
+        let Some(payload) = value_bytes(&msg.value) else {
             return;
         };
-        let notice = parse_notice(payload);
-        let channels = self.channels();
-        if let Some(ch) = channels.get(&*msg.channel) {
-            match notice {
-                Some(n) => {
-                    let _ = ch.tx.send(n);
-                }
-                None => {
-                    tracing::warn!("unparseable completion message; re-checking");
-                    let _ = ch.tx.send(Notice::Resync);
-                }
-            }
+        let Some((record, notice)) = parse_message(&payload) else {
+            tracing::warn!("unparseable completion message; followers re-check");
+            self.lost_messages();
+            return;
+        };
+        let mut state = self.state();
+        let seq = self.seq.load(Ordering::Relaxed) + 1;
+        self.seq.store(seq, Ordering::Release);
+        if state.recent.len() == RECENT {
+            state.recent.pop_front();
+        }
+        state
+            .recent
+            .push_back((seq, record.clone(), notice.clone()));
+        if let Some(f) = state.followers.get(&record) {
+            let _ = f.tx.send(notice);
         }
     }
 
-    /// Messages may have been lost (a reconnect, a lagging dispatcher, a
-    /// moved slot): every follower re-checks, and no channel is joinable
-    /// again (a resubscription after a reconnect is not confirmed).
-    pub(crate) fn resync_all(&self) {
-        let mut channels = self.channels();
-        self.resyncs.fetch_add(1, Ordering::Relaxed);
-        for ch in channels.values_mut() {
-            ch.joinable = false;
-            let _ = ch.tx.send(Notice::Resync);
+    /// Messages may have been lost (a lagging dispatcher, a message that
+    /// did not parse), the subscriptions are in force: every follower
+    /// re-checks.
+    pub(crate) fn lost_messages(&self) {
+        self.lost(false);
+    }
+
+    /// Subscriptions may have been lost (a reconnect, a moved slot): no
+    /// inbox is in force until it is subscribed again and confirmed, and
+    /// every follower re-checks.
+    pub(crate) fn lost_subscriptions(&self) {
+        self.lost(true);
+    }
+
+    /// One critical section: a confirmation must not set a bit between
+    /// their clearing and the bump that makes it stale.
+    fn lost(&self, subscriptions: bool) {
+        let state = self.state();
+        if subscriptions {
+            for word in self.joinable.iter() {
+                word.store(0, Ordering::Release);
+            }
         }
-        self.joinable.store(0, Ordering::Relaxed);
+        self.resyncs.fetch_add(1, Ordering::Release);
+        for f in state.followers.values() {
+            let _ = f.tx.send(Notice::Resync);
+        }
+    }
+
+    /// Every registered follower re-checks (after inboxes were subscribed
+    /// again: a notice published before that took effect was lost).
+    pub(crate) fn resync_followers(&self) {
+        let state = self.state();
+        for f in state.followers.values() {
+            let _ = f.tx.send(Notice::Resync);
+        }
     }
 
     /// Where resyncs are now: pass it to [`confirmed`](Self::confirmed)
     /// once the SUBSCRIBE sent after this is confirmed.
     pub(crate) fn resyncs(&self) -> u64 {
-        let _channels = self.channels();
+        let _state = self.state();
         self.resyncs.load(Ordering::Relaxed)
     }
 
-    /// Marks `channel`'s subscription confirmed on the server, unless a
-    /// resync came since `resyncs` (the subscription may have been lost
-    /// with a connection and not be in force again yet).
-    pub(crate) fn confirmed(&self, channel: &str, resyncs: u64) {
-        let mut channels = self.channels();
+    /// Marks `slot`'s inbox in force, unless a resync came since
+    /// `resyncs` (a subscription may have been lost with a connection and
+    /// not be in force again yet).
+    pub(crate) fn confirmed(&self, slot: u16, resyncs: u64) {
+        let _state = self.state();
         if self.resyncs.load(Ordering::Relaxed) != resyncs {
             return;
         }
-        if let Some(ch) = channels.get_mut(channel) {
-            if !ch.joinable {
-                ch.joinable = true;
-                self.joinable.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// A share of `channel` if it is joinable (`None` otherwise): a
-    /// receiver created now gets every message dispatched from now on.
-    pub(crate) fn join(
-        self: &Arc<Self>,
-        channel: impl FnOnce() -> String,
-    ) -> Option<(broadcast::Receiver<Notice>, SubGuard)> {
-        if self.joinable.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let channel = channel();
-        let rx = {
-            let mut channels = self.channels();
-            // Its subscriber's connection up: a dead one would not say so
-            // to a follower that shares it.
-            let ch = channels
-                .get_mut(&channel)
-                .filter(|ch| ch.joinable && ch.on.as_ref().is_some_and(|on| on.is_connected()))?;
-            ch.refs += 1;
-            ch.tx.subscribe()
-        };
-        Some((
-            rx,
-            SubGuard {
-                subs: Arc::clone(self),
-                channel,
-            },
-        ))
+        let (word, bit) = self.bit(self.key(slot));
+        word.fetch_or(bit, Ordering::Release);
     }
 }
 
+/// A message's bytes (a payload that is valid UTF-8 comes as a string).
+fn value_bytes(v: &Value) -> Option<Bytes> {
+    match v {
+        Value::Bytes(b) => Some(b.clone()),
+        Value::String(s) => Some(s.inner().clone()),
+        _ => None,
+    }
+}
+
+/// Parses `<record>|<gen>|c|<payload>`, `<record>|<gen>|c`,
+/// `<record>|<gen>|a`.
+fn parse_message(msg: &Bytes) -> Option<(Bytes, Notice)> {
+    let bar = msg.iter().position(|b| *b == b'|')?;
+    if bar == 0 {
+        return None;
+    }
+    let notice = parse_notice(&msg.slice(bar + 1..))?;
+    Some((msg.slice(..bar), notice))
+}
+
 /// Parses `<gen>|c|<payload>`, `<gen>|c`, `<gen>|a`.
-fn parse_notice(payload: &[u8]) -> Option<Notice> {
+fn parse_notice(payload: &Bytes) -> Option<Notice> {
     let bar = payload.iter().position(|b| *b == b'|')?;
     let generation: u64 = std::str::from_utf8(&payload[..bar]).ok()?.parse().ok()?;
     match &payload[bar + 1..] {
@@ -266,54 +483,44 @@ fn parse_notice(payload: &[u8]) -> Option<Notice> {
             generation,
             inline: None,
         }),
-        [b'c', b'|', inline @ ..] => Some(Notice::Committed {
+        [b'c', b'|', ..] => Some(Notice::Committed {
             generation,
-            inline: Some(Bytes::copy_from_slice(inline)),
+            inline: Some(payload.slice(bar + 3..)),
         }),
         _ => None,
     }
 }
 
-/// Releases one reference to a channel; the last one unsubscribes.
-pub(crate) struct SubGuard {
-    pub(crate) subs: Arc<Subs>,
-    pub(crate) channel: String,
+/// A hash tag per cluster slot (`tags[s]` hashes to slot `s`): the
+/// shortest hex numbers that do, found once.
+fn slot_tags() -> &'static [String] {
+    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
+    TAGS.get_or_init(|| {
+        let mut tags = vec![String::new(); SLOTS];
+        let mut left = SLOTS;
+        let mut n: u64 = 0;
+        while left > 0 {
+            let tag = format!("{n:x}");
+            let slot = usize::from(fred::util::redis_keyslot(tag.as_bytes()));
+            if tags[slot].is_empty() {
+                tags[slot] = tag;
+                left -= 1;
+            }
+            n += 1;
+        }
+        tags
+    })
 }
 
-impl Drop for SubGuard {
+/// A follower's registration; dropping it unregisters.
+pub(crate) struct Registered {
+    pub(crate) subs: Arc<Subs>,
+    pub(crate) record: Bytes,
+}
+
+impl Drop for Registered {
     fn drop(&mut self) {
-        let last = {
-            let mut channels = self.subs.channels();
-            match channels.get_mut(&self.channel) {
-                Some(ch) if ch.refs <= 1 => channels.remove(&self.channel).and_then(|ch| {
-                    if ch.joinable {
-                        self.subs.joinable.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    ch.on
-                }),
-                Some(ch) => {
-                    ch.refs -= 1;
-                    None
-                }
-                None => None,
-            }
-        };
-        let Some(subscriber) = last else {
-            return;
-        };
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let subs = self.subs.clone();
-        let channel = std::mem::take(&mut self.channel);
-        handle.spawn(async move {
-            let _serial = subs.serial(&channel).await;
-            if subs.channels().contains_key(&channel) {
-                return;
-            }
-            let unsubscribe = subs.unsubscribe(&subscriber, channel);
-            let _ = tokio::time::timeout(subs.timeout, unsubscribe).await;
-        });
+        self.subs.unregister(&self.record);
     }
 }
 
@@ -322,56 +529,175 @@ mod tests {
     use super::*;
 
     fn subs() -> Subs {
-        Subs::new(Duration::from_secs(1), false)
+        Subs::new("p", Duration::from_secs(1), false)
+    }
+
+    fn message(text: &str) -> Message {
+        Message {
+            channel: "inbox".into(),
+            value: Value::Bytes(Bytes::copy_from_slice(text.as_bytes())),
+            kind: fred::types::MessageKind::Message,
+            server: fred::types::config::Server::new("127.0.0.1", 6379),
+        }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn one_channel_waits_for_its_own_commands_only() {
+    async fn one_inbox_waits_for_its_own_commands_only() {
         let subs = subs();
         let a = subs.serial("a").await;
-        // Another channel's SUBSCRIBE goes out meanwhile...
+        // Another inbox's SUBSCRIBE goes out meanwhile...
         let b = tokio::time::timeout(Duration::from_secs(1), subs.serial("b")).await;
-        assert!(b.is_ok(), "channel b waited for channel a");
+        assert!(b.is_ok(), "inbox b waited for inbox a");
         drop(b);
-        // ...the same channel's waits for the command under way.
+        // ...the same inbox's waits for the command under way.
         let again = subs.serial("a");
         tokio::pin!(again);
         assert!(
             tokio::time::timeout(Duration::from_secs(1), &mut again)
                 .await
                 .is_err(),
-            "a second command of channel a went out before the first ended"
+            "a second command of inbox a went out before the first ended"
         );
         drop(a);
         let again = tokio::time::timeout(Duration::from_secs(1), again).await;
-        assert!(again.is_ok(), "channel a is free again");
+        assert!(again.is_ok(), "inbox a is free again");
         drop(again);
         // Nothing is kept once nobody holds or waits.
         assert!(subs.ops.lock().unwrap().is_empty());
     }
 
     #[test]
-    fn notices_parse_and_garbage_does_not() {
+    fn messages_parse_and_garbage_does_not() {
+        let m = |s: &'static [u8]| parse_message(&Bytes::from_static(s));
         assert_eq!(
-            parse_notice(b"7|c|\x00a|b"),
-            Some(Notice::Committed {
-                generation: 7,
-                inline: Some(Bytes::from_static(b"\x00a|b"))
-            })
+            m(b"p:{ab}:f3|7|c|\x00a|b"),
+            Some((
+                Bytes::from_static(b"p:{ab}:f3"),
+                Notice::Committed {
+                    generation: 7,
+                    inline: Some(Bytes::from_static(b"\x00a|b"))
+                }
+            ))
         );
         assert_eq!(
-            parse_notice(b"7|c"),
-            Some(Notice::Committed {
-                generation: 7,
-                inline: None
-            })
+            m(b"r|7|c"),
+            Some((
+                Bytes::from_static(b"r"),
+                Notice::Committed {
+                    generation: 7,
+                    inline: None
+                }
+            ))
         );
         assert_eq!(
-            parse_notice(b"3|a"),
-            Some(Notice::Abandoned { generation: 3 })
+            m(b"r|3|a"),
+            Some((
+                Bytes::from_static(b"r"),
+                Notice::Abandoned { generation: 3 }
+            ))
         );
-        for bad in [&b""[..], b"|", b"x|a", b"1|", b"1|z", b"-1|a", b"1|cx"] {
-            assert_eq!(parse_notice(bad), None, "{bad:?}");
+        for bad in [
+            &b""[..],
+            b"|",
+            b"r",
+            b"|1|a",
+            b"r|x|a",
+            b"r|1|",
+            b"r|1|z",
+            b"r|-1|a",
+            b"r|1|cx",
+        ] {
+            assert_eq!(parse_message(&Bytes::from_static(bad)), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_of_its_own() {
+        let tags = slot_tags();
+        for (slot, tag) in tags.iter().enumerate() {
+            assert_eq!(usize::from(fred::util::redis_keyslot(tag.as_bytes())), slot);
+        }
+        let subs = Subs::new("fd", Duration::from_secs(1), true);
+        for slot in [0, 1, 5000, 16383] {
+            let inbox = subs.inbox(slot);
+            assert_eq!(fred::util::redis_keyslot(&inbox), slot);
+        }
+    }
+
+    fn record(name: &str) -> Bytes {
+        Bytes::copy_from_slice(name.as_bytes())
+    }
+
+    /// A follower that registers after its flight's message came (the
+    /// message overtook its ACQUIRE's answer) still gets it, and only its
+    /// own flight's.
+    #[test]
+    fn a_follower_registering_late_gets_the_messages_since_its_mark() {
+        let subs = subs();
+        subs.confirmed(0, subs.resyncs());
+        subs.dispatch(&message("r1|1|c|before"));
+        let mark = subs.mark(0).expect("in force");
+        subs.dispatch(&message("r2|5|a"));
+        subs.dispatch(&message("r1|2|c|after"));
+        let (_rx, backlog) = subs.register(&record("r1"), mark);
+        assert_eq!(
+            backlog,
+            [Notice::Committed {
+                generation: 2,
+                inline: Some(Bytes::from_static(b"after"))
+            }]
+        );
+    }
+
+    /// When the messages since a mark were dropped for room, or a loss
+    /// came since, the late follower starts with a resync.
+    #[test]
+    fn a_late_follower_resyncs_when_its_messages_may_be_gone() {
+        let subs = subs();
+        subs.confirmed(0, subs.resyncs());
+        let mark = subs.mark(0).expect("in force");
+        for i in 0..=RECENT {
+            subs.dispatch(&message(&format!("other|{i}|a")));
+        }
+        let (_rx, backlog) = subs.register(&record("r1"), mark);
+        assert_eq!(backlog, [Notice::Resync]);
+
+        let mark = subs.mark(0).expect("in force");
+        subs.lost_messages();
+        let (_rx, backlog) = subs.register(&record("r1"), mark);
+        assert_eq!(backlog, [Notice::Resync]);
+        // Lost messages leave the inbox in force; a lost subscription
+        // does not.
+        assert!(subs.mark(0).is_some());
+        subs.lost_subscriptions();
+        assert!(subs.mark(0).is_none());
+        // Confirmed again, but with a resync in between: not in force.
+        let before = subs.resyncs();
+        subs.lost_subscriptions();
+        subs.confirmed(0, before);
+        assert!(subs.mark(0).is_none());
+        subs.confirmed(0, subs.resyncs());
+        assert!(subs.mark(0).is_some());
+    }
+
+    #[tokio::test]
+    async fn registered_followers_get_their_flights_messages() {
+        let subs = subs();
+        let (mut rx1, _) = subs.register(&record("r1"), subs.mark_resyncs());
+        let (mut rx2, _) = subs.register(&record("r2"), subs.mark_resyncs());
+        subs.dispatch(&message("r1|9|c"));
+        assert_eq!(
+            rx1.recv().await.unwrap(),
+            Notice::Committed {
+                generation: 9,
+                inline: None
+            }
+        );
+        assert!(rx2.try_recv().is_err());
+        subs.resync_followers();
+        assert_eq!(rx2.recv().await.unwrap(), Notice::Resync);
+        subs.unregister(&record("r1"));
+        subs.unregister(&record("r2"));
+        assert_eq!(subs.followed(), 0);
     }
 }

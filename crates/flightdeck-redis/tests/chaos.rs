@@ -253,8 +253,8 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
                 match (fault, topology) {
                     (Chaos::MigrateSlot { key, pause }, Topology::Cluster(cluster)) => {
                         // The slot of a key the workers are hammering now.
-                        let names = backend.keys(&flight_of(&load.live_key(key)));
-                        let slot = fred::util::redis_keyslot(names[0].as_bytes());
+                        let record = backend.record_key(&flight_of(&load.live_key(key)));
+                        let slot = fred::util::redis_keyslot(record.as_bytes());
                         let began = Instant::now();
                         chaos::migrate_slot(cluster, slot, pause).await;
                         lock(migrations).push((began, Instant::now()));
@@ -285,7 +285,7 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
                 (
                     n.l1.running_flights(),
                     n.l1.map_entries(),
-                    n.backend.subscribed_channels(),
+                    n.backend.followed_flights(),
                 )
             })
             .collect::<Vec<_>>()
@@ -548,7 +548,7 @@ async fn the_lease_scan_finds_a_lease_left_held() {
     assert_eq!(found.records, 2, "{found:?}");
     assert_eq!(found.held.len(), 1, "{found:?}");
     assert_eq!(found.held[0].token, orphan.as_str());
-    assert_eq!(found.held[0].key, backend.keys(&left)[0]);
+    assert_eq!(found.held[0].key, backend.record_key(&left));
     assert!(found.held[0].remaining > Duration::from_secs(25));
 
     let released = backend

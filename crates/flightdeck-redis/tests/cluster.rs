@@ -153,9 +153,10 @@ async fn cluster_three_nodes_one_execution_with_sharded_pubsub() {
     assert_eq!(calls.total(), 5);
 }
 
-/// Issue 7 / invariant 13: the server agrees that every key of a flight
-/// (its record and its channel) lives in one slot (`CLUSTER KEYSLOT`),
-/// for many flights, and that slot is the one fred routes by.
+/// Issue 7 / invariant 13: the server agrees that every name of a flight
+/// (its record, its invalidation, and this node's inbox for it) lives in
+/// one slot (`CLUSTER KEYSLOT`), for many flights, and that slot is the
+/// one fred routes by.
 #[tokio::test]
 async fn flight_keys_share_one_slot_by_cluster_keyslot() {
     let cluster = RedisCluster::start(3).unwrap();
@@ -164,8 +165,9 @@ async fn flight_keys_share_one_slot_by_cluster_keyslot() {
     let mut slots_seen = std::collections::HashSet::new();
     for i in 0..50 {
         let flight = FlightId::of(&FlightKey::from_bytes(stage.clone(), format!("req-{i}")));
-        let names = b.keys(&flight);
-        let slot = cluster.keyslot(&names[0]).unwrap();
+        let record = b.record_key(&flight);
+        let names = [record.clone(), format!("{record}:i"), b.inbox(&flight)];
+        let slot = cluster.keyslot(&record).unwrap();
         for n in &names {
             assert_eq!(cluster.keyslot(n).unwrap(), slot, "{n}");
             assert_eq!(fred::util::redis_keyslot(n.as_bytes()), slot, "{n}");
@@ -192,7 +194,7 @@ fn named_requests_in_slot(
     for i in 0.. {
         let req = format!("{prefix}{i}");
         let flight = FlightId::of(&FlightKey::from_bytes(stage.clone(), &req));
-        if fred::util::redis_keyslot(b.keys(&flight)[0].as_bytes()) == slot {
+        if fred::util::redis_keyslot(b.record_key(&flight).as_bytes()) == slot {
             found.push(req);
             if found.len() == n {
                 break;
@@ -216,7 +218,7 @@ async fn slot_migration_moved_is_followed() {
     let stage = StageName::new("cluster").unwrap();
     let probe = backend(&cluster).await;
     let first = FlightId::of(&FlightKey::from_bytes(stage.clone(), "m-first"));
-    let slot = cluster.keyslot(&probe.keys(&first)[0]).unwrap();
+    let slot = cluster.keyslot(&probe.record_key(&first)).unwrap();
     let mut reqs = vec!["m-first".to_owned()];
     reqs.extend(requests_in_slot(&probe, &stage, slot, 4));
     let from = cluster.slot_owner(slot).unwrap();
@@ -401,7 +403,9 @@ async fn slot_migration_ask_is_handled() {
     let stage = StageName::new("cluster").unwrap();
     let probe = backend(&cluster).await;
     let flight = |req: &str| FlightId::of(&FlightKey::from_bytes(stage.clone(), req));
-    let slot = cluster.keyslot(&probe.keys(&flight("slow-x"))[0]).unwrap();
+    let slot = cluster
+        .keyslot(&probe.record_key(&flight("slow-x")))
+        .unwrap();
     let done = named_requests_in_slot(&probe, &stage, slot, "done", 3);
     let running = named_requests_in_slot(&probe, &stage, slot, "slow", 3);
     let fresh = named_requests_in_slot(&probe, &stage, slot, "fresh", 3);
@@ -440,7 +444,7 @@ async fn slot_migration_ask_is_handled() {
     let (c, moving) = (cluster.clone(), [done[0].clone(), running[0].clone()]);
     let keys: Vec<String> = moving
         .iter()
-        .map(|r| probe.keys(&flight(r))[0].clone())
+        .map(|r| probe.record_key(&flight(r)))
         .collect();
     let migration = tokio::task::spawn_blocking(move || {
         let m = c.begin_migration(slot, to)?.expect("the slot moves");

@@ -1,26 +1,56 @@
-//! Pub/sub notices against a real `redis-server`: a follower that has
-//! subscribed must get every notice published after that.
+//! Pub/sub notices against a real `redis-server`: a follower must get
+//! every notice about its flight published after its ACQUIRE answered
+//! FOLLOWER (which added its node's inbox to the flight), or a resync.
 //!
-//! fred 10.1 answers a (non-sharded) `SUBSCRIBE` as soon as it is written to
-//! the socket, not when Redis has applied it (`Connection::push_command`,
-//! `Command::has_no_responses`), so "subscribed" could be false for a while
-//! after `subscribe` returned: a notice published by another connection in
-//! that window was lost (about 1 in 10 conformance runs under load). The
-//! backend now puts a `PING` on the subscriber connection behind every
-//! `SUBSCRIBE`: Redis answers it only after the `SUBSCRIBE` before it.
+//! Two races are closed here. fred 10.1 answers a (non-sharded)
+//! `SUBSCRIBE` as soon as it is written to the socket, not when Redis has
+//! applied it (`Connection::push_command`, `Command::has_no_responses`), so
+//! "subscribed" could be false for a while after `subscribe` returned: the
+//! backend puts a `PING` on the subscriber connection behind every
+//! `SUBSCRIBE` of an inbox (Redis answers it only after the `SUBSCRIBE`
+//! before it). And a notice travels on the subscriber connection while the
+//! ACQUIRE's answer travels on the command connection: the notice may
+//! arrive first, before the follower read its subscription (which opens,
+//! and registers, at its first read); the inbox keeps the last messages
+//! for it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flightdeck_distributed::backend::{Backend, FlightId, Notice, Subscription};
+use flightdeck_distributed::backend::{
+    Acquired, Backend, FlightId, LeaseTerms, Notice, OwnerToken, Subscription,
+};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_testkit::conformance::fresh_flight;
 use flightdeck_testkit::RedisServer;
 
-/// Subscribe, then at once publish (INVALIDATE) from the command
-/// connection, many times over on parallel tasks: every notice arrives.
+fn terms() -> LeaseTerms {
+    LeaseTerms {
+        lease: Duration::from_secs(30),
+        state_ttl: Duration::from_secs(120),
+        allow_takeover: true,
+    }
+}
+
+/// Makes `backend`'s node a follower of `f` as the scripts know it:
+/// another token holds the lease, and an ACQUIRE of `backend` answered
+/// FOLLOWER (adding the node's inbox to the flight).
+async fn follow(backend: &RedisBackend, f: &FlightId) {
+    let owner = backend.acquire(f, &OwnerToken::random(), &terms()).await;
+    assert!(matches!(owner, Ok(Acquired::Owner { .. })), "{owner:?}");
+    let follower = backend.acquire(f, &OwnerToken::random(), &terms()).await;
+    assert!(
+        matches!(follower, Ok(Acquired::Follower { .. })),
+        "{follower:?}"
+    );
+}
+
+/// A follower's subscription (taken before its ACQUIRE, opened at its
+/// first read; or, every other round, subscribed before it), then at once
+/// a notice (INVALIDATE) from the command connection, many times over on
+/// parallel tasks: every notice arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_notice_published_right_after_subscribe_is_never_lost() {
+async fn a_notice_published_right_after_follow_is_never_lost() {
     const TASKS: usize = 8;
     const ROUNDS: usize = 150;
     let redis = RedisServer::start().expect("redis-server");
@@ -34,9 +64,17 @@ async fn a_notice_published_right_after_subscribe_is_never_lost() {
         let b = Arc::clone(&backend);
         tasks.push(tokio::spawn(async move {
             let mut lost = 0;
-            for _ in 0..ROUNDS {
+            for round in 0..ROUNDS {
                 let f = fresh_flight();
-                let mut sub = b.subscribe(&f).await.expect("subscribe");
+                let mut sub = if round % 2 == 0 {
+                    let sub = b.join_subscription(&f).expect("the inbox is in force");
+                    follow(&b, &f).await;
+                    sub
+                } else {
+                    let sub = b.subscribe(&f).await.expect("subscribe");
+                    follow(&b, &f).await;
+                    sub
+                };
                 let generation = b
                     .invalidate(&f, Duration::from_secs(30))
                     .await
@@ -57,7 +95,7 @@ async fn a_notice_published_right_after_subscribe_is_never_lost() {
     assert_eq!(
         lost,
         0,
-        "{lost} of {} notices published right after SUBSCRIBE were lost",
+        "{lost} of {} notices published right after a follower's ACQUIRE were lost",
         TASKS * ROUNDS
     );
 }
@@ -71,11 +109,12 @@ async fn next(sub: &mut Subscription, within: Duration) -> Option<Notice> {
         .flatten()
 }
 
-/// The subscriber connections of `servers` are cut. Each subscription
-/// then sees a resync; a notice published right after it (while the
-/// resubscription may still be under way) is either delivered or
-/// followed by another resync (once the channel is subscribed again:
-/// followers re-check then); and a notice published after that arrives.
+/// The subscriber connections of `servers` are cut. Each follower's
+/// subscription then sees a resync; a notice published right after it
+/// (while the inbox's resubscription may still be under way) is either
+/// delivered or followed by another resync (once the inbox is subscribed
+/// again: followers re-check then); and a notice published after that
+/// (to a follower that followed again, as its re-check does) arrives.
 async fn a_reconnect_loses_no_notice_unannounced(
     backend: &RedisBackend,
     servers: &[&RedisServer],
@@ -85,6 +124,7 @@ async fn a_reconnect_loses_no_notice_unannounced(
     let mut subs = Vec::new();
     for f in flights {
         subs.push(backend.subscribe(f).await.expect("subscribe"));
+        follow(backend, f).await;
     }
     for s in servers {
         s.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
@@ -113,6 +153,7 @@ async fn a_reconnect_loses_no_notice_unannounced(
         }
     }
     for (i, (f, sub)) in flights.iter().zip(&mut subs).enumerate() {
+        follow(backend, f).await;
         let generation = backend
             .invalidate(f, Duration::from_secs(30))
             .await
@@ -129,8 +170,8 @@ async fn a_reconnect_loses_no_notice_unannounced(
 }
 
 /// One server: fred reports the reconnect before its resubscription is in
-/// force; the backend resubscribes itself and says so with a second
-/// resync.
+/// force; the backend resubscribes the inbox itself and says so with a
+/// second resync.
 #[tokio::test]
 async fn after_a_subscriber_reconnect_no_notice_is_lost_unannounced() {
     let redis = RedisServer::start().expect("redis-server");

@@ -114,13 +114,15 @@ async fn keys_share_a_slot_and_hide_the_input() {
     let tok = OwnerToken::random();
     let terms = conformance::terms(true);
     b.acquire(&flight, &tok, &terms).await.unwrap();
-    let names = b.keys(&flight);
-    let slot = fred::util::redis_keyslot(names[0].as_bytes());
-    for n in &names {
+    let record = b.record_key(&flight);
+    let names = [record.clone(), format!("{record}:i"), b.inbox(&flight)];
+    let slot = fred::util::redis_keyslot(record.as_bytes());
+    for n in &names[..2] {
         assert_eq!(fred::util::redis_keyslot(n.as_bytes()), slot, "{n}");
         assert!(n.contains(&format!("{{{}}}", flight.to_hex())), "{n}");
         assert!(!n.contains("secret"));
     }
+    assert!(!names[2].contains("secret"));
     let Resp::Array(Some(stored)) = redis.cmd(&["KEYS", "*"]).unwrap() else {
         panic!("KEYS answers an array");
     };
@@ -213,7 +215,8 @@ async fn replay_is_one_script_call_and_command_counts() {
     let hit = redis.command_calls("evalsha").unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
-    // Follower: ACQUIRE + SUBSCRIBE + re-check ACQUIRE + inline notice.
+    // Follower: one ACQUIRE (its node's inbox is in force) + the inline
+    // notice.
     let owner_call = tokio::spawn(a.clone().oneshot("y".into()));
     tokio::time::sleep(Duration::from_millis(100)).await;
     redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
@@ -230,11 +233,8 @@ async fn replay_is_one_script_call_and_command_counts() {
     );
     assert_eq!(owner, 2);
     assert_eq!(hit, 1);
-    assert_eq!(
-        window_scripts, 3,
-        "follower: acquire + re-check; owner: commit"
-    );
-    assert_eq!(window_subscribe, 1);
+    assert_eq!(window_scripts, 2, "follower: acquire; owner: commit");
+    assert_eq!(window_subscribe, 0);
     assert_eq!(window_get, 0, "small payloads travel inline");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -501,7 +501,7 @@ async fn corrupt_and_foreign_results_are_protocol_errors() {
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer(b.clone(), "corrupt", policy()).layer(work(calls.clone(), "v", Duration::ZERO));
 
-    let record = |req: &str| b.keys(&flight_of("corrupt", req))[0].clone();
+    let record = |req: &str| b.record_key(&flight_of("corrupt", req));
     let hset = |fields: &[&'static [u8]]| [&[b"HSET" as &[u8], b""][..], fields].concat();
     let cases: [(&str, Vec<&[u8]>); 6] = [
         (
@@ -690,34 +690,43 @@ async fn killed_or_paused_redis_gives_typed_errors_quickly() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
-/// One subscriber connection per node, reference-counted per channel.
+/// One subscriber connection per node, and on it one inbox for every
+/// flight, subscribed from the first connection on and kept: followers
+/// register on it (a subscribe per follower sends nothing once it is in
+/// force), and leave nothing subscribed behind.
 #[tokio::test]
-async fn subscriptions_are_shared_and_reference_counted() {
+async fn one_inbox_per_node_subscribed_once_and_kept() {
     let redis = RedisServer::start().unwrap();
     let b = backend(&redis).await;
-    let flight = flight_of("subs", "k");
-    let channel = b.keys(&flight)[1].clone();
-    let numsub = || match redis.cmd(&["PUBSUB", "NUMSUB", &channel]).unwrap() {
+    let (f1, f2) = (flight_of("subs", "a"), flight_of("subs", "b"));
+    let inbox = b.inbox(&f1);
+    assert_eq!(inbox, b.inbox(&f2), "one inbox for every flight");
+    let numsub = || match redis.cmd(&["PUBSUB", "NUMSUB", &inbox]).unwrap() {
         Resp::Array(Some(v)) => match v[1] {
             Resp::Int(n) => n,
             _ => -1,
         },
         _ => -1,
     };
-    let s1 = b.subscribe(&flight).await.unwrap();
-    let s2 = b.subscribe(&flight).await.unwrap();
+    // `connect` waited for it.
     assert_eq!(numsub(), 1);
     assert_eq!(b.subscribed_channels(), 1);
-    drop(s1);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let s1 = b.subscribe(&f1).await.unwrap();
+    let s2 = b.subscribe(&f1).await.unwrap();
+    let s3 = b.subscribe(&f2).await.unwrap();
     assert_eq!(numsub(), 1);
-    drop(s2);
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while numsub() != 0 {
-        assert!(Instant::now() < deadline, "never unsubscribed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(b.subscribed_channels(), 0);
+    assert_eq!(b.subscribed_channels(), 1);
+    assert_eq!(b.followed_flights(), 2);
+    drop(s1);
+    assert_eq!(b.followed_flights(), 2);
+    drop((s2, s3));
+    assert_eq!(b.followed_flights(), 0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(numsub(), 1, "the inbox stays");
+    let Resp::Array(Some(channels)) = redis.cmd(&["PUBSUB", "CHANNELS"]).unwrap() else {
+        panic!("PUBSUB CHANNELS answers an array");
+    };
+    assert_eq!(channels.len(), 1, "the inbox alone: {channels:?}");
 }
 
 /// For scale (printed, not asserted): the owner path (acquire + commit) per
@@ -943,7 +952,10 @@ async fn an_invalidation_outlives_the_record() {
     // The abandoned grant's record lives two leases.
     tokio::time::sleep(LEASE * 2 + Duration::from_millis(300)).await;
     let Resp::Int(0) = redis
-        .cmd(&["EXISTS", &b.backend().keys(&flight_of("outlived", "k"))[0]])
+        .cmd(&[
+            "EXISTS",
+            &b.backend().record_key(&flight_of("outlived", "k")),
+        ])
         .unwrap()
     else {
         panic!("the record expired");

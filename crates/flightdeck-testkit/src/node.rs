@@ -198,7 +198,7 @@ pub struct NodeStats {
     pub running: u64,
     /// L1 in-flight map entries.
     pub entries: u64,
-    /// Redis channels subscribed (followers waiting).
+    /// Flights this node's followers wait on (registered on its inbox).
     pub subscriptions: u64,
 }
 

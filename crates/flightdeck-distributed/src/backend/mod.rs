@@ -43,8 +43,13 @@
 //!   nothing.
 //! - [`Backend::invalidate`] drops the stored result and any lease and
 //!   starts a newer generation: a running owner's commit is then fenced.
-//! - [`Backend::subscribe`] delivers [`Notice`]s for one flight. Delivery is
-//!   at most once: callers must also poll.
+//! - [`Backend::subscribe`] delivers [`Notice`]s for one flight: at least
+//!   those of grants that end after this node's ACQUIRE (or re-check) of
+//!   the flight answered [`Acquired::Follower`] (the Redis backend tells
+//!   only the nodes that follow). Delivery is at most once: callers must
+//!   also poll. [`Backend::join_subscription`], taken before a flight's
+//!   first call, delivers the same from that call on (or a
+//!   [`Notice::Resync`]), when the backend can promise it.
 //! - [`Backend::invalidated_since`] and [`Backend::wait_replicas`] are
 //!   optional (by default: "not known", "no replicas"). The first lets the
 //!   L2 layer tell a result that was invalidated from one the store lost
@@ -186,18 +191,23 @@ pub trait Backend: Send + Sync + 'static {
         state_ttl: Duration,
     ) -> BackendFuture<'a, u64>;
 
-    /// Subscribes to the flight's notices. Subscribe BEFORE re-checking the
-    /// flight, so a notice sent in between is not missed.
+    /// Subscribes to the flight's notices (those of grants that end after
+    /// this node's next ACQUIRE or re-check answers FOLLOWER, at least).
+    /// Subscribe BEFORE re-checking the flight, so a notice sent in between
+    /// is not missed.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription>;
 
-    /// A share of a subscription to the flight's notices that is already
-    /// in force (another follower of the flight on this node holds one),
-    /// without a call: it delivers every notice sent from now on, or a
-    /// [`Notice::Resync`] where some may have been lost. Taken before the
+    /// A subscription to the flight's notices that is in force already,
+    /// without a call: it delivers every notice about the flight sent
+    /// from now on, or a [`Notice::Resync`] where some may have been lost
+    /// (the Redis backend: this node's inbox, subscribed once, which every
+    /// ACQUIRE that answers FOLLOWER adds to the flight). Taken before the
     /// flight's first call, it spares a follower the subscribe and the
     /// re-check after it: a notice sent after that call ran cannot be
-    /// missed. `None` when there is none to share (the default): the
-    /// follower subscribes, then re-checks.
+    /// missed. Every flight takes one, and most never read it (owners,
+    /// hits): a backend should make it cheap, e.g. with
+    /// [`Subscription::deferred`]. `None` when the backend cannot promise
+    /// it now (the default): the follower subscribes, then re-checks.
     ///
     /// A wrapper that changes what [`subscribe`](Self::subscribe) does
     /// must not forward this to a backend that ignores the change.

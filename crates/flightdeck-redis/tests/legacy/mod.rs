@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod f2;
+
 use bytes::Bytes;
 use flightdeck_distributed::FlightId;
 use fred::prelude::*;

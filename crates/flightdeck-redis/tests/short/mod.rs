@@ -45,7 +45,7 @@ pub(crate) fn keys_by_node(
     let mut by_node = vec![Vec::new(); cluster.nodes().len()];
     for i in 0.. {
         let key = format!("k-{i}");
-        let slot = fred::util::redis_keyslot(b.keys(&flight(&key))[0].as_bytes());
+        let slot = fred::util::redis_keyslot(b.record_key(&flight(&key)).as_bytes());
         let owner = cluster.slot_owner(slot).expect("slot owner");
         if by_node[owner].len() < n {
             by_node[owner].push(key);

@@ -205,7 +205,7 @@ async fn main() -> Result<(), BoxError> {
                     working.load(Ordering::SeqCst),
                     l1.running_flights(),
                     l1.map_entries(),
-                    backend.subscribed_channels()
+                    backend.followed_flights()
                 )
             };
             let idle = async move {

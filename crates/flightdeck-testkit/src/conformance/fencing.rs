@@ -187,6 +187,10 @@ async fn abandon_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<(
     let t = terms(false);
     let (lease, record) = (Window::lease(&t), Window::record(&t));
     let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    // A follower while the lease lives: the late abandon wakes it.
+    let (mut sub, followed) = follow_within(b, &f, &t).await;
+    lease.kept()?;
+    assert!(followed, "a live lease is followed");
     for (who, generation) in [(&s, g), (&a, g + 1), (&a, g.saturating_sub(1))] {
         assert_eq!(
             b.abandon(&f, who, generation, &abandon_args(None))
@@ -209,7 +213,6 @@ async fn abandon_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<(
     let expired = b.acquire(&f, &c, &t).await.unwrap();
     record.kept()?;
     assert_eq!(expired, Acquired::Expired { generation: g });
-    let mut sub = b.subscribe(&f).await.unwrap();
     assert_eq!(
         b.abandon(&f, &s, g, &abandon_args(None)).await.unwrap(),
         Released::NotOwner
@@ -260,6 +263,7 @@ async fn release_frees_the_tokens_lease_whatever_its_generation_once<B: Backend>
     let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
     let mut sub = b.subscribe(&f).await.unwrap();
     assert_eq!(b.release(&f, &s, state).await.unwrap(), Released::NotOwner);
+    // `c` follows: the release wakes it.
     let follower = b.acquire(&f, &c, &t).await.unwrap();
     lease.kept()?;
     assert!(matches!(

@@ -224,6 +224,25 @@ fn abandon_args(failure: Option<&'static str>) -> AbandonArgs {
     }
 }
 
+/// Follows `f` from this node, as a follower does when the backend has no
+/// subscription in force: subscribes, then an ACQUIRE with a fresh token
+/// that answers FOLLOWER (a backend may deliver notices only for flights
+/// this node's ACQUIRE followed: the Redis backend's inbox). Panics on
+/// any other answer.
+async fn follow<B: Backend>(b: &B, f: &FlightId, t: &LeaseTerms) -> Subscription {
+    let (sub, followed) = follow_within(b, f, t).await;
+    assert!(followed, "the ACQUIRE after subscribing must follow");
+    sub
+}
+
+/// [`follow`], saying whether the ACQUIRE followed instead of panicking
+/// (a check that needs the lease alive decides by its window first).
+async fn follow_within<B: Backend>(b: &B, f: &FlightId, t: &LeaseTerms) -> (Subscription, bool) {
+    let sub = b.subscribe(f).await.unwrap();
+    let answer = b.acquire(f, &OwnerToken::random(), t).await.unwrap();
+    (sub, matches!(answer, Acquired::Follower { .. }))
+}
+
 async fn next_notice(sub: &mut Subscription) -> Notice {
     tokio::time::timeout(Duration::from_secs(5), sub.recv())
         .await
@@ -252,10 +271,11 @@ fn owned(answer: Acquired, what: &str) -> u64 {
 
 /// Runs every check.
 ///
-/// A notice published after `subscribe` returned must arrive: a backend
-/// whose subscription is not yet in force when `subscribe` returns fails
-/// here (the Redis backend puts a barrier behind its `SUBSCRIBE`, see
-/// `flightdeck-redis`'s tests/pubsub.rs).
+/// A notice about a grant that ends after a subscribed node's ACQUIRE
+/// followed it must arrive: a backend whose subscription is not yet in
+/// force when `subscribe` returns fails here (the Redis backend puts a
+/// barrier behind the `SUBSCRIBE` of its inbox, see `flightdeck-redis`'s
+/// tests/pubsub.rs).
 pub async fn run_all<B: Backend>(backend: Arc<B>) {
     let b = &*backend;
     owner_follower_hit(b).await;

@@ -3,14 +3,14 @@
 
 use super::*;
 
-/// ABANDON releases at once and wakes subscribers; the next acquire owns
-/// a newer generation without a takeover.
+/// ABANDON releases at once and wakes the followers; the next acquire
+/// owns a newer generation without a takeover.
 pub async fn abandon_wakes_followers<B: Backend>(b: &B) {
     let f = fresh_flight();
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
     let t = terms(true);
     let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
-    let mut sub = b.subscribe(&f).await.unwrap();
+    let mut sub = follow(b, &f, &t).await;
     assert_eq!(
         b.abandon(&f, &a, g, &abandon_args(None)).await.unwrap(),
         Released::Released
@@ -41,8 +41,8 @@ pub async fn notices_carry_small_payloads_inline<B: Backend>(b: &B) {
     let f = fresh_flight();
     let a = OwnerToken::random();
     let t = terms(true);
-    let mut sub = b.subscribe(&f).await.unwrap();
     let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let mut sub = follow(b, &f, &t).await;
     b.commit(&f, &a, g, &commit_args(b"\x01small\xfe|x", 64))
         .await
         .unwrap();
@@ -56,8 +56,8 @@ pub async fn notices_carry_small_payloads_inline<B: Backend>(b: &B) {
     drop(sub);
 
     let f = fresh_flight();
-    let mut sub = b.subscribe(&f).await.unwrap();
     let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let mut sub = follow(b, &f, &t).await;
     b.commit(&f, &a, g, &commit_args(b"too large to inline", 4))
         .await
         .unwrap();
@@ -96,7 +96,7 @@ pub async fn invalidate_fences_the_running_owner<B: Backend>(b: &B) {
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
     let t = terms(true);
     let g1 = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
-    let mut sub = b.subscribe(&f).await.unwrap();
+    let mut sub = follow(b, &f, &t).await;
     let gi = b.invalidate(&f, Duration::from_secs(30)).await.unwrap();
     assert!(gi > g1, "INVALIDATE starts a newer generation");
     assert_eq!(
