@@ -4,8 +4,9 @@
 //! same run, interleaved round by round:
 //!
 //! - **owner**: a flight on a fresh key, ACQUIRE + trivial work + COMMIT
-//!   (the layer hands the value back first and commits in the background:
-//!   the row waits for the commit too), vs two EVALSHA round trips;
+//!   (the layer sends the COMMIT as it hands the value back and waits for
+//!   its answer in the background: the row waits for that too), vs two
+//!   EVALSHA round trips;
 //! - **hit**: a flight whose result is stored (one ACQUIRE), vs one;
 //! - **follower**: a second node joins a flight whose owner is working;
 //!   the row is the time from the owner's work ending to the follower

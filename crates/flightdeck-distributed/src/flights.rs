@@ -32,8 +32,9 @@ use crate::seen::Seen;
 ///
 /// For each key, [`run`](Self::run) asks the backend for the flight and
 /// becomes its **owner** (runs the request under a lease renewed by
-/// heartbeats until its commit or abandon has returned, hands the value to
-/// its callers at once and commits in the background), a **follower**
+/// heartbeats until its commit or abandon has returned, sends the commit
+/// and hands the value to its callers at once, and waits for the commit's
+/// answer, retrying, in the background), a **follower**
 /// (waits for the owner's result: a push, and polls; takes the flight over
 /// when the owner's lease expires) or a **hit** (replays the stored
 /// result). Coordination failures go to the [`Fallback`].
@@ -262,8 +263,8 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
             metrics: st.metrics.get(key.stage()),
             started: Instant::now(),
         };
-        // Until the token is known to hold no lease (or hands it to the
-        // owner's lease keeper), dropping this flight releases it.
+        // Until the token is known to hold no lease (or the owner's lease
+        // takes it over), dropping this flight releases it.
         let mut guard = TokenGuard::new(st, &cx);
         // A subscription in force before the first call: if this flight
         // follows, it needs no subscribe and no re-check.
@@ -538,8 +539,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     }
 
     /// Runs the request as the owner: the lease is kept (heartbeats) from
-    /// here until its commit or abandon has returned, in the background;
-    /// the value goes to the callers as soon as it exists.
+    /// here until its commit or abandon has returned, by this future while
+    /// the work runs, then in the background; the commit is sent as the
+    /// value goes to the callers.
     pub(crate) async fn own<Req, E>(
         self: &Arc<Self>,
         cx: &Cx,
@@ -552,23 +554,15 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         C: ResultCodec<E::Shared> + Send + Sync + 'static,
         E: Execute<Req>,
     {
-        let lease = Lease::keep(self, cx, generation);
+        let mut lease = Lease::new(self, cx, generation);
         let token = crate::backend::FencingToken {
             generation,
             owner: cx.token.clone(),
         };
         let work = exec.execute(req, Role::Owner(token));
-        let result = if self.policy.cancels_on_lease_loss() {
-            tokio::select! {
-                biased;
-                r = work => r,
-                () = lease.lost() => {
-                    // Dropping the lease abandons it (it is gone anyway).
-                    return Err(Box::new(LeaseLost::new(Some(cx.stage.clone()), generation)));
-                }
-            }
-        } else {
-            work.await
+        let Some(result) = lease.run(work).await else {
+            // Dropping the lease abandons it (it is gone anyway).
+            return Err(Box::new(LeaseLost::new(Some(cx.stage.clone()), generation)));
         };
         match result {
             Ok(Shareable::Shared(v)) => {

@@ -9,12 +9,12 @@
 //! - **owner**: runs the request through your [`Execute`] with the
 //!   [`FencingToken`] ([`Role::Owner`]; a [`Fence`] hands it to the
 //!   request), keeps the lease alive with heartbeats **until the commit or
-//!   abandon has returned**, hands the value to its callers as soon as it
-//!   exists and commits it in the background (the commit wakes the
-//!   followers; small results travel inside the notice). Generations never
-//!   repeat or go back for a key, and every commit, heartbeat and abandon
-//!   is checked against the token and the generation, so a stale owner's
-//!   write is fenced.
+//!   abandon has returned**, and sends the commit as it hands the value to
+//!   its callers; the commit's answer (and any retries) is awaited in the
+//!   background. The commit wakes the followers; small results travel
+//!   inside the notice. Generations never repeat or go back for a key, and
+//!   every commit, heartbeat and abandon is checked against the token and
+//!   the generation, so a stale owner's write is fenced.
 //! - **follower**: waits for the completion notice or polls with jitter;
 //!   when the owner's lease expires without a commit, exactly one follower
 //!   takes over. Every flight takes a subscription before its first call

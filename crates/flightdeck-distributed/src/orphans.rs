@@ -156,7 +156,7 @@ where
 }
 
 /// A flight's token until it is known to hold no lease, or the owner's
-/// lease keeper took it over: dropped while it may hold one (its last call
+/// lease took it over: dropped while it may hold one (its last call
 /// timed out, or was in flight), it is listed for release.
 pub(crate) struct TokenGuard<'a, B, C>
 where
@@ -192,7 +192,7 @@ where
         self.suspect = false;
     }
 
-    /// The token owns the flight: its lease keeper settles it.
+    /// The token owns the flight: its lease settles it.
     pub(crate) fn owned(&mut self) {
         self.suspect = false;
     }

@@ -1,4 +1,4 @@
-//! The owner's lease, kept in the background from the grant until the
+//! The owner's lease, kept by the owner itself from the grant until its
 //! flight is settled.
 //!
 //! An owner renews its lease every heartbeat interval **until its commit or
@@ -7,17 +7,39 @@
 //! under a live lease, so a slow body or a slow commit never lets a
 //! follower take over (and run the work a second time). The value goes to
 //! the owner's callers as soon as it exists; the commit (with its retries)
-//! goes on here. A lease whose owner is dropped mid-work (its caller left
-//! and nobody asked the flight to finish) is abandoned at once, so
-//! followers race again without waiting for it to expire.
+//! goes on in the background. A lease whose owner is dropped mid-work (its
+//! caller left and nobody asked the flight to finish) is abandoned at
+//! once, so followers race again without waiting for it to expire.
+//!
+//! **No task at the grant.** Most flights' work is short: a task of its
+//! own per lease would cost a thread hop at every grant (a worker woken to
+//! run it) and another to hand it the value. Instead the owner's own
+//! future drives the heartbeats while the work runs ([`Working`]: the work
+//! is polled first, so work that is ready at its first poll arms no
+//! timer). When the work returns, its settling (the commit or abandon with
+//! its retries, under the same heartbeat schedule until the call has
+//! returned, then the replicas) is polled once right there, in the owner's
+//! task, so the COMMIT is on its way before the value goes to the callers;
+//! only what is left of it (waiting for the answer) runs on as a
+//! background task, which
+//! [`DistributedFlights::idle`](crate::DistributedFlights::idle) waits for.
+//! A heartbeat timer is armed only when a heartbeat can fall due before
+//! the step being waited for has ended ([`During`]): a commit answered
+//! within its call deadline, long before the next heartbeat, arms none.
+//! The price: heartbeats during the work need the owner's future to be
+//! polled, so work that blocks its thread for longer than the lease lets
+//! the lease lapse (the policy's docs say so).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{oneshot, Notify};
-use tokio::time::{sleep, sleep_until, Instant};
+use pin_project_lite::pin_project;
+use tokio::runtime::Handle;
+use tokio::time::{sleep, sleep_until, Instant, Sleep};
 
 use crate::backend::{
     AbandonArgs, Backend, BackendError, BackendErrorKind, CommitArgs, Committed, Renewal,
@@ -34,150 +56,340 @@ pub(crate) enum Finish {
     Abandon(Option<Bytes>),
 }
 
-/// The owner's hold on its lease: the keeper task renews it until
-/// [`finish`](Self::finish) settled the flight (dropped unfinished, it
-/// abandons it).
-pub(crate) struct Lease {
-    finish: Option<oneshot::Sender<Finish>>,
-    lost: Arc<Lost>,
+/// The owner's hold on its lease, from the grant until
+/// [`finish`](Self::finish) hands the flight's settling to the background
+/// (dropped unfinished, it abandons the lease there).
+pub(crate) struct Lease<'a, B, C>
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+{
+    st: &'a Arc<State<B, C>>,
+    cx: &'a Cx,
+    generation: u64,
+    /// `None` once the settling took them over.
+    beats: Option<Heartbeats>,
 }
 
-/// Set when a heartbeat finds the lease gone.
-#[derive(Default)]
-pub(crate) struct Lost {
-    flag: AtomicBool,
-    notify: Notify,
-}
+impl<'a, B, C> Lease<'a, B, C>
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+{
+    /// The lease of `generation`, granted just now: its first heartbeat
+    /// is due an interval from now.
+    pub(crate) fn new(st: &'a Arc<State<B, C>>, cx: &'a Cx, generation: u64) -> Self {
+        Self {
+            st,
+            cx,
+            generation,
+            beats: Some(Heartbeats::new(generation, st.policy.heartbeat_interval())),
+        }
+    }
 
-impl Lost {
-    fn set(&self) {
-        self.flag.store(true, Ordering::Release);
-        self.notify.notify_waiters();
+    /// Runs the owner's `work` under the lease (see [`Working`]).
+    pub(crate) fn run<F: Future>(&mut self, work: F) -> Working<'_, 'a, B, C, F> {
+        Working {
+            work,
+            cancels: self.st.policy.cancels_on_lease_loss(),
+            lease: self,
+        }
+    }
+
+    /// Settles the flight: its first call leaves now, from the owner's
+    /// task; the rest (the answer, retries, heartbeats until then, the
+    /// replicas) runs on in the background.
+    pub(crate) fn finish(mut self, how: Finish) {
+        let Some((settling, rt)) = self.hand_over() else {
+            return;
+        };
+        let mut settling = Box::pin(settling.run(how));
+        // Polled once here, so the call is sent without waiting for a
+        // worker to run a new task (the answer often comes back before one
+        // would have started). A waker that does nothing is enough: the
+        // task it is spawned on polls it again before it waits for
+        // anything.
+        let polled = settling
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()));
+        if polled.is_pending() {
+            drop(self.st.tasks.spawn_on(settling, &rt));
+        }
+    }
+
+    /// The settling, with the heartbeats (their schedule, one in flight),
+    /// and the runtime to finish it on; `None` when it was handed over
+    /// already, or there is no runtime (it is shutting down: the lease
+    /// expires on its own).
+    fn hand_over(&mut self) -> Option<(Settling<B, C>, Handle)> {
+        let beats = self.beats.take()?;
+        let Ok(rt) = Handle::try_current() else {
+            tracing::debug!(stage = %self.cx.stage, "no runtime to settle the lease");
+            return None;
+        };
+        let settling = Settling {
+            st: Arc::clone(self.st),
+            cx: self.cx.clone(),
+            generation: self.generation,
+            beats,
+        };
+        Some((settling, rt))
     }
 }
 
-impl Lease {
-    /// Starts keeping the lease of `generation` (granted just now).
-    pub(crate) fn keep<B, C>(st: &Arc<State<B, C>>, cx: &Cx, generation: u64) -> Self
+impl<B, C> Drop for Lease<'_, B, C>
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        // Unfinished: the owner's future went away mid-work (or its work
+        // was cancelled as the lease was lost). Abandoned from a task, not
+        // polled here: a drop may come while unwinding, or while the
+        // runtime shuts down.
+        if let Some((settling, rt)) = self.hand_over() {
+            drop(
+                self.st
+                    .tasks
+                    .spawn_on(settling.run(Finish::Abandon(None)), &rt),
+            );
+        }
+    }
+}
+
+pin_project! {
+    /// The owner's work, with the lease's heartbeats driven alongside by
+    /// the owner's own task. Resolves to the work's output, or `None` when
+    /// a heartbeat found the lease gone and the policy cancels the work
+    /// then (dropped with this future).
+    pub(crate) struct Working<'l, 'a, B, C, F>
+    where
+        B: Backend,
+        C: Send,
+        C: Sync,
+        C: 'static,
+    {
+        #[pin]
+        work: F,
+        lease: &'l mut Lease<'a, B, C>,
+        cancels: bool,
+    }
+}
+
+impl<B, C, F> Future for Working<'_, '_, B, C, F>
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+    F: Future,
+{
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, task: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // The work first: work that is ready at its first poll arms no
+        // timer.
+        if let Poll::Ready(out) = this.work.poll(task) {
+            return Poll::Ready(Some(out));
+        }
+        let lease = &mut **this.lease;
+        let lost = match &mut lease.beats {
+            Some(beats) => beats.poll(task, lease.st, lease.cx, None).is_ready(),
+            None => false,
+        };
+        if lost && *this.cancels {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// The owner's heartbeats, due every interval from the grant, driven by
+/// whatever waits on the owner's behalf: its work, then each step of its
+/// settling.
+pub(crate) struct Heartbeats {
+    generation: u64,
+    every: Duration,
+    /// When the next one is due.
+    next: Instant,
+    /// Armed the first time a heartbeat may fall due while the owner
+    /// waits, then reset for each next one. Boxed: it moves with the
+    /// schedule from the owner's future into its settling.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The heartbeat on its way, if any.
+    call: Option<Renewing>,
+    /// A heartbeat found the lease gone: no more are sent.
+    lost: bool,
+}
+
+/// A heartbeat's call, owning what it needs (it moves as the timer does).
+type Renewing = Pin<Box<dyn Future<Output = Result<Renewal, BackendError>> + Send>>;
+
+impl Heartbeats {
+    fn new(generation: u64, every: Duration) -> Self {
+        Self {
+            generation,
+            every,
+            next: Instant::now() + every,
+            timer: None,
+            call: None,
+            lost: false,
+        }
+    }
+
+    /// Sends the heartbeats that fall due, and takes their answers; with
+    /// `until`, only those due before it: whoever polls this then polls it
+    /// again once `until` has passed, so no timer is armed for a later
+    /// one. Ready once a heartbeat found the lease gone (nothing more to
+    /// send or wait for).
+    fn poll<B, C>(
+        &mut self,
+        task: &mut Context<'_>,
+        st: &Arc<State<B, C>>,
+        cx: &Cx,
+        until: Option<Instant>,
+    ) -> Poll<()>
     where
         B: Backend,
         C: Send + Sync + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        let lost = Arc::new(Lost::default());
-        let keeper = keeper(
-            Arc::clone(st),
-            cx.clone(),
-            generation,
-            rx,
-            Arc::clone(&lost),
-        );
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(st.tasks.spawn_on(keeper, &rt)),
-            // No runtime (it is shutting down): the lease expires on its own.
-            Err(_) => tracing::debug!(stage = %cx.stage, "no runtime to keep the lease"),
-        }
-        Self {
-            finish: Some(tx),
-            lost,
-        }
-    }
-
-    /// Settles the flight in the background.
-    pub(crate) fn finish(mut self, how: Finish) {
-        if let Some(tx) = self.finish.take() {
-            let _ = tx.send(how);
-        }
-    }
-
-    /// Resolves once a heartbeat found the lease gone.
-    pub(crate) async fn lost(&self) {
         loop {
-            let notified = self.lost.notify.notified();
-            if self.lost.flag.load(Ordering::Acquire) {
-                return;
+            if self.lost {
+                return Poll::Ready(());
             }
-            notified.await;
+            if let Some(call) = &mut self.call {
+                let res = ready!(call.as_mut().poll(task));
+                self.call = None;
+                if let Ok(Renewal::Lost) = res {
+                    cx.metrics.with(|m| m.heartbeat_lost.increment(1));
+                    tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation = self.generation, "lease lost while the owner still holds its flight; its commit will be fenced");
+                    self.lost = true;
+                    continue;
+                }
+                // Renewed, or a transient failure (the lease may still be
+                // ours): the next one at the next tick.
+            }
+            if until.is_some_and(|until| self.next >= until) {
+                return Poll::Pending;
+            }
+            let next = self.next;
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(sleep_until(next)));
+            if timer.deadline() != next {
+                timer.as_mut().reset(next);
+            }
+            ready!(timer.as_mut().poll(task));
+            self.next += self.every;
+            self.call = Some(renew(st, cx, self.generation));
+        }
+    }
+
+    /// `step` of the settling, which has surely ended `within` from its
+    /// first poll, with the heartbeats due before then.
+    fn during<'a, B, C, F>(
+        &'a mut self,
+        st: &'a Arc<State<B, C>>,
+        cx: &'a Cx,
+        within: Duration,
+        step: F,
+    ) -> During<'a, B, C, F> {
+        During {
+            step,
+            beats: self,
+            st,
+            cx,
+            within,
+            ends: None,
         }
     }
 }
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        // Dropping the sender tells the keeper to abandon.
-        drop(self.finish.take());
-    }
-}
-
-/// Renews the lease until the flight is settled, then settles it (with
-/// heartbeats still running until the settling call has returned).
-async fn keeper<B, C>(
-    st: Arc<State<B, C>>,
-    cx: Cx,
-    generation: u64,
-    finish: oneshot::Receiver<Finish>,
-    lost: Arc<Lost>,
-) where
+/// One heartbeat. A box per heartbeat interval is nothing next to its
+/// round trip.
+fn renew<B, C>(st: &Arc<State<B, C>>, cx: &Cx, generation: u64) -> Renewing
+where
     B: Backend,
     C: Send + Sync + 'static,
 {
-    let heartbeats = heartbeat(&st, &cx, generation, &lost);
-    tokio::pin!(heartbeats);
-    let settle = async {
-        // Dropped without a word: the owner's future went away mid-work.
-        let how = finish.await.unwrap_or(Finish::Abandon(None));
-        settle(&st, &cx, generation, how).await
-    };
-    let committed = tokio::select! {
-        // A settled flight needs no more heartbeats (and must not count a
-        // heartbeat answered after its commit as a lost lease).
-        biased;
-        committed = settle => committed,
-        () = &mut heartbeats => false,
-    };
-    // Remembered as a result the store must keep (its later absence
-    // counts as lost) once it is as durable as the stage asks.
-    if committed && wait_replicas(&st, &cx, generation).await {
-        st.seen.remember(
-            cx.flight,
-            generation,
-            cx.started,
-            st.policy.result_ttl_duration(),
-        );
+    let (st, cx) = (Arc::clone(st), cx.clone());
+    Box::pin(async move {
+        let call = st
+            .backend
+            .heartbeat(&cx.flight, &cx.token, generation, &cx.terms);
+        st.timed(&cx, Op::Heartbeat, call).await
+    })
+}
+
+pin_project! {
+    /// A step of the settling (a call, the pause before the next try),
+    /// with the heartbeats that fall due before it has surely ended: in the
+    /// common case, a commit answered long before the next heartbeat, no
+    /// timer is armed for them.
+    struct During<'a, B, C, F> {
+        #[pin]
+        step: F,
+        beats: &'a mut Heartbeats,
+        st: &'a Arc<State<B, C>>,
+        cx: &'a Cx,
+        within: Duration,
+        // `within` from the step's first `Pending`: its own deadline (a
+        // call's timeout, a pause) started before, so it has ended by then.
+        ends: Option<Instant>,
     }
 }
 
-/// Renews the lease every heartbeat interval. Never resolves: once the
-/// lease is lost it stops renewing (and says so) and waits.
-async fn heartbeat<B: Backend, C: Send + Sync + 'static>(
-    st: &State<B, C>,
-    cx: &Cx,
+impl<B, C, F> Future for During<'_, B, C, F>
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+    F: Future,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, task: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        if let Poll::Ready(out) = this.step.poll(task) {
+            return Poll::Ready(out);
+        }
+        let within = *this.within;
+        let ends = *this.ends.get_or_insert_with(|| Instant::now() + within);
+        // A lost lease settles all the same (a commit is then fenced).
+        let _ = this.beats.poll(task, this.st, this.cx, Some(ends));
+        Poll::Pending
+    }
+}
+
+/// An owner's settling, owning all it needs, for the background.
+struct Settling<B, C> {
+    st: Arc<State<B, C>>,
+    cx: Cx,
     generation: u64,
-    lost: &Lost,
-) {
-    let every = st.policy.heartbeat_interval();
-    let mut next = Instant::now() + every;
-    loop {
-        sleep_until(next).await;
-        next += every;
-        let res = st
-            .timed(
-                cx,
-                Op::Heartbeat,
-                st.backend
-                    .heartbeat(&cx.flight, &cx.token, generation, &cx.terms),
-            )
-            .await;
-        match res {
-            Ok(Renewal::Renewed) => {}
-            Ok(Renewal::Lost) => {
-                cx.metrics.with(|m| m.heartbeat_lost.increment(1));
-                tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "lease lost while the owner still holds its flight; its commit will be fenced");
-                lost.set();
-                std::future::pending::<()>().await;
-            }
-            // Transient: the lease may still be ours; try at the next tick.
-            Err(_) => {}
+    beats: Heartbeats,
+}
+
+impl<B, C> Settling<B, C>
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+{
+    /// Settles the flight (with heartbeats until the settling call has
+    /// returned), then waits for the replicas a commit needs.
+    async fn run(mut self, how: Finish) {
+        let committed = settle(&self.st, &self.cx, self.generation, how, &mut self.beats).await;
+        // A settled flight needs no more heartbeats (and must not count a
+        // heartbeat answered after its commit as a lost lease).
+        drop(self.beats);
+        let (st, cx, generation) = (&self.st, &self.cx, self.generation);
+        // Remembered as a result the store must keep (its later absence
+        // counts as lost) once it is as durable as the stage asks.
+        if committed && wait_replicas(st, cx, generation).await {
+            st.seen.remember(
+                cx.flight,
+                generation,
+                cx.started,
+                st.policy.result_ttl_duration(),
+            );
         }
     }
 }
@@ -191,12 +403,17 @@ async fn heartbeat<B: Backend, C: Send + Sync + 'static>(
 /// for (token, generation), and fenced once a newer owner holds the flight.
 /// An abandon is retried the same way, so followers race again as soon as
 /// the backend answers. Whether the result was stored.
-async fn settle<B: Backend, C: Send + Sync + 'static>(
-    st: &State<B, C>,
+async fn settle<B, C>(
+    st: &Arc<State<B, C>>,
     cx: &Cx,
     generation: u64,
     how: Finish,
-) -> bool {
+    beats: &mut Heartbeats,
+) -> bool
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+{
     let until = Instant::now() + st.policy.lease_duration();
     match how {
         Finish::Commit(payload) => {
@@ -211,13 +428,12 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
             let mut pause = Duration::from_millis(20);
             loop {
                 attempt += 1;
-                let res = st
-                    .timed(
-                        cx,
-                        Op::Commit,
-                        st.backend.commit(&cx.flight, &cx.token, generation, &args),
-                    )
-                    .await;
+                let call = st.timed(
+                    cx,
+                    Op::Commit,
+                    st.backend.commit(&cx.flight, &cx.token, generation, &args),
+                );
+                let res = beats.during(st, cx, cx.call_timeout, call).await;
                 let err = match res {
                     Ok(Committed::Committed) => {
                         if attempt > attempts {
@@ -236,7 +452,7 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
                     cx.metrics.with(|m| m.result_write_failure.increment(1));
                     tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %err, "result write failed; the value served this node's callers");
                 }
-                if !retry(&err, &mut pause, until).await {
+                if !retry(st, cx, beats, &err, &mut pause, until).await {
                     tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "result never stored; the lease ends and followers take over");
                     return false;
                 }
@@ -251,17 +467,16 @@ async fn settle<B: Backend, C: Send + Sync + 'static>(
             };
             let mut pause = Duration::from_millis(20);
             loop {
-                let res = st
-                    .timed(
-                        cx,
-                        Op::Abandon,
-                        st.backend.abandon(&cx.flight, &cx.token, generation, &args),
-                    )
-                    .await;
+                let call = st.timed(
+                    cx,
+                    Op::Abandon,
+                    st.backend.abandon(&cx.flight, &cx.token, generation, &args),
+                );
+                let res = beats.during(st, cx, cx.call_timeout, call).await;
                 match res {
                     Ok(_) => return false,
                     Err(e) => {
-                        if !retry(&e, &mut pause, until).await {
+                        if !retry(st, cx, beats, &e, &mut pause, until).await {
                             // The lease expires on its own; followers then
                             // take over.
                             tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "abandon failed");
@@ -318,13 +533,25 @@ async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
     false
 }
 
-/// Waits before another try of a call that failed with `err`: `false` when
-/// it is not worth one (a protocol error, or no time left before `until`).
-async fn retry(err: &BackendError, pause: &mut Duration, until: Instant) -> bool {
+/// Waits (under heartbeats) before another try of a call that failed with
+/// `err`: `false` when it is not worth one (a protocol error, or no time
+/// left before `until`).
+async fn retry<B, C>(
+    st: &Arc<State<B, C>>,
+    cx: &Cx,
+    beats: &mut Heartbeats,
+    err: &BackendError,
+    pause: &mut Duration,
+    until: Instant,
+) -> bool
+where
+    B: Backend,
+    C: Send + Sync + 'static,
+{
     if err.kind() == BackendErrorKind::Protocol || Instant::now() + *pause >= until {
         return false;
     }
-    sleep(*pause).await;
+    beats.during(st, cx, *pause, sleep(*pause)).await;
     *pause = (*pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(2));
     true
 }

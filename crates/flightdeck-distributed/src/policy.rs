@@ -7,7 +7,11 @@
 //!   lease, so two renewals may fail before it runs out) from its grant
 //!   until its commit or abandon has returned, not only while the work
 //!   runs. A follower takes the flight over only once the lease has run
-//!   out (or, with `allow_takeover(false)`, stops waiting then).
+//!   out (or, with `allow_takeover(false)`, stops waiting then). While the
+//!   work runs, the heartbeats are sent by the owner's own future: work
+//!   that holds its thread without yielding (a blocking call, a long
+//!   computation with no `.await`) for longer than the lease lets it lapse;
+//!   such work belongs in `tokio::task::spawn_blocking`.
 //! - **`call_timeout`**: the deadline of each backend call (shorter than
 //!   the lease). A call cut by it has an unknown outcome: if it was an
 //!   acquire, the token may hold a lease anyway, so it is released in the

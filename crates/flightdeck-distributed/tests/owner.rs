@@ -1,0 +1,278 @@
+//! Where and when the owner's coordination runs, against the in-memory
+//! backend with paused time: its COMMIT leaves from the owner's own task in
+//! the poll in which its work returned (no task is spawned at the grant,
+//! nor handed the value), and its heartbeats keep the lease, on the
+//! grant's schedule, until the commit has returned.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flightdeck_core::error::BoxError;
+use flightdeck_core::{FlightKey, Shareable, StageName};
+use flightdeck_distributed::backend::{
+    Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, LeaseTerms,
+};
+use flightdeck_distributed::{
+    DistributedFlights, DistributedPolicy, Execute, FlightId, OwnerToken, PostcardCodec, Propagate,
+    Role,
+};
+use flightdeck_testkit::MemoryBackend;
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+use tokio::task::Id;
+use tokio::time::{sleep_until, Instant};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A lease of 3 s, heartbeats every second (calls cut at 1 s, the default).
+fn policy() -> DistributedPolicy {
+    DistributedPolicy::new().lease(3 * SEC).heartbeat(SEC)
+}
+
+fn key(name: &str) -> FlightKey {
+    FlightKey::from_bytes(StageName::new("owner").unwrap(), name)
+}
+
+/// Answers `"v"`, after `delay` (at once, without a single `Pending`,
+/// when it is `None`), counting its runs.
+#[derive(Clone, Default)]
+struct Work {
+    delay: Option<Duration>,
+    runs: Arc<AtomicUsize>,
+}
+
+impl Execute<()> for Work {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        if let Some(d) = self.delay {
+            tokio::time::sleep(d).await;
+        }
+        Ok(Shareable::Shared("v".to_owned()))
+    }
+}
+
+/// Where a commit was sent from: the task (`None`: the test's own
+/// future, no task), and how many tasks were alive then.
+type Sent = (Option<Id>, usize);
+
+/// The memory backend, noting where each commit is sent from. Each commit
+/// waits `slow` first and then, for the first `failing` ones, fails (the
+/// store unreachable); with a `gate`, it waits for one of its permits
+/// before it reaches the store.
+#[derive(Clone, Default)]
+struct Watched {
+    inner: MemoryBackend,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    slow: Duration,
+    failing: usize,
+    gate: Option<Arc<Semaphore>>,
+}
+
+impl Watched {
+    fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+impl Backend for Watched {
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        let n = {
+            let mut sent = self.sent.lock().unwrap();
+            sent.push((
+                tokio::task::try_id(),
+                Handle::current().metrics().num_alive_tasks(),
+            ));
+            sent.len()
+        };
+        Box::pin(async move {
+            tokio::time::sleep(self.slow).await;
+            if n <= self.failing {
+                return Err(BackendError::unavailable("test: commit refused"));
+            }
+            if let Some(gate) = &self.gate {
+                let _permit = gate.acquire().await.unwrap();
+            }
+            self.inner.commit(flight, token, generation, args).await
+        })
+    }
+
+    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, abandon, invalidate, subscribe, join_subscription, release, recheck, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+}
+
+fn flights(
+    b: &Watched,
+    policy: DistributedPolicy,
+) -> DistributedFlights<Watched, PostcardCodec<String>> {
+    DistributedFlights::new(b.clone(), policy, PostcardCodec::<String>::new()).unwrap()
+}
+
+fn probe_terms() -> LeaseTerms {
+    LeaseTerms {
+        lease: 3 * SEC,
+        state_ttl: 120 * SEC,
+        allow_takeover: true,
+    }
+}
+
+/// The commit is sent by the owner's own task, in the poll in which its
+/// work returned: it is on its way when the owner's caller gets the value.
+#[tokio::test(start_paused = true)]
+async fn the_commit_leaves_from_the_owners_task_in_the_poll_its_work_returned() {
+    let b = Watched::default();
+    let flights = flights(&b, policy());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = Work {
+        delay: Some(SEC / 2),
+        runs: runs.clone(),
+    };
+    let owner = tokio::spawn({
+        let (flights, b) = (flights.clone(), b.clone());
+        async move {
+            let out = flights.run(&key("x"), (), work, &Propagate).await;
+            // Nothing else ran since the work returned.
+            (out, b.inner.calls().commit)
+        }
+    });
+    let owner_task = owner.id();
+    let (out, commits) = owner.await.unwrap();
+    assert!(matches!(out, Ok(Shareable::Shared(v)) if v == "v"));
+    assert_eq!(
+        commits, 1,
+        "the commit was sent before the owner's caller got the value"
+    );
+    assert_eq!(
+        b.sent().first().map(|s| s.0),
+        Some(Some(owner_task)),
+        "the commit left from the owner's task: {:?}",
+        b.sent()
+    );
+    flights.idle().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Work that is ready at once: nothing is spawned before the commit is
+/// sent (no task at the grant); the task that waits for the commit's
+/// answer comes after, and `idle` waits for it.
+#[tokio::test(start_paused = true)]
+async fn an_owner_whose_work_is_ready_at_once_spawns_no_task_before_its_commit() {
+    let gate = Arc::new(Semaphore::new(0));
+    let b = Watched {
+        gate: Some(gate.clone()),
+        ..Watched::default()
+    };
+    let flights = flights(&b, policy());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = Work {
+        delay: None,
+        runs: runs.clone(),
+    };
+    let out = flights.run(&key("y"), (), work.clone(), &Propagate).await;
+    assert!(matches!(out, Ok(Shareable::Shared(v)) if v == "v"));
+    assert_eq!(
+        b.sent(),
+        vec![(None, 0)],
+        "the commit was sent from the owner's future (here, no task), no task alive"
+    );
+    assert_eq!(
+        Handle::current().metrics().num_alive_tasks(),
+        1,
+        "one task waits for the commit's answer"
+    );
+    gate.add_permits(1);
+    flights.idle().await;
+    let again = flights.run(&key("y"), (), work, &Propagate).await;
+    assert!(matches!(again, Ok(Shareable::Shared(v)) if v == "v"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the second run was a hit");
+}
+
+/// The work takes 1.5 s, then three commit attempts fail 800 ms each and
+/// the fourth lands at 5.02 s, past the lease (3 s) from the grant and
+/// from the last heartbeat during the work. Heartbeats go on every second
+/// from the grant (not from the work's end) until the commit returned: a
+/// node asking at 4.6 s follows the owner, and the result is stored
+/// under the owner's generation.
+#[tokio::test(start_paused = true)]
+async fn heartbeats_keep_the_lease_on_the_grants_schedule_until_a_retried_commit_returned() {
+    let b = Watched {
+        slow: SEC * 8 / 10,
+        failing: 3,
+        ..Watched::default()
+    };
+    let flights = flights(&b, policy());
+    let started = Instant::now();
+    let owner = tokio::spawn({
+        let flights = flights.clone();
+        async move {
+            let work = Work {
+                delay: Some(SEC * 3 / 2),
+                ..Work::default()
+            };
+            flights.run(&key("z"), (), work, &Propagate).await
+        }
+    });
+    sleep_until(started + SEC * 21 / 10).await;
+    assert!(owner.is_finished(), "the value went out at 1.5 s");
+    assert_eq!(b.sent().len(), 1, "the first attempt is under way");
+    assert_eq!(
+        b.inner.calls().heartbeat,
+        2,
+        "at 1 s and 2 s: the schedule of the grant goes on"
+    );
+    sleep_until(started + SEC * 46 / 10).await;
+    assert_eq!(b.sent().len(), 4, "the fourth attempt is under way");
+    let flight = FlightId::of(&key("z"));
+    let seen = b
+        .inner
+        .acquire(&flight, &OwnerToken::random(), &probe_terms())
+        .await
+        .unwrap();
+    assert!(
+        matches!(seen, Acquired::Follower { generation: 1, .. }),
+        "the owner's lease lapsed while its commit was being tried: {seen:?}"
+    );
+    flights.idle().await;
+    assert_eq!(b.inner.calls().heartbeat, 5, "1, 2, 3, 4 and 5 s");
+    match b
+        .inner
+        .acquire(&flight, &OwnerToken::random(), &probe_terms())
+        .await
+        .unwrap()
+    {
+        Acquired::Hit(stored) => assert_eq!(stored.generation, 1),
+        other => panic!("the owner's commit did not land: {other:?}"),
+    }
+    assert!(owner.await.unwrap().is_ok());
+}
+
+/// One commit attempt that takes longer than a heartbeat interval (its
+/// deadline, 2.5 s, allows it): the heartbeats due meanwhile are sent.
+#[tokio::test(start_paused = true)]
+async fn a_commit_slower_than_a_heartbeat_interval_is_heartbeated_through() {
+    let gate = Arc::new(Semaphore::new(0));
+    let b = Watched {
+        gate: Some(gate.clone()),
+        ..Watched::default()
+    };
+    let flights = flights(&b, policy().call_timeout(SEC * 5 / 2));
+    let started = Instant::now();
+    let out = flights
+        .run(&key("w"), (), Work::default(), &Propagate)
+        .await;
+    assert!(out.is_ok());
+    sleep_until(started + SEC * 21 / 10).await;
+    assert_eq!(b.inner.calls().heartbeat, 2, "at 1 s and 2 s");
+    gate.add_permits(1);
+    flights.idle().await;
+    assert_eq!(b.inner.calls().commit, 1, "answered within its deadline");
+    assert_eq!(b.inner.calls().heartbeat, 2, "none after the commit");
+}
