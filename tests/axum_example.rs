@@ -311,3 +311,52 @@ async fn starts_and_serves_with_redis_down() {
     })
     .await;
 }
+
+/// For the record (printed, not asserted: a measurement, not a timed
+/// test): the Redis server time of one flight of this service, as `INFO
+/// commandstats` counts it (the `usec` of `EVALSHA`, the scripts' inner
+/// commands included): one HYBRID node, rounds of 24 fresh answers sent at
+/// once (each its own flight: ACQUIRE, the model, COMMIT of the encoded
+/// HTTP response), then the median over the rounds of the server time per
+/// flight. `cargo test --release --all-features --test axum_example measure -- --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measure_redis_server_time_per_flight() {
+    const ROUNDS: usize = if cfg!(debug_assertions) { 3 } else { 15 };
+    const AT_ONCE: usize = 24;
+    bounded(async {
+        let redis = RedisServer::start().unwrap();
+        let mut opts = Options::local(Duration::from_millis(1));
+        opts.redis_url = Some(redis.url());
+        let node = run(opts).await.unwrap();
+        let client = client();
+        let (mut per_flight, mut scripts) = (Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            redis.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+            let tasks: Vec<_> = (0..AT_ONCE)
+                .map(|i| {
+                    let (client, addr) = (client.clone(), node.addr);
+                    let answer = format!("measured answer {round}/{i}");
+                    tokio::spawn(async move { score_once(&client, addr, &answer).await })
+                })
+                .collect();
+            for t in tasks {
+                let (status, _) = t.await.unwrap().unwrap();
+                assert_eq!(status, StatusCode::OK);
+            }
+            node.flights.idle().await;
+            let usec = redis.command_usec("evalsha").unwrap();
+            let calls = redis.command_calls("evalsha").unwrap();
+            per_flight.push(usec as f64 / AT_ONCE as f64);
+            scripts.push(calls);
+        }
+        per_flight.sort_by(f64::total_cmp);
+        eprintln!(
+            "Redis server time per flight of the axum example ({AT_ONCE} fresh answers at once, \
+             {ROUNDS} rounds): median {:.1} us (rounds {:.1}-{:.1} us); EVALSHA per round {scripts:?}",
+            per_flight[per_flight.len() / 2],
+            per_flight[0],
+            per_flight[per_flight.len() - 1],
+        );
+    })
+    .await;
+}

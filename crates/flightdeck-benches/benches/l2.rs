@@ -3,6 +3,9 @@
 //! script (`return 1`, one key) by `EVALSHA` on the same client, in the
 //! same run, interleaved round by round:
 //!
+//! - **owner, pending work**: the same with work that yields once before
+//!   it completes (the realistic case: the owner's heartbeat timer is
+//!   armed), vs two EVALSHA round trips and a yield;
 //! - **owner**: a flight on a fresh key, ACQUIRE + trivial work + COMMIT
 //!   (the layer sends the COMMIT as it hands the value back and waits for
 //!   its answer in the background: the row waits for that too), vs two
@@ -27,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flightdeck_benches::l2::{
-    connect, evalsha, flight, fresh_key, load_floor, node, owner, Work, FLOOR_SCRIPT,
+    connect, evalsha, flight, fresh_key, load_floor, node, owner, owner_pending, Work, FLOOR_SCRIPT,
 };
 use flightdeck_core::{FlightKey, Shareable};
 use flightdeck_distributed::Propagate;
@@ -135,6 +138,7 @@ async fn main() {
     }
 
     let (mut own, mut hit, mut follow) = (Row::new(), Row::new(), Row::new());
+    let mut own_pending = Row::new();
     for round in 0..rounds {
         let ours_first = round % 2 == 0;
         // Owner vs two EVALSHAs.
@@ -152,6 +156,21 @@ async fn main() {
             t[usize::from(!side)] = started.elapsed() / BATCH;
         }
         own.push(t[0], t[1]);
+        // The same with work that yields once, vs two EVALSHAs and a yield.
+        for side in [ours_first, !ours_first] {
+            let started = Instant::now();
+            for _ in 0..BATCH {
+                if side {
+                    owner_pending(&node_a).await;
+                } else {
+                    evalsha(&client, &sha).await;
+                    tokio::task::yield_now().await;
+                    evalsha(&client, &sha).await;
+                }
+            }
+            t[usize::from(!side)] = started.elapsed() / BATCH;
+        }
+        own_pending.push(t[0], t[1]);
 
         // Hit vs one EVALSHA, on keys committed just now.
         let keys: Vec<FlightKey> = (0..BATCH).map(|_| fresh_key()).collect();
@@ -179,6 +198,7 @@ async fn main() {
             let gate = Arc::new((Notify::new(), Notify::new()));
             let work = Work {
                 gate: Some(gate.clone()),
+                ..Work::default()
             };
             let owner_task = {
                 let (node, key) = (node_a.clone(), key.clone());
@@ -243,6 +263,11 @@ async fn main() {
     println!("| row | ours (median) | floor (median) | ours / floor: median of rounds (quartiles) | goal |");
     println!("|---|---|---|---|---|");
     own.print("owner: ACQUIRE + work + COMMIT", "2 EVALSHA", "≤ 1.3x");
+    own_pending.print(
+        "owner, work pending at its first poll",
+        "2 EVALSHA + a yield",
+        "≤ 1.3x",
+    );
     hit.print("hit: one ACQUIRE", "1 EVALSHA", "≤ 1.3x");
     follow.print(
         "follower: owner's work ended → follower has the value",

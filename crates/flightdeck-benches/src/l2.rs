@@ -21,11 +21,14 @@ pub type Flights = DistributedFlights<RedisBackend, PostcardCodec<String>>;
 /// The floor's script.
 pub const FLOOR_SCRIPT: &str = "return 1";
 
-/// Trivial work, or work that waits to be let go (the follower row).
+/// Trivial work, work that yields once (pending at its first poll, as
+/// real work is), or work that waits to be let go (the follower row).
 #[derive(Clone, Debug, Default)]
 pub struct Work {
     /// Notified when the work starts (`.0`); the work ends once `.1` is.
     pub gate: Option<Arc<(Notify, Notify)>>,
+    /// Yields to the runtime once before it completes.
+    pub pending: bool,
 }
 
 impl Execute<()> for Work {
@@ -36,6 +39,9 @@ impl Execute<()> for Work {
         if let Some(gate) = &self.gate {
             gate.0.notify_one();
             gate.1.notified().await;
+        }
+        if self.pending {
+            tokio::task::yield_now().await;
         }
         Ok(Shareable::Shared("v".to_owned()))
     }
@@ -90,12 +96,28 @@ pub async fn evalsha(client: &Client, sha: &str) {
 
 /// A flight of `key` with trivial work: its value shared.
 pub async fn flight(flights: &Flights, key: &FlightKey) {
-    let out = flights.run(key, (), Work::default(), &Propagate).await;
+    flight_of(flights, key, Work::default()).await;
+}
+
+/// A flight of `key` with `work`: its value shared.
+pub async fn flight_of(flights: &Flights, key: &FlightKey, work: Work) {
+    let out = flights.run(key, (), work, &Propagate).await;
     assert!(matches!(out, Ok(Shareable::Shared(_))), "{out:?}");
 }
 
 /// An owner flight on a fresh key, its background commit included.
 pub async fn owner(flights: &Flights) {
     flight(flights, &fresh_key()).await;
+    flights.idle().await;
+}
+
+/// [`owner`], with work that is pending at its first poll (it yields once,
+/// so the owner's heartbeat timer is armed, as for real work).
+pub async fn owner_pending(flights: &Flights) {
+    let work = Work {
+        pending: true,
+        ..Work::default()
+    };
+    flight_of(flights, &fresh_key(), work).await;
     flights.idle().await;
 }

@@ -514,11 +514,25 @@ impl RedisServer {
     /// Sum of `calls` over every command in `INFO commandstats` whose name
     /// starts with `prefix` (e.g. `evalsha`, `publish`).
     pub fn command_calls(&self, prefix: &str) -> Result<u64, RedisServerError> {
+        self.command_stat(prefix, "calls")
+    }
+
+    /// Sum of `usec` (server time, µs) over every command in `INFO
+    /// commandstats` whose name starts with `prefix`: a script's includes
+    /// the commands it ran.
+    pub fn command_usec(&self, prefix: &str) -> Result<u64, RedisServerError> {
+        self.command_stat(prefix, "usec")
+    }
+
+    /// Sum of the field `stat` (`calls`, `usec`) of `INFO commandstats`
+    /// over the commands whose name starts with `prefix`.
+    fn command_stat(&self, prefix: &str, stat: &str) -> Result<u64, RedisServerError> {
         let info = self.cmd(&["INFO", "commandstats"])?;
         let text = info
             .as_str()
             .ok_or_else(|| err("INFO did not answer text"))?
             .to_owned();
+        let field = format!("{stat}=");
         let mut total = 0;
         for line in text.lines() {
             // cmdstat_evalsha:calls=3,usec=...
@@ -531,12 +545,12 @@ impl RedisServer {
             if !name.starts_with(prefix) {
                 continue;
             }
-            if let Some(calls) = stats
+            if let Some(n) = stats
                 .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
+                .find_map(|kv| kv.strip_prefix(field.as_str()))
                 .and_then(|v| v.parse::<u64>().ok())
             {
-                total += calls;
+                total += n;
             }
         }
         Ok(total)
