@@ -165,8 +165,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         self.st.orphans.len()
     }
 
-    /// Resolves once no background coordination is left: owners' commits
-    /// and abandons (with their heartbeats), and the release of leases this
+    /// Resolves once no background coordination is left: owners still at
+    /// work (their leases are counted from the grant), their commits and
+    /// abandons (with their heartbeats), and the release of leases this
     /// node gave up on. For graceful shutdown, and tests.
     pub async fn idle(&self) {
         loop {

@@ -40,6 +40,7 @@ use bytes::Bytes;
 use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
 use tokio::time::{sleep, sleep_until, Instant, Sleep};
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::backend::{
     AbandonArgs, Backend, BackendError, BackendErrorKind, CommitArgs, Committed, Renewal,
@@ -69,6 +70,12 @@ where
     generation: u64,
     /// `None` once the settling took them over.
     beats: Option<Heartbeats>,
+    /// Counts the lease as background coordination from its grant on (it
+    /// goes with the settling): [`DistributedFlights::idle`] waits for an
+    /// owner still at work, whose commit is still to come.
+    ///
+    /// [`DistributedFlights::idle`]: crate::DistributedFlights::idle
+    tracked: Option<TaskTrackerToken>,
 }
 
 impl<'a, B, C> Lease<'a, B, C>
@@ -84,6 +91,7 @@ where
             cx,
             generation,
             beats: Some(Heartbeats::new(generation, st.policy.heartbeat_interval())),
+            tracked: Some(st.tasks.token()),
         }
     }
 
@@ -123,6 +131,7 @@ where
     /// expires on its own).
     fn hand_over(&mut self) -> Option<(Settling<B, C>, Handle)> {
         let beats = self.beats.take()?;
+        let tracked = self.tracked.take()?;
         let Ok(rt) = Handle::try_current() else {
             tracing::debug!(stage = %self.cx.stage, "no runtime to settle the lease");
             return None;
@@ -132,6 +141,7 @@ where
             cx: self.cx.clone(),
             generation: self.generation,
             beats,
+            _tracked: tracked,
         };
         Some((settling, rt))
     }
@@ -242,7 +252,29 @@ impl Heartbeats {
     /// again once `until` has passed, so no timer is armed for a later
     /// one. Ready once a heartbeat found the lease gone (nothing more to
     /// send or wait for).
+    ///
+    /// Polled with the task's coop budget lifted: the work polled just
+    /// before may have used it up (a stream that always has data, tokio's
+    /// `consume_budget`), and a timer or call polled on an empty budget
+    /// answers `Pending` however late it is, so the lease would lapse
+    /// while its owner works.
     fn poll<B, C>(
+        &mut self,
+        task: &mut Context<'_>,
+        st: &Arc<State<B, C>>,
+        cx: &Cx,
+        until: Option<Instant>,
+    ) -> Poll<()>
+    where
+        B: Backend,
+        C: Send + Sync + 'static,
+    {
+        let due = std::future::poll_fn(|task| self.poll_due(task, st, cx, until));
+        std::pin::pin!(tokio::task::coop::unconstrained(due)).poll(task)
+    }
+
+    /// [`poll`](Self::poll) under whatever budget the task has.
+    fn poll_due<B, C>(
         &mut self,
         task: &mut Context<'_>,
         st: &Arc<State<B, C>>,
@@ -362,6 +394,8 @@ where
 
 /// An owner's settling, owning all it needs, for the background.
 struct Settling<B, C> {
+    /// The lease's count in the background work, until its settling ends.
+    _tracked: TaskTrackerToken,
     st: Arc<State<B, C>>,
     cx: Cx,
     generation: u64,

@@ -276,3 +276,163 @@ async fn a_commit_slower_than_a_heartbeat_interval_is_heartbeated_through() {
     assert_eq!(b.inner.calls().commit, 1, "answered within its deadline");
     assert_eq!(b.inner.calls().heartbeat, 2, "none after the commit");
 }
+
+fn review_key(name: &str) -> FlightKey {
+    FlightKey::from_bytes(StageName::new("review-owner").unwrap(), name)
+}
+
+/// Cooperative CPU-bound work, written the way tokio asks for it: a unit
+/// of computation, then `consume_budget().await`, which yields to the
+/// runtime whenever the task's budget (128 units per poll) is used up. It
+/// never blocks its thread for more than a fraction of a millisecond.
+struct Busy {
+    for_: Duration,
+    runs: Arc<AtomicUsize>,
+    name: &'static str,
+}
+
+impl Execute<()> for Busy {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, _req: (), role: Role) -> Result<Shareable<String, String>, BoxError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let end = Instant::now() + self.for_;
+        let mut x = 0u64;
+        while Instant::now() < end {
+            for i in 0..200u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            tokio::task::consume_budget().await;
+        }
+        Ok(Shareable::Shared(format!("{}:{role:?}", self.name)))
+    }
+}
+
+/// The heartbeats are polled with the task's coop budget lifted.
+/// `Working::poll` polls the work first and the heartbeat timer after it,
+/// in the same poll of the owner's task. Work that yields
+/// because its coop budget is used up (tokio's `consume_budget`, or any
+/// tokio resource that is always ready: an mpsc fed faster than it is
+/// read, a socket with data waiting, `tokio::io::copy` of a large body)
+/// returns `Pending` with the budget at zero; a heartbeat `Sleep` polled
+/// on that budget answers `Pending` (tokio's `poll_proceed`), every time,
+/// however long past its deadline. Without the lifted budget no heartbeat
+/// was ever sent while such work ran: the lease lapsed while its owner
+/// worked, and a second node took the flight over and ran the work again
+/// (found in review; it failed so before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_go_on_while_the_work_yields_on_its_coop_budget() {
+    let backend = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(Duration::from_millis(600))
+        .heartbeat(Duration::from_millis(200))
+        .call_timeout(Duration::from_millis(150))
+        .poll_interval(Duration::from_millis(50))
+        .wait_timeout(Duration::from_secs(10));
+    let node = |b: &MemoryBackend| {
+        DistributedFlights::new(b.clone(), policy.clone(), PostcardCodec::<String>::new()).unwrap()
+    };
+    let (a, b) = (node(&backend), node(&backend));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let k = review_key("busy");
+
+    // Node a owns the flight; its work runs for 2.4 s (four leases).
+    let owner = tokio::spawn({
+        let (a, k, runs) = (a.clone(), k.clone(), runs.clone());
+        async move {
+            let work = Busy {
+                for_: Duration::from_millis(2400),
+                runs,
+                name: "a",
+            };
+            a.run(&k, (), work, &Propagate).await
+        }
+    });
+    // Past two leases of the owner's work, node b asks for the same flight:
+    // it must follow (the lease is kept by heartbeats), never run it.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let heartbeats = backend.calls().heartbeat;
+    let follower = {
+        let work = Busy {
+            for_: Duration::ZERO,
+            runs: runs.clone(),
+            name: "b",
+        };
+        b.run(&k, (), work, &Propagate).await
+    };
+    let owned = owner.await.unwrap();
+    eprintln!(
+        "heartbeats sent in the owner's first 1.3 s: {heartbeats}; a: {:?}; b: {:?}",
+        owned
+            .as_ref()
+            .map(|v| matches!(v, Shareable::Shared(s) if s.starts_with("a:"))),
+        follower.as_ref().map(|v| match v {
+            Shareable::Shared(s) => s.clone(),
+            Shareable::Unshared(..) => "unshared".to_owned(),
+        }),
+    );
+    assert!(
+        heartbeats >= 3,
+        "the owner's work yielded every few microseconds for 1.3 s, yet only {heartbeats} heartbeats (one due every 200 ms) were sent"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the lease lapsed while its owner worked: a second node ran the work again"
+    );
+}
+
+/// The owner's work waits for the test's signal.
+struct Gated(tokio::sync::oneshot::Receiver<()>);
+
+impl Execute<()> for Gated {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
+        let _ = self.0.await;
+        Ok(Shareable::Shared("v".to_owned()))
+    }
+}
+
+/// `idle()` (here, on `SingleFlightLayer::idle` and `StageHandle::idle`:
+/// "for graceful shutdown") waits for an owner still at work: its lease is
+/// counted from the grant, though it lives in its caller's future until
+/// its work returns. Without that (found in review; it failed so before the
+/// fix) `idle()` resolved while a lease was held and its commit was still
+/// to come. A shutdown that awaits `idle()` and then drops the
+/// runtime (as the docs suggest) drops the working owner: its abandon is
+/// spawned on a runtime that is going away, and the key stays blocked for
+/// the rest of the lease on every other node.
+#[tokio::test(start_paused = true)]
+async fn idle_waits_for_an_owner_still_at_work() {
+    let backend = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(Duration::from_secs(3))
+        .heartbeat(Duration::from_secs(1));
+    let flights =
+        DistributedFlights::new(backend.clone(), policy, PostcardCodec::<String>::new()).unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let owner = tokio::spawn({
+        let flights = flights.clone();
+        async move {
+            flights
+                .run(&review_key("idle"), (), Gated(rx), &Propagate)
+                .await
+        }
+    });
+    while backend.calls().acquire == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let idle = tokio::time::timeout(Duration::from_secs(2), flights.idle()).await;
+    let commits_then = backend.calls().commit;
+    tx.send(()).unwrap();
+    owner.await.unwrap().unwrap();
+    flights.idle().await;
+    assert!(
+        idle.is_err(),
+        "idle() resolved while an owner held its lease ({commits_then} commits sent then, {} after)",
+        backend.calls().commit
+    );
+}

@@ -402,12 +402,34 @@ impl Cluster {
         drop(dropped);
         if moved {
             // An inbox stays subscribed where it was (a moved slot's, or a
-            // dropped node's, gets no more messages there): its followers
-            // re-check now rather than at their next poll, and the next
-            // follower in its slot subscribes it where the slot is now.
+            // dropped node's, gets no more messages there; Redis drops a
+            // moved slot's shard channels): its followers re-check now
+            // rather than at their next poll, and every inbox is subscribed
+            // again where its slot is now; then they re-check once more.
             self.subs.lost_subscriptions();
+            let again: Vec<(u16, Arc<Node>)> = self
+                .subs
+                .inbox_slots()
+                .into_iter()
+                .filter_map(|slot| Some((slot, self.node_for(slot).ok()?)))
+                .collect();
+            if !again.is_empty() {
+                tokio::spawn(subscribe_inboxes_again(self.subs.clone(), again));
+            }
         }
     }
+}
+
+/// Subscribes each inbox again on the node now serving its slot (after a
+/// slot-map change), then makes every follower re-check: a notice
+/// published before its inbox was back was lost.
+async fn subscribe_inboxes_again(subs: Arc<Subs>, inboxes: Vec<(u16, Arc<Node>)>) {
+    for (slot, node) in inboxes {
+        if node.subscriber.is_connected() {
+            subs.subscribe_again(slot, &node.subscriber).await;
+        }
+    }
+    subs.resync_followers();
 }
 
 /// Refreshes the map when woken, every [`REFRESH_PERIOD`], and every

@@ -24,6 +24,7 @@ pub struct RedisConfig {
     pub(crate) migration_retry: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_max_delay: Duration,
+    pub(crate) subscriber_ping: Duration,
     pub(crate) username: Option<String>,
     pub(crate) password: Option<String>,
     #[cfg(feature = "tls")]
@@ -46,6 +47,7 @@ impl fmt::Debug for RedisConfig {
             .field("migration_retry", &self.migration_retry)
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
+            .field("subscriber_ping", &self.subscriber_ping)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"));
         #[cfg(feature = "tls")]
@@ -58,7 +60,8 @@ impl RedisConfig {
     /// Connects to `url` (`redis://host:port[/db]`, see fred's
     /// `Config::from_url`), key prefix `fd`, 1 s per command, calls on a
     /// migrating slot retried for 100 ms, 1 s to connect, reconnecting
-    /// forever with backoff up to 1 s.
+    /// forever with backoff up to 1 s, subscriber connections pinged every
+    /// second.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -67,6 +70,7 @@ impl RedisConfig {
             migration_retry: Duration::from_millis(100),
             connect_timeout: Duration::from_secs(1),
             reconnect_max_delay: Duration::from_secs(1),
+            subscriber_ping: Duration::from_secs(1),
             username: None,
             password: None,
             #[cfg(feature = "tls")]
@@ -155,6 +159,21 @@ impl RedisConfig {
     /// The longest pause between reconnection attempts.
     pub fn reconnect_max_delay(mut self, d: Duration) -> Self {
         self.reconnect_max_delay = d;
+        self
+    }
+
+    /// How often each subscriber connection (where this node's inboxes
+    /// are) is sent a `PING` (1 s by default; at least 10 ms). Nothing else
+    /// goes out on it once its inboxes are subscribed, so a connection that
+    /// died silently (no FIN or RST reached this node: a NAT or load
+    /// balancer that forgot it, a partition) would otherwise never be
+    /// found out: its followers would hear nothing and wait for their next
+    /// poll. A `PING` unanswered within the command timeout makes every
+    /// follower re-check at once and the connection reconnect, which
+    /// subscribes its inboxes again. It also keeps an idle connection's
+    /// NAT mappings alive.
+    pub fn subscriber_ping(mut self, d: Duration) -> Self {
+        self.subscriber_ping = d;
         self
     }
 }

@@ -51,7 +51,13 @@
 //! every follower re-checks, the backend subscribes the inboxes again,
 //! confirmed, and every follower re-checks once more: a notice published
 //! before the inbox was back in force is not missed; until then new
-//! followers subscribe and re-check. Every command has a deadline
+//! followers subscribe and re-check. Nothing else goes out on a subscriber
+//! connection, so the backend sends it a `PING` every
+//! [`RedisConfig::subscriber_ping`]: one that died silently (no FIN or RST
+//! reached this node) is found out and reconnected the same way. In a
+//! cluster, after a slot-map change, every inbox is subscribed again on the
+//! primary now serving its slot (Redis drops a moved slot's shard
+//! channels), and the followers re-check. Every command has a deadline
 //! and is sent at most once (fred would otherwise replay in-flight
 //! commands after a reconnect); errors are classified as unavailable,
 //! protocol or outcome-unknown ([`classify`]).

@@ -193,6 +193,7 @@ pub(crate) struct Settings {
     pub(crate) command_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_max_delay: Duration,
+    pub(crate) subscriber_ping: Duration,
 }
 
 impl Settings {
@@ -214,6 +215,7 @@ impl Settings {
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             reconnect_max_delay: config.reconnect_max_delay,
+            subscriber_ping: config.subscriber_ping.max(Duration::from_millis(10)),
         })
     }
 
@@ -329,6 +331,13 @@ impl Node {
                 resync.resync_followers();
             }
         }));
+        tasks.push(tokio::spawn(ping_subscriber(
+            subscriber.clone(),
+            subs.clone(),
+            addr.clone(),
+            settings.subscriber_ping,
+            settings.command_timeout,
+        )));
         // The connection tasks run until `quit` (see the drop).
         drop(client.connect());
         drop(subscriber.connect());
@@ -368,6 +377,47 @@ impl Drop for Node {
                 let _ = tokio::time::timeout(t, client.quit()).await;
                 let _ = tokio::time::timeout(t, subscriber.quit()).await;
             });
+        }
+    }
+}
+
+/// Pings `subscriber` every `every` (see [`RedisConfig::subscriber_ping`]):
+/// once its inboxes are subscribed nothing else goes out on it, so a
+/// connection that died silently would never be found out. When a `PING`
+/// gets no answer within `timeout`, notices may be lost from then on:
+/// every follower re-checks, and the connection is made again (which
+/// subscribes its inboxes again and re-checks once more, see
+/// `Subs::resubscribe`).
+///
+/// [`RedisConfig::subscriber_ping`]: crate::RedisConfig::subscriber_ping
+async fn ping_subscriber(
+    subscriber: SubscriberClient,
+    subs: Arc<Subs>,
+    addr: Arc<str>,
+    every: Duration,
+    timeout: Duration,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !subscriber.is_connected() {
+            continue;
+        }
+        let answered = match tokio::time::timeout(timeout, subscriber.ping::<Value>(None)).await {
+            Ok(Ok(_)) => true,
+            // An error reply (BUSY, LOADING) is an answer: the connection
+            // lives. A lost connection fred reconnects by itself.
+            Ok(Err(e)) => *e.kind() != fred::error::ErrorKind::Timeout,
+            Err(_) => false,
+        };
+        if answered {
+            continue;
+        }
+        tracing::warn!(server = %addr, "subscriber connection answers no PING: followers re-check, it reconnects");
+        subs.lost_subscriptions();
+        if let Err(e) = subscriber.force_reconnection().await {
+            tracing::debug!(server = %addr, error = %e, "forced reconnection of the subscriber failed; fred goes on reconnecting");
         }
     }
 }

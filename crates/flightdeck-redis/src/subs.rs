@@ -296,27 +296,42 @@ impl Subs {
     /// and poll meanwhile); the next reconnect tries again.
     pub(crate) async fn resubscribe(&self, subscriber: &SubscriberClient) {
         let id = subscriber.id();
-        let on_it: Vec<(u16, String)> = self
+        let on_it: Vec<u16> = self
             .state()
             .inboxes
             .iter()
             .filter(|(_, inbox)| inbox.on.as_ref().is_some_and(|on| on.id() == id))
-            .map(|(key, inbox)| (*key, inbox.channel.clone()))
+            .map(|(key, _)| *key)
             .collect();
-        for (key, channel) in on_it {
-            let _serial = self.serial(&channel).await;
-            let resyncs = self.resyncs();
-            let again = self.subscribe(subscriber, channel.clone());
-            let error = match tokio::time::timeout(self.timeout, again).await {
-                Ok(Ok(())) => {
-                    self.confirmed(key, resyncs);
-                    continue;
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer within {:?}", self.timeout),
-            };
-            tracing::warn!(%channel, %error, "inbox resubscription after a reconnect failed; its followers poll");
+        for key in on_it {
+            self.subscribe_again(key, subscriber).await;
         }
+    }
+
+    /// The slots of the inboxes this node has (0 on one server).
+    pub(crate) fn inbox_slots(&self) -> Vec<u16> {
+        self.state().inboxes.keys().copied().collect()
+    }
+
+    /// (S)SUBSCRIBEs `slot`'s inbox on `on` again (the same connection's
+    /// SUBSCRIBE of a channel it has is a no-op), confirmed, and marks it
+    /// in force unless a subscription was lost since it was sent. A failure
+    /// leaves it out of force: its followers subscribe again, and poll
+    /// meanwhile.
+    pub(crate) async fn subscribe_again(&self, slot: u16, on: &SubscriberClient) {
+        let channel = self.subscribing(slot, on);
+        let _serial = self.serial(&channel).await;
+        let resyncs = self.resyncs();
+        let again = self.subscribe(on, channel.clone());
+        let error = match tokio::time::timeout(self.timeout, again).await {
+            Ok(Ok(())) => {
+                self.confirmed(slot, resyncs);
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {:?}", self.timeout),
+        };
+        tracing::warn!(%channel, %error, "inbox not subscribed again; its followers poll");
     }
 
     /// How many inboxes this node has subscribed (or is subscribing).

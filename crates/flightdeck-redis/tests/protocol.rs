@@ -30,8 +30,13 @@ use legacy::f2::F2;
 use legacy::Legacy;
 use tower::{service_fn, Layer, ServiceExt};
 
+/// A backend on `redis`. Its subscriber's liveness `PING` is an hour
+/// apart: every count of commands below is the protocol's alone.
 async fn backend(redis: &RedisServer) -> RedisBackend {
-    RedisBackend::connect(RedisConfig::new(redis.url()).command_timeout(Duration::from_secs(1)))
+    let config = RedisConfig::new(redis.url())
+        .command_timeout(Duration::from_secs(1))
+        .subscriber_ping(Duration::from_secs(3600));
+    RedisBackend::connect(config)
         .await
         .expect("connects to the test redis")
 }

@@ -1,0 +1,423 @@
+//! A node's inbox stays in force where the owners publish, or its
+//! followers hear that it is not: when its subscriber connection dies
+//! without a word, and when a cluster slot moves. Each test failed before
+//! its fix (found in review): a follower waited for a notice that never
+//! came (its node believed its inbox in force, but nothing was subscribed
+//! where the owner publishes), a full poll interval with the result
+//! already committed.
+//!
+//! The bounds are liveness bounds, not speed: the poll interval and the
+//! lease are a minute, the follower is given 10 s after the owner's
+//! commit (a notice takes a millisecond); without the notice it wakes up
+//! only after 30 s or more.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flightdeck_core::error::BoxError;
+use flightdeck_core::{FlightKey, Shareable, StageName};
+use flightdeck_distributed::backend::Backend;
+use flightdeck_distributed::{
+    DistributedFlights, DistributedPolicy, Execute, FlightId, PostcardCodec, Propagate, Role,
+};
+use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_testkit::{RedisCluster, RedisServer, Resp};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Notify};
+
+type Flights = DistributedFlights<RedisBackend, PostcardCodec<String>>;
+
+/// The owner's work waits for the test's signal; a follower's is never run.
+struct Work {
+    gate: Option<oneshot::Receiver<()>>,
+    value: &'static str,
+}
+
+impl Execute<String> for Work {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(
+        self,
+        _req: String,
+        role: Role,
+    ) -> Result<Shareable<String, String>, BoxError> {
+        if let Some(gate) = self.gate {
+            let _ = gate.await;
+        }
+        Ok(Shareable::Shared(format!("{}:{role:?}", self.value)))
+    }
+}
+
+/// A minute of lease and of poll interval: a follower that misses its
+/// notice wakes up after tens of seconds, one that gets it at once.
+fn policy() -> DistributedPolicy {
+    DistributedPolicy::new()
+        .lease(Duration::from_secs(60))
+        .heartbeat(Duration::from_secs(5))
+        .poll_interval(Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(180))
+        .result_ttl(Duration::from_secs(300))
+        .call_timeout(Duration::from_millis(500))
+}
+
+fn flights(b: RedisBackend) -> Flights {
+    DistributedFlights::new(b, policy(), PostcardCodec::<String>::new()).unwrap()
+}
+
+fn key(stage: &StageName, name: &str) -> FlightKey {
+    FlightKey::from_bytes(stage.clone(), name)
+}
+
+/// The owner (on `owner`) holds `k`'s lease with its work waiting; a
+/// follower (on `follower`) follows it. Returns the owner's gate, and the
+/// follower's request.
+async fn owner_and_follower(
+    owner: &Flights,
+    follower: &Flights,
+    k: &FlightKey,
+    granted: impl Fn(&str) -> bool,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<Shareable<String, String>, BoxError>>,
+    tokio::task::JoinHandle<Result<Shareable<String, String>, BoxError>>,
+) {
+    let (tx, rx) = oneshot::channel();
+    let (o, kk) = (owner.clone(), k.clone());
+    let owner_task = tokio::spawn(async move {
+        let work = Work {
+            gate: Some(rx),
+            value: "v",
+        };
+        o.run(&kk, "req".to_owned(), work, &Propagate).await
+    });
+    // The owner's ACQUIRE first.
+    let record = owner.backend().record_key(&FlightId::of(k));
+    wait_for("the owner's grant", Duration::from_secs(10), || {
+        let granted = granted(&record);
+        async move { granted }
+    })
+    .await;
+    let (f, kk) = (follower.clone(), k.clone());
+    let follower_task = tokio::spawn(async move {
+        let work = Work {
+            gate: None,
+            value: "follower-ran-it",
+        };
+        f.run(&kk, "req".to_owned(), work, &Propagate).await
+    });
+    (tx, owner_task, follower_task)
+}
+
+/// Whether `record` holds a grant (a token), asked of `server`.
+fn held(server: &RedisServer, record: &str) -> bool {
+    matches!(server.cmd(&["HGET", record, "t"]), Ok(Resp::Bulk(Some(t))) if !t.is_empty())
+}
+
+async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{what}: not within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Releases the owner's work and gives the follower 10 s (its poll is a
+/// minute away) to get the value.
+async fn commit_and_expect_follower(
+    gate: oneshot::Sender<()>,
+    owner_task: tokio::task::JoinHandle<Result<Shareable<String, String>, BoxError>>,
+    follower_task: tokio::task::JoinHandle<Result<Shareable<String, String>, BoxError>>,
+    round: &str,
+) {
+    gate.send(()).unwrap();
+    let owned = owner_task.await.unwrap().unwrap();
+    assert!(matches!(&owned, Shareable::Shared(v) if v.starts_with("v:Owner")));
+    let started = tokio::time::Instant::now();
+    match tokio::time::timeout(Duration::from_secs(10), follower_task).await {
+        Ok(res) => {
+            let v = res.unwrap().unwrap();
+            assert!(
+                matches!(&v, Shareable::Shared(s) if s.starts_with("v:Owner")),
+                "{round}: the follower got the owner's value"
+            );
+            eprintln!(
+                "{round}: follower done {:?} after the commit",
+                started.elapsed()
+            );
+        }
+        Err(_) => panic!(
+            "{round}: the owner committed, but its follower heard nothing within 10 s \
+             (its notice was lost with no resync; it waits for its 30-60 s poll)"
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------
+// 1. A subscriber connection that dies silently is never noticed.
+// ---------------------------------------------------------------------
+
+/// A TCP proxy that can silently sever the open connections that carried
+/// a SUBSCRIBE (the node's subscriber): from then on it forwards nothing
+/// either way and closes the server's side, but leaves the client's
+/// socket open (no FIN, no RST) — what a NAT, firewall or load balancer
+/// that forgets an idle connection does. Connections made afterwards are
+/// forwarded.
+struct SubscriberCutter {
+    addr: SocketAddr,
+    /// One flag per connection made so far.
+    open: Arc<std::sync::Mutex<Vec<Arc<AtomicBool>>>>,
+    cut: Arc<Notify>,
+}
+
+impl SubscriberCutter {
+    async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let cut = Arc::new(Notify::new());
+        let (o, c) = (open.clone(), cut.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let severed = Arc::new(AtomicBool::new(false));
+                o.lock().unwrap().push(severed.clone());
+                tokio::spawn(pump(client, server, severed, c.clone()));
+            }
+        });
+        Self { addr, open, cut }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn sever_subscribers(&self) {
+        for severed in self.open.lock().unwrap().iter() {
+            severed.store(true, Ordering::SeqCst);
+        }
+        self.cut.notify_waiters();
+    }
+}
+
+async fn pump(client: TcpStream, server: TcpStream, severed: Arc<AtomicBool>, cut: Arc<Notify>) {
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let is_sub = Arc::new(AtomicBool::new(false));
+    let sub = is_sub.clone();
+    // Client to server: notes a SUBSCRIBE.
+    let up = tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if buf[..n]
+                .windows(9)
+                .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+            {
+                sub.store(true, Ordering::SeqCst);
+            }
+            if sw.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    // Server to client, until the subscriber is severed.
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let cutting = cut.notified();
+        tokio::pin!(cutting);
+        cutting.as_mut().enable();
+        if is_sub.load(Ordering::SeqCst) && severed.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::select! {
+            r = sr.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if is_sub.load(Ordering::SeqCst) && severed.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            },
+            () = &mut cutting => {}
+        }
+    }
+    // Severed: the server's side goes (Redis drops the subscription), the
+    // client's stays open and silent for ever (the up pump holds the
+    // client's read half: aborted, it drops it and the server's write
+    // half; the client's write half is kept open).
+    drop(sr);
+    up.abort();
+    let _ = up.await;
+    std::mem::forget(cw);
+}
+
+/// The inbox is subscribed once, and nothing else is sent on the
+/// subscriber connection: when it dies without a FIN/RST reaching the
+/// client (a NAT or load balancer idle timeout, a partition the server
+/// side resolved), only the backend's periodic `PING` on it
+/// (`RedisConfig::subscriber_ping`) finds it out; its followers then
+/// re-check (and keep doing so while the new connection is cut too), so
+/// the committed result reaches them. Without the `PING` the joinable bit
+/// stayed set and `is_connected()` true for ever: every follower on the
+/// node joined the dead inbox, the owner's COMMIT published into the
+/// void, and no resync ever came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_subscriber_is_found_out_and_its_followers_recheck() {
+    let redis = RedisServer::start().unwrap();
+    let cutter = SubscriberCutter::start(redis.addr()).await;
+    let config = |url: String| {
+        RedisConfig::new(url)
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_secs(2))
+    };
+    // The follower's node goes through the proxy; the owner's does not.
+    let follower = flights(RedisBackend::connect(config(cutter.url())).await.unwrap());
+    let owner = flights(RedisBackend::connect(config(redis.url())).await.unwrap());
+    let stage = StageName::new("half-open").unwrap();
+
+    // Control: with the subscriber alive, the follower hears the commit.
+    let (gate, o, f) = owner_and_follower(&owner, &follower, &key(&stage, "before"), |r| {
+        held(&redis, r)
+    })
+    .await;
+    wait_for("the follower waits", Duration::from_secs(10), || async {
+        follower.backend().followed_flights() == 1
+    })
+    .await;
+    commit_and_expect_follower(gate, o, f, "subscriber alive").await;
+
+    // The subscriber's connection dies without the client hearing of it.
+    cutter.sever_subscribers();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let (gate, o, f) = owner_and_follower(&owner, &follower, &key(&stage, "after"), |r| {
+        held(&redis, r)
+    })
+    .await;
+    wait_for("the follower waits", Duration::from_secs(10), || async {
+        follower.backend().followed_flights() == 1
+    })
+    .await;
+    commit_and_expect_follower(gate, o, f, "subscriber silently dead").await;
+}
+
+// ---------------------------------------------------------------------
+// 2. Cluster: a slot moves; its waiting followers re-check, and then wait
+//    on an inbox that is subscribed nowhere.
+// ---------------------------------------------------------------------
+
+/// Cluster, 3 primaries. The follower's node subscribes
+/// its inbox for slot S on primary A (its first follower there). S is
+/// migrated to B: A drops the shard channel's subscription (Redis sends
+/// `sunsubscribe`, which fred swallows: "Dropping unused subscription
+/// response"). The follower's node refreshes its slot map (periodically,
+/// or on a MOVED): every follower re-checks (ACQUIRE on B: FOLLOWER, the
+/// inbox in `w`), every inbox is SSUBSCRIBEd again on the primary now
+/// serving its slot, and the followers re-check once more; the owner's
+/// COMMIT on B reaches the follower. Before, only a *new* follower in the
+/// slot subscribed the inbox again: the waiting one waited on an inbox
+/// subscribed nowhere, for its poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_slot_moves_its_inbox_is_subscribed_where_the_slot_is() {
+    let cluster = Arc::new(RedisCluster::start(3).unwrap());
+    let config = || {
+        RedisConfig::new(cluster.url())
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_secs(2))
+    };
+    let follower = flights(RedisBackend::connect(config()).await.unwrap());
+    let owner = flights(RedisBackend::connect(config()).await.unwrap());
+    let stage = StageName::new("slot-move").unwrap();
+    let k = key(&stage, "moving");
+    let flight = FlightId::of(&k);
+    let slot = follower.backend().slot(&flight);
+    let from = cluster.slot_owner(slot).unwrap();
+    let to = (from + 1) % 3;
+    let to_addr = format!("127.0.0.1:{}", cluster.nodes()[to].port());
+
+    // Control, in the same slot before it moves: the notice arrives.
+    let same_slot = (0..)
+        .map(|i| key(&stage, &format!("control-{i}")))
+        .find(|c| follower.backend().slot(&FlightId::of(c)) == slot)
+        .unwrap();
+    let (gate, o, f) = owner_and_follower(&owner, &follower, &same_slot, |r| {
+        held(cluster.node_for(r).unwrap(), r)
+    })
+    .await;
+    wait_for("the follower waits", Duration::from_secs(10), || async {
+        follower.backend().followed_flights() == 1
+    })
+    .await;
+    commit_and_expect_follower(gate, o, f, "before the slot moved").await;
+
+    let (gate, o, f) = owner_and_follower(&owner, &follower, &k, |r| {
+        held(cluster.node_for(r).unwrap(), r)
+    })
+    .await;
+    wait_for("the follower waits", Duration::from_secs(10), || async {
+        follower.backend().followed_flights() == 1
+    })
+    .await;
+    let inbox = follower.backend().inbox(&flight);
+    let subscribed_on = |i: usize| -> i64 {
+        match cluster.nodes()[i]
+            .cmd(&["PUBSUB", "SHARDNUMSUB", &inbox])
+            .unwrap()
+        {
+            Resp::Array(Some(v)) => match v.get(1) {
+                Some(Resp::Int(n)) => *n,
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        subscribed_on(from),
+        1,
+        "the inbox is subscribed where the slot is"
+    );
+
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.migrate_slot(slot, to, Duration::ZERO))
+        .await
+        .unwrap()
+        .unwrap();
+    // The follower's node learns of the move (its periodic refresh, 5 s).
+    wait_for(
+        "the follower's node maps the slot to its new primary",
+        Duration::from_secs(20),
+        || async { follower.backend().shard(&flight).name() == Some(to_addr.as_str()) },
+    )
+    .await;
+    // Its follower re-checks (the resync), and waits again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "inbox subscribed: {} on the old primary, {} on the new one",
+        subscribed_on(from),
+        subscribed_on(to)
+    );
+    assert_eq!(subscribed_on(to), 1, "the inbox follows its slot");
+    commit_and_expect_follower(gate, o, f, "after the slot moved").await;
+}
