@@ -396,35 +396,68 @@ impl Cluster {
             map.len(),
             primaries.len()
         );
-        let moved = state.map.replace(map).is_some();
+        // The inboxes whose slot another primary serves now (or none):
+        // Redis dropped them with the slot's shard channels, or their
+        // primary went. The others stay subscribed where they are.
+        let inboxes = self.subs.inbox_slots();
+        let before: Vec<Option<Arc<str>>> = inboxes
+            .iter()
+            .map(|s| state.primary_of(*s).cloned())
+            .collect();
+        state.map = Some(map);
+        let moved: Vec<(u16, Option<Arc<Node>>)> = inboxes
+            .iter()
+            .zip(before)
+            .filter(|(slot, was)| state.primary_of(**slot) != was.as_ref())
+            .map(|(slot, _)| {
+                let node = state
+                    .primary_of(*slot)
+                    .and_then(|p| state.nodes.get(p))
+                    .cloned();
+                (*slot, node)
+            })
+            .collect();
         drop(state);
         // Dropped outside the lock: the last reference quits the clients.
         drop(dropped);
-        if moved {
-            // An inbox stays subscribed where it was (a moved slot's, or a
-            // dropped node's, gets no more messages there; Redis drops a
-            // moved slot's shard channels): its followers re-check now
-            // rather than at their next poll, and every inbox is subscribed
-            // again where its slot is now; then they re-check once more.
-            self.subs.lost_subscriptions();
-            let again: Vec<(u16, Arc<Node>)> = self
-                .subs
-                .inbox_slots()
-                .into_iter()
-                .filter_map(|slot| Some((slot, self.node_for(slot).ok()?)))
-                .collect();
-            if !again.is_empty() {
-                tokio::spawn(subscribe_inboxes_again(self.subs.clone(), again));
-            }
+        if moved.is_empty() {
+            return;
         }
+        // Their followers re-check now rather than at their next poll, and
+        // each is subscribed again where its slot is now (noted at once, so
+        // that a new primary's first connection subscribes it too); then
+        // they re-check once more.
+        let slots: Vec<u16> = moved.iter().map(|(slot, _)| *slot).collect();
+        self.subs.lost_inboxes(&slots);
+        let again: Vec<(u16, Arc<Node>)> = moved
+            .into_iter()
+            .filter_map(|(slot, node)| {
+                let node = node?;
+                self.subs.subscribing(slot, &node.subscriber);
+                Some((slot, node))
+            })
+            .collect();
+        let within = self.settings.connect_timeout + self.settings.command_timeout;
+        tokio::spawn(subscribe_inboxes_again(self.subs.clone(), again, within));
     }
 }
 
 /// Subscribes each inbox again on the node now serving its slot (after a
-/// slot-map change), then makes every follower re-check: a notice
-/// published before its inbox was back was lost.
-async fn subscribe_inboxes_again(subs: Arc<Subs>, inboxes: Vec<(u16, Arc<Node>)>) {
+/// slot-map change), waiting up to `within` for a node still connecting
+/// (a primary new to this node), then makes every follower re-check: a
+/// notice published before its inbox was back was lost. An inbox whose
+/// node does not connect in time is subscribed by that node's first
+/// connection (its `on` was noted), or by its next follower.
+async fn subscribe_inboxes_again(
+    subs: Arc<Subs>,
+    inboxes: Vec<(u16, Arc<Node>)>,
+    within: Duration,
+) {
+    let until = tokio::time::Instant::now() + within;
     for (slot, node) in inboxes {
+        while !node.subscriber.is_connected() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         if node.subscriber.is_connected() {
             subs.subscribe_again(slot, &node.subscriber).await;
         }

@@ -168,10 +168,10 @@ impl RedisConfig {
     /// died silently (no FIN or RST reached this node: a NAT or load
     /// balancer that forgot it, a partition) would otherwise never be
     /// found out: its followers would hear nothing and wait for their next
-    /// poll. A `PING` unanswered within the command timeout makes every
-    /// follower re-check at once and the connection reconnect, which
-    /// subscribes its inboxes again. It also keeps an idle connection's
-    /// NAT mappings alive.
+    /// poll. Two `PING`s in a row unanswered within the command timeout make
+    /// the connection reconnect, which makes every follower re-check and
+    /// subscribes its inboxes again. It also keeps an idle connection's NAT
+    /// mappings alive.
     pub fn subscriber_ping(mut self, d: Duration) -> Self {
         self.subscriber_ping = d;
         self

@@ -333,7 +333,6 @@ impl Node {
         }));
         tasks.push(tokio::spawn(ping_subscriber(
             subscriber.clone(),
-            subs.clone(),
             addr.clone(),
             settings.subscriber_ping,
             settings.command_timeout,
@@ -383,21 +382,21 @@ impl Drop for Node {
 
 /// Pings `subscriber` every `every` (see [`RedisConfig::subscriber_ping`]):
 /// once its inboxes are subscribed nothing else goes out on it, so a
-/// connection that died silently would never be found out. When a `PING`
-/// gets no answer within `timeout`, notices may be lost from then on:
-/// every follower re-checks, and the connection is made again (which
-/// subscribes its inboxes again and re-checks once more, see
+/// connection that died silently would never be found out. When two
+/// `PING`s in a row get no answer within `timeout`, the connection is
+/// made again: its reconnection makes every follower re-check, subscribes
+/// its inboxes again and makes them re-check once more (see
 /// `Subs::resubscribe`).
 ///
 /// [`RedisConfig::subscriber_ping`]: crate::RedisConfig::subscriber_ping
 async fn ping_subscriber(
     subscriber: SubscriberClient,
-    subs: Arc<Subs>,
     addr: Arc<str>,
     every: Duration,
     timeout: Duration,
 ) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut missed = 0;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -412,10 +411,17 @@ async fn ping_subscriber(
             Err(_) => false,
         };
         if answered {
+            missed = 0;
             continue;
         }
-        tracing::warn!(server = %addr, "subscriber connection answers no PING: followers re-check, it reconnects");
-        subs.lost_subscriptions();
+        // One PING can be slow (a server busy for a while); two in a row
+        // unanswered mean the connection is gone.
+        missed += 1;
+        if missed < 2 {
+            continue;
+        }
+        missed = 0;
+        tracing::warn!(server = %addr, "subscriber connection answers no PING: it reconnects, and its followers re-check");
         if let Err(e) = subscriber.force_reconnection().await {
             tracing::debug!(server = %addr, error = %e, "forced reconnection of the subscriber failed; fred goes on reconnecting");
         }

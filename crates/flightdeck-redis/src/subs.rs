@@ -414,23 +414,39 @@ impl Subs {
     /// did not parse), the subscriptions are in force: every follower
     /// re-checks.
     pub(crate) fn lost_messages(&self) {
-        self.lost(false);
+        self.lost(Some(&[]));
     }
 
-    /// Subscriptions may have been lost (a reconnect, a moved slot): no
-    /// inbox is in force until it is subscribed again and confirmed, and
-    /// every follower re-checks.
+    /// Subscriptions may have been lost (a reconnect): no inbox is in
+    /// force until it is subscribed again and confirmed, and every
+    /// follower re-checks.
     pub(crate) fn lost_subscriptions(&self) {
-        self.lost(true);
+        self.lost(None);
+    }
+
+    /// The inboxes of `slots` may have been lost (their slots moved): they
+    /// are out of force until subscribed again, and every follower
+    /// re-checks.
+    pub(crate) fn lost_inboxes(&self, slots: &[u16]) {
+        self.lost(Some(slots));
     }
 
     /// One critical section: a confirmation must not set a bit between
-    /// their clearing and the bump that makes it stale.
-    fn lost(&self, subscriptions: bool) {
+    /// their clearing and the bump that makes it stale. `inboxes`: the
+    /// slots whose inboxes were lost (`Some(&[])`: none; `None`: all).
+    fn lost(&self, inboxes: Option<&[u16]>) {
         let state = self.state();
-        if subscriptions {
-            for word in self.joinable.iter() {
-                word.store(0, Ordering::Release);
+        match inboxes {
+            None => {
+                for word in self.joinable.iter() {
+                    word.store(0, Ordering::Release);
+                }
+            }
+            Some(slots) => {
+                for slot in slots {
+                    let (word, bit) = self.bit(self.key(*slot));
+                    word.fetch_and(!bit, Ordering::Release);
+                }
             }
         }
         self.resyncs.fetch_add(1, Ordering::Release);

@@ -421,3 +421,365 @@ async fn after_a_slot_moves_its_inbox_is_subscribed_where_the_slot_is() {
     assert_eq!(subscribed_on(to), 1, "the inbox follows its slot");
     commit_and_expect_follower(gate, o, f, "after the slot moved").await;
 }
+
+// ---------------------------------------------------------------------
+// 3. Slots that move to a new primary; map changes that move no inbox.
+// ---------------------------------------------------------------------
+
+fn ok(r: Resp) {
+    assert!(matches!(&r, Resp::Simple(s) if s == "OK"), "{r:?}");
+}
+
+fn text(r: Resp) -> String {
+    r.as_str().expect("a text reply").to_owned()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A cluster-enabled server that serves no slot yet, met by `cluster`
+/// (its bus port given explicitly: the testkit's nodes use port + 10000).
+fn join_new_node(cluster: &RedisCluster) -> RedisServer {
+    let bus = free_port().to_string();
+    let node = RedisServer::start_with_args(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "2000",
+        "--cluster-require-full-coverage",
+        "no",
+        "--cluster-port",
+        &bus,
+    ])
+    .unwrap();
+    ok(node
+        .cmd(&[
+            "CLUSTER",
+            "MEET",
+            "127.0.0.1",
+            &cluster.nodes()[0].port().to_string(),
+        ])
+        .unwrap());
+    let all = cluster.nodes().len() + 1;
+    let started = std::time::Instant::now();
+    loop {
+        let known = cluster
+            .nodes()
+            .iter()
+            .chain(std::iter::once(&node))
+            .all(|n| {
+                let info = text(n.cmd(&["CLUSTER", "INFO"]).unwrap());
+                info.contains(&format!("cluster_known_nodes:{all}"))
+                    && info.contains("cluster_state:ok")
+            });
+        if known {
+            return node;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the new node not met"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Moves `slot` from cluster node `from` to `to` (not one of the
+/// cluster's nodes), keys and all, the way `redis-cli --cluster reshard`
+/// does.
+fn migrate_to(cluster: &RedisCluster, slot: u16, from: usize, to: &RedisServer) {
+    let source = &cluster.nodes()[from];
+    let from_id = text(source.cmd(&["CLUSTER", "MYID"]).unwrap());
+    let to_id = text(to.cmd(&["CLUSTER", "MYID"]).unwrap());
+    let s = slot.to_string();
+    ok(to
+        .cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id])
+        .unwrap());
+    ok(source
+        .cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id])
+        .unwrap());
+    loop {
+        let Resp::Array(Some(keys)) = source
+            .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"])
+            .unwrap()
+        else {
+            panic!("GETKEYSINSLOT");
+        };
+        if keys.is_empty() {
+            break;
+        }
+        let port = to.port().to_string();
+        let mut cmd = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        let names: Vec<&str> = keys.iter().filter_map(Resp::as_str).collect();
+        cmd.extend(names.iter().copied());
+        let r = source.cmd(&cmd).unwrap();
+        assert!(matches!(r, Resp::Simple(_)), "MIGRATE: {r:?}");
+    }
+    ok(to.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]).unwrap());
+    for n in cluster.nodes() {
+        ok(n.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]).unwrap());
+    }
+}
+
+fn shard_subscribers(server: &RedisServer, channel: &str) -> i64 {
+    match server.cmd(&["PUBSUB", "SHARDNUMSUB", channel]).unwrap() {
+        Resp::Array(Some(v)) => match v.get(1) {
+            Some(Resp::Int(n)) => *n,
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+}
+
+// A slot moves to a primary this node had no client for.
+
+/// Cluster of 2 primaries, and a third node joined later that serves no
+/// slot (scale-out; a failover to a replica is the same case: the new
+/// primary is not in the old map). The follower's node subscribed its
+/// inbox for slot S on primary A; S moves to the new node D. The
+/// follower's node refreshes its map: `install` starts a `Node` for D
+/// (its clients only begin to connect), notes S's inbox on D's subscriber
+/// and subscribes it there once D is connected; the follower re-checks
+/// (its ACQUIRE on D puts the inbox in the record) and the owner's COMMIT
+/// on D reaches it. Before the fix (found in review) the inbox was
+/// skipped while D was still connecting and left noted on A's
+/// subscriber: subscribed nowhere, the COMMIT published into the void.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_slot_moves_to_a_new_primary_its_inbox_is_subscribed_there() {
+    let cluster = Arc::new(RedisCluster::start(2).unwrap());
+    let config = || {
+        RedisConfig::new(cluster.url())
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_secs(2))
+    };
+    let follower = flights(RedisBackend::connect(config()).await.unwrap());
+    let owner = flights(RedisBackend::connect(config()).await.unwrap());
+    let stage = StageName::new("new-primary").unwrap();
+    let k = key(&stage, "moving");
+    let flight = FlightId::of(&k);
+    let slot = follower.backend().slot(&flight);
+    let from = cluster.slot_owner(slot).unwrap();
+
+    let c = cluster.clone();
+    let new_node = tokio::task::spawn_blocking(move || join_new_node(&c))
+        .await
+        .unwrap();
+    let new_addr = format!("127.0.0.1:{}", new_node.port());
+
+    let (gate, o, f) = owner_and_follower(&owner, &follower, &k, |r| {
+        held(cluster.node_for(r).unwrap(), r)
+    })
+    .await;
+    wait_for("the follower waits", Duration::from_secs(10), || async {
+        follower.backend().followed_flights() == 1
+    })
+    .await;
+    let inbox = follower.backend().inbox(&flight);
+    assert_eq!(shard_subscribers(&cluster.nodes()[from], &inbox), 1);
+
+    let (c, new_node) = (cluster.clone(), Arc::new(new_node));
+    let n = new_node.clone();
+    tokio::task::spawn_blocking(move || migrate_to(&c, slot, from, &n))
+        .await
+        .unwrap();
+    wait_for(
+        "the follower's node maps the slot to the new primary",
+        Duration::from_secs(20),
+        || async { follower.backend().shard(&flight).name() == Some(new_addr.as_str()) },
+    )
+    .await;
+    // Its follower re-checks (the resyncs), and waits again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "inbox subscribed: {} on the old primary, {} on the new one",
+        shard_subscribers(&cluster.nodes()[from], &inbox),
+        shard_subscribers(&new_node, &inbox),
+    );
+    commit_and_expect_follower(gate, o, f, "after the slot moved to a new primary").await;
+}
+
+// A map change that moves none of the node's inboxes.
+
+/// A flight of stage `stage` in each of `n` distinct slots, avoiding
+/// `except`.
+fn flights_in_distinct_slots(
+    b: &RedisBackend,
+    stage: &StageName,
+    n: usize,
+    except: u16,
+) -> Vec<FlightId> {
+    let mut seen = std::collections::HashSet::from([except]);
+    (0..)
+        .map(|i| FlightId::of(&key(stage, &format!("k{i}"))))
+        .filter(|f| seen.insert(b.slot(f)))
+        .take(n)
+        .collect()
+}
+
+/// A node that followed flights in many slots has an inbox in each of
+/// them (they are never dropped: up to 16384). Redis drops only a
+/// *moved* slot's shard channels: after a slot-map change only the
+/// inboxes whose slot another primary serves now are subscribed again
+/// (and lose their joinable bit meanwhile). Before the fix (found in
+/// review) every map change sent one SSUBSCRIBE per inbox, one at a time,
+/// before the followers' last re-check: a reshard of M slots cost M ×
+/// (inboxes) round trips. Here: 1500 inboxes, one slot that has
+/// none moves; before the fix (found in review) 1500 SSUBSCRIBEs were
+/// sent again, where none is needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_change_subscribes_again_only_the_inboxes_whose_slot_moved() {
+    const INBOXES: usize = 1500;
+    let cluster = Arc::new(RedisCluster::start(3).unwrap());
+    let config = RedisConfig::new(cluster.url())
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(2))
+        .subscriber_ping(Duration::from_secs(3600));
+    let b = RedisBackend::connect(config).await.unwrap();
+    let stage = StageName::new("many-inboxes").unwrap();
+
+    // The slot that moves, with no inbox of this node.
+    let moving = FlightId::of(&key(&stage, "moving"));
+    let slot = b.slot(&moving);
+    let from = cluster.slot_owner(slot).unwrap();
+    let to = (from + 1) % 3;
+    let to_addr = format!("127.0.0.1:{}", cluster.nodes()[to].port());
+
+    // This node follows one flight in each of 1500 other slots (the
+    // follower leaves; its inbox stays, as after any follower).
+    for f in flights_in_distinct_slots(&b, &stage, INBOXES, slot) {
+        let sub = b.subscribe(&f).await.expect("subscribed");
+        drop(sub);
+    }
+    assert_eq!(b.subscribed_channels(), INBOXES);
+    let before = cluster.command_calls("ssubscribe").unwrap();
+
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.migrate_slot(slot, to, Duration::ZERO))
+        .await
+        .unwrap()
+        .unwrap();
+    wait_for(
+        "the node maps the slot to its new primary",
+        Duration::from_secs(20),
+        || async { b.shard(&moving).name() == Some(to_addr.as_str()) },
+    )
+    .await;
+    let changed = tokio::time::Instant::now();
+    // Let the subscriptions after the change run their course.
+    let mut sent = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = cluster.command_calls("ssubscribe").unwrap() - before;
+        if now == sent {
+            break;
+        }
+        sent = now;
+    }
+    eprintln!(
+        "one slot without an inbox moved: {sent} SSUBSCRIBEs sent again in {:?} ({INBOXES} inboxes, none moved)",
+        changed.elapsed()
+    );
+    assert!(
+        sent <= 10,
+        "a map change that moved no inbox's slot sent {sent} SSUBSCRIBEs (one per inbox the node ever had)"
+    );
+}
+
+// ---------------------------------------------------------------------
+// 3. The same after a failover: the promoted replica is a new primary.
+// ---------------------------------------------------------------------
+
+fn info_has(server: &RedisServer, section: &str, line: &str) -> bool {
+    text(server.cmd(&["INFO", section]).unwrap())
+        .lines()
+        .any(|l| l.trim() == line)
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !done() {
+        assert!(started.elapsed() < Duration::from_secs(30), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A manual failover (`CLUSTER FAILOVER` on a replica of the primary
+/// serving the follower's slot): the replica, a node the backends had no
+/// client for, now serves the slot; the old primary is a replica and its
+/// `Node` is dropped. Before the fix (found in review), as in the test
+/// above, `subscribe_inboxes_again` found the promoted node's subscriber
+/// still connecting and skipped the inbox, whose `on` stayed at the
+/// dropped node's subscriber, so nothing ever subscribed it on the new
+/// primary: every follower waiting across a failover missed its notice
+/// and waited for its poll. Now it waits for the new node to connect, and
+/// the inbox is noted on the new node's subscriber at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_inbox_is_subscribed_on_the_promoted_replica() {
+    let cluster = Arc::new(RedisCluster::start(3).unwrap());
+    let config = || {
+        RedisConfig::new(cluster.url())
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_secs(2))
+    };
+    let follower = flights(RedisBackend::connect(config()).await.unwrap());
+    let owner = flights(RedisBackend::connect(config()).await.unwrap());
+    let stage = StageName::new("failover").unwrap();
+    let k = key(&stage, "failing-over");
+    let flight = FlightId::of(&k);
+    let slot = follower.backend().slot(&flight);
+    let from = cluster.slot_owner(slot).unwrap();
+
+    // A replica of the slot's primary, in sync.
+    let c = cluster.clone();
+    let replica = tokio::task::spawn_blocking(move || {
+        let replica = join_new_node(&c);
+        let primary_id = text(c.nodes()[from].cmd(&["CLUSTER", "MYID"]).unwrap());
+        ok(replica.cmd(&["CLUSTER", "REPLICATE", &primary_id]).unwrap());
+        wait_until("the replica in sync", || {
+            info_has(&replica, "replication", "master_link_status:up")
+        });
+        Arc::new(replica)
+    })
+    .await
+    .unwrap();
+    let new_addr = format!("127.0.0.1:{}", replica.port());
+
+    let (gate, o, f) = owner_and_follower(&owner, &follower, &k, |r| {
+        held(cluster.node_for(r).unwrap(), r)
+    })
+    .await;
+    wait_for("the follower waits", Duration::from_secs(10), || async {
+        follower.backend().followed_flights() == 1
+    })
+    .await;
+    let inbox = follower.backend().inbox(&flight);
+    assert_eq!(shard_subscribers(&cluster.nodes()[from], &inbox), 1);
+
+    let r = replica.clone();
+    tokio::task::spawn_blocking(move || {
+        ok(r.cmd(&["CLUSTER", "FAILOVER"]).unwrap());
+        wait_until("the replica promoted", || {
+            info_has(&r, "replication", "role:master")
+        });
+    })
+    .await
+    .unwrap();
+    wait_for(
+        "the follower's node maps the slot to the promoted replica",
+        Duration::from_secs(20),
+        || async { follower.backend().shard(&flight).name() == Some(new_addr.as_str()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "inbox subscribed: {} on the promoted replica",
+        shard_subscribers(&replica, &inbox),
+    );
+    commit_and_expect_follower(gate, o, f, "after a failover").await;
+}
