@@ -553,6 +553,28 @@ fn shard_subscribers(server: &RedisServer, channel: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_slot_moves_to_a_new_primary_its_inbox_is_subscribed_there() {
     let cluster = Arc::new(RedisCluster::start(2).unwrap());
+    a_follower_waits_across(
+        cluster,
+        "new-primary",
+        |c, _| join_new_node(c),
+        migrate_to,
+        "after the slot moved to a new primary",
+    )
+    .await;
+}
+
+/// A follower of a flight of `stage` waits on its owner while `move_slot`
+/// gives the flight's slot (served by primary `from`) to the node
+/// `new_node` started (one the backends had no client for); the owner's
+/// COMMIT then reaches the follower, through its inbox subscribed again on
+/// the new node.
+async fn a_follower_waits_across(
+    cluster: Arc<RedisCluster>,
+    stage: &str,
+    new_node: impl FnOnce(&RedisCluster, usize) -> RedisServer + Send + 'static,
+    move_slot: impl FnOnce(&RedisCluster, u16, usize, &RedisServer) + Send + 'static,
+    round: &str,
+) {
     let config = || {
         RedisConfig::new(cluster.url())
             .command_timeout(Duration::from_millis(500))
@@ -560,17 +582,17 @@ async fn after_a_slot_moves_to_a_new_primary_its_inbox_is_subscribed_there() {
     };
     let follower = flights(RedisBackend::connect(config()).await.unwrap());
     let owner = flights(RedisBackend::connect(config()).await.unwrap());
-    let stage = StageName::new("new-primary").unwrap();
+    let stage = StageName::new(stage).unwrap();
     let k = key(&stage, "moving");
     let flight = FlightId::of(&k);
     let slot = follower.backend().slot(&flight);
     let from = cluster.slot_owner(slot).unwrap();
 
     let c = cluster.clone();
-    let new_node = tokio::task::spawn_blocking(move || join_new_node(&c))
+    let node = tokio::task::spawn_blocking(move || Arc::new(new_node(&c, from)))
         .await
         .unwrap();
-    let new_addr = format!("127.0.0.1:{}", new_node.port());
+    let new_addr = format!("127.0.0.1:{}", node.port());
 
     let (gate, o, f) = owner_and_follower(&owner, &follower, &k, |r| {
         held(cluster.node_for(r).unwrap(), r)
@@ -583,9 +605,8 @@ async fn after_a_slot_moves_to_a_new_primary_its_inbox_is_subscribed_there() {
     let inbox = follower.backend().inbox(&flight);
     assert_eq!(shard_subscribers(&cluster.nodes()[from], &inbox), 1);
 
-    let (c, new_node) = (cluster.clone(), Arc::new(new_node));
-    let n = new_node.clone();
-    tokio::task::spawn_blocking(move || migrate_to(&c, slot, from, &n))
+    let (c, n) = (cluster.clone(), node.clone());
+    tokio::task::spawn_blocking(move || move_slot(&c, slot, from, &n))
         .await
         .unwrap();
     wait_for(
@@ -597,11 +618,10 @@ async fn after_a_slot_moves_to_a_new_primary_its_inbox_is_subscribed_there() {
     // Its follower re-checks (the resyncs), and waits again.
     tokio::time::sleep(Duration::from_secs(2)).await;
     eprintln!(
-        "inbox subscribed: {} on the old primary, {} on the new one",
-        shard_subscribers(&cluster.nodes()[from], &inbox),
-        shard_subscribers(&new_node, &inbox),
+        "{round}: inbox subscribed on the new primary: {}",
+        shard_subscribers(&node, &inbox),
     );
-    commit_and_expect_follower(gate, o, f, "after the slot moved to a new primary").await;
+    commit_and_expect_follower(gate, o, f, round).await;
 }
 
 // A map change that moves none of the node's inboxes.
@@ -722,64 +742,21 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_the_inbox_is_subscribed_on_the_promoted_replica() {
     let cluster = Arc::new(RedisCluster::start(3).unwrap());
-    let config = || {
-        RedisConfig::new(cluster.url())
-            .command_timeout(Duration::from_millis(500))
-            .connect_timeout(Duration::from_secs(2))
-    };
-    let follower = flights(RedisBackend::connect(config()).await.unwrap());
-    let owner = flights(RedisBackend::connect(config()).await.unwrap());
-    let stage = StageName::new("failover").unwrap();
-    let k = key(&stage, "failing-over");
-    let flight = FlightId::of(&k);
-    let slot = follower.backend().slot(&flight);
-    let from = cluster.slot_owner(slot).unwrap();
-
-    // A replica of the slot's primary, in sync.
-    let c = cluster.clone();
-    let replica = tokio::task::spawn_blocking(move || {
-        let replica = join_new_node(&c);
+    // A replica of the slot's primary, in sync; then promoted.
+    let replica_of = |c: &RedisCluster, from: usize| {
+        let replica = join_new_node(c);
         let primary_id = text(c.nodes()[from].cmd(&["CLUSTER", "MYID"]).unwrap());
         ok(replica.cmd(&["CLUSTER", "REPLICATE", &primary_id]).unwrap());
         wait_until("the replica in sync", || {
             info_has(&replica, "replication", "master_link_status:up")
         });
-        Arc::new(replica)
-    })
-    .await
-    .unwrap();
-    let new_addr = format!("127.0.0.1:{}", replica.port());
-
-    let (gate, o, f) = owner_and_follower(&owner, &follower, &k, |r| {
-        held(cluster.node_for(r).unwrap(), r)
-    })
-    .await;
-    wait_for("the follower waits", Duration::from_secs(10), || async {
-        follower.backend().followed_flights() == 1
-    })
-    .await;
-    let inbox = follower.backend().inbox(&flight);
-    assert_eq!(shard_subscribers(&cluster.nodes()[from], &inbox), 1);
-
-    let r = replica.clone();
-    tokio::task::spawn_blocking(move || {
+        replica
+    };
+    let promote = |_: &RedisCluster, _: u16, _: usize, r: &RedisServer| {
         ok(r.cmd(&["CLUSTER", "FAILOVER"]).unwrap());
         wait_until("the replica promoted", || {
-            info_has(&r, "replication", "role:master")
+            info_has(r, "replication", "role:master")
         });
-    })
-    .await
-    .unwrap();
-    wait_for(
-        "the follower's node maps the slot to the promoted replica",
-        Duration::from_secs(20),
-        || async { follower.backend().shard(&flight).name() == Some(new_addr.as_str()) },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    eprintln!(
-        "inbox subscribed: {} on the promoted replica",
-        shard_subscribers(&replica, &inbox),
-    );
-    commit_and_expect_follower(gate, o, f, "after a failover").await;
+    };
+    a_follower_waits_across(cluster, "failover", replica_of, promote, "after a failover").await;
 }
