@@ -401,6 +401,8 @@ async fn ping_subscriber(
     loop {
         tick.tick().await;
         if !subscriber.is_connected() {
+            // fred is reconnecting it: the count starts again.
+            missed = 0;
             continue;
         }
         let answered = match tokio::time::timeout(timeout, subscriber.ping::<Value>(None)).await {
