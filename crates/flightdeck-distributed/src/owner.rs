@@ -269,23 +269,7 @@ impl Heartbeats {
         B: Backend,
         C: Send + Sync + 'static,
     {
-        let due = std::future::poll_fn(|task| self.poll_due(task, st, cx, until));
-        std::pin::pin!(tokio::task::coop::unconstrained(due)).poll(task)
-    }
-
-    /// [`poll`](Self::poll) under whatever budget the task has.
-    fn poll_due<B, C>(
-        &mut self,
-        task: &mut Context<'_>,
-        st: &Arc<State<B, C>>,
-        cx: &Cx,
-        until: Option<Instant>,
-    ) -> Poll<()>
-    where
-        B: Backend,
-        C: Send + Sync + 'static,
-    {
-        loop {
+        let due = std::future::poll_fn(|task| loop {
             if self.lost {
                 return Poll::Ready(());
             }
@@ -314,7 +298,8 @@ impl Heartbeats {
             ready!(timer.as_mut().poll(task));
             self.next += self.every;
             self.call = Some(renew(st, cx, self.generation));
-        }
+        });
+        std::pin::pin!(tokio::task::coop::unconstrained(due)).poll(task)
     }
 
     /// `step` of the settling, which has surely ended `within` from its
