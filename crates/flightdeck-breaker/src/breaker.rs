@@ -97,7 +97,7 @@ struct Core {
     base: Instant,
     open_until: AtomicU64,
     // The runtime whose task times the open wait (its id, see
-    // `flightdeck_core::id_number`; 0: none), published before the state word. On that
+    // `flightdeck_core::rt::runtime_id`; 0: none), published before the state word. On that
     // runtime the task is driven, so an open breaker rejects without
     // reading the clock.
     timed_on: AtomicU64,
@@ -524,7 +524,7 @@ impl Core {
         let on = self.timed_on.load(Ordering::Relaxed);
         on != 0
             && tokio::runtime::Handle::try_current()
-                .is_ok_and(|rt| flightdeck_core::id_number(&rt.id()) == on)
+                .is_ok_and(|rt| flightdeck_core::rt::runtime_id(&rt) == on)
     }
 
     /// Whether an open breaker's wait is still running at `now` (read
@@ -656,9 +656,7 @@ impl Core {
         self.open_until
             .store(u64::try_from(until).unwrap_or(u64::MAX), Ordering::Release);
         let timer = tokio::runtime::Handle::try_current().ok();
-        let on = timer
-            .as_ref()
-            .map_or(0, |rt| flightdeck_core::id_number(&rt.id()));
+        let on = timer.as_ref().map_or(0, flightdeck_core::rt::runtime_id);
         self.timed_on.store(on, Ordering::Relaxed);
         self.set_state(inner, OPEN, now);
         if let Some(rt) = timer {

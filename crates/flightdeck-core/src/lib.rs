@@ -21,6 +21,8 @@ pub mod error;
 pub mod http;
 pub mod key;
 pub mod metric;
+#[doc(hidden)]
+pub mod rt;
 pub mod share;
 pub mod source;
 
@@ -28,30 +30,3 @@ pub use error::{BoxError, ErrorClass, SharedError};
 pub use key::{Digest, FlightKey, KeyEncoder, StageName};
 pub use share::{CloneShare, Serves, Share, Shareable, SharedForm, Unshareable};
 pub use source::{FromExtension, KeySource};
-
-/// The number an opaque id writes to a hasher (never 0): for ids that show
-/// their number only through `Hash`, such as tokio's `runtime::Id`, so
-/// that it can be kept in an atomic and compared with one load (the local
-/// layer's timers and the breaker ask "is this the runtime that runs my
-/// timer?").
-pub fn id_number(id: &impl std::hash::Hash) -> u64 {
-    use std::hash::Hasher;
-    /// Keeps what the id writes.
-    struct Keep(u64);
-    impl Hasher for Keep {
-        fn finish(&self) -> u64 {
-            self.0
-        }
-        fn write(&mut self, bytes: &[u8]) {
-            self.0 = bytes
-                .iter()
-                .fold(self.0, |n, &b| n.rotate_left(8) ^ u64::from(b));
-        }
-        fn write_u64(&mut self, n: u64) {
-            self.0 = n;
-        }
-    }
-    let mut keep = Keep(0);
-    id.hash(&mut keep);
-    keep.0.max(1)
-}

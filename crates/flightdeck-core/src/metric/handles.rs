@@ -38,7 +38,7 @@ use metrics::Recorder;
 
 /// Identifies a recorder (the one in force on this thread: a local one, the
 /// global one, or the no-op recorder).
-pub fn recorder_id(recorder: &dyn Recorder) -> usize {
+fn recorder_id(recorder: &dyn Recorder) -> usize {
     (recorder as *const dyn Recorder).cast::<()>() as usize
 }
 

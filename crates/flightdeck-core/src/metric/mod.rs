@@ -149,4 +149,8 @@ pub const BULKHEAD_DEGRADED: &str = "singleflight_bulkhead_degraded";
 
 mod handles;
 
-pub use handles::{recorder_id, records, Generation, Handles};
+// How the layers of flightdeck's crates hold their handles: shared by
+// those crates (local, distributed, breaker, the facade), so public, but
+// plumbing, not an API: hidden from the docs, may change in any release.
+#[doc(hidden)]
+pub use handles::{records, Generation, Handles};

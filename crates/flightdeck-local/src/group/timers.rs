@@ -42,6 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
+use flightdeck_core::rt::runtime_id;
 use tokio::time::{Instant, Sleep};
 
 use super::slot::{Running, Shard, Slot};
@@ -129,11 +130,6 @@ pub(crate) fn expiry_of(
         (None, Some(d)) => Some((d, true)),
         (None, None) => None,
     }
-}
-
-/// A runtime's id as a number (never 0).
-fn runtime_id(rt: &tokio::runtime::Handle) -> u64 {
-    flightdeck_core::id_number(&rt.id())
 }
 
 /// A waiter's expiry in its flight's heap: when, and its index on the
