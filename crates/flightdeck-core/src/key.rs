@@ -218,10 +218,8 @@ impl Digest {
     /// ```
     pub fn hex(&self) -> [u8; 64] {
         let mut out = [0; 64];
-        for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
-            pair[0] = HEX[usize::from(b >> 4)];
-            pair[1] = HEX[usize::from(b & 0x0f)];
-        }
+        // 64 = 2 × 32: the one error (a wrong length) cannot happen.
+        let _ = hex::encode_to_slice(self.0, &mut out);
         out
     }
 
@@ -231,8 +229,6 @@ impl Digest {
         ShortDigest(*self)
     }
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl fmt::Debug for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -246,10 +242,10 @@ pub struct ShortDigest(Digest);
 
 impl fmt::Display for ShortDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in &self.0 .0[..6] {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let mut out = [0; 12];
+        // 12 = 2 × 6, and hex digits are ASCII: neither error can happen.
+        let _ = hex::encode_to_slice(&self.0 .0[..6], &mut out);
+        f.write_str(std::str::from_utf8(&out).unwrap_or_default())
     }
 }
 

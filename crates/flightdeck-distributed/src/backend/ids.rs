@@ -56,8 +56,6 @@ impl fmt::Display for FlightId {
     }
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
 /// A random token naming one attempt to own a flight. Retries of the same
 /// attempt reuse it, which is what makes acquire and commit idempotent.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -67,12 +65,7 @@ impl OwnerToken {
     /// A fresh random token (128 bits, hex).
     pub fn random() -> Self {
         let v: u128 = rand::random();
-        // `format!("{v:032x}")`, written directly.
-        let mut hex = [0u8; 32];
-        for (i, digit) in hex.iter_mut().rev().enumerate() {
-            *digit = HEX[(v >> (4 * i)) as usize & 0xf];
-        }
-        Self(String::from_utf8_lossy(&hex).into_owned())
+        Self(hex::encode(v.to_be_bytes()))
     }
 
     /// A token from a string (tests, or callers with their own ids). Must be
