@@ -24,6 +24,7 @@ use crate::metric;
 use crate::state::{CircuitState, Transition, TransitionReason};
 use crate::window::{Window, WindowStats};
 use flightdeck_core::metric::Handles;
+use flightdeck_core::time::FAR_FUTURE;
 
 // Internal states, packed with the epoch into one atomic word so the closed
 // fast path is a single load.
@@ -35,9 +36,6 @@ const FORCED_OPEN: u64 = 4;
 const FORCED_CLOSED: u64 = 5;
 /// The low byte of the state word: the state.
 const TAG: u64 = 0xff;
-
-/// Far enough to mean "until someone resets it", without overflowing.
-const FAR_FUTURE: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
 
 const fn public(tag: u64) -> CircuitState {
     match tag {

@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use flightdeck_core::error::DeadlineExceeded;
+use flightdeck_core::time::later;
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
 
@@ -96,7 +97,7 @@ impl Deadline {
 
     /// A deadline `budget` from now (saturating far in the future).
     pub fn after(budget: Duration, slices: Slices) -> Self {
-        Self::new(add(Instant::now(), budget), slices)
+        Self::new(later(Instant::now(), budget), slices)
     }
 
     /// When the request's time is up.
@@ -159,12 +160,6 @@ impl Deadline {
             phase,
         }
     }
-}
-
-pub(crate) fn add(now: Instant, d: Duration) -> Instant {
-    // Far enough to mean "no deadline" without overflowing the clock.
-    const FAR: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
-    now.checked_add(d.min(FAR)).unwrap_or(now)
 }
 
 pin_project! {

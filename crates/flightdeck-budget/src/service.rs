@@ -3,11 +3,12 @@
 use std::task::{Context, Poll};
 
 use flightdeck_core::error::DeadlineExceeded;
+use flightdeck_core::time::later;
 use flightdeck_core::BoxError;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::deadline::{add, Deadline, Phase};
+use crate::deadline::{Deadline, Phase};
 use crate::future::ResponseFuture;
 use crate::inbound::Inbound;
 use crate::layer::BudgetLayer;
@@ -61,9 +62,9 @@ where
             Ok(d) => d,
             Err(e) => return ResponseFuture::failed(e.into()),
         };
-        let mut at = add(now, self.cfg.total);
+        let mut at = later(now, self.cfg.total);
         if let Some(d) = inbound {
-            at = at.min(add(now, d));
+            at = at.min(later(now, d));
         }
         let mut deadline = Deadline::new(at, self.cfg.slices);
         if let Some(outer) = self.cfg.inbound.existing(&req) {

@@ -25,6 +25,8 @@ pub mod metric;
 pub mod rt;
 pub mod share;
 pub mod source;
+#[doc(hidden)]
+pub mod time;
 
 pub use error::{BoxError, ErrorClass, SharedError};
 pub use key::{Digest, FlightKey, KeyEncoder, StageName};

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 
 use flightdeck_core::error::{TooManyFlights, TooManyWaiters};
+use flightdeck_core::time::later;
 use flightdeck_core::FlightKey;
 use hashbrown::hash_table::{Entry, HashTable};
 use tokio::task::AbortHandle;
@@ -69,13 +70,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // under these locks, and what does cannot panic; but never let a
     // poisoned lock take the whole layer down.
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// `at + d`, or an instant some 30 years on when that overflows (a
-/// `Duration::MAX` TTL means "for ever").
-pub(crate) fn later(at: Instant, d: std::time::Duration) -> Instant {
-    at.checked_add(d)
-        .unwrap_or_else(|| at + std::time::Duration::from_secs(86_400 * 365 * 30))
 }
 
 impl<V: Clone + Send + Sync + 'static> Group<V> {

@@ -101,7 +101,7 @@ impl Timers {
     }
 
     fn instant(&self, nanos: u64) -> Instant {
-        super::later(self.base, std::time::Duration::from_nanos(nanos))
+        flightdeck_core::time::later(self.base, std::time::Duration::from_nanos(nanos))
     }
 }
 
