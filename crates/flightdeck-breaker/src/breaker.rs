@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use flightdeck_core::error::CircuitOpen;
-use rand::Rng;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -24,7 +23,7 @@ use crate::metric;
 use crate::state::{CircuitState, Transition, TransitionReason};
 use crate::window::{Window, WindowStats};
 use flightdeck_core::metric::Handles;
-use flightdeck_core::time::FAR_FUTURE;
+use flightdeck_core::time::{jittered, Backoff, FAR_FUTURE};
 
 // Internal states, packed with the epoch into one atomic word so the closed
 // fast path is a single load.
@@ -623,23 +622,10 @@ impl Core {
 
     fn open_wait(&self, opens_in_row: u32) -> Duration {
         let cfg = &self.cfg;
-        let mut base = cfg.wait_in_open;
-        if cfg.wait_growth > 1.0 && opens_in_row > 1 {
-            let factor = cfg
-                .wait_growth
-                .powi(opens_in_row.saturating_sub(1).min(1_000) as i32);
-            let grown = base.as_secs_f64() * factor;
-            base = Duration::try_from_secs_f64(grown)
-                .unwrap_or(Duration::MAX)
-                .min(cfg.max_wait.max(cfg.wait_in_open));
-        }
+        let grown = Backoff::growing(cfg.wait_growth, cfg.wait_in_open, cfg.max_wait)
+            .nth(cfg.wait_in_open, opens_in_row.saturating_sub(1));
         let (lo, hi) = cfg.jitter;
-        let u = if hi > lo {
-            rand::rng().random_range(lo..=hi)
-        } else {
-            lo
-        };
-        Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 + u)).unwrap_or(FAR_FUTURE)
+        jittered(grown, 1.0 + lo, 1.0 + hi)
     }
 
     fn open(&self, inner: &mut Inner, now: Instant, reason: TransitionReason) {

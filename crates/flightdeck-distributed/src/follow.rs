@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_core::error::{BoxError, WaitTimeout};
+use flightdeck_core::time::jittered;
 use flightdeck_core::Shareable;
 use tokio::time::{sleep_until, Instant};
 
@@ -112,8 +113,7 @@ where
                 .poll_interval_duration()
                 .min(lease_remaining)
                 .max(MIN_POLL);
-            let jittered = poll.mul_f64(rand::random_range(0.5..=1.0));
-            let wake_at = (Instant::now() + jittered).min(deadline);
+            let wake_at = (Instant::now() + jittered(poll, 0.5, 1.0)).min(deadline);
             match wait(&mut sub, wake_at, observed).await {
                 Wake::Inline(committed, payload) => {
                     record_wait();

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flightdeck_core::time::Backoff;
 use tokio::time::{sleep, Instant};
 
 use crate::backend::{Backend, BackendErrorKind, Released};
@@ -24,6 +25,10 @@ use crate::metrics::{Op, Orphan};
 /// The most tokens a node keeps to release at once; past it the oldest is
 /// given up (counted as dropped: its lease expires on its own).
 const MAX_ORPHANS: usize = 4096;
+
+/// A failed release is tried again after twice the last pause (the first
+/// after 100 ms), up to 2 s.
+const RELEASE_BACKOFF: Backoff = Backoff::doubling(Duration::ZERO, Duration::from_secs(2));
 
 /// Tokens to release, and whether a task is releasing them.
 #[derive(Default)]
@@ -143,7 +148,7 @@ where
                 false
             }
             Err(_) => {
-                entry.pause = (entry.pause * 2).min(Duration::from_secs(2));
+                entry.pause = RELEASE_BACKOFF.next(entry.pause);
                 true
             }
         };

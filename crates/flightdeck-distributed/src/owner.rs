@@ -37,6 +37,7 @@ use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use flightdeck_core::time::Backoff;
 use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
 use tokio::time::{sleep, sleep_until, Instant, Sleep};
@@ -47,6 +48,13 @@ use crate::backend::{
 };
 use crate::flights::{Cx, State};
 use crate::metrics::{Op, Replicas};
+
+/// A commit or abandon that failed is tried again after 20 ms, then after
+/// twice the last pause, at least 100 ms and at most 2 s, while the lease
+/// lasts.
+const SETTLE_FIRST_PAUSE: Duration = Duration::from_millis(20);
+const SETTLE_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(100), Duration::from_secs(2));
 
 /// How the owner settles its flight.
 pub(crate) enum Finish {
@@ -444,7 +452,7 @@ where
             };
             let attempts = st.policy.commit_attempt_count();
             let mut attempt = 0;
-            let mut pause = Duration::from_millis(20);
+            let mut pause = SETTLE_FIRST_PAUSE;
             loop {
                 attempt += 1;
                 let call = st.timed(
@@ -484,7 +492,7 @@ where
                 failure_ttl,
                 state_ttl: cx.terms.state_ttl,
             };
-            let mut pause = Duration::from_millis(20);
+            let mut pause = SETTLE_FIRST_PAUSE;
             loop {
                 let call = st.timed(
                     cx,
@@ -571,6 +579,6 @@ where
         return false;
     }
     beats.during(st, cx, *pause, sleep(*pause)).await;
-    *pause = (*pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(2));
+    *pause = SETTLE_BACKOFF.next(*pause);
     true
 }
