@@ -22,10 +22,10 @@ use crate::execute::{Execute, Role};
 use crate::fallback::{FailureClass, Fallback, Verdict, WaitEnded};
 use crate::follow;
 use crate::metrics::{Op, Registry, StageMetrics};
-use crate::orphans::{Orphans, TokenGuard};
+use crate::lease_release::{LeaseReleases, TokenGuard};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::seen::Seen;
+use crate::lost_results::SeenCommits;
 
 /// The flights of one deployment's stage(s) on this node: a backend, a
 /// policy and a result codec, shared by every flight (cheap to clone).
@@ -81,9 +81,9 @@ pub(crate) struct State<B, C> {
     pub(crate) codec: C,
     pub(crate) envelope: Envelope,
     pub(crate) metrics: Registry,
-    pub(crate) orphans: Orphans,
+    pub(crate) releases: LeaseReleases,
     /// Results this node saw committed, to tell when one was lost.
-    pub(crate) seen: Seen,
+    pub(crate) seen_commits: SeenCommits,
     /// Background work (commits, abandons, releases), for [`DistributedFlights::idle`].
     pub(crate) tasks: TaskTracker,
 }
@@ -134,8 +134,8 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 codec,
                 envelope,
                 metrics: Registry::default(),
-                orphans: Orphans::default(),
-                seen: Seen::default(),
+                releases: LeaseReleases::default(),
+                seen_commits: SeenCommits::default(),
                 tasks: TaskTracker::new(),
             }),
         })
@@ -162,7 +162,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// Tokens this node gave up on while they may hold a lease, not yet
     /// released (see `singleflight_orphan_release_total`).
     pub fn releasing(&self) -> usize {
-        self.st.orphans.len()
+        self.st.releases.len()
     }
 
     /// Resolves once no background coordination is left: owners still at
@@ -308,7 +308,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         match acquired {
             Acquired::Hit(stored) => {
                 guard.settled();
-                st.seen.forget_other(&cx.flight, stored.generation);
+                st.seen_commits.forget_other(&cx.flight, stored.generation);
                 cx.metrics.with(|m| m.hit.increment(1));
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(&cx, &stored) {
@@ -365,7 +365,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
         let limit = self.st.policy.call_timeout_duration();
         let flight = FlightId::of(key);
-        self.st.seen.forget(&flight);
+        self.st.seen_commits.forget(&flight);
         let call = self
             .st
             .backend
@@ -399,7 +399,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// not run out, ask the backend (in the background) whether it was
     /// invalidated since; if not, the result was lost, counted and logged.
     fn missing(self: &Arc<Self>, cx: &Cx) {
-        let Some(generation) = self.seen.take(&cx.flight) else {
+        let Some(generation) = self.seen_commits.take(&cx.flight) else {
             return;
         };
         let st = Arc::clone(self);

@@ -28,7 +28,7 @@ use crate::execute::{Execute, Role};
 use crate::fallback::{FailureClass, Fallback, WaitEnded};
 use crate::flights::{wait_deadline, Cx, State};
 use crate::metrics::Op;
-use crate::orphans::TokenGuard;
+use crate::lease_release::TokenGuard;
 
 /// The shortest pause between two re-checks of a follower.
 const MIN_POLL: Duration = Duration::from_millis(5);
@@ -122,7 +122,7 @@ where
                     // `commit_replicas`, only the owner learns whether
                     // the commit was acknowledged, so only it remembers.
                     if policy.commit_replica_count() == 0 {
-                        st.seen.remember(
+                        st.seen_commits.remember(
                             cx.flight,
                             committed,
                             cx.started,

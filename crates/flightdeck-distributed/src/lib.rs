@@ -91,12 +91,12 @@ mod follow;
 pub mod future;
 pub mod guard;
 mod layer;
+mod lease_release;
+mod lost_results;
 pub mod memory;
 mod metrics;
-mod orphans;
 mod owner;
 pub mod policy;
-mod seen;
 mod service;
 
 pub use backend::{

@@ -411,7 +411,7 @@ where
         // Remembered as a result the store must keep (its later absence
         // counts as lost) once it is as durable as the stage asks.
         if committed && wait_replicas(st, cx, generation).await {
-            st.seen.remember(
+            st.seen_commits.remember(
                 cx.flight,
                 generation,
                 cx.started,

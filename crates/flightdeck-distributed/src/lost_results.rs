@@ -27,7 +27,7 @@ use crate::backend::FlightId;
 pub(crate) const CAPACITY: usize = 4096;
 
 #[derive(Default)]
-pub(crate) struct Seen {
+pub(crate) struct SeenCommits {
     inner: Mutex<Inner>,
 }
 
@@ -51,7 +51,7 @@ fn margin(ttl: Duration) -> Duration {
     (ttl / 50).min(Duration::from_secs(1))
 }
 
-impl Seen {
+impl SeenCommits {
     /// `generation` of `flight`, which started at `started`, committed a
     /// result kept for `ttl`.
     pub(crate) fn remember(
@@ -156,7 +156,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn remembers_until_the_ttl_and_at_most_capacity() {
-        let seen = Seen::default();
+        let seen = SeenCommits::default();
         let ttl = Duration::from_secs(10);
         seen.remember(flight(0), 7, Instant::now(), ttl);
         tokio::time::advance(Duration::from_secs(5)).await;
@@ -178,7 +178,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn forget_drops_the_flight() {
-        let seen = Seen::default();
+        let seen = SeenCommits::default();
         seen.remember(flight(0), 3, Instant::now(), Duration::from_secs(10));
         seen.forget(&flight(0));
         assert_eq!(seen.expected(&flight(0)), None);

@@ -32,7 +32,7 @@ const RELEASE_BACKOFF: Backoff = Backoff::doubling(Duration::ZERO, Duration::fro
 
 /// Tokens to release, and whether a task is releasing them.
 #[derive(Default)]
-pub(crate) struct Orphans {
+pub(crate) struct LeaseReleases {
     list: Mutex<VecDeque<Entry>>,
     working: AtomicBool,
 }
@@ -48,7 +48,7 @@ struct Entry {
     pause: Duration,
 }
 
-impl Orphans {
+impl LeaseReleases {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -65,9 +65,9 @@ where
     C: Send + Sync + 'static,
 {
     /// Adds a token that may hold a lease nobody will use.
-    fn orphan(self: &Arc<Self>, cx: &Cx) {
+    fn release_later(self: &Arc<Self>, cx: &Cx) {
         let dropped = {
-            let mut list = self.orphans.lock();
+            let mut list = self.releases.lock();
             list.push_back(Entry {
                 cx: cx.clone(),
                 tried: None,
@@ -83,10 +83,10 @@ where
             tracing::warn!(stage = %old.cx.stage, flight = %old.cx.flight, "too many leases to release; the oldest expires on its own");
         }
         tracing::debug!(stage = %cx.stage, flight = %cx.flight, "releasing a lease this node may hold but will not use");
-        if !self.orphans.working.swap(true, Ordering::AcqRel) {
+        if !self.releases.working.swap(true, Ordering::AcqRel) {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => drop(self.tasks.spawn_on(release_all(Arc::clone(self)), &rt)),
-                Err(_) => self.orphans.working.store(false, Ordering::Release),
+                Err(_) => self.releases.working.store(false, Ordering::Release),
             }
         }
     }
@@ -101,11 +101,11 @@ where
 {
     loop {
         let next = {
-            let mut list = st.orphans.lock();
+            let mut list = st.releases.lock();
             match list.pop_front() {
                 Some(e) => e,
                 None => {
-                    st.orphans.working.store(false, Ordering::Release);
+                    st.releases.working.store(false, Ordering::Release);
                     return;
                 }
             }
@@ -153,7 +153,7 @@ where
             }
         };
         if again {
-            st.orphans.lock().push_back(entry);
+            st.releases.lock().push_back(entry);
             // Let a flood of failures back off as a whole, not spin.
             sleep(Duration::from_millis(1)).await;
         }
@@ -210,7 +210,7 @@ where
 {
     fn drop(&mut self) {
         if self.suspect {
-            self.st.orphan(self.cx);
+            self.st.release_later(self.cx);
         }
     }
 }
