@@ -25,7 +25,7 @@ use crate::stage::{Control, Path, Stage};
 /// A request's execution: the stage, the inner service, how responses are
 /// shared, how the owner's token reaches the request, and the bound of
 /// the execution slice.
-pub(crate) struct Exec<S, Sh: flightdeck_core::SharedForm, F, C> {
+pub(crate) struct InnerCall<S, Sh: flightdeck_core::SharedForm, F, C> {
     pub(crate) stage: Arc<Stage<Sh, C>>,
     pub(crate) inner: S,
     pub(crate) share: Sh,
@@ -38,7 +38,7 @@ pub(crate) struct Exec<S, Sh: flightdeck_core::SharedForm, F, C> {
     pub(crate) flight: Option<FlightId>,
 }
 
-impl<S, Sh: flightdeck_core::SharedForm, F, C> Exec<S, Sh, F, C> {
+impl<S, Sh: flightdeck_core::SharedForm, F, C> InnerCall<S, Sh, F, C> {
     /// Runs `req` here, on `path`: behind the bulkhead, within the bound,
     /// its response shared (and what a shared result needs of the request
     /// recorded, for the callers it will be handed to).
@@ -91,7 +91,7 @@ fn out_of_time() -> DeadlineExceeded {
     DeadlineExceeded::new("execution")
 }
 
-impl<S, Req, Sh, F, C> Execute<Req> for Exec<S, Sh, F, C>
+impl<S, Req, Sh, F, C> Execute<Req> for InnerCall<S, Sh, F, C>
 where
     S: Service<Req> + Clone + Send,
     S::Error: Into<BoxError>,

@@ -16,8 +16,8 @@ use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::exec::Exec;
 use crate::fallback::ModeFallback;
+use crate::inner_call::InnerCall;
 use crate::mode::Mode;
 use crate::stage::{Fallback, Path, Stage};
 
@@ -65,7 +65,7 @@ pub(crate) struct Leader<S, Req, Sh: SharedForm, C, F> {
     pub(crate) fence: F,
     /// An outer budget's coordination slice (each backend call's bound).
     pub(crate) coordination: Option<Duration>,
-    /// The execution bound (see [`Exec::bound`]).
+    /// The execution bound (see [`InnerCall::bound`]).
     pub(crate) bound: Option<Duration>,
 }
 
@@ -77,8 +77,8 @@ impl<S, Req, Sh: SharedForm, C, F> Leader<S, Req, Sh, C, F> {
         fence: F,
         bound: Option<Duration>,
         flight: Option<FlightId>,
-    ) -> Exec<S, Sh, F, C> {
-        Exec {
+    ) -> InnerCall<S, Sh, F, C> {
+        InnerCall {
             stage,
             inner,
             share,

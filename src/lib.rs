@@ -152,12 +152,12 @@
 
 pub mod config;
 pub mod error;
-mod exec;
 mod fallback;
 pub mod future;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+mod inner_call;
 mod layer;
 mod leader;
 mod mode;

@@ -18,14 +18,14 @@ use crate::backend::{
 };
 use crate::codec::{Envelope, ResultCodec};
 use crate::error::{CallTimedOut, RemoteFailure};
-use crate::execute::{Execute, Role};
 use crate::fallback::{FailureClass, Fallback, Verdict, WaitEnded};
 use crate::follow;
-use crate::metrics::{Op, Registry, StageMetrics};
 use crate::lease_release::{LeaseReleases, TokenGuard};
+use crate::lost_results::SeenCommits;
+use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::lost_results::SeenCommits;
+use crate::work::{Execute, Role};
 
 /// The flights of one deployment's stage(s) on this node: a backend, a
 /// policy and a result codec, shared by every flight (cheap to clone).

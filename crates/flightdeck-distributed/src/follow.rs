@@ -24,11 +24,11 @@ use crate::codec::ResultCodec;
 use flightdeck_core::error::OwnerGone;
 
 use crate::error::RemoteFailure;
-use crate::execute::{Execute, Role};
 use crate::fallback::{FailureClass, Fallback, WaitEnded};
 use crate::flights::{wait_deadline, Cx, State};
-use crate::metrics::Op;
 use crate::lease_release::TokenGuard;
+use crate::metrics::Op;
+use crate::work::{Execute, Role};
 
 /// The shortest pause between two re-checks of a follower.
 const MIN_POLL: Duration = Duration::from_millis(5);

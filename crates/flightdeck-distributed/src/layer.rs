@@ -6,11 +6,11 @@ use flightdeck_core::FlightKey;
 use tower_layer::Layer;
 
 use crate::backend::Backend;
-use crate::execute::NoFence;
 use crate::fallback::Propagate;
 use crate::flights::DistributedFlights;
 use crate::policy::{DistributedPolicy, PolicyError};
 use crate::service::DistributedFlight;
+use crate::work::NoFence;
 
 /// Applies distributed single-flight to a service (see the crate docs): a
 /// thin `tower` shell over [`DistributedFlights`].

@@ -84,7 +84,6 @@
 pub mod backend;
 pub mod codec;
 pub mod error;
-mod execute;
 pub mod fallback;
 mod flights;
 mod follow;
@@ -98,6 +97,7 @@ mod metrics;
 mod owner;
 pub mod policy;
 mod service;
+mod work;
 
 pub use backend::{
     Acquired, Backend, BackendError, BackendErrorKind, FencingToken, FlightId, Notice, OwnerToken,
@@ -106,12 +106,12 @@ pub use backend::{
 #[cfg(feature = "http")]
 pub use codec::HttpCodec;
 pub use codec::{Envelope, PostcardCodec, ResultCodec};
-#[cfg(feature = "http")]
-pub use execute::ExtensionFence;
-pub use execute::{Execute, Fence, NoFence, Role};
 pub use fallback::{FailureClass, Fallback, Propagate, Verdict, WaitEnded};
 pub use flights::DistributedFlights;
 pub use guard::{GuardedBackend, ShardBreakers};
 pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
 pub use service::DistributedFlight;
+#[cfg(feature = "http")]
+pub use work::ExtensionFence;
+pub use work::{Execute, Fence, NoFence, Role};

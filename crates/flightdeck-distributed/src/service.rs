@@ -11,10 +11,10 @@ use tracing::Instrument;
 
 use crate::backend::Backend;
 use crate::codec::ResultCodec;
-use crate::execute::{Execute, Fence, Role};
 use crate::fallback::Fallback;
 use crate::future::ResponseFuture;
 use crate::layer::DistributedFlightLayer;
+use crate::work::{Execute, Fence, Role};
 
 /// The service built by
 /// [`DistributedFlightLayer`](crate::DistributedFlightLayer).

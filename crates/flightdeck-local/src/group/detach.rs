@@ -24,7 +24,7 @@ pin_project! {
     /// leaves early.
     // Fields drop in order: the work first, then the completion, so that
     // waiters hear "abandoned" only once the work is gone.
-    struct Cell<V, F>
+    struct MovableWork<V, F>
     where
         V: Clone,
         V: Send,
@@ -43,7 +43,7 @@ pin_project! {
     }
 }
 
-/// What the leader (or the detached task) sees of a `Cell`.
+/// What the leader (or the detached task) sees of a `MovableWork`.
 trait Drive<V: Clone + Send + Sync + 'static>: Send {
     /// Polls the work; see [`Work::poll_msg`].
     fn poll_msg(self: Pin<&mut Self>, cx: &mut Context<'_>, leader: bool) -> Poll<Option<Msg<V>>>;
@@ -51,7 +51,7 @@ trait Drive<V: Clone + Send + Sync + 'static>: Send {
     fn clock(self: Pin<&mut Self>) -> &mut LeaderClock;
 }
 
-impl<V, F> Drive<V> for Cell<V, F>
+impl<V, F> Drive<V> for MovableWork<V, F>
 where
     V: Clone + Send + Sync + 'static,
     F: Future<Output = Outcome<V>> + Send,
@@ -313,7 +313,7 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
         let cell = Box::new_uninit();
         let cell = Box::write(
             cell,
-            Cell {
+            MovableWork {
                 fut: fut(),
                 completion,
                 deadline: deadline.map_or(FlightDeadline::None, FlightDeadline::At),
