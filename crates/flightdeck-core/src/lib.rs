@@ -17,6 +17,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod error;
+#[doc(hidden)]
+pub mod expiring;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod key;

@@ -10,15 +10,15 @@
 //! the result TTL (the commit happened after the flight started, so the
 //! store keeps the result at least that long), less a small margin for
 //! clocks. At most [`CAPACITY`] flights are remembered; the oldest go
-//! first. This node's own invalidation forgets the flight; another node's
-//! is told apart by the backend ([`Backend::invalidated_since`]).
+//! first (an `ExpiringMap`, on tokio's clock). This node's own
+//! invalidation forgets the flight; another node's is told apart by the
+//! backend ([`Backend::invalidated_since`]).
 //!
 //! [`Backend::invalidated_since`]: crate::backend::Backend::invalidated_since
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
+use flightdeck_core::expiring::ExpiringMap;
 use tokio::time::Instant;
 
 use crate::backend::FlightId;
@@ -26,23 +26,18 @@ use crate::backend::FlightId;
 /// How many flights a node remembers at most.
 pub(crate) const CAPACITY: usize = 4096;
 
-#[derive(Default)]
+/// The generation seen committed per flight, until the store may drop
+/// its result.
 pub(crate) struct SeenCommits {
-    inner: Mutex<Inner>,
+    flights: ExpiringMap<FlightId, u64>,
 }
 
-#[derive(Default)]
-struct Inner {
-    flights: HashMap<FlightId, Committed>,
-    /// Remembered flights, oldest first (with the generation, so that an
-    /// entry replaced since is not taken for the current one).
-    order: VecDeque<(FlightId, u64)>,
-}
-
-#[derive(Clone, Copy)]
-struct Committed {
-    generation: u64,
-    until: Instant,
+impl Default for SeenCommits {
+    fn default() -> Self {
+        Self {
+            flights: ExpiringMap::new(CAPACITY),
+        }
+    }
 }
 
 /// How long before its TTL ran out a result is no longer expected: the
@@ -64,80 +59,35 @@ impl SeenCommits {
         let Some(until) = started.checked_add(ttl.saturating_sub(margin(ttl))) else {
             return;
         };
-        let now = Instant::now();
-        if until <= now {
+        if until <= Instant::now() {
             return;
         }
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(&(front, generation)) = inner.order.front() {
-            let stale = inner
-                .flights
-                .get(&front)
-                .is_none_or(|c| c.generation != generation || c.until <= now);
-            if !stale && inner.order.len() < CAPACITY {
-                break;
-            }
-            inner.order.pop_front();
-            if inner
-                .flights
-                .get(&front)
-                .is_some_and(|c| c.generation == generation)
-            {
-                inner.flights.remove(&front);
-            }
-        }
-        inner
-            .flights
-            .insert(flight, Committed { generation, until });
-        inner.order.push_back((flight, generation));
+        self.flights.insert(flight, generation, until);
     }
 
     /// Forgets `flight` (this node invalidated it).
     pub(crate) fn forget(&self, flight: &FlightId) {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .flights
-            .remove(flight);
+        self.flights.remove(flight);
     }
 
     /// The generation seen committed for `flight` whose result the store
     /// should still hold (one past that moment is forgotten).
     #[cfg(test)]
     pub(crate) fn expected(&self, flight: &FlightId) -> Option<u64> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let c = *inner.flights.get(flight)?;
-        if c.until > Instant::now() {
-            return Some(c.generation);
-        }
-        inner.flights.remove(flight);
-        None
+        self.flights.get(flight)
     }
 
     /// Forgets `flight` and returns the generation seen committed for it,
     /// if the store should still hold its result (one lock).
     pub(crate) fn take(&self, flight: &FlightId) -> Option<u64> {
-        let c = self
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .flights
-            .remove(flight)?;
-        (c.until > Instant::now()).then_some(c.generation)
+        self.flights.remove(flight)
     }
 
     /// Forgets `flight` if the generation seen committed for it is not
     /// `generation` (the store holds another generation's result: the one
     /// seen was invalidated or is stale, not lost).
     pub(crate) fn forget_other(&self, flight: &FlightId, generation: u64) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if inner
-            .flights
-            .get(flight)
-            .is_some_and(|c| c.generation != generation)
-        {
-            inner.flights.remove(flight);
-        }
+        self.flights.remove_if(flight, |seen| *seen != generation);
     }
 }
 
@@ -167,13 +117,10 @@ mod tests {
         for i in 0..CAPACITY + 10 {
             seen.remember(flight(i), 1, Instant::now(), ttl);
         }
-        let inner = seen.inner.lock().unwrap();
-        assert!(inner.order.len() <= CAPACITY && inner.flights.len() <= CAPACITY);
-        assert!(
-            !inner.flights.contains_key(&flight(0)),
-            "the oldest went first"
-        );
-        assert!(inner.flights.contains_key(&flight(CAPACITY + 9)));
+        let flights = &seen.flights;
+        assert!(flights.len() <= CAPACITY);
+        assert!(!flights.contains_key(&flight(0)), "the oldest went first");
+        assert!(flights.contains_key(&flight(CAPACITY + 9)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,71 +7,38 @@
 //! whole request, so even then the two never share a result; they simply
 //! both run.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
+use flightdeck_core::expiring::ExpiringMap;
+use flightdeck_core::time::later;
 use flightdeck_core::Digest;
 use tokio::time::Instant;
 
 #[derive(Debug)]
 pub(crate) struct IdempotencyTable {
     window: Duration,
-    capacity: usize,
-    state: Mutex<State>,
-}
-
-#[derive(Debug, Default)]
-struct State {
     // slot (scope, stage, method, target, idempotency key) → request digest
-    map: HashMap<Digest, Digest>,
-    // insertion order, for expiry and eviction; one entry per map entry
-    order: VecDeque<(Instant, Digest)>,
+    slots: ExpiringMap<Digest, Digest>,
 }
 
 impl IdempotencyTable {
     pub(crate) fn new(window: Duration, capacity: usize) -> Self {
         Self {
             window,
-            capacity: capacity.max(1),
-            state: Mutex::new(State::default()),
+            slots: ExpiringMap::new(capacity),
         }
     }
 
     /// Records `request` as the payload of `slot` unless another payload was
     /// recorded there within the window. Returns `false` on a conflict.
     pub(crate) fn check(&self, slot: Digest, request: Digest) -> bool {
-        let now = Instant::now();
-        // A panic elsewhere while holding the lock cannot leave the map in a
-        // state that breaks this logic, so a poisoned lock is used as is.
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(&(at, old)) = state.order.front() {
-            if now.saturating_duration_since(at) < self.window {
-                break;
-            }
-            state.order.pop_front();
-            state.map.remove(&old);
-        }
-        if let Some(first) = state.map.get(&slot) {
-            return *first == request;
-        }
-        if state.map.len() >= self.capacity {
-            if let Some((_, oldest)) = state.order.pop_front() {
-                state.map.remove(&oldest);
-            }
-        }
-        state.map.insert(slot, request);
-        state.order.push_back((now, slot));
-        true
+        let until = later(Instant::now(), self.window);
+        self.slots.get_or_insert(slot, request, until) == request
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map
-            .len()
+        self.slots.len()
     }
 }
 
