@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{fast, metrics_on, redis_backend};
+use flightdeck::core::error::{BoxError, BulkheadFull};
 use flightdeck::core::http::ErrorResponseLayer;
 use flightdeck::core::{FlightKey, StageName};
 use flightdeck::distributed::FencingToken;
@@ -113,4 +114,75 @@ async fn distributed_only_with_an_open_breaker_answers_503() {
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["grpc-status"], "14");
     assert_eq!(redis.command_calls("eval").unwrap(), 0);
+}
+
+/// A failure cached by one node answers on another with the owner's
+/// status: the owner's work fails with a full bulkhead (429 /
+/// `RESOURCE_EXHAUSTED`), and a node that follows its flight, or replays
+/// the cached failure later, answers 429 too, never a 500, without
+/// running the work itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_cached_by_one_node_answers_with_its_status_on_another() {
+    metrics_on();
+    let redis = RedisServer::start().unwrap();
+    let stage = "http-cached-fail";
+    let mut cfg = fast(Mode::Hybrid);
+    cfg.failure_ttl = Duration::from_secs(10);
+    let layer = |backend| {
+        SingleFlightBuilder::http()
+            .backend("redis", backend)
+            .stage(stage, cfg.clone())
+            .build()
+            .unwrap()
+    };
+    let owner = ServiceBuilder::new()
+        .layer(ErrorResponseLayer::new())
+        .layer(layer(redis_backend(redis.url()).await))
+        .service(service_fn(|_req: Request<Full<Bytes>>| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Err::<Response<Full<Bytes>>, BoxError>(Box::new(BulkheadFull::new(None)))
+        }));
+    let ran = Arc::new(Mutex::new(0));
+    let other = ServiceBuilder::new()
+        .layer(ErrorResponseLayer::new())
+        .layer(layer(redis_backend(redis.url()).await))
+        .service(service_fn({
+            let ran = ran.clone();
+            move |_req: Request<Full<Bytes>>| {
+                *ran.lock().unwrap() += 1;
+                async { Ok::<_, BoxError>(Response::new(Full::new(Bytes::from_static(b"ran")))) }
+            }
+        }));
+
+    let owned = tokio::spawn(owner.oneshot(request(stage, "/busy")));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let followed = other
+        .clone()
+        .oneshot(request(stage, "/busy"))
+        .await
+        .unwrap();
+    assert_eq!(
+        followed.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the follower"
+    );
+    let owned = owned.await.unwrap().unwrap();
+    assert_eq!(owned.status(), StatusCode::TOO_MANY_REQUESTS, "the owner");
+
+    // Later, the cached failure replayed: over HTTP, and over gRPC with
+    // RESOURCE_EXHAUSTED (8).
+    let replayed = other
+        .clone()
+        .oneshot(request(stage, "/busy"))
+        .await
+        .unwrap();
+    assert_eq!(replayed.status(), StatusCode::TOO_MANY_REQUESTS, "a hit");
+    let mut grpc = request(stage, "/busy");
+    grpc.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    let replayed = other.oneshot(grpc).await.unwrap();
+    assert_eq!(replayed.headers()["grpc-status"], "8", "a hit over gRPC");
+    assert_eq!(*ran.lock().unwrap(), 0, "never run on the other node");
 }

@@ -6,7 +6,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use flightdeck_core::error::{BoxError, LeaseLost};
 use flightdeck_core::{FlightKey, Shareable, StageName};
 use tokio::time::Instant;
@@ -16,8 +15,9 @@ use crate::backend::{
     Acquired, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
     OwnerToken, ResultStatus, Shard, StoredResult,
 };
+use crate::cached_failure;
 use crate::codec::{Envelope, ResultCodec};
-use crate::error::{CallTimedOut, RemoteFailure};
+use crate::error::CallTimedOut;
 use crate::fallback::{FailureClass, Fallback, Verdict, WaitEnded};
 use crate::follow;
 use crate::lease_release::{LeaseReleases, TokenGuard};
@@ -314,9 +314,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 match st.replay(&cx, &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
                     Ok(Some(_)) => exec.execute(req, Role::Unserved).await,
-                    Ok(None) => Err(Box::new(RemoteFailure::new(
-                        String::from_utf8_lossy(&stored.payload).into_owned(),
-                    ))),
+                    Ok(None) => Err(Box::new(cached_failure::decode(&stored.payload))),
                     // A stored value this node cannot read (a foreign or
                     // newer format) is a protocol failure before acquire.
                     Err(e) => st.before_acquire(e, req, exec, fallback).await,
@@ -577,7 +575,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             Err(e) => {
                 cx.metrics.with(|m| m.owner_failure.increment(1));
                 let cached = !self.policy.failure_ttl_duration().is_zero();
-                lease.finish(Finish::Abandon(cached.then(|| Bytes::from(e.to_string()))));
+                lease.finish(Finish::Abandon(cached.then(|| cached_failure::encode(&*e))));
                 Err(e)
             }
         }

@@ -23,7 +23,7 @@ use crate::backend::{Acquired, Backend, BackendErrorKind, Notice, Subscription};
 use crate::codec::ResultCodec;
 use flightdeck_core::error::OwnerGone;
 
-use crate::error::RemoteFailure;
+use crate::cached_failure;
 use crate::fallback::{FailureClass, Fallback, WaitEnded};
 use crate::flights::{wait_deadline, Cx, State};
 use crate::lease_release::TokenGuard;
@@ -173,9 +173,7 @@ where
                     Ok(Some(_)) => exec.execute(req, Role::Unserved).await,
                     // The owner's failure, cached: an answer, not a wait
                     // failure.
-                    Ok(None) => Err(Box::new(RemoteFailure::new(
-                        String::from_utf8_lossy(&stored.payload).into_owned(),
-                    ))),
+                    Ok(None) => Err(Box::new(cached_failure::decode(&stored.payload))),
                     Err(e) => {
                         drop(guard);
                         st.wait_ended(

@@ -82,6 +82,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod cached_failure;
 pub mod codec;
 pub mod error;
 pub mod fallback;

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{
-    find, BoxError, CoordinationUnavailable, ErrorClass, LeaseLost, OwnerGone,
+    find, BoxError, BulkheadFull, CoordinationUnavailable, ErrorClass, LeaseLost, OwnerGone,
+    TooManyFlights,
 };
 use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck_distributed::backend::{
@@ -491,6 +492,70 @@ async fn owner_errors_release_or_are_cached() {
     assert_eq!(remote.message(), "database on fire");
     owner.await.unwrap().unwrap_err();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// A failure cached by one node keeps its class on the others: a node
+/// that replays it (a follower, then a hit on a third node) answers with
+/// the owner's status, as the owner did, not with a 500.
+#[tokio::test(start_paused = true)]
+async fn a_cached_failure_keeps_the_owners_class_on_other_nodes() {
+    fn stage() -> Option<StageName> {
+        Some(StageName::new("errclass").unwrap())
+    }
+    /// A request, the owner's error, its class, HTTP status and gRPC code.
+    type Case = (&'static str, fn() -> BoxError, ErrorClass, u16, u8);
+    let cases: [Case; 2] = [
+        (
+            "busy",
+            || Box::new(BulkheadFull::new(stage())),
+            ErrorClass::TooManyRequests,
+            429,
+            8,
+        ),
+        (
+            "full",
+            || Box::new(TooManyFlights::new(stage(), 4)),
+            ErrorClass::Overloaded,
+            503,
+            8,
+        ),
+    ];
+    let b = MemoryBackend::new();
+    let cached = policy().failure_ttl(10 * SEC);
+    for (req, error, class, http, grpc) in cases {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let owner_work = BoxCloneService::new(service_fn(move |_req: String| {
+            let calls = counted.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(SEC).await;
+                Err::<String, BoxError>(error())
+            }
+        }));
+        let a = node(&b, "errclass", cached.clone(), owner_work);
+        let f = node(&b, "errclass", cached.clone(), work(&calls, "v", SEC));
+        let owner = tokio::spawn(a.oneshot(req.into()));
+        tokio::time::sleep(SEC / 10).await;
+        let followed = f.oneshot(req.into()).await.unwrap_err();
+        let remote = find::<RemoteFailure>(&*followed).expect("RemoteFailure");
+        assert_eq!(remote.class(), class, "{req}");
+        assert_eq!(remote.message(), error().to_string(), "{req}");
+        let owned = owner.await.unwrap().unwrap_err();
+        assert_eq!(
+            ErrorClass::of(&*owned),
+            class,
+            "{req}: the owner's own answer"
+        );
+        for err in [followed, {
+            let c = node(&b, "errclass", cached.clone(), work(&calls, "v", SEC));
+            c.oneshot(req.into()).await.unwrap_err()
+        }] {
+            assert_eq!(ErrorClass::of(&*err).http_status(), http, "{req}");
+            assert_eq!(ErrorClass::of(&*err).grpc_code(), grpc, "{req}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{req}: only the owner ran");
+    }
 }
 
 /// A dropped owner (its caller went away) releases the lease at once, so

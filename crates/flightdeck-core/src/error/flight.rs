@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::BoxError;
+use super::{BoxError, ErrorClass};
 use crate::key::StageName;
 
 macro_rules! stage_error {
@@ -227,3 +227,48 @@ impl StdError for SharedError {
         Some(&**self.0)
     }
 }
+
+/// The owner of a flight on another node failed, and the stage caches
+/// failures (`failure_ttl`): every follower and later hit gets this error,
+/// with the owner's [`ErrorClass`] (so it answers with the owner's HTTP
+/// status and gRPC code, see [`ErrorClass::of`]) and message.
+///
+/// ```
+/// use flightdeck_core::error::{BoxError, ErrorClass, RemoteFailure};
+///
+/// let err: BoxError = Box::new(RemoteFailure::new(ErrorClass::TooManyRequests, "bulkhead full"));
+/// assert_eq!(ErrorClass::of(&*err).http_status(), 429);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteFailure {
+    class: ErrorClass,
+    message: String,
+}
+
+impl RemoteFailure {
+    /// Creates the error from the owner's class and message.
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            message: message.into(),
+        }
+    }
+
+    /// The class of the owner's error.
+    pub fn class(&self) -> ErrorClass {
+        self.class
+    }
+
+    /// The owner's error message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for RemoteFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the owner's work failed: {}", self.message)
+    }
+}
+
+impl StdError for RemoteFailure {}

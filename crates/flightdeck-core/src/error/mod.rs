@@ -97,6 +97,51 @@ impl ErrorClass {
         }
     }
 
+    /// A stable name for the class, as it is stored with a cached failure
+    /// (and as logs may show it): `unavailable`, `overloaded`,
+    /// `too_many_requests`, `deadline_exceeded`, `in_progress`,
+    /// `internal`, `misconfigured`, `invalid_request`, `unprocessable`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Overloaded => "overloaded",
+            Self::TooManyRequests => "too_many_requests",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::InProgress => "in_progress",
+            Self::Internal => "internal",
+            Self::Misconfigured => "misconfigured",
+            Self::InvalidRequest => "invalid_request",
+            Self::Unprocessable => "unprocessable",
+        }
+    }
+
+    /// The class of a [`name`](Self::name); `None` for a name this version
+    /// does not know (a newer one's class).
+    ///
+    /// ```
+    /// use flightdeck_core::ErrorClass;
+    ///
+    /// let class = ErrorClass::TooManyRequests;
+    /// assert_eq!(ErrorClass::from_name(class.name()), Some(class));
+    /// assert_eq!(ErrorClass::from_name("teapot"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Every class, for [`from_name`](Self::from_name).
+    const ALL: [Self; 9] = [
+        Self::Unavailable,
+        Self::Overloaded,
+        Self::TooManyRequests,
+        Self::DeadlineExceeded,
+        Self::InProgress,
+        Self::Internal,
+        Self::Misconfigured,
+        Self::InvalidRequest,
+        Self::Unprocessable,
+    ];
+
     /// Classifies an error by the first flightdeck error in its chain;
     /// anything else is [`ErrorClass::Internal`].
     pub fn of(err: &(dyn StdError + 'static)) -> Self {
@@ -112,7 +157,10 @@ impl ErrorClass {
 }
 
 fn classify_one(e: &(dyn StdError + 'static)) -> Option<ErrorClass> {
-    if e.is::<WaitTimeout>() || e.is::<DeadlineExceeded>() {
+    if let Some(remote) = e.downcast_ref::<RemoteFailure>() {
+        // Another node's owner failed: answer as it did.
+        Some(remote.class())
+    } else if e.is::<WaitTimeout>() || e.is::<DeadlineExceeded>() {
         Some(ErrorClass::DeadlineExceeded)
     } else if e.is::<TooManyFlights>() || e.is::<TooManyWaiters>() {
         Some(ErrorClass::Overloaded)

@@ -73,3 +73,27 @@ fn messages_are_lowercase_and_name_the_stage() {
         "circuit open (breaker redis)"
     );
 }
+
+#[test]
+fn a_remote_failure_answers_with_the_owners_class() {
+    let busy: BoxError = Box::new(SharedError::new(RemoteFailure::new(
+        ErrorClass::TooManyRequests,
+        "bulkhead full",
+    )));
+    assert_eq!(ErrorClass::of(&*busy).http_status(), 429);
+    assert_eq!(ErrorClass::of(&*busy).grpc_code(), 8);
+    let down = RemoteFailure::new(ErrorClass::Unavailable, "db down");
+    assert_eq!(ErrorClass::of(&down).http_status(), 503);
+    assert_eq!(down.to_string(), "the owner's work failed: db down");
+}
+
+#[test]
+fn class_names_round_trip() {
+    for class in ErrorClass::ALL {
+        assert_eq!(ErrorClass::from_name(class.name()), Some(class));
+    }
+    let mut names: Vec<_> = ErrorClass::ALL.iter().map(|c| c.name()).collect();
+    names.dedup();
+    assert_eq!(names.len(), ErrorClass::ALL.len(), "names are distinct");
+    assert_eq!(ErrorClass::from_name("Internal"), None, "names are exact");
+}

@@ -13,7 +13,8 @@ pub enum ResultStatus {
     /// The owner's work succeeded; the payload is the encoded result.
     Ok,
     /// The owner's work failed and the stage caches failures; the payload is
-    /// the error message (UTF-8).
+    /// the failure as L2 encodes it (the owner's error class and message),
+    /// stored and returned as it is.
     Failed,
 }
 
@@ -34,7 +35,7 @@ pub struct StoredResult {
     pub generation: u64,
     /// Success or cached failure.
     pub status: ResultStatus,
-    /// The encoded result, or the failure message.
+    /// The encoded result, or the encoded failure.
     pub payload: Bytes,
 }
 

@@ -70,8 +70,8 @@ pub struct CommitArgs {
 /// What [`Backend::abandon`] writes.
 #[derive(Clone, Debug)]
 pub struct AbandonArgs {
-    /// A failure message to cache for `failure_ttl` (none: followers re-race
-    /// at once).
+    /// A failure to cache for `failure_ttl`, as L2 encodes it (the
+    /// owner's error class and message; none: followers re-race at once).
     pub failure: Option<Bytes>,
     /// How long the failure is replayed (zero: not cached).
     pub failure_ttl: Duration,
