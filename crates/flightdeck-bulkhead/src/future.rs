@@ -16,12 +16,11 @@ use std::time::Duration;
 
 use flightdeck_core::BoxError;
 use pin_project_lite::pin_project;
-use tokio::sync::oneshot;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tower_service::Service;
 
 use crate::error::QueueTimeout;
-use crate::shared::{Permit, Shared};
+use crate::shared::{Acquire, Permit, Shared};
 
 pin_project! {
     /// Response future of [`Bulkhead`](crate::Bulkhead): waits in the queue
@@ -55,7 +54,7 @@ pin_project! {
 
 /// A queued call: everything it needs to run once it gets a slot.
 pub(crate) struct Waiting<S, Req> {
-    rx: oneshot::Receiver<Permit>,
+    slot: Acquire,
     sleep: Pin<Box<Sleep>>,
     svc: Option<S>,
     req: Option<Req>,
@@ -67,14 +66,14 @@ impl<S, Req> Waiting<S, Req> {
     /// Out of line: only queued calls pay for the timer and the box.
     #[inline(never)]
     pub(crate) fn boxed(
-        rx: oneshot::Receiver<Permit>,
+        slot: Acquire,
         svc: S,
         req: Req,
         timeout: Duration,
         shared: Arc<Shared>,
     ) -> Box<Self> {
         Box::new(Self {
-            rx,
+            slot,
             sleep: Box::pin(sleep_until(Instant::now() + timeout)),
             svc: Some(svc),
             req: Some(req),
@@ -159,18 +158,18 @@ where
             StateProj::Running { .. } => None,
             StateProj::Queued { waiting } => {
                 let Waiting {
-                    rx,
+                    slot,
                     sleep,
                     svc,
                     req,
                     timeout,
                     shared,
                 } = &mut **waiting;
-                let permit = match Pin::new(rx).poll(cx) {
-                    Poll::Ready(Ok(permit)) => permit,
-                    // The bulkhead itself is gone: cannot happen while we
-                    // hold `shared`, but do not hang if it does.
-                    Poll::Ready(Err(_)) => {
+                let permit = match slot.as_mut().poll(cx) {
+                    Poll::Ready(Some(permit)) => permit,
+                    // The semaphore was closed: it never is, but do not
+                    // hang if it were.
+                    Poll::Ready(None) => {
                         return Poll::Ready(Err(shared.full().into()));
                     }
                     Poll::Pending => {

@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use flightdeck_core::BoxError;
-use tokio::sync::oneshot;
 use tower_service::Service;
 
 use crate::future::{ResponseFuture, Waiting};
-use crate::shared::{Admission, BulkheadHandle, Permit, Shared};
+use crate::shared::{Acquire, Admission, BulkheadHandle, Shared};
 
 /// A service behind a bulkhead (see [`BulkheadLayer`](crate::BulkheadLayer)).
 ///
@@ -84,8 +83,8 @@ where
             Some(permit) => permit,
             None => match self.shared.admit() {
                 Ok(Admission::Now(permit)) => permit,
-                Ok(Admission::Queued(rx)) => {
-                    return ResponseFuture::queued(self.wait(rx, req));
+                Ok(Admission::Queued(slot)) => {
+                    return ResponseFuture::queued(self.wait(slot, req));
                 }
                 Err(e) => return ResponseFuture::rejected(e),
             },
@@ -99,13 +98,13 @@ impl<S> Bulkhead<S> {
     /// clone stays here and must be polled ready before its next call.
     /// Out of line, so the fast path above stays small enough to inline.
     #[inline(never)]
-    fn wait<Req>(&mut self, rx: oneshot::Receiver<Permit>, req: Req) -> Box<Waiting<S, Req>>
+    fn wait<Req>(&mut self, slot: Acquire, req: Req) -> Box<Waiting<S, Req>>
     where
         S: Clone,
     {
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let timeout = self.shared.queue.map(|(_, t)| t).unwrap_or_default();
-        Waiting::boxed(rx, ready, req, timeout, self.shared.clone())
+        Waiting::boxed(slot, ready, req, timeout, self.shared.clone())
     }
 }

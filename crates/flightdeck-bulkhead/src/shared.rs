@@ -1,10 +1,19 @@
-//! The state shared by every clone: counters, queue, rate limiter.
+//! The state shared by every clone: the slots (a tokio `Semaphore`, fair
+//! and FIFO, so the queue is its wait list), the limit in force, the rate
+//! limiters.
+//!
+//! The limit changes at run time (the degraded switch) without touching
+//! running calls: raising it adds permits; lowering it forgets free ones,
+//! and those it cannot forget yet (held by running calls) become a debt
+//! that their releases pay instead of handing them on, as tower's
+//! `ConcurrencyLimit` would with `forget_permits`.
 
-use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::num::NonZeroU32;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use flightdeck_core::error::BulkheadFull;
@@ -12,7 +21,7 @@ use flightdeck_core::StageName;
 use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
-use tokio::sync::oneshot;
+use tokio::sync::Semaphore;
 
 use crate::clock::{TokioClock, TokioInstant};
 use crate::error::RateLimited;
@@ -105,10 +114,19 @@ pub(crate) struct Shared {
     normal: AtomicUsize,
     degraded_limit: AtomicUsize,
     degraded: AtomicBool,
+    /// The limit in force (as configured; the semaphore holds at most
+    /// `Semaphore::MAX_PERMITS`).
     limit: AtomicUsize,
-    active: AtomicUsize,
+    /// One permit per slot of the limit, less those running calls hold.
+    slots: Semaphore,
+    /// Slots the limit took back while running calls held them: the next
+    /// releases forget them instead of handing them on.
+    debt: AtomicUsize,
+    /// Serializes the paying of debt from free permits.
+    settling: Mutex<()>,
     pub(crate) queue: Option<(usize, Duration)>,
-    waiters: Mutex<VecDeque<oneshot::Sender<Permit>>>,
+    /// Calls waiting in the queue.
+    queued: AtomicUsize,
     rate: Option<Limiter>,
     degraded_rate: Option<Limiter>,
     /// The degraded rate limit's quota, for the degraded lane.
@@ -123,7 +141,16 @@ pub(crate) struct Shared {
 
 pub(crate) enum Admission {
     Now(Permit),
-    Queued(oneshot::Receiver<Permit>),
+    Queued(Acquire),
+}
+
+/// A queued call's wait for a slot (in arrival order); `None` only if the
+/// semaphore were closed, which it never is.
+pub(crate) type Acquire = Pin<Box<dyn Future<Output = Option<Permit>> + Send + Sync>>;
+
+/// The semaphore's share of a limit.
+fn permits(limit: usize) -> usize {
+    limit.min(Semaphore::MAX_PERMITS)
 }
 
 impl Shared {
@@ -139,16 +166,19 @@ impl Shared {
             .as_ref()
             .map_or_else(|| "default".to_owned(), |s| s.as_str().to_owned());
         let degraded_limit = cfg.degraded_limit.unwrap_or(cfg.limit);
+        let limit = if degraded { degraded_limit } else { cfg.limit };
         Arc::new(Self {
             stage: cfg.stage,
             stage_label,
             normal: AtomicUsize::new(cfg.limit),
             degraded_limit: AtomicUsize::new(degraded_limit),
             degraded: AtomicBool::new(degraded),
-            limit: AtomicUsize::new(if degraded { degraded_limit } else { cfg.limit }),
-            active: AtomicUsize::new(0),
+            limit: AtomicUsize::new(limit),
+            slots: Semaphore::new(permits(limit)),
+            debt: AtomicUsize::new(0),
+            settling: Mutex::new(()),
             queue: cfg.queue,
-            waiters: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
             rated: AtomicBool::new(cfg.rate.is_some() || (degraded && cfg.degraded_rate.is_some())),
             rate: cfg.rate.map(limiter),
             degraded_rate: cfg.degraded_rate.map(limiter),
@@ -188,40 +218,22 @@ impl Shared {
         .increment(1);
     }
 
-    fn waiters(&self) -> MutexGuard<'_, VecDeque<oneshot::Sender<Permit>>> {
-        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
+    /// A slot now, if one is free (and nobody queues for it).
     #[inline]
-    fn try_take(&self) -> bool {
-        // Relaxed is enough: the counter guards no other memory, it only
-        // bounds how many calls run.
-        let limit = self.limit.load(Ordering::Relaxed);
-        let mut cur = self.active.load(Ordering::Relaxed);
-        loop {
-            if cur >= limit {
-                return false;
-            }
-            match self.active.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
+    fn try_take(self: &Arc<Self>) -> Option<Permit> {
+        let permit = self.slots.try_acquire().ok()?;
+        // The bulkhead's `Permit` gives it back (or pays a debt with it).
+        permit.forget();
+        Some(Permit::armed(Arc::clone(self)))
     }
 
     /// The fast path: a slot now, with no rate limit to check.
     #[inline]
     pub(crate) fn try_admit(self: &Arc<Self>) -> Option<Permit> {
-        if !self.rated.load(Ordering::Relaxed) && self.try_take() {
-            Some(Permit::armed(self.clone()))
-        } else {
-            None
+        if self.rated.load(Ordering::Relaxed) {
+            return None;
         }
+        self.try_take()
     }
 
     /// Admits a call now, queues it, or says why not.
@@ -239,74 +251,90 @@ impl Shared {
                 return Err(RateLimited::new(self.full()).into());
             }
         }
-        if self.try_take() {
-            return Ok(Admission::Now(Permit::armed(self.clone())));
+        if let Some(permit) = self.try_take() {
+            return Ok(Admission::Now(permit));
         }
         let Some((max, _)) = self.queue else {
             self.reject("full");
             return Err(self.full().into());
         };
-        let mut q = self.waiters();
-        // Re-check under the lock: releases hand slots over under it too, so
-        // a slot freed since the check above is not missed.
-        if self.try_take() {
-            return Ok(Admission::Now(Permit::armed(self.clone())));
-        }
-        q.retain(|tx| !tx.is_closed());
-        if q.len() >= max {
-            drop(q);
+        let place = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            });
+        if place.is_err() {
             self.reject("full");
             return Err(self.full().into());
         }
-        let (tx, rx) = oneshot::channel();
-        q.push_back(tx);
-        Ok(Admission::Queued(rx))
+        // A slot freed since `try_take` is the semaphore's to hand on: the
+        // wait takes it at its first poll if nobody queued before.
+        let place = QueuePlace(Arc::clone(self));
+        Ok(Admission::Queued(Box::pin(async move {
+            let place = place;
+            let permit = place.0.slots.acquire().await.ok()?;
+            permit.forget();
+            Some(Permit::armed(Arc::clone(&place.0)))
+        })))
     }
 
     #[inline]
-    fn release(self: &Arc<Self>) {
-        if self.queue.is_none() {
-            self.active.fetch_sub(1, Ordering::Relaxed);
+    fn release(&self) {
+        if self.debt.load(Ordering::Acquire) != 0 && self.pay_debt() {
             return;
         }
-        self.release_queued();
+        self.slots.add_permits(1);
+        // A lowering that raced this release may have found no free
+        // permit to forget: pay its debt from the one just freed.
+        if self.debt.load(Ordering::SeqCst) != 0 {
+            self.settle();
+        }
     }
 
-    #[inline(never)]
-    fn release_queued(self: &Arc<Self>) {
-        let mut q = self.waiters();
-        if self.active.load(Ordering::Acquire) <= self.limit.load(Ordering::Acquire) {
-            // Hand the slot to the oldest live waiter: `active` stays as is.
-            while let Some(tx) = q.pop_front() {
-                match tx.send(Permit::armed(self.clone())) {
-                    Ok(()) => return,
-                    Err(mut unsent) => unsent.disarm(),
-                }
-            }
-        }
-        self.active.fetch_sub(1, Ordering::Release);
+    /// Takes one slot off the debt; false when there was none.
+    fn pay_debt(&self) -> bool {
+        self.debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+            .is_ok()
     }
 
-    /// After the limit went up: give the new slots to waiters.
-    fn wake_waiters(self: &Arc<Self>) {
-        if self.queue.is_none() {
-            return;
+    /// Pays what it can of the debt from free permits.
+    #[cold]
+    fn settle(&self) {
+        let _one = self.settling.lock().unwrap_or_else(PoisonError::into_inner);
+        while self.debt.load(Ordering::Acquire) != 0 {
+            let Ok(permit) = self.slots.try_acquire() else {
+                return;
+            };
+            permit.forget();
+            if !self.pay_debt() {
+                // Paid meanwhile by a release: the permit is free again.
+                self.slots.add_permits(1);
+                return;
+            }
         }
-        let mut q = self.waiters();
-        while !q.is_empty() && self.try_take() {
-            let mut sent = false;
-            while let Some(tx) = q.pop_front() {
-                match tx.send(Permit::armed(self.clone())) {
-                    Ok(()) => {
-                        sent = true;
-                        break;
-                    }
-                    Err(mut unsent) => unsent.disarm(),
-                }
+    }
+
+    /// Moves the semaphore from the permits of limit `old` to those of
+    /// `new`, sparing running calls.
+    fn resize(&self, old: usize, new: usize) {
+        let (old, new) = (permits(old), permits(new));
+        if new > old {
+            let mut grow = new - old;
+            let before = self
+                .debt
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                    Some(d - d.min(grow))
+                })
+                .unwrap_or_default();
+            grow -= before.min(grow);
+            if grow > 0 {
+                self.slots.add_permits(grow);
             }
-            if !sent {
-                self.active.fetch_sub(1, Ordering::Release);
-            }
+        } else if new < old {
+            let shrink = old - new;
+            self.debt.fetch_add(shrink, Ordering::SeqCst);
+            self.settle();
         }
     }
 
@@ -322,14 +350,22 @@ impl Shared {
             self.normal.load(Ordering::Acquire)
         };
         let old = self.limit.swap(limit, Ordering::AcqRel);
-        if limit > old {
-            self.wake_waiters();
-        }
+        self.resize(old, limit);
     }
 }
 
 fn limiter((per_second, burst): (NonZeroU32, NonZeroU32)) -> Limiter {
     RateLimiter::direct_with_clock(Quota::per_second(per_second).allow_burst(burst), TokioClock)
+}
+
+/// A call's place in the queue, given up when its wait ends (with a slot,
+/// or dropped at the queue timeout).
+struct QueuePlace(Arc<Shared>);
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// One slot of the bulkhead, released when dropped.
@@ -343,11 +379,6 @@ impl Permit {
         Self {
             shared: Some(shared),
         }
-    }
-
-    /// Forgets the slot (it was never taken, or is accounted for elsewhere).
-    fn disarm(&mut self) {
-        self.shared = None;
     }
 }
 
@@ -477,16 +508,15 @@ impl BulkheadHandle {
 
     /// Calls running now.
     pub fn active(&self) -> usize {
-        self.shared.active.load(Ordering::Acquire)
+        let s = &self.shared;
+        // Every permit of the limit (and of the debt) is free or held.
+        (permits(s.limit.load(Ordering::Acquire)) + s.debt.load(Ordering::Acquire))
+            .saturating_sub(s.slots.available_permits())
     }
 
     /// Calls waiting in the queue now.
     pub fn queued(&self) -> usize {
-        self.shared
-            .waiters()
-            .iter()
-            .filter(|tx| !tx.is_closed())
-            .count()
+        self.shared.queued.load(Ordering::Acquire)
     }
 }
 
