@@ -103,7 +103,7 @@ impl RedisBackend {
     /// To see which slots (and so which primary) a set of flights lands
     /// on, or to move them in a reshard.
     pub fn slot(&self, flight: &FlightId) -> u16 {
-        fred::util::redis_keyslot(flight.to_hex().as_bytes())
+        fred::util::redis_keyslot(&flight.digest().hex())
     }
 
     /// How many inboxes this node has subscribed to (one on one server;
