@@ -19,7 +19,7 @@ use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRI
 use crate::reply::{answer, bad_reply, bytes, gen, parse_acquire, released};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
-use crate::subs::{Registered, Subs};
+use crate::subs::{Mark, Registered, Subs};
 
 /// The Redis coordination backend (see the crate docs). Cheap to clone:
 /// clones share the clients and the subscriber.
@@ -218,9 +218,18 @@ impl RedisBackend {
         }
     }
 
-    /// The record's name, as the inboxes' messages carry it.
-    fn record_bytes(&self, flight: &FlightId) -> Bytes {
-        Bytes::from(self.record_key(flight))
+    /// A follower of `flight` registered on this node's inbox: what it
+    /// missed since `mark`, then what the inbox hears about the flight
+    /// (its messages name the flight's record).
+    fn follow(&self, flight: &FlightId, mark: Mark) -> Subscription {
+        let subs = &self.inner.subs;
+        let record = Bytes::from(self.record_key(flight));
+        let (rx, backlog) = subs.register(&record, mark);
+        let registered = Registered {
+            subs: subs.clone(),
+            record,
+        };
+        Subscription::with_backlog(rx, backlog, registered)
     }
 
     /// The slot a flight's names hash to; 0 on one server, where no slot
@@ -454,19 +463,9 @@ impl Backend for RedisBackend {
     /// follower then re-checks: that ACQUIRE names the inbox.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {
-            let subs = &self.inner.subs;
-            let mark = subs.mark_resyncs();
+            let mark = self.inner.subs.mark_resyncs();
             self.inbox_in_force(self.slot_of(flight)).await?;
-            let record = self.record_bytes(flight);
-            let (rx, backlog) = subs.register(&record, mark);
-            Ok(Subscription::with_backlog(
-                rx,
-                backlog,
-                Registered {
-                    subs: subs.clone(),
-                    record,
-                },
-            ))
+            Ok(self.follow(flight, mark))
         })
     }
 
@@ -486,17 +485,7 @@ impl Backend for RedisBackend {
         }
         let (backend, flight) = (self.clone(), *flight);
         Some(Subscription::deferred(move || {
-            let subs = &backend.inner.subs;
-            let record = backend.record_bytes(&flight);
-            let (rx, backlog) = subs.register(&record, mark);
-            Subscription::with_backlog(
-                rx,
-                backlog,
-                Registered {
-                    subs: subs.clone(),
-                    record,
-                },
-            )
+            backend.follow(&flight, mark)
         }))
     }
 }
