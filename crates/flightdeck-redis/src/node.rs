@@ -315,7 +315,7 @@ impl Node {
         // One server's inbox is subscribed from the first connection on,
         // so that even a node's first follower needs one ACQUIRE.
         if !sharded {
-            subs.keep_single(&subscriber);
+            subs.subscribing(0, &subscriber);
         }
         // Messages sent while disconnected are lost: re-check on every
         // (re)connection, subscribe this subscriber's inboxes again, and

@@ -258,22 +258,9 @@ impl Subs {
         }
     }
 
-    /// Adds one server's inbox, to be subscribed on `subscriber` as soon
-    /// as it connects (and after every reconnect: see
-    /// [`resubscribe`](Self::resubscribe)).
-    pub(crate) fn keep_single(&self, subscriber: &SubscriberClient) {
-        let channel = String::from_utf8_lossy(&self.single).into_owned();
-        self.state().inboxes.insert(
-            0,
-            Inbox {
-                channel,
-                on: Some(subscriber.clone()),
-            },
-        );
-    }
-
     /// The name of `slot`'s inbox, noted as subscribed on `on` (set before
-    /// its SUBSCRIBE is sent, so a reconnect of `on` resubscribes it).
+    /// its SUBSCRIBE is sent, so a reconnect of `on` subscribes it again:
+    /// see [`resubscribe`](Self::resubscribe)).
     pub(crate) fn subscribing(&self, slot: u16, on: &SubscriberClient) -> String {
         let key = self.key(slot);
         let mut state = self.state();
