@@ -75,6 +75,13 @@ impl ScriptArgs {
         s
     }
 
+    /// Appends `text` to the argument being written (the next
+    /// [`text`](Self::text) ends it).
+    pub(crate) fn part(mut self, text: &str) -> Self {
+        self.buf.put_slice(text.as_bytes());
+        self
+    }
+
     /// Appends `text` (to what was written since the last argument) and
     /// ends the argument.
     pub(crate) fn text(mut self, text: &str) -> Self {

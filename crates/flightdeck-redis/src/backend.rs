@@ -319,8 +319,8 @@ impl Backend for RedisBackend {
                 .text(token.as_str())
                 .millis(terms.lease)
                 .text(if terms.allow_takeover { "1" } else { "0" })
-                .millis(terms.record_ttl())
-                .value(Value::Bytes(self.inner.subs.inbox(self.slot_of(flight))));
+                .millis(terms.record_ttl());
+            let args = self.inner.subs.name_inbox(self.slot_of(flight), args);
             match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {

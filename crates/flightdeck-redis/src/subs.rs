@@ -34,6 +34,7 @@ use fred::prelude::*;
 use fred::types::Message;
 use tokio::sync::broadcast;
 
+use crate::args::ScriptArgs;
 use crate::backend::LAYOUT;
 
 /// Messages kept for followers that register after them.
@@ -104,7 +105,7 @@ impl Subs {
         let node = flightdeck_distributed::OwnerToken::random()
             .as_str()
             .to_owned();
-        let single = Bytes::from(format!("{prefix}:{LAYOUT}:n:{node}"));
+        let single = Bytes::from(inbox_parts(prefix, "", &node).concat());
         let bits = if sharded { SLOTS / 64 } else { 1 };
         Self {
             prefix: prefix.to_owned(),
@@ -135,11 +136,21 @@ impl Subs {
         if !self.sharded {
             return self.single.clone();
         }
-        let tag = &slot_tags()[usize::from(slot) % SLOTS];
-        Bytes::from(format!(
-            "{}:{{{tag}}}:{LAYOUT}:n:{}",
-            self.prefix, self.node
-        ))
+        Bytes::from(inbox_parts(&self.prefix, slot_tag(slot), &self.node).concat())
+    }
+
+    /// `args` with the inbox a flight of `slot` names as their next
+    /// argument, written into their buffer (an ACQUIRE's: no string of its
+    /// own per call).
+    pub(crate) fn name_inbox(&self, slot: u16, args: ScriptArgs) -> ScriptArgs {
+        if !self.sharded {
+            return args.value(Value::Bytes(self.single.clone()));
+        }
+        let [parts @ .., last] = inbox_parts(&self.prefix, slot_tag(slot), &self.node);
+        parts
+            .iter()
+            .fold(args, |args, part| args.part(part))
+            .text(last)
     }
 
     /// The key of `slot`'s inbox (0 on one server).
@@ -509,16 +520,23 @@ fn parse_notice(payload: &Bytes) -> Option<Notice> {
     }
 }
 
-/// A hash tag per cluster slot (`tags[s]` hashes to slot `s`): the
-/// shortest hex numbers that do, found once.
-fn slot_tags() -> &'static [String] {
+/// An inbox's name, in the pieces it is written from:
+/// `{prefix}:{LAYOUT}:n:{node}` on one server, `{prefix}:{tag}:{LAYOUT}:n:{node}`
+/// with `tag` a slot's ([`slot_tag`]) in a cluster.
+fn inbox_parts<'a>(prefix: &'a str, tag: &'a str, node: &'a str) -> [&'a str; 6] {
+    [prefix, ":", tag, LAYOUT, ":n:", node]
+}
+
+/// `{t}:`, with `t` the shortest hex number that hashes to `slot`: the
+/// hash tag of `slot`'s inbox (found once for every slot).
+fn slot_tag(slot: u16) -> &'static str {
     static TAGS: OnceLock<Vec<String>> = OnceLock::new();
-    TAGS.get_or_init(|| {
+    let tags = TAGS.get_or_init(|| {
         let mut tags = vec![String::new(); SLOTS];
         let mut left = SLOTS;
         let mut n: u64 = 0;
         while left > 0 {
-            let tag = format!("{n:x}");
+            let tag = format!("{{{n:x}}}:");
             let slot = usize::from(fred::util::redis_keyslot(tag.as_bytes()));
             if tags[slot].is_empty() {
                 tags[slot] = tag;
@@ -527,7 +545,8 @@ fn slot_tags() -> &'static [String] {
             n += 1;
         }
         tags
-    })
+    });
+    &tags[usize::from(slot) % SLOTS]
 }
 
 /// A follower's registration; dropping it unregisters.
@@ -631,14 +650,33 @@ mod tests {
 
     #[test]
     fn every_slot_has_a_tag_of_its_own() {
-        let tags = slot_tags();
-        for (slot, tag) in tags.iter().enumerate() {
-            assert_eq!(usize::from(fred::util::redis_keyslot(tag.as_bytes())), slot);
+        for slot in 0..u16::try_from(SLOTS).unwrap() {
+            assert_eq!(fred::util::redis_keyslot(slot_tag(slot).as_bytes()), slot);
         }
         let subs = Subs::new("fd", Duration::from_secs(1), true);
         for slot in [0, 1, 5000, 16383] {
             let inbox = subs.inbox(slot);
             assert_eq!(fred::util::redis_keyslot(&inbox), slot);
+        }
+    }
+
+    /// An ACQUIRE names the inbox that the node subscribes to.
+    #[test]
+    fn the_inbox_an_acquire_names_is_the_one_subscribed() {
+        let flight = flightdeck_distributed::FlightId::of(&flightdeck_core::FlightKey::from_bytes(
+            flightdeck_core::StageName::new("inbox").unwrap(),
+            "q",
+        ));
+        for sharded in [false, true] {
+            let subs = Subs::new("fd", Duration::from_secs(1), sharded);
+            for slot in [0, 7, 16383] {
+                let args = ScriptArgs::new("fd", &flight, crate::args::Names::Record, 1);
+                let argv = subs.name_inbox(slot, args).into_argv();
+                assert_eq!(
+                    argv.last().and_then(Value::as_bytes),
+                    Some(&subs.inbox(slot)[..])
+                );
+            }
         }
     }
 
