@@ -455,10 +455,8 @@ async fn subscribe_inboxes_again(
 ) {
     let until = tokio::time::Instant::now() + within;
     for (slot, node) in inboxes {
-        while !node.subscriber.is_connected() && tokio::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if node.subscriber.is_connected() {
+        let connected = tokio::time::timeout_at(until, node.subscriber.wait_for_connect());
+        if matches!(connected.await, Ok(Ok(()))) {
             subs.subscribe_again(slot, &node.subscriber).await;
         }
     }
