@@ -28,8 +28,8 @@ use crate::subs::Subs;
 /// How often the slot map is refreshed when nothing asked for it.
 pub(crate) const REFRESH_PERIOD: Duration = Duration::from_secs(5);
 
-/// Hash slots of Redis Cluster.
-const SLOTS: u32 = 16384;
+/// Hash slots of Redis Cluster (`0..SLOTS`).
+pub(crate) const SLOTS: u16 = 16384;
 
 /// The shard of flights whose slot no primary serves in our map (or while
 /// the map is not known): judged apart from every primary's, and from the
@@ -72,7 +72,7 @@ impl State {
                 shards.push(shard);
             }
         }
-        if covered < SLOTS {
+        if covered < u32::from(SLOTS) {
             shards.push(Shard::new(UNMAPPED));
         }
         Some(shards)
@@ -544,7 +544,7 @@ pub(crate) fn parse_slots(v: &Value, asked: &str) -> Result<Vec<Range>, String> 
         ) else {
             return Err(bad());
         };
-        if first > last || u32::from(last) >= SLOTS {
+        if first > last || last >= SLOTS {
             return Err(bad());
         }
         map.push(Range {

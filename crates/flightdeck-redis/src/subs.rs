@@ -36,12 +36,10 @@ use tokio::sync::broadcast;
 
 use crate::args::ScriptArgs;
 use crate::backend::LAYOUT;
+use crate::cluster::SLOTS;
 
 /// Messages kept for followers that register after them.
 pub(crate) const RECENT: usize = 256;
-
-/// Hash slots of a cluster.
-const SLOTS: usize = 16384;
 
 /// The node's inboxes and followers, shared by every flight of the backend.
 pub(crate) struct Subs {
@@ -106,7 +104,7 @@ impl Subs {
             .as_str()
             .to_owned();
         let single = Bytes::from(inbox_parts(prefix, "", &node).concat());
-        let bits = if sharded { SLOTS / 64 } else { 1 };
+        let bits = if sharded { usize::from(SLOTS / 64) } else { 1 };
         Self {
             prefix: prefix.to_owned(),
             node,
@@ -532,8 +530,9 @@ fn inbox_parts<'a>(prefix: &'a str, tag: &'a str, node: &'a str) -> [&'a str; 6]
 fn slot_tag(slot: u16) -> &'static str {
     static TAGS: OnceLock<Vec<String>> = OnceLock::new();
     let tags = TAGS.get_or_init(|| {
-        let mut tags = vec![String::new(); SLOTS];
-        let mut left = SLOTS;
+        let slots = usize::from(SLOTS);
+        let mut tags = vec![String::new(); slots];
+        let mut left = slots;
         let mut n: u64 = 0;
         while left > 0 {
             let tag = format!("{{{n:x}}}:");
@@ -546,7 +545,7 @@ fn slot_tag(slot: u16) -> &'static str {
         }
         tags
     });
-    &tags[usize::from(slot) % SLOTS]
+    &tags[usize::from(slot % SLOTS)]
 }
 
 /// A follower's registration; dropping it unregisters.
@@ -650,7 +649,7 @@ mod tests {
 
     #[test]
     fn every_slot_has_a_tag_of_its_own() {
-        for slot in 0..u16::try_from(SLOTS).unwrap() {
+        for slot in 0..SLOTS {
             assert_eq!(fred::util::redis_keyslot(slot_tag(slot).as_bytes()), slot);
         }
         let subs = Subs::new("fd", Duration::from_secs(1), true);
