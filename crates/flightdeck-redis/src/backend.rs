@@ -16,10 +16,10 @@ use crate::args::{Names, ScriptArgs};
 use crate::classify::classify;
 use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
+use crate::inbox::{Inboxes, Mark};
 use crate::reply::{answer, bad_reply, bytes, gen, parse_acquire, released};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
-use crate::subs::{Mark, Registered, Subs};
 
 /// The Redis coordination backend (see the crate docs). Cheap to clone:
 /// clones share the clients and the subscriber.
@@ -43,7 +43,7 @@ pub(crate) struct Inner {
     pub(crate) sources: Arc<[String]>,
     /// The scripts' SHAs, shared with every call that names them.
     pub(crate) shas: [Str; SCRIPTS],
-    pub(crate) subs: Arc<Subs>,
+    pub(crate) inboxes: Arc<Inboxes>,
     pub(crate) tasks: Vec<JoinHandle<()>>,
 }
 
@@ -74,7 +74,7 @@ impl RedisBackend {
     /// backend on one server; one per hash slot in a cluster). See the
     /// crate docs.
     pub fn inbox(&self, flight: &FlightId) -> String {
-        String::from_utf8_lossy(&self.inner.subs.inbox(self.slot(flight))).into_owned()
+        String::from_utf8_lossy(&self.inner.inboxes.name(self.slot(flight))).into_owned()
     }
 
     /// The command client, for tests and diagnostics: the server's, or in
@@ -109,13 +109,13 @@ impl RedisBackend {
     /// How many inboxes this node has subscribed to (one on one server;
     /// in a cluster one per slot it followed flights in).
     pub fn subscribed_channels(&self) -> usize {
-        self.inner.subs.inboxes()
+        self.inner.inboxes.count()
     }
 
     /// How many flights this node's followers wait on now, as its inboxes
     /// see them (a follower is counted from its first wait).
     pub fn followed_flights(&self) -> usize {
-        self.inner.subs.followed()
+        self.inner.inboxes.followed()
     }
 
     /// Closes every connection.
@@ -169,29 +169,28 @@ impl RedisBackend {
     /// Makes sure the inbox of `slot` is subscribed and in force: once
     /// per inbox (and again after a lost subscription), then at once.
     async fn inbox_in_force(&self, slot: u16) -> Result<(), BackendError> {
-        let subs = &self.inner.subs;
-        if subs.is_joinable(slot) {
+        let inboxes = &self.inner.inboxes;
+        if inboxes.is_joinable(slot) {
             return Ok(());
         }
-        let channel = String::from_utf8_lossy(&subs.inbox(slot)).into_owned();
-        let _serial = subs.serial(&channel).await;
+        let _serial = inboxes.serial(slot).await;
         // Another follower subscribed it while we waited.
-        if subs.is_joinable(slot) {
+        if inboxes.is_joinable(slot) {
             return Ok(());
         }
-        let resyncs = subs.resyncs();
+        let resyncs = inboxes.resyncs();
         self.subscribe_on_owner(slot).await?;
-        subs.confirmed(slot, resyncs);
+        inboxes.confirmed(slot, resyncs);
         Ok(())
     }
 
     /// (S)SUBSCRIBEs `slot`'s inbox on the subscriber of the node serving
     /// `slot`, following `MOVED` as [`send`](Self::eval) does, within one
-    /// command timeout. The caller holds the inbox's [`Subs::serial`].
+    /// command timeout. The caller holds the inbox's [`Inboxes::serial`].
     async fn subscribe_on_owner(&self, slot: u16) -> Result<(), BackendError> {
-        let subs = &self.inner.subs;
+        let inboxes = &self.inner.inboxes;
         let now = tokio::time::Instant::now();
-        let deadline = now + subs.timeout;
+        let deadline = now + inboxes.timeout;
         let unsent = self.inner.unsent_until(now).min(deadline);
         let retry_until = unsent.min(now + self.inner.migration_retry);
         loop {
@@ -203,10 +202,11 @@ impl RedisBackend {
             }
             // Noted before it is sent: a reconnect of this subscriber
             // subscribes it again.
-            let channel = subs.subscribing(slot, &node.subscriber);
-            let res = tokio::time::timeout_at(deadline, subs.subscribe(&node.subscriber, channel))
-                .await
-                .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
+            let channel = inboxes.subscribing(slot, &node.subscriber);
+            let res =
+                tokio::time::timeout_at(deadline, inboxes.subscribe(&node.subscriber, channel))
+                    .await
+                    .map_err(|_| timed_out("SUBSCRIBE", inboxes.timeout))?;
             match res {
                 Ok(()) => return Ok(()),
                 Err(e)
@@ -222,14 +222,8 @@ impl RedisBackend {
     /// missed since `mark`, then what the inbox hears about the flight
     /// (its messages name the flight's record).
     fn follow(&self, flight: &FlightId, mark: Mark) -> Subscription {
-        let subs = &self.inner.subs;
         let record = Bytes::from(self.record_key(flight));
-        let (rx, backlog) = subs.register(&record, mark);
-        let registered = Registered {
-            subs: subs.clone(),
-            record,
-        };
-        Subscription::with_backlog(rx, backlog, registered)
+        self.inner.inboxes.follow(record, mark)
     }
 
     /// The slot a flight's names hash to; 0 on one server, where no slot
@@ -320,7 +314,7 @@ impl Backend for RedisBackend {
                 .millis(terms.lease)
                 .text(if terms.allow_takeover { "1" } else { "0" })
                 .millis(terms.record_ttl());
-            let args = self.inner.subs.name_inbox(self.slot_of(flight), args);
+            let args = self.inner.inboxes.name_in(self.slot_of(flight), args);
             match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {
@@ -463,7 +457,7 @@ impl Backend for RedisBackend {
     /// follower then re-checks: that ACQUIRE names the inbox.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {
-            let mark = self.inner.subs.mark_resyncs();
+            let mark = self.inner.inboxes.mark_resyncs();
             self.inbox_in_force(self.slot_of(flight)).await?;
             Ok(self.follow(flight, mark))
         })
@@ -476,7 +470,7 @@ impl Backend for RedisBackend {
     /// follower first reads it; costs an atomic load or two otherwise.
     fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
         let slot = self.slot_of(flight);
-        let mark = self.inner.subs.mark(slot)?;
+        let mark = self.inner.inboxes.mark(slot)?;
         if let Topology::Single(node) = &self.inner.topology {
             // A dead connection would not say so to its followers.
             if !node.subscriber.is_connected() {

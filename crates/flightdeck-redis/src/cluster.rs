@@ -22,8 +22,8 @@ use fred::types::{ClusterHash, CustomCommand};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::inbox::Inboxes;
 use crate::node::{Node, Settings};
-use crate::subs::Subs;
 
 /// How often the slot map is refreshed when nothing asked for it.
 pub(crate) const REFRESH_PERIOD: Duration = Duration::from_secs(5);
@@ -83,7 +83,7 @@ impl State {
 pub(crate) struct Cluster {
     seeds: Vec<(String, u16)>,
     settings: Settings,
-    subs: Arc<Subs>,
+    inboxes: Arc<Inboxes>,
     sources: Arc<[String]>,
     state: RwLock<State>,
     /// Wakes the refresher: a node's connection event, a `MOVED`.
@@ -104,7 +104,7 @@ impl Cluster {
     /// which are the primaries) and the refresher task.
     pub(crate) fn start(
         settings: Settings,
-        subs: Arc<Subs>,
+        inboxes: Arc<Inboxes>,
         sources: Arc<[String]>,
     ) -> Result<(Arc<Self>, JoinHandle<()>), BackendError> {
         let ServerConfig::Clustered { hosts, .. } = &settings.fred.server else {
@@ -122,7 +122,7 @@ impl Cluster {
         let cluster = Arc::new(Self {
             seeds,
             settings,
-            subs,
+            inboxes,
             sources,
             state: RwLock::new(State::default()),
             wake: Arc::new(Notify::new()),
@@ -156,7 +156,7 @@ impl Cluster {
             &self.settings,
             Some(server),
             a,
-            &self.subs,
+            &self.inboxes,
             Some(&self.wake),
         )
     }
@@ -399,7 +399,7 @@ impl Cluster {
         // The inboxes whose slot another primary serves now (or none):
         // Redis dropped them with the slot's shard channels, or their
         // primary went. The others stay subscribed where they are.
-        let inboxes = self.subs.inbox_slots();
+        let inboxes = self.inboxes.inbox_slots();
         let before: Vec<Option<Arc<str>>> = inboxes
             .iter()
             .map(|s| state.primary_of(*s).cloned())
@@ -428,17 +428,17 @@ impl Cluster {
         // that a new primary's first connection subscribes it too); then
         // they re-check once more.
         let slots: Vec<u16> = moved.iter().map(|(slot, _)| *slot).collect();
-        self.subs.lost_inboxes(&slots);
+        self.inboxes.lost_inboxes(&slots);
         let again: Vec<(u16, Arc<Node>)> = moved
             .into_iter()
             .filter_map(|(slot, node)| {
                 let node = node?;
-                self.subs.subscribing(slot, &node.subscriber);
+                self.inboxes.subscribing(slot, &node.subscriber);
                 Some((slot, node))
             })
             .collect();
         let within = self.settings.connect_timeout + self.settings.command_timeout;
-        tokio::spawn(subscribe_inboxes_again(self.subs.clone(), again, within));
+        tokio::spawn(subscribe_inboxes_again(self.inboxes.clone(), again, within));
     }
 }
 
@@ -449,18 +449,18 @@ impl Cluster {
 /// node does not connect in time is subscribed by that node's first
 /// connection (its `on` was noted), or by its next follower.
 async fn subscribe_inboxes_again(
-    subs: Arc<Subs>,
-    inboxes: Vec<(u16, Arc<Node>)>,
+    inboxes: Arc<Inboxes>,
+    moved: Vec<(u16, Arc<Node>)>,
     within: Duration,
 ) {
     let until = tokio::time::Instant::now() + within;
-    for (slot, node) in inboxes {
+    for (slot, node) in moved {
         let connected = tokio::time::timeout_at(until, node.subscriber.wait_for_connect());
         if matches!(connected.await, Ok(Ok(()))) {
-            subs.subscribe_again(slot, &node.subscriber).await;
+            inboxes.subscribe_again(slot, &node.subscriber).await;
         }
     }
-    subs.resync_followers();
+    inboxes.resync_followers();
 }
 
 /// Refreshes the map when woken, every [`REFRESH_PERIOD`], and every
