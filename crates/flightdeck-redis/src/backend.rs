@@ -16,7 +16,7 @@ use crate::args::{Names, ScriptArgs};
 use crate::classify::classify;
 use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
-use crate::inbox::{Inboxes, Mark};
+use crate::inbox::Inboxes;
 use crate::reply::{answer, bad_reply, bytes, gen, parse_acquire, released};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
@@ -166,31 +166,14 @@ fn subscribe_error(e: fred::error::Error) -> BackendError {
 }
 
 impl RedisBackend {
-    /// Makes sure the inbox of `slot` is subscribed and in force: once
-    /// per inbox (and again after a lost subscription), then at once.
-    async fn inbox_in_force(&self, slot: u16) -> Result<(), BackendError> {
-        let inboxes = &self.inner.inboxes;
-        if inboxes.is_joinable(slot) {
-            return Ok(());
-        }
-        let _serial = inboxes.serial(slot).await;
-        // Another follower subscribed it while we waited.
-        if inboxes.is_joinable(slot) {
-            return Ok(());
-        }
-        let resyncs = inboxes.resyncs();
-        self.subscribe_on_owner(slot).await?;
-        inboxes.confirmed(slot, resyncs);
-        Ok(())
-    }
-
     /// (S)SUBSCRIBEs `slot`'s inbox on the subscriber of the node serving
-    /// `slot`, following `MOVED` as [`send`](Self::eval) does, within one
-    /// command timeout. The caller holds the inbox's [`Inboxes::serial`].
+    /// `slot` ([`Inboxes::subscribe_on`]), following `MOVED` as
+    /// [`send`](Self::eval) does, within one command timeout: what
+    /// [`Inboxes::subscribe`] asks for when the inbox is not in force.
     async fn subscribe_on_owner(&self, slot: u16) -> Result<(), BackendError> {
-        let inboxes = &self.inner.inboxes;
+        let timeout = self.inner.timeout;
         let now = tokio::time::Instant::now();
-        let deadline = now + inboxes.timeout;
+        let deadline = now + timeout;
         let unsent = self.inner.unsent_until(now).min(deadline);
         let retry_until = unsent.min(now + self.inner.migration_retry);
         loop {
@@ -200,13 +183,10 @@ impl RedisBackend {
                 // fred would queue the SUBSCRIBE until a reconnect.
                 return Err(not_connected(&node));
             }
-            // Noted before it is sent: a reconnect of this subscriber
-            // subscribes it again.
-            let channel = inboxes.subscribing(slot, &node.subscriber);
-            let res =
-                tokio::time::timeout_at(deadline, inboxes.subscribe(&node.subscriber, channel))
-                    .await
-                    .map_err(|_| timed_out("SUBSCRIBE", inboxes.timeout))?;
+            let subscribe = self.inner.inboxes.subscribe_on(slot, &node.subscriber);
+            let res = tokio::time::timeout_at(deadline, subscribe)
+                .await
+                .map_err(|_| timed_out("SUBSCRIBE", timeout))?;
             match res {
                 Ok(()) => return Ok(()),
                 Err(e)
@@ -218,12 +198,9 @@ impl RedisBackend {
         }
     }
 
-    /// A follower of `flight` registered on this node's inbox: what it
-    /// missed since `mark`, then what the inbox hears about the flight
-    /// (its messages name the flight's record).
-    fn follow(&self, flight: &FlightId, mark: Mark) -> Subscription {
-        let record = Bytes::from(self.record_key(flight));
-        self.inner.inboxes.follow(record, mark)
+    /// The record's name, as the inboxes' messages carry it.
+    fn record_bytes(&self, flight: &FlightId) -> Bytes {
+        Bytes::from(self.record_key(flight))
     }
 
     /// The slot a flight's names hash to; 0 on one server, where no slot
@@ -457,9 +434,10 @@ impl Backend for RedisBackend {
     /// follower then re-checks: that ACQUIRE names the inbox.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {
-            let mark = self.inner.inboxes.mark_resyncs();
-            self.inbox_in_force(self.slot_of(flight)).await?;
-            Ok(self.follow(flight, mark))
+            let slot = self.slot_of(flight);
+            let record = self.record_bytes(flight);
+            let subscribe = || self.subscribe_on_owner(slot);
+            self.inner.inboxes.subscribe(slot, record, subscribe).await
         })
     }
 
@@ -469,17 +447,11 @@ impl Backend for RedisBackend {
     /// the grant after its ACQUIRE ran. Opened (registered) only when a
     /// follower first reads it; costs an atomic load or two otherwise.
     fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
-        let slot = self.slot_of(flight);
-        let mark = self.inner.inboxes.mark(slot)?;
-        if let Topology::Single(node) = &self.inner.topology {
-            // A dead connection would not say so to its followers.
-            if !node.subscriber.is_connected() {
-                return None;
-            }
-        }
+        let mark = self.inner.inboxes.join(self.slot_of(flight))?;
         let (backend, flight) = (self.clone(), *flight);
         Some(Subscription::deferred(move || {
-            backend.follow(&flight, mark)
+            let record = backend.record_bytes(&flight);
+            backend.inner.inboxes.follow(record, mark)
         }))
     }
 }

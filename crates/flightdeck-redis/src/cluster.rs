@@ -11,6 +11,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::inbox::Inboxes;
+use crate::inbox::{Inboxes, Moved};
 use crate::node::{Node, Settings};
 
 /// How often the slot map is refreshed when nothing asked for it.
@@ -52,12 +53,16 @@ struct State {
     nodes: HashMap<Arc<str>, Arc<Node>>,
 }
 
+/// The primary `map` (sorted by `first`) names for `slot`, if any.
+fn primary_in(map: &[Range], slot: u16) -> Option<&Arc<str>> {
+    let i = map.partition_point(|r| r.first <= slot).checked_sub(1)?;
+    let r = &map[i];
+    (slot <= r.last).then_some(&r.primary)
+}
+
 impl State {
     fn primary_of(&self, slot: u16) -> Option<&Arc<str>> {
-        let map = self.map.as_ref()?;
-        let i = map.partition_point(|r| r.first <= slot).checked_sub(1)?;
-        let r = &map[i];
-        (slot <= r.last).then_some(&r.primary)
+        primary_in(self.map.as_ref()?, slot)
     }
 
     /// See [`Cluster::shards`].
@@ -354,7 +359,8 @@ impl Cluster {
     }
 
     /// Installs `map`: a node for each new primary (its scripts loaded in
-    /// the background), none for a node that serves no slot.
+    /// the background), none for a node that serves no slot; then tells
+    /// the inboxes which slots moved ([`Inboxes::map_changed`]).
     fn install(&self, map: Vec<Range>) {
         let primaries: HashSet<Arc<str>> = map.iter().map(|r| r.primary.clone()).collect();
         let mut dropped = Vec::new();
@@ -396,71 +402,62 @@ impl Cluster {
             map.len(),
             primaries.len()
         );
-        // The inboxes whose slot another primary serves now (or none):
-        // Redis dropped them with the slot's shard channels, or their
-        // primary went. The others stay subscribed where they are.
-        let inboxes = self.inboxes.inbox_slots();
-        let before: Vec<Option<Arc<str>>> = inboxes
-            .iter()
-            .map(|s| state.primary_of(*s).cloned())
-            .collect();
-        state.map = Some(map);
-        let moved: Vec<(u16, Option<Arc<Node>>)> = inboxes
-            .iter()
-            .zip(before)
-            .filter(|(slot, was)| state.primary_of(**slot) != was.as_ref())
-            .map(|(slot, _)| {
-                let node = state
-                    .primary_of(*slot)
-                    .and_then(|p| state.nodes.get(p))
-                    .cloned();
-                (*slot, node)
+        let moved: Vec<Moved> = moved_slots(state.map.as_deref(), &map)
+            .into_iter()
+            .map(|(slots, primary)| Moved {
+                slots,
+                to: primary
+                    .and_then(|p| state.nodes.get(&p))
+                    .map(|node| node.subscriber.clone()),
             })
             .collect();
+        state.map = Some(map);
         drop(state);
         // Dropped outside the lock: the last reference quits the clients.
         drop(dropped);
-        if moved.is_empty() {
-            return;
+        if !moved.is_empty() {
+            let within = self.settings.connect_timeout + self.settings.command_timeout;
+            self.inboxes.map_changed(&moved, within);
         }
-        // Their followers re-check now rather than at their next poll, and
-        // each is subscribed again where its slot is now (noted at once, so
-        // that a new primary's first connection subscribes it too); then
-        // they re-check once more.
-        let slots: Vec<u16> = moved.iter().map(|(slot, _)| *slot).collect();
-        self.inboxes.lost_inboxes(&slots);
-        let again: Vec<(u16, Arc<Node>)> = moved
-            .into_iter()
-            .filter_map(|(slot, node)| {
-                let node = node?;
-                self.inboxes.subscribing(slot, &node.subscriber);
-                Some((slot, node))
-            })
-            .collect();
-        let within = self.settings.connect_timeout + self.settings.command_timeout;
-        tokio::spawn(subscribe_inboxes_again(self.inboxes.clone(), again, within));
     }
 }
 
-/// Subscribes each inbox again on the node now serving its slot (after a
-/// slot-map change), waiting up to `within` for a node still connecting
-/// (a primary new to this node), then makes every follower re-check: a
-/// notice published before its inbox was back was lost. An inbox whose
-/// node does not connect in time is subscribed by that node's first
-/// connection (its `on` was noted), or by its next follower.
-async fn subscribe_inboxes_again(
-    inboxes: Arc<Inboxes>,
-    moved: Vec<(u16, Arc<Node>)>,
-    within: Duration,
-) {
-    let until = tokio::time::Instant::now() + within;
-    for (slot, node) in moved {
-        let connected = tokio::time::timeout_at(until, node.subscriber.wait_for_connect());
-        if matches!(connected.await, Ok(Ok(()))) {
-            inboxes.subscribe_again(slot, &node.subscriber).await;
+/// The slots whose primary in `after` is not the one in `before` (`None`:
+/// no map yet), in runs of consecutive slots with the same new primary
+/// (`None`: no primary serves them now). Both maps are constant between
+/// any two of their ranges' bounds, so each stretch between two bounds is
+/// looked up once.
+fn moved_slots(
+    before: Option<&[Range]>,
+    after: &[Range],
+) -> Vec<(RangeInclusive<u16>, Option<Arc<str>>)> {
+    let mut bounds: Vec<u32> = vec![0, u32::from(SLOTS)];
+    for r in before.into_iter().flatten().chain(after) {
+        bounds.extend([u32::from(r.first), u32::from(r.last) + 1]);
+    }
+    bounds.sort_unstable();
+    bounds.dedup();
+    let mut moved: Vec<(RangeInclusive<u16>, Option<Arc<str>>)> = Vec::new();
+    for stretch in bounds.windows(2) {
+        // Below `SLOTS`, so a u16.
+        let (Ok(first), Ok(last)) = (u16::try_from(stretch[0]), u16::try_from(stretch[1] - 1))
+        else {
+            continue;
+        };
+        let now = primary_in(after, first);
+        if before.and_then(|map| primary_in(map, first)) == now {
+            continue;
+        }
+        match moved.last_mut() {
+            Some((run, to))
+                if u32::from(*run.end()) + 1 == u32::from(first) && to.as_ref() == now =>
+            {
+                *run = *run.start()..=last;
+            }
+            _ => moved.push((first..=last, now.cloned())),
         }
     }
-    inboxes.resync_followers();
+    moved
 }
 
 /// Refreshes the map when woken, every [`REFRESH_PERIOD`], and every
@@ -617,6 +614,49 @@ mod tests {
             nodes: HashMap::new(),
         };
         assert_eq!(unknown.shards(), None);
+    }
+
+    /// A slot map change names the slots whose primary changed, in runs
+    /// with their new primary (`None`: none serves them now); every
+    /// served slot moved when there was no map.
+    #[test]
+    fn moved_slots_are_those_whose_primary_changed() {
+        let map = |entries: Vec<Value>| parse_slots(&Value::Array(entries), "x").unwrap();
+        let three = map(vec![
+            entry(0, 5460, "a", 1),
+            entry(5461, 10922, "b", 1),
+            entry(10923, 16383, "c", 1),
+        ]);
+        let p = |s: &str| Some(Arc::<str>::from(s));
+        assert_eq!(moved_slots(Some(&three), &three), []);
+        // 5001-5460 went from a to b, and nobody serves c's any more.
+        let after = map(vec![entry(0, 5000, "a", 1), entry(5001, 10922, "b", 1)]);
+        assert_eq!(
+            moved_slots(Some(&three), &after),
+            [(5001..=5460, p("b:1")), (10923..=16383, None)]
+        );
+        // Back: b's old slots stay with b; the others moved.
+        assert_eq!(
+            moved_slots(Some(&after), &three),
+            [(5001..=5460, p("a:1")), (10923..=16383, p("c:1"))]
+        );
+        // The first map: every slot it serves.
+        assert_eq!(
+            moved_slots(None, &after),
+            [(0..=5000, p("a:1")), (5001..=10922, p("b:1"))]
+        );
+        // One slot moving alone, at either end.
+        let edges = map(vec![
+            entry(0, 0, "c", 1),
+            entry(1, 5460, "a", 1),
+            entry(5461, 10922, "b", 1),
+            entry(10923, 16382, "c", 1),
+            entry(16383, 16383, "a", 1),
+        ]);
+        assert_eq!(
+            moved_slots(Some(&three), &edges),
+            [(0..=0, p("c:1")), (16383..=16383, p("a:1"))]
+        );
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl RedisBackend {
     /// that from the first connected primary on: at the deadline).
     fn serving(&self, partial: bool) -> bool {
         let Topology::Cluster(cluster) = &self.inner.topology else {
-            return self.is_connected() && (partial || self.inner.inboxes.is_joinable(0));
+            return self.is_connected() && (partial || self.inner.inboxes.in_force(0));
         };
         if !cluster.has_map() {
             return false;

@@ -14,7 +14,7 @@ pub(super) struct Serials {
 }
 
 /// The right to send SUBSCRIBE for one inbox; see [`Serials::take`].
-pub(crate) struct Serial<'a> {
+pub(super) struct Serial<'a> {
     serials: &'a Serials,
     key: u16,
     lock: Option<Arc<tokio::sync::Mutex<()>>>,
