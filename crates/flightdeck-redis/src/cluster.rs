@@ -475,29 +475,28 @@ async fn refresher(cluster: Weak<Cluster>, wake: Arc<Notify>, retry: Duration) {
     }
 }
 
-/// Loads the scripts on a new primary once it is connected (best effort:
-/// a node that lacks them gets them with its first call, on `NOSCRIPT`).
+/// Loads the scripts on a new primary once it is connected, within
+/// `within` (best effort: a node that lacks them gets them with its first
+/// call, on `NOSCRIPT`). Only the client is held while it connects, not
+/// the node: a node dropped meanwhile is not loaded.
 async fn load_when_connected(node: Weak<Node>, sources: Arc<[String]>, within: Duration) {
     let until = tokio::time::Instant::now() + within;
-    loop {
-        let Some(n) = node.upgrade() else { return };
-        if n.client.is_connected() {
-            for src in sources.iter() {
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                let load = n.client.script_load::<String, _>(src.as_str());
-                if let Ok(Err(e)) | Err(e) = tokio::time::timeout(left, load).await.map_err(|_| {
-                    fred::error::Error::new(fred::error::ErrorKind::Timeout, "timed out")
-                }) {
-                    tracing::debug!("script not preloaded on {}: {e}", n.addr);
-                }
-            }
-            return;
+    let Some(client) = node.upgrade().map(|n| n.client.clone()) else {
+        return;
+    };
+    // At once when it is connected, else with its next connection.
+    let connected = tokio::time::timeout_at(until, client.wait_for_connect()).await;
+    if !matches!(connected, Ok(Ok(()))) {
+        return;
+    }
+    let Some(n) = node.upgrade() else { return };
+    for src in sources.iter() {
+        let load = n.client.script_load::<String, _>(src.as_str());
+        match tokio::time::timeout_at(until, load).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!("script not preloaded on {}: {e}", n.addr),
+            Err(_) => tracing::debug!("script not preloaded on {}: timed out", n.addr),
         }
-        drop(n);
-        if tokio::time::Instant::now() >= until {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
