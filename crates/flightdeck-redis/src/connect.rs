@@ -255,8 +255,12 @@ impl RedisBackend {
                     self.why_not_serving()
                 )));
             }
-            // Connection events are many (one pair of clients per node):
-            // look again every few milliseconds.
+            // What `serving` reads changes on many events: each node's two
+            // clients (fred announces a reconnection before its state says
+            // connected, so no event marks the moment `is_connected` turns
+            // true), the slot map, the inbox's confirmation. Rather than
+            // a signal from each, look again every few milliseconds: only
+            // a caller of `ready` waits here.
             let tick = (tokio::time::Instant::now() + Duration::from_millis(20)).min(until);
             tokio::time::sleep_until(tick).await;
         }
