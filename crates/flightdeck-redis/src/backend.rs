@@ -77,18 +77,6 @@ impl RedisBackend {
         String::from_utf8_lossy(&self.inner.inboxes.name(self.slot(flight))).into_owned()
     }
 
-    /// The command client, for tests and diagnostics: the server's, or in
-    /// a cluster one primary's (a connected one if any).
-    pub fn client(&self) -> Client {
-        let nodes = self.inner.topology.nodes();
-        let node = nodes
-            .iter()
-            .find(|n| n.client.is_connected())
-            .or(nodes.first());
-        // A cluster always has a node (the URL's, then the primaries).
-        node.map_or_else(Client::default, |n| n.client.clone())
-    }
-
     /// The arguments of a script call on `flight` (room for `args` of its
     /// own), its keys written: the flight's record
     /// ([`record_key`](Self::record_key)), and for INVALIDATE and READ its
