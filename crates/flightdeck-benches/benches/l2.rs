@@ -1,6 +1,7 @@
 //! L2 over a real Redis (a `redis-server` the testkit starts on a free
 //! loopback port), each row next to its floor, raw fred running a trivial
-//! script (`return 1`, one key) by `EVALSHA` on the same client, in the
+//! script (`return 1`, one key) by `EVALSHA` on a client set up as the
+//! backend's (`l2::floor_client`), to the same server, in the
 //! same run, interleaved round by round:
 //!
 //! - **owner, pending work**: the same with work that yields once before
@@ -30,7 +31,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flightdeck_benches::l2::{
-    connect, evalsha, flight, fresh_key, load_floor, node, owner, owner_pending, Work, FLOOR_SCRIPT,
+    connect, evalsha, flight, floor_client, fresh_key, load_floor, node, owner, owner_pending,
+    Work, FLOOR_SCRIPT,
 };
 use flightdeck_core::{FlightKey, Shareable};
 use flightdeck_distributed::Propagate;
@@ -128,7 +130,7 @@ async fn main() {
     let secs = env("FLIGHTDECK_L2_SECS", 2).max(1) as f64;
     let redis = RedisServer::start().expect("redis-server starts");
     let (a, b) = (connect(&redis.url()).await, connect(&redis.url()).await);
-    let client = a.client().clone();
+    let client = floor_client(&redis.url()).await;
     let sha = load_floor(&client).await;
     let (node_a, node_b) = (node(a), node(b));
     // Warm up: scripts loaded, connections and subscriptions open.
@@ -257,7 +259,7 @@ async fn main() {
     }
 
     println!(
-        "\nL2 over one loopback redis-server, {rounds} rounds of {BATCH} (follower: {}), release build; floor = raw fred EVALSHA of `{FLOOR_SCRIPT}` on the same client\n",
+        "\nL2 over one loopback redis-server, {rounds} rounds of {BATCH} (follower: {}), release build; floor = raw fred EVALSHA of `{FLOOR_SCRIPT}` on a client set up as the backend's\n",
         BATCH / 4
     );
     println!("| row | ours (median) | floor (median) | ours / floor: median of rounds (quartiles) | goal |");

@@ -16,7 +16,9 @@
 //! (start-up cancels out): `scripts/l2-instructions` does that. Only this
 //! process is traced: the testkit's redis-server is a child of its own.
 
-use flightdeck_benches::l2::{connect, evalsha, flight, fresh_key, load_floor, node, owner};
+use flightdeck_benches::l2::{
+    connect, evalsha, flight, floor_client, fresh_key, load_floor, node, owner,
+};
 use flightdeck_core::FlightKey;
 use flightdeck_testkit::RedisServer;
 
@@ -44,7 +46,7 @@ fn main() {
     rt.block_on(async {
         let url = redis.url();
         let (a, b) = (connect(&url).await, connect(&url).await);
-        let client = a.client();
+        let client = floor_client(&url).await;
         let sha = load_floor(&client).await;
         let (node_a, node_b) = (node(a), node(b));
         let stored: Vec<FlightKey> = (0..STORED).map(|_| fresh_key()).collect();

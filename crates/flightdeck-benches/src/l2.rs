@@ -81,6 +81,27 @@ pub fn node(backend: RedisBackend) -> Flights {
     DistributedFlights::new(backend, policy(), PostcardCodec::new()).expect("valid policy")
 }
 
+/// The floor's client: raw fred on the server at `url`, on a connection
+/// of its own, set up as the backend sets up its clients (one attempt per
+/// command, the backend's default 1 s command timeout, the same
+/// unresponsive-connection check), so that the floor pays what fred
+/// makes the backend pay per command.
+pub async fn floor_client(url: &str) -> Client {
+    let config = Config::from_url(url).expect("a valid redis URL");
+    let timeout = Duration::from_secs(1);
+    let client = Builder::from_config(config)
+        .with_connection_config(|c| {
+            c.max_command_attempts = 1;
+            c.unresponsive.max_timeout = Some(timeout * 2);
+            c.unresponsive.interval = timeout / 2;
+        })
+        .with_performance_config(|p| p.default_command_timeout = timeout)
+        .build()
+        .expect("a fred client");
+    client.init().await.expect("the floor's client connects");
+    client
+}
+
 /// Loads the floor's script on `client`: its SHA.
 pub async fn load_floor(client: &Client) -> String {
     client.script_load(FLOOR_SCRIPT).await.expect("SCRIPT LOAD")

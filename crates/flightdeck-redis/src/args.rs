@@ -47,7 +47,7 @@ const DIGITS: usize = 20;
 
 impl ScriptArgs {
     /// Arguments whose keys are `names` of `flight` under `prefix` (see
-    /// [`RedisBackend::keys`](crate::RedisBackend::keys)); room for `args`
+    /// [`RedisBackend::record_key`](crate::RedisBackend::record_key)); room for `args`
     /// more arguments. Numbers go as their digits, written here: fred's
     /// own encoding of an integer argument costs more than the argument.
     pub(crate) fn new(prefix: &str, flight: &FlightId, names: Names, args: usize) -> Self {
@@ -73,6 +73,13 @@ impl ScriptArgs {
             s = s.text(":i");
         }
         s
+    }
+
+    /// Appends `text` to the argument being written (the next
+    /// [`text`](Self::text) ends it).
+    pub(crate) fn part(mut self, text: &str) -> Self {
+        self.buf.put_slice(text.as_bytes());
+        self
     }
 
     /// Appends `text` (to what was written since the last argument) and

@@ -16,10 +16,10 @@ use crate::args::{Names, ScriptArgs};
 use crate::classify::classify;
 use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
+use crate::inbox::Inboxes;
 use crate::reply::{answer, bad_reply, bytes, gen, parse_acquire, released};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
-use crate::subs::{Registered, Subs};
 
 /// The Redis coordination backend (see the crate docs). Cheap to clone:
 /// clones share the clients and the subscriber.
@@ -43,7 +43,7 @@ pub(crate) struct Inner {
     pub(crate) sources: Arc<[String]>,
     /// The scripts' SHAs, shared with every call that names them.
     pub(crate) shas: [Str; SCRIPTS],
-    pub(crate) subs: Arc<Subs>,
+    pub(crate) inboxes: Arc<Inboxes>,
     pub(crate) tasks: Vec<JoinHandle<()>>,
 }
 
@@ -74,19 +74,7 @@ impl RedisBackend {
     /// backend on one server; one per hash slot in a cluster). See the
     /// crate docs.
     pub fn inbox(&self, flight: &FlightId) -> String {
-        String::from_utf8_lossy(&self.inner.subs.inbox(self.slot(flight))).into_owned()
-    }
-
-    /// The command client, for tests and diagnostics: the server's, or in
-    /// a cluster one primary's (a connected one if any).
-    pub fn client(&self) -> Client {
-        let nodes = self.inner.topology.nodes();
-        let node = nodes
-            .iter()
-            .find(|n| n.client.is_connected())
-            .or(nodes.first());
-        // A cluster always has a node (the URL's, then the primaries).
-        node.map_or_else(Client::default, |n| n.client.clone())
+        String::from_utf8_lossy(&self.inner.inboxes.name(self.slot(flight))).into_owned()
     }
 
     /// The arguments of a script call on `flight` (room for `args` of its
@@ -103,19 +91,19 @@ impl RedisBackend {
     /// To see which slots (and so which primary) a set of flights lands
     /// on, or to move them in a reshard.
     pub fn slot(&self, flight: &FlightId) -> u16 {
-        fred::util::redis_keyslot(flight.to_hex().as_bytes())
+        fred::util::redis_keyslot(&flight.digest().hex())
     }
 
     /// How many inboxes this node has subscribed to (one on one server;
     /// in a cluster one per slot it followed flights in).
     pub fn subscribed_channels(&self) -> usize {
-        self.inner.subs.inboxes()
+        self.inner.inboxes.count()
     }
 
     /// How many flights this node's followers wait on now, as its inboxes
     /// see them (a follower is counted from its first wait).
     pub fn followed_flights(&self) -> usize {
-        self.inner.subs.followed()
+        self.inner.inboxes.followed()
     }
 
     /// Closes every connection.
@@ -166,32 +154,14 @@ fn subscribe_error(e: fred::error::Error) -> BackendError {
 }
 
 impl RedisBackend {
-    /// Makes sure the inbox of `slot` is subscribed and in force: once
-    /// per inbox (and again after a lost subscription), then at once.
-    async fn inbox_in_force(&self, slot: u16) -> Result<(), BackendError> {
-        let subs = &self.inner.subs;
-        if subs.is_joinable(slot) {
-            return Ok(());
-        }
-        let channel = String::from_utf8_lossy(&subs.inbox(slot)).into_owned();
-        let _serial = subs.serial(&channel).await;
-        // Another follower subscribed it while we waited.
-        if subs.is_joinable(slot) {
-            return Ok(());
-        }
-        let resyncs = subs.resyncs();
-        self.subscribe_on_owner(slot).await?;
-        subs.confirmed(slot, resyncs);
-        Ok(())
-    }
-
     /// (S)SUBSCRIBEs `slot`'s inbox on the subscriber of the node serving
-    /// `slot`, following `MOVED` as [`send`](Self::eval) does, within one
-    /// command timeout. The caller holds the inbox's [`Subs::serial`].
+    /// `slot` ([`Inboxes::subscribe_on`]), following `MOVED` as
+    /// [`send`](Self::eval) does, within one command timeout: what
+    /// [`Inboxes::subscribe`] asks for when the inbox is not in force.
     async fn subscribe_on_owner(&self, slot: u16) -> Result<(), BackendError> {
-        let subs = &self.inner.subs;
+        let timeout = self.inner.timeout;
         let now = tokio::time::Instant::now();
-        let deadline = now + subs.timeout;
+        let deadline = now + timeout;
         let unsent = self.inner.unsent_until(now).min(deadline);
         let retry_until = unsent.min(now + self.inner.migration_retry);
         loop {
@@ -201,12 +171,10 @@ impl RedisBackend {
                 // fred would queue the SUBSCRIBE until a reconnect.
                 return Err(not_connected(&node));
             }
-            // Noted before it is sent: a reconnect of this subscriber
-            // subscribes it again.
-            let channel = subs.subscribing(slot, &node.subscriber);
-            let res = tokio::time::timeout_at(deadline, subs.subscribe(&node.subscriber, channel))
+            let subscribe = self.inner.inboxes.subscribe_on(slot, &node.subscriber);
+            let res = tokio::time::timeout_at(deadline, subscribe)
                 .await
-                .map_err(|_| timed_out("SUBSCRIBE", subs.timeout))?;
+                .map_err(|_| timed_out("SUBSCRIBE", timeout))?;
             match res {
                 Ok(()) => return Ok(()),
                 Err(e)
@@ -310,8 +278,8 @@ impl Backend for RedisBackend {
                 .text(token.as_str())
                 .millis(terms.lease)
                 .text(if terms.allow_takeover { "1" } else { "0" })
-                .millis(terms.record_ttl())
-                .value(Value::Bytes(self.inner.subs.inbox(self.slot_of(flight))));
+                .millis(terms.record_ttl());
+            let args = self.inner.inboxes.name_in(self.slot_of(flight), args);
             match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {
@@ -454,19 +422,10 @@ impl Backend for RedisBackend {
     /// follower then re-checks: that ACQUIRE names the inbox.
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {
-            let subs = &self.inner.subs;
-            let mark = subs.mark_resyncs();
-            self.inbox_in_force(self.slot_of(flight)).await?;
+            let slot = self.slot_of(flight);
             let record = self.record_bytes(flight);
-            let (rx, backlog) = subs.register(&record, mark);
-            Ok(Subscription::with_backlog(
-                rx,
-                backlog,
-                Registered {
-                    subs: subs.clone(),
-                    record,
-                },
-            ))
+            let subscribe = || self.subscribe_on_owner(slot);
+            self.inner.inboxes.subscribe(slot, record, subscribe).await
         })
     }
 
@@ -476,27 +435,11 @@ impl Backend for RedisBackend {
     /// the grant after its ACQUIRE ran. Opened (registered) only when a
     /// follower first reads it; costs an atomic load or two otherwise.
     fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
-        let slot = self.slot_of(flight);
-        let mark = self.inner.subs.mark(slot)?;
-        if let Topology::Single(node) = &self.inner.topology {
-            // A dead connection would not say so to its followers.
-            if !node.subscriber.is_connected() {
-                return None;
-            }
-        }
+        let mark = self.inner.inboxes.join(self.slot_of(flight))?;
         let (backend, flight) = (self.clone(), *flight);
         Some(Subscription::deferred(move || {
-            let subs = &backend.inner.subs;
             let record = backend.record_bytes(&flight);
-            let (rx, backlog) = subs.register(&record, mark);
-            Subscription::with_backlog(
-                rx,
-                backlog,
-                Registered {
-                    subs: subs.clone(),
-                    record,
-                },
-            )
+            backend.inner.inboxes.follow(record, mark)
         }))
     }
 }

@@ -11,6 +11,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
@@ -22,14 +23,14 @@ use fred::types::{ClusterHash, CustomCommand};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::inbox::{Inboxes, Moved};
 use crate::node::{Node, Settings};
-use crate::subs::Subs;
 
 /// How often the slot map is refreshed when nothing asked for it.
 pub(crate) const REFRESH_PERIOD: Duration = Duration::from_secs(5);
 
-/// Hash slots of Redis Cluster.
-const SLOTS: u32 = 16384;
+/// Hash slots of Redis Cluster (`0..SLOTS`).
+pub(crate) const SLOTS: u16 = 16384;
 
 /// The shard of flights whose slot no primary serves in our map (or while
 /// the map is not known): judged apart from every primary's, and from the
@@ -52,12 +53,16 @@ struct State {
     nodes: HashMap<Arc<str>, Arc<Node>>,
 }
 
+/// The primary `map` (sorted by `first`) names for `slot`, if any.
+fn primary_in(map: &[Range], slot: u16) -> Option<&Arc<str>> {
+    let i = map.partition_point(|r| r.first <= slot).checked_sub(1)?;
+    let r = &map[i];
+    (slot <= r.last).then_some(&r.primary)
+}
+
 impl State {
     fn primary_of(&self, slot: u16) -> Option<&Arc<str>> {
-        let map = self.map.as_ref()?;
-        let i = map.partition_point(|r| r.first <= slot).checked_sub(1)?;
-        let r = &map[i];
-        (slot <= r.last).then_some(&r.primary)
+        primary_in(self.map.as_ref()?, slot)
     }
 
     /// See [`Cluster::shards`].
@@ -72,7 +77,7 @@ impl State {
                 shards.push(shard);
             }
         }
-        if covered < SLOTS {
+        if covered < u32::from(SLOTS) {
             shards.push(Shard::new(UNMAPPED));
         }
         Some(shards)
@@ -83,7 +88,7 @@ impl State {
 pub(crate) struct Cluster {
     seeds: Vec<(String, u16)>,
     settings: Settings,
-    subs: Arc<Subs>,
+    inboxes: Arc<Inboxes>,
     sources: Arc<[String]>,
     state: RwLock<State>,
     /// Wakes the refresher: a node's connection event, a `MOVED`.
@@ -104,7 +109,7 @@ impl Cluster {
     /// which are the primaries) and the refresher task.
     pub(crate) fn start(
         settings: Settings,
-        subs: Arc<Subs>,
+        inboxes: Arc<Inboxes>,
         sources: Arc<[String]>,
     ) -> Result<(Arc<Self>, JoinHandle<()>), BackendError> {
         let ServerConfig::Clustered { hosts, .. } = &settings.fred.server else {
@@ -122,7 +127,7 @@ impl Cluster {
         let cluster = Arc::new(Self {
             seeds,
             settings,
-            subs,
+            inboxes,
             sources,
             state: RwLock::new(State::default()),
             wake: Arc::new(Notify::new()),
@@ -156,7 +161,7 @@ impl Cluster {
             &self.settings,
             Some(server),
             a,
-            &self.subs,
+            &self.inboxes,
             Some(&self.wake),
         )
     }
@@ -354,7 +359,8 @@ impl Cluster {
     }
 
     /// Installs `map`: a node for each new primary (its scripts loaded in
-    /// the background), none for a node that serves no slot.
+    /// the background), none for a node that serves no slot; then tells
+    /// the inboxes which slots moved ([`Inboxes::map_changed`]).
     fn install(&self, map: Vec<Range>) {
         let primaries: HashSet<Arc<str>> = map.iter().map(|r| r.primary.clone()).collect();
         let mut dropped = Vec::new();
@@ -396,73 +402,62 @@ impl Cluster {
             map.len(),
             primaries.len()
         );
-        // The inboxes whose slot another primary serves now (or none):
-        // Redis dropped them with the slot's shard channels, or their
-        // primary went. The others stay subscribed where they are.
-        let inboxes = self.subs.inbox_slots();
-        let before: Vec<Option<Arc<str>>> = inboxes
-            .iter()
-            .map(|s| state.primary_of(*s).cloned())
-            .collect();
-        state.map = Some(map);
-        let moved: Vec<(u16, Option<Arc<Node>>)> = inboxes
-            .iter()
-            .zip(before)
-            .filter(|(slot, was)| state.primary_of(**slot) != was.as_ref())
-            .map(|(slot, _)| {
-                let node = state
-                    .primary_of(*slot)
-                    .and_then(|p| state.nodes.get(p))
-                    .cloned();
-                (*slot, node)
+        let moved: Vec<Moved> = moved_slots(state.map.as_deref(), &map)
+            .into_iter()
+            .map(|(slots, primary)| Moved {
+                slots,
+                to: primary
+                    .and_then(|p| state.nodes.get(&p))
+                    .map(|node| node.subscriber.clone()),
             })
             .collect();
+        state.map = Some(map);
         drop(state);
         // Dropped outside the lock: the last reference quits the clients.
         drop(dropped);
-        if moved.is_empty() {
-            return;
+        if !moved.is_empty() {
+            let within = self.settings.connect_timeout + self.settings.command_timeout;
+            self.inboxes.map_changed(&moved, within);
         }
-        // Their followers re-check now rather than at their next poll, and
-        // each is subscribed again where its slot is now (noted at once, so
-        // that a new primary's first connection subscribes it too); then
-        // they re-check once more.
-        let slots: Vec<u16> = moved.iter().map(|(slot, _)| *slot).collect();
-        self.subs.lost_inboxes(&slots);
-        let again: Vec<(u16, Arc<Node>)> = moved
-            .into_iter()
-            .filter_map(|(slot, node)| {
-                let node = node?;
-                self.subs.subscribing(slot, &node.subscriber);
-                Some((slot, node))
-            })
-            .collect();
-        let within = self.settings.connect_timeout + self.settings.command_timeout;
-        tokio::spawn(subscribe_inboxes_again(self.subs.clone(), again, within));
     }
 }
 
-/// Subscribes each inbox again on the node now serving its slot (after a
-/// slot-map change), waiting up to `within` for a node still connecting
-/// (a primary new to this node), then makes every follower re-check: a
-/// notice published before its inbox was back was lost. An inbox whose
-/// node does not connect in time is subscribed by that node's first
-/// connection (its `on` was noted), or by its next follower.
-async fn subscribe_inboxes_again(
-    subs: Arc<Subs>,
-    inboxes: Vec<(u16, Arc<Node>)>,
-    within: Duration,
-) {
-    let until = tokio::time::Instant::now() + within;
-    for (slot, node) in inboxes {
-        while !node.subscriber.is_connected() && tokio::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+/// The slots whose primary in `after` is not the one in `before` (`None`:
+/// no map yet), in runs of consecutive slots with the same new primary
+/// (`None`: no primary serves them now). Both maps are constant between
+/// any two of their ranges' bounds, so each stretch between two bounds is
+/// looked up once.
+fn moved_slots(
+    before: Option<&[Range]>,
+    after: &[Range],
+) -> Vec<(RangeInclusive<u16>, Option<Arc<str>>)> {
+    let mut bounds: Vec<u32> = vec![0, u32::from(SLOTS)];
+    for r in before.into_iter().flatten().chain(after) {
+        bounds.extend([u32::from(r.first), u32::from(r.last) + 1]);
+    }
+    bounds.sort_unstable();
+    bounds.dedup();
+    let mut moved: Vec<(RangeInclusive<u16>, Option<Arc<str>>)> = Vec::new();
+    for stretch in bounds.windows(2) {
+        // Below `SLOTS`, so a u16.
+        let (Ok(first), Ok(last)) = (u16::try_from(stretch[0]), u16::try_from(stretch[1] - 1))
+        else {
+            continue;
+        };
+        let now = primary_in(after, first);
+        if before.and_then(|map| primary_in(map, first)) == now {
+            continue;
         }
-        if node.subscriber.is_connected() {
-            subs.subscribe_again(slot, &node.subscriber).await;
+        match moved.last_mut() {
+            Some((run, to))
+                if u32::from(*run.end()) + 1 == u32::from(first) && to.as_ref() == now =>
+            {
+                *run = *run.start()..=last;
+            }
+            _ => moved.push((first..=last, now.cloned())),
         }
     }
-    subs.resync_followers();
+    moved
 }
 
 /// Refreshes the map when woken, every [`REFRESH_PERIOD`], and every
@@ -480,29 +475,28 @@ async fn refresher(cluster: Weak<Cluster>, wake: Arc<Notify>, retry: Duration) {
     }
 }
 
-/// Loads the scripts on a new primary once it is connected (best effort:
-/// a node that lacks them gets them with its first call, on `NOSCRIPT`).
+/// Loads the scripts on a new primary once it is connected, within
+/// `within` (best effort: a node that lacks them gets them with its first
+/// call, on `NOSCRIPT`). Only the client is held while it connects, not
+/// the node: a node dropped meanwhile is not loaded.
 async fn load_when_connected(node: Weak<Node>, sources: Arc<[String]>, within: Duration) {
     let until = tokio::time::Instant::now() + within;
-    loop {
-        let Some(n) = node.upgrade() else { return };
-        if n.client.is_connected() {
-            for src in sources.iter() {
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                let load = n.client.script_load::<String, _>(src.as_str());
-                if let Ok(Err(e)) | Err(e) = tokio::time::timeout(left, load).await.map_err(|_| {
-                    fred::error::Error::new(fred::error::ErrorKind::Timeout, "timed out")
-                }) {
-                    tracing::debug!("script not preloaded on {}: {e}", n.addr);
-                }
-            }
-            return;
+    let Some(client) = node.upgrade().map(|n| n.client.clone()) else {
+        return;
+    };
+    // At once when it is connected, else with its next connection.
+    let connected = tokio::time::timeout_at(until, client.wait_for_connect()).await;
+    if !matches!(connected, Ok(Ok(()))) {
+        return;
+    }
+    let Some(n) = node.upgrade() else { return };
+    for src in sources.iter() {
+        let load = n.client.script_load::<String, _>(src.as_str());
+        match tokio::time::timeout_at(until, load).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!("script not preloaded on {}: {e}", n.addr),
+            Err(_) => tracing::debug!("script not preloaded on {}: timed out", n.addr),
         }
-        drop(n);
-        if tokio::time::Instant::now() >= until {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -546,7 +540,7 @@ pub(crate) fn parse_slots(v: &Value, asked: &str) -> Result<Vec<Range>, String> 
         ) else {
             return Err(bad());
         };
-        if first > last || u32::from(last) >= SLOTS {
+        if first > last || last >= SLOTS {
             return Err(bad());
         }
         map.push(Range {
@@ -619,6 +613,49 @@ mod tests {
             nodes: HashMap::new(),
         };
         assert_eq!(unknown.shards(), None);
+    }
+
+    /// A slot map change names the slots whose primary changed, in runs
+    /// with their new primary (`None`: none serves them now); every
+    /// served slot moved when there was no map.
+    #[test]
+    fn moved_slots_are_those_whose_primary_changed() {
+        let map = |entries: Vec<Value>| parse_slots(&Value::Array(entries), "x").unwrap();
+        let three = map(vec![
+            entry(0, 5460, "a", 1),
+            entry(5461, 10922, "b", 1),
+            entry(10923, 16383, "c", 1),
+        ]);
+        let p = |s: &str| Some(Arc::<str>::from(s));
+        assert_eq!(moved_slots(Some(&three), &three), []);
+        // 5001-5460 went from a to b, and nobody serves c's any more.
+        let after = map(vec![entry(0, 5000, "a", 1), entry(5001, 10922, "b", 1)]);
+        assert_eq!(
+            moved_slots(Some(&three), &after),
+            [(5001..=5460, p("b:1")), (10923..=16383, None)]
+        );
+        // Back: b's old slots stay with b; the others moved.
+        assert_eq!(
+            moved_slots(Some(&after), &three),
+            [(5001..=5460, p("a:1")), (10923..=16383, p("c:1"))]
+        );
+        // The first map: every slot it serves.
+        assert_eq!(
+            moved_slots(None, &after),
+            [(0..=5000, p("a:1")), (5001..=10922, p("b:1"))]
+        );
+        // One slot moving alone, at either end.
+        let edges = map(vec![
+            entry(0, 0, "c", 1),
+            entry(1, 5460, "a", 1),
+            entry(5461, 10922, "b", 1),
+            entry(10923, 16382, "c", 1),
+            entry(16383, 16383, "a", 1),
+        ]);
+        assert_eq!(
+            moved_slots(Some(&three), &edges),
+            [(0..=0, p("c:1")), (16383..=16383, p("a:1"))]
+        );
     }
 
     #[test]

@@ -13,9 +13,9 @@ use crate::backend::{Inner, RedisBackend};
 use crate::cluster::Cluster;
 use crate::config::{valid_prefix, RedisConfig};
 use crate::eval::SOURCES;
+use crate::inbox::Inboxes;
 use crate::node::{Node, Settings};
 use crate::routing::Topology;
-use crate::subs::Subs;
 
 pub(crate) fn auth_refused(e: &fred::error::Error) -> Option<BackendError> {
     let first = e.details().split_whitespace().next().unwrap_or("");
@@ -89,16 +89,16 @@ impl RedisBackend {
         // NOSCRIPT and gets it with the call (see `eval`).
         let shas = std::array::from_fn(|i| fred::util::sha1_hash(&sources[i]).into());
         let cmd = config.command_timeout;
-        let subs = Arc::new(Subs::new(&config.prefix, cmd, sharded));
+        let inboxes = Arc::new(Inboxes::new(&config.prefix, cmd, sharded));
         let opts = settings.options();
         let mut tasks = Vec::new();
         let topology = if sharded {
-            let (cluster, refresher) = Cluster::start(settings, subs.clone(), sources.clone())?;
+            let (cluster, refresher) = Cluster::start(settings, inboxes.clone(), sources.clone())?;
             tasks.push(refresher);
             Topology::Cluster(cluster)
         } else {
             let addr: Arc<str> = Arc::from("the server");
-            Topology::Single(Node::start(&settings, None, addr, &subs, None)?)
+            Topology::Single(Node::start(&settings, None, addr, &inboxes, None)?)
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -110,7 +110,7 @@ impl RedisBackend {
                 cut_after: AtomicU64::new(u64::MAX),
                 sources,
                 shas,
-                subs,
+                inboxes,
                 tasks,
             }),
         })
@@ -180,7 +180,7 @@ impl RedisBackend {
     /// that from the first connected primary on: at the deadline).
     fn serving(&self, partial: bool) -> bool {
         let Topology::Cluster(cluster) = &self.inner.topology else {
-            return self.is_connected() && (partial || self.inner.subs.is_joinable(0));
+            return self.is_connected() && (partial || self.inner.inboxes.in_force(0));
         };
         if !cluster.has_map() {
             return false;
@@ -255,8 +255,12 @@ impl RedisBackend {
                     self.why_not_serving()
                 )));
             }
-            // Connection events are many (one pair of clients per node):
-            // look again every few milliseconds.
+            // What `serving` reads changes on many events: each node's two
+            // clients (fred announces a reconnection before its state says
+            // connected, so no event marks the moment `is_connected` turns
+            // true), the slot map, the inbox's confirmation. Rather than
+            // a signal from each, look again every few milliseconds: only
+            // a caller of `ready` waits here.
             let tick = (tokio::time::Instant::now() + Duration::from_millis(20)).min(until);
             tokio::time::sleep_until(tick).await;
         }

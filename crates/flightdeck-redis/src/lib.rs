@@ -165,12 +165,12 @@ mod cluster;
 mod config;
 mod connect;
 mod eval;
+mod inbox;
 mod node;
 mod reply;
 mod routing;
 pub mod scripts;
 mod stored;
-mod subs;
 
 pub use backend::{RedisBackend, LAYOUT};
 pub use config::RedisConfig;

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::classify::classify;
 use crate::config::RedisConfig;
-use crate::subs::Subs;
+use crate::inbox::Inboxes;
 
 /// What the node knows about its connections, from fred's events.
 #[derive(Debug, Default)]
@@ -288,7 +288,7 @@ impl Node {
         settings: &Settings,
         server: Option<ServerConfig>,
         addr: Arc<str>,
-        subs: &Arc<Subs>,
+        inboxes: &Arc<Inboxes>,
         changed: Option<&Arc<Notify>>,
     ) -> Result<Arc<Self>, BackendError> {
         let sharded = server.is_some();
@@ -301,36 +301,7 @@ impl Node {
         // missed.
         watch_link(&client, &link, true, changed, &mut tasks);
         watch_link(&subscriber, &link, false, changed, &mut tasks);
-        let mut messages = subscriber.message_rx();
-        let dispatch = subs.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match messages.recv().await {
-                    Ok(msg) => dispatch.dispatch(&msg),
-                    Err(broadcast::error::RecvError::Lagged(_)) => dispatch.lost_messages(),
-                    Err(broadcast::error::RecvError::Closed) => break,
-                }
-            }
-        }));
-        // One server's inbox is subscribed from the first connection on,
-        // so that even a node's first follower needs one ACQUIRE.
-        if !sharded {
-            subs.keep_single(&subscriber);
-        }
-        // Messages sent while disconnected are lost: re-check on every
-        // (re)connection, subscribe this subscriber's inboxes again, and
-        // re-check again once Redis confirmed them (see
-        // `Subs::resubscribe`). fred announces the first connection too.
-        let mut reconnects = subscriber.reconnect_rx();
-        let (resync, on) = (subs.clone(), subscriber.clone());
-        tasks.push(tokio::spawn(async move {
-            while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = reconnects.recv().await
-            {
-                resync.lost_subscriptions();
-                resync.resubscribe(&on).await;
-                resync.resync_followers();
-            }
-        }));
+        inboxes.attach(&subscriber, &mut tasks);
         tasks.push(tokio::spawn(ping_subscriber(
             subscriber.clone(),
             addr.clone(),
@@ -386,7 +357,7 @@ impl Drop for Node {
 /// `PING`s in a row get no answer within `timeout`, the connection is
 /// made again: its reconnection makes every follower re-check, subscribes
 /// its inboxes again and makes them re-check once more (see
-/// `Subs::resubscribe`).
+/// [`Inboxes::attach`]).
 ///
 /// [`RedisConfig::subscriber_ping`]: crate::RedisConfig::subscriber_ping
 async fn ping_subscriber(

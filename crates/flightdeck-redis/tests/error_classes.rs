@@ -13,7 +13,6 @@ use flightdeck_distributed::{BackendError, BackendErrorKind, FlightId, OwnerToke
 use flightdeck_redis::RedisBackend;
 use flightdeck_testkit::conformance::commit_args;
 use flightdeck_testkit::{counters, FaultProxy, RedisCluster, RedisServer, Resp};
-use fred::interfaces::ClientLike;
 use short::{config, flight, keys_by_node, terms};
 
 async fn acquire_kind(b: &RedisBackend, key: &str) -> Option<BackendErrorKind> {
@@ -181,7 +180,7 @@ async fn call_just_after_a_loss_is_unavailable_not_outcome_unknown() {
         redis.kill();
         // fred reads the close (and says why on its error channel).
         tokio::time::sleep(Duration::from_millis(10)).await;
-        if b.client().is_connected() {
+        if b.is_connected() {
             let e = acquire_error(&b, "just-after").await;
             assert_unavailable(e, "Connection refused");
             return;
@@ -618,7 +617,7 @@ async fn wait_after_the_commits_connection_was_lost_acknowledges_nothing() {
     // fred reads the reset (and says so on its error channel); its first
     // reconnection attempt comes 50 ms or more later.
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert!(b.client().is_connected(), "fred says connected until then");
+    assert!(b.is_connected(), "fred says connected until then");
     let after = b.wait_replicas(&f, 1, Duration::from_millis(20)).await;
     assert!(
         !matches!(after, Ok(Some(n)) if n >= 1),
@@ -640,7 +639,7 @@ async fn calls_waiting_for_the_new_connection_are_served() {
     for round in 0..10 {
         redis.cmd(&["CLIENT", "KILL", "TYPE", "normal"]).unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
-        if !b.client().is_connected() {
+        if !b.is_connected() {
             // fred already reconnecting: not the window.
             b.ready(Duration::from_secs(5)).await.unwrap();
             continue;

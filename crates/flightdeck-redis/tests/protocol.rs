@@ -32,6 +32,15 @@ use tower::{service_fn, Layer, ServiceExt};
 
 /// A backend on `redis`. Its subscriber's liveness `PING` is an hour
 /// apart: every count of commands below is the protocol's alone.
+/// A plain fred client of `redis`, for the old layouts' scripts.
+async fn plain_client(redis: &RedisServer) -> fred::prelude::Client {
+    use fred::interfaces::ClientLike;
+    let config = fred::prelude::Config::from_url(&redis.url()).unwrap();
+    let client = fred::prelude::Builder::from_config(config).build().unwrap();
+    client.init().await.unwrap();
+    client
+}
+
 async fn backend(redis: &RedisServer) -> RedisBackend {
     let config = RedisConfig::new(redis.url())
         .command_timeout(Duration::from_secs(1))
@@ -538,7 +547,7 @@ async fn a_follower_sends_one_acquire_while_its_inbox_is_in_force() {
 async fn old_and_new_layouts_never_read_each_other() {
     let redis = RedisServer::start().unwrap();
     let new = backend(&redis).await;
-    let old = Legacy::load(&new.client(), "fd").await;
+    let old = Legacy::load(&plain_client(&redis).await, "fd").await;
     let t = conformance::terms(true);
     let word = |v: &Value| v.as_str().map(|s| s.into_owned()).unwrap_or_default();
 
@@ -645,7 +654,7 @@ async fn f2_and_f3_layouts_never_read_each_other() {
     use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
     let redis = RedisServer::start().unwrap();
     let (new, other) = (backend(&redis).await, backend(&redis).await);
-    let old = F2::load(&new.client(), "fd").await;
+    let old = F2::load(&plain_client(&redis).await, "fd").await;
     let t = conformance::terms(true);
     let word = |v: &Value| v.as_str().map(|s| s.into_owned()).unwrap_or_default();
     let f = fresh_flight();
@@ -807,7 +816,7 @@ async fn measure_server_time_per_owner_flight_old_and_new() {
     const ROUNDS: usize = 6;
     let redis = RedisServer::start().unwrap();
     let new = backend(&redis).await;
-    let old = F2::load(&new.client(), "fd").await;
+    let old = F2::load(&plain_client(&redis).await, "fd").await;
     let per = |us: u64| us as f64 / FLIGHTS as f64;
     for size in [64usize, 4096] {
         let args = CommitArgs {

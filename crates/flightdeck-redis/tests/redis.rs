@@ -466,7 +466,7 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
 async fn script_flush_and_restart_are_transparent() {
     let mut redis = RedisServer::start().unwrap();
     let b = backend(&redis).await;
-    let client = b.client().clone();
+    let probe = b.clone();
     let calls = Arc::new(AtomicUsize::new(0));
     let svc = layer(b, "flush", policy()).layer(work(calls.clone(), "v", Duration::ZERO));
     assert_eq!(svc.clone().oneshot("a".into()).await.unwrap(), "v:a");
@@ -477,8 +477,10 @@ async fn script_flush_and_restart_are_transparent() {
     redis.restart().unwrap();
     // Wait for the client to reconnect (bounded), then it must just work.
     let deadline = Instant::now() + Duration::from_secs(5);
+    let flight = FlightId::of(&FlightKey::from_bytes(stage("flush"), "probe"));
     loop {
-        let ping: Result<String, _> = client.ping(None).await;
+        // A read on the backend's own command connection.
+        let ping = probe.invalidated_since(&flight, 0).await;
         if ping.is_ok() {
             break;
         }
@@ -730,12 +732,16 @@ async fn one_inbox_per_node_subscribed_once_and_kept() {
 }
 
 /// For scale (printed, not asserted): the owner path (acquire + commit) per
-/// flight against a bare PING round trip through the same client.
+/// flight against a bare PING round trip to the same server.
 #[tokio::test]
 async fn measure_owner_path_against_a_round_trip() {
     let redis = RedisServer::start().unwrap();
     let b = backend(&redis).await;
-    let client = b.client().clone();
+    let client =
+        fred::prelude::Builder::from_config(fred::prelude::Config::from_url(&redis.url()).unwrap())
+            .build()
+            .unwrap();
+    client.init().await.unwrap();
     let svc = layer(b, "measure", policy()).layer(service_fn(|req: String| async move {
         Ok::<_, Infallible>(req)
     }));
