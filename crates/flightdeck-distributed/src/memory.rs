@@ -128,14 +128,22 @@ struct Record {
     /// (committed, abandoned, released, invalidated).
     deadline: Option<Instant>,
     result: Option<(ResultStatus, Bytes)>,
-    /// Tokens released while they held nothing here (newest first): never
-    /// granted the flight.
+    /// Tokens never granted the flight again (newest first): released,
+    /// or whose attempt ended here (committed, abandoned, released).
     released: Vec<OwnerToken>,
     expires: Instant,
 }
 
 /// How many released tokens a record remembers (as the Redis scripts).
 const RELEASED_KEPT: usize = 8;
+
+/// Puts `token` first in a record's never-granted tokens, at most
+/// [`RELEASED_KEPT`] of them.
+fn remember(released: &mut Vec<OwnerToken>, token: OwnerToken) {
+    released.retain(|t| *t != token);
+    released.insert(0, token);
+    released.truncate(RELEASED_KEPT);
+}
 
 impl Flight {
     /// The live record, after dropping it if it expired (like Redis does
@@ -391,6 +399,7 @@ impl MemoryBackend {
         r.deadline = None;
         r.result = Some((ResultStatus::Ok, args.payload.clone()));
         r.expires = now + key_ttl(args.ttl);
+        remember(&mut r.released, token.clone());
         drop(flights);
         let inline = (args.payload.len() <= args.inline_below).then(|| args.payload.clone());
         self.publish(
@@ -417,6 +426,7 @@ impl MemoryBackend {
             return Released::NotOwner;
         };
         r.deadline = None;
+        remember(&mut r.released, token.clone());
         if let Some(msg) = &args.failure {
             // Like the script: an empty message is not cached.
             if !msg.is_empty() && !args.failure_ttl.is_zero() {
@@ -436,15 +446,13 @@ impl MemoryBackend {
         match f.record(now) {
             Some(r) if r.token.as_ref() == Some(token) && r.deadline.is_some() => {
                 r.deadline = None;
+                remember(&mut r.released, token.clone());
                 let generation = r.gen;
                 drop(flights);
                 self.publish(flight, Notice::Abandoned { generation });
                 return Released::Released;
             }
-            Some(r) => {
-                r.released.insert(0, token.clone());
-                r.released.truncate(RELEASED_KEPT);
-            }
+            Some(r) => remember(&mut r.released, token.clone()),
             None => {
                 f.record = Some(Record {
                     gen: 0,

@@ -15,7 +15,7 @@
 //! | `t` | the last grant's token (`''` after an invalidation) |
 //! | `d` | the last grant's lease deadline, server time in ms; `0` once the grant ended (committed, abandoned, released, invalidated) |
 //! | `s`, `b` | the stored result: status `ok`/`err` and body; only while a result is stored |
-//! | `x` | tokens released while they held nothing here (space-separated, newest first, at most 8): never granted the flight |
+//! | `x` | tokens never to be granted the flight (space-separated, newest first, at most 8): released, or whose attempt ended here (committed, abandoned, released), so that a late duplicate of their ACQUIRE grants nothing |
 //! | `w` | the inboxes of the nodes that follow the flight (space-separated): added by an ACQUIRE that answers FOLLOWER, told and emptied when the grant ends |
 //!
 //! and one expiry, the record's: [`LeaseTerms::record_ttl`] from a grant
@@ -105,6 +105,28 @@
 //! }
 //! ```
 
+/// The Lua of `remember(x, tok)`: the list `x` with `tok` first, newest
+/// first, at most 8 tokens (the field `x` of the record). Put before the
+/// scripts that add to it.
+macro_rules! remember {
+    () => {
+        r"local function remember(x, tok)
+  local out, n = tok, 1
+  for t in string.gmatch(x or '', '%S+') do
+    if n >= 8 then
+      break
+    end
+    if t ~= tok then
+      out = out .. ' ' .. t
+      n = n + 1
+    end
+  end
+  return out
+end
+"
+    };
+}
+
 /// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox)` →
 /// `{HIT, gen, st, body}` | `{OWNER, gen, takeover}` |
 /// `{FOLLOWER, gen, remaining_ms}` | `{EXPIRED, gen}`. A FOLLOWER answer
@@ -192,8 +214,10 @@ return 'RENEWED'
 /// round trip (the payload inline when `inline` is `1`): no message at
 /// all when no other node follows. A retry of a done commit answers
 /// `COMMITTED`.
-pub const COMMIT: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w')
+pub const COMMIT: &str = concat!(
+    "#!lua\n",
+    remember!(),
+    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return 'FENCED'
 end
@@ -207,10 +231,11 @@ if not r[3] or r[3] == '0' then
   return 'FENCED'
 end
 local w = r[5] or ''
+local x = remember(r[6], ARGV[1])
 if w == '' then
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3])
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'x', x)
 else
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'w', '')
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'w', '', 'x', x)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 if w ~= '' then
@@ -223,60 +248,56 @@ if w ~= '' then
   end
 end
 return 'COMMITTED'
-";
+"
+);
 
 /// `ABANDON(tok, gen, failure, failure_ttl_ms)` → `RELEASED` |
 /// `NOT_OWNER`. Ends the last grant (its lease live or run out),
 /// optionally caches the failure, and wakes the waiting nodes at once.
-pub const ABANDON: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'w')
+pub const ABANDON: &str = concat!(
+    "#!lua\n",
+    remember!(),
+    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'w', 'x')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or not r[3] or r[3] == '0' then
   return 'NOT_OWNER'
 end
+local x = remember(r[5], ARGV[1])
 if ARGV[3] ~= '' and tonumber(ARGV[4]) > 0 then
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3], 'w', '')
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3], 'w', '', 'x', x)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 else
-  redis.call('HSET', KEYS[1], 'd', '0', 'w', '')
+  redis.call('HSET', KEYS[1], 'd', '0', 'w', '', 'x', x)
 end
 for inbox in string.gmatch(r[4] or '', '%S+') do
   redis.call('PUBLISH', inbox, KEYS[1] .. '|' .. ARGV[2] .. '|a')
 end
 return 'RELEASED'
-";
+"
+);
 
 /// `RELEASE(tok, state_ttl_ms)` → `RELEASED` | `NOT_OWNER`. Ends the
 /// lease held by `tok` whatever its generation and wakes the waiting
 /// nodes; otherwise remembers `tok` so that a late ACQUIRE of it grants
 /// nothing.
-pub const RELEASE: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'd', 'g', 'x', 'w')
+pub const RELEASE: &str = concat!(
+    "#!lua\n",
+    remember!(),
+    r"local r = redis.call('HMGET', KEYS[1], 't', 'd', 'g', 'x', 'w')
+local x = remember(r[4], ARGV[1])
 if r[1] == ARGV[1] and r[2] and r[2] ~= '0' then
-  redis.call('HSET', KEYS[1], 'd', '0', 'w', '')
+  redis.call('HSET', KEYS[1], 'd', '0', 'w', '', 'x', x)
   for inbox in string.gmatch(r[5] or '', '%S+') do
     redis.call('PUBLISH', inbox, KEYS[1] .. '|' .. r[3] .. '|a')
   end
   return 'RELEASED'
-end
-local x = ARGV[1]
-if r[4] then
-  local n = 1
-  for tok in string.gmatch(r[4], '%S+') do
-    if n >= 8 then
-      break
-    end
-    if tok ~= ARGV[1] then
-      x = x .. ' ' .. tok
-      n = n + 1
-    end
-  end
 end
 redis.call('HSET', KEYS[1], 'x', x)
 if not r[1] and not r[3] and not r[4] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 'NOT_OWNER'
-";
+"
+);
 
 /// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result and
 /// the lease, starts a newer generation (fencing a running owner), keeps

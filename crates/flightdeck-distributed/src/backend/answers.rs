@@ -61,8 +61,9 @@ pub enum Acquired {
     /// The owner's lease expired without a commit and takeover was not
     /// allowed (for at most [`LeaseTerms::record_ttl`] after the dead
     /// owner's grant or last heartbeat). Also the answer to a token whose
-    /// own attempt already ended (it released or abandoned the flight):
-    /// such a token is never granted the flight again.
+    /// own attempt already ended (it committed, released or abandoned the
+    /// flight, and no result is stored): such a token is never granted the
+    /// flight again.
     Expired {
         /// The dead owner's generation (or the ended attempt's; 0 when the
         /// flight has none).

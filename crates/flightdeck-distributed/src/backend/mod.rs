@@ -13,8 +13,8 @@
 //!   `takeover` when it replaces an owner whose lease ran out without a
 //!   commit or abandon. [`Acquired::Expired`] is the answer instead of a
 //!   takeover when [`LeaseTerms::allow_takeover`] is false, and the answer
-//!   to a token whose attempt already ended (released or abandoned: it is
-//!   never granted the flight again).
+//!   to a token whose attempt already ended (committed, released or
+//!   abandoned: it is never granted the flight again).
 //! - **Generations never repeat and never decrease** for a flight,
 //!   whatever expired in between (lease, result, the flight's whole
 //!   record). A handler may therefore fence its own downstream writes with
