@@ -1,0 +1,409 @@
+//! The Redis side: a flight's record, its invalidation key, and the six
+//! scripts of `flightdeck_redis::scripts`, one function each, line for
+//! line.
+//!
+//! Time is counted in ticks; a lease, a TTL and the server clock are whole
+//! ticks. A tick stands for at least a millisecond, so a generation taken
+//! from the clock is `now * US_PER_TICK` (the server's `TIME` in µs), and
+//! `g + 1` wins only when a flight is granted more than once within one
+//! tick, as on a real server within one microsecond.
+//!
+//! Where the Lua tells two field states apart (absent, empty, `0`), this
+//! does too; where it does not (`w` absent or `''`), neither does this.
+
+use std::fmt;
+
+/// A server time, in ticks (starts at 1: a lease deadline `0` means
+/// "ended", as in the scripts).
+pub type Tick = u8;
+/// A generation: `max(g + 1, now * US_PER_TICK)`.
+pub type Gen = u16;
+/// An owner token; `EMPTY` is the `''` an invalidation leaves in `t`.
+pub type Tok = u8;
+/// A node (one `RedisBackend`, one inbox).
+pub type NodeId = u8;
+
+/// The token an invalidation writes (`t = ''`): never a node's.
+pub const EMPTY: Tok = 0;
+
+/// The server's `TIME` in µs per tick. Larger than the generations any
+/// explored run takes within one tick (each needs a script, and another
+/// one to end the grant before it), which is what the protocol assumes of
+/// a microsecond.
+pub const US_PER_TICK: Gen = 16;
+
+/// The durations of a run, in ticks (`LeaseTerms`, `CommitArgs`,
+/// `AbandonArgs` of the L2 layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Terms {
+    /// `LeaseTerms::lease`.
+    pub lease: Tick,
+    /// `LeaseTerms::state_ttl`.
+    pub state_ttl: Tick,
+    /// `LeaseTerms::allow_takeover`.
+    pub takeover: bool,
+    /// `CommitArgs::ttl`: how long a result is replayed.
+    pub result_ttl: Tick,
+    /// `AbandonArgs::failure_ttl` of an abandon that caches its failure.
+    pub failure_ttl: Tick,
+}
+
+impl Terms {
+    /// `LeaseTerms::record_ttl`: two leases, at most `state_ttl`, at least
+    /// one lease.
+    pub fn record_ttl(&self) -> Tick {
+        self.lease
+            .saturating_mul(2)
+            .min(self.state_ttl)
+            .max(self.lease)
+    }
+}
+
+/// How a stored result ended (`s`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Status {
+    /// `ok`: committed.
+    Ok,
+    /// `err`: a failure cached by an abandon.
+    Err,
+}
+
+/// A stored body (`b`): the value the owner with this token computed, or
+/// the failure it cached. What the replay sends as the payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Body {
+    /// The result of the attempt with this token.
+    Value(Tok),
+    /// The failure of the attempt with this token.
+    Failure(Tok),
+}
+
+/// The record `{prefix}:{h}:f3` (see `flightdeck_redis::scripts`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Record {
+    /// `g`.
+    pub g: Option<Gen>,
+    /// `t` ([`EMPTY`] after an invalidation).
+    pub t: Option<Tok>,
+    /// `d`: the lease deadline; `Some(0)` once the grant ended.
+    pub d: Option<Tick>,
+    /// `s`.
+    pub s: Option<Status>,
+    /// `b`.
+    pub b: Option<Body>,
+    /// `x`, newest first (never more than [`RELEASED_KEPT`]): tokens
+    /// released, or whose attempt ended here (committed, abandoned,
+    /// released).
+    pub x: Vec<Tok>,
+    /// `w`, in the order added (absent and `''` alike: empty).
+    pub w: Vec<NodeId>,
+    /// The key's expiry: present while `now < exp`; `None`: no expiry.
+    pub exp: Option<Tick>,
+}
+
+/// How many released tokens `x` keeps.
+pub const RELEASED_KEPT: usize = 8;
+
+/// What the server holds of one flight.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Store {
+    /// The record, while it lives.
+    pub record: Option<Record>,
+    /// `{prefix}:{h}:f3:i`: the last invalidation's generation and the
+    /// key's expiry.
+    pub inv: Option<(Gen, Tick)>,
+}
+
+impl Store {
+    /// Drops what expired by `now` (Redis: a key is gone once its
+    /// deadline passed, whether or not it was deleted yet).
+    pub fn expire(&mut self, now: Tick) {
+        if self
+            .record
+            .as_ref()
+            .and_then(|r| r.exp)
+            .is_some_and(|e| e <= now)
+        {
+            self.record = None;
+        }
+        if self.inv.is_some_and(|(_, e)| e <= now) {
+            self.inv = None;
+        }
+    }
+}
+
+/// A script call, as a node sends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Call {
+    /// `ACQUIRE(tok, lease, takeover, record_ttl, inbox)`; the inbox is
+    /// the sending node's.
+    Acquire(Tok),
+    /// `HEARTBEAT(tok, gen, lease, record_ttl)`.
+    Heartbeat(Tok, Gen),
+    /// `COMMIT(tok, gen, value(tok), result_ttl, inline=1)`.
+    Commit(Tok, Gen),
+    /// `ABANDON(tok, gen, failure, failure_ttl)`; `true`: caches the
+    /// failure.
+    Abandon(Tok, Gen, bool),
+    /// `RELEASE(tok, state_ttl)`.
+    Release(Tok),
+    /// `INVALIDATE(state_ttl)`.
+    Invalidate,
+}
+
+/// A script's answer, as the client parses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Answer {
+    /// `{HIT, gen, st, body}`; a missing generation is a protocol error
+    /// for the client (`None`).
+    Hit(Option<Gen>, Status, Body),
+    /// `{OWNER, gen, takeover}`.
+    Owner(Gen, bool),
+    /// `{FOLLOWER, gen, remaining}` (remaining: ticks, rounded up).
+    Follower(Gen, Tick),
+    /// `{EXPIRED, gen}` (0 when the record has none).
+    Expired(Gen),
+    /// `RENEWED`.
+    Renewed,
+    /// `LOST`.
+    Lost,
+    /// `COMMITTED`.
+    Committed,
+    /// `FENCED`.
+    Fenced,
+    /// `RELEASED` (abandon, release).
+    Released,
+    /// `NOT_OWNER` (abandon, release).
+    NotOwner,
+    /// INVALIDATE's new generation.
+    Invalidated(Gen),
+}
+
+/// A message published to a node's inbox: `<record>|<gen>|c|<payload>`
+/// (`Some`: inline, which the model always asks for) or `<record>|<gen>|a`
+/// (`None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Notice {
+    /// The inbox's node.
+    pub node: NodeId,
+    /// The generation named.
+    pub gen: Gen,
+    /// The committed body (inline), or `None` for "abandoned".
+    pub body: Option<Body>,
+}
+
+impl fmt::Display for Notice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.body {
+            Some(b) => write!(f, "n{}<-{}|c|{b:?}", self.node, self.gen),
+            None => write!(f, "n{}<-{}|a", self.node, self.gen),
+        }
+    }
+}
+
+/// Puts `tok` first in `x`, newest first, at most [`RELEASED_KEPT`].
+fn remember(rec: &mut Record, tok: Tok) {
+    let mut x = vec![tok];
+    for &t in &rec.x {
+        if x.len() >= RELEASED_KEPT {
+            break;
+        }
+        if t != tok {
+            x.push(t);
+        }
+    }
+    rec.x = x;
+}
+
+/// `max(g + 1, now in µs)`: the generation a grant or an invalidation takes.
+fn next_gen(g: Option<Gen>, now: Tick) -> Gen {
+    let now_us = Gen::from(now) * US_PER_TICK;
+    match g {
+        Some(g) if g >= now_us => g + 1,
+        _ => now_us,
+    }
+}
+
+fn publish(w: &[NodeId], gen: Gen, body: Option<Body>) -> Vec<Notice> {
+    w.iter().map(|&node| Notice { node, gen, body }).collect()
+}
+
+/// Runs one script on `store` at `now` for `node`: its answer and the
+/// messages it published. `store` must have been [expired](Store::expire)
+/// at `now`.
+pub fn run(
+    store: &mut Store,
+    now: Tick,
+    terms: &Terms,
+    node: NodeId,
+    call: Call,
+) -> (Answer, Vec<Notice>) {
+    match call {
+        Call::Acquire(tok) => (acquire(store, now, terms, node, tok), Vec::new()),
+        Call::Heartbeat(tok, gen) => (heartbeat(store, now, terms, tok, gen), Vec::new()),
+        Call::Commit(tok, gen) => commit(store, now, terms, tok, gen),
+        Call::Abandon(tok, gen, fail) => abandon(store, now, terms, tok, gen, fail),
+        Call::Release(tok) => release(store, now, terms, tok),
+        Call::Invalidate => invalidate(store, now, terms),
+    }
+}
+
+/// ACQUIRE.
+pub fn acquire(store: &mut Store, now: Tick, terms: &Terms, node: NodeId, tok: Tok) -> Answer {
+    let r = store.record.clone().unwrap_or_default();
+    if let Some(s) = r.s {
+        // `r[5] or ''`: the model never stores a status without a body.
+        return Answer::Hit(r.g, s, r.b.unwrap_or(Body::Value(EMPTY)));
+    }
+    let d = r.d.unwrap_or(0);
+    let mut takeover = false;
+    if r.t == Some(tok) {
+        if d > now {
+            return Answer::Owner(r.g.unwrap_or(0), false);
+        }
+        if d == 0 {
+            return Answer::Expired(r.g.unwrap_or(0));
+        }
+    } else if d > now {
+        let rec = store.record.as_mut().expect("a live lease has a record");
+        if !rec.w.contains(&node) {
+            rec.w.push(node);
+        }
+        return Answer::Follower(r.g.unwrap_or(0), d - now);
+    }
+    if d > 0 {
+        if !terms.takeover {
+            return Answer::Expired(r.g.unwrap_or(0));
+        }
+        takeover = true;
+    }
+    if r.x.contains(&tok) {
+        return Answer::Expired(r.g.unwrap_or(0));
+    }
+    let gen = next_gen(r.g, now);
+    let rec = store.record.get_or_insert_with(Record::default);
+    rec.g = Some(gen);
+    rec.t = Some(tok);
+    rec.d = Some(now + terms.lease);
+    rec.exp = Some(now + terms.record_ttl());
+    Answer::Owner(gen, takeover)
+}
+
+/// HEARTBEAT.
+pub fn heartbeat(store: &mut Store, now: Tick, terms: &Terms, tok: Tok, gen: Gen) -> Answer {
+    let Some(rec) = store.record.as_mut() else {
+        return Answer::Lost;
+    };
+    if rec.t != Some(tok) || rec.g != Some(gen) {
+        return Answer::Lost;
+    }
+    let d = rec.d.unwrap_or(0);
+    if d == 0 || d <= now {
+        return Answer::Lost;
+    }
+    rec.d = Some(now + terms.lease);
+    rec.exp = Some(now + terms.record_ttl());
+    Answer::Renewed
+}
+
+/// COMMIT (the payload always inline).
+pub fn commit(
+    store: &mut Store,
+    now: Tick,
+    terms: &Terms,
+    tok: Tok,
+    gen: Gen,
+) -> (Answer, Vec<Notice>) {
+    let Some(rec) = store.record.as_mut() else {
+        return (Answer::Fenced, Vec::new());
+    };
+    if rec.t != Some(tok) || rec.g != Some(gen) {
+        return (Answer::Fenced, Vec::new());
+    }
+    if let Some(s) = rec.s {
+        let answer = if s == Status::Ok {
+            Answer::Committed
+        } else {
+            Answer::Fenced
+        };
+        return (answer, Vec::new());
+    }
+    if rec.d.unwrap_or(0) == 0 {
+        return (Answer::Fenced, Vec::new());
+    }
+    let w = std::mem::take(&mut rec.w);
+    rec.d = Some(0);
+    rec.s = Some(Status::Ok);
+    rec.b = Some(Body::Value(tok));
+    rec.exp = Some(now + terms.result_ttl);
+    remember(rec, tok);
+    (Answer::Committed, publish(&w, gen, Some(Body::Value(tok))))
+}
+
+/// ABANDON.
+pub fn abandon(
+    store: &mut Store,
+    now: Tick,
+    terms: &Terms,
+    tok: Tok,
+    gen: Gen,
+    fail: bool,
+) -> (Answer, Vec<Notice>) {
+    let Some(rec) = store.record.as_mut() else {
+        return (Answer::NotOwner, Vec::new());
+    };
+    if rec.t != Some(tok) || rec.g != Some(gen) || rec.d.unwrap_or(0) == 0 {
+        return (Answer::NotOwner, Vec::new());
+    }
+    let w = std::mem::take(&mut rec.w);
+    rec.d = Some(0);
+    remember(rec, tok);
+    if fail && terms.failure_ttl > 0 {
+        rec.s = Some(Status::Err);
+        rec.b = Some(Body::Failure(tok));
+        rec.exp = Some(now + terms.failure_ttl);
+    }
+    (Answer::Released, publish(&w, gen, None))
+}
+
+/// RELEASE.
+pub fn release(store: &mut Store, now: Tick, terms: &Terms, tok: Tok) -> (Answer, Vec<Notice>) {
+    if let Some(rec) = store.record.as_mut() {
+        if rec.t == Some(tok) && rec.d.is_some_and(|d| d != 0) {
+            let w = std::mem::take(&mut rec.w);
+            rec.d = Some(0);
+            remember(rec, tok);
+            // `r[3]` may be nil only for a record our scripts did not write.
+            return (Answer::Released, publish(&w, rec.g.unwrap_or(0), None));
+        }
+    }
+    let had = store
+        .record
+        .as_ref()
+        .is_some_and(|r| r.t.is_some() || r.g.is_some() || !r.x.is_empty());
+    let rec = store.record.get_or_insert_with(Record::default);
+    remember(rec, tok);
+    if !had {
+        rec.exp = Some(now + terms.state_ttl);
+    }
+    (Answer::NotOwner, Vec::new())
+}
+
+/// INVALIDATE.
+pub fn invalidate(store: &mut Store, now: Tick, terms: &Terms) -> (Answer, Vec<Notice>) {
+    let (g, w) = match &store.record {
+        Some(r) => (r.g, r.w.clone()),
+        None => (None, Vec::new()),
+    };
+    let gen = next_gen(g, now);
+    let rec = store.record.get_or_insert_with(Record::default);
+    rec.g = Some(gen);
+    rec.t = Some(EMPTY);
+    rec.d = Some(0);
+    rec.s = None;
+    rec.b = None;
+    rec.w.clear();
+    rec.exp = Some(now + terms.state_ttl);
+    store.inv = Some((gen, now + terms.state_ttl));
+    (Answer::Invalidated(gen), publish(&w, gen, None))
+}
