@@ -17,7 +17,7 @@ use crate::classify::classify;
 use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
 use crate::inbox::Inboxes;
-use crate::reply::{answer, bad_reply, bytes, gen, parse_acquire, released};
+use crate::reply::{bytes, committed, invalidated, parse_acquire, released, renewal};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
 
@@ -328,12 +328,7 @@ impl Backend for RedisBackend {
                 .uint(generation)
                 .millis(terms.lease)
                 .millis(terms.record_ttl());
-            let v = self.eval(HEARTBEAT, args).await?;
-            answer(
-                "HEARTBEAT",
-                &v,
-                &[("RENEWED", Renewal::Renewed), ("LOST", Renewal::Lost)],
-            )
+            renewal(&self.eval(HEARTBEAT, args).await?)
         })
     }
 
@@ -356,15 +351,7 @@ impl Backend for RedisBackend {
                 } else {
                     "0"
                 });
-            let v = self.eval(COMMIT, argv).await?;
-            answer(
-                "COMMIT",
-                &v,
-                &[
-                    ("COMMITTED", Committed::Committed),
-                    ("FENCED", Committed::Fenced),
-                ],
-            )
+            committed(&self.eval(COMMIT, argv).await?)
         })
     }
 
@@ -412,8 +399,7 @@ impl Backend for RedisBackend {
             let args = self
                 .script_args(flight, Names::WithInvalidation, 1)
                 .millis(state_ttl);
-            let v = self.eval(INVALIDATE, args).await?;
-            gen(&v).ok_or_else(|| bad_reply("INVALIDATE", &v))
+            invalidated(&self.eval(INVALIDATE, args).await?)
         })
     }
 

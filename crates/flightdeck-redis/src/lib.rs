@@ -173,4 +173,51 @@ pub mod scripts;
 mod stored;
 
 pub use backend::{RedisBackend, LAYOUT};
+
+/// The parsers of what Redis answers, for the fuzz targets (`fuzz/`) only:
+/// built under `cfg(fuzzing)`, never part of the API.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    use flightdeck_distributed::backend::{
+        Acquired, BackendError, Committed, Notice, Released, Renewal,
+    };
+    use fred::prelude::Value;
+
+    /// An ACQUIRE answer.
+    pub fn acquire(v: &Value) -> Result<Acquired, BackendError> {
+        crate::reply::parse_acquire(v)
+    }
+
+    /// A HEARTBEAT answer.
+    pub fn heartbeat(v: &Value) -> Result<Renewal, BackendError> {
+        crate::reply::renewal(v)
+    }
+
+    /// A COMMIT answer.
+    pub fn commit(v: &Value) -> Result<Committed, BackendError> {
+        crate::reply::committed(v)
+    }
+
+    /// An ABANDON or RELEASE answer.
+    pub fn release(v: &Value) -> Result<Released, BackendError> {
+        crate::reply::released("RELEASE", v)
+    }
+
+    /// An INVALIDATE answer.
+    pub fn invalidate(v: &Value) -> Result<u64, BackendError> {
+        crate::reply::invalidated(v)
+    }
+
+    /// A READ answer: the stored result it holds, if any.
+    pub fn read(v: Value) -> Result<Option<Acquired>, BackendError> {
+        let items = crate::stored::read_items(v)?;
+        crate::stored::stored_hit(&items).transpose()
+    }
+
+    /// A message on an inbox: the record it names and the notice.
+    pub fn notice(msg: &bytes::Bytes) -> Option<(bytes::Bytes, Notice)> {
+        crate::inbox::parse_message(msg)
+    }
+}
 pub use config::RedisConfig;

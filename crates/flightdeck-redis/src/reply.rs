@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_distributed::backend::{
-    Acquired, BackendError, Released, ResultStatus, StoredResult,
+    Acquired, BackendError, Committed, Released, Renewal, ResultStatus, StoredResult,
 };
 use fred::prelude::*;
 
@@ -92,6 +92,32 @@ pub(crate) fn answer<T: Copy>(
         .find(|(w, _)| *w == word)
         .map(|(_, t)| *t)
         .ok_or_else(|| BackendError::protocol(format!("unknown {what} answer {word:?}")))
+}
+
+/// A HEARTBEAT answer.
+pub(crate) fn renewal(v: &Value) -> Result<Renewal, BackendError> {
+    answer(
+        "HEARTBEAT",
+        v,
+        &[("RENEWED", Renewal::Renewed), ("LOST", Renewal::Lost)],
+    )
+}
+
+/// A COMMIT answer.
+pub(crate) fn committed(v: &Value) -> Result<Committed, BackendError> {
+    answer(
+        "COMMIT",
+        v,
+        &[
+            ("COMMITTED", Committed::Committed),
+            ("FENCED", Committed::Fenced),
+        ],
+    )
+}
+
+/// INVALIDATE's answer: the new generation.
+pub(crate) fn invalidated(v: &Value) -> Result<u64, BackendError> {
+    gen(v).ok_or_else(|| bad_reply("INVALIDATE", v))
 }
 
 /// An ABANDON or RELEASE answer.

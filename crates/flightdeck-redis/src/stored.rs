@@ -16,6 +16,31 @@ use crate::connect::timed_out;
 use crate::eval::READ;
 use crate::reply::{bad_reply, gen, int, parse_acquire, text};
 
+/// READ's answer: the record's `g`, `s`, `b` and the last invalidation.
+pub(crate) fn read_items(reply: Value) -> Result<[Value; 4], BackendError> {
+    match reply {
+        Value::Array(items) => {
+            <[Value; 4]>::try_from(items).map_err(|items| bad_reply("READ", &Value::Array(items)))
+        }
+        other => Err(bad_reply("READ", &other)),
+    }
+}
+
+/// The result stored in READ's `items` ([`Acquired::Hit`], under the
+/// checks of ACQUIRE's hit path); `None` when none is stored.
+pub(crate) fn stored_hit(items: &[Value; 4]) -> Option<Result<Acquired, BackendError>> {
+    if items[1].is_null() {
+        return None;
+    }
+    let hit = Value::Array(vec![
+        text("HIT"),
+        items[0].clone(),
+        items[1].clone(),
+        items[2].clone(),
+    ]);
+    Some(parse_acquire(&hit))
+}
+
 /// The refusal's reason when the server refused a write it would serve as
 /// a read: `NOREPLICAS` (a primary short of `min-replicas-to-write`) or
 /// `READONLY` (a replica, e.g. the old primary after a failover).
@@ -31,14 +56,11 @@ pub(crate) fn writes_refused(e: &BackendError) -> Option<&'static str> {
 impl RedisBackend {
     /// The record's `g`, `s`, `b` and the last invalidation (see
     /// [`scripts::READ`](crate::scripts::READ)).
-    async fn read(&self, flight: &FlightId) -> Result<Vec<Value>, BackendError> {
-        match self
-            .eval(READ, self.script_args(flight, Names::WithInvalidation, 0))
-            .await?
-        {
-            Value::Array(items) if items.len() == 4 => Ok(items),
-            other => Err(bad_reply("READ", &other)),
-        }
+    async fn read(&self, flight: &FlightId) -> Result<[Value; 4], BackendError> {
+        read_items(
+            self.eval(READ, self.script_args(flight, Names::WithInvalidation, 0))
+                .await?,
+        )
     }
 
     /// ACQUIRE was refused with `refused` because the server takes no
@@ -64,17 +86,11 @@ impl RedisBackend {
                 return Err(refused);
             }
         };
-        if items[1].is_null() {
+        let Some(replay) = stored_hit(&items) else {
             count("miss");
             return Err(refused);
-        }
-        let hit = Value::Array(vec![
-            text("HIT"),
-            items[0].clone(),
-            items[1].clone(),
-            items[2].clone(),
-        ]);
-        let replay = parse_acquire(&hit)?;
+        };
+        let replay = replay?;
         count("hit");
         tracing::debug!(
             reason,

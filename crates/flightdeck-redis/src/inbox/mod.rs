@@ -57,6 +57,8 @@ use crate::cluster::SLOTS;
 use dispatch::Followers;
 pub(crate) use dispatch::Mark;
 use serial::Serials;
+#[cfg(fuzzing)]
+pub(crate) use wire::parse_message;
 use wire::Channels;
 
 /// The node's inboxes and followers, shared by every flight of the backend.

@@ -79,7 +79,7 @@ pub(super) fn value_bytes(v: &Value) -> Option<Bytes> {
 
 /// Parses `<record>|<gen>|c|<payload>`, `<record>|<gen>|c`,
 /// `<record>|<gen>|a`.
-pub(super) fn parse_message(msg: &Bytes) -> Option<(Bytes, Notice)> {
+pub(crate) fn parse_message(msg: &Bytes) -> Option<(Bytes, Notice)> {
     let bar = msg.iter().position(|b| *b == b'|')?;
     if bar == 0 {
         return None;
