@@ -1,0 +1,42 @@
+//! A message on a node's inbox: `<record>|<gen>|c|<payload>`,
+//! `<record>|<gen>|c`, `<record>|<gen>|a`, or anything another client
+//! published there. Parsed into the notice it spells, or refused; never a
+//! panic.
+#![no_main]
+
+use bytes::Bytes;
+use flightdeck_distributed::backend::Notice;
+use flightdeck_redis::fuzzing;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let msg = Bytes::copy_from_slice(data);
+    let Some((record, notice)) = fuzzing::notice(&msg) else {
+        return;
+    };
+    // The record is everything before the first bar, never empty.
+    let bar = data.iter().position(|b| *b == b'|').expect("a bar");
+    assert!(bar > 0);
+    assert_eq!(&record[..], &data[..bar]);
+    let rest = &data[bar + 1..];
+    let gen_end = rest.iter().position(|b| *b == b'|').expect("a second bar");
+    let digits = std::str::from_utf8(&rest[..gen_end]).expect("digits");
+    let tail = &rest[gen_end + 1..];
+    match notice {
+        Notice::Committed { generation, inline } => {
+            assert_eq!(digits.parse::<u64>().ok(), Some(generation));
+            match inline {
+                Some(p) => {
+                    assert_eq!(&tail[..2], b"c|");
+                    assert_eq!(&p[..], &tail[2..]);
+                }
+                None => assert_eq!(tail, b"c"),
+            }
+        }
+        Notice::Abandoned { generation } => {
+            assert_eq!(digits.parse::<u64>().ok(), Some(generation));
+            assert_eq!(tail, b"a");
+        }
+        Notice::Resync => panic!("a message parsed as a resync"),
+    }
+});
