@@ -63,8 +63,12 @@ pub(crate) fn parse_acquire(v: &Value) -> Result<Acquired, BackendError> {
         },
         (Some("FOLLOWER"), 3) => Acquired::Follower {
             generation: gen(&items[1]).ok_or_else(bad)?,
+            // A lease the script saw running has time left: a negative
+            // count is not a lease to wait for.
             lease_remaining: Duration::from_millis(
-                u64::try_from(int(&items[2]).ok_or_else(bad)?).unwrap_or(0),
+                int(&items[2])
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .ok_or_else(bad)?,
             ),
         },
         (Some("EXPIRED"), 2) => Acquired::Expired {
@@ -161,6 +165,13 @@ mod tests {
                 text("FOLLOWER"),
                 Value::Integer(-1),
                 Value::Integer(5),
+            ]),
+            // Found by the `redis_reply` fuzz target: was a follower told
+            // 0 ms, now refused.
+            Value::Array(vec![
+                text("FOLLOWER"),
+                Value::Integer(17),
+                Value::Integer(-5),
             ]),
         ] {
             let e = parse_acquire(&bad).unwrap_err();
