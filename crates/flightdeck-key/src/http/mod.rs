@@ -10,8 +10,9 @@
 //! - **stage**: the first matching route rule (method + path pattern), else
 //!   the stage header (only stages from its allowed list), else the default
 //!   stage; with none of these the request is not coalesced;
-//! - **method**, **authority** (URI authority or `Host`, ASCII-lowercased)
-//!   and **path** (raw, byte for byte: `/a%41` and `/aA` may route
+//! - **method**, **host** (of the URI authority or `Host`, without the
+//!   port, ASCII-lowercased, as nginx's `$host`: the nodes of one service
+//!   reached on different ports share, different names do not) and **path** (raw, byte for byte: `/a%41` and `/aA` may route
 //!   differently, so they are different keys);
 //! - **query**, normalized (see below), minus the ignored parameters;
 //! - **selected headers**, by default `Accept`, `Accept-Encoding` and
@@ -357,7 +358,8 @@ impl HttpKeyBuilder {
     /// service reached under several names (`api.internal`, a node's own
     /// address, a load balancer's): requests that differ only in the name
     /// they used then share. Keep the default when one deployment serves
-    /// several sites whose responses differ by host.
+    /// several sites whose responses differ by host. (The port is never
+    /// part of the key: nodes reached on different ports share anyway.)
     pub fn ignore_authority(mut self) -> Self {
         self.authority = false;
         self
@@ -622,7 +624,11 @@ impl Config {
     }
 }
 
-/// The authority (URI authority, else `Host`), ASCII-lowercased.
+/// The host of the authority (URI authority, else `Host`), without its
+/// port or user info, ASCII-lowercased: nginx's `$host`. The nodes of one
+/// service are reached on different ports (`10.0.0.7:3201`, `:3202`, a
+/// load balancer's `:443`) and answer alike, so the port never splits a
+/// flight; different names (virtual hosts) still do.
 fn write_authority(enc: &mut KeyEncoder, parts: &Parts) {
     let raw: &[u8] = match parts.uri.authority() {
         Some(a) => a.as_str().as_bytes(),
@@ -631,10 +637,30 @@ fn write_authority(enc: &mut KeyEncoder, parts: &Parts) {
             .get(HOST)
             .map_or(&[][..], HeaderValue::as_bytes),
     };
-    if raw.iter().any(u8::is_ascii_uppercase) {
-        enc.push(&raw.to_ascii_lowercase());
+    let host = host_of(raw);
+    if host.iter().any(u8::is_ascii_uppercase) {
+        enc.push(&host.to_ascii_lowercase());
     } else {
-        enc.push(raw);
+        enc.push(host);
+    }
+}
+
+/// `host[:port]`, `user@host:port` or `[v6]:port` without the user info
+/// and the port. Bytes that are not an authority are kept whole.
+fn host_of(authority: &[u8]) -> &[u8] {
+    let a = match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    if a.first() == Some(&b'[') {
+        return match a.iter().position(|&b| b == b']') {
+            Some(end) => &a[..=end],
+            None => a,
+        };
+    }
+    match a.iter().rposition(|&b| b == b':') {
+        Some(colon) if a[colon + 1..].iter().all(u8::is_ascii_digit) => &a[..colon],
+        _ => a,
     }
 }
 
@@ -648,5 +674,29 @@ where
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
         body::extract_with(req, |parts| self.config.plan(parts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn the_host_is_the_authority_without_port_and_user_info() {
+        let cases: [(&[u8], &[u8]); 9] = [
+            (b"a.example", b"a.example"),
+            (b"a.example:3201", b"a.example"),
+            (b"a.example:", b"a.example"),
+            (b"user:pw@a.example:80", b"a.example"),
+            (b"[::1]:3201", b"[::1]"),
+            (b"[::1]", b"[::1]"),
+            (b"127.0.0.1:3202", b"127.0.0.1"),
+            // Not a port: kept whole, so it never equals a real host.
+            (b"a.example:http", b"a.example:http"),
+            (b"", b""),
+        ];
+        for (authority, host) in cases {
+            assert_eq!(host_of(authority), host, "{authority:?}");
+        }
     }
 }
