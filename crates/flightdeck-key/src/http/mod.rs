@@ -96,6 +96,7 @@ mod idempotency;
 mod query;
 mod route;
 pub(crate) mod scope;
+pub(crate) mod unkeyed;
 
 use std::fmt;
 use std::sync::Arc;
@@ -120,6 +121,7 @@ pub use self::scope::{
 use self::body::Plan;
 use self::idempotency::IdempotencyTable;
 use self::route::Pattern;
+use self::unkeyed::Unkeyed;
 use crate::error::KeyConfigError;
 use crate::extract::{Extraction, KeyExtractor, Reason};
 
@@ -160,6 +162,7 @@ struct Config {
     idempotency: Arc<IdempotencyTable>,
     scope: ScopeConfig,
     authority: bool,
+    unkeyed: Arc<Unkeyed>,
 }
 
 struct RouteRule {
@@ -416,6 +419,12 @@ impl HttpKeyBuilder {
     pub fn build(self) -> Result<HttpKeyExtractor, KeyConfigError> {
         let scope = self.scope.build()?;
         let body_cap = self.body_cap;
+        let unkeyed = Arc::new(Unkeyed::new(
+            self.routes
+                .iter()
+                .map(|r| format!("{} {}", r.method, r.pattern))
+                .collect(),
+        ));
         let routes = self
             .routes
             .into_iter()
@@ -475,6 +484,7 @@ impl HttpKeyBuilder {
                 headers,
                 body_cap: self.body_cap,
                 authority: self.authority,
+                unkeyed,
                 idempotency_body_cap: self.idempotency_body_cap,
                 idempotency: Arc::new(IdempotencyTable::new(
                     self.idempotency_window,
@@ -673,7 +683,7 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        body::extract_with(req, |parts| self.config.plan(parts))
+        body::extract_with(req, &self.config.unkeyed, |parts| self.config.plan(parts))
     }
 }
 
