@@ -194,13 +194,12 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
     let config = SingleFlightConfig::from_toml(&opts.config)?;
     // The key: the route names the stage, the JSON body (up to 64 KiB) is
     // hashed, `Accept*` headers count, and requests with credentials are
-    // scoped per user (two users never share a score). The config file may
-    // leave the host name out (`[single-flight.keys] ignore-authority`).
-    let keys = config
-        .keys
-        .apply(HttpKeyExtractor::builder())
+    // scoped per user (two users never share a score).
+    let keys = HttpKeyExtractor::builder()
         .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(MAX_BODY))
         .build()?;
+    // The stages, and the file's key settings (`[single-flight.keys]`:
+    // leave the host name out, the scope secret's variable).
     let mut flights = SingleFlightLayer::http(keys).config(config);
     flights = match &opts.redis_url {
         Some(url) => {

@@ -66,6 +66,20 @@ impl<K, Sh: SharedForm, C: Send + Sync + 'static, F, X> SingleFlightLayer<K, Sh,
         self.shared.stages.get(&name).map(|s| s.local.running())
     }
 
+    /// The stages that can store results in a shared backend (those built
+    /// with one), sorted.
+    pub(crate) fn shared_store_stages(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .shared
+            .stages
+            .values()
+            .filter(|s| s.distributed.is_some())
+            .map(|s| s.ctl.name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Resolves once no stage has background coordination left (owners'
     /// commits and abandons, releases of leases this node gave up on): for
     /// graceful shutdown, and tests.
@@ -231,9 +245,18 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
         self
     }
 
-    /// Adds every stage of a loaded configuration.
+    /// Adds every stage of a loaded configuration. Its key settings
+    /// (`[single-flight.keys]`) apply to key rules, which this builder
+    /// does not hold: if any is set, [`build`](Self::build) fails naming
+    /// it (give the configuration to `SingleFlightLayer::http(keys)`
+    /// instead, or apply them to the key builder with
+    /// [`KeySettings::apply`](crate::KeySettings::apply) and leave them
+    /// out of the configuration given here).
     pub fn config(mut self, cfg: SingleFlightConfig) -> Self {
         self.config.stages.extend(cfg.stages);
+        if cfg.keys.is_set() {
+            self.config.keys = cfg.keys;
+        }
         self
     }
 
@@ -266,6 +289,17 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
         Sh: SharedForm + StageShare,
         C: Clone + Send + Sync + 'static,
     {
+        // Nothing of the configuration is dropped: settings this builder
+        // cannot apply are refused, by name.
+        if let Some(field) = self.config.keys.fields_set().first() {
+            return Err(ConfigError::invalid(
+                None,
+                *field,
+                "applies to key rules, and this builder holds none: give the configuration \
+                 to SingleFlightLayer::http(keys).config(..), or apply it to the key builder \
+                 (KeySettings::apply) and leave it out of the configuration given here",
+            ));
+        }
         let mut stages = StageMap::default();
         for (name, mut cfg) in self.config.stages {
             let stage = StageName::new(&name)

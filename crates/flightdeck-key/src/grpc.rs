@@ -75,6 +75,7 @@ pub struct GrpcKeyExtractor {
     config: Arc<Config>,
 }
 
+#[derive(Clone)]
 struct Config {
     methods: HashMap<Box<str>, StageName>,
     metadata: Vec<HeaderName>,
@@ -93,6 +94,8 @@ impl GrpcKeyExtractor {
             scope: ScopeConfig::default(),
         }
     }
+
+    extractor_scope_methods!();
 }
 
 impl crate::NamedStages for GrpcKeyExtractor {
@@ -245,8 +248,6 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        crate::http::body::extract_with(req, &self.config.unkeyed, |parts| {
-            self.config.plan(parts)
-        })
+        crate::http::body::extract_with(req, &self.config.unkeyed, |parts| self.config.plan(parts))
     }
 }

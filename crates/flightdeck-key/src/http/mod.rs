@@ -34,7 +34,8 @@
 //!   different users never share. Set a
 //!   [`scope_secret`](HttpKeyBuilder::scope_secret): without one the scope
 //!   digests in Redis key names can be checked offline against guessed
-//!   credentials, and `build()` warns.
+//!   credentials (a `flightdeck` layer with a distributed stage warns at
+//!   build; see [`HttpKeyExtractor::scope_digests_unkeyed`]).
 //!
 //! Only `GET` and `HEAD` are coalesced by default. Other methods are
 //! coalesced through an explicit route rule, or when they carry an
@@ -151,6 +152,7 @@ pub struct HttpKeyExtractor {
     config: Arc<Config>,
 }
 
+#[derive(Clone)]
 struct Config {
     routes: Vec<RouteRule>,
     stage_header: Option<(HeaderName, Vec<StageName>)>,
@@ -165,6 +167,7 @@ struct Config {
     unkeyed: Arc<Unkeyed>,
 }
 
+#[derive(Clone)]
 struct RouteRule {
     method: Method,
     pattern: Pattern,
@@ -177,6 +180,16 @@ impl HttpKeyExtractor {
     pub fn builder() -> HttpKeyBuilder {
         HttpKeyBuilder::new()
     }
+
+    /// These rules with the authority left out of the key (see
+    /// [`HttpKeyBuilder::ignore_authority`]): for a deployment's
+    /// configuration applied to rules built in code.
+    pub fn without_authority(mut self) -> Self {
+        Arc::make_mut(&mut self.config).authority = false;
+        self
+    }
+
+    extractor_scope_methods!();
 }
 
 impl crate::NamedStages for HttpKeyExtractor {
