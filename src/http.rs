@@ -104,6 +104,7 @@ pub struct FlightsBuilder<E> {
     inner: SingleFlightBuilder<FromExtension, HttpShare, HttpCodec, ExtensionFence, FromHeaders>,
     default_policy: Option<StageConfig>,
     key_settings: KeySettings,
+    local_only: bool,
 }
 
 impl<E> FlightsBuilder<E> {
@@ -113,6 +114,7 @@ impl<E> FlightsBuilder<E> {
             inner: SingleFlightBuilder::http(),
             default_policy: None,
             key_settings: KeySettings::default(),
+            local_only: false,
         }
     }
 
@@ -143,9 +145,12 @@ impl<E> FlightsBuilder<E> {
     }
 
     /// Runs every stage in this process only (see
-    /// [`SingleFlightBuilder::local_only`]).
+    /// [`SingleFlightBuilder::local_only`]). The stages the key rules name
+    /// need no declaration then: those without one run LOCAL_ONLY with the
+    /// defaults (or the [`default_policy`](Self::default_policy)).
     pub fn local_only(mut self) -> Self {
         self.inner = self.inner.local_only();
+        self.local_only = true;
         self
     }
 
@@ -184,13 +189,22 @@ impl<E> FlightsBuilder<E> {
             }
             let cfg = match &self.default_policy {
                 Some(cfg) => cfg.clone(),
+                // Every stage runs here anyway: a declaration would say
+                // nothing the defaults do not.
+                None if self.local_only => StageConfig::new(),
                 None => {
                     return Err(ConfigError::invalid(
                         Some(stage.as_str()),
                         "stage",
-                        "is named by the key rules but has no policy: add it to the \
-                         configuration ([single-flight.stages.<name>]), or give the builder \
-                         a default_policy(..)",
+                        format!(
+                            "is named by the key rules but has no policy: add it to the \
+                             configuration ([single-flight.stages.<name>]), or give the \
+                             builder a default_policy(..){}",
+                            crate::config::closest(stage.as_str(), self.inner.stage_names())
+                                .map_or_else(String::new, |c| format!(
+                                    "; the configuration has {c:?}: a typo?"
+                                ))
+                        ),
                     ))
                 }
             };

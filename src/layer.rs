@@ -282,6 +282,11 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
         self.config.stages.contains_key(name)
     }
 
+    /// The names of the stages added.
+    pub(crate) fn stage_names(&self) -> impl Iterator<Item = &str> {
+        self.config.stages.keys().map(String::as_str)
+    }
+
     /// Validates every stage and builds the layer. The error names the
     /// stage and the field.
     pub fn build(self) -> Result<SingleFlightLayer<K, Sh, C, F, X>, ConfigError>
@@ -309,6 +314,13 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                     cfg.mode = crate::Mode::LocalOnly;
                 }
                 cfg.backend = None;
+            } else if cfg.local_for_want_of_a_backend() {
+                tracing::info!(
+                    stage = %name,
+                    "stage names no backend: it coalesces in this process only (local-only); \
+                     name a backend for hybrid coalescing across nodes"
+                );
+                cfg.mode = crate::Mode::LocalOnly;
             }
             cfg.validate(&name)?;
             // LOCAL_ONLY and BYPASS stages run without their backend when it
@@ -321,7 +333,13 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                         return Err(ConfigError::invalid(
                             Some(&name),
                             "backend",
-                            format!("no backend named {b:?} was registered with the builder"),
+                            format!(
+                                "no backend named {b:?} was registered with the builder{}",
+                                crate::config::did_you_mean(
+                                    b,
+                                    self.backends.keys().map(String::as_str)
+                                )
+                            ),
                         ))
                     }
                     None => None,

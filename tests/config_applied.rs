@@ -1,6 +1,7 @@
 //! A configuration is applied whole or refused: the key settings of a file
 //! given to `SingleFlightLayer::http(keys).config(..)` change the layer's
-//! key rules, and a builder that cannot apply them fails naming them.
+//! key rules, a builder that cannot apply them fails naming them, and a
+//! name typed wrong gets a suggestion.
 #![cfg(all(feature = "toml", feature = "testing"))]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,8 +14,8 @@ use axum::Router;
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::key::http::HttpKeyExtractor;
-use flightdeck::testing::body_text;
-use flightdeck::{SingleFlightBuilder, SingleFlightConfig, SingleFlightLayer};
+use flightdeck::testing::{body_text, MemoryBackend};
+use flightdeck::{Mode, SingleFlightBuilder, SingleFlightConfig, SingleFlightLayer, StageConfig};
 use http::{Method, Request};
 use tower::ServiceExt;
 
@@ -124,4 +125,98 @@ fn the_scope_secret_comes_from_the_variable_the_file_names() {
     std::env::set_var(empty, "");
     let err = build(cfg(empty), score_keys()).unwrap_err();
     assert!(err.to_string().contains("empty"), "{err}");
+}
+
+#[test]
+fn names_typed_wrong_get_a_suggestion() {
+    // A configuration key.
+    let err =
+        SingleFlightConfig::from_toml("[single-flight.stages.score]\nlease-timout = \"5s\"\n")
+            .unwrap_err();
+    assert_eq!(err.field(), Some("lease-timout"), "{err}");
+    assert!(
+        err.to_string().contains("did you mean `lease-timeout`?"),
+        "{err}"
+    );
+    let err = SingleFlightConfig::from_toml("[single-flight.keys]\nignore_authority = true\n")
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("did you mean `ignore-authority`?"),
+        "{err}"
+    );
+    // A stage the key rules name, configured under another spelling.
+    let err = SingleFlightLayer::http(score_keys())
+        .stage("scroe", StageConfig::new().mode(Mode::LocalOnly))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.stage(), Some("score"));
+    assert!(
+        err.to_string().contains("the configuration has \"scroe\""),
+        "{err}"
+    );
+    // A backend.
+    let err = SingleFlightLayer::http(score_keys())
+        .stage(
+            "score",
+            StageConfig::new().mode(Mode::Hybrid).backend("rediss"),
+        )
+        .backend("redis", MemoryBackend::new())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), Some("backend"));
+    assert!(err.to_string().contains("did you mean \"redis\"?"), "{err}");
+}
+
+#[test]
+fn a_stage_config_with_nothing_set_builds_and_runs_in_this_process() {
+    let layer = SingleFlightLayer::http(score_keys())
+        .stage("score", StageConfig::new())
+        .build()
+        .unwrap();
+    assert_eq!(layer.stage("score").unwrap().mode(), Mode::LocalOnly);
+    // Without a backend, it cannot be switched to a distributed mode.
+    assert!(layer
+        .stage("score")
+        .unwrap()
+        .set_mode(Mode::Hybrid)
+        .is_err());
+    // The same from a file: an empty table.
+    let cfg = SingleFlightConfig::from_toml("[single-flight.stages.score]\n").unwrap();
+    let layer = SingleFlightLayer::http(score_keys())
+        .config(cfg)
+        .build()
+        .unwrap();
+    assert_eq!(layer.stage("score").unwrap().mode(), Mode::LocalOnly);
+    // A mode chosen on purpose that needs a backend still needs one.
+    let err = SingleFlightConfig::from_toml("[single-flight.stages.score]\nmode = \"hybrid\"\n")
+        .unwrap_err();
+    assert_eq!(err.field(), Some("backend"), "{err}");
+    let err = SingleFlightLayer::http(score_keys())
+        .stage("score", StageConfig::new().mode(Mode::Hybrid))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), Some("backend"), "{err}");
+    // With a backend named, the default is HYBRID.
+    let layer = SingleFlightLayer::http(score_keys())
+        .stage("score", StageConfig::new().backend("mem"))
+        .backend("mem", MemoryBackend::new())
+        .build()
+        .unwrap();
+    assert_eq!(layer.stage("score").unwrap().mode(), Mode::Hybrid);
+}
+
+#[test]
+fn local_only_needs_no_stage_declarations() {
+    let keys = HttpKeyExtractor::builder()
+        .route(Method::GET, "/v1/score", "score")
+        .route(Method::GET, "/v1/search", "search")
+        .build()
+        .unwrap();
+    let layer = SingleFlightLayer::http(keys)
+        .stage("search", StageConfig::new().mode(Mode::Bypass))
+        .local_only()
+        .build()
+        .unwrap();
+    assert_eq!(layer.stage("score").unwrap().mode(), Mode::LocalOnly);
+    assert_eq!(layer.stage("search").unwrap().mode(), Mode::Bypass);
 }

@@ -52,7 +52,8 @@ fn policy_field(field: &str) -> &'static str {
 )]
 #[non_exhaustive]
 pub struct StageConfig {
-    /// The mode (default HYBRID).
+    /// The mode (default HYBRID; see [`StageConfig::new`] for a stage
+    /// that names no backend).
     pub mode: Mode,
     /// The name of the coordination backend (given to the
     /// [`SingleFlightLayer`](crate::SingleFlightLayer) builder); required by
@@ -126,6 +127,10 @@ pub struct StageConfig {
     pub breaker: BreakerSettings,
     /// What of a response may be shared with other callers (HTTP).
     pub sharing: SharingSettings,
+    /// Whether the mode was chosen ([`mode`](Self::mode), or `mode` in a
+    /// file) rather than left at its default.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    mode_given: bool,
 }
 
 impl Default for StageConfig {
@@ -156,6 +161,7 @@ impl Default for StageConfig {
             bulkhead: BulkheadSettings::default(),
             breaker: BreakerSettings::default(),
             sharing: SharingSettings::default(),
+            mode_given: false,
         }
     }
 }
@@ -163,6 +169,34 @@ impl Default for StageConfig {
 impl StageConfig {
     /// The defaults (HYBRID, lease 30 s, heartbeat 5 s, wait 35 s, result
     /// TTL 60 s, …).
+    ///
+    /// A stage that names no [`backend`](Self::backend) and leaves the mode
+    /// at its default builds, and runs LOCAL_ONLY: it coalesces in this
+    /// process only, as a HYBRID stage does when its store is down, and
+    /// the build logs it (at `info`). A mode chosen on purpose
+    /// ([`mode`](Self::mode), or `mode` in a file) that needs a backend
+    /// without one is a configuration error instead.
+    ///
+    /// ```
+    /// use flightdeck::key::http::HttpKeyExtractor;
+    /// use flightdeck::{Mode, SingleFlightLayer, StageConfig};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
+    /// let layer = SingleFlightLayer::http(keys)
+    ///     .stage("report", StageConfig::new())
+    ///     .build()?;
+    /// assert_eq!(layer.stage("report").unwrap().mode(), Mode::LocalOnly);
+    ///
+    /// let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
+    /// let err = SingleFlightLayer::http(keys)
+    ///     .stage("report", StageConfig::new().mode(Mode::Hybrid))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), Some("backend"));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
@@ -170,7 +204,20 @@ impl StageConfig {
     /// Sets the mode.
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self.mode_given = true;
         self
+    }
+
+    /// Records that a configuration file chose the mode.
+    #[cfg(feature = "serde")]
+    pub(crate) fn mode_given(&mut self) {
+        self.mode_given = true;
+    }
+
+    /// Whether this stage runs LOCAL_ONLY for want of a backend: HYBRID by
+    /// default (not chosen), with none named.
+    pub(crate) fn local_for_want_of_a_backend(&self) -> bool {
+        self.mode == Mode::Hybrid && !self.mode_given && self.backend.is_none()
     }
 
     /// Names the backend.
@@ -219,7 +266,10 @@ impl StageConfig {
                 return bad(field, format!("{d:?} is over the bound of 30 days"));
             }
         }
-        if self.mode.is_distributed() && self.backend.is_none() {
+        if self.mode.is_distributed()
+            && self.backend.is_none()
+            && !self.local_for_want_of_a_backend()
+        {
             return bad(
                 "backend",
                 format!("is required by mode {}", self.mode.as_str()),
