@@ -44,7 +44,6 @@ mod suggest;
 
 use std::collections::BTreeMap;
 
-pub use self::duration::parse_duration;
 pub use self::error::ConfigError;
 pub(crate) use self::settings::SCOPE_SECRET_ENV;
 pub use self::settings::{BreakerSettings, BulkheadSettings, KeySettings, SharingSettings};

@@ -22,22 +22,31 @@ const MAX_RESULT_BYTES: usize = 512 * 1024 * 1024;
 /// The longest duration any setting may have.
 pub(super) const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// The configuration key of a distributed policy's field.
-fn policy_field(field: &str) -> &'static str {
-    match field {
-        "lease" => "lease-timeout",
-        "heartbeat" => "heartbeat-interval",
-        "wait_timeout" => "wait-timeout",
-        "poll_interval" => "poll-interval",
-        "result_ttl" => "result-ttl",
-        "failure_ttl" => "failure-ttl",
-        "call_timeout" => "coordination-timeout",
-        "commit_attempts" => "commit-attempts",
-        "commit_replicas" => "commit-replicas",
-        "commit_replicas_timeout" => "commit-replicas-timeout",
-        "max_result_bytes" => "max-result-bytes",
-        _ => "single-flight",
-    }
+/// The configuration key of each field a distributed policy's validation
+/// can name: a table, not a match with a catch-all arm, so that a field
+/// missing here is reported as the policy names it, never as some other
+/// key (the `policy_fields_have_keys` test walks it).
+const POLICY_KEYS: [(&str, &str); 11] = [
+    ("lease", "lease-timeout"),
+    ("heartbeat", "heartbeat-interval"),
+    ("wait_timeout", "wait-timeout"),
+    ("poll_interval", "poll-interval"),
+    ("result_ttl", "result-ttl"),
+    ("failure_ttl", "failure-ttl"),
+    ("call_timeout", "coordination-timeout"),
+    ("commit_attempts", "commit-attempts"),
+    ("commit_replicas", "commit-replicas"),
+    ("commit_replicas_timeout", "commit-replicas-timeout"),
+    ("max_result_bytes", "max-result-bytes"),
+];
+
+/// The configuration key of a distributed policy's field, or the field
+/// itself when the table has none.
+fn policy_key(field: &'static str) -> &'static str {
+    POLICY_KEYS
+        .iter()
+        .find(|(f, _)| *f == field)
+        .map_or(field, |(_, key)| key)
 }
 
 /// The policy of one stage. Every field has a default (see
@@ -362,7 +371,7 @@ impl StageConfig {
         // What the checks above let through, the layers accept; a failure
         // here names the setting all the same.
         if let Err(e) = self.distributed_policy().validate() {
-            return bad(policy_field(e.field()), e.to_string());
+            return bad(policy_key(e.field()), e.to_string());
         }
         Ok(())
     }
@@ -406,5 +415,38 @@ impl StageConfig {
             .replay_ttl(self.local_replay_ttl)
             .max_flights(self.max_flights)
             .max_waiters(self.max_waiters)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each key of the table is a key of the stage table, and the policy
+    /// refuses a broken value of each field the table names.
+    #[test]
+    fn policy_fields_have_keys() {
+        let stage = StageConfig::new();
+        let broken: [(&str, DistributedPolicy); 4] = [
+            ("lease", stage.distributed_policy().lease(Duration::ZERO)),
+            (
+                "heartbeat",
+                stage.distributed_policy().heartbeat(Duration::ZERO),
+            ),
+            (
+                "poll_interval",
+                stage.distributed_policy().poll_interval(Duration::ZERO),
+            ),
+            (
+                "commit_attempts",
+                stage.distributed_policy().commit_attempts(0),
+            ),
+        ];
+        for (field, policy) in broken {
+            let err = policy.validate().unwrap_err();
+            assert_eq!(err.field(), field);
+            assert_ne!(policy_key(err.field()), field, "{field} has a key");
+        }
+        assert_eq!(policy_key("something_new"), "something_new");
     }
 }
