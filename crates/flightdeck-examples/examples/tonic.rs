@@ -29,8 +29,8 @@
 //! be tried over gRPC. Without `REDIS_URL` every stage runs LOCAL_ONLY.
 //!
 //! ```text
-//! cargo run --example tonic --features toml,redis        # LOCAL_ONLY on 127.0.0.1:50051
-//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example tonic --features toml,redis
+//! cargo run -p flightdeck-examples --example tonic        # LOCAL_ONLY on 127.0.0.1:50051
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run -p flightdeck-examples --example tonic
 //! curl -s 127.0.0.1:9464/metrics | grep singleflight_            # Prometheus
 //! ```
 

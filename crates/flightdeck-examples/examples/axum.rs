@@ -18,8 +18,8 @@
 //! and TLS stack). `GET /v1/usage` tells how often the model really ran.
 //!
 //! ```text
-//! cargo run --example axum --features toml,redis           # LOCAL_ONLY on 127.0.0.1:3000
-//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example axum --features toml,redis
+//! cargo run -p flightdeck-examples --example axum           # LOCAL_ONLY on 127.0.0.1:3000
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run -p flightdeck-examples --example axum
 //! curl -s -XPOST localhost:3000/v1/score -H 'content-type: application/json' \
 //!      -d '{"question":"q1","answer":"a tower layer"}'
 //! curl -s localhost:3000/metrics | grep singleflight_
