@@ -79,9 +79,19 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The log filter when `RUST_LOG` is unset: `info`, but the Redis client
+/// (fred) at `error` only. fred logs every broken connection at `warn`
+/// (`Broadcasting error … Connection closed`), once per connection and
+/// reconnect attempt; during an outage flightdeck's own `warn` lines say
+/// it once (stage degraded, breaker open) and name the stage. (fred logs
+/// through `log`: these lines reach a `tracing` subscriber only through
+/// a bridge, such as `tracing-subscriber`'s default `tracing-log`
+/// feature.)
+pub(crate) const LOG_DEFAULT: &str = "info,fred=error";
+
 /// Logs through `tracing-subscriber`, filtered by `RUST_LOG` (default
-/// `info`): flightdeck's warnings on entering and leaving degraded mode,
-/// breaker transitions, mode switches. For example:
+/// [`LOG_DEFAULT`]): flightdeck's warnings on entering and leaving
+/// degraded mode, breaker transitions, mode switches. For example:
 ///
 /// ```text
 /// WARN flightdeck::stage: stage degraded: coordination breaker open; coalescing in this process only stage=score mode=hybrid bulkhead_limit=8
@@ -91,7 +101,7 @@ where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_DEFAULT));
     let _already_set = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)

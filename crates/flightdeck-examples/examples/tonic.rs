@@ -109,7 +109,9 @@ async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // As the axum example: fred's per-connection warnings off
+                // (flightdeck's own lines report an outage once).
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fred=error")),
         )
         .init();
     let listen: SocketAddr = std::env::var("LISTEN")
