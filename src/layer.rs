@@ -68,6 +68,7 @@ impl<K, Sh: SharedForm, C: Send + Sync + 'static, F, X> SingleFlightLayer<K, Sh,
 
     /// The stages that can store results in a shared backend (those built
     /// with one), sorted.
+    #[cfg(feature = "http")]
     pub(crate) fn shared_store_stages(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self
             .shared
@@ -278,11 +279,13 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
     }
 
     /// Whether a stage of that name was added.
+    #[cfg(feature = "http")]
     pub(crate) fn has_stage(&self, name: &str) -> bool {
         self.config.stages.contains_key(name)
     }
 
     /// The names of the stages added.
+    #[cfg(feature = "http")]
     pub(crate) fn stage_names(&self) -> impl Iterator<Item = &str> {
         self.config.stages.keys().map(String::as_str)
     }
@@ -323,6 +326,14 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                 cfg.mode = crate::Mode::LocalOnly;
             }
             cfg.validate(&name)?;
+            if cfg.sharing != SharingSettings::default() && !Sh::reads_sharing_settings() {
+                return Err(ConfigError::invalid(
+                    Some(&name),
+                    "sharing",
+                    "applies to HTTP responses (cookies, Cache-Control), and this layer \
+                     shares values with an adapter that has no such rules",
+                ));
+            }
             // LOCAL_ONLY and BYPASS stages run without their backend when it
             // is not registered (a switch to a distributed mode is then
             // refused); distributed ones cannot.
@@ -455,11 +466,23 @@ impl<K, Sh, C, F, X> fmt::Debug for SingleFlightBuilder<K, Sh, C, F, X> {
 pub trait StageShare: Sized {
     /// The adapter of a stage with these settings.
     fn for_stage(&self, sharing: &SharingSettings) -> Self;
+
+    /// Whether the adapter reads [`SharingSettings`] at all (HTTP's
+    /// does). A stage that sets one for an adapter that does not fails
+    /// the build, rather than seeing its setting dropped in silence.
+    fn reads_sharing_settings() -> bool {
+        true
+    }
 }
 
+/// Values have no cookies or cache headers: the settings mean nothing.
 impl<T> StageShare for flightdeck_core::CloneShare<T> {
     fn for_stage(&self, _sharing: &SharingSettings) -> Self {
         *self
+    }
+
+    fn reads_sharing_settings() -> bool {
+        false
     }
 }
 

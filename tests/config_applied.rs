@@ -220,3 +220,23 @@ fn local_only_needs_no_stage_declarations() {
     assert_eq!(layer.stage("score").unwrap().mode(), Mode::LocalOnly);
     assert_eq!(layer.stage("search").unwrap().mode(), Mode::Bypass);
 }
+
+#[test]
+fn http_sharing_settings_for_an_adapter_without_them_are_refused() {
+    let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
+    cfg.sharing.set_cookie = Some(flightdeck::core::http::SetCookie::Strip);
+    let err = SingleFlightBuilder::new(
+        |_: &String| None::<FlightKey>,
+        CloneShare::<String>::new(),
+        PostcardCodec::<String>::new(),
+    )
+    .stage("score", cfg.clone())
+    .build()
+    .unwrap_err();
+    assert_eq!((err.stage(), err.field()), (Some("score"), Some("sharing")));
+    // The HTTP layer applies them.
+    SingleFlightLayer::http(score_keys())
+        .stage("score", cfg)
+        .build()
+        .unwrap();
+}
