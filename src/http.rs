@@ -20,7 +20,9 @@
 //! Building checks the two halves against each other: a stage the rules
 //! name but the configuration does not is a build error naming the stage
 //! (unless [`default_policy`](FlightsBuilder::default_policy) gives such
-//! stages one on purpose).
+//! stages one on purpose, or [`local_only`](FlightsBuilder::local_only)
+//! runs every stage here). A configuration file is applied whole: its
+//! stages, and its key settings (`[single-flight.keys]`) on the rules.
 //!
 //! ```
 //! use axum::{routing::post, Router};

@@ -34,11 +34,10 @@ impl Write for Lines {
     }
 }
 
-fn counter(
-    snapshot: &[(String, Vec<(String, String)>, u64)],
-    name: &str,
-    label: (&str, &str),
-) -> u64 {
+/// A counter's name, labels and value.
+type Counted = (String, Vec<(String, String)>, u64);
+
+fn counter(snapshot: &[Counted], name: &str, label: (&str, &str)) -> u64 {
     snapshot
         .iter()
         .filter(|(n, labels, _)| {
@@ -94,7 +93,7 @@ async fn a_request_no_rule_matches_is_counted_and_logged_once_per_method_and_pat
     }
     assert_eq!(runs.load(Ordering::SeqCst), 50, "nothing coalesced");
 
-    let snapshot: Vec<(String, Vec<(String, String)>, u64)> = snapshotter
+    let snapshot: Vec<Counted> = snapshotter
         .snapshot()
         .into_vec()
         .into_iter()

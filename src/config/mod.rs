@@ -36,6 +36,7 @@
 //! # }
 //! ```
 
+#[cfg(feature = "serde")]
 mod duration;
 mod error;
 mod settings;
@@ -45,10 +46,13 @@ mod suggest;
 use std::collections::BTreeMap;
 
 pub use self::error::ConfigError;
+#[cfg(feature = "http")]
 pub(crate) use self::settings::SCOPE_SECRET_ENV;
 pub use self::settings::{BreakerSettings, BulkheadSettings, KeySettings, SharingSettings};
 pub use self::stage::StageConfig;
-pub(crate) use self::suggest::{closest, did_you_mean};
+#[cfg(feature = "http")]
+pub(crate) use self::suggest::closest;
+pub(crate) use self::suggest::did_you_mean;
 
 /// The `single-flight:` section: one [`StageConfig`] per stage name, and
 /// the deployment's [`KeySettings`].

@@ -101,6 +101,7 @@ impl KeySettings {
     }
 
     /// The secret named by `scope-secret-env`, read now.
+    #[cfg(feature = "http")]
     pub(crate) fn scope_secret(&self) -> Result<Option<String>, ConfigError> {
         let Some(var) = &self.scope_secret_env else {
             return Ok(None);

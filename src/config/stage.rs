@@ -187,10 +187,11 @@ impl StageConfig {
     /// without one is a configuration error instead.
     ///
     /// ```
+    /// # #[cfg(feature = "http")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use flightdeck::key::http::HttpKeyExtractor;
     /// use flightdeck::{Mode, SingleFlightLayer, StageConfig};
     ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
     /// let layer = SingleFlightLayer::http(keys)
     ///     .stage("report", StageConfig::new())
@@ -205,6 +206,8 @@ impl StageConfig {
     /// assert_eq!(err.field(), Some("backend"));
     /// # Ok(())
     /// # }
+    /// # #[cfg(not(feature = "http"))]
+    /// # fn main() {}
     /// ```
     pub fn new() -> Self {
         Self::default()

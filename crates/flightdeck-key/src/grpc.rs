@@ -180,7 +180,7 @@ impl GrpcKeyBuilder {
         metadata.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         metadata.dedup();
         let unkeyed = Arc::new(Unkeyed::new(
-            methods.keys().map(|m: &Box<str>| m.to_string()).collect(),
+            methods.keys().map(|m| m.to_string()).collect(),
         ));
         Ok(GrpcKeyExtractor {
             config: Arc::new(Config {
