@@ -9,3 +9,10 @@
 //!
 //! They live in a package of their own so that the root package's
 //! `cargo run --example quickstart` builds only what the quickstart uses.
+
+/// The README's snippets, compiled by `cargo test --doc -p
+/// flightdeck-examples`: here, since the tonic snippet needs tonic, which
+/// the root package's quickstart must not build.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeSnippets;
