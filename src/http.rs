@@ -20,7 +20,9 @@
 //! Building checks the two halves against each other: a stage the rules
 //! name but the configuration does not is a build error naming the stage
 //! (unless [`default_policy`](FlightsBuilder::default_policy) gives such
-//! stages one on purpose).
+//! stages one on purpose, or [`local_only`](FlightsBuilder::local_only)
+//! runs every stage here). A configuration file is applied whole: its
+//! stages, and its key settings (`[single-flight.keys]`) on the rules.
 //!
 //! ```
 //! use axum::{routing::post, Router};
@@ -53,10 +55,10 @@ use flightdeck_core::http::{ErrorResponse, HttpShare};
 use flightdeck_core::FromExtension;
 use flightdeck_distributed::{Backend, ExtensionFence, HttpCodec};
 use flightdeck_key::http::HttpKeyExtractor;
-use flightdeck_key::{Key, KeyLayer, NamedStages};
+use flightdeck_key::{Key, KeyLayer};
 use tower_layer::Layer;
 
-use crate::config::{ConfigError, SingleFlightConfig, StageConfig};
+use crate::config::{ConfigError, KeySettings, SingleFlightConfig, StageConfig, SCOPE_SECRET_ENV};
 use crate::layer::{SingleFlightBuilder, SingleFlightLayer};
 use crate::service::SingleFlight;
 use crate::stage::StageHandle;
@@ -103,6 +105,8 @@ pub struct FlightsBuilder<E> {
     keys: E,
     inner: SingleFlightBuilder<FromExtension, HttpShare, HttpCodec, ExtensionFence, FromHeaders>,
     default_policy: Option<StageConfig>,
+    key_settings: KeySettings,
+    local_only: bool,
 }
 
 impl<E> FlightsBuilder<E> {
@@ -111,6 +115,8 @@ impl<E> FlightsBuilder<E> {
             keys,
             inner: SingleFlightBuilder::http(),
             default_policy: None,
+            key_settings: KeySettings::default(),
+            local_only: false,
         }
     }
 
@@ -127,16 +133,26 @@ impl<E> FlightsBuilder<E> {
         self
     }
 
-    /// Adds every stage of a loaded configuration.
-    pub fn config(mut self, cfg: SingleFlightConfig) -> Self {
+    /// Adds every stage of a loaded configuration, and applies its key
+    /// settings (`[single-flight.keys]`: `ignore-authority`,
+    /// `scope-secret-env`) to the key rules when building. A setting that
+    /// cannot be applied fails [`build`](Self::build), naming it.
+    pub fn config(mut self, mut cfg: SingleFlightConfig) -> Self {
+        let keys = std::mem::take(&mut cfg.keys);
+        if keys.is_set() {
+            self.key_settings = keys;
+        }
         self.inner = self.inner.config(cfg);
         self
     }
 
     /// Runs every stage in this process only (see
-    /// [`SingleFlightBuilder::local_only`]).
+    /// [`SingleFlightBuilder::local_only`]). The stages the key rules name
+    /// need no declaration then: those without one run LOCAL_ONLY with the
+    /// defaults (or the [`default_policy`](Self::default_policy)).
     pub fn local_only(mut self) -> Self {
         self.inner = self.inner.local_only();
+        self.local_only = true;
         self
     }
 
@@ -155,34 +171,123 @@ impl<E> FlightsBuilder<E> {
         self
     }
 
-    /// Validates the key rules against the stages, and every stage; builds
-    /// the layer. Errors name the stage and the field.
+    /// Applies the configuration's key settings to the key rules,
+    /// validates the rules against the stages, and every stage; builds the
+    /// layer. Errors name the stage and the field (`keys.…` for a key
+    /// setting).
+    ///
+    /// When a stage can store results in a shared backend and the tenant
+    /// scope digests are unkeyed (no scope secret), a warning says so:
+    /// whoever reads the backend's key names could check guessed
+    /// credentials against them.
     pub fn build(mut self) -> Result<FlightsLayer<E>, ConfigError>
     where
-        E: NamedStages,
+        E: KeyRules,
     {
-        for stage in self.keys.stages() {
+        let keys = self.keys.apply_settings(&self.key_settings)?;
+        for stage in keys.stages() {
             if self.inner.has_stage(stage.as_str()) {
                 continue;
             }
-            match &self.default_policy {
-                Some(cfg) => self.inner = self.inner.stage(stage.as_str(), cfg.clone()),
+            let cfg = match &self.default_policy {
+                Some(cfg) => cfg.clone(),
+                // Every stage runs here anyway: a declaration would say
+                // nothing the defaults do not.
+                None if self.local_only => StageConfig::new(),
                 None => {
                     return Err(ConfigError::invalid(
                         Some(stage.as_str()),
                         "stage",
-                        "is named by the key rules but has no policy: add it to the \
-                         configuration ([single-flight.stages.<name>]), or give the builder \
-                         a default_policy(..)"
-                            .to_owned(),
+                        format!(
+                            "is named by the key rules but has no policy: add it to the \
+                             configuration ([single-flight.stages.<name>]), or give the \
+                             builder a default_policy(..){}",
+                            crate::config::closest(stage.as_str(), self.inner.stage_names())
+                                .map_or_else(String::new, |c| format!(
+                                    "; the configuration has {c:?}: a typo?"
+                                ))
+                        ),
                     ))
                 }
-            }
+            };
+            self.inner = self.inner.stage(stage.as_str(), cfg);
+        }
+        let flights = self.inner.build()?;
+        let stored = flights.shared_store_stages();
+        if keys.scope_digests_unkeyed() && !stored.is_empty() {
+            tracing::warn!(
+                stages = ?stored,
+                "tenant scope digests are unkeyed, and these stages store results in a shared \
+                 backend whose key names carry them: whoever can read those names can check \
+                 guessed credentials against them offline. Set [single-flight.keys] \
+                 scope-secret-env (or scope_secret(..) on the key builder) to the same random \
+                 secret on every node"
+            );
         }
         Ok(FlightsLayer {
-            keys: KeyLayer::new(self.keys),
-            flights: self.inner.build()?,
+            keys: KeyLayer::new(keys),
+            flights,
         })
+    }
+}
+
+pub use self::rules::KeyRules;
+
+mod rules {
+    use flightdeck_key::NamedStages;
+
+    use crate::config::{ConfigError, KeySettings};
+
+    /// The key rules a [`FlightsBuilder`](super::FlightsBuilder) builds
+    /// with (implemented by the HTTP and the gRPC extractor): what the
+    /// configuration's [`KeySettings`] change on rules built in code, and
+    /// what the layer needs to know of them.
+    pub trait KeyRules: NamedStages + Sized {
+        /// These rules with `settings` applied; an error names the
+        /// setting that could not be.
+        fn apply_settings(self, settings: &KeySettings) -> Result<Self, ConfigError>;
+
+        /// Whether requests get tenant scope digests no secret keys.
+        fn scope_digests_unkeyed(&self) -> bool;
+    }
+}
+
+/// A scope secret from the configuration given to built rules.
+fn with_secret<E>(
+    keys: E,
+    settings: &KeySettings,
+    set: impl FnOnce(E, String) -> Result<E, flightdeck_key::error::KeyConfigError>,
+) -> Result<E, ConfigError> {
+    match settings.scope_secret()? {
+        Some(secret) => set(keys, secret)
+            .map_err(|e| ConfigError::invalid(None, SCOPE_SECRET_ENV, e.to_string())),
+        None => Ok(keys),
+    }
+}
+
+impl KeyRules for HttpKeyExtractor {
+    fn apply_settings(mut self, settings: &KeySettings) -> Result<Self, ConfigError> {
+        if settings.ignore_authority {
+            self = self.without_authority();
+        }
+        with_secret(self, settings, |k, s| k.with_scope_secret(s))
+    }
+
+    fn scope_digests_unkeyed(&self) -> bool {
+        HttpKeyExtractor::scope_digests_unkeyed(self)
+    }
+}
+
+/// gRPC keys never hold the authority, so `ignore-authority` holds as it
+/// is.
+#[cfg(feature = "grpc")]
+impl KeyRules for flightdeck_key::grpc::GrpcKeyExtractor {
+    fn apply_settings(self, settings: &KeySettings) -> Result<Self, ConfigError> {
+        with_secret(self, settings, |k, s| k.with_scope_secret(s))
+    }
+
+    fn scope_digests_unkeyed(&self) -> bool {
+        flightdeck_key::grpc::GrpcKeyExtractor::scope_digests_unkeyed(self)
     }
 }
 

@@ -66,6 +66,21 @@ impl<K, Sh: SharedForm, C: Send + Sync + 'static, F, X> SingleFlightLayer<K, Sh,
         self.shared.stages.get(&name).map(|s| s.local.running())
     }
 
+    /// The stages that can store results in a shared backend (those built
+    /// with one), sorted.
+    #[cfg(feature = "http")]
+    pub(crate) fn shared_store_stages(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .shared
+            .stages
+            .values()
+            .filter(|s| s.distributed.is_some())
+            .map(|s| s.ctl.name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Resolves once no stage has background coordination left (owners'
     /// commits and abandons, releases of leases this node gave up on): for
     /// graceful shutdown, and tests.
@@ -231,9 +246,18 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
         self
     }
 
-    /// Adds every stage of a loaded configuration.
+    /// Adds every stage of a loaded configuration. Its key settings
+    /// (`[single-flight.keys]`) apply to key rules, which this builder
+    /// does not hold: if any is set, [`build`](Self::build) fails naming
+    /// it (give the configuration to `SingleFlightLayer::http(keys)`
+    /// instead, or apply them to the key builder with
+    /// [`KeySettings::apply`](crate::KeySettings::apply) and leave them
+    /// out of the configuration given here).
     pub fn config(mut self, cfg: SingleFlightConfig) -> Self {
         self.config.stages.extend(cfg.stages);
+        if cfg.keys.is_set() {
+            self.config.keys = cfg.keys;
+        }
         self
     }
 
@@ -255,8 +279,15 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
     }
 
     /// Whether a stage of that name was added.
+    #[cfg(feature = "http")]
     pub(crate) fn has_stage(&self, name: &str) -> bool {
         self.config.stages.contains_key(name)
+    }
+
+    /// The names of the stages added.
+    #[cfg(feature = "http")]
+    pub(crate) fn stage_names(&self) -> impl Iterator<Item = &str> {
+        self.config.stages.keys().map(String::as_str)
     }
 
     /// Validates every stage and builds the layer. The error names the
@@ -266,6 +297,17 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
         Sh: SharedForm + StageShare,
         C: Clone + Send + Sync + 'static,
     {
+        // Nothing of the configuration is dropped: settings this builder
+        // cannot apply are refused, by name.
+        if let Some(field) = self.config.keys.fields_set().first() {
+            return Err(ConfigError::invalid(
+                None,
+                *field,
+                "applies to key rules, and this builder holds none: give the configuration \
+                 to SingleFlightLayer::http(keys).config(..), or apply it to the key builder \
+                 (KeySettings::apply) and leave it out of the configuration given here",
+            ));
+        }
         let mut stages = StageMap::default();
         for (name, mut cfg) in self.config.stages {
             let stage = StageName::new(&name)
@@ -275,8 +317,23 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                     cfg.mode = crate::Mode::LocalOnly;
                 }
                 cfg.backend = None;
+            } else if cfg.local_for_want_of_a_backend() {
+                tracing::info!(
+                    stage = %name,
+                    "stage names no backend: it coalesces in this process only (local-only); \
+                     name a backend for hybrid coalescing across nodes"
+                );
+                cfg.mode = crate::Mode::LocalOnly;
             }
             cfg.validate(&name)?;
+            if cfg.sharing != SharingSettings::default() && !Sh::reads_sharing_settings() {
+                return Err(ConfigError::invalid(
+                    Some(&name),
+                    "sharing",
+                    "applies to HTTP responses (cookies, Cache-Control), and this layer \
+                     shares values with an adapter that has no such rules",
+                ));
+            }
             // LOCAL_ONLY and BYPASS stages run without their backend when it
             // is not registered (a switch to a distributed mode is then
             // refused); distributed ones cannot.
@@ -287,7 +344,13 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                         return Err(ConfigError::invalid(
                             Some(&name),
                             "backend",
-                            format!("no backend named {b:?} was registered with the builder"),
+                            format!(
+                                "no backend named {b:?} was registered with the builder{}",
+                                crate::config::did_you_mean(
+                                    b,
+                                    self.backends.keys().map(String::as_str)
+                                )
+                            ),
                         ))
                     }
                     None => None,
@@ -403,11 +466,23 @@ impl<K, Sh, C, F, X> fmt::Debug for SingleFlightBuilder<K, Sh, C, F, X> {
 pub trait StageShare: Sized {
     /// The adapter of a stage with these settings.
     fn for_stage(&self, sharing: &SharingSettings) -> Self;
+
+    /// Whether the adapter reads [`SharingSettings`] at all (HTTP's
+    /// does). A stage that sets one for an adapter that does not fails
+    /// the build, rather than seeing its setting dropped in silence.
+    fn reads_sharing_settings() -> bool {
+        true
+    }
 }
 
+/// Values have no cookies or cache headers: the settings mean nothing.
 impl<T> StageShare for flightdeck_core::CloneShare<T> {
     fn for_stage(&self, _sharing: &SharingSettings) -> Self {
         *self
+    }
+
+    fn reads_sharing_settings() -> bool {
+        false
     }
 }
 

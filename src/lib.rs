@@ -195,8 +195,3 @@ pub use stage::StageHandle;
 
 pub use flightdeck_core::{FlightKey, KeyEncoder, StageName};
 pub use flightdeck_local::{FlightPolicy, LocalFlightLayer, OnAbandon};
-
-/// The README's snippets, compiled by `cargo test --doc`.
-#[cfg(all(doctest, feature = "grpc", feature = "redis", feature = "toml"))]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeSnippets;

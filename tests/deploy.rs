@@ -19,6 +19,7 @@ const EMITTED: &[&str] = &[
     m::LOCAL_CANCELLED_TOTAL,
     m::LOCAL_PANIC_TOTAL,
     m::REQUEST_TOTAL,
+    m::UNKEYED_TOTAL,
     m::WAIT_TIMEOUT_TOTAL,
     m::ACTIVE_FLIGHTS,
     m::WAIT_DURATION,

@@ -1,65 +1,59 @@
-//! Durations as configuration files write them (`"500ms"`, `"1m30s"`).
+//! Durations as configuration files write them (`"500ms"`, `"1m30s"`),
+//! read by `humantime`, with our messages on top: errors say "missing
+//! unit" or "unknown unit" as the configuration docs do, and a duration is
+//! one word (`"5 s"` is refused: every example writes `"5s"`, and a space
+//! is more likely a typo than a style).
 
+use std::fmt;
 use std::time::Duration;
 
-/// Parses a duration such as `500ms`, `30s`, `10m`, `1h`, `2d` or
-/// `1m30s` (units `ms`, `s`, `m`, `h`, `d`; a bare `0` is zero).
-///
-/// ```
-/// use std::time::Duration;
-/// use flightdeck::config::parse_duration;
-///
-/// assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-/// assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-/// assert!(parse_duration("30").is_err());
-/// assert!(parse_duration("-1s").is_err());
-/// ```
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let s = text.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("invalid duration {text:?}: expected a number"));
+/// Why a configured duration does not parse.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum DurationError {
+    /// Nothing, or only spaces.
+    Empty,
+    /// A number without its unit (`"30"`).
+    MissingUnit,
+    /// A unit humantime does not know (`"30 parsecs"`).
+    UnknownUnit(String),
+    /// Spaces inside (`"5 s"`).
+    Spaces,
+    /// Anything else humantime refuses (a sign, a stray character, a
+    /// number too large).
+    Invalid(humantime::DurationError),
+}
+
+impl fmt::Display for DurationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: &str = "ms, s, m, h, d, w, and humantime's longer names";
+        match self {
+            Self::Empty => f.write_str("empty duration"),
+            Self::MissingUnit => write!(f, "missing unit ({UNITS}): write e.g. \"30s\""),
+            Self::UnknownUnit(unit) => write!(f, "unknown unit {unit:?} ({UNITS})"),
+            Self::Spaces => f.write_str("a duration is one word without spaces, e.g. \"1m30s\""),
+            Self::Invalid(e) => write!(f, "invalid duration: {e}"),
         }
-        let n: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            "d" => Duration::from_secs(n.saturating_mul(86_400)),
-            "" => {
-                return Err(format!(
-                    "invalid duration {text:?}: missing unit (ms, s, m, h, d)"
-                ))
-            }
-            other => {
-                return Err(format!(
-                    "invalid duration {text:?}: unknown unit {other:?} (ms, s, m, h, d)"
-                ))
-            }
-        };
-        total = total.saturating_add(part);
     }
-    Ok(total)
+}
+
+impl std::error::Error for DurationError {}
+
+/// Parses a duration such as `500ms`, `30s`, `10m`, `1h`, `2d`, `1w` or
+/// `1m30s` (humantime's units: also `1.5s`, `2days`, `1month` = 30.44
+/// days, `1y` = 365.25 days); a bare `0` is zero.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let d = humantime::parse_duration(text).map_err(|e| match e {
+        humantime::DurationError::Empty => DurationError::Empty,
+        humantime::DurationError::UnknownUnit { unit, .. } if unit.is_empty() => {
+            DurationError::MissingUnit
+        }
+        humantime::DurationError::UnknownUnit { unit, .. } => DurationError::UnknownUnit(unit),
+        other => DurationError::Invalid(other),
+    })?;
+    if text.trim().contains(char::is_whitespace) {
+        return Err(DurationError::Spaces);
+    }
+    Ok(d)
 }
 
 #[cfg(feature = "serde")]
@@ -86,5 +80,59 @@ pub(super) mod opt_duration {
         let s = Option::<String>::deserialize(d)?;
         s.map(|s| super::parse_duration(&s).map_err(serde::de::Error::custom))
             .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_forms_parse() {
+        for (text, d) in [
+            ("0", Duration::ZERO),
+            ("250ms", Duration::from_millis(250)),
+            ("30s", Duration::from_secs(30)),
+            ("10m", Duration::from_secs(600)),
+            ("1h", Duration::from_secs(3600)),
+            ("2d", Duration::from_secs(2 * 86_400)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1w", Duration::from_secs(7 * 86_400)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("2days", Duration::from_secs(2 * 86_400)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(d), "{text}");
+        }
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        assert_eq!(parse_duration("30"), Err(DurationError::MissingUnit));
+        assert_eq!(
+            parse_duration("30parsecs"),
+            Err(DurationError::UnknownUnit("parsecs".into()))
+        );
+        assert_eq!(
+            parse_duration("30 parsecs"),
+            Err(DurationError::UnknownUnit("parsecs".into()))
+        );
+        assert_eq!(parse_duration("5 s"), Err(DurationError::Spaces));
+        assert_eq!(parse_duration(""), Err(DurationError::Empty));
+        assert!(matches!(
+            parse_duration("-1s"),
+            Err(DurationError::Invalid(_))
+        ));
+        assert!(matches!(
+            parse_duration("99999999999999999999s"),
+            Err(DurationError::Invalid(_))
+        ));
+        assert!(parse_duration("30")
+            .unwrap_err()
+            .to_string()
+            .contains("missing unit"));
+        assert!(parse_duration("3x")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
     }
 }

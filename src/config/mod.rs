@@ -36,17 +36,23 @@
 //! # }
 //! ```
 
+#[cfg(feature = "serde")]
 mod duration;
 mod error;
 mod settings;
 mod stage;
+mod suggest;
 
 use std::collections::BTreeMap;
 
-pub use self::duration::parse_duration;
 pub use self::error::ConfigError;
+#[cfg(feature = "http")]
+pub(crate) use self::settings::SCOPE_SECRET_ENV;
 pub use self::settings::{BreakerSettings, BulkheadSettings, KeySettings, SharingSettings};
 pub use self::stage::StageConfig;
+#[cfg(feature = "http")]
+pub(crate) use self::suggest::closest;
+pub(crate) use self::suggest::did_you_mean;
 
 /// The `single-flight:` section: one [`StageConfig`] per stage name, and
 /// the deployment's [`KeySettings`].
@@ -62,6 +68,29 @@ pub struct SingleFlightConfig {
     pub stages: BTreeMap<String, StageConfig>,
     /// What of the HTTP key the deployment decides.
     pub keys: KeySettings,
+}
+
+/// Which stages of a document have a `mode` key: read beside the
+/// document itself, since a `StageConfig` cannot tell a mode left at its
+/// default from one written out.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+struct GivenModes {
+    #[serde(rename = "single-flight", default)]
+    single_flight: GivenStages,
+}
+
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize, Default)]
+struct GivenStages {
+    #[serde(default)]
+    stages: BTreeMap<String, GivenMode>,
+}
+
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+struct GivenMode {
+    mode: Option<serde::de::IgnoredAny>,
 }
 
 #[cfg(feature = "serde")]
@@ -107,7 +136,12 @@ impl SingleFlightConfig {
             format: "toml",
             message: e.to_string(),
         })?;
-        Self::from_document(serde_path_to_error::deserialize(de), "toml")
+        let mut cfg = Self::from_document(serde_path_to_error::deserialize(de), "toml")?;
+        if let Ok(modes) = toml::from_str::<GivenModes>(text) {
+            cfg.mark_given_modes(&modes);
+        }
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// Parses a YAML document with a `single-flight: stages: NAME:` mapping
@@ -115,11 +149,32 @@ impl SingleFlightConfig {
     #[cfg(feature = "yaml")]
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let de = serde_norway::Deserializer::from_str(text);
-        Self::from_document(serde_path_to_error::deserialize(de), "yaml")
+        let mut cfg = Self::from_document(serde_path_to_error::deserialize(de), "yaml")?;
+        if let Ok(modes) = serde_norway::from_str::<GivenModes>(text) {
+            cfg.mark_given_modes(&modes);
+        }
+        cfg.validate()?;
+        Ok(cfg)
     }
 
-    /// A deserialized document, validated; a field that does not parse is
-    /// named by its path.
+    /// Marks the stages whose table has a `mode` key as having chosen it
+    /// (see [`StageConfig::new`]).
+    #[cfg(feature = "serde")]
+    fn mark_given_modes(&mut self, given: &GivenModes) {
+        for (name, stage) in &mut self.stages {
+            if given
+                .single_flight
+                .stages
+                .get(name)
+                .is_some_and(|s| s.mode.is_some())
+            {
+                stage.mode_given();
+            }
+        }
+    }
+
+    /// A deserialized document (validated by the caller); a field that
+    /// does not parse is named by its path.
     #[cfg(feature = "serde")]
     fn from_document<E: std::fmt::Display>(
         doc: Result<Document, serde_path_to_error::Error<E>>,
@@ -135,7 +190,10 @@ impl SingleFlightConfig {
                     _ => None,
                 })
                 .collect();
-            let message = e.inner().to_string();
+            let mut message = e.inner().to_string();
+            if let Some(hint) = suggest::unknown_field(&message) {
+                message.push_str(&hint);
+            }
             match path.as_slice() {
                 [top, stages, stage, field @ ..]
                     if top == "single-flight" && stages == "stages" =>
@@ -154,7 +212,6 @@ impl SingleFlightConfig {
                 path => ConfigError::invalid(None, path.join("."), message),
             }
         })?;
-        doc.single_flight.validate()?;
         Ok(doc.single_flight)
     }
 }

@@ -39,9 +39,11 @@ pub struct SharingSettings {
 }
 
 /// The `[single-flight.keys]` table: what of the HTTP key a deployment,
-/// rather than the code, decides. Applied to a key builder with
-/// [`apply`](Self::apply).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// rather than the code, decides. `SingleFlightLayer::http(keys)` (and
+/// `::grpc`) apply it to their key rules when given the configuration
+/// ([`FlightsBuilder::config`](crate::FlightsBuilder::config)); a key
+/// builder takes it with [`apply`](Self::apply).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
 #[cfg_attr(
     feature = "serde",
@@ -52,24 +54,80 @@ pub struct KeySettings {
     /// Leave the authority (URI authority or `Host`) out of HTTP keys, for
     /// a service reached under several names (each node's own address, a
     /// load balancer's name): `false` by default, since one deployment may
-    /// serve several sites whose responses differ by host.
+    /// serve several sites whose responses differ by host. (The port is
+    /// never part of a key.) `false` keeps what the code chose.
     pub ignore_authority: bool,
+    /// The name of an environment variable that holds the scope secret:
+    /// the same random secret (32 bytes or more) on every node, which keys
+    /// the tenant scope digests stored in Redis key names so they cannot
+    /// be checked offline against guessed credentials. The secret itself
+    /// never goes in the file. Building fails when the variable is unset
+    /// or empty, or when the code set another secret.
+    pub scope_secret_env: Option<String>,
 }
 
 impl KeySettings {
-    /// These settings applied to an HTTP key builder.
+    /// These settings applied to an HTTP key builder. Fails, naming the
+    /// setting, when the scope secret's variable is unset or empty.
     #[cfg(feature = "http")]
     pub fn apply(
         &self,
-        builder: flightdeck_key::http::HttpKeyBuilder,
-    ) -> flightdeck_key::http::HttpKeyBuilder {
+        mut builder: flightdeck_key::http::HttpKeyBuilder,
+    ) -> Result<flightdeck_key::http::HttpKeyBuilder, ConfigError> {
         if self.ignore_authority {
-            builder.ignore_authority()
-        } else {
-            builder
+            builder = builder.ignore_authority();
+        }
+        if let Some(secret) = self.scope_secret()? {
+            builder = builder.scope_secret(secret);
+        }
+        Ok(builder)
+    }
+
+    /// Whether any setting differs from the default (something to apply).
+    pub(crate) fn is_set(&self) -> bool {
+        *self != Self::default()
+    }
+
+    /// The settings that are set, by their names in the file.
+    pub(crate) fn fields_set(&self) -> Vec<&'static str> {
+        let mut set = Vec::new();
+        if self.ignore_authority {
+            set.push(IGNORE_AUTHORITY);
+        }
+        if self.scope_secret_env.is_some() {
+            set.push(SCOPE_SECRET_ENV);
+        }
+        set
+    }
+
+    /// The secret named by `scope-secret-env`, read now.
+    #[cfg(feature = "http")]
+    pub(crate) fn scope_secret(&self) -> Result<Option<String>, ConfigError> {
+        let Some(var) = &self.scope_secret_env else {
+            return Ok(None);
+        };
+        let bad = |message: String| ConfigError::invalid(None, SCOPE_SECRET_ENV, message);
+        match std::env::var(var) {
+            Ok(secret) if secret.is_empty() => Err(bad(format!(
+                "the variable {var} is empty; give every node the same random secret \
+                 (32 bytes or more)"
+            ))),
+            Ok(secret) => Ok(Some(secret)),
+            Err(std::env::VarError::NotPresent) => Err(bad(format!(
+                "the variable {var} is not set; set it to the same random secret \
+                 (32 bytes or more) on every node"
+            ))),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(bad(format!("the variable {var} is not valid UTF-8")))
+            }
         }
     }
 }
+
+/// `keys.ignore-authority`, as errors name it.
+pub(crate) const IGNORE_AUTHORITY: &str = "keys.ignore-authority";
+/// `keys.scope-secret-env`, as errors name it.
+pub(crate) const SCOPE_SECRET_ENV: &str = "keys.scope-secret-env";
 
 /// The bulkhead of a stage: concurrent real executions, tighter while the
 /// stage is degraded.

@@ -22,22 +22,31 @@ const MAX_RESULT_BYTES: usize = 512 * 1024 * 1024;
 /// The longest duration any setting may have.
 pub(super) const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// The configuration key of a distributed policy's field.
-fn policy_field(field: &str) -> &'static str {
-    match field {
-        "lease" => "lease-timeout",
-        "heartbeat" => "heartbeat-interval",
-        "wait_timeout" => "wait-timeout",
-        "poll_interval" => "poll-interval",
-        "result_ttl" => "result-ttl",
-        "failure_ttl" => "failure-ttl",
-        "call_timeout" => "coordination-timeout",
-        "commit_attempts" => "commit-attempts",
-        "commit_replicas" => "commit-replicas",
-        "commit_replicas_timeout" => "commit-replicas-timeout",
-        "max_result_bytes" => "max-result-bytes",
-        _ => "single-flight",
-    }
+/// The configuration key of each field a distributed policy's validation
+/// can name: a table, not a match with a catch-all arm, so that a field
+/// missing here is reported as the policy names it, never as some other
+/// key (the `policy_fields_have_keys` test walks it).
+const POLICY_KEYS: [(&str, &str); 11] = [
+    ("lease", "lease-timeout"),
+    ("heartbeat", "heartbeat-interval"),
+    ("wait_timeout", "wait-timeout"),
+    ("poll_interval", "poll-interval"),
+    ("result_ttl", "result-ttl"),
+    ("failure_ttl", "failure-ttl"),
+    ("call_timeout", "coordination-timeout"),
+    ("commit_attempts", "commit-attempts"),
+    ("commit_replicas", "commit-replicas"),
+    ("commit_replicas_timeout", "commit-replicas-timeout"),
+    ("max_result_bytes", "max-result-bytes"),
+];
+
+/// The configuration key of a distributed policy's field, or the field
+/// itself when the table has none.
+fn policy_key(field: &'static str) -> &'static str {
+    POLICY_KEYS
+        .iter()
+        .find(|(f, _)| *f == field)
+        .map_or(field, |(_, key)| key)
 }
 
 /// The policy of one stage. Every field has a default (see
@@ -52,7 +61,8 @@ fn policy_field(field: &str) -> &'static str {
 )]
 #[non_exhaustive]
 pub struct StageConfig {
-    /// The mode (default HYBRID).
+    /// The mode (default HYBRID; see [`StageConfig::new`] for a stage
+    /// that names no backend).
     pub mode: Mode,
     /// The name of the coordination backend (given to the
     /// [`SingleFlightLayer`](crate::SingleFlightLayer) builder); required by
@@ -126,6 +136,10 @@ pub struct StageConfig {
     pub breaker: BreakerSettings,
     /// What of a response may be shared with other callers (HTTP).
     pub sharing: SharingSettings,
+    /// Whether the mode was chosen ([`mode`](Self::mode), or `mode` in a
+    /// file) rather than left at its default.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    mode_given: bool,
 }
 
 impl Default for StageConfig {
@@ -156,6 +170,7 @@ impl Default for StageConfig {
             bulkhead: BulkheadSettings::default(),
             breaker: BreakerSettings::default(),
             sharing: SharingSettings::default(),
+            mode_given: false,
         }
     }
 }
@@ -163,6 +178,37 @@ impl Default for StageConfig {
 impl StageConfig {
     /// The defaults (HYBRID, lease 30 s, heartbeat 5 s, wait 35 s, result
     /// TTL 60 s, …).
+    ///
+    /// A stage that names no [`backend`](Self::backend) and leaves the mode
+    /// at its default builds, and runs LOCAL_ONLY: it coalesces in this
+    /// process only, as a HYBRID stage does when its store is down, and
+    /// the build logs it (at `info`). A mode chosen on purpose
+    /// ([`mode`](Self::mode), or `mode` in a file) that needs a backend
+    /// without one is a configuration error instead.
+    ///
+    /// ```
+    /// # #[cfg(feature = "http")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flightdeck::key::http::HttpKeyExtractor;
+    /// use flightdeck::{Mode, SingleFlightLayer, StageConfig};
+    ///
+    /// let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
+    /// let layer = SingleFlightLayer::http(keys)
+    ///     .stage("report", StageConfig::new())
+    ///     .build()?;
+    /// assert_eq!(layer.stage("report").unwrap().mode(), Mode::LocalOnly);
+    ///
+    /// let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
+    /// let err = SingleFlightLayer::http(keys)
+    ///     .stage("report", StageConfig::new().mode(Mode::Hybrid))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), Some("backend"));
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "http"))]
+    /// # fn main() {}
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
@@ -170,7 +216,20 @@ impl StageConfig {
     /// Sets the mode.
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self.mode_given = true;
         self
+    }
+
+    /// Records that a configuration file chose the mode.
+    #[cfg(feature = "serde")]
+    pub(crate) fn mode_given(&mut self) {
+        self.mode_given = true;
+    }
+
+    /// Whether this stage runs LOCAL_ONLY for want of a backend: HYBRID by
+    /// default (not chosen), with none named.
+    pub(crate) fn local_for_want_of_a_backend(&self) -> bool {
+        self.mode == Mode::Hybrid && !self.mode_given && self.backend.is_none()
     }
 
     /// Names the backend.
@@ -219,7 +278,10 @@ impl StageConfig {
                 return bad(field, format!("{d:?} is over the bound of 30 days"));
             }
         }
-        if self.mode.is_distributed() && self.backend.is_none() {
+        if self.mode.is_distributed()
+            && self.backend.is_none()
+            && !self.local_for_want_of_a_backend()
+        {
             return bad(
                 "backend",
                 format!("is required by mode {}", self.mode.as_str()),
@@ -312,7 +374,7 @@ impl StageConfig {
         // What the checks above let through, the layers accept; a failure
         // here names the setting all the same.
         if let Err(e) = self.distributed_policy().validate() {
-            return bad(policy_field(e.field()), e.to_string());
+            return bad(policy_key(e.field()), e.to_string());
         }
         Ok(())
     }
@@ -356,5 +418,38 @@ impl StageConfig {
             .replay_ttl(self.local_replay_ttl)
             .max_flights(self.max_flights)
             .max_waiters(self.max_waiters)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each key of the table is a key of the stage table, and the policy
+    /// refuses a broken value of each field the table names.
+    #[test]
+    fn policy_fields_have_keys() {
+        let stage = StageConfig::new();
+        let broken: [(&str, DistributedPolicy); 4] = [
+            ("lease", stage.distributed_policy().lease(Duration::ZERO)),
+            (
+                "heartbeat",
+                stage.distributed_policy().heartbeat(Duration::ZERO),
+            ),
+            (
+                "poll_interval",
+                stage.distributed_policy().poll_interval(Duration::ZERO),
+            ),
+            (
+                "commit_attempts",
+                stage.distributed_policy().commit_attempts(0),
+            ),
+        ];
+        for (field, policy) in broken {
+            let err = policy.validate().unwrap_err();
+            assert_eq!(err.field(), field);
+            assert_ne!(policy_key(err.field()), field, "{field} has a key");
+        }
+        assert_eq!(policy_key("something_new"), "something_new");
     }
 }

@@ -60,6 +60,7 @@ use http_body::Body;
 
 use crate::error::KeyConfigError;
 use crate::extract::{Extraction, KeyExtractor, Reason};
+use crate::http::unkeyed::Unkeyed;
 use crate::http::{write_headers, KeyFuture, ScopeConfig};
 
 /// Default cap on a hashed gRPC message: 1 MiB.
@@ -74,11 +75,13 @@ pub struct GrpcKeyExtractor {
     config: Arc<Config>,
 }
 
+#[derive(Clone)]
 struct Config {
     methods: HashMap<Box<str>, StageName>,
     metadata: Vec<HeaderName>,
     cap: usize,
     scope: ScopeConfig,
+    unkeyed: Arc<Unkeyed>,
 }
 
 impl GrpcKeyExtractor {
@@ -91,6 +94,8 @@ impl GrpcKeyExtractor {
             scope: ScopeConfig::default(),
         }
     }
+
+    extractor_scope_methods!();
 }
 
 impl crate::NamedStages for GrpcKeyExtractor {
@@ -174,8 +179,12 @@ impl GrpcKeyBuilder {
             .collect::<Result<Vec<_>, _>>()?;
         metadata.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         metadata.dedup();
+        let unkeyed = Arc::new(Unkeyed::new(
+            methods.keys().map(|m| m.to_string()).collect(),
+        ));
         Ok(GrpcKeyExtractor {
             config: Arc::new(Config {
+                unkeyed,
                 methods,
                 metadata,
                 cap: self.cap,
@@ -239,6 +248,6 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        crate::http::body::extract_with(req, |parts| self.config.plan(parts))
+        crate::http::body::extract_with(req, &self.config.unkeyed, |parts| self.config.plan(parts))
     }
 }

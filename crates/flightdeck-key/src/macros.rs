@@ -25,8 +25,9 @@ macro_rules! scope_setters {
         /// credentials (a Basic-auth password, a short API key) seen in
         /// Redis key names cannot be checked offline against guesses. Use
         /// the same random secret (32 bytes or more) on every node; an
-        /// empty one is a configuration error. Without a secret, `build()`
-        /// logs a warning (see [`Scope`](crate::http::Scope#why-a-scope-secret-matters)).
+        /// empty one is a configuration error. Without a secret, a layer
+        /// that stores results in a shared backend warns at build (see
+        /// [`Scope`](crate::http::Scope#why-a-scope-secret-matters)).
         pub fn scope_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
             self.scope.secret = crate::http::scope::Secret::new(secret.as_ref());
             self
@@ -56,6 +57,37 @@ macro_rules! scope_setters {
         pub fn remove_credential_header(mut self, name: &str) -> Self {
             self.scope.remove.push(name.to_owned());
             self
+        }
+    };
+}
+
+/// What a deployment's configuration may still change on built rules, and
+/// what it needs to know of them, shared by the HTTP and gRPC extractors
+/// (a field `config: Arc<Config>` with a `scope: ScopeConfig` is expected).
+macro_rules! extractor_scope_methods {
+    () => {
+        /// Whether requests get tenant scope digests that no scope secret
+        /// keys: they can be checked offline against guessed credentials
+        /// by whoever reads them where they are stored (Redis key names).
+        /// False with a secret, and with no scope at all
+        /// (`shared_across_users`).
+        pub fn scope_digests_unkeyed(&self) -> bool {
+            self.config.scope.unkeyed()
+        }
+
+        /// These rules with their scope digests keyed by `secret` (see the
+        /// builder's `scope_secret`): for a secret the deployment gives
+        /// (an environment variable) to rules built in code. The same
+        /// secret again changes nothing; an empty one, or another secret
+        /// than the one already set, is an error.
+        pub fn with_scope_secret(
+            mut self,
+            secret: impl AsRef<[u8]>,
+        ) -> Result<Self, crate::error::KeyConfigError> {
+            std::sync::Arc::make_mut(&mut self.config)
+                .scope
+                .set_secret(secret.as_ref())?;
+            Ok(self)
         }
     };
 }

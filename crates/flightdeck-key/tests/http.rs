@@ -182,6 +182,12 @@ fn authority_is_part_of_the_key() {
     };
     assert_ne!(host("a.example"), host("b.example"));
     assert_eq!(host("A.Example"), host("a.example"));
+    // The port is not: the nodes of one service, each reached on its own
+    // port, share (nginx keys on `$host`, the name without the port).
+    assert_eq!(host("a.example:3201"), host("a.example:3202"));
+    assert_eq!(host("a.example:3201"), host("a.example"));
+    assert_ne!(host("a.example:3201"), host("b.example:3201"));
+    assert_eq!(host("[::1]:3201"), host("[::1]:3202"));
     assert_eq!(
         key(&ex, get_req("http://a.example/p")).unwrap(),
         host("a.example")
@@ -447,7 +453,7 @@ fn the_authority_can_be_left_out_of_the_key() {
         .default_stage("items")
         .build()
         .unwrap();
-    assert_ne!(at(&keyed, "127.0.0.1:3113"), at(&keyed, "127.0.0.1:3114"));
+    assert_ne!(at(&keyed, "10.0.0.7:3113"), at(&keyed, "10.0.0.8:3113"));
     let any_host = HttpKeyExtractor::builder()
         .default_stage("items")
         .ignore_authority()

@@ -1,6 +1,6 @@
 //! Tenant scopes: which credential headers separate users, the configurable
-//! list and keyed digests with a scope secret (the warning without one is
-//! `tests/unkeyed_warning.rs`).
+//! list and keyed digests with a scope secret (how unkeyed scopes are
+//! reported is `tests/unkeyed_warning.rs`).
 #![cfg(feature = "grpc")]
 
 mod common;
@@ -185,4 +185,27 @@ fn grpc_authorization_metadata_scopes_the_key_by_default() {
         alice.scope(),
         key(&http, &[("authorization", "Bearer alice")]).scope()
     );
+}
+
+#[test]
+fn a_secret_given_to_built_rules_keys_as_the_builders_does() {
+    let auth = [("authorization", "Basic dTpw")];
+    let built = builder().build().unwrap();
+    let later = built.clone().with_scope_secret("secret-one").unwrap();
+    let at_build = builder().scope_secret("secret-one").build().unwrap();
+    assert_eq!(key(&later, &auth).scope(), key(&at_build, &auth).scope());
+    assert_ne!(key(&later, &auth).scope(), key(&built, &auth).scope());
+    // The authority, likewise.
+    let host = |ex: &HttpKeyExtractor, h: &str| {
+        let r = Request::get("/v1/items")
+            .header("host", h)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        key_now(ex, r).unwrap()
+    };
+    let any_host = built.clone().without_authority();
+    assert_eq!(host(&any_host, "a.internal"), host(&any_host, "b.internal"));
+    assert_ne!(host(&built, "a.internal"), host(&built, "b.internal"));
+    let at_build = builder().ignore_authority().build().unwrap();
+    assert_eq!(host(&any_host, "a.internal"), host(&at_build, "b.internal"));
 }

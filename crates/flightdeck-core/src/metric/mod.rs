@@ -109,6 +109,13 @@ pub const MISS_TOTAL: &str = "singleflight_miss_total";
 /// Counter: owners whose work failed (the business error is shared, never
 /// retried, never counted against the coordination layer).
 pub const OWNER_FAILURE_TOTAL: &str = "singleflight_owner_failure_total";
+/// Counter: requests the key rules gave no key, so no layer coalesced
+/// them (`reason` = the `NotCoalescable` reason of the key crate:
+/// `no_stage` no rule, stage header or default stage placed it, `method`
+/// a method that coalesces only through a rule, `unhashed_body`,
+/// `body_too_large`, `not_allowlisted`, …). Without a `stage` label: the
+/// request has none.
+pub const UNKEYED_TOTAL: &str = "singleflight_unkeyed_total";
 /// Counter: requests of a BYPASS stage (no coalescing at all).
 pub const BYPASS_TOTAL: &str = "singleflight_bypass_total";
 /// Counter: DISTRIBUTED_ONLY requests failed fast because the coordination

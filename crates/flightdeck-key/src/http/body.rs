@@ -15,6 +15,7 @@ use http::{HeaderMap, Request};
 use http_body::Body;
 
 use super::idempotency::IdempotencyTable;
+use super::unkeyed::Unkeyed;
 use crate::extract::{Decision, Extracted, Extraction, NotCoalescable, Reason};
 
 /// What is known once the head was read: the encoder with every head field
@@ -46,9 +47,11 @@ impl Plan {
 
 pub(crate) type Output<B> = Extraction<Request<FlightBody<B>>, KeyFuture<B>>;
 
-/// Plans from the head, then finishes or reads the body.
+/// Plans from the head, then finishes or reads the body. Every request
+/// that gets no key is recorded in `unkeyed`.
 pub(crate) fn extract_with<B>(
     req: Request<B>,
+    unkeyed: &Arc<Unkeyed>,
     plan: impl FnOnce(&Parts) -> Result<Plan, Reason>,
 ) -> Output<B>
 where
@@ -57,13 +60,14 @@ where
 {
     let (parts, body) = req.into_parts();
     match plan(&parts) {
-        Ok(plan) => start(parts, body, plan),
-        Err(reason) => bypass(parts, body, reason),
+        Ok(plan) => start(parts, body, plan, unkeyed),
+        Err(reason) => bypass(parts, body, reason, unkeyed),
     }
 }
 
 /// Passes the request through untouched, marked with `reason`.
-fn bypass<B>(parts: Parts, body: B, reason: Reason) -> Output<B> {
+fn bypass<B>(parts: Parts, body: B, reason: Reason, unkeyed: &Unkeyed) -> Output<B> {
+    unkeyed.record(&parts, reason);
     let req = Request::from_parts(parts, FlightBody::inner(body));
     Extraction::Ready(Ok(Extracted::new(req, NotCoalescable::new(reason))))
 }
@@ -71,7 +75,7 @@ fn bypass<B>(parts: Parts, body: B, reason: Reason) -> Output<B> {
 /// Finishes at once when the body is known to be empty, refuses bodies that
 /// cannot be hashed or declare more than the cap, and otherwise reads the
 /// body in a [`KeyFuture`].
-fn start<B>(parts: Parts, body: B, plan: Plan) -> Output<B>
+fn start<B>(parts: Parts, body: B, plan: Plan, unkeyed: &Arc<Unkeyed>) -> Output<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -82,7 +86,7 @@ where
         return Extraction::Ready(decision.map(|d| Extracted::new(req, d)));
     }
     let Some(cap) = plan.cap else {
-        return bypass(parts, body, Reason::UnhashedBody);
+        return bypass(parts, body, Reason::UnhashedBody, unkeyed);
     };
     let declared = parts
         .headers
@@ -90,7 +94,7 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > cap as u64) || body.size_hint().lower() > cap as u64 {
-        return bypass(parts, body, Reason::BodyTooLarge);
+        return bypass(parts, body, Reason::BodyTooLarge, unkeyed);
     }
     Extraction::Pending(KeyFuture {
         state: Some(Reading {
@@ -98,6 +102,7 @@ where
             body,
             plan,
             cap,
+            unkeyed: Arc::clone(unkeyed),
             first: None,
             buf: BytesMut::new(),
             trailers: None,
@@ -122,6 +127,7 @@ struct Reading<B> {
     body: B,
     plan: Plan,
     cap: usize,
+    unkeyed: Arc<Unkeyed>,
     // The first data frame, kept without copying in the common case of a
     // body that arrives in one frame.
     first: Option<Bytes>,
@@ -203,6 +209,7 @@ where
         };
         let data = r.take_bytes();
         if r.len() + data.len() > r.cap {
+            r.unkeyed.record(&r.parts, Reason::BodyTooLarge);
             let req = Request::from_parts(r.parts, FlightBody::resumed(data, r.body));
             return Poll::Ready(Ok(Extracted::new(
                 req,
@@ -210,6 +217,7 @@ where
             )));
         }
         if r.trailers.is_some() {
+            r.unkeyed.record(&r.parts, Reason::Trailers);
             let req = Request::from_parts(r.parts, FlightBody::replay(data, r.trailers));
             return Poll::Ready(Ok(Extracted::new(
                 req,

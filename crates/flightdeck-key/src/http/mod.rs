@@ -10,8 +10,9 @@
 //! - **stage**: the first matching route rule (method + path pattern), else
 //!   the stage header (only stages from its allowed list), else the default
 //!   stage; with none of these the request is not coalesced;
-//! - **method**, **authority** (URI authority or `Host`, ASCII-lowercased)
-//!   and **path** (raw, byte for byte: `/a%41` and `/aA` may route
+//! - **method**, **host** (of the URI authority or `Host`, without the
+//!   port, ASCII-lowercased, as nginx's `$host`: the nodes of one service
+//!   reached on different ports share, different names do not) and **path** (raw, byte for byte: `/a%41` and `/aA` may route
 //!   differently, so they are different keys);
 //! - **query**, normalized (see below), minus the ignored parameters;
 //! - **selected headers**, by default `Accept`, `Accept-Encoding` and
@@ -33,7 +34,8 @@
 //!   different users never share. Set a
 //!   [`scope_secret`](HttpKeyBuilder::scope_secret): without one the scope
 //!   digests in Redis key names can be checked offline against guessed
-//!   credentials, and `build()` warns.
+//!   credentials (a `flightdeck` layer with a distributed stage warns at
+//!   build; see [`HttpKeyExtractor::scope_digests_unkeyed`]).
 //!
 //! Only `GET` and `HEAD` are coalesced by default. Other methods are
 //! coalesced through an explicit route rule, or when they carry an
@@ -95,6 +97,7 @@ mod idempotency;
 mod query;
 mod route;
 pub(crate) mod scope;
+pub(crate) mod unkeyed;
 
 use std::fmt;
 use std::sync::Arc;
@@ -119,6 +122,7 @@ pub use self::scope::{
 use self::body::Plan;
 use self::idempotency::IdempotencyTable;
 use self::route::Pattern;
+use self::unkeyed::Unkeyed;
 use crate::error::KeyConfigError;
 use crate::extract::{Extraction, KeyExtractor, Reason};
 
@@ -148,6 +152,7 @@ pub struct HttpKeyExtractor {
     config: Arc<Config>,
 }
 
+#[derive(Clone)]
 struct Config {
     routes: Vec<RouteRule>,
     stage_header: Option<(HeaderName, Vec<StageName>)>,
@@ -159,8 +164,10 @@ struct Config {
     idempotency: Arc<IdempotencyTable>,
     scope: ScopeConfig,
     authority: bool,
+    unkeyed: Arc<Unkeyed>,
 }
 
+#[derive(Clone)]
 struct RouteRule {
     method: Method,
     pattern: Pattern,
@@ -173,6 +180,16 @@ impl HttpKeyExtractor {
     pub fn builder() -> HttpKeyBuilder {
         HttpKeyBuilder::new()
     }
+
+    /// These rules with the authority left out of the key (see
+    /// [`HttpKeyBuilder::ignore_authority`]): for a deployment's
+    /// configuration applied to rules built in code.
+    pub fn without_authority(mut self) -> Self {
+        Arc::make_mut(&mut self.config).authority = false;
+        self
+    }
+
+    extractor_scope_methods!();
 }
 
 impl crate::NamedStages for HttpKeyExtractor {
@@ -357,7 +374,8 @@ impl HttpKeyBuilder {
     /// service reached under several names (`api.internal`, a node's own
     /// address, a load balancer's): requests that differ only in the name
     /// they used then share. Keep the default when one deployment serves
-    /// several sites whose responses differ by host.
+    /// several sites whose responses differ by host. (The port is never
+    /// part of the key: nodes reached on different ports share anyway.)
     pub fn ignore_authority(mut self) -> Self {
         self.authority = false;
         self
@@ -414,6 +432,12 @@ impl HttpKeyBuilder {
     pub fn build(self) -> Result<HttpKeyExtractor, KeyConfigError> {
         let scope = self.scope.build()?;
         let body_cap = self.body_cap;
+        let unkeyed = Arc::new(Unkeyed::new(
+            self.routes
+                .iter()
+                .map(|r| format!("{} {}", r.method, r.pattern))
+                .collect(),
+        ));
         let routes = self
             .routes
             .into_iter()
@@ -473,6 +497,7 @@ impl HttpKeyBuilder {
                 headers,
                 body_cap: self.body_cap,
                 authority: self.authority,
+                unkeyed,
                 idempotency_body_cap: self.idempotency_body_cap,
                 idempotency: Arc::new(IdempotencyTable::new(
                     self.idempotency_window,
@@ -622,7 +647,11 @@ impl Config {
     }
 }
 
-/// The authority (URI authority, else `Host`), ASCII-lowercased.
+/// The host of the authority (URI authority, else `Host`), without its
+/// port or user info, ASCII-lowercased: nginx's `$host`. The nodes of one
+/// service are reached on different ports (`10.0.0.7:3201`, `:3202`, a
+/// load balancer's `:443`) and answer alike, so the port never splits a
+/// flight; different names (virtual hosts) still do.
 fn write_authority(enc: &mut KeyEncoder, parts: &Parts) {
     let raw: &[u8] = match parts.uri.authority() {
         Some(a) => a.as_str().as_bytes(),
@@ -631,10 +660,30 @@ fn write_authority(enc: &mut KeyEncoder, parts: &Parts) {
             .get(HOST)
             .map_or(&[][..], HeaderValue::as_bytes),
     };
-    if raw.iter().any(u8::is_ascii_uppercase) {
-        enc.push(&raw.to_ascii_lowercase());
+    let host = host_of(raw);
+    if host.iter().any(u8::is_ascii_uppercase) {
+        enc.push(&host.to_ascii_lowercase());
     } else {
-        enc.push(raw);
+        enc.push(host);
+    }
+}
+
+/// `host[:port]`, `user@host:port` or `[v6]:port` without the user info
+/// and the port. Bytes that are not an authority are kept whole.
+fn host_of(authority: &[u8]) -> &[u8] {
+    let a = match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    if a.first() == Some(&b'[') {
+        return match a.iter().position(|&b| b == b']') {
+            Some(end) => &a[..=end],
+            None => a,
+        };
+    }
+    match a.iter().rposition(|&b| b == b':') {
+        Some(colon) if a[colon + 1..].iter().all(u8::is_ascii_digit) => &a[..colon],
+        _ => a,
     }
 }
 
@@ -647,6 +696,30 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        body::extract_with(req, |parts| self.config.plan(parts))
+        body::extract_with(req, &self.config.unkeyed, |parts| self.config.plan(parts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn the_host_is_the_authority_without_port_and_user_info() {
+        let cases: [(&[u8], &[u8]); 9] = [
+            (b"a.example", b"a.example"),
+            (b"a.example:3201", b"a.example"),
+            (b"a.example:", b"a.example"),
+            (b"user:pw@a.example:80", b"a.example"),
+            (b"[::1]:3201", b"[::1]"),
+            (b"[::1]", b"[::1]"),
+            (b"127.0.0.1:3202", b"127.0.0.1"),
+            // Not a port: kept whole, so it never equals a real host.
+            (b"a.example:http", b"a.example:http"),
+            (b"", b""),
+        ];
+        for (authority, host) in cases {
+            assert_eq!(host_of(authority), host, "{authority:?}");
+        }
     }
 }

@@ -55,8 +55,11 @@ pub static DEFAULT_CREDENTIAL_HEADERS: [HeaderName; 4] =
 /// the same way, and check the guess offline, as often as they like. With
 /// a secret (the builders' `scope_secret`, the same on every node), the
 /// digest is BLAKE3's keyed hash under a key derived from that secret:
-/// without the secret a guess cannot be checked. Building an extractor
-/// without one logs a warning.
+/// without the secret a guess cannot be checked. Only digests that leave
+/// the process are at risk: the extractor cannot tell where its keys go,
+/// so it reports [`scope_digests_unkeyed`](super::HttpKeyExtractor::scope_digests_unkeyed)
+/// and the layer that stores results in a shared backend (the `flightdeck`
+/// facade) warns.
 #[derive(Clone)]
 pub struct Scope {
     kind: Kind,
@@ -274,9 +277,9 @@ fn credential_name(name: &str) -> Result<HeaderName, KeyConfigError> {
 
 /// The key that makes scope digests keyed, derived from the deployment's
 /// scope secret.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub(crate) enum Secret {
-    /// None configured: digests are unkeyed (and building warns).
+    /// None configured: digests are unkeyed.
     #[default]
     None,
     /// `scope_secret("")`: a mistake (an unset variable?), refused.
@@ -295,6 +298,17 @@ impl Secret {
                 "flightdeck-key 2 tenant scope digest key",
                 secret,
             ))
+        }
+    }
+
+    fn check(&self) -> Result<(), KeyConfigError> {
+        match self {
+            Self::Empty => Err(KeyConfigError::new(
+                "scope secret",
+                "",
+                "is empty; give every node the same random secret (32 bytes or more)",
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -322,8 +336,7 @@ pub(crate) struct ScopeConfig {
 }
 
 impl ScopeConfig {
-    /// Applies the credential edits and validates; warns once when scope
-    /// digests will be unkeyed.
+    /// Applies the credential edits and validates.
     pub(crate) fn build(mut self) -> Result<Self, KeyConfigError> {
         for name in self.add.drain(..) {
             self.scope = self.scope.with_credential_header(name);
@@ -332,23 +345,32 @@ impl ScopeConfig {
             self.scope = self.scope.without_credential_header(name);
         }
         self.scope.validate()?;
-        match self.secret {
-            Secret::Empty => {
-                return Err(KeyConfigError::new(
-                    "scope secret",
-                    "",
-                    "is empty; give every node the same random secret (32 bytes or more)",
-                ))
-            }
-            Secret::None if !matches!(self.scope.kind, Kind::Shared) => tracing::warn!(
-                scope = ?self.scope,
-                "tenant scope digests are unkeyed: without a scope secret, whoever can read \
-                 the Redis key names can check guessed credentials against them offline; \
-                 set scope_secret(..) to the same random secret on every node"
-            ),
-            _ => {}
-        }
+        self.secret.check()?;
         Ok(self)
+    }
+
+    /// Whether requests get scope digests that no secret keys.
+    pub(crate) fn unkeyed(&self) -> bool {
+        self.secret == Secret::None && !matches!(self.scope.kind, Kind::Shared)
+    }
+
+    /// Keys the digests of built rules with `secret`: the same secret
+    /// again changes nothing, another one is refused (two places would
+    /// disagree on the key every node must share).
+    pub(crate) fn set_secret(&mut self, secret: &[u8]) -> Result<(), KeyConfigError> {
+        let new = Secret::new(secret);
+        new.check()?;
+        match &self.secret {
+            Secret::Key(_) if self.secret != new => Err(KeyConfigError::new(
+                "scope secret",
+                "",
+                "is already set to another secret; set it in one place",
+            )),
+            _ => {
+                self.secret = new;
+                Ok(())
+            }
+        }
     }
 
     /// The scope of a request, or the reason it has none although a rule

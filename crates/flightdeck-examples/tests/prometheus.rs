@@ -266,7 +266,8 @@ fn close(what: &str, got: f64, want: f64, tolerance: f64) {
 
 /// The dashboard's expressions: (panel title, expr) for every target.
 fn panels() -> Vec<(String, String)> {
-    let d: Value = serde_json::from_str(include_str!("../deploy/grafana/flightdeck.json")).unwrap();
+    let d: Value =
+        serde_json::from_str(include_str!("../../../deploy/grafana/flightdeck.json")).unwrap();
     let mut out = Vec::new();
     for p in d["panels"].as_array().unwrap() {
         for t in p["targets"].as_array().into_iter().flatten() {
@@ -307,7 +308,7 @@ fn test() {
     let nodes: Vec<NodeChild> = (0..2).map(|_| NodeChild::start(&redis.url())).collect();
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
     let nodes = Arc::new(Mutex::new(nodes));
-    let alerts = include_str!("../deploy/prometheus/alerts.yml");
+    let alerts = include_str!("../../../deploy/prometheus/alerts.yml");
     assert!(
         alerts.contains("for: 5m"),
         "the BYPASS alert waits 5 minutes"

@@ -29,8 +29,8 @@
 //! be tried over gRPC. Without `REDIS_URL` every stage runs LOCAL_ONLY.
 //!
 //! ```text
-//! cargo run --example tonic --features toml,redis        # LOCAL_ONLY on 127.0.0.1:50051
-//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example tonic --features toml,redis
+//! cargo run -p flightdeck-examples --example tonic        # LOCAL_ONLY on 127.0.0.1:50051
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run -p flightdeck-examples --example tonic
 //! curl -s 127.0.0.1:9464/metrics | grep singleflight_            # Prometheus
 //! ```
 
@@ -109,7 +109,9 @@ async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // As the axum example: fred's per-connection warnings off
+                // (flightdeck's own lines report an outage once).
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fred=error")),
         )
         .init();
     let listen: SocketAddr = std::env::var("LISTEN")

@@ -18,8 +18,8 @@
 //! and TLS stack). `GET /v1/usage` tells how often the model really ran.
 //!
 //! ```text
-//! cargo run --example axum --features toml,redis           # LOCAL_ONLY on 127.0.0.1:3000
-//! REDIS_URL=redis://<your-redis-host>:6379 cargo run --example axum --features toml,redis
+//! cargo run -p flightdeck-examples --example axum           # LOCAL_ONLY on 127.0.0.1:3000
+//! REDIS_URL=redis://<your-redis-host>:6379 cargo run -p flightdeck-examples --example axum
 //! curl -s -XPOST localhost:3000/v1/score -H 'content-type: application/json' \
 //!      -d '{"question":"q1","answer":"a tower layer"}'
 //! curl -s localhost:3000/metrics | grep singleflight_
@@ -79,9 +79,19 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The log filter when `RUST_LOG` is unset: `info`, but the Redis client
+/// (fred) at `error` only. fred logs every broken connection at `warn`
+/// (`Broadcasting error … Connection closed`), once per connection and
+/// reconnect attempt; during an outage flightdeck's own `warn` lines say
+/// it once (stage degraded, breaker open) and name the stage. (fred logs
+/// through `log`: these lines reach a `tracing` subscriber only through
+/// a bridge, such as `tracing-subscriber`'s default `tracing-log`
+/// feature.)
+pub(crate) const LOG_DEFAULT: &str = "info,fred=error";
+
 /// Logs through `tracing-subscriber`, filtered by `RUST_LOG` (default
-/// `info`): flightdeck's warnings on entering and leaving degraded mode,
-/// breaker transitions, mode switches. For example:
+/// [`LOG_DEFAULT`]): flightdeck's warnings on entering and leaving
+/// degraded mode, breaker transitions, mode switches. For example:
 ///
 /// ```text
 /// WARN flightdeck::stage: stage degraded: coordination breaker open; coalescing in this process only stage=score mode=hybrid bulkhead_limit=8
@@ -91,7 +101,7 @@ where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_DEFAULT));
     let _already_set = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
@@ -194,13 +204,12 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
     let config = SingleFlightConfig::from_toml(&opts.config)?;
     // The key: the route names the stage, the JSON body (up to 64 KiB) is
     // hashed, `Accept*` headers count, and requests with credentials are
-    // scoped per user (two users never share a score). The config file may
-    // leave the host name out (`[single-flight.keys] ignore-authority`).
-    let keys = config
-        .keys
-        .apply(HttpKeyExtractor::builder())
+    // scoped per user (two users never share a score).
+    let keys = HttpKeyExtractor::builder()
         .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(MAX_BODY))
         .build()?;
+    // The stages, and the file's key settings (`[single-flight.keys]`:
+    // leave the host name out, the scope secret's variable).
     let mut flights = SingleFlightLayer::http(keys).config(config);
     flights = match &opts.redis_url {
         Some(url) => {

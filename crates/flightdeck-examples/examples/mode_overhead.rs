@@ -20,7 +20,7 @@
 //! concurrent callers.
 //!
 //! ```text
-//! cargo run --release -p flightdeck --all-features --example mode_overhead
+//! cargo run --release -p flightdeck-examples --example mode_overhead
 //! ```
 //!
 //! With `--callgrind`, it then counts instructions per request under
@@ -31,8 +31,8 @@
 //! difference quotient per request and the ratio.
 //!
 //! ```text
-//! cargo run --release -p flightdeck --all-features --example mode_overhead -- --callgrind
-//! cargo run --release -p flightdeck --all-features --example mode_overhead -- --callgrind-only
+//! cargo run --release -p flightdeck-examples --example mode_overhead -- --callgrind
+//! cargo run --release -p flightdeck-examples --example mode_overhead -- --callgrind-only
 //! ```
 
 use std::convert::Infallible;

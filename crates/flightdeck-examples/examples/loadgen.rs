@@ -16,8 +16,8 @@
 //! (flightdeck-testkit).
 //!
 //! ```text
-//! cargo run --release --example loadgen -- --fault
-//! cargo run --release --example loadgen -- --nodes 4 --concurrency 64 --keys 1000 --duration 30 --out report.svg
+//! cargo run --release -p flightdeck-examples --example loadgen -- --fault
+//! cargo run --release -p flightdeck-examples --example loadgen -- --nodes 4 --concurrency 64 --keys 1000 --duration 30 --out report.svg
 //! ```
 
 use std::collections::BTreeMap;

@@ -1,0 +1,198 @@
+//! Requests the key rules give no key: counted, and logged once per method
+//! and path, so that a rule that never matches (a typo'd path) shows on the
+//! first request instead of as a merge ratio of zero.
+//!
+//! The log is bounded: the first [`LOGGED`] distinct method and path pairs
+//! get a line each, then one line says that further ones are only counted
+//! (in `singleflight_unkeyed_total{reason}`, whose labels are the fixed
+//! reasons, never a path).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use flightdeck_core::metric::UNKEYED_TOTAL;
+use http::request::Parts;
+use http::Method;
+
+use crate::extract::Reason;
+
+/// Distinct method and path pairs logged, at most.
+pub(crate) const LOGGED: usize = 64;
+
+/// Paths are logged (and remembered) up to this many bytes.
+const SHOWN_PATH: usize = 256;
+
+/// The unkeyed requests of one extractor: what was logged, and the rules
+/// to compare a path with.
+#[derive(Debug)]
+pub(crate) struct Unkeyed {
+    seen: Mutex<HashSet<(Method, Box<str>)>>,
+    full: AtomicBool,
+    /// The rules, as `METHOD /pattern` (HTTP) or `/pkg.Service/Method`
+    /// (gRPC): the closest one is named in the log line.
+    rules: Vec<String>,
+}
+
+impl Unkeyed {
+    pub(crate) fn new(rules: Vec<String>) -> Self {
+        Self {
+            seen: Mutex::new(HashSet::new()),
+            full: AtomicBool::new(false),
+            rules,
+        }
+    }
+
+    /// Counts a request that gets no key, and logs it if its method and
+    /// path are new (and the log is not full).
+    pub(crate) fn record(&self, parts: &Parts, reason: Reason) {
+        metrics::counter!(UNKEYED_TOTAL, "reason" => reason.as_str()).increment(1);
+        if self.full.load(Ordering::Relaxed) {
+            return;
+        }
+        let path = shown(parts.uri.path());
+        let log = {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.len() < LOGGED {
+                if seen.insert((parts.method.clone(), path.into())) {
+                    Log::This
+                } else {
+                    Log::Nothing
+                }
+            } else if self.full.swap(true, Ordering::Relaxed) {
+                Log::Nothing
+            } else {
+                Log::Full
+            }
+        };
+        match log {
+            Log::Nothing => {}
+            Log::Full => tracing::info!(
+                "more requests are not coalesced on other methods and paths: from now on \
+                 they are only counted (singleflight_unkeyed_total{{reason}})"
+            ),
+            Log::This => {
+                let closest = self.closest(&parts.method, path);
+                tracing::info!(
+                    method = %parts.method,
+                    path,
+                    reason = reason.as_str(),
+                    "request not coalesced: {}{} (logged once per method and path)",
+                    why(reason, &parts.method),
+                    closest.map_or_else(String::new, |r| format!("; closest rule: {r}")),
+                );
+            }
+        }
+    }
+
+    /// The rule most like the request's method and path, for the reasons
+    /// where none matched.
+    fn closest(&self, method: &Method, path: &str) -> Option<&str> {
+        let asked = format!("{method} {path}");
+        self.rules
+            .iter()
+            .map(|rule| {
+                // gRPC rules are paths alone.
+                let against = if rule.starts_with('/') { path } else { &asked };
+                (strsim::normalized_levenshtein(against, rule), rule)
+            })
+            .filter(|(score, _)| *score >= 0.7)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, rule)| rule.as_str())
+    }
+}
+
+/// The path, cut to [`SHOWN_PATH`] bytes (on a character boundary).
+fn shown(path: &str) -> &str {
+    if path.len() <= SHOWN_PATH {
+        return path;
+    }
+    let mut end = SHOWN_PATH;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    &path[..end]
+}
+
+/// What a request calls for in the log.
+enum Log {
+    Nothing,
+    /// Its method and path are new.
+    This,
+    /// The log just filled up.
+    Full,
+}
+
+/// Why, in words.
+fn why(reason: Reason, method: &Method) -> String {
+    match reason {
+        Reason::NoStage => {
+            "no route rule matches, and no stage header or default stage places it".into()
+        }
+        Reason::Method => format!(
+            "no route rule matches, and {method} coalesces only through one \
+             (or an Idempotency-Key)"
+        ),
+        Reason::UnknownStage => "the stage header names a stage that is not allowed".into(),
+        Reason::UnhashedBody => "it has a body, and no body hashing is set for it".into(),
+        Reason::BodyTooLarge => "its body is larger than the cap".into(),
+        Reason::Trailers => "its body ends with trailers".into(),
+        Reason::NoScope => "the scope rule found no scope on it".into(),
+        Reason::BadIdempotencyKey => "its Idempotency-Key is empty or repeated".into(),
+        Reason::NotGrpc => "it is not a gRPC call".into(),
+        Reason::NotAllowlisted => "its gRPC method is not on the allowlist".into(),
+        Reason::Declined => "the key rules declined it".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(method: Method, path: &str) -> Parts {
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn each_method_and_path_is_remembered_once_and_the_memory_is_bounded() {
+        let u = Unkeyed::new(vec!["POST /v1/score".into()]);
+        u.record(&parts(Method::POST, "/v1/scores"), Reason::Method);
+        u.record(&parts(Method::POST, "/v1/scores"), Reason::Method);
+        u.record(&parts(Method::GET, "/v1/scores"), Reason::NoStage);
+        assert_eq!(u.seen.lock().unwrap().len(), 2);
+        for i in 0..LOGGED * 2 {
+            u.record(&parts(Method::GET, &format!("/items/{i}")), Reason::NoStage);
+        }
+        assert_eq!(u.seen.lock().unwrap().len(), LOGGED);
+        assert!(u.full.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_closest_rule_is_named() {
+        let u = Unkeyed::new(vec!["POST /v1/score".into(), "GET /v1/report/{id}".into()]);
+        assert_eq!(
+            u.closest(&Method::POST, "/v1/scores"),
+            Some("POST /v1/score")
+        );
+        assert_eq!(u.closest(&Method::GET, "/metrics"), None);
+        let grpc = Unkeyed::new(vec!["/pkg.Scorer/Score".into()]);
+        assert_eq!(
+            grpc.closest(&Method::POST, "/pkg.Scorer/Scores"),
+            Some("/pkg.Scorer/Score")
+        );
+    }
+
+    #[test]
+    fn long_paths_are_cut_on_a_character_boundary() {
+        let long = "/é".repeat(200);
+        let cut = shown(&long);
+        assert!(cut.len() <= SHOWN_PATH);
+        assert!(long.starts_with(cut));
+    }
+}
