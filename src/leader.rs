@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
-use flightdeck_distributed::{FailureClass, Fence, FlightId, ResultCodec, Verdict};
+use flightdeck_distributed::{Fence, FlightId, ResultCodec, Run};
 use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -19,37 +19,33 @@ use tower_service::Service;
 use crate::fallback::ModeFallback;
 use crate::inner_call::InnerCall;
 use crate::mode::Mode;
-use crate::stage::{Fallback, Path, Stage};
-
-/// A flight that goes to the backend: its coordination state, boxed.
-type BoxFuture<T, O> = Pin<Box<dyn Future<Output = Result<Shareable<T, O>, BoxError>> + Send>>;
+use crate::stage::{Path, Stage};
 
 pin_project! {
-    /// A leader's work, as small as the path it takes.
+    /// A leader's work, as small as the path it takes: a local execution
+    /// carries nothing of L2, and only a flight that goes to the backend
+    /// carries (boxed) the flight's coordination state (see [`Run`]).
     #[project = LeadProj]
-    pub(crate) enum Lead<L, T, O> {
-        /// Runs here (LOCAL_ONLY, a ramp, an open breaker's fallback).
+    pub(crate) enum Lead<L, H, T, O> {
+        /// Runs here (LOCAL_ONLY, a stage without backend).
         Here { #[pin] fut: L },
-        /// Refused before the flight was named.
-        Failed { error: Option<BoxError> },
-        /// Coordinated through L2.
-        Flight { fut: BoxFuture<T, O> },
+        /// Through L2: refused by the breaker and decided at once (run
+        /// here, or fail), or coordinated.
+        Coordinated { #[pin] run: Run<H, T, O> },
     }
 }
 
-impl<L, T, O> Future for Lead<L, T, O>
+impl<L, H, T, O> Future for Lead<L, H, T, O>
 where
     L: Future<Output = Result<Shareable<T, O>, BoxError>>,
+    H: Future<Output = Result<Shareable<T, O>, BoxError>>,
 {
     type Output = L::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             LeadProj::Here { fut } => fut.poll(cx),
-            LeadProj::Failed { error } => {
-                Poll::Ready(Err(error.take().expect("a refused lead is polled once")))
-            }
-            LeadProj::Flight { fut } => fut.as_mut().poll(cx),
+            LeadProj::Coordinated { run } => run.poll(cx),
         }
     }
 }
@@ -124,9 +120,6 @@ where
             coordination,
             bound,
         } = self;
-        // The future is as small as the path it takes: a local execution
-        // carries nothing of L2, and only a flight that goes to the
-        // backend carries (boxed) the flight's coordination state.
         let flight = Self::sharded_flight(&stage, mode, &key);
         let exec = Self::exec(Arc::clone(&stage), inner, share, fence, bound, flight);
         let Some(l2) = stage.distributed.as_ref().filter(|_| mode.is_distributed()) else {
@@ -135,49 +128,20 @@ where
                 fut: exec.run(req, Path::Local),
             };
         };
-        // After the breaker closed, a ramp may send only part of the
-        // leaders back to the backend: HYBRID runs the others here
-        // (DISTRIBUTED_ONLY has nowhere else to go, so the ramp holds none
-        // of its leaders back). The whole store's ramp holds back any
-        // flight; a shard's, the flights of that shard.
-        if mode == Mode::Hybrid
-            && (stage.ctl.breaker.ramp_holds_back()
-                || flight.is_some_and(|f| l2.backend().breaker_for(&f).ramp_holds_back()))
-        {
-            stage
-                .ctl
-                .count_fallback(Fallback::Coordination(FailureClass::CircuitOpen));
-            return Lead::Here {
-                fut: exec.run(req, Path::Fallback),
-            };
-        }
-        // A breaker that is open for the flight's shard refuses before any call; L2's
-        // fallback decides, as it would inside the flight.
+        // The breaker is asked once, by L2, before anything else is built:
+        // a refusal (open, or held back by a ramp after closing, which
+        // only HYBRID takes) is decided by the stage's failure matrix.
         let fallback = ModeFallback {
-            ctl: &stage.ctl,
+            ctl: Arc::clone(&stage.ctl),
             mode,
-            flight,
         };
-        match l2.refused_early(&key, &req, &fallback) {
-            Some(Verdict::RunHere) => {
-                return Lead::Here {
-                    fut: exec.run(req, Path::Fallback),
-                }
-            }
-            Some(Verdict::Fail(e)) => return Lead::Failed { error: Some(e) },
-            None => {}
+        let run = l2.start(key, req, exec, fallback, coordination);
+        if flight.is_some() {
+            // A shard seen for the first time has a breaker now: its
+            // gauge is shown at once.
+            stage.ctl.sync();
         }
-        let flight: BoxFuture<Sh::Shared, Sh::Output> = Box::pin(async move {
-            let fallback = ModeFallback {
-                ctl: &stage.ctl,
-                mode,
-                flight,
-            };
-            let l2 = stage.distributed.as_ref().expect("checked above");
-            l2.run_within(&key, req, exec, &fallback, coordination)
-                .await
-        });
-        Lead::Flight { fut: flight }
+        Lead::Coordinated { run }
     }
 
     fn alone(

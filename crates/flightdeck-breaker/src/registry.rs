@@ -324,6 +324,11 @@ where
         self.inner.shared.tx.subscribe()
     }
 
+    /// What [`watch`](Self::watch) publishes now (a copy).
+    pub fn open_since(&self) -> OpenSince<K> {
+        self.inner.shared.tx.borrow().clone()
+    }
+
     /// A count that grows with every change of what [`watch`](Self::watch)
     /// publishes: a copy taken when it was `v` is current while it is
     /// still `v` (two atomic loads to find out, no lock).

@@ -41,7 +41,7 @@
 //! walked away.
 //!
 //! **The breaker** guards a backend as a decorator ([`GuardedBackend`]): an
-//! open circuit is one more failure before acquire.
+//! open circuit is one more failure before acquire, asked once per flight.
 //!
 //! [`DistributedFlightLayer`] is a thin `tower` shell over it (behind the
 //! local single-flight layer, only the local leader of a key reaches it, so
@@ -82,6 +82,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+pub mod breaker;
 mod cached_failure;
 pub mod codec;
 pub mod error;
@@ -89,10 +90,10 @@ pub mod fallback;
 mod flights;
 mod follow;
 pub mod future;
-pub mod guard;
 mod layer;
 mod lease_release;
 mod lost_results;
+mod run;
 pub mod memory;
 mod metrics;
 mod owner;
@@ -109,9 +110,10 @@ pub use codec::HttpCodec;
 pub use codec::{Envelope, PostcardCodec, ResultCodec};
 pub use fallback::{FailureClass, Fallback, Propagate, Verdict, WaitEnded};
 pub use flights::DistributedFlights;
-pub use guard::{GuardedBackend, ShardBreakers};
+pub use breaker::{BackendBreakers, GuardedBackend};
 pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
+pub use run::Run;
 pub use service::DistributedFlight;
 #[cfg(feature = "http")]
 pub use work::ExtensionFence;

@@ -236,9 +236,17 @@ impl Backend for RedisBackend {
     /// its first connection is made). A cluster: whether its slot map is
     /// known and a primary is connected.
     fn connection(&self) -> ConnectionWatch {
+        // Brought up to date first: fred may tell a connection (what
+        // `ready` waits for) before its event reaches our tasks.
         match &self.inner.topology {
-            Topology::Single(node) => node.link.connection.subscribe(),
-            Topology::Cluster(cluster) => cluster.connection.subscribe(),
+            Topology::Single(node) => {
+                node.link.connected_now(&node.client);
+                node.link.connection.subscribe()
+            }
+            Topology::Cluster(cluster) => {
+                cluster.publish_connection();
+                cluster.connection.subscribe()
+            }
         }
     }
 

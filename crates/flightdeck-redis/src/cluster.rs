@@ -253,7 +253,7 @@ impl Cluster {
 
     /// Publishes whether calls can be sent: the map is known and a
     /// primary is connected.
-    fn publish_connection(&self) {
+    pub(crate) fn publish_connection(&self) {
         let connection = if !self.has_map() {
             let why = format!("redis cluster slot map not known yet ({})", self.why_no_map());
             Connection::NotConnected(Arc::from(why))

@@ -87,6 +87,18 @@ impl Link {
         }
     }
 
+    /// Publishes "connected" when the command client is (fred may say so
+    /// before its event reaches [`reconnected`](Self::reconnected)).
+    pub(crate) fn connected_now(&self, client: &Client) {
+        if client.is_connected() && !self.is_lost() {
+            self.connection.send_if_modified(|now| {
+                let was = now.is_connected();
+                *now = Connection::Connected;
+                !was
+            });
+        }
+    }
+
     /// The command client made a new connection.
     fn reconnected(&self) {
         self.lost.store(false, Ordering::Release);
