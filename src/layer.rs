@@ -9,7 +9,9 @@ use flightdeck_breaker::Breaker;
 use flightdeck_budget::NoInbound;
 use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
 use flightdeck_core::{SharedForm, StageName};
-use flightdeck_distributed::{Backend, BackendBreakers, DistributedFlights, GuardedBackend, NoFence};
+use flightdeck_distributed::{
+    Backend, BackendBreakers, DistributedFlights, GuardedBackend, NoFence,
+};
 use flightdeck_local::LocalFlights;
 use tower_layer::Layer;
 

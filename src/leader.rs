@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
-use flightdeck_distributed::{Fence, FlightId, ResultCodec, Run};
+use flightdeck_distributed::{Fence, FlightFuture, FlightId, ResultCodec, Start, Verdict};
 use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -24,28 +24,32 @@ use crate::stage::{Path, Stage};
 pin_project! {
     /// A leader's work, as small as the path it takes: a local execution
     /// carries nothing of L2, and only a flight that goes to the backend
-    /// carries (boxed) the flight's coordination state (see [`Run`]).
+    /// carries (boxed) the flight's coordination state.
     #[project = LeadProj]
-    pub(crate) enum Lead<L, H, T, O> {
-        /// Runs here (LOCAL_ONLY, a stage without backend).
+    pub(crate) enum Lead<L, T, O> {
+        /// Runs here (LOCAL_ONLY, a stage without backend, or the local
+        /// fallback path of a flight the breaker refused).
         Here { #[pin] fut: L },
-        /// Through L2: refused by the breaker and decided at once (run
-        /// here, or fail), or coordinated.
-        Coordinated { #[pin] run: Run<H, T, O> },
+        /// Refused before the flight was named.
+        Failed { error: Option<BoxError> },
+        /// Coordinated through L2.
+        Flight { fut: FlightFuture<T, O> },
     }
 }
 
-impl<L, H, T, O> Future for Lead<L, H, T, O>
+impl<L, T, O> Future for Lead<L, T, O>
 where
     L: Future<Output = Result<Shareable<T, O>, BoxError>>,
-    H: Future<Output = Result<Shareable<T, O>, BoxError>>,
 {
     type Output = L::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             LeadProj::Here { fut } => fut.poll(cx),
-            LeadProj::Coordinated { run } => run.poll(cx),
+            LeadProj::Failed { error } => {
+                Poll::Ready(Err(error.take().expect("a refused lead is polled once")))
+            }
+            LeadProj::Flight { fut } => fut.as_mut().poll(cx),
         }
     }
 }
@@ -135,13 +139,26 @@ where
             ctl: Arc::clone(&stage.ctl),
             mode,
         };
-        let run = l2.start(key, req, exec, fallback, coordination);
+        let lead = match l2.start(key, req, exec, fallback, coordination) {
+            Start::Decided {
+                verdict: Verdict::RunHere,
+                req,
+                exec,
+            } => Lead::Here {
+                fut: exec.run(req, Path::Fallback),
+            },
+            Start::Decided {
+                verdict: Verdict::Fail(error),
+                ..
+            } => Lead::Failed { error: Some(error) },
+            Start::Flight(fut) => Lead::Flight { fut },
+        };
         if flight.is_some() {
             // A shard seen for the first time has a breaker now: its
             // gauge is shown at once.
             stage.ctl.sync();
         }
-        Lead::Coordinated { run }
+        lead
     }
 
     fn alone(

@@ -299,7 +299,8 @@ impl Breaker {
             return false;
         }
         let from = public(inner.tag);
-        self.core.close(&mut inner, now, from, TransitionReason::Recovered);
+        self.core
+            .close(&mut inner, now, from, TransitionReason::Recovered);
         true
     }
 
@@ -754,7 +755,12 @@ impl Core {
             at,
             open_for,
         };
-        for hook in self.hooks.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+        for hook in self
+            .hooks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
             hook(&transition);
         }
         let _no_subscriber_is_fine = self.events.send(transition);

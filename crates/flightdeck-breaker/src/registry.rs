@@ -364,7 +364,10 @@ where
     }
 
     fn read(&self) -> RwLockReadGuard<'_, HashMap<K, Entry>> {
-        self.inner.map.read().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, HashMap<K, Entry>> {

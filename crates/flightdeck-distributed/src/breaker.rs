@@ -156,7 +156,10 @@ impl<B: Backend> GuardedBackend<B> {
                     }
                 }
                 if whole.recover() {
-                    tracing::warn!(breaker = whole.name(), "backend connected: closing the circuit it started open, going distributed");
+                    tracing::warn!(
+                        breaker = whole.name(),
+                        "backend connected: closing the circuit it started open, going distributed"
+                    );
                 }
             }));
         }

@@ -3,7 +3,6 @@
 //! [`Fallback`], what happens when coordination fails.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +25,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::run::Run;
+use crate::start::Start;
 use crate::work::{Execute, Role};
 
 /// The flights of one deployment's stage(s) on this node: a backend, a
@@ -206,15 +205,19 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         self.run_within(key, req, exec, fallback, None).await
     }
 
-    /// [`run_within`](Self::run_within), handed out as soon as it is
-    /// known whether the flight goes to the backend: the backend's breaker
-    /// is asked here, once, before anything else is built. A flight it
-    /// refuses is decided by `fallback` at once (the request's own
-    /// execution, [`Role::Fallback`], not boxed; or the fallback's error);
-    /// any other goes to the backend, boxed with what it needs (a copy of
-    /// the state, the key, the fallback), so the [`Run`] outlives this
-    /// call. For callers that keep the degraded path as cheap as a
-    /// local one (the facade's HYBRID stages).
+    /// [`run_within`](Self::run_within), decided as soon as it is known
+    /// whether the flight goes to the backend: the backend's breaker is
+    /// asked here, once, before anything else is built. A flight it
+    /// refuses is decided by `fallback` at once, and the request and its
+    /// work come back ([`Start::Decided`]: the caller runs the request
+    /// itself, not boxed, or fails); any other goes to the backend, boxed
+    /// with what it needs (a copy of the state, the key, the fallback), so
+    /// it outlives this call ([`Start::Flight`]). For callers that keep
+    /// the degraded path as cheap as a local one (the facade's HYBRID
+    /// stages).
+    // Always inlined: the caller's future is built in place, not moved
+    // out of this call (the degraded path is measured in instructions).
+    #[inline(always)]
     pub fn start<Req, E, P>(
         &self,
         key: FlightKey,
@@ -222,11 +225,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         exec: E,
         fallback: P,
         call_timeout: Option<Duration>,
-    ) -> Run<
-        impl Future<Output = Result<Shareable<E::Shared, E::Output>, BoxError>> + Send,
-        E::Shared,
-        E::Output,
-    >
+    ) -> Start<Req, E, E::Shared, E::Output>
     where
         Req: Send + 'static,
         C: ResultCodec<E::Shared>,
@@ -234,11 +233,10 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         P: Fallback<Req> + 'static,
     {
         match self.st.admit(&key, &req, &fallback) {
-            Err(Verdict::RunHere) => Run::here(exec.execute(req, Role::Fallback)),
-            Err(Verdict::Fail(error)) => Run::failed(error),
+            Err(verdict) => Start::Decided { verdict, req, exec },
             Ok(flight) => {
                 let st = Arc::clone(&self.st);
-                Run::flight(Box::pin(async move {
+                Start::Flight(Box::pin(async move {
                     st.fly(&key, flight, req, exec, &fallback, call_timeout)
                         .await
                 }))
@@ -301,6 +299,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// on, with its id when naming its shard needed it (a backend that is
     /// not sharded is asked without: the degraded path hashes nothing
     /// more).
+    #[inline(always)]
     fn admit<Req, P: Fallback<Req>>(
         &self,
         key: &FlightKey,

@@ -93,28 +93,28 @@ pub mod future;
 mod layer;
 mod lease_release;
 mod lost_results;
-mod run;
 pub mod memory;
 mod metrics;
 mod owner;
 pub mod policy;
 mod service;
+mod start;
 mod work;
 
 pub use backend::{
     Acquired, Backend, BackendError, BackendErrorKind, FencingToken, FlightId, Notice, OwnerToken,
     Subscription,
 };
+pub use breaker::{BackendBreakers, GuardedBackend};
 #[cfg(feature = "http")]
 pub use codec::HttpCodec;
 pub use codec::{Envelope, PostcardCodec, ResultCodec};
 pub use fallback::{FailureClass, Fallback, Propagate, Verdict, WaitEnded};
 pub use flights::DistributedFlights;
-pub use breaker::{BackendBreakers, GuardedBackend};
 pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
-pub use run::Run;
 pub use service::DistributedFlight;
+pub use start::{FlightFuture, Start};
 #[cfg(feature = "http")]
 pub use work::ExtensionFence;
 pub use work::{Execute, Fence, NoFence, Role};

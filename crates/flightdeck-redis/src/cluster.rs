@@ -255,7 +255,10 @@ impl Cluster {
     /// primary is connected.
     pub(crate) fn publish_connection(&self) {
         let connection = if !self.has_map() {
-            let why = format!("redis cluster slot map not known yet ({})", self.why_no_map());
+            let why = format!(
+                "redis cluster slot map not known yet ({})",
+                self.why_no_map()
+            );
             Connection::NotConnected(Arc::from(why))
         } else if self.nodes().iter().any(|n| n.client.is_connected()) {
             Connection::Connected
