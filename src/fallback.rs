@@ -1,39 +1,41 @@
 //! The failure matrix of a stage, as the [`Fallback`] its L2 asks: one
-//! small table from (mode, failure) to what the callers get.
+//! small table from (mode, failure) to what the callers get. ("Fallback"
+//! is this hook throughout the facade; running a request here instead of
+//! coordinating it is the *local fallback path*, `Path::Fallback`.)
 //!
 //! | failure | HYBRID | DISTRIBUTED_ONLY |
 //! |---|---|---|
 //! | before acquire (unavailable, outcome unknown, protocol, circuit open) | run here, counted and logged | fail fast with the typed error |
+//! | held back by a breaker's ramp after closing | run here, counted | never held back |
 //! | re-check failed while following | `in-progress` / `fail`: answer now; `wait` / `local`: keep following | same |
 //! | following ended (wait timed out, owner gone, garbage) | `local`: run here; otherwise the policy's answer | the policy's answer (`local` is refused by validation) |
 
 use std::sync::Arc;
 
 use flightdeck_core::error::{BoxError, CoordinationUnavailable, InProgress};
-use flightdeck_distributed::{BackendError, FailureClass, Fallback, FlightId, Verdict, WaitEnded};
+use flightdeck_distributed::{BackendError, FailureClass, Fallback, Verdict, WaitEnded};
 
 use crate::mode::{Mode, OnWaitFailure};
-use crate::stage::{Control, Fallback as Reason, WaitAction};
+use crate::stage::{Control, FallbackReason, WaitAction};
 
 /// A stage's failure matrix in the mode its leader found on arrival.
-pub(crate) struct ModeFallback<'a> {
-    pub(crate) ctl: &'a Arc<Control>,
+pub(crate) struct ModeFallback {
+    pub(crate) ctl: Arc<Control>,
     pub(crate) mode: Mode,
-    /// The flight, when the stage's backend is sharded: a refusal then
-    /// follows the breaker of the flight's shard.
-    pub(crate) flight: Option<FlightId>,
 }
 
-impl<Req> Fallback<Req> for ModeFallback<'_> {
+impl<Req> Fallback<Req> for ModeFallback {
     fn before_acquire(&self, class: FailureClass, error: BackendError, _req: &Req) -> Verdict {
-        let ctl = self.ctl;
+        let ctl = &self.ctl;
         if class == FailureClass::CircuitOpen {
-            ctl.enter_degraded(self.flight.as_ref());
+            // A refusal may be the first news of a breaker that opened:
+            // the stage shows it before the request runs here.
+            ctl.sync();
         } else {
             ctl.count_distributed_failure(class);
         }
         if self.mode == Mode::Hybrid {
-            ctl.count_fallback(Reason::Coordination(class));
+            ctl.count_fallback(FallbackReason::Coordination(class));
             if class != FailureClass::CircuitOpen {
                 tracing::warn!(stage = %ctl.name, kind = class.as_str(), error = %error, "coordination failed before acquiring: running locally");
             }
@@ -50,7 +52,7 @@ impl<Req> Fallback<Req> for ModeFallback<'_> {
         error: BoxError,
         _req: &Req,
     ) -> Option<BoxError> {
-        let ctl = self.ctl;
+        let ctl = &self.ctl;
         let answer: BoxError = match ctl.cfg.on_wait_failure {
             OnWaitFailure::InProgress => {
                 ctl.count_wait_failure(WaitAction::InProgress);
@@ -69,7 +71,7 @@ impl<Req> Fallback<Req> for ModeFallback<'_> {
     }
 
     fn wait_ended(&self, end: WaitEnded, error: BoxError, _req: &Req) -> Verdict {
-        let ctl = self.ctl;
+        let ctl = &self.ctl;
         let policy = ctl.cfg.on_wait_failure;
         let action = match policy {
             OnWaitFailure::Local if self.mode == Mode::Hybrid => WaitAction::Local,
@@ -81,7 +83,7 @@ impl<Req> Fallback<Req> for ModeFallback<'_> {
         tracing::warn!(stage = %ctl.name, %policy, ?end, %error, "follower wait failed");
         match action {
             WaitAction::Local => {
-                ctl.count_fallback(Reason::WaitFailure);
+                ctl.count_fallback(FallbackReason::WaitFailure);
                 Verdict::RunHere
             }
             WaitAction::InProgress => {
@@ -90,5 +92,10 @@ impl<Req> Fallback<Req> for ModeFallback<'_> {
             WaitAction::Fail => Verdict::Fail(Box::new(CoordinationUnavailable::new(error))),
             WaitAction::Wait => Verdict::Fail(error),
         }
+    }
+
+    /// HYBRID has somewhere else to run a flight a ramp holds back: here.
+    fn ramped(&self) -> bool {
+        self.mode == Mode::Hybrid
     }
 }

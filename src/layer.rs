@@ -9,7 +9,9 @@ use flightdeck_breaker::Breaker;
 use flightdeck_budget::NoInbound;
 use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
 use flightdeck_core::{SharedForm, StageName};
-use flightdeck_distributed::{Backend, DistributedFlights, GuardedBackend, NoFence, ShardBreakers};
+use flightdeck_distributed::{
+    Backend, BackendBreakers, DistributedFlights, GuardedBackend, NoFence,
+};
 use flightdeck_local::LocalFlights;
 use tower_layer::Layer;
 
@@ -361,30 +363,25 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
             // still names the section.
             let breaker = Breaker::new(name.clone(), cfg.breaker.to_breaker_config())
                 .map_err(|e| ConfigError::invalid(Some(&name), "breaker", e.to_string()))?;
-            // A backend that already knows it cannot be reached (Redis down
-            // at start) opens the breaker at once: the stage starts
-            // degraded and its half-open probes find out when it is back.
-            let unreachable = cfg.mode.is_distributed()
-                && backend
-                    .as_ref()
-                    .and_then(|b| b.unreachable())
-                    .is_some_and(|e| !e.is_rejected());
-            if unreachable {
-                breaker.trip();
-            }
             // One breaker per shard of the backend, `breaker` the whole
-            // store's: shared by the guard and the stage's control.
-            let breakers = ShardBreakers::new(breaker);
-            let distributed = match &backend {
-                Some(b) => Some(
-                    DistributedFlights::new(
-                        GuardedBackend::with_breakers(Arc::clone(b), breakers.clone()),
-                        cfg.distributed_policy(),
-                        self.codec.clone(),
-                    )
-                    .map_err(|e| {
-                        ConfigError::invalid(Some(&name), "single-flight", e.to_string())
-                    })?,
+            // store's: owned by the guard, followed by the stage's control.
+            let breakers = BackendBreakers::new(breaker);
+            let guarded = backend
+                .as_ref()
+                .map(|b| GuardedBackend::with_breakers(Arc::clone(b), breakers.clone()));
+            // A backend that is not connected yet (Redis down at start, or
+            // still connecting) opens the breaker at once: the stage starts
+            // degraded, and goes distributed when the connection is made.
+            let starting = guarded
+                .as_ref()
+                .filter(|_| cfg.mode.is_distributed())
+                .and_then(GuardedBackend::trip_until_connected);
+            let distributed = match guarded {
+                Some(guarded) => Some(
+                    DistributedFlights::new(guarded, cfg.distributed_policy(), self.codec.clone())
+                        .map_err(|e| {
+                            ConfigError::invalid(Some(&name), "single-flight", e.to_string())
+                        })?,
                 ),
                 None => None,
             };
@@ -418,12 +415,10 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                 breakers,
                 bulkhead.handle(),
                 peers,
+                starting,
             );
             let ctl = Arc::new(ctl);
             ctl.watch();
-            if unreachable {
-                ctl.sync_degraded();
-            }
             stages.insert(
                 stage,
                 Arc::new(Stage {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
-use flightdeck_distributed::{FailureClass, Fence, FlightId, ResultCodec, Verdict};
+use flightdeck_distributed::{Fence, FlightFuture, FlightId, ResultCodec, Start, Verdict};
 use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -19,21 +19,21 @@ use tower_service::Service;
 use crate::fallback::ModeFallback;
 use crate::inner_call::InnerCall;
 use crate::mode::Mode;
-use crate::stage::{Fallback, Path, Stage};
-
-/// A flight that goes to the backend: its coordination state, boxed.
-type BoxFuture<T, O> = Pin<Box<dyn Future<Output = Result<Shareable<T, O>, BoxError>> + Send>>;
+use crate::stage::{Path, Stage};
 
 pin_project! {
-    /// A leader's work, as small as the path it takes.
+    /// A leader's work, as small as the path it takes: a local execution
+    /// carries nothing of L2, and only a flight that goes to the backend
+    /// carries (boxed) the flight's coordination state.
     #[project = LeadProj]
     pub(crate) enum Lead<L, T, O> {
-        /// Runs here (LOCAL_ONLY, a ramp, an open breaker's fallback).
+        /// Runs here (LOCAL_ONLY, a stage without backend, or the local
+        /// fallback path of a flight the breaker refused).
         Here { #[pin] fut: L },
         /// Refused before the flight was named.
         Failed { error: Option<BoxError> },
         /// Coordinated through L2.
-        Flight { fut: BoxFuture<T, O> },
+        Flight { fut: FlightFuture<T, O> },
     }
 }
 
@@ -124,9 +124,6 @@ where
             coordination,
             bound,
         } = self;
-        // The future is as small as the path it takes: a local execution
-        // carries nothing of L2, and only a flight that goes to the
-        // backend carries (boxed) the flight's coordination state.
         let flight = Self::sharded_flight(&stage, mode, &key);
         let exec = Self::exec(Arc::clone(&stage), inner, share, fence, bound, flight);
         let Some(l2) = stage.distributed.as_ref().filter(|_| mode.is_distributed()) else {
@@ -135,49 +132,33 @@ where
                 fut: exec.run(req, Path::Local),
             };
         };
-        // After the breaker closed, a ramp may send only part of the
-        // leaders back to the backend: HYBRID runs the others here
-        // (DISTRIBUTED_ONLY has nowhere else to go, so the ramp holds none
-        // of its leaders back). The whole store's ramp holds back any
-        // flight; a shard's, the flights of that shard.
-        if mode == Mode::Hybrid
-            && (stage.ctl.breaker.ramp_holds_back()
-                || flight.is_some_and(|f| l2.backend().breaker_for(&f).ramp_holds_back()))
-        {
-            stage
-                .ctl
-                .count_fallback(Fallback::Coordination(FailureClass::CircuitOpen));
-            return Lead::Here {
-                fut: exec.run(req, Path::Fallback),
-            };
-        }
-        // A breaker that is open for the flight's shard refuses before any call; L2's
-        // fallback decides, as it would inside the flight.
+        // The breaker is asked once, by L2, before anything else is built:
+        // a refusal (open, or held back by a ramp after closing, which
+        // only HYBRID takes) is decided by the stage's failure matrix.
         let fallback = ModeFallback {
-            ctl: &stage.ctl,
+            ctl: Arc::clone(&stage.ctl),
             mode,
-            flight,
         };
-        match l2.refused_early(&key, &req, &fallback) {
-            Some(Verdict::RunHere) => {
-                return Lead::Here {
-                    fut: exec.run(req, Path::Fallback),
-                }
-            }
-            Some(Verdict::Fail(e)) => return Lead::Failed { error: Some(e) },
-            None => {}
+        let lead = match l2.start(key, req, exec, fallback, coordination) {
+            Start::Decided {
+                verdict: Verdict::RunHere,
+                req,
+                exec,
+            } => Lead::Here {
+                fut: exec.run(req, Path::Fallback),
+            },
+            Start::Decided {
+                verdict: Verdict::Fail(error),
+                ..
+            } => Lead::Failed { error: Some(error) },
+            Start::Flight(fut) => Lead::Flight { fut },
+        };
+        if flight.is_some() {
+            // A shard seen for the first time has a breaker now: its
+            // gauge is shown at once.
+            stage.ctl.sync();
         }
-        let flight: BoxFuture<Sh::Shared, Sh::Output> = Box::pin(async move {
-            let fallback = ModeFallback {
-                ctl: &stage.ctl,
-                mode,
-                flight,
-            };
-            let l2 = stage.distributed.as_ref().expect("checked above");
-            l2.run_within(&key, req, exec, &fallback, coordination)
-                .await
-        });
-        Lead::Flight { fut: flight }
+        lead
     }
 
     fn alone(

@@ -59,7 +59,10 @@
 //! While the breaker is open or probing the stage is *degraded*: the
 //! bulkhead switches to its degraded limit, the `singleflight_degraded`
 //! gauge is 1, a `warn` is logged on entering and on leaving, and the
-//! period's length is recorded in `singleflight_degraded_duration`.
+//! period's length is recorded in `singleflight_degraded_duration`. A
+//! stage whose backend is not connected yet when the layer is built is
+//! degraded from that moment ("starting degraded: …"), and goes
+//! distributed when the connection is made.
 //!
 //! **Per shard.** A sharded backend (Redis Cluster) says which shard
 //! serves each flight, and coordination failures are judged per shard:

@@ -1,22 +1,17 @@
 //! Degraded state is never silent: entering and leaving it logs a `warn`
 //! naming the stage, as does a mode switch.
 
+mod common;
+
+use common::capture_warnings;
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
-use flightdeck_testkit::recorder::SharedBuffer;
 use flightdeck_testkit::MemoryBackend;
 
 #[tokio::test(flavor = "current_thread")]
 async fn entering_and_leaving_degraded_mode_log_warnings() {
-    let logs = SharedBuffer::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_warnings();
 
     let layer = SingleFlightBuilder::new(
         |_: &String| None::<FlightKey>,

@@ -129,3 +129,41 @@ async fn distributed_only_fails_fast_while_redis_is_down() {
     );
     assert_eq!(work.calls(), 0);
 }
+
+/// Built at once on a backend whose Redis is down (no `ready` wait): the
+/// stage is degraded before any request, with its gauge and a log line,
+/// and goes distributed by itself when Redis starts, while idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_started_without_redis_is_degraded_until_redis_starts() {
+    metrics_on();
+    let mut redis = RedisServer::start().unwrap();
+    redis.kill();
+    let stage = "start-idle";
+    let backend = RedisBackend::new(config(redis.url())).expect("created while Redis is down");
+    let layer = builder(stage)
+        .stage(stage, probing(Mode::Hybrid))
+        .backend("redis", backend)
+        .build()
+        .expect("builds with Redis down");
+    let handle = layer.stage(stage).unwrap();
+    assert!(handle.is_degraded(), "degraded from the first moment");
+    assert_eq!(gauge(metric::DEGRADED, stage), Some(1.0));
+
+    redis.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while handle.is_degraded() {
+        assert!(
+            Instant::now() < deadline,
+            "still degraded after Redis started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gauge(metric::DEGRADED, stage), Some(0.0));
+    assert_eq!(handle.breaker().state(), CircuitState::Closed);
+
+    // The first request coordinates through Redis.
+    let work = Work::default();
+    let svc = stack(&layer, &work, Duration::from_millis(5));
+    assert_eq!(svc.oneshot("q".into()).await.unwrap(), "done:q");
+    assert_eq!(counter(metric::DISTRIBUTED_REQUEST_TOTAL, stage), 1);
+}

@@ -2,13 +2,11 @@
 //! carry (where an execution ran, why a leader fell back, what a failed
 //! wait answered).
 
-use std::sync::atomic::Ordering;
-
 use flightdeck_core::metric;
 use flightdeck_distributed::FailureClass;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
 
-use super::{shard_gauge, Control, METADATA};
+use super::{Control, METADATA};
 
 /// Where a real execution of the inner service ran (the `path` label of
 /// `singleflight_execution_total`).
@@ -19,7 +17,8 @@ pub(crate) enum Path {
     /// In this process only: LOCAL_ONLY, a stage without backend, or a
     /// caller whose request a shared result did not serve.
     Local,
-    /// HYBRID's local fallback (coordination failed or the breaker is open).
+    /// HYBRID's local fallback path (coordination failed, or the breaker
+    /// refused or held back the flight).
     Fallback,
     /// BYPASS: no coalescing at all.
     Bypass,
@@ -40,9 +39,10 @@ impl Path {
 
 /// Why a HYBRID leader ran locally (the `reason` label of
 /// `singleflight_local_fallback_total`): a coordination failure before
-/// acquire, or a follower's wait that failed.
+/// acquire (a breaker's refusal or ramp among them), or a follower's wait
+/// that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fallback {
+pub(crate) enum FallbackReason {
     Coordination(FailureClass),
     WaitFailure,
 }
@@ -97,7 +97,6 @@ pub(crate) struct Bundle {
     pub(super) wait_failure: [Counter; WaitAction::ALL.len()],
     pub(super) execution: [Counter; Path::ALL.len()],
     pub(super) execution_duration: Histogram,
-    pub(super) degraded: Gauge,
     pub(super) degraded_duration: Histogram,
     pub(super) mode: Gauge,
 }
@@ -148,24 +147,15 @@ impl Bundle {
                 .map(|p| counter(metric::EXECUTION_TOTAL, Some(("path", p.as_str())))),
             execution_duration: r
                 .register_histogram(&key(metric::EXECUTION_DURATION, None), &METADATA),
-            degraded: r.register_gauge(&key(metric::DEGRADED, None), &METADATA),
             degraded_duration: r
                 .register_histogram(&key(metric::DEGRADED_DURATION, None), &METADATA),
             mode: r.register_gauge(&key(metric::MODE, None), &METADATA),
         };
         b.mode.set(f64::from(ctl.mode().to_u8()));
-        b.degraded.set(if ctl.degraded.load(Ordering::Acquire) {
-            1.0
-        } else {
-            0.0
-        });
-        // Each named shard's gauge, and its breaker, under this recorder.
-        for (shard, st) in ctl.shards().iter() {
-            shard_gauge(ctl, shard).set(if st.since.is_some() { 1.0 } else { 0.0 });
-            st.breaker.publish_metrics();
-        }
+        // The degraded gauges (whether any layer of the stage is degraded:
+        // never this layer's own value alone), and each breaker.
+        ctl.publish_shown(r);
         // The stage's other parts, under the same recorder.
-        ctl.breaker.publish_metrics();
         ctl.bulkhead.publish_metrics();
         (ctl.peers)();
         b

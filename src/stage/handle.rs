@@ -6,6 +6,8 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use flightdeck_breaker::Breaker;
+
 use super::*;
 
 /// A handle on one stage of a [`SingleFlightLayer`](crate::SingleFlightLayer):
@@ -103,12 +105,13 @@ impl StageHandle {
     /// reset): the breaker of a backend that is not sharded; forced open,
     /// it refuses every flight of a sharded one too.
     pub fn breaker(&self) -> &Breaker {
-        &self.ctl.breaker
+        self.ctl.breakers.whole()
     }
 
     /// Every breaker of the stage: the whole store's, and each named
-    /// shard's (created when the shard's first flight is judged).
-    pub fn breakers(&self) -> &ShardBreakers {
+    /// shard's (created when the shard's first flight is judged), with the
+    /// degraded set they publish.
+    pub fn breakers(&self) -> &BackendBreakers {
         &self.ctl.breakers
     }
 
@@ -132,11 +135,8 @@ impl fmt::Debug for StageHandle {
         f.debug_struct("StageHandle")
             .field("stage", &self.ctl.name)
             .field("mode", &self.ctl.mode())
-            .field("degraded", &self.ctl.degraded.load(Ordering::Acquire))
-            .field(
-                "degraded_shards",
-                &self.ctl.shards_degraded.load(Ordering::Acquire),
-            )
+            .field("degraded", &self.ctl.whole_degraded())
+            .field("degraded_shards", &self.ctl.breakers.any_degraded())
             .finish()
     }
 }

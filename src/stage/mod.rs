@@ -3,19 +3,28 @@
 //! the degraded state (of the whole store, and of each shard of a sharded
 //! one), and the stage's metrics. The metric handles and their labels are
 //! `counters`; the public [`StageHandle`] is `handle`.
+//!
+//! The breakers and the degraded state they make are the guarded
+//! backend's ([`BackendBreakers`]): it publishes which shards are degraded
+//! on one channel, and the stage follows it to move what shows it (the
+//! gauges, the logs, the bulkhead's degraded limit and lane), nothing
+//! more. Two layers of one stage in one process share its series: the
+//! degraded gauge shows whether any of them is degraded, and none resets
+//! another's.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use flightdeck_breaker::{Breaker, CircuitState};
+use std::collections::BTreeMap;
+
+use flightdeck_breaker::OpenSince;
 use flightdeck_bulkhead::{BulkheadHandle, BulkheadLayer};
 use flightdeck_core::metric::{self, records, Handles};
 use flightdeck_core::{SharedForm, StageName};
 use flightdeck_distributed::backend::Shard;
 use flightdeck_distributed::{
-    Backend, DistributedFlights, FailureClass, FlightId, GuardedBackend, ShardBreakers,
+    Backend, BackendBreakers, DistributedFlights, FailureClass, FlightId, GuardedBackend,
 };
 use flightdeck_local::LocalFlights;
 use metrics::{Level, Metadata};
@@ -29,7 +38,7 @@ mod counters;
 mod handle;
 
 use counters::{class_index, Bundle, CLASSES};
-pub(crate) use counters::{Fallback, Path, WaitAction};
+pub(crate) use counters::{FallbackReason, Path, WaitAction};
 pub(crate) use handle::Idle;
 pub use handle::StageHandle;
 
@@ -53,36 +62,79 @@ pub(crate) struct Stage<Sh: SharedForm, C> {
     pub(crate) lane: BulkheadLayer,
 }
 
-/// The degraded state of one named shard of the stage's backend.
-struct ShardState {
-    breaker: Breaker,
-    /// When its current degraded period started.
-    since: Option<Instant>,
+/// Degraded layers by stage and shard, in this process. Several layers of
+/// one stage (two routers, a layer rebuilt while the old one still runs)
+/// share the `singleflight_degraded` series: it shows whether any of them
+/// is degraded, so that none hides another's state (a count would break
+/// the alerts' `== 1`, a layer's own 0 or 1 would overwrite the others').
+static DEGRADED_LAYERS: Mutex<BTreeMap<(String, Shard), usize>> = Mutex::new(BTreeMap::new());
+
+/// Moves this layer's share of `shard`'s degraded gauge by `delta` (one
+/// layer more or less degraded; 0: publishes the series) and shows whether
+/// any layer of the stage is degraded on it, under the recorder in force
+/// (`r` while registering under a new one).
+fn show_degraded_layers(
+    stage: &StageName,
+    shard: &Shard,
+    delta: isize,
+    r: Option<&dyn metrics::Recorder>,
+) {
+    let mut layers = DEGRADED_LAYERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let key = (stage.as_str().to_owned(), shard.clone());
+    let count = layers.entry(key.clone()).or_insert(0);
+    *count = count.saturating_add_signed(delta);
+    let any = if *count > 0 { 1.0 } else { 0.0 };
+    if *count == 0 {
+        layers.remove(&key);
+    }
+    let mut labels = vec![metrics::Label::new(
+        metric::LABEL_STAGE,
+        stage.as_str().to_owned(),
+    )];
+    if let Some(name) = shard.name() {
+        labels.push(metrics::Label::new(metric::LABEL_SHARD, name.to_owned()));
+    }
+    let key = metrics::Key::from_parts(metric::DEGRADED, labels);
+    // Set under the lock: the last value set is the count's.
+    match r {
+        Some(r) => r.register_gauge(&key, &METADATA).set(any),
+        None => metrics::with_recorder(|r| r.register_gauge(&key, &METADATA).set(any)),
+    }
 }
 
-/// `singleflight_degraded{stage, shard}` of a named shard.
-fn shard_gauge(ctl: &Control, shard: &Shard) -> metrics::Gauge {
-    metrics::gauge!(
-        metric::DEGRADED,
-        metric::LABEL_STAGE => ctl.name.as_str().to_owned(),
-        metric::LABEL_SHARD => shard.to_string()
-    )
+/// A layer that goes away while degraded is degraded no more: its share
+/// of the gauges goes with it.
+impl Drop for Control {
+    fn drop(&mut self) {
+        let shown = std::mem::take(&mut *self.shown());
+        for (shard, since) in shown {
+            if since.is_some() {
+                show_degraded_layers(&self.name, &shard, -1, None);
+            }
+        }
+    }
 }
 
-fn is_open(state: CircuitState) -> bool {
-    matches!(
-        state,
-        CircuitState::Open | CircuitState::HalfOpen | CircuitState::ForcedOpen
-    )
+/// A change of the degraded set that the logs and the duration histogram
+/// tell (after the gauges and the bulkhead moved, out of the lock).
+enum Change {
+    Entered(Shard),
+    /// A degraded period ended: its breaker closed, or (`gone`) the shard
+    /// no longer serves any flight.
+    Left {
+        shard: Shard,
+        since: Instant,
+        gone: bool,
+    },
 }
 
 /// The runtime side of a stage, reachable through a [`StageHandle`].
 ///
-/// The degraded state is kept per shard of the backend: `degraded` (and
-/// the bulkhead's own degraded limit) for the whole store, judged by the
-/// whole-store breaker `breaker`; `shards` for each named shard, judged by
-/// its own breaker (its flights' executions then go through the
-/// bulkhead's degraded lane).
+/// The degraded state is the guarded backend's, per shard
+/// ([`BackendBreakers::watch`]); `shown` is what the gauges, the logs and
+/// the bulkhead show of it now, brought up to date by [`sync`](Self::sync).
 pub(crate) struct Control {
     pub(crate) name: StageName,
     pub(crate) cfg: StageConfig,
@@ -91,15 +143,18 @@ pub(crate) struct Control {
     backend: Option<Arc<dyn Backend>>,
     /// Whether that backend spreads flights over shards.
     sharded: bool,
-    pub(crate) breaker: Breaker,
-    breakers: ShardBreakers,
+    pub(crate) breakers: BackendBreakers,
     bulkhead: BulkheadHandle,
+    /// The degraded set as shown (gauges, bulkhead, logs).
+    shown: Mutex<OpenSince<Shard>>,
+    /// The breakers' version `shown` was taken at (see
+    /// [`BackendBreakers::version`]).
+    shown_version: AtomicU64,
+    /// Whether the whole store is shown degraded.
     degraded: AtomicBool,
-    degraded_since: Mutex<Option<Instant>>,
-    shards: Mutex<BTreeMap<Shard, ShardState>>,
-    /// Named shards degraded now: zero keeps the per-execution check to
-    /// one load.
-    shards_degraded: AtomicUsize,
+    /// Why the backend was not connected when the layer was built: told
+    /// once, by the first log line of the stage's degraded state.
+    starting: Mutex<Option<String>>,
     metrics: Handles<Bundle>,
     /// Publishes the metrics of the stage's flights (L1, L2) under the
     /// recorder in force.
@@ -118,13 +173,16 @@ const RECORDER_POLL: Duration = Duration::from_secs(1);
 const SHARD_CHECK: Duration = Duration::from_secs(5);
 
 impl Control {
+    /// `starting`: why the backend was not connected at build (the whole
+    /// store's breaker was tripped for it).
     pub(crate) fn new(
         name: StageName,
         cfg: StageConfig,
         backend: Option<Arc<dyn Backend>>,
-        breakers: ShardBreakers,
+        breakers: BackendBreakers,
         bulkhead: BulkheadHandle,
         peers: Peers,
+        starting: Option<String>,
     ) -> Self {
         let ctl = Self {
             mode: AtomicU8::new(cfg.mode.to_u8()),
@@ -132,13 +190,13 @@ impl Control {
             cfg,
             sharded: backend.as_ref().is_some_and(|b| b.sharded()),
             backend,
-            breaker: breakers.whole().clone(),
             breakers,
             bulkhead,
+            shown: Mutex::new(OpenSince::new()),
+            // Never a version: the first `sync` shows the breakers' state.
+            shown_version: AtomicU64::new(u64::MAX),
             degraded: AtomicBool::new(false),
-            degraded_since: Mutex::new(None),
-            shards: Mutex::new(BTreeMap::new()),
-            shards_degraded: AtomicUsize::new(0),
+            starting: Mutex::new(starting),
             metrics: Handles::new(),
             peers,
         };
@@ -146,6 +204,7 @@ impl Control {
         // in force now; another one installed later gets them at its first
         // use or within a second (see `watch`).
         ctl.publish();
+        ctl.sync();
         ctl
     }
 
@@ -156,40 +215,31 @@ impl Control {
     }
 
     /// Makes sure the recorder in force has the stage's metrics (and its
-    /// breaker's, bulkhead's and flights'), with the gauges' current
-    /// values. Returns whether that recorder records anything (false for
+    /// breakers', bulkhead's and flights'), with this layer's share of the
+    /// gauges. Returns whether that recorder records anything (false for
     /// the no-op recorder in force before one is installed).
     pub(crate) fn publish(&self) -> bool {
         self.metrics(|m| records(&m.degraded_duration))
     }
 
-    /// Follows the breaker's transitions from a task (when built inside a
-    /// tokio runtime), so that a transition nobody's request sees (forced
-    /// by hand, or the open wait ending) still switches the bulkhead, the
-    /// gauge and the logs at once. The task holds the stage weakly and ends
-    /// with the breaker.
+    /// Follows the breakers' degraded set from a task (when built inside a
+    /// tokio runtime), so that a change nobody's request sees (a breaker
+    /// forced by hand, a probe that closed it, the backend's first
+    /// connection) still moves the bulkhead, the gauges and the logs at
+    /// once. The task holds the stage weakly and ends with the breakers.
     ///
     /// Until a recorder is in force, the task also looks for one every
     /// [`RECORDER_POLL`] and publishes the stage's metrics under it: a
     /// recorder installed after the layer was built (the usual order when
     /// the exporter is set up with the routes) exports the stage's mode,
     /// degraded state and zeroed counters before the first request, not
-    /// at its first event.
-    ///
-    /// Each named shard's breaker is followed the same way, from when it
-    /// is created (see [`add_shard`](Self::add_shard)).
+    /// at its first event. Over a sharded backend it forgets, every
+    /// [`SHARD_CHECK`], the shards that no longer serve flights.
     pub(crate) fn watch(self: &Arc<Self>) {
-        use tokio::sync::broadcast::error::RecvError;
-        let me = Arc::downgrade(self);
-        self.breakers.on_shard(move |shard, breaker| {
-            if let Some(ctl) = me.upgrade() {
-                ctl.add_shard(shard, breaker);
-            }
-        });
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut events = self.breaker.subscribe();
+        let mut changes = self.breakers.watch();
         let mut looking = !self.publish();
         let sharded = self.sharded;
         let ctl = Arc::downgrade(self);
@@ -200,12 +250,9 @@ impl Control {
             check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    event = events.recv() => match event {
-                        Ok(_) | Err(RecvError::Lagged(_)) => match ctl.upgrade() {
-                            Some(ctl) => ctl.sync_degraded(),
-                            None => return,
-                        },
-                        Err(RecvError::Closed) => return,
+                    changed = changes.changed() => match (changed, ctl.upgrade()) {
+                        (Ok(()), Some(ctl)) => ctl.sync(),
+                        _ => return,
                     },
                     _ = poll.tick(), if looking => match ctl.upgrade() {
                         Some(ctl) => looking = !ctl.publish(),
@@ -238,10 +285,10 @@ impl Control {
     }
 
     /// A HYBRID leader runs locally.
-    pub(crate) fn count_fallback(&self, why: Fallback) {
+    pub(crate) fn count_fallback(&self, why: FallbackReason) {
         let i = match why {
-            Fallback::Coordination(class) => class_index(class),
-            Fallback::WaitFailure => CLASSES.len(),
+            FallbackReason::Coordination(class) => class_index(class),
+            FallbackReason::WaitFailure => CLASSES.len(),
         };
         self.metrics(|m| m.fallback[i].increment(1));
     }
@@ -282,51 +329,12 @@ impl Control {
         self.metrics(|m| m.execution_duration.record(took.as_secs_f64()));
     }
 
-    /// A named shard's breaker was created: its degraded state is kept
-    /// from now on (published at 0), following its transitions from a
-    /// task as [`watch`](Self::watch) does for the whole-store breaker.
-    fn add_shard(self: &Arc<Self>, shard: &Shard, breaker: &Breaker) {
-        use tokio::sync::broadcast::error::RecvError;
-        let mut events = breaker.subscribe();
-        {
-            let mut shards = self.shards();
-            if shards.contains_key(shard) {
-                return;
-            }
-            shards.insert(
-                shard.clone(),
-                ShardState {
-                    breaker: breaker.clone(),
-                    since: None,
-                },
-            );
-            shard_gauge(self, shard).set(0.0);
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let ctl = Arc::downgrade(self);
-            let shard = shard.clone();
-            drop(rt.spawn(async move {
-                loop {
-                    match events.recv().await {
-                        Ok(_) | Err(RecvError::Lagged(_)) => match ctl.upgrade() {
-                            Some(ctl) => ctl.sync_shard(&shard),
-                            None => return,
-                        },
-                        Err(RecvError::Closed) => return,
-                    }
-                }
-            }));
-        }
-        // A transition before the subscription is not missed.
-        self.sync_shard(shard);
-    }
-
-    fn shards(&self) -> MutexGuard<'_, BTreeMap<Shard, ShardState>> {
-        self.shards.lock().unwrap_or_else(PoisonError::into_inner)
+    fn shown(&self) -> MutexGuard<'_, OpenSince<Shard>> {
+        self.shown.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The shard of a flight of this stage.
-    pub(crate) fn shard_of(&self, flight: &FlightId) -> Shard {
+    fn shard_of(&self, flight: &FlightId) -> Shard {
         self.backend
             .as_ref()
             .map_or(Shard::WHOLE, |b| b.shard(flight))
@@ -343,68 +351,146 @@ impl Control {
     /// executions go through the bulkhead's degraded lane).
     #[inline]
     pub(crate) fn in_degraded_shard(&self, flight: &FlightId) -> bool {
-        if self.shards_degraded.load(Ordering::Acquire) == 0 {
+        if !self.breakers.any_degraded() {
             return false;
         }
         let shard = self.shard_of(flight);
-        !shard.is_whole()
-            && self
-                .shards()
-                .get(&shard)
-                .is_some_and(|st| st.since.is_some())
+        !shard.is_whole() && self.breakers.is_degraded(&shard)
     }
 
-    /// A breaker refused a flight (of `flight`, when its shard is known):
-    /// follows the breaker that refused it, but only until the stage (or
-    /// that shard) is known to be degraded (for a backend that is not
-    /// sharded, the per-call cost while degraded is one load).
+    /// Brings what shows the degraded state (the gauges, the bulkhead,
+    /// the logs) up to the breakers' (two atomic loads when it is).
     #[inline]
-    pub(crate) fn enter_degraded(&self, flight: Option<&FlightId>) {
-        if !self.degraded.load(Ordering::Acquire) {
-            self.sync_degraded();
+    pub(crate) fn sync(&self) {
+        if self.breakers.version() != self.shown_version.load(Ordering::Acquire) {
+            self.sync_slow();
         }
-        if let Some(flight) = flight {
-            if !self.degraded.load(Ordering::Acquire) {
-                let shard = self.shard_of(flight);
-                if !shard.is_whole() {
-                    self.sync_shard(&shard);
+    }
+
+    #[cold]
+    fn sync_slow(&self) {
+        // Registered under the recorder in force first, out of the lock:
+        // registering publishes this layer's share of the gauges as shown.
+        self.metrics(|_| ());
+        let mut changes = Vec::new();
+        {
+            let mut shown = self.shown();
+            let version = self.breakers.version();
+            let now = self.breakers.degraded();
+            let shards = shown.keys().chain(now.keys()).cloned();
+            let shards: std::collections::BTreeSet<Shard> = shards.collect();
+            for shard in shards {
+                let before = shown.get(&shard).copied();
+                let after = now.get(&shard).copied();
+                match (before.flatten(), after) {
+                    (None, Some(Some(_))) => {
+                        self.show_degraded(&shard, true);
+                        changes.push(Change::Entered(shard));
+                    }
+                    (Some(since), Some(None)) => {
+                        self.show_degraded(&shard, false);
+                        let gone = false;
+                        changes.push(Change::Left { shard, since, gone });
+                    }
+                    (Some(since), None) => {
+                        self.show_degraded(&shard, false);
+                        let gone = true;
+                        changes.push(Change::Left { shard, since, gone });
+                    }
+                    // A shard's first appearance publishes its gauge.
+                    (None, Some(None)) if before.is_none() => {
+                        show_degraded_layers(&self.name, &shard, 0, None);
+                    }
+                    _ => {}
                 }
             }
+            *shown = now;
+            self.shown_version.store(version, Ordering::Release);
+        }
+        for change in changes {
+            self.tell(change);
         }
     }
 
-    /// Follows a named shard's breaker, as [`sync_degraded`](Self::sync_degraded)
-    /// does the whole store's: its gauge, its degraded period, the logs;
-    /// while it is degraded, its flights' executions go through the
-    /// bulkhead's degraded lane.
-    fn sync_shard(&self, shard: &Shard) {
-        let mut shards = self.shards();
-        let Some(st) = shards.get_mut(shard) else {
-            return;
+    /// Moves this layer's share of `shard`'s gauge, and for the whole
+    /// store the bulkhead's degraded limit (under the `shown` lock, so
+    /// that a registration under a new recorder sees them as shown).
+    fn show_degraded(&self, shard: &Shard, degraded: bool) {
+        show_degraded_layers(&self.name, shard, if degraded { 1 } else { -1 }, None);
+        if shard.is_whole() {
+            self.degraded.store(degraded, Ordering::Release);
+            self.bulkhead.set_degraded(degraded);
+        }
+    }
+
+    /// Logs a change of the degraded set, and records how long a degraded
+    /// period that ended lasted.
+    fn tell(&self, change: Change) {
+        let mode = self.mode();
+        let then = match mode {
+            Mode::DistributedOnly => "failing fast",
+            _ => "coalescing in this process only",
         };
-        let open = is_open(st.breaker.state());
-        match (open, st.since) {
-            (true, None) => {
-                st.since = Some(Instant::now());
-                self.shards_degraded.fetch_add(1, Ordering::AcqRel);
-                shard_gauge(self, shard).set(1.0);
+        match change {
+            Change::Entered(shard) if shard.is_whole() => {
+                let starting = self
+                    .starting
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                let limit = self.bulkhead.limit();
+                match starting {
+                    Some(why) => tracing::warn!(
+                        stage = %self.name,
+                        %mode,
+                        bulkhead_limit = limit,
+                        "starting degraded: {why}; {then} until it connects"
+                    ),
+                    None => tracing::warn!(
+                        stage = %self.name,
+                        %mode,
+                        bulkhead_limit = limit,
+                        "stage degraded: coordination breaker open; {then}"
+                    ),
+                }
+            }
+            Change::Entered(shard) => tracing::warn!(
+                stage = %self.name,
+                %shard,
+                %mode,
+                bulkhead_limit = self.bulkhead.degraded_lane().handle().limit(),
+                "stage degraded on one shard: its coordination breaker is open; its flights are {then}"
+            ),
+            Change::Left { shard, since, gone } => {
+                let lasted = since.elapsed();
+                let secs = lasted.as_secs_f64();
+                if shard.is_whole() {
+                    self.metrics(|m| m.degraded_duration.record(secs));
+                    tracing::warn!(
+                        stage = %self.name,
+                        degraded_for = ?lasted,
+                        "stage left degraded mode: coordination breaker closed"
+                    );
+                    return;
+                }
+                metrics::histogram!(
+                    metric::DEGRADED_DURATION,
+                    metric::LABEL_STAGE => self.name.as_str().to_owned(),
+                    metric::LABEL_SHARD => shard.to_string()
+                )
+                .record(secs);
+                let why = if gone {
+                    "it no longer serves any flight"
+                } else {
+                    "its coordination breaker closed"
+                };
                 tracing::warn!(
                     stage = %self.name,
                     %shard,
-                    mode = %self.mode(),
-                    bulkhead_limit = self.bulkhead.degraded_lane().handle().limit(),
-                    "stage degraded on one shard: its coordination breaker is open; its flights are {}",
-                    match self.mode() {
-                        Mode::DistributedOnly => "failing fast",
-                        _ => "coalescing in this process only",
-                    }
+                    degraded_for = ?lasted,
+                    "shard left degraded mode: {why}"
                 );
             }
-            (false, Some(start)) => {
-                st.since = None;
-                self.shard_recovered(shard, start, "its coordination breaker closed");
-            }
-            _ => {}
         }
     }
 
@@ -417,113 +503,37 @@ impl Control {
         let Some(serving) = self.backend.as_ref().and_then(|b| b.shards()) else {
             return;
         };
-        for shard in self.breakers.retire(&serving) {
-            let Some(st) = self.shards().remove(&shard) else {
-                continue;
-            };
-            if let Some(start) = st.since {
-                self.shard_recovered(&shard, start, "it no longer serves any flight");
-            }
+        if !self.breakers.retire(&serving).is_empty() {
+            self.sync();
         }
     }
 
-    /// A named shard's degraded period that began at `start` ended
-    /// (`why`): counted, timed, logged.
-    fn shard_recovered(&self, shard: &Shard, start: Instant, why: &str) {
-        self.shards_degraded.fetch_sub(1, Ordering::AcqRel);
-        let lasted = start.elapsed();
-        shard_gauge(self, shard).set(0.0);
-        metrics::histogram!(
-            metric::DEGRADED_DURATION,
-            metric::LABEL_STAGE => self.name.as_str().to_owned(),
-            metric::LABEL_SHARD => shard.to_string()
-        )
-        .record(lasted.as_secs_f64());
-        tracing::warn!(
-            stage = %self.name,
-            %shard,
-            degraded_for = ?lasted,
-            "shard left degraded mode: {why}"
-        );
-    }
-
-    /// Follows every breaker: the whole store's and each named shard's.
-    fn sync_all(&self) {
-        self.sync_degraded();
-        let named: Vec<Shard> = self.shards().keys().cloned().collect();
-        for shard in named {
-            self.sync_shard(&shard);
-        }
-    }
-
-    /// The shards degraded now: [`Shard::WHOLE`] for the whole store,
-    /// then each named shard.
-    fn degraded_shards(&self) -> Vec<(Shard, Instant)> {
-        self.sync_all();
-        let whole = *self
-            .degraded_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        whole
-            .map(|since| (Shard::WHOLE, since))
-            .into_iter()
-            .chain(
-                self.shards()
-                    .iter()
-                    .filter_map(|(s, st)| st.since.map(|since| (s.clone(), since))),
-            )
+    /// The shards degraded now, each with since when: [`Shard::WHOLE`] for
+    /// the whole store, then each named shard.
+    pub(crate) fn degraded_shards(&self) -> Vec<(Shard, Instant)> {
+        self.sync();
+        self.shown()
+            .iter()
+            .filter_map(|(shard, since)| since.map(|since| (shard.clone(), since)))
             .collect()
     }
 
-    /// Follows the breaker: entering degraded mode (breaker open, probing or
-    /// forced open) switches the bulkhead to its degraded limit, sets the
-    /// gauge and logs a warning; leaving it undoes that and records how
-    /// long it lasted.
-    pub(crate) fn sync_degraded(&self) {
-        let open = matches!(
-            self.breaker.state(),
-            CircuitState::Open | CircuitState::HalfOpen | CircuitState::ForcedOpen
-        );
-        if open == self.degraded.load(Ordering::Acquire) {
-            return;
+    /// Whether the whole store is shown degraded.
+    pub(crate) fn whole_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Acquire)
+    }
+
+    /// Publishes the degraded gauges of the shards shown (whether any
+    /// layer of the stage is degraded on each), and the breakers'
+    /// metrics, under `r`: a registration under a new recorder.
+    fn publish_shown(&self, r: &dyn metrics::Recorder) {
+        let shards: Vec<Shard> = self.shown().keys().cloned().collect();
+        for shard in &shards {
+            show_degraded_layers(&self.name, shard, 0, Some(r));
         }
-        let mut since = self
-            .degraded_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match (open, *since) {
-            (true, None) => {
-                *since = Some(Instant::now());
-                self.degraded.store(true, Ordering::Release);
-                self.bulkhead.set_degraded(true);
-                self.metrics(|m| m.degraded.set(1.0));
-                tracing::warn!(
-                    stage = %self.name,
-                    mode = %self.mode(),
-                    bulkhead_limit = self.bulkhead.limit(),
-                    "stage degraded: coordination breaker open; {}",
-                    match self.mode() {
-                        Mode::DistributedOnly => "failing fast",
-                        _ => "coalescing in this process only",
-                    }
-                );
-            }
-            (false, Some(start)) => {
-                *since = None;
-                self.degraded.store(false, Ordering::Release);
-                self.bulkhead.set_degraded(false);
-                let lasted = start.elapsed();
-                self.metrics(|m| {
-                    m.degraded.set(0.0);
-                    m.degraded_duration.record(lasted.as_secs_f64());
-                });
-                tracing::warn!(
-                    stage = %self.name,
-                    degraded_for = ?lasted,
-                    "stage left degraded mode: coordination breaker closed"
-                );
-            }
-            _ => {}
+        self.breakers.whole().publish_metrics();
+        for (_, breaker) in self.breakers.named() {
+            breaker.publish_metrics();
         }
     }
 }

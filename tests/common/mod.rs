@@ -472,3 +472,19 @@ pub fn degraded_names(handle: &StageHandle) -> Vec<flightdeck::distributed::back
         .map(|(shard, _)| shard)
         .collect()
 }
+
+/// Captures this thread's `warn` lines (and worse) while the guard lives:
+/// for a current-thread runtime, whose tasks log on the test's thread.
+pub fn capture_warnings() -> (
+    flightdeck_testkit::recorder::SharedBuffer,
+    tracing::subscriber::DefaultGuard,
+) {
+    let logs = flightdeck_testkit::recorder::SharedBuffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}

@@ -84,6 +84,8 @@ struct Core {
     word: AtomicU64,
     inner: Mutex<Inner>,
     events: broadcast::Sender<Transition>,
+    // Called on every transition, under the lock (see `on_transition`).
+    hooks: Mutex<Vec<Hook>>,
     // Built once: a rejected call (the hot path while open) must not
     // allocate a metric key; the counter handle is registered once per
     // recorder (so a recorder installed after the breaker is built is used).
@@ -99,6 +101,9 @@ struct Core {
     // reading the clock.
     timed_on: AtomicU64,
 }
+
+/// Told every transition as it happens (see [`Breaker::on_transition`]).
+pub(crate) type Hook = Box<dyn Fn(&Transition) + Send + Sync>;
 
 static METADATA: metrics::Metadata<'static> =
     metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
@@ -172,6 +177,7 @@ impl Breaker {
                 word: AtomicU64::new(CLOSED),
                 inner: Mutex::new(inner),
                 events,
+                hooks: Mutex::new(Vec::new()),
                 rejected,
                 rejected_counter: Handles::new(),
                 base: now,
@@ -279,6 +285,23 @@ impl Breaker {
         if matches!(inner.tag, CLOSED | RAMPING) {
             self.core.open(&mut inner, now, TransitionReason::Manual);
         }
+    }
+
+    /// The guarded dependency is known to be back (a backend that had no
+    /// connection made one): an open or half-open circuit closes now, as
+    /// if its probes had succeeded (through its ramp, if it has one).
+    /// Forced or closed circuits are left alone. Returns whether it
+    /// closed.
+    pub fn recover(&self) -> bool {
+        let now = Instant::now();
+        let mut inner = self.core.lock();
+        if !matches!(inner.tag, OPEN | HALF_OPEN) {
+            return false;
+        }
+        let from = public(inner.tag);
+        self.core
+            .close(&mut inner, now, from, TransitionReason::Recovered);
+        true
     }
 
     /// Rejects every call until [`reset`](Self::reset).
@@ -559,7 +582,8 @@ impl Core {
                 _ => {
                     inner.successes += 1;
                     if inner.successes >= self.cfg.successes_needed() {
-                        self.close(&mut inner, now.get());
+                        let reason = TransitionReason::ProbesSucceeded;
+                        self.close(&mut inner, now.get(), CircuitState::HalfOpen, reason);
                     }
                 }
             }
@@ -668,7 +692,7 @@ impl Core {
         }));
     }
 
-    fn close(&self, inner: &mut Inner, now: Instant) {
+    fn close(&self, inner: &mut Inner, now: Instant, from: CircuitState, reason: TransitionReason) {
         inner.opens_in_row = 0;
         let tag = if self.cfg.ramp.is_some() {
             inner.ramp_started = now;
@@ -679,13 +703,7 @@ impl Core {
             CLOSED
         };
         self.set_state(inner, tag, now);
-        self.emit(
-            CircuitState::HalfOpen,
-            CircuitState::Closed,
-            TransitionReason::ProbesSucceeded,
-            now,
-            None,
-        );
+        self.emit(from, CircuitState::Closed, reason, now, None);
     }
 
     fn manual(&self, tag: u64) {
@@ -729,14 +747,23 @@ impl Core {
             tracing::info!(breaker = %name, %from, %to, ?reason, "circuit breaker transition");
         }
         metrics::gauge!(metric::CIRCUIT_STATE, metric::LABEL_BREAKER => name).set(to.gauge_value());
-        let _no_subscriber_is_fine = self.events.send(Transition {
+        let transition = Transition {
             breaker: self.name.clone(),
             from,
             to,
             reason,
             at,
             open_for,
-        });
+        };
+        for hook in self
+            .hooks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            hook(&transition);
+        }
+        let _no_subscriber_is_fine = self.events.send(transition);
     }
 }
 
@@ -799,5 +826,27 @@ impl Breaker {
     /// True when nothing but the caller's handle holds this breaker.
     pub(crate) fn is_unused(&self) -> bool {
         Arc::strong_count(&self.core) == 1
+    }
+
+    /// Whether the circuit holds calls back now: open, half-open or forced
+    /// open. Read without the lock (an open circuit whose wait has passed
+    /// is open here, half-open for [`state`](Self::state): the same
+    /// answer), so a hook may ask it.
+    pub(crate) fn is_open(&self) -> bool {
+        matches!(
+            self.core.word.load(Ordering::Acquire) & TAG,
+            OPEN | HALF_OPEN | FORCED_OPEN
+        )
+    }
+
+    /// Calls `hook` with every transition from now on, as it happens:
+    /// under the breaker's lock, so it must be quick and must not call the
+    /// breaker (a registry keeps its open set with it).
+    pub(crate) fn on_transition(&self, hook: Hook) {
+        self.core
+            .hooks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(hook);
     }
 }

@@ -23,7 +23,8 @@
 //! - **Gradual ramp** back to full traffic after closing ([`Ramp`]).
 //! - **tokio's clock** everywhere, so tests run with paused time.
 //! - A shared handle ([`Breaker`]) to read, force, reset and subscribe to
-//!   transitions; a bounded [`BreakerRegistry`]; metrics
+//!   transitions; a bounded [`BreakerRegistry`] that publishes which of
+//!   its breakers are open on one watch channel; metrics
 //!   ([`metric`]) and tracing events on every transition.
 //!
 //! The result classification is pluggable ([`Classify`]): by default every
@@ -80,7 +81,7 @@ pub use classify::{Classify, ErrIsFailure, Outcome, TransientErrors};
 pub use config::{BreakerConfig, BreakerConfigError, Ramp, WindowKind};
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
-pub use registry::{BreakerRegistry, RegistryFull};
+pub use registry::{BreakerRegistry, OpenSince, RegistryFull};
 pub use service::CircuitBreaker;
 pub use state::{CircuitState, Transition, TransitionReason};
 pub use window::WindowStats;

@@ -75,6 +75,9 @@ pub enum TransitionReason {
     ProbeFailed,
     /// Changed by hand through the handle.
     Manual,
+    /// The dependency is known to be back (see
+    /// [`Breaker::recover`](crate::Breaker::recover)).
+    Recovered,
 }
 
 /// One state change of a breaker, as sent to subscribers.

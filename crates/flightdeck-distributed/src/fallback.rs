@@ -118,6 +118,8 @@ pub enum Verdict {
 }
 
 /// The hook L2 asks when coordination fails; see the [module docs](self).
+///
+/// A reference to a fallback is a fallback too.
 pub trait Fallback<Req>: Send + Sync {
     /// The backend failed (or its guard refused) before this node acquired
     /// the flight. The error is the backend's as it is, so that a verdict
@@ -134,6 +136,35 @@ pub trait Fallback<Req>: Send + Sync {
 
     /// Following ended without a result.
     fn wait_ended(&self, end: WaitEnded, error: BoxError, req: &Req) -> Verdict;
+
+    /// Whether a breaker's ramp after closing (it lets only a share of the
+    /// flights back to the backend for a while) may hold this caller's
+    /// flight back: `true` for a caller with somewhere else to run it (the
+    /// flight held back then comes to [`before_acquire`](Self::before_acquire)
+    /// as [`FailureClass::CircuitOpen`], like one an open breaker
+    /// refused). `false` by default: a caller whose only other answer is
+    /// an error is never held back while the backend is healthy.
+    fn ramped(&self) -> bool {
+        false
+    }
+}
+
+impl<Req, P: Fallback<Req> + ?Sized> Fallback<Req> for &P {
+    fn before_acquire(&self, class: FailureClass, error: BackendError, req: &Req) -> Verdict {
+        (**self).before_acquire(class, error, req)
+    }
+
+    fn while_following(&self, class: FailureClass, error: BoxError, req: &Req) -> Option<BoxError> {
+        (**self).while_following(class, error, req)
+    }
+
+    fn wait_ended(&self, end: WaitEnded, error: BoxError, req: &Req) -> Verdict {
+        (**self).wait_ended(end, error, req)
+    }
+
+    fn ramped(&self) -> bool {
+        (**self).ramped()
+    }
 }
 
 /// Answers every failure with its typed error (`CoordinationUnavailable`,

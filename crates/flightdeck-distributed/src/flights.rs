@@ -25,6 +25,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
+use crate::start::Start;
 use crate::work::{Execute, Role};
 
 /// The flights of one deployment's stage(s) on this node: a backend, a
@@ -204,22 +205,43 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         self.run_within(key, req, exec, fallback, None).await
     }
 
-    /// What [`run`](Self::run) decides for a flight that the backend's
-    /// guard refuses before the flight is even named (a breaker that is
-    /// open): the `fallback`'s verdict, or `None` when nothing refuses it.
-    /// On [`Verdict::RunHere`] the caller runs the request itself as
-    /// `run` would (with [`Role::Fallback`]), on [`Verdict::Fail`] it fails
-    /// with that error. For callers that keep this degraded path free of
-    /// the flight's own state; `run` makes the same check first.
-    pub fn refused_early<Req, P: Fallback<Req>>(
+    /// [`run_within`](Self::run_within), decided as soon as it is known
+    /// whether the flight goes to the backend: the backend's breaker is
+    /// asked here, once, before anything else is built. A flight it
+    /// refuses is decided by `fallback` at once, and the request and its
+    /// work come back ([`Start::Decided`]: the caller runs the request
+    /// itself, not boxed, or fails); any other goes to the backend, boxed
+    /// with what it needs (a copy of the state, the key, the fallback), so
+    /// it outlives this call ([`Start::Flight`]). For callers that keep
+    /// the degraded path as cheap as a local one (the facade's HYBRID
+    /// stages).
+    // Always inlined: the caller's future is built in place, not moved
+    // out of this call (the degraded path is measured in instructions).
+    #[inline(always)]
+    pub fn start<Req, E, P>(
         &self,
-        key: &FlightKey,
-        req: &Req,
-        fallback: &P,
-    ) -> Option<Verdict> {
-        let refused = self.st.refused_early(key).1?;
-        let class = FailureClass::of(refused.kind(), refused.is_rejected());
-        Some(fallback.before_acquire(class, refused, req))
+        key: FlightKey,
+        req: Req,
+        exec: E,
+        fallback: P,
+        call_timeout: Option<Duration>,
+    ) -> Start<Req, E, E::Shared, E::Output>
+    where
+        Req: Send + 'static,
+        C: ResultCodec<E::Shared>,
+        E: Execute<Req> + 'static,
+        P: Fallback<Req> + 'static,
+    {
+        match self.st.admit(&key, &req, &fallback) {
+            Err(verdict) => Start::Decided { verdict, req, exec },
+            Ok(flight) => {
+                let st = Arc::clone(&self.st);
+                Start::Flight(Box::pin(async move {
+                    st.fly(&key, flight, req, exec, &fallback, call_timeout)
+                        .await
+                }))
+            }
+        }
     }
 
     /// [`run`](Self::run), with each backend call of this flight bounded by
@@ -239,14 +261,101 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         E: Execute<Req>,
         P: Fallback<Req>,
     {
-        let st = &self.st;
-        // A guard that knows the call would be refused says so before any
-        // call is built (a breaker that is open for the flight's shard:
-        // HYBRID's degraded path stays nearly as cheap as the local one).
-        let (flight, refused) = st.refused_early(key);
-        if let Some(refused) = refused {
-            return st.before_acquire(refused, req, exec, fallback).await;
+        match self.st.admit(key, &req, fallback) {
+            Err(verdict) => self.st.decided(verdict, req, exec).await,
+            Ok(flight) => {
+                self.st
+                    .fly(key, flight, req, exec, fallback, call_timeout)
+                    .await
+            }
         }
+    }
+
+    /// Forgets `key`'s stored result and fences its running owner, if any
+    /// (its commit will be rejected): the next request runs the work again.
+    /// Returns the new generation.
+    pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
+        let limit = self.st.policy.call_timeout_duration();
+        let flight = FlightId::of(key);
+        self.st.seen_commits.forget(&flight);
+        let call = self
+            .st
+            .backend
+            .invalidate(&flight, self.st.policy.state_ttl());
+        match tokio::time::timeout(limit, call).await {
+            Ok(res) => res.map_err(BackendError::into_core),
+            Err(_) => Err(
+                BackendError::outcome_unknown(CallTimedOut::new("invalidate", limit)).into_core(),
+            ),
+        }
+    }
+}
+
+impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
+    /// The one question a flight asks before anything is built: whether
+    /// the backend refuses it ([`Backend::reject_early`] for its shard,
+    /// and [`Backend::held_back`] when the fallback can run it elsewhere).
+    /// `Err`: the fallback's verdict on the refusal; `Ok`: the flight goes
+    /// on, with its id when naming its shard needed it (a backend that is
+    /// not sharded is asked without: the degraded path hashes nothing
+    /// more).
+    #[inline(always)]
+    fn admit<Req, P: Fallback<Req>>(
+        &self,
+        key: &FlightKey,
+        req: &Req,
+        fallback: &P,
+    ) -> Result<Option<FlightId>, Verdict> {
+        let (flight, shard) = if self.backend.sharded() {
+            let flight = FlightId::of(key);
+            let shard = self.backend.shard(&flight);
+            (Some(flight), shard)
+        } else {
+            (None, Shard::WHOLE)
+        };
+        let refused = match self.backend.reject_early(&shard) {
+            Some(refused) => refused,
+            None if fallback.ramped() => match self.backend.held_back(&shard) {
+                Some(held) => held,
+                None => return Ok(flight),
+            },
+            None => return Ok(flight),
+        };
+        let class = FailureClass::of(refused.kind(), refused.is_rejected());
+        Err(fallback.before_acquire(class, refused, req))
+    }
+
+    /// What the fallback decided before any call.
+    async fn decided<Req, E: Execute<Req>>(
+        &self,
+        verdict: Verdict,
+        req: Req,
+        exec: E,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError> {
+        match verdict {
+            Verdict::RunHere => exec.execute(req, Role::Fallback).await,
+            Verdict::Fail(e) => Err(e),
+        }
+    }
+
+    /// The flight of `key`, admitted: its calls to the backend, then its
+    /// role (owner, follower, hit).
+    async fn fly<Req, E, P>(
+        self: &Arc<Self>,
+        key: &FlightKey,
+        flight: Option<FlightId>,
+        req: Req,
+        exec: E,
+        fallback: &P,
+        call_timeout: Option<Duration>,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    where
+        Req: Send,
+        C: ResultCodec<E::Shared>,
+        E: Execute<Req>,
+        P: Fallback<Req>,
+    {
+        let st = self;
         let flight = flight.unwrap_or_else(|| FlightId::of(key));
         let policy = &st.policy;
         let cx = Cx {
@@ -357,41 +466,6 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         }
     }
 
-    /// Forgets `key`'s stored result and fences its running owner, if any
-    /// (its commit will be rejected): the next request runs the work again.
-    /// Returns the new generation.
-    pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
-        let limit = self.st.policy.call_timeout_duration();
-        let flight = FlightId::of(key);
-        self.st.seen_commits.forget(&flight);
-        let call = self
-            .st
-            .backend
-            .invalidate(&flight, self.st.policy.state_ttl());
-        match tokio::time::timeout(limit, call).await {
-            Ok(res) => res.map_err(BackendError::into_core),
-            Err(_) => Err(
-                BackendError::outcome_unknown(CallTimedOut::new("invalidate", limit)).into_core(),
-            ),
-        }
-    }
-}
-
-impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
-    /// Whether the backend refuses the flight of `key` before any call
-    /// ([`Backend::reject_early`] for its shard), and the flight's id when
-    /// naming its shard needed it (a backend that is not sharded is asked
-    /// without: HYBRID's degraded path hashes nothing more).
-    fn refused_early(&self, key: &FlightKey) -> (Option<FlightId>, Option<BackendError>) {
-        if self.backend.sharded() {
-            let flight = FlightId::of(key);
-            let refused = self.backend.reject_early(&self.backend.shard(&flight));
-            (Some(flight), refused)
-        } else {
-            (None, self.backend.reject_early(&Shard::WHOLE))
-        }
-    }
-
     /// The flight's result is not stored (the acquire was granted, or found
     /// the flight running): if this node saw it committed and its TTL has
     /// not run out, ask the backend (in the background) whether it was
@@ -483,10 +557,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         P: Fallback<Req>,
     {
         let class = FailureClass::of(error.kind(), error.is_rejected());
-        match fallback.before_acquire(class, error, &req) {
-            Verdict::RunHere => exec.execute(req, Role::Fallback).await,
-            Verdict::Fail(e) => Err(e),
-        }
+        let verdict = fallback.before_acquire(class, error, &req);
+        self.decided(verdict, req, exec).await
     }
 
     /// Following ended without a result: the fallback decides.

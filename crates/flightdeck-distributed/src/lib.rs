@@ -41,7 +41,7 @@
 //! walked away.
 //!
 //! **The breaker** guards a backend as a decorator ([`GuardedBackend`]): an
-//! open circuit is one more failure before acquire.
+//! open circuit is one more failure before acquire, asked once per flight.
 //!
 //! [`DistributedFlightLayer`] is a thin `tower` shell over it (behind the
 //! local single-flight layer, only the local leader of a key reaches it, so
@@ -82,6 +82,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+pub mod breaker;
 mod cached_failure;
 pub mod codec;
 pub mod error;
@@ -89,7 +90,6 @@ pub mod fallback;
 mod flights;
 mod follow;
 pub mod future;
-pub mod guard;
 mod layer;
 mod lease_release;
 mod lost_results;
@@ -98,21 +98,23 @@ mod metrics;
 mod owner;
 pub mod policy;
 mod service;
+mod start;
 mod work;
 
 pub use backend::{
     Acquired, Backend, BackendError, BackendErrorKind, FencingToken, FlightId, Notice, OwnerToken,
     Subscription,
 };
+pub use breaker::{BackendBreakers, GuardedBackend};
 #[cfg(feature = "http")]
 pub use codec::HttpCodec;
 pub use codec::{Envelope, PostcardCodec, ResultCodec};
 pub use fallback::{FailureClass, Fallback, Propagate, Verdict, WaitEnded};
 pub use flights::DistributedFlights;
-pub use guard::{GuardedBackend, ShardBreakers};
 pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
 pub use service::DistributedFlight;
+pub use start::{FlightFuture, Start};
 #[cfg(feature = "http")]
 pub use work::ExtensionFence;
 pub use work::{Execute, Fence, NoFence, Role};

@@ -16,9 +16,10 @@ pub enum Role {
     /// This node owns the flight with this token: the result is committed
     /// for the other nodes.
     Owner(FencingToken),
-    /// The [`Fallback`](crate::fallback::Fallback) said
-    /// [`RunHere`](crate::fallback::Verdict::RunHere): no coordination, the
-    /// result is not stored.
+    /// The local fallback path: the
+    /// [`Fallback`](crate::fallback::Fallback) said
+    /// [`RunHere`](crate::fallback::Verdict::RunHere), so the request runs
+    /// here without coordination and its result is not stored.
     Fallback,
     /// A stored result does not serve this request (HTTP's `Vary`): it runs
     /// its own, uncoordinated.

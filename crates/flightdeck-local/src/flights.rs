@@ -191,8 +191,8 @@ impl<V: Clone + Send + Sync + 'static> LocalFlights<V> {
     }
 
     /// Makes sure the recorder in force exports `stage`'s metrics: its
-    /// counters at their values (zero before any flight) and the active
-    /// flights' gauge at the number running now. Events register them
+    /// counters (zero before any flight) and the active flights' gauge
+    /// (this layer adds nothing to it until a flight starts). Events register them
     /// anyway; this is for a scrape before the first event, under a
     /// recorder installed after the flights were built.
     pub fn publish_metrics(&self, stage: &StageName) {

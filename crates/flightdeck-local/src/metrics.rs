@@ -7,8 +7,9 @@
 //! registered once per recorder (see `flightdeck_core::metric::Handles`:
 //! whatever the order in which the recorder and the layer came), and every
 //! event after that is a check of the recorder in force and one call on a
-//! handle. A recorder that appears while flights run gets the active
-//! flights' gauge at its true value.
+//! handle. The active flights' gauge moves only by this layer's own
+//! increments and decrements (never set: two layers of one stage share
+//! the series), each flight's under the recorder it started under.
 //!
 //! Execution times cost two clock reads per flight, a good part of a
 //! flight's cost on a fast path. They are taken only when somebody records
@@ -118,10 +119,14 @@ impl Bundle {
         let counter = |name| r.register_counter(&key(name), &METADATA);
         let exec = r.register_histogram(&key(metric::EXECUTION_DURATION), &METADATA);
         let active = r.register_gauge(&key(metric::ACTIVE_FLIGHTS), &METADATA);
-        // Published at once. Flights already running when a recorder is
-        // first seen are not in its gauge: each flight counts in and out
-        // under the recorder it started under (see `resolve`).
-        active.set(0.0);
+        // Published at once, by an increment: the series is shared with
+        // every other layer of the stage in the process, whose flights may
+        // be running (setting it would wipe their count, and theirs would
+        // then count out below zero). Flights of this layer already
+        // running when a recorder is first seen are not in its gauge: each
+        // flight counts in and out under the recorder it started under
+        // (see `resolve`).
+        active.increment(0.0);
         Self {
             owner: counter(metric::LOCAL_OWNER_TOTAL),
             waiter: counter(metric::LOCAL_WAITER_TOTAL),

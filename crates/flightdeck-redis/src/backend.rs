@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
+    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    ConnectionWatch, FlightId, LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
 use fred::bytes_utils::Str;
 use fred::prelude::*;
@@ -228,6 +228,24 @@ impl Backend for RedisBackend {
                 Some(BackendError::unavailable(format!(
                     "no redis cluster primary connected: {why}"
                 )))
+            }
+        }
+    }
+
+    /// One server: whether its command client is connected (not until
+    /// its first connection is made). A cluster: whether its slot map is
+    /// known and a primary is connected.
+    fn connection(&self) -> ConnectionWatch {
+        // Brought up to date first: fred may tell a connection (what
+        // `ready` waits for) before its event reaches our tasks.
+        match &self.inner.topology {
+            Topology::Single(node) => {
+                node.link.connected_now(&node.client);
+                node.link.connection.subscribe()
+            }
+            Topology::Cluster(cluster) => {
+                cluster.publish_connection();
+                cluster.connection.subscribe()
             }
         }
     }

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use flightdeck_distributed::backend::{BackendError, Shard};
+use flightdeck_distributed::backend::{BackendError, Connection, Shard};
 use fred::prelude::*;
 use fred::types::config::ServerConfig;
 use fred::types::{ClusterHash, CustomCommand};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::inbox::{Inboxes, Moved};
@@ -98,6 +98,9 @@ pub(crate) struct Cluster {
     refreshes: AtomicU64,
     refreshing: tokio::sync::Mutex<()>,
     last_error: Mutex<Option<String>>,
+    /// Connected while the slot map is known and a primary is connected
+    /// (see `Backend::connection`), published by the refresher.
+    pub(crate) connection: watch::Sender<Connection>,
 }
 
 fn addr(host: &str, port: u16) -> Arc<str> {
@@ -134,6 +137,10 @@ impl Cluster {
             refreshes: AtomicU64::new(0),
             refreshing: tokio::sync::Mutex::new(()),
             last_error: Mutex::new(None),
+            connection: watch::channel(Connection::NotConnected(Arc::from(
+                "redis cluster slot map not known yet (connecting)",
+            )))
+            .0,
         });
         {
             let mut state = cluster.write();
@@ -242,6 +249,27 @@ impl Cluster {
     /// Every node (the map's primaries once it is known).
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
         self.read().nodes.values().cloned().collect()
+    }
+
+    /// Publishes whether calls can be sent: the map is known and a
+    /// primary is connected.
+    pub(crate) fn publish_connection(&self) {
+        let connection = if !self.has_map() {
+            let why = format!(
+                "redis cluster slot map not known yet ({})",
+                self.why_no_map()
+            );
+            Connection::NotConnected(Arc::from(why))
+        } else if self.nodes().iter().any(|n| n.client.is_connected()) {
+            Connection::Connected
+        } else {
+            Connection::NotConnected(Arc::from("no redis cluster primary connected"))
+        };
+        self.connection.send_if_modified(|now| {
+            let changed = *now != connection;
+            *now = connection;
+            changed
+        });
     }
 
     /// Whether the slot map is known.
@@ -466,6 +494,7 @@ async fn refresher(cluster: Weak<Cluster>, wake: Arc<Notify>, retry: Duration) {
     loop {
         let Some(c) = cluster.upgrade() else { return };
         c.refresh().await;
+        c.publish_connection();
         let pause = if c.has_map() { REFRESH_PERIOD } else { retry };
         drop(c);
         tokio::select! {

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use flightdeck_distributed::backend::BackendError;
+use flightdeck_distributed::backend::{BackendError, Connection};
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::config::ServerConfig;
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::{broadcast, watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::classify::classify;
@@ -21,7 +21,7 @@ use crate::config::RedisConfig;
 use crate::inbox::Inboxes;
 
 /// What the node knows about its connections, from fred's events.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Link {
     /// A connection attempt of the command client failed and none is
     /// known to have succeeded since: calls are refused before they are
@@ -43,13 +43,37 @@ pub(crate) struct Link {
     changed: Notify,
     /// The last connection error of either client, for messages.
     last_error: Mutex<Option<fred::error::Error>>,
+    /// Whether the command client is connected, published (see
+    /// `Backend::connection`): not until its first connection is made.
+    pub(crate) connection: watch::Sender<Connection>,
 }
+
+impl Default for Link {
+    fn default() -> Self {
+        let not_yet = Connection::NotConnected(Arc::from(NOT_YET));
+        Self {
+            failing: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
+            losses: AtomicU64::new(0),
+            changed: Notify::new(),
+            last_error: Mutex::new(None),
+            connection: watch::channel(not_yet).0,
+        }
+    }
+}
+
+/// Why a client that never connected is not connected.
+const NOT_YET: &str = "redis not connected yet (connecting)";
 
 impl Link {
     /// An error event of one of the node's clients: `lost` when it names
     /// a server (a connection that closed), otherwise a connection
     /// attempt that failed.
     fn failed(&self, command_client: bool, e: fred::error::Error, lost: bool) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(e);
         if command_client {
             let flag = if lost { &self.lost } else { &self.failing };
             flag.store(true, Ordering::Release);
@@ -58,11 +82,21 @@ impl Link {
                 self.losses.fetch_add(1, Ordering::AcqRel);
             }
             self.changed.notify_waiters();
+            let why = Connection::NotConnected(Arc::from(self.why_not_connected()));
+            self.connection.send_replace(why);
         }
-        *self
-            .last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(e);
+    }
+
+    /// Publishes "connected" when the command client is (fred may say so
+    /// before its event reaches [`reconnected`](Self::reconnected)).
+    pub(crate) fn connected_now(&self, client: &Client) {
+        if client.is_connected() && !self.is_lost() {
+            self.connection.send_if_modified(|now| {
+                let was = now.is_connected();
+                *now = Connection::Connected;
+                !was
+            });
+        }
     }
 
     /// The command client made a new connection.
@@ -70,6 +104,7 @@ impl Link {
         self.lost.store(false, Ordering::Release);
         self.failing.store(false, Ordering::Release);
         self.changed.notify_waiters();
+        self.connection.send_replace(Connection::Connected);
     }
 
     pub(crate) fn last_error(&self) -> Option<fred::error::Error> {
@@ -123,7 +158,7 @@ impl Link {
                 "redis not connected (reconnecting in the background; last error: {})",
                 e.details()
             ),
-            None => "redis not connected yet (connecting)".to_owned(),
+            None => NOT_YET.to_owned(),
         }
     }
 

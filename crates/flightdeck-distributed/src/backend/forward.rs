@@ -88,6 +88,16 @@ macro_rules! forward_backend {
                         $crate::Backend::reject_early($crate::forward_backend!(@via self $via), shard)
         }
     };
+    (@one $via:tt held_back) => {
+        fn held_back(&self, shard: &$crate::backend::Shard) -> ::std::option::Option<$crate::BackendError> {
+            $crate::Backend::held_back($crate::forward_backend!(@via self $via), shard)
+        }
+    };
+    (@one $via:tt connection) => {
+        fn connection(&self) -> $crate::backend::ConnectionWatch {
+            $crate::Backend::connection($crate::forward_backend!(@via self $via))
+        }
+    };
     (@one $via:tt shards) => {
         fn shards(&self) -> ::std::option::Option<::std::vec::Vec<$crate::backend::Shard>> {
                         $crate::Backend::shards($crate::forward_backend!(@via self $via))

@@ -101,6 +101,7 @@
 
 mod answers;
 mod args;
+mod connection;
 mod error;
 mod forward;
 mod ids;
@@ -113,6 +114,7 @@ use std::time::Duration;
 
 pub use answers::{Acquired, Committed, Released, Renewal, ResultStatus, StoredResult};
 pub use args::{AbandonArgs, CommitArgs, LeaseTerms};
+pub use connection::{Connection, ConnectionWatch};
 pub use error::{BackendError, BackendErrorKind};
 pub use ids::{FencingToken, FlightId, OwnerToken};
 pub use notice::{Notice, Subscription};
@@ -247,6 +249,16 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Whether the backend has a connection to send calls on, now and at
+    /// every change: a backend that connects in the background (the
+    /// Redis backend) says [`Connection::NotConnected`] until its first
+    /// connection is made, so that a layer built on it starts degraded
+    /// and knows when to go distributed, even while no request comes.
+    /// [`Connection::always_connected`] by default.
+    fn connection(&self) -> ConnectionWatch {
+        Connection::always_connected()
+    }
+
     /// A cheap local check before the first call of a flight on `shard`
     /// (its [`shard`](Self::shard), or [`Shard::WHOLE`] when the backend
     /// is not [`sharded`](Self::sharded)): a decorator that knows the
@@ -257,6 +269,17 @@ pub trait Backend: Send + Sync + 'static {
     fn reject_early(&self, shard: &Shard) -> Option<BackendError> {
         let _ = shard;
         self.unreachable()
+    }
+
+    /// Asked after [`reject_early`](Self::reject_early) let a flight on
+    /// `shard` through, for callers that have somewhere else to run it: a
+    /// decorator that lets only part of the flights through for now (a
+    /// breaker's ramp after closing) refuses this one. Callers with
+    /// nowhere else to go never ask, so nothing holds them back. `None` by
+    /// default.
+    fn held_back(&self, shard: &Shard) -> Option<BackendError> {
+        let _ = shard;
+        None
     }
 
     /// Whether the flight was invalidated ([`invalidate`](Self::invalidate),
@@ -322,5 +345,5 @@ pub trait Backend: Send + Sync + 'static {
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, recheck, shard, sharded, shards, unreachable, invalidated_since, wait_replicas, call_timeout_hint);
+    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, held_back, recheck, shard, sharded, shards, unreachable, connection, invalidated_since, wait_replicas, call_timeout_hint);
 }

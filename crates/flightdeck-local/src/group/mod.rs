@@ -131,9 +131,8 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         // first stage's handles are borrowed, not reference-counted).
         let metrics = self.metrics.get(key.stage());
         // Resolved before the lock too: under a recorder seen for the first
-        // time, the stage's handles are registered here, with the active
-        // gauge at the flights running now (not this one, counted when it
-        // starts).
+        // time, the stage's handles are registered here (this flight is
+        // counted in the active gauge when it starts).
         let (gen, timed) = metrics.resolve();
         // A bound of 0 turns every call away, the leader included.
         if self.policy.max_waiters == 0 {

@@ -1,10 +1,15 @@
 //! The breaker as a backend decorator: [`GuardedBackend`] puts a
 //! [`Breaker`] per shard in front of a backend, so that an open circuit is
-//! one more failure before acquire ([`FailureClass::CircuitOpen`](crate::fallback::FailureClass::CircuitOpen)), decided by the
-//! same [`Fallback`](crate::fallback::Fallback) as any other.
+//! one more failure before acquire
+//! ([`FailureClass::CircuitOpen`](crate::fallback::FailureClass::CircuitOpen)),
+//! decided by the same [`Fallback`](crate::fallback::Fallback) as any other.
+//! It is the breakers' one owner: it opens them, probes them, ramps them
+//! and publishes which shards are degraded ([`BackendBreakers::watch`]);
+//! whoever shows that state (the facade's gauges, logs and bulkhead)
+//! follows that one channel.
 //!
 //! **Per shard.** Each flight is judged by the breaker of the shard that
-//! serves it ([`Backend::shard`]; see [`ShardBreakers`]): when one Redis
+//! serves it ([`Backend::shard`]; see [`BackendBreakers`]): when one Redis
 //! Cluster primary fails, only the flights it serves are refused, and the
 //! others keep coordinating. A backend that is not sharded puts every
 //! flight on [`Shard::WHOLE`](crate::backend::Shard::WHOLE), judged by the
@@ -34,13 +39,21 @@
 //!   flights pass through, neither refused nor judged: refusing them would
 //!   turn a tripped breaker into lost commits and orphaned leases.
 //!
-//! A ramp after closing (see the breaker's `Ramp`) holds nothing back here;
-//! whoever has somewhere else to send the calls it holds back applies it
-//! (the facade's HYBRID stages run them locally).
+//! **The ramp** after closing (see the breaker's `Ramp`) holds back only
+//! the flights of callers that have somewhere else to send them
+//! ([`Backend::held_back`], asked when their
+//! [`Fallback::ramped`](crate::fallback::Fallback::ramped) says so: the
+//! facade's HYBRID stages run them locally); the others are all let
+//! through.
+//!
+//! **A backend that is not connected yet** ([`Backend::connection`]) can
+//! open the whole-store breaker from the start
+//! ([`GuardedBackend::trip_until_connected`]) and close it when the
+//! connection is made, even while no request comes.
 //!
 //! ```
 //! use flightdeck_breaker::{Breaker, BreakerConfig};
-//! use flightdeck_distributed::guard::GuardedBackend;
+//! use flightdeck_distributed::breaker::GuardedBackend;
 //! use flightdeck_distributed::backend::{Backend, Shard};
 //! use flightdeck_testkit::MemoryBackend;
 //!
@@ -48,9 +61,10 @@
 //! let backend = GuardedBackend::new(MemoryBackend::new(), breaker.clone());
 //! breaker.force_open();
 //! assert!(backend.reject_early(&Shard::WHOLE).unwrap().is_rejected());
+//! assert!(backend.breakers().is_degraded(&Shard::WHOLE));
 //! ```
 
-mod breakers;
+mod shards;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -62,24 +76,24 @@ use crate::backend::{
     OwnerToken, Shard,
 };
 
-pub use breakers::{ShardBreakers, MAX_SHARD_BREAKERS};
+pub use shards::{BackendBreakers, MAX_SHARD_BREAKERS};
 
 /// A backend behind a circuit breaker per shard; see the
 /// [module docs](self).
 pub struct GuardedBackend<B> {
     inner: B,
-    breakers: ShardBreakers,
+    breakers: BackendBreakers,
 }
 
 impl<B> GuardedBackend<B> {
     /// Guards `inner` with `breaker` for [`Shard::WHOLE`](crate::backend::Shard::WHOLE),
-    /// the template of every named shard's breaker (see [`ShardBreakers`]).
+    /// the template of every named shard's breaker (see [`BackendBreakers`]).
     pub fn new(inner: B, breaker: Breaker) -> Self {
-        Self::with_breakers(inner, ShardBreakers::new(breaker))
+        Self::with_breakers(inner, BackendBreakers::new(breaker))
     }
 
     /// Guards `inner` with `breakers` (shared with whoever watches them).
-    pub fn with_breakers(inner: B, breakers: ShardBreakers) -> Self {
+    pub fn with_breakers(inner: B, breakers: BackendBreakers) -> Self {
         Self { inner, breakers }
     }
 
@@ -88,8 +102,8 @@ impl<B> GuardedBackend<B> {
         self.breakers.whole()
     }
 
-    /// Every shard's breaker.
-    pub fn breakers(&self) -> &ShardBreakers {
+    /// Every shard's breaker, and the degraded set they publish.
+    pub fn breakers(&self) -> &BackendBreakers {
         &self.breakers
     }
 
@@ -115,10 +129,41 @@ impl<B: Backend> GuardedBackend<B> {
         }
     }
 
-    /// A refusal by `breaker` (no string allocated for the whole-store
-    /// breaker).
-    fn refusal(&self, breaker: &Breaker) -> BackendError {
-        BackendError::circuit_open(breaker.circuit_open())
+    /// When the backend is not connected now ([`Backend::connection`], or
+    /// [`Backend::unreachable`]): opens the whole-store breaker (the
+    /// backend's flights are refused before any call: a HYBRID stage runs
+    /// them here, a DISTRIBUTED_ONLY one fails fast) and returns why. The
+    /// circuit closes as soon as the connection is made (followed from a
+    /// task, so an idle node goes distributed too; outside a runtime, its
+    /// half-open probes find out). `None` when connected.
+    pub fn trip_until_connected(&self) -> Option<String> {
+        let mut connection = self.inner.connection();
+        let why = match &*connection.borrow_and_update() {
+            crate::backend::Connection::NotConnected(why) => why.to_string(),
+            crate::backend::Connection::Connected => self
+                .inner
+                .unreachable()
+                .filter(|e| !e.is_rejected())?
+                .to_string(),
+        };
+        let whole = self.breakers.whole().clone();
+        whole.trip();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn(async move {
+                while !connection.borrow_and_update().is_connected() {
+                    if connection.changed().await.is_err() {
+                        return;
+                    }
+                }
+                if whole.recover() {
+                    tracing::warn!(
+                        breaker = whole.name(),
+                        "backend connected: closing the circuit it started open, going distributed"
+                    );
+                }
+            }));
+        }
+        Some(why)
     }
 }
 
@@ -150,11 +195,16 @@ fn judged<T>(res: &Result<T, BackendError>) -> Outcome {
     }
 }
 
+/// A refusal by `breaker`.
+fn refusal(breaker: &Breaker) -> BackendError {
+    BackendError::circuit_open(breaker.circuit_open())
+}
+
 impl<B: Backend> Backend for GuardedBackend<B> {
     fn reject_early(&self, shard: &Shard) -> Option<BackendError> {
         let breaker = self.breakers.judging(shard);
         if breaker.try_reject() {
-            return Some(self.refusal(&breaker));
+            return Some(refusal(&breaker));
         }
         let refused = self.inner.reject_early(shard)?;
         // The backend itself refused the flight before its first call
@@ -165,6 +215,21 @@ impl<B: Backend> Backend for GuardedBackend<B> {
             permit.record(Outcome::Failure);
         }
         Some(refused)
+    }
+
+    /// While a ramp runs after a breaker closed: the whole store's ramp
+    /// holds back any flight, a shard's the flights of that shard (each
+    /// admits exactly its share, and counts the others as rejections).
+    fn held_back(&self, shard: &Shard) -> Option<BackendError> {
+        let whole = self.breakers.whole();
+        if whole.ramp_holds_back() {
+            return Some(refusal(whole));
+        }
+        if shard.is_whole() {
+            return None;
+        }
+        let breaker = self.breakers.judging(shard);
+        breaker.ramp_holds_back().then(|| refusal(&breaker))
     }
 
     fn acquire<'a>(
@@ -208,7 +273,7 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         })
     }
 
-    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    crate::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, unreachable, connection, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 #[cfg(test)]
@@ -304,13 +369,7 @@ mod tests {
         .unwrap();
         let backend = Arc::new(TwoShards::default());
         let guarded = GuardedBackend::new(Arc::clone(&backend), whole.clone());
-        let created = Arc::new(Mutex::new(Vec::new()));
-        let seen = Arc::clone(&created);
-        guarded.breakers().on_shard(move |shard, breaker| {
-            seen.lock()
-                .unwrap()
-                .push((shard.clone(), breaker.name().to_owned()))
-        });
+        let mut published = guarded.breakers().watch();
         let token = OwnerToken::random();
         backend.fail("a", true);
 
@@ -329,6 +388,8 @@ mod tests {
             .expect("created on first use");
         assert_eq!(a.name(), "stage@a");
         assert_eq!(a.state(), CircuitState::Open);
+        assert!(guarded.breakers().is_degraded(&Shard::new("a")));
+        assert!(!guarded.breakers().is_degraded(&Shard::WHOLE));
         assert_eq!(
             whole.state(),
             CircuitState::Closed,
@@ -351,13 +412,20 @@ mod tests {
         let b = guarded.breaker_for(&fb);
         assert_eq!(b.name(), "stage@b");
         assert_eq!(b.state(), CircuitState::Closed);
+        assert!(published.has_changed().unwrap());
+        let seen: Vec<(Shard, bool)> = published
+            .borrow_and_update()
+            .iter()
+            .map(|(shard, since)| (shard.clone(), since.is_some()))
+            .collect();
         assert_eq!(
-            *created.lock().unwrap(),
+            seen,
             vec![
-                (Shard::new("a"), "stage@a".to_owned()),
-                (Shard::new("b"), "stage@b".to_owned())
+                (Shard::WHOLE, false),
+                (Shard::new("a"), true),
+                (Shard::new("b"), false)
             ],
-            "each shard's breaker announced once, when created"
+            "each shard's breaker published, and which is degraded"
         );
 
         // Shard a recovers: after the open wait its probe succeeds and
@@ -368,6 +436,8 @@ mod tests {
         assert_eq!(a.state(), CircuitState::HalfOpen);
         guarded.acquire(&fa, &token, &terms()).await.unwrap();
         assert_eq!(a.state(), CircuitState::Closed);
+        assert!(published.has_changed().unwrap(), "a's recovery published");
+        assert!(!guarded.breakers().any_degraded());
     }
 
     #[tokio::test(start_paused = true)]
