@@ -1,5 +1,5 @@
 //! The Redis protocol of flightdeck's distributed single-flight, as a
-//! [`stateright`] model (not published).
+//! [`stateright`](https://docs.rs/stateright) model (not published).
 //!
 //! [`server`] is the six Lua scripts of `flightdeck_redis::scripts` over a
 //! flight's record, one function each; [`model`] puts two nodes (or more),

@@ -1,4 +1,4 @@
-//! The protocol as a [`stateright`] model: the [`server`]
+//! The protocol as a [`stateright`](https://docs.rs/stateright) model: the [`server`]
 //! (a primary and its replica), the nodes that call it (clients of the L2
 //! layer's shape, every timing allowed), the network between them, the
 //! server clock, failovers, and the invariants of `docs/guarantees.md`,
