@@ -40,8 +40,7 @@
 //! About 2 % of seeds still fail (`scripts/simulate 2000` from seed 0:
 //! 42): a late ACQUIRE of a released token granted after the flight's
 //! record expired with a result TTL shorter than the state TTL (seed
-//! 228), leases and subscriptions left behind (seeds 61, 62), a panic
-//! of the work reaching its caller (seeds 562, 568, 615). `cargo test`
+//! 228), leases and subscriptions left behind (seeds 61, 62). `cargo test`
 //! and CI run seeds 0–59 until they are fixed.
 //!
 //! # The fault model

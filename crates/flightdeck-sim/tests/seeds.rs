@@ -55,3 +55,12 @@ fn seed_111_a_response_meant_for_its_caller_never_goes_to_a_waiter() {
     let report = run(111);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 562 found it: the work panicked in a waiter's own run (after an
+/// unshareable response) and the panic reached the caller instead of a
+/// `WorkPanicked` error.
+#[test]
+fn seed_562_a_panic_in_a_waiters_own_run_is_a_typed_error() {
+    let report = run(562);
+    assert!(report.passed(), "{report}");
+}
