@@ -64,3 +64,13 @@ fn seed_562_a_panic_in_a_waiters_own_run_is_a_typed_error() {
     let report = run(562);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 491 found it: an ACQUIRE timed out (the backend was frozen), its
+/// retry was refused, and the refusal marked the token as holding no
+/// lease: nobody released it, and the first ACQUIRE, run at the thaw,
+/// left a lease nobody worked on.
+#[test]
+fn seed_491_a_token_whose_acquire_may_still_run_is_released() {
+    let report = run(491);
+    assert!(report.passed(), "{report}");
+}
