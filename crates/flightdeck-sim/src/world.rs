@@ -228,8 +228,10 @@ impl World {
         let mut st = self.lock();
         let name = st.name(flight);
         st.log(format!(
-            "  n{}.{} ACQUIRE {name} -> {answer:?}",
-            who.0, who.1
+            "  n{}.{} ACQUIRE {name} t{} -> {answer:?}",
+            who.0,
+            who.1,
+            short(token)
         ));
         let &Acquired::Owner {
             generation,
@@ -322,8 +324,10 @@ impl World {
         let mut st = self.lock();
         let name = st.name(flight);
         st.log(format!(
-            "  n{}.{} COMMIT {name} g{gen} -> {answer:?}",
-            who.0, who.1
+            "  n{}.{} COMMIT {name} t{} g{gen} -> {answer:?}",
+            who.0,
+            who.1,
+            short(token)
         ));
         st.ended.insert(token.as_str().to_owned(), Instant::now());
         if *answer != Committed::Committed {
@@ -332,12 +336,17 @@ impl World {
         let log = st.flights.entry(*flight).or_default();
         let remembered = log.remembered;
         let owners = log.committed.entry(gen).or_default();
-        owners.insert(token.as_str().to_owned());
+        let first = owners.insert(token.as_str().to_owned());
         let two = owners.len() > 1;
-        log.last = Some(Last::Committed {
-            expires: Instant::now() + ttl,
-        });
-        log.lost = None;
+        if first {
+            // A retry of the commit (or its duplicate) answers COMMITTED
+            // again and changes nothing: the result's TTL runs from the
+            // first.
+            log.last = Some(Last::Committed {
+                expires: Instant::now() + ttl,
+            });
+            log.lost = None;
+        }
         if two {
             st.violation(format!(
                 "{name}: two results committed for generation {gen}"
@@ -362,8 +371,10 @@ impl World {
         let mut st = self.lock();
         let name = st.name(flight);
         st.log(format!(
-            "  n{}.{} {what} {name} -> {answer:?}",
-            who.0, who.1
+            "  n{}.{} {what} {name} t{} -> {answer:?}",
+            who.0,
+            who.1,
+            short(token)
         ));
         st.ended.insert(token.as_str().to_owned(), Instant::now());
         if *answer == Released::Released {
@@ -372,6 +383,19 @@ impl World {
             log.lost = None;
         }
     }
+}
+
+/// A command as the trace names it.
+fn label(what: &str, flight: &FlightId, token: Option<&OwnerToken>) -> String {
+    match token {
+        Some(t) => format!("{what} {flight} t{}", short(t)),
+        None => format!("{what} {flight}"),
+    }
+}
+
+/// A token's first characters, for the trace.
+fn short(token: &OwnerToken) -> &str {
+    &token.as_str()[..token.as_str().len().min(6)]
 }
 
 /// A fault one backend command meets.
@@ -409,10 +433,12 @@ impl SimBackend {
         self.world.lock().dead.contains(&self.who)
     }
 
-    fn draw(&self, what: &'static str) -> CallFault {
+    fn draw(&self, what: &str) -> CallFault {
         let mut st = self.world.lock();
         let p = st.call_faults;
         if p <= 0.0 || !st.rng.random_bool(p) {
+            let who = self.who;
+            st.log(format!("  n{}.{} sends {what}", who.0, who.1));
             return CallFault::None;
         }
         let fault = match st.rng.random_range(0..6) {
@@ -445,14 +471,14 @@ impl SimBackend {
     /// backend (and journals it); it may run twice (duplicated).
     fn call<T: Send + 'static>(
         &self,
-        what: &'static str,
+        what: String,
         apply: impl Fn(&World) -> Result<T, BackendError> + Send + Sync + 'static,
     ) -> BackendFuture<'static, T> {
         if self.dead() {
             // Nothing a dead process sends arrives anywhere.
             return Box::pin(std::future::pending());
         }
-        let fault = self.draw(what);
+        let fault = self.draw(&what);
         match fault {
             CallFault::Refused => {
                 return Box::pin(std::future::ready(Err(BackendError::unavailable(
@@ -519,7 +545,7 @@ impl Backend for SimBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         let (flight, token, terms, who) = (*flight, token.clone(), *terms, self.who);
-        self.call("ACQUIRE", move |w| {
+        self.call(label("ACQUIRE", &flight, Some(&token)), move |w| {
             let answer = now(w.mem.acquire(&flight, &token, &terms))?;
             w.granted(who, &flight, &token, terms.lease, &answer);
             Ok(answer)
@@ -534,7 +560,7 @@ impl Backend for SimBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Renewal> {
         let (flight, token, terms) = (*flight, token.clone(), *terms);
-        self.call("HEARTBEAT", move |w| {
+        self.call(label("HEARTBEAT", &flight, Some(&token)), move |w| {
             let answer = now(w.mem.heartbeat(&flight, &token, generation, &terms))?;
             w.renewed(&flight, generation, terms.lease, &answer);
             Ok(answer)
@@ -549,7 +575,7 @@ impl Backend for SimBackend {
         args: &'a CommitArgs,
     ) -> BackendFuture<'a, Committed> {
         let (flight, token, args, who) = (*flight, token.clone(), args.clone(), self.who);
-        self.call("COMMIT", move |w| {
+        self.call(label("COMMIT", &flight, Some(&token)), move |w| {
             let answer = now(w.mem.commit(&flight, &token, generation, &args))?;
             w.committed(who, &flight, &token, generation, args.ttl, &answer);
             Ok(answer)
@@ -564,7 +590,7 @@ impl Backend for SimBackend {
         args: &'a AbandonArgs,
     ) -> BackendFuture<'a, Released> {
         let (flight, token, args, who) = (*flight, token.clone(), args.clone(), self.who);
-        self.call("ABANDON", move |w| {
+        self.call(label("ABANDON", &flight, Some(&token)), move |w| {
             let answer = now(w.mem.abandon(&flight, &token, generation, &args))?;
             w.ended(who, "ABANDON", &flight, &token, &answer);
             Ok(answer)
@@ -578,7 +604,7 @@ impl Backend for SimBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, Released> {
         let (flight, token, who) = (*flight, token.clone(), self.who);
-        self.call("RELEASE", move |w| {
+        self.call(label("RELEASE", &flight, Some(&token)), move |w| {
             let answer = now(w.mem.release(&flight, &token, state_ttl))?;
             w.ended(who, "RELEASE", &flight, &token, &answer);
             Ok(answer)
@@ -591,7 +617,7 @@ impl Backend for SimBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, u64> {
         let flight = *flight;
-        self.call("INVALIDATE", move |w| {
+        self.call(label("INVALIDATE", &flight, None), move |w| {
             now(w.mem.invalidate(&flight, state_ttl))
         })
     }
