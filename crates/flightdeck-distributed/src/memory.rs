@@ -697,7 +697,7 @@ impl fmt::Debug for MemorySnapshot {
 
 /// Test hooks for fault injection by a simulation (`flightdeck-sim`): a
 /// failover that loses the last unreplicated writes, a record that
-/// expires now, and the leases that are live.
+/// expires now, the leases that are live, and what a record remembers.
 impl MemoryBackend {
     /// A copy of every flight's record now (see [`restore`](Self::restore)).
     pub fn snapshot(&self) -> MemorySnapshot {
@@ -728,6 +728,21 @@ impl MemoryBackend {
         if let Some(f) = self.flights().get_mut(flight) {
             f.record = None;
         }
+    }
+
+    /// Whether the flight's live record remembers `token` among those
+    /// never granted it again (released, or whose attempt ended here).
+    /// The memory lasts as long as the record: once it expired (or a
+    /// failover lost it), a late ACQUIRE of the token is granted.
+    pub fn remembers(&self, flight: &FlightId, token: &OwnerToken) -> bool {
+        let now = Instant::now();
+        self.flights()
+            .get_mut(flight)
+            .and_then(|f| f.record(now))
+            .is_some_and(|r| {
+                r.released.contains(token)
+                    || (r.token.as_ref() == Some(token) && r.deadline.is_none())
+            })
     }
 
     /// The leases live now: (flight, holder, generation).
