@@ -35,13 +35,16 @@
 //!   their traces line by line; 400 seeds traced twice, in two
 //!   processes, gave the same 40,000 lines.
 //!
-//! # Open findings
+//! # What it found
 //!
-//! About 2 % of seeds still fail (`scripts/simulate 2000` from seed 0:
-//! 42): a late ACQUIRE of a released token granted after the flight's
-//! record expired with a result TTL shorter than the state TTL (seed
-//! 228), leases and subscriptions left behind (seeds 61, 62). `cargo test`
-//! and CI run seeds 0–59 until they are fixed.
+//! Four defects, each fixed with its seed as a regression test
+//! (`tests/seeds.rs`): a waiter's own run past its deadline (seed 34), a
+//! `Set-Cookie` response handed to a waiter (111), a panic in a waiter's
+//! own run reaching its caller (562), a token whose ACQUIRE could still
+//! run left unreleased (491). And one limit, now in docs/guarantees.md:
+//! a late ACQUIRE (queued on a frozen server, or resent) can be granted
+//! once the record that knew its token is gone, leaving a lease nobody
+//! works on for one lease.
 //!
 //! # The fault model
 //!
@@ -54,7 +57,7 @@
 //! | a command refused | an *unavailable* error at once, nothing applied |
 //! | lost before it applied | never applied; the caller hears nothing (its call timeout cuts it) or an *outcome unknown* error |
 //! | lost after it applied | applied, the answer lost the same two ways |
-//! | duplicated | applied, and applied again up to 600 ms later (a retransmission) |
+//! | duplicated | applied, its reply lost with the connection, sent again and applied again up to 600 ms later; the caller hears the second answer (a client that resends what got no reply; TCP never delivers a command twice otherwise) |
 //! | the backend frozen and thawed | every command waits 50 ms – 3 s, then the queue runs (late, after the callers gave up) |
 //! | a record expiring | the key's record dropped now ([`MemoryBackend::expire`]) |
 //! | a failover | the backend goes back to its last replication ([`MemoryBackend::snapshot`] / [`MemoryBackend::restore`]): the writes since are lost; generations keep increasing (Redis's server clock) |

@@ -39,8 +39,16 @@ fn main() -> ExitCode {
     println!("first seed {first}");
     let began = Instant::now();
     let mut failures = 0u64;
+    let mut causes = std::collections::BTreeMap::<String, u64>::new();
+    let mut faults = std::collections::BTreeMap::<&str, u64>::new();
     for seed in first..first.saturating_add(n) {
         let report = flightdeck_sim::run(seed);
+        for (c, k) in &report.causes {
+            *causes.entry(c.clone()).or_default() += k;
+        }
+        for (f, k) in &report.faults {
+            *faults.entry(f).or_default() += k;
+        }
         if !report.passed() || trace_all {
             println!("{report}");
         }
@@ -49,6 +57,14 @@ fn main() -> ExitCode {
         }
     }
     let secs = began.elapsed().as_secs_f64().max(1e-9);
+    println!("executions by cause:");
+    for (c, k) in &causes {
+        println!("  {k:>8}  {c}");
+    }
+    println!("backend commands faulted:");
+    for (f, k) in &faults {
+        println!("  {k:>8}  {f}");
+    }
     println!(
         "seeds={n} failures={failures} seeds_per_s={:.1}",
         n as f64 / secs

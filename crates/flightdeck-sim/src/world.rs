@@ -71,9 +71,9 @@ pub(crate) struct State {
     /// a failover lost that memory.
     ended: HashMap<String, Instant>,
     last_failover: Option<Instant>,
-    /// Tokens granted again after a failover lost the memory that their
-    /// attempt had ended (see docs/guarantees.md, known limits): their
-    /// lease lapses by itself.
+    /// Tokens granted again after their record, which remembered that
+    /// their attempt had ended, expired or was lost in a failover (see
+    /// docs/guarantees.md, known limits): their lease lapses by itself.
     pub(crate) zombies: HashSet<String>,
     /// Every execution of the work, in order.
     pub(crate) execs: Vec<crate::node::Exec>,
@@ -223,6 +223,7 @@ impl World {
         flight: &FlightId,
         token: &OwnerToken,
         lease: Duration,
+        remembered: bool,
         answer: &Acquired,
     ) {
         let mut st = self.lock();
@@ -241,15 +242,32 @@ impl World {
             return;
         };
         let now = Instant::now();
-        if let Some(&ended) = st.ended.get(token.as_str()) {
-            if st.last_failover.is_some_and(|f| f >= ended) {
-                st.log("  (a token whose attempt ended, granted again: a failover lost its end)");
+        if st.ended.contains_key(token.as_str()) {
+            if !remembered {
+                // The record that remembered its end expired, or a
+                // failover lost it (docs/guarantees.md, known limits).
+                st.log("  (a token whose attempt ended, granted again: its record was gone)");
                 st.zombies.insert(token.as_str().to_owned());
             } else {
                 st.violation(format!(
                     "{name}: generation {generation} granted to a token whose attempt had ended"
                 ));
             }
+        }
+        let log = st.flights.entry(*flight).or_default();
+        let held = log
+            .grants
+            .iter()
+            .find(|(g, (t, _))| **g != generation && t == token.as_str())
+            .map(|(g, _)| *g);
+        if let Some(held) = held {
+            // A late ACQUIRE of a token that holds an earlier generation
+            // (its record was lost, or its lease ran out): its holder works
+            // on that one (docs/guarantees.md, known limits).
+            st.log(format!(
+                "  (granted again to a token that held generation {held}: the lease lapses)"
+            ));
+            st.zombies.insert(token.as_str().to_owned());
         }
         let log = st.flights.entry(*flight).or_default();
         if let Some((t, _)) = log.grants.get(&generation) {
@@ -415,7 +433,9 @@ enum CallFault {
     LostAfter {
         hang: bool,
     },
-    /// Applied twice (a retransmission), the second time later.
+    /// Applied, its reply lost with the connection, and sent again on a
+    /// new one (a client that resends what got no reply): applied twice,
+    /// the second time later, and answered by the second.
     Duplicated(Duration),
 }
 
@@ -501,14 +521,17 @@ impl SimBackend {
                 tokio::time::sleep(delay).await;
             }
             world.thawed().await;
-            let answer = apply(&world);
-            let _ = tx.send(answer);
+            let mut answer = apply(&world);
             if let CallFault::Duplicated(d) = fault {
+                // The connection dropped before the reply, and the client
+                // sent the command again on a new one: it runs twice, and
+                // the caller hears the second answer.
                 tokio::time::sleep(d).await;
                 world.thawed().await;
-                world.lock().log(format!("  duplicate of {what} applied"));
-                let _ = again(&world);
+                world.lock().log(format!("  {what} sent again and applied"));
+                answer = again(&world);
             }
+            let _ = tx.send(answer);
         }));
         Box::pin(async move {
             let answer = rx
@@ -546,8 +569,9 @@ impl Backend for SimBackend {
     ) -> BackendFuture<'a, Acquired> {
         let (flight, token, terms, who) = (*flight, token.clone(), *terms, self.who);
         self.call(label("ACQUIRE", &flight, Some(&token)), move |w| {
+            let remembered = w.mem.remembers(&flight, &token);
             let answer = now(w.mem.acquire(&flight, &token, &terms))?;
-            w.granted(who, &flight, &token, terms.lease, &answer);
+            w.granted(who, &flight, &token, terms.lease, remembered, &answer);
             Ok(answer)
         })
     }
