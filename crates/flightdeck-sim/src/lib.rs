@@ -12,7 +12,7 @@
 //!
 //! - **Nodes.** Each node is a [`SingleFlightBuilder::http`] layer of one
 //!   stage (`sim`), with its own L1, breaker, bulkhead and budgets, over
-//!   its own [`SimBackend`](world) handle of the shared backend. A caller
+//!   its own `SimBackend` (module `world`) handle of the shared backend. A caller
 //!   sends an HTTP request with its key (a `FlightKey` extension), its id,
 //!   and its own deadline (`x-request-timeout`).
 //! - **The backend** is the memory backend of `flightdeck-distributed`
@@ -26,7 +26,7 @@
 //! - **Randomness** comes from the seed only. The schedule and every fault
 //!   are drawn from one `StdRng`; the library's own draws (owner tokens,
 //!   poll and breaker jitter) go through `flightdeck_core::random`, which
-//!   the run seeds for its thread ([`flightdeck_core::random::seed_this_thread`]),
+//!   the run seeds for its thread (`flightdeck_core::random::seed_this_thread`),
 //!   and its `select!`s are `biased` (tokio picks a ready branch at random
 //!   otherwise). The simulation's own code keeps an order wherever tokio
 //!   or a hash map would not (a thaw wakes the queued commands in the
