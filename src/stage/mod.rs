@@ -249,7 +249,10 @@ impl Control {
             let mut check = tokio::time::interval(SHARD_CHECK);
             check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
+                // Biased: a fixed order (tokio picks at random otherwise),
+                // so a simulation replays from its seed.
                 tokio::select! {
+                    biased;
                     changed = changes.changed() => match (changed, ctl.upgrade()) {
                         (Ok(()), Some(ctl)) => ctl.sync(),
                         _ => return,

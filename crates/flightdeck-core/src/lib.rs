@@ -24,6 +24,8 @@ pub mod http;
 pub mod key;
 pub mod metric;
 #[doc(hidden)]
+pub mod random;
+#[doc(hidden)]
 pub mod rt;
 pub mod share;
 pub mod source;

@@ -93,10 +93,11 @@ impl Backoff {
 /// `d` multiplied by a factor drawn uniformly from `lo..=hi` (exactly `lo`
 /// when the range is empty or a point), saturating at `Duration::MAX`.
 /// Callers so spread out what would otherwise happen at the same moment on
-/// every node (probes of a breaker, polls of a flight).
+/// every node (probes of a breaker, polls of a flight). Drawn through
+/// [`crate::random`] (seeded under simulation).
 pub fn jittered(d: Duration, lo: f64, hi: f64) -> Duration {
     let factor = if hi > lo {
-        rand::random_range(lo..=hi)
+        crate::random::range_f64(lo, hi)
     } else {
         lo
     };

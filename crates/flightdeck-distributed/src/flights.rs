@@ -512,7 +512,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         guard.suspect();
         let res = self.timed(cx, op, start(&self.backend)).await;
         match &res {
-            Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown => {}
+            Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown => guard.ambiguous(),
             _ => guard.settled(),
         }
         res

@@ -269,7 +269,11 @@ async fn wait(sub: &mut Option<Subscription>, until: Instant, observed: u64) -> 
                     None => std::future::pending().await,
                 }
             };
+            // Biased: a notice that came with the timer wins, and the
+            // order is fixed (tokio picks at random otherwise), so a
+            // simulation replays from its seed.
             tokio::select! {
+                biased;
                 n = recv => Some(n),
                 () = sleep_until(until) => None,
             }

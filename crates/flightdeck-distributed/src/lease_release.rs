@@ -171,6 +171,10 @@ where
     st: &'a Arc<State<B, C>>,
     cx: &'a Cx,
     suspect: bool,
+    /// A call of this token had an unknown outcome: it may still reach
+    /// the backend and grant a lease, whatever later calls answer, so
+    /// only owning the flight settles the token.
+    ambiguous: bool,
 }
 
 impl<'a, B, C> TokenGuard<'a, B, C>
@@ -183,18 +187,27 @@ where
             st,
             cx,
             suspect: false,
+            ambiguous: false,
         }
     }
 
-    /// A call that may grant a lease is on its way, or answered with an
-    /// unknown outcome.
+    /// A call that may grant a lease is on its way.
     pub(crate) fn suspect(&mut self) {
         self.suspect = true;
     }
 
-    /// The backend answered: the token holds no lease it does not know of.
+    /// A call that may grant a lease answered with an unknown outcome: it
+    /// may still run on the backend, late (a frozen server runs what it
+    /// queued when it thaws), after any later call's answer.
+    pub(crate) fn ambiguous(&mut self) {
+        self.suspect = true;
+        self.ambiguous = true;
+    }
+
+    /// The backend answered: the token holds no lease it does not know of
+    /// (unless an earlier call of unknown outcome may still grant one).
     pub(crate) fn settled(&mut self) {
-        self.suspect = false;
+        self.suspect = self.ambiguous;
     }
 
     /// The token owns the flight: its lease settles it.

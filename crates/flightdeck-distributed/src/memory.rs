@@ -110,7 +110,7 @@ pub struct CallCounts {
 /// the same fields and expiry) and the highest generation ever handed
 /// out, which outlives the record: the memory backend's counterpart of the
 /// server clock that keeps Redis's generations increasing.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Flight {
     high: u64,
     record: Option<Record>,
@@ -119,6 +119,7 @@ struct Flight {
     invalidated: Option<(u64, Instant)>,
 }
 
+#[derive(Clone)]
 struct Record {
     /// The generation of the last grant or invalidation (0: none yet).
     gen: u64,
@@ -675,5 +676,89 @@ impl Backend for MemoryBackend {
                 flight: *flight,
             },
         ))
+    }
+}
+
+/// The records of a [`MemoryBackend`] at one moment
+/// ([`MemoryBackend::snapshot`]): what a replica had received when its
+/// primary failed, for [`MemoryBackend::restore`].
+#[derive(Clone)]
+pub struct MemorySnapshot {
+    flights: HashMap<FlightId, Flight>,
+}
+
+impl fmt::Debug for MemorySnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemorySnapshot")
+            .field("flights", &self.flights.len())
+            .finish()
+    }
+}
+
+/// Test hooks for fault injection by a simulation (`flightdeck-sim`): a
+/// failover that loses the last unreplicated writes, a record that
+/// expires now, the leases that are live, and what a record remembers.
+impl MemoryBackend {
+    /// A copy of every flight's record now (see [`restore`](Self::restore)).
+    pub fn snapshot(&self) -> MemorySnapshot {
+        MemorySnapshot {
+            flights: self.flights().clone(),
+        }
+    }
+
+    /// A failover to a replica that had received the writes up to
+    /// `snapshot` only: every record goes back to what it was then (those
+    /// written since are lost, those deleted since come back). The highest
+    /// generation of each flight is kept, as Redis's server clock keeps
+    /// its generations increasing through a failover. Subscriptions stay.
+    pub fn restore(&self, snapshot: &MemorySnapshot) {
+        let mut flights = self.flights();
+        let highs: Vec<(FlightId, u64)> = flights.iter().map(|(id, f)| (*id, f.high)).collect();
+        *flights = snapshot.flights.clone();
+        for (id, high) in highs {
+            let f = flights.entry(id).or_default();
+            f.high = f.high.max(high);
+        }
+    }
+
+    /// Drops a flight's record, as if its TTL ran out now (its lease,
+    /// result and released tokens with it; generations still never go
+    /// back).
+    pub fn expire(&self, flight: &FlightId) {
+        if let Some(f) = self.flights().get_mut(flight) {
+            f.record = None;
+        }
+    }
+
+    /// Whether the flight's live record remembers `token` among those
+    /// never granted it again (released, or whose attempt ended here).
+    /// The memory lasts as long as the record: once it expired (or a
+    /// failover lost it), a late ACQUIRE of the token is granted.
+    pub fn remembers(&self, flight: &FlightId, token: &OwnerToken) -> bool {
+        let now = Instant::now();
+        self.flights()
+            .get_mut(flight)
+            .and_then(|f| f.record(now))
+            .is_some_and(|r| {
+                r.released.contains(token)
+                    || (r.token.as_ref() == Some(token) && r.deadline.is_none())
+            })
+    }
+
+    /// The leases live now: (flight, holder, generation).
+    pub fn live_leases(&self) -> Vec<(FlightId, OwnerToken, u64)> {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let mut out = Vec::new();
+        for (id, f) in flights.iter_mut() {
+            if let Some(r) = f.record(now) {
+                if let (Some(token), Some(d)) = (&r.token, r.deadline) {
+                    if d > now {
+                        out.push((*id, token.clone(), r.gen));
+                    }
+                }
+            }
+        }
+        out
     }
 }

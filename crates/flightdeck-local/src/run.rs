@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
-use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, Unshareable};
+use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, StageName, Unshareable};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tracing::Instrument;
@@ -157,7 +157,9 @@ where
                     }
                 } else {
                     group.metrics.get(key.stage()).unshared(Unshareable::Vary);
-                    State::Alone { fut: alone(work) }
+                    State::Alone {
+                        fut: alone(work, caller.deadline, key.stage()),
+                    }
                 }
             }
             Join::Rejected(err) => State::Ready {
@@ -207,10 +209,39 @@ where
     }
 }
 
-/// A caller's own run of its work.
-fn alone<V, W: FlightWork<V>>(work: W) -> Alone<V, W::Output> {
-    let run = work.alone();
-    Box::pin(async move { run.await.map(Answer::own) })
+/// A caller's own run of its work (the flight's result did not serve it),
+/// within its own deadline: it still ends by it, as every caller does. A
+/// caller whose deadline has passed runs nothing. A panic of the work is
+/// caught, as in a flight's: the caller gets `WorkPanicked`.
+fn alone<V, W: FlightWork<V>>(
+    work: W,
+    deadline: Option<Instant>,
+    stage: &StageName,
+) -> Alone<V, W::Output> {
+    let out_of_time = || Box::new(DeadlineExceeded::new("request")) as BoxError;
+    let late = deadline.is_some_and(|at| at <= Instant::now());
+    let run = (!late).then(|| {
+        let mut run = Box::pin(work.alone());
+        let stage = stage.clone();
+        std::future::poll_fn(move |cx| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.as_mut().poll(cx)))
+                .unwrap_or_else(|_panic| {
+                    Poll::Ready(Err(
+                        Box::new(WorkPanicked::new(Some(stage.clone()))) as BoxError
+                    ))
+                })
+        })
+    });
+    Box::pin(async move {
+        let out = match (run, deadline) {
+            (None, _) => Err(out_of_time()),
+            (Some(run), None) => run.await,
+            (Some(run), Some(at)) => tokio::time::timeout_at(at, run)
+                .await
+                .unwrap_or_else(|_| Err(out_of_time())),
+        };
+        out.map(Answer::own)
+    })
 }
 
 /// The work's answer as the flight's outcome.
@@ -271,7 +302,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let work =
+            let (work, deadline, stage) =
                 match this.state.as_mut().project() {
                     StateProj::Alone { fut } => return fut.as_mut().poll(cx),
                     StateProj::Ready { out } => {
@@ -283,10 +314,14 @@ where
                     StateProj::Waiting { wait } => match wait.as_mut().poll_wait(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Ok(out)) => return Poll::Ready(out),
-                        Poll::Ready(Err(work)) => work,
+                        Poll::Ready(Err(work)) => {
+                            (work, wait.deadline, wait.guard.metrics().stage.clone())
+                        }
                     },
                 };
-            this.state.set(State::Alone { fut: alone(work) });
+            this.state.set(State::Alone {
+                fut: alone(work, deadline, &stage),
+            });
         }
     }
 }

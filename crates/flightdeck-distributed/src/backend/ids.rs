@@ -62,9 +62,10 @@ impl fmt::Display for FlightId {
 pub struct OwnerToken(String);
 
 impl OwnerToken {
-    /// A fresh random token (128 bits, hex).
+    /// A fresh random token (128 bits, hex; drawn through
+    /// `flightdeck_core::random`, seeded under simulation).
     pub fn random() -> Self {
-        let v: u128 = rand::random();
+        let v = flightdeck_core::random::u128();
         Self(hex::encode(v.to_be_bytes()))
     }
 

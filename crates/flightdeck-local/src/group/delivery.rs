@@ -79,13 +79,16 @@ pub(crate) fn deliver<V: Clone>(
         Outcome::Error(e) => (Told::Error(e), None),
         Outcome::Panicked => (Told::Panicked, None),
         // The unshared original belongs to the leader; when the leader left,
-        // to the first waiter that reads the outcome. Everybody else runs
-        // alone.
+        // to the first waiter that reads the outcome if it was not meant for
+        // the leader alone (see `hand_over`). Everybody else runs alone.
         Outcome::Unshared(original, why) => (Told::Unshared(why), original),
         Outcome::Expired => (Told::Expired, None),
         Outcome::Abandoned => (Told::Abandoned, None),
     };
     if !leader {
+        // Only what any caller of the key may have: a response meant for
+        // its own caller (a cookie, `private`, `Vary`) leaves with it.
+        let original = original.filter(|_| matches!(told, Told::Unshared(why) if hand_over(why)));
         board.tell(told, at, original);
         return None;
     }
@@ -96,4 +99,13 @@ pub(crate) fn deliver<V: Clone>(
     } else {
         board.copy()
     }
+}
+
+/// Whether an unshared original may go to a waiter when its leader left:
+/// a response unshared for its size or shape (a stream, a body over the
+/// cap) answers any caller of the key; one meant for its own caller (it
+/// sets a cookie, is `private` / `no-store` / `no-cache`, varies on
+/// everything, or an adapter's own reason) never goes to another.
+fn hand_over(why: Unshareable) -> bool {
+    matches!(why, Unshareable::Stream | Unshareable::Oversize)
 }

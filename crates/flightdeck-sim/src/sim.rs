@@ -1,0 +1,472 @@
+//! One run: the schedule played against the nodes, then quiescence and
+//! the checks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck::core::error::{
+    find, BulkheadFull, CircuitOpen, CoordinationUnavailable, DeadlineExceeded, FlightAbandoned,
+    InProgress, LeaseLost, OutcomeUnknown, OwnerGone, ProtocolError, RemoteFailure, TooManyFlights,
+    TooManyWaiters, WaitTimeout, WorkPanicked,
+};
+use flightdeck::core::{metric, FlightKey, StageName};
+use flightdeck::distributed::FlightId;
+use flightdeck::Mode;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use crate::node::{Behaviour, Node, SimFailure, STAGE};
+use crate::recorder::Kept;
+use crate::scenario::{Event, Scenario};
+use crate::world::{Incarnation, World};
+
+/// How a caller ended.
+#[derive(Debug)]
+enum Outcome {
+    /// A response: status, whether it sets a cookie, body.
+    Value(u16, bool, String),
+    /// An error, and whether it is one of the typed errors.
+    Error(String, bool),
+    /// The caller left (dropped its future) before an answer.
+    Left,
+}
+
+struct Ended {
+    at: Instant,
+    outcome: Outcome,
+}
+
+struct Caller {
+    id: usize,
+    /// Sent to a BYPASS stage: the layer is off, the caller's fate is the
+    /// service's own (no deadline of ours, no caught panic).
+    bypassed: bool,
+    key: usize,
+    who: Incarnation,
+    sent: Instant,
+    deadline: Duration,
+    task: JoinHandle<Ended>,
+}
+
+/// Whether an error is one flightdeck's callers are promised (or the
+/// work's own).
+fn typed(e: &(dyn std::error::Error + 'static)) -> bool {
+    find::<SimFailure>(e).is_some()
+        || find::<RemoteFailure>(e).is_some()
+        || find::<DeadlineExceeded>(e).is_some()
+        || find::<WaitTimeout>(e).is_some()
+        || find::<CircuitOpen>(e).is_some()
+        || find::<CoordinationUnavailable>(e).is_some()
+        || find::<ProtocolError>(e).is_some()
+        || find::<OutcomeUnknown>(e).is_some()
+        || find::<LeaseLost>(e).is_some()
+        || find::<OwnerGone>(e).is_some()
+        || find::<InProgress>(e).is_some()
+        || find::<WorkPanicked>(e).is_some()
+        || find::<FlightAbandoned>(e).is_some()
+        || find::<BulkheadFull>(e).is_some()
+        || find::<TooManyFlights>(e).is_some()
+        || find::<TooManyWaiters>(e).is_some()
+}
+
+pub(crate) fn flight(key: usize) -> FlightId {
+    let stage = StageName::new(STAGE).expect("a valid stage name");
+    FlightId::of(&FlightKey::from_bytes(stage, format!("k{key}")))
+}
+
+/// What a run found.
+pub(crate) struct Found {
+    pub(crate) trace: Vec<String>,
+    pub(crate) violations: Vec<String>,
+    pub(crate) causes: BTreeMap<String, u64>,
+    pub(crate) faults: BTreeMap<&'static str, u64>,
+}
+
+pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Found {
+    let s = &sc.settings;
+    {
+        let mut st = world.lock();
+        for k in 0..sc.keys {
+            st.names.insert(flight(k), format!("k{k}"));
+        }
+    }
+    let mut nodes: Vec<Option<Node>> = (0..sc.nodes)
+        .map(|n| Some(Node::start(&world, (n, 0), s, sc.work_faults)))
+        .collect();
+    let mut starts = vec![0u32; sc.nodes];
+    let mut callers: Vec<Caller> = Vec::new();
+    let mut modes = vec![s.mode; sc.nodes];
+    let mut local_modes = false;
+    let mut bypass = false;
+    let start = Instant::now();
+
+    for (t, event) in &sc.events {
+        tokio::time::sleep_until(start + *t).await;
+        world.lock().log(format!("EVENT {event:?}"));
+        match *event {
+            Event::Call {
+                caller,
+                node,
+                key,
+                deadline,
+                leave,
+            } => {
+                let Some(n) = &nodes[node] else {
+                    world.lock().log(format!("c{caller}: n{node} is down"));
+                    continue;
+                };
+                let req = Request::builder()
+                    .uri("/sim")
+                    .header("x-sim-key", key.to_string())
+                    .header("x-sim-caller", caller.to_string())
+                    .header("x-request-timeout", format!("{}ms", deadline.as_millis()))
+                    .extension(FlightKey::from_bytes(
+                        StageName::new(STAGE).expect("a valid stage name"),
+                        format!("k{key}"),
+                    ))
+                    .body(Full::new(Bytes::new()))
+                    .expect("a valid request");
+                let call = n.svc.clone().oneshot(req);
+                let w = Arc::clone(&world);
+                let task = tokio::spawn(async move {
+                    let answer = match leave {
+                        Some(l) => tokio::time::timeout(l, call).await.ok(),
+                        None => Some(call.await),
+                    };
+                    let outcome = match answer {
+                        None => Outcome::Left,
+                        Some(Ok(resp)) => {
+                            let status = resp.status().as_u16();
+                            let cookie = resp.headers().contains_key(http::header::SET_COOKIE);
+                            let body = resp
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                                .unwrap_or_else(|e| format!("<body error {e}>"));
+                            Outcome::Value(status, cookie, body)
+                        }
+                        Some(Err(e)) => Outcome::Error(format!("{e}"), typed(&*e)),
+                    };
+                    w.lock().log(format!("c{caller} ended: {outcome:?}"));
+                    Ended {
+                        at: Instant::now(),
+                        outcome,
+                    }
+                });
+                callers.push(Caller {
+                    id: caller,
+                    bypassed: modes[node] == Mode::Bypass,
+                    key,
+                    who: n.who,
+                    sent: Instant::now(),
+                    deadline,
+                    task,
+                });
+            }
+            Event::Freeze { span } => {
+                world.freeze(true);
+                let w = Arc::clone(&world);
+                drop(tokio::spawn(async move {
+                    tokio::time::sleep(span).await;
+                    w.freeze(false);
+                    w.lock().log("thawed");
+                }));
+            }
+            Event::Replicate => world.replicate(),
+            Event::Failover => world.failover(),
+            Event::Expire { key } => world.expire(&flight(key)),
+            Event::DropNotices { span } => {
+                world.mem.set_drop_notices(true);
+                let w = Arc::clone(&world);
+                drop(tokio::spawn(async move {
+                    tokio::time::sleep(span).await;
+                    w.mem.set_drop_notices(false);
+                    w.lock().log("notices flow again");
+                }));
+            }
+            Event::Crash { node } => {
+                if let Some(n) = nodes[node].take() {
+                    world.lock().dead.insert(n.who);
+                    for c in callers.iter().filter(|c| c.who == n.who) {
+                        c.task.abort();
+                    }
+                }
+            }
+            Event::Restart { node } => {
+                if nodes[node].is_none() {
+                    starts[node] += 1;
+                    modes[node] = s.mode;
+                    nodes[node] =
+                        Some(Node::start(&world, (node, starts[node]), s, sc.work_faults));
+                }
+            }
+            Event::SetMode { node, mode } => {
+                if let Some(n) = &nodes[node] {
+                    local_modes |= mode == Mode::LocalOnly;
+                    bypass |= mode == Mode::Bypass;
+                    modes[node] = mode;
+                    let prev = n.handle.set_mode(mode);
+                    world
+                        .lock()
+                        .log(format!("n{node}: mode {prev:?} -> {mode}"));
+                }
+            }
+        }
+    }
+
+    // Every caller ends by its own deadline.
+    for c in callers {
+        let by = c.sent + c.deadline;
+        let dead = world.lock().dead.contains(&c.who);
+        let ended = tokio::time::timeout_at(by + Duration::from_secs(30), c.task).await;
+        let mut st = world.lock();
+        if c.bypassed {
+            st.log(format!(
+                "c{}: sent in bypass, not ours to check (ended: {})",
+                c.id,
+                ended.is_ok()
+            ));
+            continue;
+        }
+        let ended = match ended {
+            Err(_) => {
+                st.violation(format!("c{}: still waiting 30 s past its deadline", c.id));
+                continue;
+            }
+            // Its node crashed under it.
+            Ok(Err(_)) if dead => continue,
+            Ok(Err(e)) => {
+                st.violation(format!("c{}: its task failed: {e}", c.id));
+                continue;
+            }
+            Ok(Ok(ended)) => ended,
+        };
+        // Timers fire on the millisecond after their instant.
+        if ended.at > by + Duration::from_millis(2) {
+            st.violation(format!(
+                "c{}: ended {:?} after its deadline",
+                c.id,
+                ended.at - by
+            ));
+        }
+        match ended.outcome {
+            Outcome::Left => {}
+            Outcome::Error(e, typed) => {
+                if !typed {
+                    st.violation(format!("c{}: an untyped error: {e}", c.id));
+                }
+            }
+            Outcome::Value(status, cookie, body) => {
+                if status != 200 || !body.starts_with(&format!("key=k{} ", c.key)) {
+                    st.violation(format!(
+                        "c{} (k{}): another key's value or a wrong status: {status} {body}",
+                        c.id, c.key
+                    ));
+                }
+                if cookie && !body.contains(&format!(" caller={} ", c.id)) {
+                    st.violation(format!(
+                        "c{}: got a response another caller's run set a cookie in: {body}",
+                        c.id
+                    ));
+                }
+            }
+        }
+    }
+
+    // Quiescence: faults healed, every live node drains.
+    world.freeze(false);
+    world.mem.set_drop_notices(false);
+    world.lock().call_faults = 0.0;
+    let live: Vec<&Node> = nodes.iter().flatten().collect();
+    let drained = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            for n in &live {
+                n.layer.idle().await;
+            }
+            if live.iter().all(|n| {
+                n.layer.running_flights(STAGE) == Some(0) && n.handle.bulkhead().active() == 0
+            }) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    {
+        let mut st = world.lock();
+        st.log("quiescent");
+        if drained.is_err() {
+            st.violation("the live nodes' flights never drained".to_owned());
+        }
+        let mut leases = world.mem.live_leases();
+        // The backend's map has no order of its own: the trace needs one.
+        leases.sort_by_key(|(flight, _, gen)| (st.names.get(flight).cloned(), *gen));
+        for (flight, token, gen) in leases {
+            let holder = st.tokens.get(token.as_str()).copied();
+            let by_dead = holder.is_some_and(|h| st.dead.contains(&h));
+            if st.zombies.contains(token.as_str())
+                || World::ended_before_failover(&st, token.as_str())
+            {
+                st.log(format!(
+                    "a lease (generation {gen}) a failover brought back: it lapses by itself"
+                ));
+            } else if !by_dead {
+                let name = st.names.get(&flight).cloned().unwrap_or_default();
+                st.violation(format!(
+                    "{name}: a lease (generation {gen}) left behind by {holder:?}, which works on nothing"
+                ));
+            }
+        }
+    }
+    // The dead incarnations' leftovers run out too (timeouts cut what
+    // they wait on); then no subscription is left, and every gauge is
+    // back to zero.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let mut st = world.lock();
+    // (A crashed node's followers held theirs until their wait ended.)
+    for k in 0..sc.keys {
+        let subs = world.mem.subscribers(&flight(k));
+        if subs > 0 {
+            st.violation(format!("k{k}: {subs} subscriptions left behind"));
+        }
+    }
+    let active = kept.gauge(metric::ACTIVE_FLIGHTS);
+    if active != 0.0 {
+        st.violation(format!(
+            "{} = {active} at quiescence",
+            metric::ACTIVE_FLIGHTS
+        ));
+    }
+    for n in nodes.iter().flatten() {
+        if n.layer.running_flights(STAGE) != Some(0) || n.handle.bulkhead().active() != 0 {
+            st.violation(format!(
+                "n{}.{}: flights or permits left behind",
+                n.who.0, n.who.1
+            ));
+        }
+    }
+
+    let disturbed = !st.faults.is_empty()
+        || sc.work_faults > 0.0
+        || sc
+            .events
+            .iter()
+            .any(|(_, e)| !matches!(e, Event::Call { .. } | Event::SetMode { .. }));
+    let causes = attribute(&mut st, kept, local_modes, bypass, disturbed);
+    let faults = st.faults.clone();
+    Found {
+        trace: std::mem::take(&mut st.trace),
+        violations: std::mem::take(&mut st.violations),
+        causes,
+        faults,
+    }
+}
+
+/// Attributes every execution to a documented cause and counts them (an
+/// execution without one is a violation): a flight's owner's run to its
+/// grant's cause (the first grant of a key, or what ended the grant
+/// before: see the server journal), a run outside L2 to its path
+/// (`singleflight_execution_total{path}`), which needs its cause in the
+/// schedule (a fault for `fallback`, a mode switch or an unshareable
+/// response for `local`, a switch to BYPASS for `bypass`).
+fn attribute(
+    st: &mut crate::world::State,
+    kept: &Kept,
+    local_modes: bool,
+    bypass: bool,
+    disturbed: bool,
+) -> BTreeMap<String, u64> {
+    let mut causes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut seen_key = std::collections::HashSet::new();
+    let mut seen_grant = std::collections::HashSet::new();
+    let mut owner_runs = 0u64;
+    let mut other_runs = 0u64;
+    let mut unshareable = false;
+    let mut problems = Vec::new();
+    for e in &st.execs {
+        unshareable |= matches!(e.behaviour, Behaviour::Unshareable(_));
+        let first = seen_key.insert(e.key);
+        let Some((gen, token)) = &e.fence else {
+            // Counted by path below.
+            other_runs += 1;
+            continue;
+        };
+        owner_runs += 1;
+        let f = flight(e.key);
+        let grant = st.flights.get(&f).and_then(|l| l.grants.get(gen));
+        let cause = match grant {
+            Some((t, _)) if t != token => {
+                problems.push(format!(
+                    "k{}: ran with generation {gen} of another token",
+                    e.key
+                ));
+                continue;
+            }
+            None => {
+                problems.push(format!(
+                    "k{}: ran with generation {gen}, never granted",
+                    e.key
+                ));
+                continue;
+            }
+            Some((_, cause)) => *cause,
+        };
+        if !seen_grant.insert((e.key, *gen)) {
+            problems.push(format!("k{}: generation {gen} ran twice", e.key));
+            continue;
+        }
+        let cause = if first {
+            "first"
+        } else if cause == "first" {
+            "the first grant, after runs outside L2"
+        } else {
+            cause
+        };
+        *causes.entry(cause.into()).or_default() += 1;
+    }
+    let path = |p: &str| kept.counter(metric::EXECUTION_TOTAL, Some(("path", p)));
+    let (owner, local, fallback, bypassed) = (
+        path("owner"),
+        path("local"),
+        path("fallback"),
+        path("bypass"),
+    );
+    if owner != owner_runs {
+        problems.push(format!(
+            "{owner_runs} runs with a fencing token, {owner} counted as path=owner"
+        ));
+    }
+    if local + fallback + bypassed != other_runs {
+        problems.push(format!(
+            "{other_runs} runs without a fencing token, {} counted as local, fallback or bypass",
+            local + fallback + bypassed
+        ));
+    }
+    for (n, ok, cause) in [
+        (fallback, disturbed, "local fallback (coordination failed)"),
+        (
+            local,
+            local_modes || unshareable,
+            "local-only mode, or an unshareable response",
+        ),
+        (bypassed, bypass, "bypass mode"),
+    ] {
+        if n == 0 {
+            continue;
+        }
+        if !ok {
+            problems.push(format!("{n} runs of path {cause:?} without that cause"));
+        }
+        *causes.entry(cause.into()).or_default() += n;
+    }
+    for p in problems {
+        st.violation(p);
+    }
+    causes
+}
