@@ -152,7 +152,7 @@ where
                 Poll::Ready(ready!(run.poll(cx)).map(|answer| match answer {
                     // The leader's own copy (its own cookies, say); everybody
                     // else gets what strangers may get.
-                    Answer::Led(v) => this.share.restore_leader(&v),
+                    Answer::Led(v) => this.share.restore_leader_owned(v),
                     Answer::Shared(v) => this.share.restore(&v),
                     Answer::Own(out) => out,
                 }))

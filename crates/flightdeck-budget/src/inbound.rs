@@ -54,6 +54,10 @@ mod http_headers {
         ignore_invalid: bool,
     }
 
+    /// Named once: a `&str` would be parsed into a header name on every
+    /// request.
+    const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
     impl Default for FromHeaders {
         fn default() -> Self {
             Self {
@@ -84,7 +88,7 @@ mod http_headers {
 
         fn read<B>(&self, req: &http::Request<B>) -> Result<Option<Duration>, InvalidTimeout> {
             let mut best: Option<Duration> = None;
-            if let Some(v) = req.headers().get("grpc-timeout") {
+            if let Some(v) = req.headers().get(GRPC_TIMEOUT) {
                 best = Some(parse_grpc_timeout(v.as_bytes())?);
             }
             if let Some(v) = req.headers().get(&self.header) {

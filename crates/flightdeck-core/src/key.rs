@@ -353,22 +353,22 @@ pub const KEY_ENCODING_VERSION: u8 = 1;
 /// bytes, after a versioned domain prefix. Different field lists therefore
 /// always produce different hash inputs.
 ///
-/// The bytes are gathered in a small buffer and hashed in one call when
-/// the key is finished; only a key larger than the buffer (a body, say)
-/// streams through a hasher (the digest is the same either way).
+/// The bytes are gathered in a buffer of `N` bytes (192 by default) and
+/// hashed in one call when the key is finished; only a key larger than the
+/// buffer (a body, say) streams through a hasher (the digest is the same
+/// either way, whatever `N`). A larger buffer suits keys that are larger
+/// as a rule (an HTTP request's head: [`KeyEncoder::buffered`]); it costs
+/// its size to set up and to move, so the default stays small.
 #[derive(Clone)]
-pub struct KeyEncoder {
+pub struct KeyEncoder<const N: usize = 192> {
     /// What was written and not hashed yet.
-    buf: [u8; ENCODER_BUFFER],
+    buf: [u8; N],
     len: usize,
     /// The hasher, once the input outgrew the buffer (boxed: keys that fit
     /// in the buffer, the usual case, never build one, and the encoder
     /// stays small to move).
     hasher: Option<Box<blake3::Hasher>>,
 }
-
-/// Bytes an encoder gathers before it starts hashing them.
-const ENCODER_BUFFER: usize = 192;
 
 impl KeyEncoder {
     /// A new encoder in the default domain (`flightdeck.key`).
@@ -381,8 +381,18 @@ impl KeyEncoder {
     /// domains never collide.
     #[inline]
     pub fn with_domain(domain: &[u8]) -> Self {
+        Self::buffered(domain)
+    }
+}
+
+impl<const N: usize> KeyEncoder<N> {
+    /// [`KeyEncoder::with_domain`], gathering up to `N` bytes before it
+    /// starts hashing them (`KeyEncoder::<512>::buffered(domain)`). The
+    /// digest does not depend on `N`.
+    #[inline]
+    pub fn buffered(domain: &[u8]) -> Self {
         let mut enc = Self {
-            buf: [0; ENCODER_BUFFER],
+            buf: [0; N],
             len: 0,
             hasher: None,
         };
@@ -396,7 +406,7 @@ impl KeyEncoder {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
         let end = self.len + bytes.len();
-        if end <= ENCODER_BUFFER {
+        if end <= N {
             self.buf[self.len..end].copy_from_slice(bytes);
             self.len = end;
         } else {
@@ -465,7 +475,7 @@ impl Default for KeyEncoder {
     }
 }
 
-impl fmt::Debug for KeyEncoder {
+impl<const N: usize> fmt::Debug for KeyEncoder<N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyEncoder").finish_non_exhaustive()
     }

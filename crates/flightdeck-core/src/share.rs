@@ -141,6 +141,14 @@ pub trait Share<T>: SharedForm {
         self.restore(shared)
     }
 
+    /// [`restore_leader`](Self::restore_leader) from the leader's own
+    /// handle on the shared form, which the caller gives up: an adapter
+    /// may move out of it what no one else holds (no waiter joined, no
+    /// replay kept it) instead of copying it. The same output either way.
+    fn restore_leader_owned(&self, shared: Self::Shared) -> Self::Output {
+        self.restore_leader(&shared)
+    }
+
     /// Wraps a response that was never shared (a bypassed request, or a
     /// waiter that ran the service itself).
     fn passthrough(&self, value: T) -> Self::Output;

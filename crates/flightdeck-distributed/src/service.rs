@@ -112,7 +112,7 @@ where
                 // another node stored (holding nothing meant for one caller
                 // alone): the caller's own copy either way.
                 Ok(match answer {
-                    Shareable::Shared(v) => share.restore_leader(&v),
+                    Shareable::Shared(v) => share.restore_leader_owned(v),
                     Shareable::Unshared(out, _) => out,
                 })
             }

@@ -214,7 +214,8 @@ impl Config {
             .ok_or(Reason::NotAllowlisted)?
             .clone();
         let scope = self.scope.of(parts)?;
-        let mut enc = KeyEncoder::with_domain(b"flightdeck-key/grpc/1");
+        let mut enc =
+            KeyEncoder::<{ crate::http::HEAD_KEY_BUFFER }>::buffered(b"flightdeck-key/grpc/1");
         enc.push(path.as_bytes());
         let encoding = parts
             .headers

@@ -126,7 +126,7 @@ where
                 .map(|r| r.map(|v| this.share.passthrough(v)).map_err(Into::into)),
             KindProj::Flight { run } => run.poll(cx).map(|r| {
                 r.map(|answer| match answer {
-                    Answer::Led(v) => this.share.restore_leader(&v),
+                    Answer::Led(v) => this.share.restore_leader_owned(v),
                     Answer::Shared(v) => this.share.restore(&v),
                     Answer::Own(out) => out,
                 })

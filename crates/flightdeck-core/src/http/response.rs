@@ -231,20 +231,47 @@ impl SharedResponse {
         self.build(self.leader_cookies.as_deref())
     }
 
-    pub(crate) fn build<B>(&self, cookies: Option<&LeaderCookies>) -> Response<FlightBody<B>> {
-        let mut headers = self.head.headers.clone();
-        let mut trailers = self.trailers.as_deref().cloned();
-        if let Some(c) = cookies {
-            for v in &c.head {
-                headers.append(SET_COOKIE, v.clone());
-            }
-            if !c.trailers.is_empty() {
-                let t = trailers.get_or_insert_with(HeaderMap::new);
-                for v in &c.trailers {
-                    t.append(SET_COOKIE, v.clone());
+    /// [`to_leader_response`](Self::to_leader_response), moving the head
+    /// and the trailers out when no other copy of this response holds
+    /// them (no waiter joined, no replay or store kept it) instead of
+    /// copying them.
+    pub(crate) fn into_leader_response<B>(self) -> Response<FlightBody<B>> {
+        let Self {
+            head,
+            body,
+            trailers,
+            leader_cookies,
+            vary,
+        } = self;
+        let mut head = match Arc::try_unwrap(head) {
+            Ok(head) => head,
+            Err(head) => {
+                return Self {
+                    head,
+                    body,
+                    trailers,
+                    leader_cookies,
+                    vary,
                 }
+                .to_leader_response()
             }
-        }
+        };
+        let trailers = trailers.map(|t| Arc::try_unwrap(t).unwrap_or_else(|t| (*t).clone()));
+        let (headers, trailers) = with_cookies(
+            std::mem::take(&mut head.headers),
+            trailers,
+            leader_cookies.as_deref(),
+        );
+        head.headers = headers;
+        Response::from_parts(head, FlightBody::replay(body, trailers))
+    }
+
+    pub(crate) fn build<B>(&self, cookies: Option<&LeaderCookies>) -> Response<FlightBody<B>> {
+        let (headers, trailers) = with_cookies(
+            self.head.headers.clone(),
+            self.trailers.as_deref().cloned(),
+            cookies,
+        );
         let mut resp = Response::new(FlightBody::replay(self.body.clone(), trailers));
         *resp.status_mut() = self.head.status;
         *resp.version_mut() = self.head.version;
@@ -252,6 +279,27 @@ impl SharedResponse {
         *resp.extensions_mut() = self.head.extensions.clone();
         resp
     }
+}
+
+/// The headers and trailers of a response with the leader's own cookies
+/// (if any) put back.
+fn with_cookies(
+    mut headers: HeaderMap,
+    mut trailers: Option<HeaderMap>,
+    cookies: Option<&LeaderCookies>,
+) -> (HeaderMap, Option<HeaderMap>) {
+    if let Some(c) = cookies {
+        for v in &c.head {
+            headers.append(SET_COOKIE, v.clone());
+        }
+        if !c.trailers.is_empty() {
+            let t = trailers.get_or_insert_with(HeaderMap::new);
+            for v in &c.trailers {
+                t.append(SET_COOKIE, v.clone());
+            }
+        }
+    }
+    (headers, trailers)
 }
 
 impl fmt::Debug for SharedResponse {

@@ -193,13 +193,13 @@ where
                     reason,
                 ));
             }
-            let mut buf = BytesMut::new();
+            let mut buf = Buffer::default();
             let mut trailers: Option<HeaderMap> = None;
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(Into::into)?;
                 match frame.into_data() {
                     Ok(data) => {
-                        buf.extend_from_slice(&data);
+                        buf.push(data);
                         if buf.len() > this.max_body {
                             let prefix = buf.freeze();
                             return Ok(unshared(
@@ -250,8 +250,46 @@ where
         shared.to_leader_response()
     }
 
+    fn restore_leader_owned(&self, shared: SharedResponse) -> Self::Output {
+        shared.into_leader_response()
+    }
+
     fn passthrough(&self, value: Response<B>) -> Self::Output {
         value.map(FlightBody::inner)
+    }
+}
+
+/// A body gathered frame by frame: the first frame kept as it came (a
+/// body of one frame, the usual case, is neither copied nor
+/// reallocated), later ones appended to a copy.
+#[derive(Default)]
+struct Buffer {
+    first: Option<Bytes>,
+    rest: BytesMut,
+}
+
+impl Buffer {
+    fn len(&self) -> usize {
+        self.first.as_ref().map_or(0, Bytes::len) + self.rest.len()
+    }
+
+    fn push(&mut self, data: Bytes) {
+        match self.first.take() {
+            None if self.rest.is_empty() => self.first = Some(data),
+            first => {
+                if let Some(first) = first {
+                    self.rest.extend_from_slice(&first);
+                }
+                self.rest.extend_from_slice(&data);
+            }
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self.first {
+            Some(first) => first,
+            None => self.rest.freeze(),
+        }
     }
 }
 

@@ -62,10 +62,16 @@ impl fmt::Debug for LeaderHeaders {
 /// value (length-prefixed), in [`normalized_values`] form. The key
 /// extractor writes the headers it puts in keys this way, and `Vary`
 /// compares headers through the same digest.
-pub fn push_header_values(enc: &mut KeyEncoder, headers: &HeaderMap, name: &HeaderName) {
-    enc.push(&(normalized_values(headers, name).count() as u64).to_le_bytes());
-    for v in normalized_values(headers, name) {
-        enc.push(v);
+pub fn push_header_values<const N: usize>(
+    enc: &mut KeyEncoder<N>,
+    headers: &HeaderMap,
+    name: &HeaderName,
+) {
+    // One lookup of the name, walked twice: the count, then the values.
+    let values = headers.get_all(name);
+    enc.push(&(values.iter().count() as u64).to_le_bytes());
+    for v in values {
+        enc.push(v.as_bytes());
     }
 }
 

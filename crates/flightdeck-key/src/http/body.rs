@@ -21,7 +21,7 @@ use crate::extract::{Decision, Extracted, Extraction, NotCoalescable, Reason};
 /// What is known once the head was read: the encoder with every head field
 /// written, the stage and scope, the body cap and the idempotency check.
 pub(crate) struct Plan {
-    pub(crate) encoder: KeyEncoder,
+    pub(crate) encoder: KeyEncoder<{ super::HEAD_KEY_BUFFER }>,
     pub(crate) stage: StageName,
     pub(crate) scope: Option<Digest>,
     /// `None`: bodies are not hashed for this request.

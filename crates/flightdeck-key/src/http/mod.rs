@@ -143,6 +143,12 @@ pub const DEFAULT_IDEMPOTENCY_CAPACITY: usize = 100_000;
 /// The `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
+/// The buffer of the encoder of a request's key: its head with the default
+/// headers is about 300 bytes (the five headers' names and counts alone
+/// are 184), so that such a key is hashed in one call, without the boxed
+/// streaming hasher (an allocation, and its 1.9 KB written and copied).
+pub(crate) const HEAD_KEY_BUFFER: usize = 512;
+
 /// Headers that say how the body is to be read: always part of the key.
 const BODY_HEADERS: [HeaderName; 2] = [CONTENT_TYPE, CONTENT_ENCODING];
 
@@ -520,7 +526,11 @@ fn header_name(name: &str) -> Result<HeaderName, KeyConfigError> {
 /// Writes each selected header: name, then its values the way flightdeck
 /// compares header values everywhere, `Vary` included
 /// ([`push_header_values`]: count, then each value).
-pub(crate) fn write_headers(enc: &mut KeyEncoder, headers: &HeaderMap, names: &[HeaderName]) {
+pub(crate) fn write_headers<const N: usize>(
+    enc: &mut KeyEncoder<N>,
+    headers: &HeaderMap,
+    names: &[HeaderName],
+) {
     for name in names {
         enc.push(name.as_str().as_bytes());
         push_header_values(enc, headers, name);
@@ -583,7 +593,7 @@ impl Config {
         };
         let scope = self.scope.of(parts)?;
 
-        let mut enc = KeyEncoder::with_domain(b"flightdeck-key/http/1");
+        let mut enc = KeyEncoder::<HEAD_KEY_BUFFER>::buffered(b"flightdeck-key/http/1");
         enc.push(method.as_str().as_bytes());
         self.write_authority(&mut enc, parts);
         enc.push(path.as_bytes());
@@ -624,7 +634,7 @@ impl Config {
 
     /// The authority, unless the builder left it out (then a fixed marker:
     /// such keys never equal keys that include one).
-    fn write_authority(&self, enc: &mut KeyEncoder, parts: &Parts) {
+    fn write_authority<const N: usize>(&self, enc: &mut KeyEncoder<N>, parts: &Parts) {
         if self.authority {
             write_authority(enc, parts);
         } else {
@@ -652,7 +662,7 @@ impl Config {
 /// service are reached on different ports (`10.0.0.7:3201`, `:3202`, a
 /// load balancer's `:443`) and answer alike, so the port never splits a
 /// flight; different names (virtual hosts) still do.
-fn write_authority(enc: &mut KeyEncoder, parts: &Parts) {
+fn write_authority<const N: usize>(enc: &mut KeyEncoder<N>, parts: &Parts) {
     let raw: &[u8] = match parts.uri.authority() {
         Some(a) => a.as_str().as_bytes(),
         None => parts

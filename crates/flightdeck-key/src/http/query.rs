@@ -21,7 +21,11 @@ type Param<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
 
 /// Writes the canonical query (count, then name and value of each kept
 /// parameter) into `enc`.
-pub(crate) fn write_query(enc: &mut KeyEncoder, query: Option<&str>, ignore: &[Box<[u8]>]) {
+pub(crate) fn write_query<const N: usize>(
+    enc: &mut KeyEncoder<N>,
+    query: Option<&str>,
+    ignore: &[Box<[u8]>],
+) {
     let mut params: Vec<Param<'_>> = Vec::new();
     for piece in query.unwrap_or("").split('&') {
         if piece.is_empty() {

@@ -1,0 +1,374 @@
+//! What the one layer costs a fast service, through the full HTTP stack:
+//! a real axum server on a loopback port whose handler answers at once,
+//! driven by `wrk` (HTTP/1.1, 32 connections, 2 threads), bare and behind
+//! the layer; rows alternating in one run, several rounds, each ratio
+//! taken between rows of the same round.
+//!
+//! Rows, each with a fresh key per request (`unique`) and with one key
+//! for every request (`hot`):
+//!
+//! - `bare`: the axum app alone;
+//! - `local`: the app behind the layer, its stage LOCAL_ONLY;
+//! - `hybrid`: the stage HYBRID over a `redis-server` started for the run;
+//! - `degraded`: HYBRID over a Redis that was killed, the breaker open;
+//! - `floor`: the bare app whose handler sends two trivial `EVALSHA`s per
+//!   request through fred to the same Redis (the least a distributed
+//!   flight asks of Redis: two round trips).
+//!
+//! Printed: req/s per row and round, and the median over rounds of
+//! LOCAL/bare, HYBRID/floor and degraded/LOCAL.
+//!
+//! ```text
+//! scripts/http-bench                       # installs wrk if missing
+//! HTTP_ROUNDS=3 HTTP_SECS=5 cargo bench -p flightdeck-benches --bench http_stack
+//! ```
+//!
+//! With `HTTP_ROW=<row>` (`bare`, `local`, `local-hot`, `degraded`) and
+//! `HTTP_ITERS=<n>` it instead runs `n` requests of that row in process,
+//! one after another, through `tower::Service::call` on the same axum
+//! `Router` (no socket), each response body read to its end, on one
+//! thread: what `scripts/http-instructions` counts under callgrind.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::routing::get;
+use axum::Router;
+use flightdeck::breaker::Outcome;
+use flightdeck::key::http::HttpKeyExtractor;
+use flightdeck::redis::{RedisBackend, RedisConfig};
+use flightdeck::{FlightsLayer, Mode, SingleFlightLayer, StageConfig};
+use flightdeck_benches::l2::{floor_client, load_floor};
+use flightdeck_testkit::{MemoryBackend, RedisServer};
+use fred::prelude::*;
+use http::{Method, Request};
+use http_body_util::BodyExt;
+use tower::{Service, ServiceExt};
+
+const STAGE: &str = "item";
+const ROUTE: &str = "/item/{id}";
+
+/// The stage's policy: `mode`, over `backend`; the breaker opens after two
+/// failed coordination calls and stays open for the run.
+fn stage(mode: Mode, backend: Option<&str>) -> StageConfig {
+    let mut cfg = StageConfig::new().mode(mode);
+    cfg.backend = backend.map(str::to_owned);
+    cfg.breaker.consecutive_failures = Some(2);
+    cfg.breaker.wait_in_open = Duration::from_secs(3600);
+    cfg
+}
+
+/// The layer of one row: one GET route rule, one stage.
+fn layer(mode: Mode, backend: Option<(&str, RedisOrMemory)>) -> FlightsLayer {
+    let keys = HttpKeyExtractor::builder()
+        .route(Method::GET, ROUTE, STAGE)
+        .build()
+        .expect("key rules");
+    let mut b =
+        SingleFlightLayer::http(keys).stage(STAGE, stage(mode, backend.as_ref().map(|b| b.0)));
+    match backend {
+        Some((name, RedisOrMemory::Redis(r))) => b = b.backend(name, r),
+        Some((name, RedisOrMemory::Memory(m))) => b = b.backend(name, m),
+        None => {}
+    }
+    b.build().expect("layer")
+}
+
+enum RedisOrMemory {
+    Redis(RedisBackend),
+    Memory(MemoryBackend),
+}
+
+async fn answer(Path(id): Path<String>) -> String {
+    id
+}
+
+/// The app: `GET /item/{id}` answers its id at once.
+fn app() -> Router {
+    Router::new().route(ROUTE, get(answer))
+}
+
+#[derive(Clone)]
+struct Floor {
+    client: Client,
+    sha: String,
+}
+
+/// The floor: two trivial `EVALSHA`s, then the answer.
+async fn floor(State(f): State<Floor>, Path(id): Path<String>) -> String {
+    for _ in 0..2 {
+        let _: i64 = f
+            .client
+            .evalsha(&f.sha, vec!["httpbench:floor"], Vec::<String>::new())
+            .await
+            .expect("EVALSHA");
+    }
+    id
+}
+
+async fn backend(url: String) -> RedisBackend {
+    RedisBackend::connect(
+        RedisConfig::new(url)
+            .command_timeout(Duration::from_millis(200))
+            .connect_timeout(Duration::from_millis(200))
+            .reconnect_max_delay(Duration::from_millis(500)),
+    )
+    .await
+    .expect("redis")
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("a free loopback port");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    addr
+}
+
+/// One request through `svc`, its body read to the end.
+async fn once<S>(svc: &mut S, path: &str)
+where
+    S: Service<Request<Body>, Response = axum::response::Response, Error = Infallible>,
+{
+    let req = Request::get(path).body(Body::empty()).expect("request");
+    let resp = svc
+        .ready()
+        .await
+        .expect("ready")
+        .call(req)
+        .await
+        .expect("infallible");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    resp.into_body().collect().await.expect("body");
+}
+
+/// Sends two requests of a fresh key through `svc` so that the dead
+/// Redis's two failures open the breaker.
+async fn open_breaker(router: &Router, layer: &FlightsLayer) {
+    for i in 0..2 {
+        once(&mut router.clone(), &format!("/item/open-{i}")).await;
+    }
+    assert!(
+        layer.stage(STAGE).expect("stage").is_degraded(),
+        "breaker open"
+    );
+}
+
+/// `HTTP_ROW`: `n` requests in process (see the module docs).
+async fn in_process(row: &str, n: u64) {
+    let (router, hot) = match row {
+        "bare" => (app(), false),
+        "bare-hot" => (app(), true),
+        "local" | "local-hot" => (
+            app().layer(layer(Mode::LocalOnly, None)),
+            row == "local-hot",
+        ),
+        "degraded" | "degraded-hot" => {
+            // The breaker opened by recorded failures (a timed open, as
+            // with Redis down): nothing runs in the background.
+            let l = layer(
+                Mode::Hybrid,
+                Some(("mem", RedisOrMemory::Memory(MemoryBackend::new()))),
+            );
+            let handle = l.stage(STAGE).expect("stage");
+            for _ in 0..2 {
+                handle
+                    .breaker()
+                    .try_acquire()
+                    .expect("closed")
+                    .record(Outcome::Failure);
+            }
+            assert!(handle.is_degraded());
+            (app().layer(l), row == "degraded-hot")
+        }
+        other => {
+            eprintln!("no row {other:?}: bare, bare-hot, local, local-hot, degraded, degraded-hot");
+            std::process::exit(2);
+        }
+    };
+    let mut path = String::with_capacity(32);
+    for i in 0..n {
+        path.clear();
+        path.push_str("/item/");
+        if hot {
+            path.push_str("hot");
+        } else {
+            path.push_str(&i.to_string());
+        }
+        once(&mut router.clone(), &path).await;
+    }
+}
+
+/// wrk's request script for unique keys: every request a new path, per
+/// thread and per run (`args[1]`), so that no two requests of the whole
+/// bench share a key (a HYBRID row would otherwise hit stored results).
+const UNIQUE_LUA: &str = r#"
+local threads = 0
+function setup(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+function init(args)
+  prefix = "/item/" .. args[1] .. "-" .. tid .. "-"
+  counter = 0
+end
+function request()
+  counter = counter + 1
+  return wrk.format("GET", prefix .. counter)
+end
+"#;
+
+/// Runs wrk against `addr` for `secs`: requests per second.
+fn wrk(addr: SocketAddr, unique: bool, run: u64, secs: u64, script: &std::path::Path) -> f64 {
+    let mut cmd = Command::new("wrk");
+    cmd.args(["-t2", "-c32", &format!("-d{secs}s"), "--latency"]);
+    let url = if unique {
+        cmd.args(["-s", script.to_str().expect("utf-8 path")]);
+        format!("http://{addr}/")
+    } else {
+        format!("http://{addr}/item/hot")
+    };
+    cmd.arg(&url);
+    if unique {
+        cmd.args(["--", &run.to_string()]);
+    }
+    let out = cmd
+        .output()
+        .expect("wrk (scripts/http-bench installs it: apt-get install -y wrk)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("Non-2xx") && !text.contains("Socket errors"),
+        "wrk saw errors:\n{text}"
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:"))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Requests/sec in wrk's output:\n{text}"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn over_wrk() {
+    let rounds: usize = env("HTTP_ROUNDS", 3);
+    let secs: u64 = env("HTTP_SECS", 5);
+    let redis = RedisServer::start().expect("redis-server");
+    let mut down = RedisServer::start().expect("redis-server");
+
+    let local = layer(Mode::LocalOnly, None);
+    let hybrid = layer(
+        Mode::Hybrid,
+        Some(("redis", RedisOrMemory::Redis(backend(redis.url()).await))),
+    );
+    let degraded = layer(
+        Mode::Hybrid,
+        Some(("down", RedisOrMemory::Redis(backend(down.url()).await))),
+    );
+    let client = floor_client(&redis.url()).await;
+    let sha = load_floor(&client).await;
+    down.kill();
+    let degraded_app = app().layer(degraded.clone());
+    open_breaker(&degraded_app, &degraded).await;
+
+    let rows: [(&str, SocketAddr); 5] = [
+        ("bare", serve(app()).await),
+        ("local", serve(app().layer(local)).await),
+        ("hybrid", serve(app().layer(hybrid)).await),
+        ("degraded", serve(degraded_app).await),
+        (
+            "floor",
+            serve(
+                Router::new()
+                    .route(ROUTE, get(floor))
+                    .with_state(Floor { client, sha }),
+            )
+            .await,
+        ),
+    ];
+    let script =
+        std::env::temp_dir().join(format!("flightdeck-http-bench-{}.lua", std::process::id()));
+    std::fs::write(&script, UNIQUE_LUA).expect("write wrk script");
+    println!(
+        "wrk -t2 -c32, {secs} s per row, {rounds} rounds, rows alternating; req/s (every row is the same \
+         axum app; the handler answers at once)"
+    );
+    let mut run = 0u64;
+    for unique in [true, false] {
+        let kind = if unique { "unique keys" } else { "one hot key" };
+        let mut rps = vec![Vec::new(); rows.len()];
+        for r in 0..rounds {
+            let order: Vec<usize> = if r % 2 == 0 {
+                (0..rows.len()).collect()
+            } else {
+                (0..rows.len()).rev().collect()
+            };
+            for i in order {
+                run += 1;
+                let v = tokio::task::block_in_place(|| wrk(rows[i].1, unique, run, secs, &script));
+                rps[i].push(v);
+            }
+            let line: Vec<String> = rows
+                .iter()
+                .zip(&rps)
+                .map(|((name, _), v)| format!("{name} {:.0}", v[r]))
+                .collect();
+            println!("{kind}, round {}: {}", r + 1, line.join(", "));
+        }
+        let ratio = |a: usize, b: usize| -> Vec<f64> {
+            rps[a].iter().zip(&rps[b]).map(|(x, y)| x / y).collect()
+        };
+        let show = |label: &str, v: Vec<f64>| {
+            let each: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+            println!(
+                "{kind}: {label} median {:.2}× (rounds: {})",
+                median(v),
+                each.join(", ")
+            );
+        };
+        show("LOCAL_ONLY / bare", ratio(1, 0));
+        show("HYBRID / floor", ratio(2, 4));
+        show("degraded / LOCAL_ONLY", ratio(3, 1));
+        show("HYBRID / LOCAL_ONLY", ratio(2, 1));
+    }
+    assert!(
+        degraded.stage(STAGE).expect("stage").is_degraded(),
+        "still degraded"
+    );
+    let _ = std::fs::remove_file(&script);
+}
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    if let Ok(row) = std::env::var("HTTP_ROW") {
+        let n: u64 = env("HTTP_ITERS", 10_000);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(in_process(&row, n));
+        return;
+    }
+    // `cargo bench` passes `--bench`; a test build (`cargo test
+    // --benches`) runs nothing.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(over_wrk());
+}
