@@ -7,7 +7,7 @@
 //! in `grpc-timeout` / `x-request-timeout`.
 //!
 //! Paused time where the backend is not needed; real `redis-server`s from
-//! the testkit where it is.
+//! the harness where it is.
 
 mod common;
 
@@ -24,7 +24,7 @@ use flightdeck::distributed::NoFence;
 use flightdeck::distributed::{FlightId, OwnerToken, PostcardCodec};
 use flightdeck::{Mode, OnWaitFailure, SingleFlightBuilder, StageConfig};
 use flightdeck_breaker::CircuitState;
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};

@@ -1,4 +1,4 @@
-//! The facade over a real Redis Cluster (the testkit's: three primaries, no
+//! The facade over a real Redis Cluster (the harness's: three primaries, no
 //! replicas, `cluster-require-full-coverage no`), with two nodes: two layers
 //! of one stage, each over its own `RedisBackend`. Keys are picked by the
 //! primary that serves them (`Backend::shard` of the flight, keyed as the
@@ -37,8 +37,8 @@ use flightdeck::core::{metric, FlightKey, StageName};
 use flightdeck::distributed::backend::{Backend, Shard};
 use flightdeck::distributed::FlightId;
 use flightdeck::{Mode, StageConfig};
+use flightdeck_harness::RedisCluster;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::RedisCluster;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};
 use tower::ServiceExt;

@@ -7,7 +7,7 @@ use common::capture_warnings;
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 
 #[tokio::test(flavor = "current_thread")]
 async fn entering_and_leaving_degraded_mode_log_warnings() {

@@ -17,7 +17,7 @@ use flightdeck::bulkhead::metric::BULKHEAD_REJECTED_TOTAL;
 use flightdeck::bulkhead::RateLimited;
 use flightdeck::core::error::{find, ErrorClass};
 use flightdeck::SingleFlightConfig;
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 use tower::{Layer, ServiceExt};
 
 const STAGE: &str = r#"

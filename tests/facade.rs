@@ -1,4 +1,4 @@
-//! The facade against REAL `redis-server` processes started by the testkit
+//! The facade against REAL `redis-server` processes started by the harness
 //! (each test its own server on a free port): the failure matrix
 //! {HYBRID, DISTRIBUTED_ONLY} × {before acquire, protocol, follower wait,
 //! business error, after execution}, LOCAL_ONLY and BYPASS, the breaker
@@ -24,7 +24,7 @@ use flightdeck::distributed::backend::{Acquired, Backend, LeaseTerms};
 use flightdeck::distributed::{FlightId, OwnerToken};
 use flightdeck::{Mode, OnWaitFailure, StageConfig, StageHandle};
 use flightdeck_breaker::CircuitState;
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 

@@ -18,7 +18,7 @@ use flightdeck::core::http::ErrorResponseLayer;
 use flightdeck::core::{FlightKey, StageName};
 use flightdeck::distributed::FencingToken;
 use flightdeck::{Mode, SingleFlightBuilder};
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};

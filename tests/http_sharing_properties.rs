@@ -14,7 +14,7 @@ use bytes::Bytes;
 use common::fast;
 use flightdeck::core::{FlightKey, StageName};
 use flightdeck::{Mode, SingleFlightBuilder};
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;

@@ -1,5 +1,5 @@
 //! The facade's invariants that the failure matrix must not break, each
-//! against real `redis-server`s of the testkit (two layers over one server
+//! against real `redis-server`s of the harness (two layers over one server
 //! are two nodes):
 //!
 //! - a cached owner failure is an answer, never a follower's wait failure;
@@ -19,7 +19,7 @@ use flightdeck::core::error::{find, BoxError, DeadlineExceeded, InProgress};
 use flightdeck::core::metric;
 use flightdeck::distributed::error::RemoteFailure;
 use flightdeck::{Mode, OnWaitFailure, StageConfig};
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 

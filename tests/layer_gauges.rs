@@ -15,7 +15,7 @@ use flightdeck::core::metric;
 use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer, StageConfig};
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::registry::{AtomicStorage, Registry};
 use tokio::sync::Semaphore;

@@ -1,5 +1,5 @@
 //! Leases that hold under timeouts, freezes and slow owners, against real
-//! `redis-server`s of the testkit (two layers over one server are two
+//! `redis-server`s of the harness (two layers over one server are two
 //! nodes):
 //!
 //! - a lease granted to a token that will not run the work (an acquire
@@ -25,7 +25,8 @@ use flightdeck::distributed::backend::{
     Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::{Mode, OnWaitFailure, StageConfig, StageHandle};
-use flightdeck_testkit::{Hooked, RedisServer};
+use flightdeck_harness::RedisServer;
+use flightdeck_test::Hooked;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};

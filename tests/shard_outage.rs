@@ -26,7 +26,7 @@ use flightdeck::distributed::backend::{
     LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
 use flightdeck::Mode;
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 use tokio::time::{sleep, Instant};
 use tower::ServiceExt;
 

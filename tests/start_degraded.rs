@@ -14,7 +14,7 @@ use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{Connection, ConnectionWatch};
 use flightdeck::distributed::{Backend, PostcardCodec};
 use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer, StageConfig};
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 use tokio::sync::watch;
 use tower::{service_fn, Layer, ServiceExt};
 

@@ -13,8 +13,8 @@ use flightdeck::core::error::{find, CircuitOpen, CoordinationUnavailable};
 use flightdeck::core::metric;
 use flightdeck::Mode;
 use flightdeck_breaker::CircuitState;
+use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::RedisServer;
 use tokio::time::{timeout, Instant};
 use tower::ServiceExt;
 

@@ -1,5 +1,5 @@
 //! Shared helpers of the facade tests: metric folding, a counting inner
-//! service, stage settings for fast tests, backends on the testkit's real
+//! service, stage settings for fast tests, backends on the harness's real
 //! Redis servers, and a protocol-garbage backend wrapper.
 
 #![allow(dead_code, unreachable_pub)]
@@ -243,7 +243,7 @@ impl<B: Backend> Backend for Faulty<B> {
     flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
-/// A Redis backend for a testkit server, with short deadlines.
+/// A Redis backend for a harness server, with short deadlines.
 pub async fn redis_backend(url: String) -> RedisBackend {
     RedisBackend::connect(
         RedisConfig::new(url)
@@ -476,10 +476,10 @@ pub fn degraded_names(handle: &StageHandle) -> Vec<flightdeck::distributed::back
 /// Captures this thread's `warn` lines (and worse) while the guard lives:
 /// for a current-thread runtime, whose tasks log on the test's thread.
 pub fn capture_warnings() -> (
-    flightdeck_testkit::recorder::SharedBuffer,
+    flightdeck_harness::recorder::SharedBuffer,
     tracing::subscriber::DefaultGuard,
 ) {
-    let logs = flightdeck_testkit::recorder::SharedBuffer::default();
+    let logs = flightdeck_harness::recorder::SharedBuffer::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)

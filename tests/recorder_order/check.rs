@@ -12,7 +12,7 @@ use flightdeck::core::metric as m;
 use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer, StageConfig};
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 
 use crate::common::{gauge, gauge_by, registered};
 

@@ -3,7 +3,7 @@
 //! Two processes run `examples/axum.rs` (this binary, started again as a
 //! child: each process has its own global recorder, as real nodes do; the
 //! example installs its recorder after building the layer). A real
-//! `prometheus` (testkit) scrapes both every second and evaluates
+//! `prometheus` (harness) scrapes both every second and evaluates
 //! `deploy/prometheus/alerts.yml` (every `for:` kept, but the BYPASS
 //! alert's 5 minutes shortened to 2 s). The test drives known traffic
 //! (bursts that share one execution across the nodes), a Redis outage of
@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use flightdeck::Mode;
-use flightdeck_testkit::prometheus::{PrometheusServer, Sample};
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::prometheus::{PrometheusServer, Sample};
+use flightdeck_harness::RedisServer;
 use http::StatusCode;
 use serde_json::Value;
 

@@ -22,8 +22,8 @@ use flightdeck_distributed::backend::Backend;
 use flightdeck_distributed::{
     DistributedFlights, DistributedPolicy, Execute, FlightId, PostcardCodec, Propagate, Role,
 };
+use flightdeck_harness::{RedisCluster, RedisServer, Resp};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{RedisCluster, RedisServer, Resp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Notify};
@@ -443,7 +443,7 @@ fn free_port() -> u16 {
 }
 
 /// A cluster-enabled server that serves no slot yet, met by `cluster`
-/// (its bus port given explicitly: the testkit's nodes use port + 10000).
+/// (its bus port given explicitly: the harness's nodes use port + 10000).
 fn join_new_node(cluster: &RedisCluster) -> RedisServer {
     let bus = free_port().to_string();
     let node = RedisServer::start_with_args(&[

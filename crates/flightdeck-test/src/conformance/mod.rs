@@ -30,7 +30,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use flightdeck_testkit::{conformance, MemoryBackend};
+//! use flightdeck_test::{conformance, MemoryBackend};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -93,7 +93,7 @@ pub struct Stalled(pub &'static str);
 /// [`held`](Self::held) once the later call's answer came back.
 ///
 /// ```
-/// use flightdeck_testkit::conformance::{terms, Window};
+/// use flightdeck_test::conformance::{terms, Window};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {

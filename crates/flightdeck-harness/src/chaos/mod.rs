@@ -15,7 +15,7 @@
 //! - `summary`: memory samples and the printed, checked summary.
 //!
 //! Two suites use it: `flightdeck-redis/tests/chaos.rs` (N L1 + L2 stacks
-//! in one test process) and `flightdeck-testkit/tests/chaos_nodes.rs` (N
+//! in one test process) and `flightdeck-harness/tests/chaos_nodes.rs` (N
 //! `flightdeck-node` processes driven over HTTP, which adds killing and
 //! restarting a node process, [`Chaos::KillNode`]). The in-process suite
 //! also runs over a Redis Cluster with live slot migrations
@@ -23,7 +23,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use flightdeck_testkit::chaos::{schedule, Chaos};
+//! use flightdeck_harness::chaos::{schedule, Chaos};
 //!
 //! // Faults for 3 nodes over 60 s: the same for the same seed, none in
 //! // the calm last 5 s.

@@ -10,8 +10,8 @@
 //!
 //! ```no_run
 //! use std::path::Path;
-//! use flightdeck_testkit::node::NodeProcess;
-//! use flightdeck_testkit::RedisServer;
+//! use flightdeck_harness::node::NodeProcess;
+//! use flightdeck_harness::RedisServer;
 //!
 //! let redis = RedisServer::start().unwrap();
 //! let node = NodeProcess::start(Path::new("target/debug/flightdeck-node"), &redis.url(), &[]).unwrap();

@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use flightdeck_testkit::prometheus::PrometheusServer;
+//! use flightdeck_harness::prometheus::PrometheusServer;
 //!
 //! let targets = ["127.0.0.1:3000".parse().unwrap()];
 //! let prom = PrometheusServer::start(&targets, "groups: []\n", Duration::from_secs(1)).unwrap();

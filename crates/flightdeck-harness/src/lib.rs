@@ -1,4 +1,7 @@
-//! Test support for flightdeck.
+//! flightdeck's own test machinery (unpublished): the processes its tests
+//! start, the fault proxy and the chaos suites. What users of the library
+//! test with (the memory backend, the conformance suite, the metrics
+//! recorder) is the published `flightdeck-test` crate.
 //!
 //! - [`RedisServer`]: a real `redis-server` process on a free loopback
 //!   port, with no persistence, that can be killed, paused (SIGSTOP),
@@ -13,11 +16,6 @@
 //!   switchable at run time.
 //! - [`RedisSentinel`]: a primary, a replica and three sentinels, with a
 //!   forced failover.
-//! - [`MemoryBackend`]: an in-memory coordination backend with the
-//!   semantics of the Redis scripts and fault injection, for fast unit tests
-//!   of L2 logic with paused time.
-//! - [`Hooked`]: a backend wrapper that runs a hook before calls, to force
-//!   races (publish before subscribe) deterministically.
 //! - [`Recorder`]: a backend wrapper that journals grants and commits and
 //!   checks the chaos invariants (no stale commit, at most one committed
 //!   result per generation).
@@ -28,15 +26,10 @@
 //! - [`chaos`]: the seeded fault schedule, the load, and the printed and
 //!   checked invariants of the chaos suites (in-process nodes and node
 //!   processes).
-//! - [`conformance`]: the checks every [`Backend`](flightdeck_distributed::Backend)
-//!   must pass; the memory and the Redis backends both run them.
 
 pub mod chaos;
 pub mod cluster;
-pub mod conformance;
-pub mod counters;
 mod eventlog;
-pub mod hooked;
 pub mod node;
 pub mod prometheus;
 pub mod proxy;
@@ -45,8 +38,6 @@ pub mod redis;
 pub mod sentinel;
 
 pub use cluster::RedisCluster;
-pub use flightdeck_distributed::memory::{self, CallCounts, MemoryBackend};
-pub use hooked::Hooked;
 pub use proxy::{Fault, FaultProxy, ProxyStats};
 pub use recorder::{Journal, Recorder};
 pub use redis::{Pending, RedisServer, RedisServerError, Resp};

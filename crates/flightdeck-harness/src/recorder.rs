@@ -25,7 +25,8 @@
 //!
 //! ```
 //! use flightdeck_distributed::Backend;
-//! use flightdeck_testkit::{conformance, MemoryBackend, Recorder};
+//! use flightdeck_harness::Recorder;
+//! use flightdeck_test::{conformance, MemoryBackend};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {

@@ -14,7 +14,7 @@ use flightdeck_distributed::backend::{
     Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, Renewal,
 };
 use flightdeck_distributed::OwnerToken;
-use flightdeck_testkit::{conformance, MemoryBackend};
+use flightdeck_test::{conformance, MemoryBackend};
 
 /// Which acquires stall for [`STALL`] before they reach the backend.
 enum Stall {

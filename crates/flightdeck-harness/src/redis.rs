@@ -20,7 +20,7 @@
 //! how to install it.
 //!
 //! ```no_run
-//! use flightdeck_testkit::RedisServer;
+//! use flightdeck_harness::RedisServer;
 //!
 //! let mut redis = RedisServer::start().unwrap();
 //! assert_eq!(redis.cmd(&["PING"]).unwrap().as_str(), Some("PONG"));
@@ -440,7 +440,7 @@ impl RedisServer {
             match (written, field(&online)) {
                 (Some(w), Some(acked)) if acked >= w => return Ok(replica),
                 (None, Some(_)) => {
-                    primary.cmd(&["SET", "flightdeck-testkit:replica-probe", "1"])?;
+                    primary.cmd(&["SET", "flightdeck-harness:replica-probe", "1"])?;
                     written = field("master_repl_offset:").map(|o| o + 1);
                 }
                 _ => {}

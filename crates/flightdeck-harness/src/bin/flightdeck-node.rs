@@ -3,7 +3,7 @@
 //! stack in front of a fake expensive call, served over a minimal HTTP/1.1
 //! on a free loopback port (printed as the first stdout line,
 //! `listening 127.0.0.1:PORT`). Driven by
-//! `flightdeck_testkit::node::NodeProcess`.
+//! `flightdeck_harness::node::NodeProcess`.
 //!
 //! ```text
 //! flightdeck-node --redis redis://127.0.0.1:6390 [--work-ms 200] [--lease-ms 1500]
@@ -14,7 +14,7 @@
 //!                       abandons, lease releases) is done, 503 "busy" after 10 s
 //! ```
 //!
-//! `--chaos 1` takes the chaos suite's settings (`flightdeck_testkit::chaos`:
+//! `--chaos 1` takes the chaos suite's settings (`flightdeck_harness::chaos`:
 //! its L2 policy and L1 wait timeout, short Redis timeouts, work lasting
 //! `chaos::work_duration(key)`); `--work-ms` and `--lease-ms` are then
 //! ignored. `--journal PATH` appends every grant, commit, lost or failed
@@ -33,11 +33,11 @@ use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FencingToken, PostcardCodec,
 };
+use flightdeck_harness::chaos;
+use flightdeck_harness::recorder::EventLog;
+use flightdeck_harness::Recorder;
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::chaos;
-use flightdeck_testkit::recorder::EventLog;
-use flightdeck_testkit::Recorder;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tower::util::BoxCloneService;

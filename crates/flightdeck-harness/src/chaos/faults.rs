@@ -332,7 +332,7 @@ pub async fn migrate_slot(
 }
 
 /// SIGSTOP/SIGCONT the primary of the sentinel set (it stays owned, and
-/// killed on drop, by the testkit), then let an automatic failover settle.
+/// killed on drop, by the harness), then let an automatic failover settle.
 async fn pause_primary(s: &Arc<RedisSentinel>, dur: Duration) {
     let Ok(port) = s.primary_port() else {
         return;

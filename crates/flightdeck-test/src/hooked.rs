@@ -8,7 +8,7 @@
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::sync::Arc;
 //! use flightdeck_distributed::Backend;
-//! use flightdeck_testkit::{conformance, Hooked, MemoryBackend};
+//! use flightdeck_test::{conformance, Hooked, MemoryBackend};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use flightdeck_testkit::{RedisServer, Resp};
+use flightdeck_harness::{RedisServer, Resp};
 
 fn process_alive(pid: u32) -> bool {
     // A reaped process has no /proc entry.
@@ -78,7 +78,7 @@ fn servers_get_distinct_free_ports() {
 
 #[test]
 fn a_three_node_cluster_starts_and_cleans_up() {
-    let cluster = flightdeck_testkit::RedisCluster::start(3).unwrap();
+    let cluster = flightdeck_harness::RedisCluster::start(3).unwrap();
     assert_eq!(cluster.nodes().len(), 3);
     let url = cluster.url();
     assert!(url.starts_with("redis-cluster://127.0.0.1:"), "{url}");

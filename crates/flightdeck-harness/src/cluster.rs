@@ -12,7 +12,7 @@
 //! unavailable until it is restarted.
 //!
 //! ```no_run
-//! use flightdeck_testkit::RedisCluster;
+//! use flightdeck_harness::RedisCluster;
 //!
 //! let cluster = RedisCluster::start(3).unwrap();
 //! println!("{}", cluster.url()); // redis-cluster://127.0.0.1:P1?node=127.0.0.1:P2&node=...

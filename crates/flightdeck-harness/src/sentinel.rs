@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use flightdeck_testkit::RedisSentinel;
+//! use flightdeck_harness::RedisSentinel;
 //!
 //! let sentinel = RedisSentinel::start().unwrap();
 //! // redis-sentinel://127.0.0.1:S1/0?sentinelServiceName=fdprimary&node=127.0.0.1:S2&node=...

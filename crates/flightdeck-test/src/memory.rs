@@ -21,7 +21,7 @@
 //! use flightdeck_core::{FlightKey, StageName};
 //! use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
 //! use flightdeck_distributed::{FlightId, OwnerToken};
-//! use flightdeck_distributed::memory::MemoryBackend;
+//! use flightdeck_test::MemoryBackend;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -46,11 +46,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::backend::{
+use bytes::Bytes;
+use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
     LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
 };
-use bytes::Bytes;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 

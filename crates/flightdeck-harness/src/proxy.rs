@@ -27,8 +27,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use flightdeck_testkit::proxy::{Fault, FaultProxy};
-//! use flightdeck_testkit::RedisServer;
+//! use flightdeck_harness::proxy::{Fault, FaultProxy};
+//! use flightdeck_harness::RedisServer;
 //!
 //! let redis = RedisServer::start().unwrap();
 //! let proxy = FaultProxy::start(redis.addr()).unwrap();

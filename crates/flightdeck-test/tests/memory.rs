@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use flightdeck_distributed::backend::{Acquired, Backend};
 use flightdeck_distributed::OwnerToken;
-use flightdeck_testkit::{conformance, MemoryBackend};
+use flightdeck_test::{conformance, MemoryBackend};
 
 #[tokio::test(start_paused = true)]
 async fn memory_backend_conforms() {

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::FlightId;
-use flightdeck_testkit::chaos::{
+use flightdeck_harness::chaos::{
     duplicates, log_exec_end, log_exec_start, NodeLog, AFTER_KILLED, AFTER_UNCOMMITTED,
 };
-use flightdeck_testkit::recorder::{EventLog, SharedBuffer, WallClock};
-use flightdeck_testkit::{conformance, Journal, MemoryBackend, Recorder};
+use flightdeck_harness::recorder::{EventLog, SharedBuffer, WallClock};
+use flightdeck_harness::{Journal, Recorder};
+use flightdeck_test::{conformance, MemoryBackend};
 use tokio::time::Instant;
 
 fn flight_of(key: &str) -> FlightId {
@@ -72,7 +73,7 @@ async fn the_logged_journal_reads_back_as_recorded() {
 /// conformance suite's grants through a recorder keep the rule.
 #[tokio::test(start_paused = true)]
 async fn generations_must_increase_across_the_run() {
-    use flightdeck_testkit::recorder::Grant;
+    use flightdeck_harness::recorder::Grant;
     let t0 = Instant::now();
     let ms = |n: u64| t0 + Duration::from_millis(n);
     let f = flight_of("k");
@@ -168,7 +169,7 @@ async fn a_killed_process_ends_its_executions_and_duplicates_name_what_they_repl
 async fn followers_must_not_wait_past_the_lease_on_a_lease_nobody_holds() {
     use flightdeck_distributed::backend::{Acquired, Backend};
     use flightdeck_distributed::OwnerToken;
-    use flightdeck_testkit::chaos::{ownerless_bound, ownerless_waits};
+    use flightdeck_harness::chaos::{ownerless_bound, ownerless_waits};
 
     let buffer = SharedBuffer::default();
     let mem = MemoryBackend::new();

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::FlightId;
-use flightdeck_testkit::node::NodeProcess;
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::node::NodeProcess;
+use flightdeck_harness::RedisServer;
 
 fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_flightdeck-node"))

@@ -11,7 +11,7 @@
 //! and end of each execution to its own file (`--journal`, JSON lines
 //! flushed one by one, so a killed process's record survives it). After the
 //! run the test merges them and prints and checks the invariants of
-//! [`flightdeck_testkit::chaos`]: hung requests, wrong-key results, stale
+//! [`flightdeck_harness::chaos`]: hung requests, wrong-key results, stale
 //! commits, committed results per (key, generation), duplicate executions
 //! by cause, leases left held on Redis once every node is idle (`/idle`),
 //! followers waiting on a lease whose owner's grant never reached it or
@@ -19,7 +19,7 @@
 //! `/stats`, memory from each node's `VmRSS`.
 //!
 //! Short form (CI): 40 s. Long form:
-//! `FLIGHTDECK_CHAOS_SECS=300 cargo test -p flightdeck-testkit --all-features
+//! `FLIGHTDECK_CHAOS_SECS=300 cargo test -p flightdeck-harness --all-features
 //! --test chaos_nodes -- --nocapture`; `FLIGHTDECK_CHAOS_SEED` picks another
 //! schedule, `FLIGHTDECK_CHAOS_VERBOSE=1` prints each fault.
 
@@ -31,13 +31,13 @@ use std::time::Duration;
 
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::FlightId;
-use flightdeck_redis::LAYOUT;
-use flightdeck_testkit::chaos::{
+use flightdeck_harness::chaos::{
     self, blocking, lock, within, Attempt, Chaos, Memory, NodeLog, Settings, Summary,
 };
-use flightdeck_testkit::node::{get_async, NodeProcess, NodeStats};
-use flightdeck_testkit::recorder::{wall_us, WallClock};
-use flightdeck_testkit::{FaultProxy, Journal};
+use flightdeck_harness::node::{get_async, NodeProcess, NodeStats};
+use flightdeck_harness::recorder::{wall_us, WallClock};
+use flightdeck_harness::{FaultProxy, Journal};
+use flightdeck_redis::LAYOUT;
 use tokio::time::{timeout, Instant};
 
 fn binary() -> &'static Path {
