@@ -1,140 +1,39 @@
-//! Shared helpers of the facade tests: metric folding, a counting inner
-//! service, stage settings for fast tests, backends on the harness's real
-//! Redis servers, and a protocol-garbage backend wrapper.
+//! Shared helpers of the facade tests: the metrics recorder's readers
+//! (flightdeck-test's), a counting inner service, stage settings for fast
+//! tests, backends on the harness's real Redis servers, and a
+//! protocol-garbage backend wrapper.
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck::core::error::{find, BoxError, BulkheadFull, ErrorClass};
-use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
+use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{
     Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig, StageHandle};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use metrics::{Key, KeyName, Metadata, SharedString, Unit};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 
 pub type Svc = BoxCloneService<String, String, BoxError>;
 
-/// A recorder that keeps every value (the metrics-util debugging recorder
-/// resets gauges on each snapshot, which parallel tests cannot share).
-#[derive(Default)]
-struct Recorded {
-    counters: Mutex<HashMap<Key, Arc<AtomicU64>>>,
-    gauges: Mutex<HashMap<Key, Arc<AtomicU64>>>,
-    histograms: Mutex<HashMap<Key, Arc<Samples>>>,
-}
-
-#[derive(Default)]
-struct Samples(AtomicU64);
-
-impl metrics::HistogramFn for Samples {
-    fn record(&self, _value: f64) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn handle<T: Default>(map: &Mutex<HashMap<Key, Arc<T>>>, key: &Key) -> Arc<T> {
-    map.lock().unwrap().entry(key.clone()).or_default().clone()
-}
-
-impl metrics::Recorder for Recorded {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::from_arc(handle(&self.counters, key))
-    }
-
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::from_arc(handle(&self.gauges, key))
-    }
-
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> metrics::Histogram {
-        metrics::Histogram::from_arc(handle(&self.histograms, key))
-    }
-}
-
-fn recorded() -> &'static Recorded {
-    static R: OnceLock<&'static Recorded> = OnceLock::new();
-    R.get_or_init(|| {
-        let rec: &'static Recorded = Box::leak(Box::default());
-        metrics::set_global_recorder(rec).expect("the only recorder in this test binary");
-        rec
-    })
-}
-
-/// Installs the recorder (call before building layers).
-pub fn metrics_on() {
-    let _ = recorded();
-}
-
-/// Whether `key` is `name` with `stage` (and, if given, `label = value`).
-fn matches(key: &Key, name: &str, stage: &str, extra: Option<(&str, &str)>) -> bool {
-    let label = |k: &str| key.labels().find(|l| l.key() == k).map(|l| l.value());
-    key.name() == name
-        && label(metric::LABEL_STAGE).unwrap_or("") == stage
-        && extra.is_none_or(|(k, v)| label(k) == Some(v))
-}
-
-fn sum<T>(
-    map: &Mutex<HashMap<Key, Arc<T>>>,
-    pick: impl Fn(&Key) -> bool,
-    value: impl Fn(&T) -> u64,
-) -> u64 {
-    map.lock()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| pick(k))
-        .map(|(_, v)| value(v))
-        .sum()
-}
-
-/// A counter of one stage, summed over its other labels.
-pub fn counter(name: &str, stage: &str) -> u64 {
-    sum(
-        &recorded().counters,
-        |k| matches(k, name, stage, None),
-        |v| v.load(Ordering::SeqCst),
-    )
-}
+// The one metrics recorder of the tests (each test binary uses some).
+#[allow(unused_imports)]
+pub use flightdeck_test::recorded::install as metrics_on;
+#[allow(unused_imports)]
+pub use flightdeck_test::recorded::{
+    counter, gauge, gauge_by, gauge_shard, registered, samples, samples_shard,
+};
 
 /// A counter of one stage with one more label.
 pub fn counter_with(name: &str, stage: &str, label: &str, value: &str) -> u64 {
-    sum(
-        &recorded().counters,
-        |k| matches(k, name, stage, Some((label, value))),
-        |v| v.load(Ordering::SeqCst),
-    )
-}
-
-/// A gauge of one stage.
-pub fn gauge(name: &str, stage: &str) -> Option<f64> {
-    recorded()
-        .gauges
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|(k, _)| matches(k, name, stage, None))
-        .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
-}
-
-/// Samples recorded in a histogram of one stage.
-pub fn samples(name: &str, stage: &str) -> usize {
-    sum(
-        &recorded().histograms,
-        |k| matches(k, name, stage, None),
-        |v| v.0.load(Ordering::SeqCst),
-    ) as usize
+    flightdeck_test::recorded::counter_where(name, stage, Some((label, value)))
 }
 
 /// The business error of the tests' inner service.
@@ -383,60 +282,6 @@ pub async fn burst(svc: Svc, req: &str, n: usize) -> Vec<Result<String, BoxError
         out.push(r.expect("no task panics"));
     }
     out
-}
-
-/// Whether the recorder has a handle for `name` of `stage` (a counter at 0
-/// and a histogram without samples count: they are exported).
-pub fn registered(name: &str, stage: &str) -> bool {
-    let r = recorded();
-    let pick = |k: &Key| matches(k, name, stage, None);
-    r.counters.lock().unwrap().keys().any(pick)
-        || r.gauges.lock().unwrap().keys().any(pick)
-        || r.histograms.lock().unwrap().keys().any(pick)
-}
-
-/// A gauge with `label = value` (the breaker's carry `breaker`, not
-/// `stage`).
-pub fn gauge_by(name: &str, label: &str, value: &str) -> Option<f64> {
-    recorded()
-        .gauges
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|(k, _)| {
-            k.name() == name && k.labels().any(|l| l.key() == label && l.value() == value)
-        })
-        .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
-}
-
-/// Whether `key` carries `shard` as its shard label (`None`: no shard
-/// label at all, the whole store's series).
-fn on_shard(key: &Key, shard: Option<&str>) -> bool {
-    key.labels()
-        .find(|l| l.key() == metric::LABEL_SHARD)
-        .map(|l| l.value())
-        == shard
-}
-
-/// A gauge of one stage on one shard (`None`: the series without a shard
-/// label).
-pub fn gauge_shard(name: &str, stage: &str, shard: Option<&str>) -> Option<f64> {
-    recorded()
-        .gauges
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|(k, _)| matches(k, name, stage, None) && on_shard(k, shard))
-        .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
-}
-
-/// Samples recorded in a histogram of one stage on one shard.
-pub fn samples_shard(name: &str, stage: &str, shard: Option<&str>) -> usize {
-    sum(
-        &recorded().histograms,
-        |k| matches(k, name, stage, None) && on_shard(k, shard),
-        |v| v.0.load(Ordering::SeqCst),
-    ) as usize
 }
 
 /// Tallies the answers of flights sent next to each other, each marked
