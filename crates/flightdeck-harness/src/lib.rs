@@ -26,6 +26,9 @@
 //! - [`chaos`]: the seeded fault schedule, the load, and the printed and
 //!   checked invariants of the chaos suites (in-process nodes and node
 //!   processes).
+//! - [`wait_until`], [`wait_until_async`]: bounded polling waits that
+//!   panic naming what they waited for; [`free_port`]: a free loopback
+//!   port.
 
 pub mod chaos;
 pub mod cluster;
@@ -36,9 +39,11 @@ pub mod proxy;
 pub mod recorder;
 pub mod redis;
 pub mod sentinel;
+mod wait;
 
 pub use cluster::RedisCluster;
 pub use proxy::{Fault, FaultProxy, ProxyStats};
 pub use recorder::{Journal, Recorder};
-pub use redis::{Pending, RedisServer, RedisServerError, Resp};
+pub use redis::{free_port, Pending, RedisServer, RedisServerError, Resp};
 pub use sentinel::RedisSentinel;
+pub use wait::{wait_until, wait_until_async};

@@ -21,7 +21,11 @@
 //!   connection is reset: a reply cut in the middle.
 //!
 //! [`reset_all`](FaultProxy::reset_all) resets every open connection at
-//! once. Dropping the proxy stops it and closes every connection; it runs
+//! once. [`sever_subscribers`](FaultProxy::sever_subscribers) silently
+//! severs the open connections that carried a `SUBSCRIBE` (a subscriber):
+//! from then on nothing is forwarded either way and the server's side is
+//! closed, but the client's socket stays open (no FIN, no RST), as when a
+//! NAT, firewall or load balancer forgets an idle connection. Dropping the proxy stops it and closes every connection; it runs
 //! on a thread of its own, so it works with any (or no) tokio runtime and
 //! keeps running while a test's runtime is busy.
 //!
@@ -43,7 +47,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -100,6 +104,9 @@ struct Shared {
     fault: watch::Sender<Fault>,
     // Bumped by reset_all: every connection open at that moment is reset.
     epoch: watch::Sender<u64>,
+    // Bumped by sever_subscribers: every connection open at that moment
+    // is severed once it is (or becomes) a subscriber.
+    sever: watch::Sender<u64>,
     counters: Counters,
 }
 
@@ -131,6 +138,7 @@ impl FaultProxy {
             upstream: Mutex::new(upstream),
             fault: watch::channel(Fault::Pass).0,
             epoch: watch::channel(0).0,
+            sever: watch::channel(0).0,
             counters: Counters::default(),
         });
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -203,6 +211,15 @@ impl FaultProxy {
         self.shared.epoch.send_modify(|e| *e += 1);
     }
 
+    /// Silently severs every connection open now that carried a
+    /// `SUBSCRIBE` (or, still open, carries one later): nothing more is
+    /// forwarded either way, the server's side is closed (Redis drops the
+    /// subscriptions), the client's is left open and silent. Connections
+    /// made afterwards are forwarded.
+    pub fn sever_subscribers(&self) {
+        self.shared.sever.send_modify(|e| *e += 1);
+    }
+
     /// The counters.
     pub fn stats(&self) -> ProxyStats {
         let c = &self.shared.counters;
@@ -258,8 +275,27 @@ fn reset(stream: &TcpStream) {
     let _ = stream.set_zero_linger();
 }
 
+/// Whether a connection is a subscriber, and whether it is to be severed
+/// as one.
+#[derive(Default)]
+struct Sever {
+    /// It carried a `SUBSCRIBE` (any kind) from the client.
+    subscriber: AtomicBool,
+    /// `sever_subscribers` was called while it was open.
+    asked: AtomicBool,
+}
+
+impl Sever {
+    fn now(&self) -> bool {
+        self.subscriber.load(Ordering::SeqCst) && self.asked.load(Ordering::SeqCst)
+    }
+}
+
 /// Why a connection ended.
 enum End {
+    /// A subscriber severed: close the server's side, keep the client's
+    /// open and silent.
+    Severed,
     /// A peer closed or failed: close normally.
     Closed,
     /// A fault: reset both sides.
@@ -273,6 +309,9 @@ async fn connection(client: TcpStream, shared: &Shared) {
     let mut fault = shared.fault.subscribe();
     let mut epoch = shared.epoch.subscribe();
     epoch.borrow_and_update();
+    let mut sever_calls = shared.sever.subscribe();
+    sever_calls.borrow_and_update();
+    let sever = Sever::default();
     // Blackholed: hold the client, connect upstream only once healed.
     loop {
         let now = *fault.borrow_and_update();
@@ -303,16 +342,35 @@ async fn connection(client: TcpStream, shared: &Shared) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let end = {
-        let up = pump(&mut cr, &mut sw, shared, false);
-        let down = pump(&mut sr, &mut cw, shared, true);
+        let up = pump(&mut cr, &mut sw, shared, false, &sever);
+        let down = pump(&mut sr, &mut cw, shared, true, &sever);
+        let severed = async {
+            if sever_calls.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            sever.asked.store(true, Ordering::SeqCst);
+            // A subscriber now; or severed by the reply pump on its next
+            // chunk, once it becomes one.
+            if !sever.now() {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             e = up => e,
             e = down => e,
             _ = epoch.changed() => End::Reset,
+            () = severed => End::Severed,
         }
     };
     match end {
         End::Closed => {}
+        End::Severed => {
+            // The server's side goes; the client's halves are held, unread
+            // and unwritten, until the proxy stops.
+            drop((sr, sw));
+            let _client = (cr, cw);
+            std::future::pending::<()>().await
+        }
         End::Reset | End::Cut => {
             reset(cr.as_ref());
             reset(sr.as_ref());
@@ -333,6 +391,7 @@ async fn pump(
     to: &mut OwnedWriteHalf,
     shared: &Shared,
     reply: bool,
+    sever: &Sever,
 ) -> End {
     let mut fault = shared.fault.subscribe();
     let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
@@ -370,6 +429,16 @@ async fn pump(
                     Ok(n) => n,
                 };
                 let chunk = &buf[..n];
+                if !reply
+                    && chunk
+                        .windows(9)
+                        .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+                {
+                    sever.subscriber.store(true, Ordering::SeqCst);
+                }
+                if reply && sever.now() {
+                    return End::Severed;
+                }
                 let current = *fault.borrow();
                 match current {
                     Fault::Reset => return End::Reset,
@@ -439,17 +508,6 @@ mod tests {
         read_resp(&mut BufReader::new(s))
     }
 
-    fn wait_for(mut cond: impl FnMut() -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !cond() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "condition not met in 5 s"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
     #[test]
     fn pass_latency_and_drop() {
         let redis = RedisServer::start().unwrap();
@@ -516,7 +574,9 @@ mod tests {
         assert_eq!(ping(&open).unwrap(), Resp::Simple("PONG".into()));
         proxy.reset_all();
         assert!(ping(&open).is_err(), "reset_all reset the open connection");
-        wait_for(|| proxy.stats().resets == 1);
+        crate::wait_until("the reset counted", Duration::from_secs(5), || {
+            proxy.stats().resets == 1
+        });
 
         proxy.set(Fault::Reset);
         let fresh = connect(&proxy);
@@ -541,7 +601,9 @@ mod tests {
         let _ = std::io::Read::read_to_end(&mut &s, &mut got);
         assert!(!got.is_empty(), "part of the reply arrived");
         assert!(got.len() < value.len(), "but not all of it: {}", got.len());
-        wait_for(|| proxy.stats().cuts == 1);
+        crate::wait_until("the cut counted", Duration::from_secs(5), || {
+            proxy.stats().cuts == 1
+        });
         proxy.set(Fault::Pass);
         let again = connect(&proxy);
         send(&again, &["GET", "big"]);

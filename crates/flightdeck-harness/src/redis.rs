@@ -145,7 +145,7 @@ pub fn send_signal(pid: u32, signal: &str) -> Result<(), RedisServerError> {
 }
 
 /// A free loopback port, as the OS hands out for port 0.
-pub(crate) fn free_port() -> Result<u16, RedisServerError> {
+pub fn free_port() -> Result<u16, RedisServerError> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| err(format!("cannot bind a loopback port: {e}")))?;
     let port = l

@@ -529,10 +529,7 @@ async fn connection_lost_in_flight_is_outcome_unknown() {
 /// unavailable.
 #[tokio::test]
 async fn never_connected_is_refused_by_fail_fast() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = flightdeck_harness::free_port().unwrap();
     let b = RedisBackend::new(config(format!("redis://127.0.0.1:{port}"))).unwrap();
     let not_ready = b.ready(Duration::from_millis(300)).await.unwrap_err();
     assert!(
