@@ -27,6 +27,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
+
 use crate::redis::RedisServerError;
 
 /// How long a request to a node may take.
@@ -126,20 +128,20 @@ impl NodeProcess {
         NodeStats::parse(&body)
     }
 
-    fn signal(&self, sig: &str) -> Result<(), RedisServerError> {
+    fn signal(&self, sig: Signal) -> Result<(), RedisServerError> {
         crate::redis::send_signal(self.child.id(), sig)
     }
 
     /// Freezes the process (SIGSTOP).
     pub fn pause(&mut self) -> Result<(), RedisServerError> {
-        self.signal("-STOP")?;
+        self.signal(Signal::SIGSTOP)?;
         self.paused = true;
         Ok(())
     }
 
     /// Thaws it (SIGCONT).
     pub fn resume(&mut self) -> Result<(), RedisServerError> {
-        self.signal("-CONT")?;
+        self.signal(Signal::SIGCONT)?;
         self.paused = false;
         Ok(())
     }
@@ -147,7 +149,7 @@ impl NodeProcess {
     /// Kills the process (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         if self.paused {
-            let _ = self.signal("-CONT");
+            let _ = self.signal(Signal::SIGCONT);
             self.paused = false;
         }
         let _ = self.child.kill();

@@ -37,6 +37,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
 /// How long to wait for a started server to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read/write timeout of [`RedisServer::cmd`].
@@ -129,19 +132,12 @@ fn find_binary_in(
     )))
 }
 
-/// Sends `signal` (`-STOP`, `-CONT`, ...) to a process with `kill`: for
-/// processes a test started itself (a data node of a
+/// Sends `signal` (`SIGSTOP`, `SIGCONT`, ...) to a process: for processes
+/// a test started itself (a data node of a
 /// [`RedisSentinel`](crate::RedisSentinel), a [`NodeProcess`](crate::node::NodeProcess)).
-pub fn send_signal(pid: u32, signal: &str) -> Result<(), RedisServerError> {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .map_err(|e| err(format!("cannot run kill: {e}")))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(err(format!("kill {signal} {pid} failed: {status}")))
-    }
+pub fn send_signal(pid: u32, signal: Signal) -> Result<(), RedisServerError> {
+    let target = i32::try_from(pid).map_err(|_| err(format!("no such process id: {pid}")))?;
+    kill(Pid::from_raw(target), signal).map_err(|e| err(format!("kill -{signal} {pid}: {e}")))
 }
 
 /// A free loopback port, as the OS hands out for port 0.
@@ -370,7 +366,7 @@ impl RedisServer {
         self.child.is_some()
     }
 
-    fn signal(&self, sig: &str) -> Result<(), RedisServerError> {
+    fn signal(&self, sig: Signal) -> Result<(), RedisServerError> {
         let pid = self
             .pid()
             .ok_or_else(|| err("redis-server is not running"))?;
@@ -389,14 +385,14 @@ impl RedisServer {
     /// Freezes the process (SIGSTOP): connections stay open, nothing
     /// answers.
     pub fn pause(&mut self) -> Result<(), RedisServerError> {
-        self.signal("-STOP")?;
+        self.signal(Signal::SIGSTOP)?;
         self.paused = true;
         Ok(())
     }
 
     /// Thaws a paused process (SIGCONT).
     pub fn resume(&mut self) -> Result<(), RedisServerError> {
-        self.signal("-CONT")?;
+        self.signal(Signal::SIGCONT)?;
         self.paused = false;
         Ok(())
     }
@@ -573,7 +569,7 @@ impl Drop for RedisServer {
         if self.paused {
             // A stopped process still dies of SIGKILL; resume anyway so it
             // never lingers stopped if the kill fails.
-            let _ = self.signal("-CONT");
+            let _ = self.signal(Signal::SIGCONT);
         }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);

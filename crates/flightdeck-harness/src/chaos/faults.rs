@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -343,9 +344,9 @@ async fn pause_primary(s: &Arc<RedisSentinel>, dur: Duration) {
         .find(|d| d.port() == port)
         .and_then(RedisServer::pid);
     let Some(pid) = pid else { return };
-    let _ = crate::redis::send_signal(pid, "-STOP");
+    let _ = crate::redis::send_signal(pid, Signal::SIGSTOP);
     tokio::time::sleep(dur).await;
-    let _ = crate::redis::send_signal(pid, "-CONT");
+    let _ = crate::redis::send_signal(pid, Signal::SIGCONT);
     let s = s.clone();
     blocking("settle", move || {
         let started = std::time::Instant::now();
