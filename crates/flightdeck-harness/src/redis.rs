@@ -1,8 +1,8 @@
 //! Real `redis-server` processes for tests.
 //!
-//! (About 650 lines of code, on purpose: one process type with its faults
-//! and its replica and cluster start-up, and the minimal RESP client its
-//! `cmd` needs.)
+//! (Over 600 lines on purpose: one process type with its faults and its
+//! replica and cluster start-up; its `cmd` speaks RESP2 through
+//! `redis-protocol`, over a plain blocking connection.)
 //!
 //! [`RedisServer::start`] picks a free loopback port, starts `redis-server`
 //! with no persistence (`--save "" --appendonly no`) and waits until it
@@ -39,6 +39,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use redis_protocol::resp2::decode::decode;
+use redis_protocol::resp2::encode::encode;
+use redis_protocol::resp2::types::{OwnedFrame, Resp2Frame};
 
 /// How long to wait for a started server to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -484,20 +487,11 @@ impl RedisServer {
         let stream = TcpStream::connect_timeout(&self.addr(), CMD_TIMEOUT).map_err(io)?;
         stream.set_read_timeout(Some(CMD_TIMEOUT)).map_err(io)?;
         stream.set_write_timeout(Some(CMD_TIMEOUT)).map_err(io)?;
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            out.extend_from_slice(a);
-            out.extend_from_slice(b"\r\n");
-        }
+        let out = encode_command(args).map_err(io)?;
         let mut reader = BufReader::new(stream);
         if let Some((user, pass)) = &self.auth {
-            let auth = format!(
-                "*3\r\n$4\r\nAUTH\r\n${}\r\n{user}\r\n${}\r\n{pass}\r\n",
-                user.len(),
-                pass.len()
-            );
-            reader.get_ref().write_all(auth.as_bytes()).map_err(io)?;
+            let auth = encode_command(&[b"AUTH", user.as_bytes(), pass.as_bytes()]).map_err(io)?;
+            reader.get_ref().write_all(&auth).map_err(io)?;
             match read_resp(&mut reader).map_err(io)? {
                 Resp::Simple(ok) if ok == "OK" => {}
                 other => return Err(err(format!("AUTH answered {other:?}"))),
@@ -599,9 +593,9 @@ pub enum Resp {
     Error(String),
     /// `:1`
     Int(i64),
-    /// `$n ...` (None for nil)
+    /// `$n ...` (None for nil: `$-1`, and `*-1`, which decodes the same)
     Bulk(Option<Vec<u8>>),
-    /// `*n ...` (None for nil)
+    /// `*n ...` (never None: a nil array is read as `Bulk(None)`)
     Array(Option<Vec<Resp>>),
 }
 
@@ -616,49 +610,62 @@ impl Resp {
     }
 }
 
-fn bad(msg: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_owned())
+fn bad(e: impl fmt::Display) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
 }
 
+/// A command as RESP2 (an array of bulk strings).
+fn encode_command(args: &[&[u8]]) -> std::io::Result<Vec<u8>> {
+    let frame = OwnedFrame::Array(
+        args.iter()
+            .map(|a| OwnedFrame::BulkString(a.to_vec()))
+            .collect(),
+    );
+    let mut out = vec![0; frame.encode_len(false)];
+    encode(&mut out, &frame, false).map_err(bad)?;
+    Ok(out)
+}
+
+/// Reads one reply, and no byte past it.
 pub(crate) fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let line = line.trim_end_matches(['\r', '\n']);
-    let (kind, rest) = line.split_at_checked(1).ok_or_else(|| bad("empty reply"))?;
-    let num = || rest.parse::<i64>().map_err(|_| bad("bad length"));
-    Ok(match kind {
-        "+" => Resp::Simple(rest.to_owned()),
-        "-" => Resp::Error(rest.to_owned()),
-        ":" => Resp::Int(num()?),
-        "$" => {
-            let n = num()?;
-            if n < 0 {
-                Resp::Bulk(None)
-            } else {
-                let n = usize::try_from(n).map_err(|_| bad("bad length"))?;
-                if n > 512 * 1024 * 1024 {
-                    return Err(bad("bulk string over 512 MiB"));
-                }
-                let mut buf = vec![0; n + 2];
-                r.read_exact(&mut buf)?;
-                buf.truncate(n);
-                Resp::Bulk(Some(buf))
+    let mut buf = Vec::new();
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the connection closed before a whole reply",
+            ));
+        }
+        let before = buf.len();
+        buf.extend_from_slice(chunk);
+        match decode(&buf).map_err(bad)? {
+            Some((frame, used)) => {
+                r.consume(used - before);
+                return Ok(Resp::from(frame));
+            }
+            None => {
+                let read = buf.len() - before;
+                r.consume(read);
             }
         }
-        "*" => {
-            let n = num()?;
-            if n < 0 {
-                Resp::Array(None)
-            } else {
-                let mut items = Vec::new();
-                for _ in 0..n {
-                    items.push(read_resp(r)?);
-                }
-                Resp::Array(Some(items))
+    }
+}
+
+impl From<OwnedFrame> for Resp {
+    fn from(frame: OwnedFrame) -> Self {
+        match frame {
+            OwnedFrame::SimpleString(s) => Self::Simple(String::from_utf8_lossy(&s).into_owned()),
+            OwnedFrame::Error(e) => Self::Error(e),
+            OwnedFrame::Integer(n) => Self::Int(n),
+            OwnedFrame::BulkString(b) => Self::Bulk(Some(b)),
+            OwnedFrame::Array(items) => {
+                Self::Array(Some(items.into_iter().map(Self::from).collect()))
             }
+            // RESP2 has two nils (`$-1` and `*-1`), read as one.
+            OwnedFrame::Null => Self::Bulk(None),
         }
-        _ => return Err(bad("unknown reply type")),
-    })
+    }
 }
 
 #[cfg(test)]
