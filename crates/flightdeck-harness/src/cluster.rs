@@ -63,19 +63,7 @@ impl RedisCluster {
         let n = primaries.max(1);
         let mut nodes = Vec::with_capacity(n);
         for _ in 0..n {
-            nodes.push(RedisServer::start_with(
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                    "--cluster-require-full-coverage",
-                    "no",
-                ],
-                free_cluster_port,
-            )?);
+            nodes.push(RedisServer::start_with(NODE_ARGS, free_cluster_port)?);
         }
         let per = SLOTS / n as u16;
         for (i, node) in nodes.iter().enumerate() {
@@ -101,34 +89,28 @@ impl RedisCluster {
             ])?)?;
         }
         let cluster = Self { nodes };
-        cluster.wait_ok(Duration::from_secs(20))?;
+        wait_ok(
+            &cluster.nodes.iter().collect::<Vec<_>>(),
+            Duration::from_secs(20),
+        )?;
         Ok(cluster)
     }
 
-    fn wait_ok(&self, limit: Duration) -> Result<(), RedisServerError> {
-        let started = Instant::now();
-        loop {
-            let mut all_ok = true;
-            for node in &self.nodes {
-                let info = node.cmd(&["CLUSTER", "INFO"])?;
-                let text = info.as_str().unwrap_or_default();
-                if !text.contains("cluster_state:ok")
-                    || !text.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
-                {
-                    all_ok = false;
-                }
-            }
-            if all_ok {
-                return Ok(());
-            }
-            if started.elapsed() > limit {
-                return Err(fail(format!(
-                    "cluster of {} nodes not ok within {limit:?}",
-                    self.nodes.len()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    /// Starts one more cluster-enabled node, serving no slot and not one of
+    /// [`nodes`](Self::nodes), meets it with the cluster and waits until
+    /// every node knows every other: a primary the clients had no
+    /// connection to (scale-out), to move slots to or to make a replica.
+    pub fn join_empty_node(&self) -> Result<RedisServer, RedisServerError> {
+        let node = RedisServer::start_with(NODE_ARGS, free_cluster_port)?;
+        expect_ok(node.cmd(&[
+            "CLUSTER",
+            "MEET",
+            "127.0.0.1",
+            &self.nodes[0].port().to_string(),
+        ])?)?;
+        let all: Vec<&RedisServer> = self.nodes.iter().chain([&node]).collect();
+        wait_ok(&all, Duration::from_secs(20))?;
+        Ok(node)
     }
 
     /// One node, to kill, pause or restart it (a restarted node keeps its
@@ -393,6 +375,46 @@ impl SlotMigration {
     /// The index of the target node (IMPORTING).
     pub fn to(&self) -> usize {
         self.to
+    }
+}
+
+/// The settings of every node: see the module docs.
+const NODE_ARGS: &[&str] = &[
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+    "--cluster-require-full-coverage",
+    "no",
+];
+
+/// Waits until each of `nodes` reports `cluster_state:ok` and knows all of
+/// them.
+fn wait_ok(nodes: &[&RedisServer], limit: Duration) -> Result<(), RedisServerError> {
+    let started = Instant::now();
+    loop {
+        let mut all_ok = true;
+        for node in nodes {
+            let info = node.cmd(&["CLUSTER", "INFO"])?;
+            let text = info.as_str().unwrap_or_default();
+            if !text.contains("cluster_state:ok")
+                || !text.contains(&format!("cluster_known_nodes:{}", nodes.len()))
+            {
+                all_ok = false;
+            }
+        }
+        if all_ok {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(fail(format!(
+                "cluster of {} nodes not ok within {limit:?}",
+                nodes.len()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

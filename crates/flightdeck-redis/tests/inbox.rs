@@ -21,7 +21,7 @@ use flightdeck_distributed::{
     DistributedFlights, DistributedPolicy, Execute, FlightId, PostcardCodec, Propagate, Role,
 };
 use flightdeck_harness::{
-    free_port, wait_until, wait_until_async, FaultProxy, RedisCluster, RedisServer, Resp,
+    wait_until, wait_until_async, FaultProxy, RedisCluster, RedisServer, Resp,
 };
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use tokio::sync::oneshot;
@@ -311,46 +311,6 @@ fn text(r: Resp) -> String {
     r.as_str().expect("a text reply").to_owned()
 }
 
-/// A cluster-enabled server that serves no slot yet, met by `cluster`
-/// (its bus port given explicitly: the harness's nodes use port + 10000).
-fn join_new_node(cluster: &RedisCluster) -> RedisServer {
-    let bus = free_port().unwrap().to_string();
-    let node = RedisServer::start_with_args(&[
-        "--cluster-enabled",
-        "yes",
-        "--cluster-config-file",
-        "nodes.conf",
-        "--cluster-node-timeout",
-        "2000",
-        "--cluster-require-full-coverage",
-        "no",
-        "--cluster-port",
-        &bus,
-    ])
-    .unwrap();
-    ok(node
-        .cmd(&[
-            "CLUSTER",
-            "MEET",
-            "127.0.0.1",
-            &cluster.nodes()[0].port().to_string(),
-        ])
-        .unwrap());
-    let all = cluster.nodes().len() + 1;
-    wait_until("the new node met", Duration::from_secs(20), || {
-        cluster
-            .nodes()
-            .iter()
-            .chain(std::iter::once(&node))
-            .all(|n| {
-                let info = text(n.cmd(&["CLUSTER", "INFO"]).unwrap());
-                info.contains(&format!("cluster_known_nodes:{all}"))
-                    && info.contains("cluster_state:ok")
-            })
-    });
-    node
-}
-
 /// Moves `slot` from cluster node `from` to `to` (not one of the
 /// cluster's nodes), keys and all, the way `redis-cli --cluster reshard`
 /// does.
@@ -417,7 +377,7 @@ async fn after_a_slot_moves_to_a_new_primary_its_inbox_is_subscribed_there() {
     a_follower_waits_across(
         cluster,
         "new-primary",
-        |c, _| join_new_node(c),
+        |c, _| c.join_empty_node().unwrap(),
         migrate_to,
         "after the slot moved to a new primary",
     )
@@ -597,7 +557,7 @@ async fn after_a_failover_the_inbox_is_subscribed_on_the_promoted_replica() {
     let cluster = Arc::new(RedisCluster::start(3).unwrap());
     // A replica of the slot's primary, in sync; then promoted.
     let replica_of = |c: &RedisCluster, from: usize| {
-        let replica = join_new_node(c);
+        let replica = c.join_empty_node().unwrap();
         let primary_id = text(c.nodes()[from].cmd(&["CLUSTER", "MYID"]).unwrap());
         ok(replica.cmd(&["CLUSTER", "REPLICATE", &primary_id]).unwrap());
         wait_until("the replica in sync", Duration::from_secs(30), || {
