@@ -26,6 +26,7 @@
 //! - [`chaos`]: the seeded fault schedule, the load, and the printed and
 //!   checked invariants of the chaos suites (in-process nodes and node
 //!   processes).
+//! - [`http`]: `GET` from a test process (node, Prometheus) over hyper.
 //! - [`wait_until`], [`wait_until_async`]: bounded polling waits that
 //!   panic naming what they waited for; [`free_port`]: a free loopback
 //!   port.
@@ -33,6 +34,7 @@
 pub mod chaos;
 pub mod cluster;
 mod eventlog;
+pub mod http;
 pub mod node;
 pub mod prometheus;
 pub mod proxy;

@@ -21,8 +21,8 @@
 //! ```
 
 use std::fmt;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -106,20 +106,10 @@ impl NodeProcess {
         self.child.id()
     }
 
-    /// `GET path` (one request per connection): the status and the body.
+    /// `GET path` (one request per connection, within 30 s): the status
+    /// and the body.
     pub fn get(&self, path: &str) -> Result<(u16, String), RedisServerError> {
-        let io = |e: std::io::Error| fail(format!("node {}: {e}", self.addr));
-        let mut stream = TcpStream::connect_timeout(&self.addr, REQUEST_TIMEOUT).map_err(io)?;
-        stream.set_read_timeout(Some(REQUEST_TIMEOUT)).map_err(io)?;
-        stream
-            .set_write_timeout(Some(REQUEST_TIMEOUT))
-            .map_err(io)?;
-        stream
-            .write_all(request(self.addr, path).as_bytes())
-            .map_err(io)?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).map_err(io)?;
-        parse_reply(self.addr, &reply)
+        crate::http::get(self.addr, path, REQUEST_TIMEOUT)
     }
 
     /// `GET /stats`.
@@ -157,37 +147,8 @@ impl NodeProcess {
     }
 }
 
-fn request(addr: SocketAddr, path: &str) -> String {
-    format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-}
-
-fn parse_reply(addr: SocketAddr, reply: &str) -> Result<(u16, String), RedisServerError> {
-    let (head, body) = reply
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| fail(format!("node {addr}: no HTTP reply: {reply:?}")))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| fail(format!("node {addr}: bad status line {head:?}")))?;
-    Ok((status, body.to_owned()))
-}
-
-/// `GET path` from the node at `addr` without blocking the runtime (one
-/// request per connection, no timeout of its own: bound it with
-/// `tokio::time::timeout`).
-pub async fn get_async(addr: SocketAddr, path: &str) -> Result<(u16, String), RedisServerError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let io = |e: std::io::Error| fail(format!("node {addr}: {e}"));
-    let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
-    stream
-        .write_all(request(addr, path).as_bytes())
-        .await
-        .map_err(io)?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).await.map_err(io)?;
-    parse_reply(addr, &reply)
-}
+/// `GET path` from the node at `addr` without blocking the runtime.
+pub use crate::http::get_async;
 
 /// A node's `GET /stats`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -14,13 +14,12 @@
 //! assert!(up.len() <= 1);
 //! ```
 
-use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::Value;
 
 use crate::redis::{free_port, RedisServerError};
@@ -186,26 +185,10 @@ impl PrometheusServer {
         self.addr
     }
 
-    /// `GET path` (HTTP/1.0, one request per connection): status and body.
+    /// `GET path` (one request per connection, within 10 s): status and
+    /// body.
     pub fn get(&self, path: &str) -> Result<(u16, String), RedisServerError> {
-        let io = |e: std::io::Error| fail(format!("prometheus {}: {e}", self.addr));
-        let mut stream = TcpStream::connect_timeout(&self.addr, REQUEST_TIMEOUT).map_err(io)?;
-        stream.set_read_timeout(Some(REQUEST_TIMEOUT)).map_err(io)?;
-        stream
-            .set_write_timeout(Some(REQUEST_TIMEOUT))
-            .map_err(io)?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).map_err(io)?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).map_err(io)?;
-        let (head, body) = reply
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| fail(format!("prometheus: no HTTP reply: {reply:?}")))?;
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| fail(format!("prometheus: bad status line {head:?}")))?;
-        Ok((status, body.to_owned()))
+        crate::http::get(self.addr, path, REQUEST_TIMEOUT)
     }
 
     fn api(&self, path: &str) -> Result<Value, RedisServerError> {
@@ -268,17 +251,15 @@ fn labels(v: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Percent-encodes a query parameter.
+/// Percent-encodes a query parameter (all but RFC 3986's unreserved
+/// characters).
 fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    const QUERY: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    utf8_percent_encode(s, QUERY).to_string()
 }
 
 impl Drop for PrometheusServer {

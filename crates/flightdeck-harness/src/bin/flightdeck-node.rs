@@ -1,7 +1,7 @@
 //! `flightdeck-node`: one node of a multi-process test. An L1
 //! (`LocalFlightLayer`) + L2 (`DistributedFlightLayer` over `RedisBackend`)
-//! stack in front of a fake expensive call, served over a minimal HTTP/1.1
-//! on a free loopback port (printed as the first stdout line,
+//! stack in front of a fake expensive call, served over HTTP/1.1 (axum) on
+//! a free loopback port (printed as the first stdout line,
 //! `listening 127.0.0.1:PORT`). Driven by
 //! `flightdeck_harness::node::NodeProcess`.
 //!
@@ -22,25 +22,27 @@
 //! by one (a `Recorder` logging to an `EventLog`), for the test to merge
 //! after the run, also from killed processes.
 
-use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
-    DistributedFlightLayer, DistributedPolicy, FencingToken, PostcardCodec,
+    DistributedFlightLayer, DistributedFlights, DistributedPolicy, FencingToken, PostcardCodec,
 };
 use flightdeck_harness::chaos;
 use flightdeck_harness::recorder::EventLog;
 use flightdeck_harness::Recorder;
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-use tower::util::BoxCloneService;
+use tokio::net::TcpListener;
+use tower::util::BoxCloneSyncService;
 use tower::{service_fn, Layer, ServiceExt};
 
 #[derive(Clone, Debug)]
@@ -49,7 +51,9 @@ struct Req {
     fence: Option<FencingToken>,
 }
 
-type Svc = BoxCloneService<Req, String, BoxError>;
+type Svc = BoxCloneSyncService<Req, String, BoxError>;
+
+type KeyOf = fn(&Req) -> Option<FlightKey>;
 
 fn key_of(req: &Req) -> Option<FlightKey> {
     Some(FlightKey::from_bytes(
@@ -159,7 +163,7 @@ async fn main() -> Result<(), BoxError> {
     } else {
         FlightPolicy::new()
     };
-    let l1 = LocalFlightLayer::with_key(local, key_of as fn(&Req) -> Option<FlightKey>);
+    let l1 = LocalFlightLayer::with_key(local, key_of as KeyOf);
     let executions = Arc::new(AtomicU64::new(0));
     let working = Arc::new(AtomicU64::new(0));
     let work = {
@@ -188,87 +192,74 @@ async fn main() -> Result<(), BoxError> {
         })
     };
     let flights = l2.flights().clone();
-    let svc: Svc = BoxCloneService::new(l1.clone().layer(l2.layer(work)));
+    let svc: Svc = BoxCloneSyncService::new(l1.clone().layer(l2.layer(work)));
 
+    let node = Node {
+        svc,
+        l1,
+        backend,
+        flights,
+        executions,
+        working,
+    };
+    let app = Router::new()
+        .route("/flight/{key}", get(flight))
+        .route("/stats", get(stats))
+        .route("/idle", get(idle))
+        .with_state(node);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let (svc, l1, backend) = (svc.clone(), l1.clone(), backend.clone());
-        let flights = flights.clone();
-        let (executions, working) = (executions.clone(), working.clone());
-        tokio::spawn(async move {
-            let stats = || {
-                format!(
-                    "executions {}\nworking {}\nrunning {}\nentries {}\nsubscriptions {}\n",
-                    executions.load(Ordering::SeqCst),
-                    working.load(Ordering::SeqCst),
-                    l1.running_flights(),
-                    l1.map_entries(),
-                    backend.followed_flights()
-                )
-            };
-            let idle = async move {
-                tokio::time::timeout(Duration::from_secs(10), flights.idle())
-                    .await
-                    .is_ok()
-            };
-            let _ = serve(stream, svc, stats, idle).await;
-        });
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// What the routes read.
+#[derive(Clone)]
+struct Node {
+    svc: Svc,
+    l1: LocalFlightLayer<KeyOf, CloneShare<String>>,
+    backend: RedisBackend,
+    flights: DistributedFlights<Recorder<RedisBackend>, PostcardCodec<String>>,
+    executions: Arc<AtomicU64>,
+    working: Arc<AtomicU64>,
+}
+
+/// `GET /flight/{key}`. The request runs in a task of its own, to its
+/// end, whether or not the client waits for the answer.
+async fn flight(State(node): State<Node>, Path(key): Path<String>) -> (StatusCode, String) {
+    let req = Req { key, fence: None };
+    match tokio::spawn(node.svc.oneshot(req)).await {
+        Ok(Ok(v)) => (StatusCode::OK, v),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{:?} {e}", ErrorClass::of(&*e)),
+        ),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
-/// One request per connection (`Connection: close`).
-async fn serve(
-    stream: TcpStream,
-    svc: Svc,
-    stats: impl Fn() -> String,
-    idle: impl std::future::Future<Output = bool>,
-) -> Result<(), Infallible> {
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    if reader.read_line(&mut line).await.is_err() {
-        return Ok(());
+/// `GET /stats`.
+async fn stats(State(node): State<Node>) -> String {
+    format!(
+        "executions {}\nworking {}\nrunning {}\nentries {}\nsubscriptions {}\n",
+        node.executions.load(Ordering::SeqCst),
+        node.working.load(Ordering::SeqCst),
+        node.l1.running_flights(),
+        node.l1.map_entries(),
+        node.backend.followed_flights()
+    )
+}
+
+/// `GET /idle`: the L2 background work done, within 10 s.
+async fn idle(State(node): State<Node>) -> (StatusCode, &'static str) {
+    let flights = node.flights;
+    let done = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_secs(10), flights.idle())
+            .await
+            .is_ok()
+    });
+    match done.await {
+        Ok(true) => (StatusCode::OK, "idle"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
     }
-    // Skip the headers.
-    loop {
-        let mut header = String::new();
-        match reader.read_line(&mut header).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) if header == "\r\n" || header == "\n" => break,
-            Ok(_) => {}
-        }
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or("/");
-    let (status, body) = if let Some(key) = path.strip_prefix("/flight/") {
-        let req = Req {
-            key: key.to_owned(),
-            fence: None,
-        };
-        match svc.oneshot(req).await {
-            Ok(v) => ("200 OK", v),
-            Err(e) => (
-                "503 Service Unavailable",
-                format!("{:?} {e}", ErrorClass::of(&*e)),
-            ),
-        }
-    } else if path == "/stats" {
-        ("200 OK", stats())
-    } else if path == "/idle" {
-        if idle.await {
-            ("200 OK", "idle".to_owned())
-        } else {
-            ("503 Service Unavailable", "busy".to_owned())
-        }
-    } else {
-        ("404 Not Found", "not found".to_owned())
-    };
-    let mut stream = reader.into_inner();
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(reply.as_bytes()).await;
-    let _ = stream.shutdown().await;
-    Ok(())
 }
