@@ -107,7 +107,7 @@
 //! use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
 //! use flightdeck::core::{CloneShare, FlightKey, StageName};
 //! use flightdeck::distributed::PostcardCodec;
-//! use flightdeck_testkit::MemoryBackend;
+//! use flightdeck_test::MemoryBackend;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

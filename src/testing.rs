@@ -59,7 +59,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 
 pub use flightdeck_core::http::FlightBody;
-pub use flightdeck_distributed::memory::{CallCounts, MemoryBackend};
+pub use flightdeck_test::{CallCounts, MemoryBackend};
 
 /// `req` as a handler behind the layer receives it: the same head, the body
 /// wrapped in a [`FlightBody`] (which is what the handler's request type

@@ -9,7 +9,7 @@ use std::time::Duration;
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::{ConfigError, Mode, OnWaitFailure, SingleFlightBuilder, SingleFlightConfig};
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 
 const GOOD_YAML: &str = r#"
 single-flight:

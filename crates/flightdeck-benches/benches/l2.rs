@@ -1,4 +1,4 @@
-//! L2 over a real Redis (a `redis-server` the testkit starts on a free
+//! L2 over a real Redis (a `redis-server` the harness starts on a free
 //! loopback port), each row next to its floor, raw fred running a trivial
 //! script (`return 1`, one key) by `EVALSHA` on a client set up as the
 //! backend's (`l2::floor_client`), to the same server, in the
@@ -36,7 +36,7 @@ use flightdeck_benches::l2::{
 };
 use flightdeck_core::{FlightKey, Shareable};
 use flightdeck_distributed::Propagate;
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 use tokio::sync::Notify;
 
 const BATCH: u32 = 100;

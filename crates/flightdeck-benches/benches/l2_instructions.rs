@@ -14,13 +14,13 @@
 //! `L2_ROW=<row> L2_ITERS=<n>`, after a warm-up; run it at two counts and
 //! divide the difference of the totals by the difference of the counts
 //! (start-up cancels out): `scripts/l2-instructions` does that. Only this
-//! process is traced: the testkit's redis-server is a child of its own.
+//! process is traced: the harness's redis-server is a child of its own.
 
 use flightdeck_benches::l2::{
     connect, evalsha, flight, floor_client, fresh_key, load_floor, node, owner,
 };
 use flightdeck_core::FlightKey;
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 
 const ROWS: [&str; 4] = ["owner", "hit", "evalsha", "evalsha2"];
 /// Calls before the counted ones: scripts loaded, connections warm.

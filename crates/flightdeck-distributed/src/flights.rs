@@ -44,7 +44,7 @@ use crate::work::{Execute, Role};
 /// use std::time::Duration;
 /// use flightdeck_core::{BoxError, FlightKey, Shareable, StageName};
 /// use flightdeck_distributed::{DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role};
-/// use flightdeck_testkit::MemoryBackend;
+/// use flightdeck_test::MemoryBackend;
 ///
 /// struct Upper;
 /// impl Execute<String> for Upper {

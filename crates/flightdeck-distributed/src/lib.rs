@@ -2,7 +2,7 @@
 //! process of a deployment.
 //!
 //! [`DistributedFlights`] coordinates through a [`Backend`] (Redis in
-//! `flightdeck-redis`, in memory in `flightdeck-testkit`).
+//! `flightdeck-redis`, in memory in `flightdeck-test`).
 //! [`DistributedFlights::run`] asks the backend for the flight of a key and
 //! becomes its:
 //!
@@ -51,7 +51,7 @@
 //! use std::time::Duration;
 //! use flightdeck_core::{CloneShare, FlightKey, StageName};
 //! use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, PostcardCodec};
-//! use flightdeck_testkit::MemoryBackend;
+//! use flightdeck_test::MemoryBackend;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -93,7 +93,6 @@ pub mod future;
 mod layer;
 mod lease_release;
 mod lost_results;
-pub mod memory;
 mod metrics;
 mod owner;
 pub mod policy;

@@ -19,8 +19,8 @@ use flightdeck_distributed::error::RemoteFailure;
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FencingToken, FlightId, OwnerToken, PostcardCodec,
 };
-use flightdeck_testkit::counters::{self, counter};
-use flightdeck_testkit::{Hooked, MemoryBackend};
+use flightdeck_test::recorded::{self, counter};
+use flightdeck_test::{Hooked, MemoryBackend};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
@@ -49,7 +49,7 @@ fn node<B: Backend + Clone>(
     policy: DistributedPolicy,
     inner: Svc,
 ) -> Svc {
-    counters::install();
+    recorded::install();
     let layer = DistributedFlightLayer::new(
         backend.clone(),
         policy,
@@ -376,7 +376,7 @@ async fn invalidate_fences_the_running_owner() {
         |req: &String| Some(key_of("inval", req)),
     )
     .unwrap();
-    counters::install();
+    recorded::install();
     let svc = layer.clone().layer(work(&calls, "v", 2 * SEC));
     let owner = tokio::spawn(svc.clone().oneshot("x".into()));
     tokio::time::sleep(SEC).await;

@@ -17,7 +17,7 @@ use flightdeck_distributed::{
     DistributedFlights, DistributedPolicy, Execute, FlightId, OwnerToken, PostcardCodec, Propagate,
     Role,
 };
-use flightdeck_testkit::MemoryBackend;
+use flightdeck_test::MemoryBackend;
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::task::Id;

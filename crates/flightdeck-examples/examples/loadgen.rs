@@ -13,7 +13,7 @@
 //! recovering.
 //!
 //! Uses `REDIS_URL` when set, else starts a `redis-server` on a free port
-//! (flightdeck-testkit).
+//! (flightdeck-harness).
 //!
 //! ```text
 //! cargo run --release -p flightdeck-examples --example loadgen -- --fault
@@ -31,8 +31,8 @@ use flightdeck::core::error::ErrorClass;
 use flightdeck::core::{BoxError, CloneShare, KeyEncoder, StageName};
 use flightdeck::distributed::{FencingToken, PostcardCodec};
 use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::RedisServer;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum_example::{run, score_as, score_once, Options};
 use flightdeck::Mode;
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 use http::StatusCode;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;

@@ -3,7 +3,7 @@
 //! Two processes run `examples/axum.rs` (this binary, started again as a
 //! child: each process has its own global recorder, as real nodes do; the
 //! example installs its recorder after building the layer). A real
-//! `prometheus` (testkit) scrapes both every second and evaluates
+//! `prometheus` (harness) scrapes both every second and evaluates
 //! `deploy/prometheus/alerts.yml` (every `for:` kept, but the BYPASS
 //! alert's 5 minutes shortened to 2 s). The test drives known traffic
 //! (bursts that share one execution across the nodes), a Redis outage of
@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use flightdeck::Mode;
-use flightdeck_testkit::prometheus::{PrometheusServer, Sample};
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::prometheus::{PrometheusServer, Sample};
+use flightdeck_harness::{wait_until, RedisServer};
 use http::StatusCode;
 use serde_json::Value;
 
@@ -241,15 +241,6 @@ fn values(prom: &PrometheusServer, expr: &str) -> Vec<Sample> {
     prom.query(expr).unwrap()
 }
 
-/// Waits (bounded) until `ok`; panics with `what` if it never holds.
-fn eventually(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ok() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn firing(prom: &PrometheusServer, name: &str) -> bool {
     prom.alerts()
         .unwrap()
@@ -328,7 +319,7 @@ fn test() {
 
     // Before any request, both nodes export their stage (the example
     // installs its recorder after building the layer).
-    eventually(
+    wait_until(
         "both nodes scraped with their stage's gauges",
         Duration::from_secs(15),
         || {
@@ -365,7 +356,7 @@ fn test() {
         }
     });
     let calls = |t: &Truth| t.now.iter().map(|s| s.calls).sum::<u64>();
-    eventually("the nodes report", Duration::from_secs(5), || {
+    wait_until("the nodes report", Duration::from_secs(5), || {
         truth.lock().unwrap().now.len() == 2
     });
     std::thread::sleep(Duration::from_millis(300));
@@ -381,7 +372,7 @@ fn test() {
     // The "current degraded period" panel measures from the last 5 s step
     // at which a stage was seen not degraded: wait until Prometheus has
     // such a step, however short the phase before was on this machine.
-    eventually(
+    wait_until(
         "Prometheus saw the stage not degraded at a 5 s step",
         Duration::from_secs(20),
         || {
@@ -408,11 +399,11 @@ fn test() {
             sent
         })
     };
-    eventually("both nodes degraded", Duration::from_secs(15), || {
+    wait_until("both nodes degraded", Duration::from_secs(15), || {
         let t = truth.lock().unwrap();
         t.now.iter().all(|s| s.degraded)
     });
-    eventually(
+    wait_until(
         "FlightdeckStageDegraded fires",
         Duration::from_secs(5),
         || firing(&prom, "FlightdeckStageDegraded"),
@@ -447,13 +438,13 @@ fn test() {
     // The outage lasts 10 s in all.
     std::thread::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed()));
     redis.restart().unwrap();
-    eventually("both nodes recover", Duration::from_secs(30), || {
+    wait_until("both nodes recover", Duration::from_secs(30), || {
         let t = truth.lock().unwrap();
         t.now.iter().all(|s| !s.degraded) && t.periods.len() >= 2
     });
     *traffic_stop.lock().unwrap() = true;
     sent += rt.block_on(traffic).unwrap();
-    eventually(
+    wait_until(
         "FlightdeckStageDegraded resolves",
         Duration::from_secs(5),
         || !firing(&prom, "FlightdeckStageDegraded"),
@@ -473,7 +464,7 @@ fn test() {
             sent += 1;
         }
     });
-    eventually(
+    wait_until(
         "FlightdeckStageBypassed fires",
         Duration::from_secs(10),
         || firing(&prom, "FlightdeckStageBypassed"),
@@ -486,7 +477,7 @@ fn test() {
     let truth = std::mem::take(&mut *truth.lock().unwrap());
     let executions = calls(&truth) as f64;
     let requests = sent as f64;
-    eventually("the last requests scraped", Duration::from_secs(5), || {
+    wait_until("the last requests scraped", Duration::from_secs(5), || {
         one(&prom, "sum(singleflight_request_total)") == requests
             && one(&prom, "sum(singleflight_execution_total)") == executions
     });

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flightdeck::Mode;
-use flightdeck_testkit::RedisServer;
+use flightdeck_harness::RedisServer;
 use tonic::Code;
 use tonic_example::{run, Options, SummarizeRequest, SummarizerClient};
 

@@ -22,10 +22,10 @@ use flightdeck_distributed::backend::{
     Renewal, ResultStatus,
 };
 use flightdeck_distributed::{FlightId, OwnerToken};
+use flightdeck_harness::RedisServer;
 use flightdeck_model::model::{server_steps, Action, Config, ProtocolModel, ServerStep};
 use flightdeck_model::server::{Answer, Body, Call, Gen, Notice, Status, Tick, Tok};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::RedisServer;
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use rand::rngs::StdRng;
@@ -194,7 +194,7 @@ impl Replay {
         cmd.extend_from_slice(keys);
         cmd.extend_from_slice(args);
         let reply = self.server.cmd(&cmd).expect("the server answers");
-        assert_eq!(reply, flightdeck_testkit::Resp::Int(1), "{cmd:?}");
+        assert_eq!(reply, flightdeck_harness::Resp::Int(1), "{cmd:?}");
     }
 
     /// Runs `steps` on a flight of its own; the first difference from the

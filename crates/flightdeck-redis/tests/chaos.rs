@@ -36,8 +36,8 @@
 //! `FLIGHTDECK_CHAOS_SEED` picks another schedule.
 //!
 //! The schedule, its faults, the load and the printed and checked summary
-//! are `flightdeck_testkit::chaos`, shared with the same run over
-//! `flightdeck-node` processes (`flightdeck-testkit/tests/chaos_nodes.rs`,
+//! are `flightdeck_harness::chaos`, shared with the same run over
+//! `flightdeck-node` processes (`flightdeck-harness/tests/chaos_nodes.rs`,
 //! which also kills node processes mid-work). This file keeps what is
 //! particular to in-process nodes: their stacks and the in-process checks.
 
@@ -50,13 +50,13 @@ use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
     Backend, DistributedFlightLayer, DistributedFlights, FencingToken, FlightId, PostcardCodec,
 };
-use flightdeck_local::{FlightPolicy, LocalFlightLayer};
-use flightdeck_redis::{RedisBackend, RedisConfig, LAYOUT};
-use flightdeck_testkit::chaos::{
+use flightdeck_harness::chaos::{
     self, blocking, lock, within, Attempt, Chaos, Exec, Executions, Memory, Settings, Summary,
     Topology,
 };
-use flightdeck_testkit::{FaultProxy, Recorder, RedisCluster, RedisSentinel};
+use flightdeck_harness::{FaultProxy, Recorder, RedisCluster, RedisSentinel};
+use flightdeck_local::{FlightPolicy, LocalFlightLayer};
+use flightdeck_redis::{RedisBackend, RedisConfig, LAYOUT};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
@@ -505,7 +505,8 @@ async fn chaos_cluster() {
 async fn the_lease_scan_finds_a_lease_left_held() {
     use flightdeck_distributed::backend::{Acquired, Backend, Committed, LeaseTerms, Released};
     use flightdeck_distributed::OwnerToken;
-    use flightdeck_testkit::{conformance, RedisServer};
+    use flightdeck_harness::RedisServer;
+    use flightdeck_test::conformance;
 
     let redis = blocking("redis", RedisServer::start).await.unwrap();
     let backend = within(

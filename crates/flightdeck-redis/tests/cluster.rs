@@ -1,4 +1,4 @@
-//! The Redis backend on a real 3-primary Redis Cluster (testkit): hash-tagged
+//! The Redis backend on a real 3-primary Redis Cluster (harness): hash-tagged
 //! keys in one slot, sharded pub/sub (SSUBSCRIBE/SPUBLISH), scripts loaded on
 //! every primary and reloaded after a cluster-wide SCRIPT FLUSH
 //! (invariant 13).
@@ -17,8 +17,9 @@ use flightdeck_distributed::{
     BackendErrorKind, DistributedFlightLayer, DistributedPolicy, FlightId, OwnerToken,
     PostcardCodec,
 };
+use flightdeck_harness::RedisCluster;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{conformance, RedisCluster};
+use flightdeck_test::conformance;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 

@@ -1,6 +1,6 @@
 //! The Redis backend on the deployments users run besides one open server:
 //! a password and an ACL user, and Sentinel with a forced failover.
-//! Every server is started by the testkit on free loopback ports.
+//! Every server is started by the harness on free loopback ports.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,8 +12,9 @@ use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
     BackendErrorKind, DistributedFlightLayer, DistributedFlights, DistributedPolicy, PostcardCodec,
 };
+use flightdeck_harness::{RedisSentinel, RedisServer, Resp};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{conformance, counters, RedisSentinel, RedisServer, Resp};
+use flightdeck_test::{conformance, recorded};
 use tokio::time::{timeout, Instant};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
@@ -58,7 +59,7 @@ fn stack_with(
     stage: &'static str,
     policy: DistributedPolicy,
 ) -> (Svc, DistributedFlights<RedisBackend, PostcardCodec<String>>) {
-    counters::install();
+    recorded::install();
     let calls = calls.clone();
     let layer = DistributedFlightLayer::new(
         b,
@@ -397,7 +398,7 @@ async fn failover_under_load(stage: &'static str, policy: DistributedPolicy) -> 
     // The lost-result checks run in the background.
     flights.idle().await;
     let replicas = |result| {
-        counters::counter_where(
+        recorded::counter_where(
             metric::COMMIT_REPLICAS_TOTAL,
             stage,
             Some(("result", result)),
@@ -406,9 +407,9 @@ async fn failover_under_load(stage: &'static str, policy: DistributedPolicy) -> 
     Losses {
         answered: answered.len(),
         ran_again,
-        lost: counters::counter(metric::RESULT_LOST_TOTAL, stage),
-        write_failures: counters::counter(metric::RESULT_WRITE_FAILURE_TOTAL, stage),
-        fenced: counters::counter(metric::FENCED_TOTAL, stage),
+        lost: recorded::counter(metric::RESULT_LOST_TOTAL, stage),
+        write_failures: recorded::counter(metric::RESULT_WRITE_FAILURE_TOTAL, stage),
+        fenced: recorded::counter(metric::FENCED_TOTAL, stage),
         acked: replicas("acked"),
         unacked: replicas("short") + replicas("failed"),
     }

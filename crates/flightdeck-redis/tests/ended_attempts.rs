@@ -10,10 +10,10 @@ use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Backend, CommitArgs, Committed, LeaseTerms, Released,
 };
-use flightdeck_distributed::memory::MemoryBackend;
 use flightdeck_distributed::{FlightId, OwnerToken};
+use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::RedisServer;
+use flightdeck_test::MemoryBackend;
 
 const TERMS: LeaseTerms = LeaseTerms {
     lease: Duration::from_secs(30),

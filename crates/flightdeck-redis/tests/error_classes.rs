@@ -1,5 +1,5 @@
 //! Each row of `docs/redis-errors.md` that needs a real server: the
-//! failure is produced against the testkit's Redis (or cluster) and the
+//! failure is produced against the harness's Redis (or cluster) and the
 //! backend's error class is checked.
 
 mod short;
@@ -10,9 +10,10 @@ use std::time::Duration;
 use flightdeck_core::metric;
 use flightdeck_distributed::backend::{Acquired, Backend, BackendFuture, LeaseTerms, Renewal};
 use flightdeck_distributed::{BackendError, BackendErrorKind, FlightId, OwnerToken};
+use flightdeck_harness::{FaultProxy, RedisCluster, RedisServer, Resp};
 use flightdeck_redis::RedisBackend;
-use flightdeck_testkit::conformance::commit_args;
-use flightdeck_testkit::{counters, FaultProxy, RedisCluster, RedisServer, Resp};
+use flightdeck_test::conformance::commit_args;
+use flightdeck_test::recorded;
 use short::{config, flight, keys_by_node, terms};
 
 async fn acquire_kind(b: &RedisBackend, key: &str) -> Option<BackendErrorKind> {
@@ -386,9 +387,9 @@ async fn stale_replica_is_unavailable() {
             .unwrap_or(false)
     })
     .await;
-    counters::install();
+    recorded::install();
     let failed = || {
-        counters::counter_where(
+        recorded::counter_where(
             metric::READONLY_REPLAY_TOTAL,
             "",
             Some(("result", "failed")),
@@ -528,10 +529,7 @@ async fn connection_lost_in_flight_is_outcome_unknown() {
 /// unavailable.
 #[tokio::test]
 async fn never_connected_is_refused_by_fail_fast() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = flightdeck_harness::free_port().unwrap();
     let b = RedisBackend::new(config(format!("redis://127.0.0.1:{port}"))).unwrap();
     let not_ready = b.ready(Duration::from_millis(300)).await.unwrap_err();
     assert!(
@@ -546,7 +544,7 @@ async fn never_connected_is_refused_by_fail_fast() {
 
 /// `WAIT` (`commit-replicas`) in a cluster goes to the primary serving
 /// the flight's slot, on the connection that ran its commit, and reports
-/// the replicas that acknowledged: none in the testkit's cluster, without
+/// the replicas that acknowledged: none in the harness's cluster, without
 /// an error.
 #[tokio::test]
 async fn cluster_wait_asks_the_flights_primary() {
@@ -668,7 +666,7 @@ async fn calls_waiting_for_the_new_connection_are_served() {
 /// was never sent, so it must not end cut off as outcome unknown.
 #[tokio::test]
 async fn call_waiting_for_a_slow_reconnection_is_refused_before_its_caller_cuts_it_off() {
-    use flightdeck_testkit::Fault;
+    use flightdeck_harness::Fault;
     let redis = RedisServer::start().unwrap();
     let proxy = FaultProxy::start(redis.addr()).unwrap();
     let b = RedisBackend::connect(

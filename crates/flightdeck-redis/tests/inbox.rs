@@ -11,8 +11,6 @@
 //! commit (a notice takes a millisecond); without the notice it wakes up
 //! only after 30 s or more.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,11 +20,11 @@ use flightdeck_distributed::backend::Backend;
 use flightdeck_distributed::{
     DistributedFlights, DistributedPolicy, Execute, FlightId, PostcardCodec, Propagate, Role,
 };
+use flightdeck_harness::{
+    wait_until, wait_until_async, FaultProxy, RedisCluster, RedisServer, Resp,
+};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{RedisCluster, RedisServer, Resp};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 
 type Flights = DistributedFlights<RedisBackend, PostcardCodec<String>>;
 
@@ -96,7 +94,7 @@ async fn owner_and_follower(
     });
     // The owner's ACQUIRE first.
     let record = owner.backend().record_key(&FlightId::of(k));
-    wait_for("the owner's grant", Duration::from_secs(10), || {
+    wait_until_async("the owner's grant", Duration::from_secs(10), || {
         let granted = granted(&record);
         async move { granted }
     })
@@ -115,21 +113,6 @@ async fn owner_and_follower(
 /// Whether `record` holds a grant (a token), asked of `server`.
 fn held(server: &RedisServer, record: &str) -> bool {
     matches!(server.cmd(&["HGET", record, "t"]), Ok(Resp::Bulk(Some(t))) if !t.is_empty())
-}
-
-async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let until = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{what}: not within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Releases the owner's work and gives the follower 10 s (its poll is a
@@ -167,112 +150,6 @@ async fn commit_and_expect_follower(
 // 1. A subscriber connection that dies silently is never noticed.
 // ---------------------------------------------------------------------
 
-/// A TCP proxy that can silently sever the open connections that carried
-/// a SUBSCRIBE (the node's subscriber): from then on it forwards nothing
-/// either way and closes the server's side, but leaves the client's
-/// socket open (no FIN, no RST) — what a NAT, firewall or load balancer
-/// that forgets an idle connection does. Connections made afterwards are
-/// forwarded.
-struct SubscriberCutter {
-    addr: SocketAddr,
-    /// One flag per connection made so far.
-    open: Arc<std::sync::Mutex<Vec<Arc<AtomicBool>>>>,
-    cut: Arc<Notify>,
-}
-
-impl SubscriberCutter {
-    async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let open = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let cut = Arc::new(Notify::new());
-        let (o, c) = (open.clone(), cut.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((client, _)) = listener.accept().await else {
-                    return;
-                };
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                let severed = Arc::new(AtomicBool::new(false));
-                o.lock().unwrap().push(severed.clone());
-                tokio::spawn(pump(client, server, severed, c.clone()));
-            }
-        });
-        Self { addr, open, cut }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://{}", self.addr)
-    }
-
-    fn sever_subscribers(&self) {
-        for severed in self.open.lock().unwrap().iter() {
-            severed.store(true, Ordering::SeqCst);
-        }
-        self.cut.notify_waiters();
-    }
-}
-
-async fn pump(client: TcpStream, server: TcpStream, severed: Arc<AtomicBool>, cut: Arc<Notify>) {
-    let (mut cr, mut cw) = client.into_split();
-    let (mut sr, mut sw) = server.into_split();
-    let is_sub = Arc::new(AtomicBool::new(false));
-    let sub = is_sub.clone();
-    // Client to server: notes a SUBSCRIBE.
-    let up = tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = match cr.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            if buf[..n]
-                .windows(9)
-                .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
-            {
-                sub.store(true, Ordering::SeqCst);
-            }
-            if sw.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    });
-    // Server to client, until the subscriber is severed.
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let cutting = cut.notified();
-        tokio::pin!(cutting);
-        cutting.as_mut().enable();
-        if is_sub.load(Ordering::SeqCst) && severed.load(Ordering::SeqCst) {
-            break;
-        }
-        tokio::select! {
-            r = sr.read(&mut buf) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if is_sub.load(Ordering::SeqCst) && severed.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    if cw.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-            () = &mut cutting => {}
-        }
-    }
-    // Severed: the server's side goes (Redis drops the subscription), the
-    // client's stays open and silent for ever (the up pump holds the
-    // client's read half: aborted, it drops it and the server's write
-    // half; the client's write half is kept open).
-    drop(sr);
-    up.abort();
-    let _ = up.await;
-    std::mem::forget(cw);
-}
-
 /// The inbox is subscribed once, and nothing else is sent on the
 /// subscriber connection: when it dies without a FIN/RST reaching the
 /// client (a NAT or load balancer idle timeout, a partition the server
@@ -286,7 +163,7 @@ async fn pump(client: TcpStream, server: TcpStream, severed: Arc<AtomicBool>, cu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_dead_subscriber_is_found_out_and_its_followers_recheck() {
     let redis = RedisServer::start().unwrap();
-    let cutter = SubscriberCutter::start(redis.addr()).await;
+    let cutter = FaultProxy::start(redis.addr()).unwrap();
     let config = |url: String| {
         RedisConfig::new(url)
             .command_timeout(Duration::from_millis(500))
@@ -302,7 +179,7 @@ async fn a_silently_dead_subscriber_is_found_out_and_its_followers_recheck() {
         held(&redis, r)
     })
     .await;
-    wait_for("the follower waits", Duration::from_secs(10), || async {
+    wait_until_async("the follower waits", Duration::from_secs(10), || async {
         follower.backend().followed_flights() == 1
     })
     .await;
@@ -316,7 +193,7 @@ async fn a_silently_dead_subscriber_is_found_out_and_its_followers_recheck() {
         held(&redis, r)
     })
     .await;
-    wait_for("the follower waits", Duration::from_secs(10), || async {
+    wait_until_async("the follower waits", Duration::from_secs(10), || async {
         follower.backend().followed_flights() == 1
     })
     .await;
@@ -366,7 +243,7 @@ async fn after_a_slot_moves_its_inbox_is_subscribed_where_the_slot_is() {
         held(cluster.node_for(r).unwrap(), r)
     })
     .await;
-    wait_for("the follower waits", Duration::from_secs(10), || async {
+    wait_until_async("the follower waits", Duration::from_secs(10), || async {
         follower.backend().followed_flights() == 1
     })
     .await;
@@ -376,7 +253,7 @@ async fn after_a_slot_moves_its_inbox_is_subscribed_where_the_slot_is() {
         held(cluster.node_for(r).unwrap(), r)
     })
     .await;
-    wait_for("the follower waits", Duration::from_secs(10), || async {
+    wait_until_async("the follower waits", Duration::from_secs(10), || async {
         follower.backend().followed_flights() == 1
     })
     .await;
@@ -405,7 +282,7 @@ async fn after_a_slot_moves_its_inbox_is_subscribed_where_the_slot_is() {
         .unwrap()
         .unwrap();
     // The follower's node learns of the move (its periodic refresh, 5 s).
-    wait_for(
+    wait_until_async(
         "the follower's node maps the slot to its new primary",
         Duration::from_secs(20),
         || async { follower.backend().shard(&flight).name() == Some(to_addr.as_str()) },
@@ -432,62 +309,6 @@ fn ok(r: Resp) {
 
 fn text(r: Resp) -> String {
     r.as_str().expect("a text reply").to_owned()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A cluster-enabled server that serves no slot yet, met by `cluster`
-/// (its bus port given explicitly: the testkit's nodes use port + 10000).
-fn join_new_node(cluster: &RedisCluster) -> RedisServer {
-    let bus = free_port().to_string();
-    let node = RedisServer::start_with_args(&[
-        "--cluster-enabled",
-        "yes",
-        "--cluster-config-file",
-        "nodes.conf",
-        "--cluster-node-timeout",
-        "2000",
-        "--cluster-require-full-coverage",
-        "no",
-        "--cluster-port",
-        &bus,
-    ])
-    .unwrap();
-    ok(node
-        .cmd(&[
-            "CLUSTER",
-            "MEET",
-            "127.0.0.1",
-            &cluster.nodes()[0].port().to_string(),
-        ])
-        .unwrap());
-    let all = cluster.nodes().len() + 1;
-    let started = std::time::Instant::now();
-    loop {
-        let known = cluster
-            .nodes()
-            .iter()
-            .chain(std::iter::once(&node))
-            .all(|n| {
-                let info = text(n.cmd(&["CLUSTER", "INFO"]).unwrap());
-                info.contains(&format!("cluster_known_nodes:{all}"))
-                    && info.contains("cluster_state:ok")
-            });
-        if known {
-            return node;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the new node not met"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Moves `slot` from cluster node `from` to `to` (not one of the
@@ -556,7 +377,7 @@ async fn after_a_slot_moves_to_a_new_primary_its_inbox_is_subscribed_there() {
     a_follower_waits_across(
         cluster,
         "new-primary",
-        |c, _| join_new_node(c),
+        |c, _| c.join_empty_node().unwrap(),
         migrate_to,
         "after the slot moved to a new primary",
     )
@@ -598,7 +419,7 @@ async fn a_follower_waits_across(
         held(cluster.node_for(r).unwrap(), r)
     })
     .await;
-    wait_for("the follower waits", Duration::from_secs(10), || async {
+    wait_until_async("the follower waits", Duration::from_secs(10), || async {
         follower.backend().followed_flights() == 1
     })
     .await;
@@ -609,7 +430,7 @@ async fn a_follower_waits_across(
     tokio::task::spawn_blocking(move || move_slot(&c, slot, from, &n))
         .await
         .unwrap();
-    wait_for(
+    wait_until_async(
         "the follower's node maps the slot to the new primary",
         Duration::from_secs(20),
         || async { follower.backend().shard(&flight).name() == Some(new_addr.as_str()) },
@@ -684,7 +505,7 @@ async fn a_map_change_subscribes_again_only_the_inboxes_whose_slot_moved() {
         .await
         .unwrap()
         .unwrap();
-    wait_for(
+    wait_until_async(
         "the node maps the slot to its new primary",
         Duration::from_secs(20),
         || async { b.shard(&moving).name() == Some(to_addr.as_str()) },
@@ -721,14 +542,6 @@ fn info_has(server: &RedisServer, section: &str, line: &str) -> bool {
         .any(|l| l.trim() == line)
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let started = std::time::Instant::now();
-    while !done() {
-        assert!(started.elapsed() < Duration::from_secs(30), "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A manual failover (`CLUSTER FAILOVER` on a replica of the primary
 /// serving the follower's slot): the replica, a node the backends had no
 /// client for, now serves the slot; the old primary is a replica and its
@@ -744,17 +557,17 @@ async fn after_a_failover_the_inbox_is_subscribed_on_the_promoted_replica() {
     let cluster = Arc::new(RedisCluster::start(3).unwrap());
     // A replica of the slot's primary, in sync; then promoted.
     let replica_of = |c: &RedisCluster, from: usize| {
-        let replica = join_new_node(c);
+        let replica = c.join_empty_node().unwrap();
         let primary_id = text(c.nodes()[from].cmd(&["CLUSTER", "MYID"]).unwrap());
         ok(replica.cmd(&["CLUSTER", "REPLICATE", &primary_id]).unwrap());
-        wait_until("the replica in sync", || {
+        wait_until("the replica in sync", Duration::from_secs(30), || {
             info_has(&replica, "replication", "master_link_status:up")
         });
         replica
     };
     let promote = |_: &RedisCluster, _: u16, _: usize, r: &RedisServer| {
         ok(r.cmd(&["CLUSTER", "FAILOVER"]).unwrap());
-        wait_until("the replica promoted", || {
+        wait_until("the replica promoted", Duration::from_secs(30), || {
             info_has(r, "replication", "role:master")
         });
     };

@@ -1,5 +1,5 @@
 //! The Redis protocol itself, against real `redis-server` processes
-//! started by the testkit: the command budget of every script answer (as
+//! started by the harness: the command budget of every script answer (as
 //! Redis counts it, `INFO commandstats`, which counts the commands a
 //! script runs), a rolling upgrade from the first key layout (its scripts
 //! kept in `legacy`), and the server time of an owner flight, old layout
@@ -22,9 +22,9 @@ use flightdeck_distributed::backend::{
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FlightId, OwnerToken, PostcardCodec,
 };
+use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::conformance::{self, fresh_flight, Window, LEASE};
-use flightdeck_testkit::RedisServer;
+use flightdeck_test::conformance::{self, fresh_flight, Window, LEASE};
 use fred::prelude::Value;
 use legacy::f2::F2;
 use legacy::Legacy;
@@ -629,7 +629,7 @@ async fn old_and_new_layouts_never_read_each_other() {
     for name in [new.record_key(&f), new.inbox(&f), other.inbox(&f)] {
         assert!(!old_names.contains(&name), "{name}");
     }
-    let Ok(flightdeck_testkit::Resp::Array(Some(stored))) =
+    let Ok(flightdeck_harness::Resp::Array(Some(stored))) =
         redis.cmd(&["KEYS", &format!("fd:{{{}}}:*", f.to_hex())])
     else {
         panic!("KEYS answers an array");
@@ -728,7 +728,7 @@ async fn f2_and_f3_layouts_never_read_each_other() {
     let answer = old.acquire(&f, "another-old-node").await;
     assert_eq!(word(&answer[0]), "HIT");
     assert_eq!(answer[3].as_bytes(), Some(&b"old"[..]));
-    let Ok(flightdeck_testkit::Resp::Array(Some(stored))) =
+    let Ok(flightdeck_harness::Resp::Array(Some(stored))) =
         redis.cmd(&["KEYS", &format!("fd:{{{}}}:*", f.to_hex())])
     else {
         panic!("KEYS answers an array");

@@ -1,4 +1,4 @@
-//! The Redis backend and the L2 layer behind the testkit's TCP fault proxy:
+//! The Redis backend and the L2 layer behind the harness's TCP fault proxy:
 //! latency, a blackhole (partition), connection resets and a reply cut in
 //! the middle. Every request ends by its deadline, with the right value or
 //! a typed error, and the backend recovers once the network heals.
@@ -11,8 +11,8 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, ErrorClass};
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{DistributedFlightLayer, DistributedPolicy, PostcardCodec};
+use flightdeck_harness::{Fault, FaultProxy, RedisServer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{Fault, FaultProxy, RedisServer};
 use tokio::time::{timeout, Instant};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};

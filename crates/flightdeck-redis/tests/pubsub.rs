@@ -20,9 +20,9 @@ use std::time::Duration;
 use flightdeck_distributed::backend::{
     Acquired, Backend, FlightId, LeaseTerms, Notice, OwnerToken, Subscription,
 };
+use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::conformance::fresh_flight;
-use flightdeck_testkit::RedisServer;
+use flightdeck_test::conformance::fresh_flight;
 
 fn terms() -> LeaseTerms {
     LeaseTerms {

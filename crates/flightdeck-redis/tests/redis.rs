@@ -1,5 +1,5 @@
 //! The Redis backend and the L2 layer against real `redis-server` processes
-//! started by the testkit (each test its own server on a free port).
+//! started by the harness (each test its own server on a free port).
 //!
 //! Each test names the invariant it checks.
 
@@ -15,9 +15,10 @@ use flightdeck_distributed::{
     BackendErrorKind, DistributedFlightLayer, DistributedPolicy, Envelope, FlightId, OwnerToken,
     PostcardCodec,
 };
+use flightdeck_harness::{RedisServer, Resp};
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::counters::{counter, counter_where};
-use flightdeck_testkit::{conformance, Hooked, RedisServer, Resp};
+use flightdeck_test::recorded::{counter, counter_where};
+use flightdeck_test::{conformance, Hooked};
 use fred::interfaces::ClientLike;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
@@ -68,7 +69,7 @@ type Layer2 = DistributedFlightLayer<RedisBackend, CloneShare<String>, PostcardC
 
 fn layer(b: RedisBackend, stage_name: &str, policy: DistributedPolicy) -> Layer2 {
     // Metrics recorded before the recorder is installed would be lost.
-    flightdeck_testkit::counters::install();
+    flightdeck_test::recorded::install();
     DistributedFlightLayer::new(
         b,
         policy,
@@ -439,7 +440,7 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
             assert_eq!(done, Committed::Committed);
         }
     });
-    flightdeck_testkit::counters::install();
+    flightdeck_test::recorded::install();
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = DistributedFlightLayer::new(
         hooked,

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use flightdeck_distributed::backend::{Acquired, Backend};
 use flightdeck_distributed::{BackendErrorKind, OwnerToken};
+use flightdeck_harness::{RedisCluster, RedisSentinel, RedisServer};
 use flightdeck_redis::RedisBackend;
-use flightdeck_testkit::{RedisCluster, RedisSentinel, RedisServer};
 use short::{config, flight, keys_by_node, terms};
 use tokio::time::timeout;
 

@@ -1,6 +1,6 @@
 //! The Redis backend over TLS (feature `tls`: fred's `enable-rustls-ring`).
 //! The test makes its own CA and server certificate with rcgen, starts
-//! `redis-server --port 0 --tls-port PORT` through the testkit, and
+//! `redis-server --port 0 --tls-port PORT` through the harness, and
 //! connects with `rediss://` trusting only that CA.
 
 use std::future::Future;
@@ -13,8 +13,9 @@ use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::{
     BackendErrorKind, DistributedFlightLayer, DistributedPolicy, PostcardCodec,
 };
+use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
-use flightdeck_testkit::{conformance, RedisServer};
+use flightdeck_test::conformance;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use tokio::time::timeout;
 use tower::{service_fn, Layer, ServiceExt};

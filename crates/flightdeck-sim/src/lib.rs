@@ -123,9 +123,9 @@
 //!    `sim::attribute`).
 //!
 //! [`SingleFlightBuilder::http`]: flightdeck::SingleFlightBuilder::http
-//! [`MemoryBackend::expire`]: flightdeck_distributed::memory::MemoryBackend::expire
-//! [`MemoryBackend::snapshot`]: flightdeck_distributed::memory::MemoryBackend::snapshot
-//! [`MemoryBackend::restore`]: flightdeck_distributed::memory::MemoryBackend::restore
+//! [`MemoryBackend::expire`]: flightdeck_test::memory::MemoryBackend::expire
+//! [`MemoryBackend::snapshot`]: flightdeck_test::memory::MemoryBackend::snapshot
+//! [`MemoryBackend::restore`]: flightdeck_test::memory::MemoryBackend::restore
 
 mod node;
 mod recorder;

@@ -13,7 +13,7 @@ use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
     LeaseTerms, OwnerToken, Released, Renewal, Subscription,
 };
-use flightdeck_distributed::memory::{MemoryBackend, MemorySnapshot};
+use flightdeck_test::memory::{MemoryBackend, MemorySnapshot};
 use rand::rngs::StdRng;
 use rand::Rng;
 use tokio::sync::oneshot;

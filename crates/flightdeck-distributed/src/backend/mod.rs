@@ -2,8 +2,8 @@
 //!
 //! [`Backend`] is the contract between the L2 layer and a shared store (the
 //! Redis backend in `flightdeck-redis`, the in-memory one in
-//! `flightdeck-testkit`). Every implementation keeps these rules, and
-//! `flightdeck-testkit`'s conformance suite checks each of them:
+//! `flightdeck-test`). Every implementation keeps these rules, and
+//! `flightdeck-test`'s conformance suite checks each of them:
 //!
 //! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored,
 //!   [`Acquired::Follower`] when another token holds a live lease,
@@ -74,7 +74,7 @@
 //! use flightdeck_core::{FlightKey, StageName};
 //! use flightdeck_distributed::backend::{Acquired, Backend, CommitArgs, Committed, LeaseTerms};
 //! use flightdeck_distributed::{FlightId, OwnerToken};
-//! use flightdeck_testkit::MemoryBackend;
+//! use flightdeck_test::MemoryBackend;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -126,7 +126,7 @@ pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendErr
 /// A shared coordination store for distributed single-flight.
 ///
 /// See the module docs for the semantics every implementation must keep;
-/// `flightdeck-testkit`'s conformance suite checks them.
+/// `flightdeck-test`'s conformance suite checks them.
 pub trait Backend: Send + Sync + 'static {
     /// Tries to own the flight (see [`Acquired`]).
     fn acquire<'a>(

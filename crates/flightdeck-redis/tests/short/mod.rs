@@ -34,11 +34,11 @@ pub(crate) fn flight(key: &str) -> FlightId {
 
 /// Flight keys (for [`flight`]) by the cluster node serving them: entry `i`
 /// holds `n` keys whose slot node `i` serves now (by the cluster's own
-/// `CLUSTER SLOTS`, asked of node 0). The testkit's cluster keeps serving
+/// `CLUSTER SLOTS`, asked of node 0). The harness's cluster keeps serving
 /// the other primaries' slots while one is down
 /// (`cluster-require-full-coverage no`).
 pub(crate) fn keys_by_node(
-    cluster: &flightdeck_testkit::RedisCluster,
+    cluster: &flightdeck_harness::RedisCluster,
     b: &flightdeck_redis::RedisBackend,
     n: usize,
 ) -> Vec<Vec<String>> {

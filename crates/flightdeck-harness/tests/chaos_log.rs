@@ -1,0 +1,269 @@
+//! The journal lines node processes write: what a `Recorder`
+//! logs reads back as the journal it kept, executions of a killed process
+//! end at the kill, and a duplicate names the run it replaced.
+
+use std::time::Duration;
+
+use flightdeck_core::{FlightKey, StageName};
+use flightdeck_distributed::FlightId;
+use flightdeck_harness::chaos::{
+    duplicates, log_exec_end, log_exec_start, NodeLog, AFTER_KILLED, AFTER_UNCOMMITTED,
+};
+use flightdeck_harness::recorder::{EventLog, SharedBuffer, WallClock};
+use flightdeck_harness::{Journal, Recorder};
+use flightdeck_test::{conformance, MemoryBackend};
+use tokio::time::Instant;
+
+fn flight_of(key: &str) -> FlightId {
+    FlightId::of(&FlightKey::from_bytes(StageName::new("node").unwrap(), key))
+}
+
+#[tokio::test]
+async fn the_logged_journal_reads_back_as_recorded() {
+    let buffer = SharedBuffer::default();
+    let backend = Recorder::new(MemoryBackend::new()).logging_to(EventLog::new(buffer.clone()));
+    conformance::owner_follower_hit(&backend).await;
+    conformance::takeover_fences_the_stale_owner(&backend).await;
+    let kept = backend.journal();
+    let (read, malformed) = Journal::from_log(&buffer.text(), &WallClock::now());
+    assert_eq!(malformed, 0);
+    assert!(!kept.grants.is_empty() && !kept.commits.is_empty());
+    let grants = |j: &Journal| {
+        j.grants
+            .iter()
+            .map(|g| (g.flight, g.generation, g.takeover))
+            .collect::<Vec<_>>()
+    };
+    let commits = |j: &Journal| {
+        j.commits
+            .iter()
+            .map(|c| (c.flight, c.generation, c.token.clone(), c.committed))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(grants(&read), grants(&kept));
+    assert_eq!(commits(&read), commits(&kept));
+    assert!(
+        read.commits.iter().any(|c| c.committed == Some(false)),
+        "the fenced commit is in the log"
+    );
+    // Order survives the wall clock: every commit after its own grant.
+    for c in &read.commits {
+        let granted = read
+            .grants
+            .iter()
+            .find(|g| g.flight == c.flight && g.generation == c.generation)
+            .expect("a commit's generation was granted");
+        assert!(granted.at <= c.sent);
+    }
+    assert_eq!(read.stale_commits(), kept.stale_commits());
+    assert_eq!(
+        read.max_committed_per_generation(),
+        kept.max_committed_per_generation()
+    );
+    let tokens = |j: &Journal| j.grants.iter().map(|g| g.token.clone()).collect::<Vec<_>>();
+    assert_eq!(tokens(&read), tokens(&kept), "tokens are logged");
+    assert!(read.grants.iter().all(|g| g.sent <= g.at));
+    assert!(read.generation_order_violations().is_empty());
+}
+
+/// "Generations per flight strictly increase across the whole run": a
+/// grant sent after another's reply must have the larger generation; one
+/// generation for two tokens is a violation whatever the order; a retry
+/// with the same token, and grants in flight at once, are not. And the
+/// conformance suite's grants through a recorder keep the rule.
+#[tokio::test(start_paused = true)]
+async fn generations_must_increase_across_the_run() {
+    use flightdeck_harness::recorder::Grant;
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    let f = flight_of("k");
+    let grant = |generation: u64, token: &str, sent: u64, at: u64| Grant {
+        flight: f,
+        generation,
+        takeover: false,
+        token: token.to_owned(),
+        sent: ms(sent),
+        at: ms(at),
+    };
+    let journal = |grants: Vec<Grant>| Journal {
+        grants,
+        ..Journal::default()
+    };
+    let ok = journal(vec![
+        grant(5, "a", 0, 1),
+        grant(5, "a", 2, 3),
+        grant(9, "b", 4, 5),
+        // In flight at once with the next one (sent before its reply).
+        grant(20, "c", 6, 9),
+        grant(12, "d", 7, 8),
+        Grant {
+            flight: flight_of("another"),
+            ..grant(7, "e", 0, 1)
+        },
+    ]);
+    assert_eq!(ok.generation_order_violations(), Vec::<String>::new());
+    let back = journal(vec![grant(5, "a", 0, 1), grant(4, "b", 2, 3)]);
+    assert_eq!(back.generation_order_violations().len(), 1);
+    let repeat = journal(vec![grant(5, "a", 0, 1), grant(5, "b", 2, 3)]);
+    assert_eq!(repeat.generation_order_violations().len(), 1);
+    let twice = journal(vec![grant(5, "a", 0, 3), grant(5, "b", 1, 2)]);
+    assert_eq!(twice.generation_order_violations().len(), 1);
+
+    let backend = Recorder::new(MemoryBackend::new());
+    conformance::run_all(std::sync::Arc::new(backend.clone())).await;
+    let j = backend.journal();
+    assert!(j.grants.len() > 30, "{} grants", j.grants.len());
+    assert_eq!(j.generation_order_violations(), Vec::<String>::new());
+    assert!(j.stale_commits().is_empty());
+    assert!(j.max_committed_per_generation() <= 1);
+}
+
+#[tokio::test]
+async fn a_killed_process_ends_its_executions_and_duplicates_name_what_they_replaced() {
+    // Process 1 of node 0 starts k (generation 1) and is killed.
+    let first = SharedBuffer::default();
+    log_exec_start(&EventLog::new(first.clone()), "k", 1);
+    let mut torn = first.text();
+    torn.push_str("{\"event\":\"exec\",\"key\":\"k\",\"gen");
+    let killed_at = Instant::now();
+    let clock = WallClock::now();
+    let dead = NodeLog::read(&torn, 0, &clock, Some(killed_at));
+    assert_eq!(dead.malformed, 1, "the torn last line");
+    assert_eq!(dead.executions.len(), 1);
+    assert!(dead.executions[0].killed);
+    assert_eq!(dead.executions[0].end, Some(killed_at));
+
+    // Node 1 takes over (generation 2) and finishes; its commit fails, so
+    // generation 3 runs again on node 1.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = SharedBuffer::default();
+    let log = EventLog::new(second.clone());
+    log_exec_start(&log, "k", 2);
+    log_exec_end(&log, "k", 2);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    log_exec_start(&log, "k", 3);
+    log_exec_end(&log, "k", 3);
+    let alive = NodeLog::read(&second.text(), 1, &WallClock::now(), None);
+    assert_eq!(alive.malformed, 0);
+    assert!(alive
+        .executions
+        .iter()
+        .all(|e| e.end.is_some() && !e.killed));
+
+    let mut all = dead.executions;
+    all.extend(alive.executions);
+    let dups = duplicates(&all, &Journal::default(), flight_of);
+    assert_eq!(dups.by_cause.get(AFTER_KILLED), Some(&1), "{dups:?}");
+    assert_eq!(dups.by_cause.get(AFTER_UNCOMMITTED), Some(&1), "{dups:?}");
+    assert_eq!(dups.by_cause.values().sum::<u64>(), 2);
+}
+
+/// "No follower waits longer than the lease on a lease no live owner
+/// holds": a follower of a journaled, live owner is not counted, however
+/// long it waits; a follower of a lease whose grant never reached a node
+/// (taken here behind the recorder's back) is, and seeing it live past the
+/// lease plus slack (here it is kept alive, as a bug would) is a
+/// violation; so is a follower of an owner whose process was killed. The
+/// follower answers survive the log.
+#[tokio::test(start_paused = true)]
+async fn followers_must_not_wait_past_the_lease_on_a_lease_nobody_holds() {
+    use flightdeck_distributed::backend::{Acquired, Backend};
+    use flightdeck_distributed::OwnerToken;
+    use flightdeck_harness::chaos::{ownerless_bound, ownerless_waits};
+
+    let buffer = SharedBuffer::default();
+    let mem = MemoryBackend::new();
+    let rec = Recorder::new(mem.clone()).logging_to(EventLog::new(buffer.clone()));
+    let terms = conformance::terms(true);
+    let bound = ownerless_bound(conformance::LEASE, Duration::from_millis(100));
+    let owned = |a: Acquired| match a {
+        Acquired::Owner { generation, .. } => generation,
+        other => panic!("expected OWNER, got {other:?}"),
+    };
+    // Follows `flight` through the recorder for `secs` of (paused) time,
+    // keeping `keep`'s lease alive meanwhile when given.
+    let follow = |flight, keep: Option<(OwnerToken, u64)>| {
+        let (rec, mem) = (rec.clone(), mem.clone());
+        async move {
+            let me = OwnerToken::random();
+            for _ in 0..20 {
+                let a = rec.acquire(&flight, &me, &terms).await.unwrap();
+                assert!(matches!(a, Acquired::Follower { .. }), "{a:?}");
+                if let Some((t, g)) = &keep {
+                    mem.heartbeat(&flight, t, *g, &terms).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+
+    // A live owner, journaled and heartbeating: 2 s of following is fine.
+    let live = conformance::fresh_flight();
+    let owner = OwnerToken::random();
+    let g = owned(rec.acquire(&live, &owner, &terms).await.unwrap());
+    follow(live, Some((owner, g))).await;
+    let j = rec.journal();
+    assert_eq!(ownerless_waits(&j, bound).waits, 0, "{:?}", j.followed);
+
+    // A lease whose grant never reached a node, kept alive for 2 s.
+    let orphaned = conformance::fresh_flight();
+    let orphan = OwnerToken::random();
+    let g = owned(mem.acquire(&orphaned, &orphan, &terms).await.unwrap());
+    follow(orphaned, Some((orphan, g))).await;
+    let j = rec.journal();
+    let found = ownerless_waits(&j, bound);
+    assert_eq!((found.waits, found.violations.len()), (1, 1), "{found:?}");
+    assert!(found.longest > bound);
+    let (read, malformed) = Journal::from_log(&buffer.text(), &WallClock::now());
+    assert_eq!(malformed, 0);
+    // (Logged times are the wall clock's, which paused time does not move:
+    // compare what was seen, not how long.)
+    let seen = |j: &Journal| {
+        let mut v: Vec<_> = j
+            .followed
+            .values()
+            .map(|f| (f.flight.to_hex(), f.generation, f.token.clone(), f.answers))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(seen(&read), seen(&j));
+    assert_eq!(ownerless_waits(&read, bound).waits, 1);
+
+    // A follower that sees an orphan for less than the bound is counted,
+    // not a violation.
+    let brief = conformance::fresh_flight();
+    owned(
+        mem.acquire(&brief, &OwnerToken::random(), &terms)
+            .await
+            .unwrap(),
+    );
+    let me = OwnerToken::random();
+    for _ in 0..3 {
+        rec.acquire(&brief, &me, &terms).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let found = ownerless_waits(&rec.journal(), bound);
+    assert_eq!((found.waits, found.violations.len()), (2, 1), "{found:?}");
+
+    // The owner's process killed before the follower came: the log of
+    // the killed process marks its grant dead.
+    let dead_log = SharedBuffer::default();
+    let dead = Recorder::new(mem.clone()).logging_to(EventLog::new(dead_log.clone()));
+    let killed = conformance::fresh_flight();
+    let victim = OwnerToken::random();
+    let g = owned(dead.acquire(&killed, &victim, &terms).await.unwrap());
+    let clock = WallClock::now();
+    let mut merged = NodeLog::read(&dead_log.text(), 0, &clock, Some(Instant::now())).journal;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let after = Recorder::new(mem.clone());
+    let me = OwnerToken::random();
+    for _ in 0..20 {
+        after.acquire(&killed, &me, &terms).await.unwrap();
+        mem.heartbeat(&killed, &victim, g, &terms).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    merged.merge(after.journal());
+    let found = ownerless_waits(&merged, bound);
+    assert_eq!((found.waits, found.violations.len()), (1, 1), "{found:?}");
+}

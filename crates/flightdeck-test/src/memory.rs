@@ -1,0 +1,764 @@
+//! An in-memory [`Backend`] with the semantics of the Redis scripts, for
+//! fast unit tests of L2 logic (with paused tokio time), plus fault
+//! injection.
+//!
+//! (Over 600 lines on purpose: one `Backend` method per script, each
+//! mirroring its script in `flightdeck-redis/src/scripts.rs` check for
+//! check, read side by side; the fault knobs and call counts are the rest.)
+//!
+//! It keeps the same record per flight as the Redis backend (last grant,
+//! lease deadline, result, released tokens) with the same expiry. One
+//! difference: its generations count up from 1 per flight (a per-flight
+//! counter that outlives the record), where Redis's start from the
+//! server's clock; both never repeat or decrease.
+//!
+//! For tests of your own service (one process, paused time), and of
+//! flightdeck itself; it is not a substitute for tests against Redis
+//! (flightdeck's conformance suite runs against both).
+//!
+//! ```
+//! use std::time::Duration;
+//! use flightdeck_core::{FlightKey, StageName};
+//! use flightdeck_distributed::backend::{Acquired, Backend, LeaseTerms};
+//! use flightdeck_distributed::{FlightId, OwnerToken};
+//! use flightdeck_test::MemoryBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let backend = MemoryBackend::new();
+//! let flight = FlightId::of(&FlightKey::from_bytes(StageName::new("s").unwrap(), "k"));
+//! let terms = LeaseTerms {
+//!     lease: Duration::from_secs(1),
+//!     state_ttl: Duration::from_secs(10),
+//!     allow_takeover: true,
+//! };
+//! let a = OwnerToken::random();
+//! let b = OwnerToken::random();
+//! let first = backend.acquire(&flight, &a, &terms).await.unwrap();
+//! assert_eq!(first, Acquired::Owner { generation: 1, takeover: false });
+//! assert!(matches!(backend.acquire(&flight, &b, &terms).await.unwrap(), Acquired::Follower { .. }));
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use flightdeck_distributed::backend::{
+    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
+    LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
+};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+/// The in-memory backend. Clones share the same store (like two clients of
+/// one Redis).
+#[derive(Clone, Default)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    flights: Mutex<HashMap<FlightId, Flight>>,
+    channels: Mutex<HashMap<FlightId, broadcast::Sender<Notice>>>,
+    faults: Faults,
+    calls: Calls,
+}
+
+#[derive(Default)]
+struct Faults {
+    unavailable: AtomicBool,
+    fail_commits: AtomicBool,
+    fail_heartbeats: AtomicBool,
+    drop_notices: AtomicBool,
+    inbox_down: AtomicBool,
+}
+
+/// How many times each backend call was made.
+#[derive(Default)]
+struct Calls {
+    acquire: AtomicU64,
+    heartbeat: AtomicU64,
+    commit: AtomicU64,
+    abandon: AtomicU64,
+    release: AtomicU64,
+    subscribe: AtomicU64,
+}
+
+/// Counts of calls made to a [`MemoryBackend`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallCounts {
+    /// `acquire` calls.
+    pub acquire: u64,
+    /// `heartbeat` calls.
+    pub heartbeat: u64,
+    /// `commit` calls.
+    pub commit: u64,
+    /// `abandon` calls.
+    pub abandon: u64,
+    /// `release` calls.
+    pub release: u64,
+    /// `subscribe` calls.
+    pub subscribe: u64,
+}
+
+/// One flight: its record (what Redis keeps in the flight's hash, with
+/// the same fields and expiry) and the highest generation ever handed
+/// out, which outlives the record: the memory backend's counterpart of the
+/// server clock that keeps Redis's generations increasing.
+#[derive(Clone, Default)]
+struct Flight {
+    high: u64,
+    record: Option<Record>,
+    /// The last invalidation's generation and how long it is remembered
+    /// (`state_ttl`, whatever happens to the record).
+    invalidated: Option<(u64, Instant)>,
+}
+
+#[derive(Clone)]
+struct Record {
+    /// The generation of the last grant or invalidation (0: none yet).
+    gen: u64,
+    /// The last grant's token (`None` after an invalidation).
+    token: Option<OwnerToken>,
+    /// The last grant's lease deadline; `None` once the grant ended
+    /// (committed, abandoned, released, invalidated).
+    deadline: Option<Instant>,
+    result: Option<(ResultStatus, Bytes)>,
+    /// Tokens never granted the flight again (newest first): released,
+    /// or whose attempt ended here (committed, abandoned, released).
+    released: Vec<OwnerToken>,
+    expires: Instant,
+}
+
+/// How many released tokens a record remembers (as the Redis scripts).
+const RELEASED_KEPT: usize = 8;
+
+/// Puts `token` first in a record's never-granted tokens, at most
+/// [`RELEASED_KEPT`] of them.
+fn remember(released: &mut Vec<OwnerToken>, token: OwnerToken) {
+    released.retain(|t| *t != token);
+    released.insert(0, token);
+    released.truncate(RELEASED_KEPT);
+}
+
+impl Flight {
+    /// The live record, after dropping it if it expired (like Redis does
+    /// lazily).
+    fn record(&mut self, now: Instant) -> Option<&mut Record> {
+        if self.record.as_ref().is_some_and(|r| r.expires <= now) {
+            self.record = None;
+        }
+        self.record.as_mut()
+    }
+
+    /// A generation larger than every one handed out before.
+    fn next_gen(&mut self) -> u64 {
+        self.high += 1;
+        self.high
+    }
+}
+
+/// Redis keeps a key at least a millisecond (`PEXPIRE` of 0 deletes it).
+fn key_ttl(d: Duration) -> Duration {
+    d.max(Duration::from_millis(1))
+}
+
+fn unavailable() -> BackendError {
+    BackendError::unavailable("memory backend: injected outage")
+}
+
+impl MemoryBackend {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn flights(&self) -> MutexGuard<'_, HashMap<FlightId, Flight>> {
+        // A panic while holding the lock cannot leave a half-written flight
+        // that matters to a test more than the panic itself.
+        self.inner.flights.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, flight: &FlightId, notice: Notice) {
+        if self.inner.faults.drop_notices.load(Ordering::Relaxed) {
+            return;
+        }
+        let channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = channels.get(flight) {
+            let _ = tx.send(notice);
+        }
+    }
+
+    fn check(&self) -> Result<(), BackendError> {
+        if self.inner.faults.unavailable.load(Ordering::Relaxed) {
+            Err(unavailable())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Makes every call fail with an "unavailable" error (or heals it).
+    pub fn set_unavailable(&self, yes: bool) {
+        self.inner.faults.unavailable.store(yes, Ordering::Relaxed);
+    }
+
+    /// Makes commits fail with an "outcome unknown" error, without writing.
+    pub fn set_fail_commits(&self, yes: bool) {
+        self.inner.faults.fail_commits.store(yes, Ordering::Relaxed);
+    }
+
+    /// Makes heartbeats fail with an "unavailable" error, so a running
+    /// owner's lease runs out (a network partition around one owner).
+    pub fn set_fail_heartbeats(&self, yes: bool) {
+        self.inner
+            .faults
+            .fail_heartbeats
+            .store(yes, Ordering::Relaxed);
+    }
+
+    /// Drops every notice (a broken pub/sub): followers must poll.
+    pub fn set_drop_notices(&self, yes: bool) {
+        self.inner.faults.drop_notices.store(yes, Ordering::Relaxed);
+    }
+
+    /// Takes the node's inbox out of force (a subscriber reconnecting):
+    /// [`Backend::join_subscription`] answers `None`, so a follower
+    /// subscribes and re-checks, as a Redis node does until its inbox is
+    /// subscribed again.
+    pub fn set_inbox_down(&self, yes: bool) {
+        self.inner.faults.inbox_down.store(yes, Ordering::Relaxed);
+    }
+
+    /// Stores raw bytes as a flight's successful result (a corrupt or
+    /// foreign value), with a generation larger than any before.
+    pub fn put_raw_result(&self, flight: &FlightId, payload: Bytes, ttl: Duration) {
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        let gen = f.next_gen();
+        f.record = Some(Record {
+            gen,
+            token: Some(OwnerToken::random()),
+            deadline: None,
+            result: Some((ResultStatus::Ok, payload)),
+            released: Vec::new(),
+            expires: Instant::now() + key_ttl(ttl),
+        });
+    }
+
+    /// Deletes a flight's stored result (as if its TTL ran out).
+    pub fn remove_result(&self, flight: &FlightId) {
+        if let Some(f) = self.flights().get_mut(flight) {
+            if f.record.as_ref().is_some_and(|r| r.result.is_some()) {
+                f.record = None;
+            }
+        }
+    }
+
+    /// The calls made so far.
+    pub fn calls(&self) -> CallCounts {
+        let c = &self.inner.calls;
+        CallCounts {
+            acquire: c.acquire.load(Ordering::Relaxed),
+            heartbeat: c.heartbeat.load(Ordering::Relaxed),
+            commit: c.commit.load(Ordering::Relaxed),
+            abandon: c.abandon.load(Ordering::Relaxed),
+            release: c.release.load(Ordering::Relaxed),
+            subscribe: c.subscribe.load(Ordering::Relaxed),
+        }
+    }
+
+    /// How many subscriptions to `flight` are alive.
+    pub fn subscribers(&self, flight: &FlightId) -> usize {
+        self.inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(flight)
+            .map_or(0, broadcast::Sender::receiver_count)
+    }
+
+    fn acquire_now(&self, flight: &FlightId, token: &OwnerToken, terms: &LeaseTerms) -> Acquired {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        let mut takeover = false;
+        let mut released = Vec::new();
+        if let Some(r) = f.record(now) {
+            if let Some((status, payload)) = &r.result {
+                return Acquired::Hit(StoredResult {
+                    generation: r.gen,
+                    status: *status,
+                    payload: payload.clone(),
+                });
+            }
+            let live = r.deadline.filter(|d| *d > now);
+            if r.token.as_ref() == Some(token) {
+                if live.is_some() {
+                    return Acquired::Owner {
+                        generation: r.gen,
+                        takeover: false,
+                    };
+                }
+                if r.deadline.is_none() {
+                    // This attempt ended (released or abandoned).
+                    return Acquired::Expired { generation: r.gen };
+                }
+            } else if let Some(deadline) = live {
+                return Acquired::Follower {
+                    generation: r.gen,
+                    lease_remaining: deadline - now,
+                };
+            }
+            if r.deadline.is_some() {
+                // The last grant's lease ran out without a commit or abandon.
+                if !terms.allow_takeover {
+                    return Acquired::Expired { generation: r.gen };
+                }
+                takeover = true;
+            }
+            if r.released.contains(token) {
+                return Acquired::Expired { generation: r.gen };
+            }
+            released = std::mem::take(&mut r.released);
+        }
+        let gen = f.next_gen();
+        f.record = Some(Record {
+            gen,
+            token: Some(token.clone()),
+            deadline: Some(now + terms.lease),
+            result: None,
+            released,
+            expires: now + key_ttl(terms.record_ttl()),
+        });
+        Acquired::Owner {
+            generation: gen,
+            takeover,
+        }
+    }
+
+    /// The record whose last grant is (token, generation) and has not
+    /// ended, if any.
+    fn open_grant<'f>(
+        f: &'f mut Flight,
+        now: Instant,
+        token: &OwnerToken,
+        gen: u64,
+    ) -> Option<&'f mut Record> {
+        f.record(now)
+            .filter(|r| r.gen == gen && r.token.as_ref() == Some(token))
+    }
+
+    fn heartbeat_now(
+        &self,
+        flight: &FlightId,
+        token: &OwnerToken,
+        gen: u64,
+        terms: &LeaseTerms,
+    ) -> Renewal {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        match Self::open_grant(f, now, token, gen) {
+            Some(r) if r.deadline.is_some_and(|d| d > now) => {
+                r.deadline = Some(now + terms.lease);
+                r.expires = now + key_ttl(terms.record_ttl());
+                Renewal::Renewed
+            }
+            _ => Renewal::Lost,
+        }
+    }
+
+    fn commit_now(
+        &self,
+        flight: &FlightId,
+        token: &OwnerToken,
+        gen: u64,
+        args: &CommitArgs,
+    ) -> Committed {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        let Some(r) = Self::open_grant(f, now, token, gen) else {
+            return Committed::Fenced;
+        };
+        match (&r.result, r.deadline) {
+            // A retry of this commit.
+            (Some((ResultStatus::Ok, _)), _) => return Committed::Committed,
+            // Abandoned (with or without a cached failure), or released.
+            (Some(_), _) | (None, None) => return Committed::Fenced,
+            (None, Some(_)) => {}
+        }
+        r.deadline = None;
+        r.result = Some((ResultStatus::Ok, args.payload.clone()));
+        r.expires = now + key_ttl(args.ttl);
+        remember(&mut r.released, token.clone());
+        drop(flights);
+        let inline = (args.payload.len() <= args.inline_below).then(|| args.payload.clone());
+        self.publish(
+            flight,
+            Notice::Committed {
+                generation: gen,
+                inline,
+            },
+        );
+        Committed::Committed
+    }
+
+    fn abandon_now(
+        &self,
+        flight: &FlightId,
+        token: &OwnerToken,
+        gen: u64,
+        args: &AbandonArgs,
+    ) -> Released {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        let Some(r) = Self::open_grant(f, now, token, gen).filter(|r| r.deadline.is_some()) else {
+            return Released::NotOwner;
+        };
+        r.deadline = None;
+        remember(&mut r.released, token.clone());
+        if let Some(msg) = &args.failure {
+            // Like the script: an empty message is not cached.
+            if !msg.is_empty() && !args.failure_ttl.is_zero() {
+                r.result = Some((ResultStatus::Failed, msg.clone()));
+                r.expires = now + key_ttl(args.failure_ttl);
+            }
+        }
+        drop(flights);
+        self.publish(flight, Notice::Abandoned { generation: gen });
+        Released::Released
+    }
+
+    fn release_now(&self, flight: &FlightId, token: &OwnerToken, state_ttl: Duration) -> Released {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let f = flights.entry(*flight).or_default();
+        match f.record(now) {
+            Some(r) if r.token.as_ref() == Some(token) && r.deadline.is_some() => {
+                r.deadline = None;
+                remember(&mut r.released, token.clone());
+                let generation = r.gen;
+                drop(flights);
+                self.publish(flight, Notice::Abandoned { generation });
+                return Released::Released;
+            }
+            Some(r) => remember(&mut r.released, token.clone()),
+            None => {
+                f.record = Some(Record {
+                    gen: 0,
+                    token: None,
+                    deadline: None,
+                    result: None,
+                    released: vec![token.clone()],
+                    expires: now + key_ttl(state_ttl),
+                });
+            }
+        }
+        Released::NotOwner
+    }
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("calls", &self.calls())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Drops the subscription's sender once the last receiver is gone.
+struct Unsubscribe {
+    backend: MemoryBackend,
+    flight: FlightId,
+}
+
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        let mut channels = self
+            .backend
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // `Subscription` drops its receiver before this guard.
+        if channels
+            .get(&self.flight)
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            channels.remove(&self.flight);
+        }
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.inner.calls.acquire.fetch_add(1, Ordering::Relaxed);
+        let res = self
+            .check()
+            .map(|()| self.acquire_now(flight, token, terms));
+        Box::pin(async move { res })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Renewal> {
+        self.inner.calls.heartbeat.fetch_add(1, Ordering::Relaxed);
+        let res = self.check().and_then(|()| {
+            if self.inner.faults.fail_heartbeats.load(Ordering::Relaxed) {
+                return Err(BackendError::unavailable(
+                    "memory backend: injected heartbeat failure",
+                ));
+            }
+            let renewal = self.heartbeat_now(flight, token, generation, terms);
+            Ok(renewal)
+        });
+        Box::pin(async move { res })
+    }
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        self.inner.calls.commit.fetch_add(1, Ordering::Relaxed);
+        let res = self.check().and_then(|()| {
+            if self.inner.faults.fail_commits.load(Ordering::Relaxed) {
+                Err(BackendError::outcome_unknown(
+                    "memory backend: injected commit failure",
+                ))
+            } else {
+                Ok(self.commit_now(flight, token, generation, args))
+            }
+        });
+        Box::pin(async move { res })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a AbandonArgs,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.calls.abandon.fetch_add(1, Ordering::Relaxed);
+        let res = self
+            .check()
+            .map(|()| self.abandon_now(flight, token, generation, args));
+        Box::pin(async move { res })
+    }
+
+    fn release<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, Released> {
+        self.inner.calls.release.fetch_add(1, Ordering::Relaxed);
+        let res = self
+            .check()
+            .map(|()| self.release_now(flight, token, state_ttl));
+        Box::pin(async move { res })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        state_ttl: Duration,
+    ) -> BackendFuture<'a, u64> {
+        let res = self.check().map(|()| {
+            let now = Instant::now();
+            let mut flights = self.flights();
+            let f = flights.entry(*flight).or_default();
+            let released = f
+                .record(now)
+                .map(|r| std::mem::take(&mut r.released))
+                .unwrap_or_default();
+            let generation = f.next_gen();
+            f.record = Some(Record {
+                gen: generation,
+                token: None,
+                deadline: None,
+                result: None,
+                released,
+                expires: now + key_ttl(state_ttl),
+            });
+            f.invalidated = Some((generation, now + key_ttl(state_ttl)));
+            drop(flights);
+            self.publish(flight, Notice::Abandoned { generation });
+            generation
+        });
+        Box::pin(async move { res })
+    }
+
+    fn invalidated_since<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        generation: u64,
+    ) -> BackendFuture<'a, Option<bool>> {
+        let res = self.check().map(|()| {
+            let flights = self.flights();
+            let now = Instant::now();
+            let since = flights
+                .get(flight)
+                .and_then(|f| f.invalidated)
+                .is_some_and(|(i, until)| until > now && i > generation);
+            Some(since)
+        });
+        Box::pin(async move { res })
+    }
+
+    fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+        self.inner.calls.subscribe.fetch_add(1, Ordering::Relaxed);
+        let res = self.check().map(|()| {
+            let mut channels = self
+                .inner
+                .channels
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let rx = channels
+                .entry(*flight)
+                .or_insert_with(|| broadcast::channel(64).0)
+                .subscribe();
+            Subscription::new(
+                rx,
+                Unsubscribe {
+                    backend: self.clone(),
+                    flight: *flight,
+                },
+            )
+        });
+        Box::pin(async move { res })
+    }
+
+    /// The flight's channel, as a node's inbox that is in force (see the
+    /// Redis backend): notices are sent under the same lock, so it hears
+    /// every notice sent from now on. `None` while
+    /// [`set_inbox_down`](MemoryBackend::set_inbox_down) says so: the
+    /// follower then subscribes and re-checks.
+    fn join_subscription(&self, flight: &FlightId) -> Option<Subscription> {
+        if self.inner.faults.inbox_down.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let tx = channels
+            .entry(*flight)
+            .or_insert_with(|| broadcast::channel(64).0);
+        Some(Subscription::new(
+            tx.subscribe(),
+            Unsubscribe {
+                backend: self.clone(),
+                flight: *flight,
+            },
+        ))
+    }
+}
+
+/// The records of a [`MemoryBackend`] at one moment
+/// ([`MemoryBackend::snapshot`]): what a replica had received when its
+/// primary failed, for [`MemoryBackend::restore`].
+#[derive(Clone)]
+pub struct MemorySnapshot {
+    flights: HashMap<FlightId, Flight>,
+}
+
+impl fmt::Debug for MemorySnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemorySnapshot")
+            .field("flights", &self.flights.len())
+            .finish()
+    }
+}
+
+/// Test hooks for fault injection by a simulation (`flightdeck-sim`): a
+/// failover that loses the last unreplicated writes, a record that
+/// expires now, the leases that are live, and what a record remembers.
+impl MemoryBackend {
+    /// A copy of every flight's record now (see [`restore`](Self::restore)).
+    pub fn snapshot(&self) -> MemorySnapshot {
+        MemorySnapshot {
+            flights: self.flights().clone(),
+        }
+    }
+
+    /// A failover to a replica that had received the writes up to
+    /// `snapshot` only: every record goes back to what it was then (those
+    /// written since are lost, those deleted since come back). The highest
+    /// generation of each flight is kept, as Redis's server clock keeps
+    /// its generations increasing through a failover. Subscriptions stay.
+    pub fn restore(&self, snapshot: &MemorySnapshot) {
+        let mut flights = self.flights();
+        let highs: Vec<(FlightId, u64)> = flights.iter().map(|(id, f)| (*id, f.high)).collect();
+        *flights = snapshot.flights.clone();
+        for (id, high) in highs {
+            let f = flights.entry(id).or_default();
+            f.high = f.high.max(high);
+        }
+    }
+
+    /// Drops a flight's record, as if its TTL ran out now (its lease,
+    /// result and released tokens with it; generations still never go
+    /// back).
+    pub fn expire(&self, flight: &FlightId) {
+        if let Some(f) = self.flights().get_mut(flight) {
+            f.record = None;
+        }
+    }
+
+    /// Whether the flight's live record remembers `token` among those
+    /// never granted it again (released, or whose attempt ended here).
+    /// The memory lasts as long as the record: once it expired (or a
+    /// failover lost it), a late ACQUIRE of the token is granted.
+    pub fn remembers(&self, flight: &FlightId, token: &OwnerToken) -> bool {
+        let now = Instant::now();
+        self.flights()
+            .get_mut(flight)
+            .and_then(|f| f.record(now))
+            .is_some_and(|r| {
+                r.released.contains(token)
+                    || (r.token.as_ref() == Some(token) && r.deadline.is_none())
+            })
+    }
+
+    /// The leases live now: (flight, holder, generation).
+    pub fn live_leases(&self) -> Vec<(FlightId, OwnerToken, u64)> {
+        let now = Instant::now();
+        let mut flights = self.flights();
+        let mut out = Vec::new();
+        for (id, f) in flights.iter_mut() {
+            if let Some(r) = f.record(now) {
+                if let (Some(token), Some(d)) = (&r.token, r.deadline) {
+                    if d > now {
+                        out.push((*id, token.clone(), r.gen));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
