@@ -84,9 +84,9 @@ async fn main() -> Result<(), BoxError> {
 /// (`Broadcasting error … Connection closed`), once per connection and
 /// reconnect attempt; during an outage flightdeck's own `warn` lines say
 /// it once (stage degraded, breaker open) and name the stage. (fred logs
-/// through `log`: these lines reach a `tracing` subscriber only through
-/// a bridge, such as `tracing-subscriber`'s default `tracing-log`
-/// feature.)
+/// through `log`: its lines reach the subscriber through
+/// `tracing-subscriber`'s `tracing-log` bridge, which `init` installs;
+/// tests/fred_log_filter.rs shows the filter at work.)
 pub(crate) const LOG_DEFAULT: &str = "info,fred=error";
 
 /// Logs through `tracing-subscriber`, filtered by `RUST_LOG` (default
