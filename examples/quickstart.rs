@@ -18,15 +18,13 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::routing::get;
 use axum::Router;
-use flightdeck::key::http::HttpKeyExtractor;
-use flightdeck::{Mode, SingleFlightLayer, StageConfig};
-use http::Method;
+use flightdeck::{BoxError, HttpKeyExtractor, Route, SingleFlightLayer};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 #[tokio::main]
-async fn main() -> Result<(), flightdeck::core::BoxError> {
+async fn main() -> Result<(), BoxError> {
     // flightdeck's warnings (degraded mode, breaker transitions, fallbacks),
     // filtered by RUST_LOG (default info).
     tracing_subscriber::fmt()
@@ -81,7 +79,7 @@ pub(crate) struct Summary {
 
 /// Starts the app on a free loopback port and sends it `n` concurrent
 /// identical requests over HTTP.
-pub(crate) async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError> {
+pub(crate) async fn run(n: usize) -> Result<Summary, BoxError> {
     // The expensive call: pretend it is a model that takes 500 ms.
     let executions = Arc::new(AtomicUsize::new(0));
     async fn score(State(executions): State<Arc<AtomicUsize>>) -> String {
@@ -94,11 +92,13 @@ pub(crate) async fn run(n: usize) -> Result<Summary, flightdeck::core::BoxError>
     // the Accept* headers go into the digest, and requests carrying
     // credentials are scoped per user (secure by default).
     let keys = HttpKeyExtractor::builder()
-        .route(Method::GET, "/score", "score")
+        .route(Route::get("/score", "score"))
         .build()?;
-    // The stage's policy: coalesce inside this process (no Redis).
-    let flights = SingleFlightLayer::http(keys)
-        .stage("score", StageConfig::new().mode(Mode::LocalOnly))
+    // The stages: every one in this process (no Redis), `score` with the
+    // defaults.
+    let flights = SingleFlightLayer::builder()
+        .keys(keys)
+        .local_only()
         .build()?;
 
     // One layer: keys, single-flight, and our errors as 503/504 responses.

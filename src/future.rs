@@ -1,85 +1,42 @@
-//! Response future of [`SingleFlight`](crate::SingleFlight).
+//! Response future of [`GenericSingleFlight`](crate::GenericSingleFlight).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use flightdeck_core::{BoxError, Serves, Share};
-use flightdeck_distributed::{Fence, ResultCodec};
-use flightdeck_local::future::Run;
+use flightdeck_core::{BoxError, Share};
 use flightdeck_local::Answer;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
-use tower::util::Oneshot;
-use tower_service::Service;
 
-use crate::leader::Leader;
 use crate::stage::Control;
 
 pin_project! {
-    /// Response future of [`SingleFlight`](crate::SingleFlight): a bypassed
-    /// call, a coalesced one, or an error known at `call` time.
-    pub struct ResponseFuture<S, Req, Sh, C, F>
-    where
-        S: Service<Req>,
-        S: Clone,
-        S: Send,
-        S: 'static,
-        S::Error: Into<BoxError>,
-        S::Future: Send,
-        Req: Send,
-        Req: 'static,
-        Sh: Share<S::Response>,
-        Sh: Serves<Req>,
-        C: ResultCodec<Sh::Shared>,
-        F: Fence<Req>,
-    {
+    /// Response future of [`GenericSingleFlight`](crate::GenericSingleFlight):
+    /// a bypassed call (`B`, the inner service's call), a coalesced one
+    /// (`F`, the flight), or an error known at `call` time; `Sh` restores
+    /// each caller's response.
+    pub struct ResponseFuture<B, F, Sh> {
         #[pin]
-        kind: Kind<S, Req, Sh, C, F>,
+        kind: Kind<B, F>,
         share: Sh,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<S, Req, Sh, C, F>
-    where
-        S: Service<Req>,
-        S: Clone,
-        S: Send,
-        S: 'static,
-        S::Error: Into<BoxError>,
-        S::Future: Send,
-        Req: Send,
-        Req: 'static,
-        Sh: Share<S::Response>,
-        Sh: Serves<Req>,
-        C: ResultCodec<Sh::Shared>,
-        F: Fence<Req>,
-    {
+    enum Kind<B, F> {
         // BYPASS (timed: a real execution), or no key (not ours to count).
-        Bypass { #[pin] fut: Oneshot<S, Req>, timed: Option<(std::sync::Arc<Control>, Instant)> },
-        Flight { #[pin] run: Run<Sh::Shared, Leader<S, Req, Sh, C, F>> },
+        Bypass { #[pin] fut: B, timed: Option<(Arc<Control>, Instant)> },
+        Flight { #[pin] run: F },
         Failed { err: Option<BoxError> },
     }
 }
 
-impl<S, Req, Sh, C, F> ResponseFuture<S, Req, Sh, C, F>
-where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send,
-    Req: Send + 'static,
-    Sh: Share<S::Response> + Serves<Req>,
-    C: ResultCodec<Sh::Shared>,
-    F: Fence<Req>,
-{
-    pub(crate) fn bypass(
-        fut: Oneshot<S, Req>,
-        timed: Option<std::sync::Arc<Control>>,
-        share: Sh,
-    ) -> Self {
+impl<B, F, Sh> ResponseFuture<B, F, Sh> {
+    pub(crate) fn bypass(fut: B, timed: Option<Arc<Control>>, share: Sh) -> Self {
         Self {
             kind: Kind::Bypass {
                 fut,
@@ -89,7 +46,7 @@ where
         }
     }
 
-    pub(crate) fn flight(run: Run<Sh::Shared, Leader<S, Req, Sh, C, F>>, share: Sh) -> Self {
+    pub(crate) fn flight(run: F, share: Sh) -> Self {
         Self {
             kind: Kind::Flight { run },
             share,
@@ -104,16 +61,7 @@ where
     }
 }
 
-impl<S, Req, Sh, C, F> fmt::Debug for ResponseFuture<S, Req, Sh, C, F>
-where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send,
-    Req: Send + 'static,
-    Sh: Share<S::Response> + Serves<Req>,
-    C: ResultCodec<Sh::Shared>,
-    F: Fence<Req>,
-{
+impl<B, F, Sh> fmt::Debug for ResponseFuture<B, F, Sh> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Bypass { .. } => "bypass",
@@ -126,15 +74,12 @@ where
     }
 }
 
-impl<S, Req, Sh, C, F> Future for ResponseFuture<S, Req, Sh, C, F>
+impl<B, F, Sh, T, E> Future for ResponseFuture<B, F, Sh>
 where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send,
-    Req: Send + 'static,
-    Sh: Share<S::Response> + Serves<Req>,
-    C: ResultCodec<Sh::Shared>,
-    F: Fence<Req>,
+    B: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    Sh: Share<T>,
+    F: Future<Output = Result<Answer<Sh::Shared, Sh::Output>, BoxError>>,
 {
     type Output = Result<Sh::Output, BoxError>;
 

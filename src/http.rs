@@ -1,12 +1,12 @@
-//! One layer for an HTTP or gRPC service: keys, single-flight and the
+//! The one layer of an HTTP or gRPC service: keys, single-flight and the
 //! error responses together.
 //!
-//! [`SingleFlightLayer::http`] (and [`SingleFlightLayer::grpc`]) take the
-//! key rules and give a builder for the stages and backends; what it builds
-//! is a [`FlightsLayer`], which is the whole integration:
+//! [`SingleFlightLayer::builder`] takes the key rules
+//! ([`keys`](SingleFlightLayerBuilder::keys)), the stages and the backends,
+//! and builds a [`SingleFlightLayer`], which is the whole integration:
 //!
 //! ```text
-//! request ─ ErrorResponse ─ Key (the rules) ─ SingleFlight (the stages) ─ your handler
+//! request ─ ErrorResponse ─ Key (the rules) ─ single-flight (the stages) ─ your handler
 //! ```
 //!
 //! - the key rules put a [`FlightKey`](flightdeck_core::FlightKey) (or a
@@ -19,22 +19,22 @@
 //!
 //! Building checks the two halves against each other: a stage the rules
 //! name but the configuration does not is a build error naming the stage
-//! (unless [`default_policy`](FlightsBuilder::default_policy) gives such
-//! stages one on purpose, or [`local_only`](FlightsBuilder::local_only)
-//! runs every stage here). A configuration file is applied whole: its
-//! stages, and its key settings (`[single-flight.keys]`) on the rules.
+//! (unless [`default_policy`](SingleFlightLayerBuilder::default_policy)
+//! gives such stages one on purpose, or
+//! [`local_only`](SingleFlightLayerBuilder::local_only) runs every stage
+//! here). A configuration file is applied whole: its stages, and its key
+//! settings (`[single-flight.keys]`) on the rules.
 //!
 //! ```
 //! use axum::{routing::post, Router};
-//! use flightdeck::key::http::{HttpKeyExtractor, Route};
-//! use flightdeck::{Mode, SingleFlightLayer, StageConfig};
-//! use http::Method;
+//! use flightdeck::{HttpKeyExtractor, Mode, Route, SingleFlightLayer, StageConfig};
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # fn main() -> Result<(), flightdeck::BoxError> {
 //! let keys = HttpKeyExtractor::builder()
-//!     .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(64 * 1024))
+//!     .route(Route::post("/v1/score", "score").hash_body(64 * 1024))
 //!     .build()?;
-//! let flights = SingleFlightLayer::http(keys)
+//! let flights = SingleFlightLayer::builder()
+//!     .keys(keys)
 //!     .stage("score", StageConfig::new().mode(Mode::LocalOnly))
 //!     .build()?;
 //! let app: Router = Router::new()
@@ -45,83 +45,229 @@
 //! # }
 //! ```
 //!
-//! Those who compose their own stack use the parts directly:
-//! `ErrorResponseLayer`, `KeyLayer` and [`SingleFlightBuilder::http`].
+//! A gRPC service gives a `GrpcKeyExtractor` to
+//! [`keys`](SingleFlightLayerBuilder::keys) (feature `grpc`): the layer is
+//! then a `SingleFlightLayer<GrpcKeyExtractor>`. Those who compose their
+//! own stack use the parts directly: `ErrorResponseLayer`, `KeyLayer` and
+//! [`GenericSingleFlightLayer::http`].
 
 use std::fmt;
+use std::task::{Context, Poll};
 
-use flightdeck_budget::FromHeaders;
 use flightdeck_core::http::{ErrorResponse, HttpShare};
-use flightdeck_core::FromExtension;
-use flightdeck_distributed::{Backend, ExtensionFence, HttpCodec};
+use flightdeck_distributed::Backend;
 use flightdeck_key::http::HttpKeyExtractor;
 use flightdeck_key::{Key, KeyLayer};
 use tower_layer::Layer;
+use tower_service::Service;
 
 use crate::config::{ConfigError, KeySettings, SingleFlightConfig, StageConfig, SCOPE_SECRET_ENV};
-use crate::layer::{SingleFlightBuilder, SingleFlightLayer};
-use crate::service::SingleFlight;
+use crate::layer::{GenericSingleFlightLayer, GenericSingleFlightLayerBuilder};
+use crate::readers::HttpReaders;
+use crate::service::GenericSingleFlight;
 use crate::stage::StageHandle;
 
-/// The single-flight part of an HTTP stack: what
-/// [`SingleFlightBuilder::http`] builds, for those who compose the key and
-/// error layers themselves.
-pub type HttpSingleFlightLayer =
-    SingleFlightLayer<FromExtension, HttpShare, HttpCodec, ExtensionFence, FromHeaders>;
+/// The single-flight part of the layer.
+type Flights = GenericSingleFlightLayer<HttpReaders, HttpShare>;
 
-/// The service an [`HttpSingleFlightLayer`] wraps around `S`.
-pub type HttpSingleFlight<S> =
-    SingleFlight<S, FromExtension, HttpShare, HttpCodec, ExtensionFence, FromHeaders>;
+/// The service the single-flight part wraps around `S`.
+type Inner<S, E> = ErrorResponse<Key<GenericSingleFlight<S, HttpReaders, HttpShare>, E>>;
 
-/// The service a [`FlightsLayer`] wraps around `S`: error responses, keys,
-/// single-flight, then `S`.
-pub type Flights<S, E = HttpKeyExtractor> = ErrorResponse<Key<HttpSingleFlight<S>, E>>;
-
-/// The layer for gRPC services (tonic's `Server::builder().layer(..)`).
-#[cfg(feature = "grpc")]
-pub type GrpcFlightsLayer = FlightsLayer<flightdeck_key::grpc::GrpcKeyExtractor>;
-
-impl HttpSingleFlightLayer {
-    /// Starts the one layer of an HTTP service, keyed by `keys` (see the
-    /// [module docs](crate::http)).
-    pub fn http(keys: HttpKeyExtractor) -> FlightsBuilder<HttpKeyExtractor> {
-        FlightsBuilder::new(keys)
-    }
-
-    /// Starts the one layer of a gRPC service, keyed by `keys` (only its
-    /// allowlisted unary methods coalesce).
-    #[cfg(feature = "grpc")]
-    pub fn grpc(
-        keys: flightdeck_key::grpc::GrpcKeyExtractor,
-    ) -> FlightsBuilder<flightdeck_key::grpc::GrpcKeyExtractor> {
-        FlightsBuilder::new(keys)
-    }
+/// The one layer of an HTTP service (axum, hyper), or of a gRPC service
+/// (tonic) with `E` = `GrpcKeyExtractor`: error responses, keys and
+/// single-flight (see the [module docs](crate::http)). Cheap to clone:
+/// every clone and every service it builds share the same flights. Built
+/// by [`SingleFlightLayer::builder`].
+///
+/// A function that builds the app can name it:
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use flightdeck::{HttpKeyExtractor, Route, SingleFlightLayer};
+///
+/// fn app(flights: SingleFlightLayer) -> Router {
+///     Router::new()
+///         .route("/report", get(|| async { "the report" }))
+///         .layer(flights)
+/// }
+///
+/// # fn main() -> Result<(), flightdeck::BoxError> {
+/// let keys = HttpKeyExtractor::builder()
+///     .route(Route::get("/report", "report"))
+///     .build()?;
+/// let app = app(SingleFlightLayer::builder().keys(keys).local_only().build()?);
+/// # let _ = app;
+/// # Ok(())
+/// # }
+/// ```
+pub struct SingleFlightLayer<E = HttpKeyExtractor> {
+    keys: KeyLayer<E>,
+    flights: Flights,
 }
 
-/// Builds a [`FlightsLayer`]: the key rules (given), the stages and the
-/// backends. Started by [`SingleFlightLayer::http`] or
-/// [`SingleFlightLayer::grpc`].
-pub struct FlightsBuilder<E> {
-    keys: E,
-    inner: SingleFlightBuilder<FromExtension, HttpShare, HttpCodec, ExtensionFence, FromHeaders>,
-    default_policy: Option<StageConfig>,
-    key_settings: KeySettings,
-    local_only: bool,
-}
-
-impl<E> FlightsBuilder<E> {
-    fn new(keys: E) -> Self {
-        Self {
-            keys,
-            inner: SingleFlightBuilder::http(),
+impl SingleFlightLayer {
+    /// Starts the layer: give it key rules
+    /// ([`keys`](SingleFlightLayerBuilder::keys)), the stages (or a
+    /// configuration) and the backends.
+    pub fn builder() -> SingleFlightLayerBuilder {
+        SingleFlightLayerBuilder {
+            keys: None,
+            inner: GenericSingleFlightLayer::http(),
             default_policy: None,
             key_settings: KeySettings::default(),
             local_only: false,
         }
     }
+}
 
-    /// Registers a coordination backend under `name` (see
-    /// [`SingleFlightBuilder::backend`]).
+impl<E> SingleFlightLayer<E> {
+    /// The single-flight part (for those who compose it themselves).
+    pub fn flights(&self) -> &GenericSingleFlightLayer<HttpReaders, HttpShare> {
+        &self.flights
+    }
+
+    /// The key rules.
+    pub fn keys(&self) -> &E {
+        self.keys.extractor()
+    }
+
+    /// The runtime handle of a stage (mode switch, degraded state, breaker,
+    /// bulkhead).
+    pub fn stage(&self, name: &str) -> Option<StageHandle> {
+        self.flights.stage(name)
+    }
+
+    /// Handles of every stage.
+    pub fn stages(&self) -> Vec<StageHandle> {
+        self.flights.stages()
+    }
+
+    /// Local flights running right now in a stage (for tests and health
+    /// checks).
+    pub fn running_flights(&self, stage: &str) -> Option<usize> {
+        self.flights.running_flights(stage)
+    }
+
+    /// Resolves once no stage has background coordination left (owners'
+    /// commits and abandons, releases of leases this node gave up on): for
+    /// graceful shutdown, and tests.
+    pub async fn idle(&self) {
+        self.flights.idle().await;
+    }
+}
+
+impl<E> Clone for SingleFlightLayer<E> {
+    fn clone(&self) -> Self {
+        Self {
+            keys: self.keys.clone(),
+            flights: self.flights.clone(),
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for SingleFlightLayer<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SingleFlightLayer")
+            .field("keys", self.keys.extractor())
+            .field("flights", &self.flights)
+            .finish()
+    }
+}
+
+impl<S, E> Layer<S> for SingleFlightLayer<E> {
+    type Service = SingleFlight<S, E>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SingleFlight {
+            inner: ErrorResponse::new(self.keys.layer(self.flights.layer(inner))),
+        }
+    }
+}
+
+/// The service a [`SingleFlightLayer`] wraps around `S`: error responses,
+/// keys, single-flight, then `S`.
+pub struct SingleFlight<S, E = HttpKeyExtractor> {
+    inner: Inner<S, E>,
+}
+
+impl<S, E> SingleFlight<S, E> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        self.inner.get_ref().get_ref().get_ref()
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        self.inner.get_mut().get_mut().get_mut()
+    }
+
+    /// Consumes the wrapper, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner.into_inner().into_inner().into_inner()
+    }
+}
+
+impl<S: Clone, E> Clone for SingleFlight<S, E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, E: fmt::Debug> fmt::Debug for SingleFlight<S, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SingleFlight")
+            .field("inner", self.get_ref())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, E, Req> Service<Req> for SingleFlight<S, E>
+where
+    Inner<S, E>: Service<Req>,
+{
+    type Response = <Inner<S, E> as Service<Req>>::Response;
+    type Error = <Inner<S, E> as Service<Req>>::Error;
+    type Future = <Inner<S, E> as Service<Req>>::Future;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.inner.call(req)
+    }
+}
+
+/// Builds a [`SingleFlightLayer`]: the key rules, the stages and the
+/// backends. Started by [`SingleFlightLayer::builder`].
+pub struct SingleFlightLayerBuilder<E = HttpKeyExtractor> {
+    keys: Option<E>,
+    inner: GenericSingleFlightLayerBuilder<HttpReaders, HttpShare>,
+    default_policy: Option<StageConfig>,
+    key_settings: KeySettings,
+    local_only: bool,
+}
+
+impl<E> SingleFlightLayerBuilder<E> {
+    /// The key rules: an [`HttpKeyExtractor`], or a `GrpcKeyExtractor` for
+    /// a tonic service (feature `grpc`), which makes the layer a
+    /// `SingleFlightLayer<GrpcKeyExtractor>`.
+    pub fn keys<E2: KeyRules>(self, keys: E2) -> SingleFlightLayerBuilder<E2> {
+        SingleFlightLayerBuilder {
+            keys: Some(keys),
+            inner: self.inner,
+            default_policy: self.default_policy,
+            key_settings: self.key_settings,
+            local_only: self.local_only,
+        }
+    }
+
+    /// Registers a coordination backend under `name`; stages pick it with
+    /// [`StageConfig::backend`](crate::StageConfig::backend).
     pub fn backend(mut self, name: impl Into<String>, backend: impl Backend) -> Self {
         self.inner = self.inner.backend(name, backend);
         self
@@ -146,10 +292,13 @@ impl<E> FlightsBuilder<E> {
         self
     }
 
-    /// Runs every stage in this process only (see
-    /// [`SingleFlightBuilder::local_only`]). The stages the key rules name
-    /// need no declaration then: those without one run LOCAL_ONLY with the
-    /// defaults (or the [`default_policy`](Self::default_policy)).
+    /// Runs every stage in this process only: HYBRID and DISTRIBUTED_ONLY
+    /// stages are built LOCAL_ONLY, without their backend (none needs to
+    /// be registered; a later switch to a distributed mode is refused),
+    /// for running a service without Redis with the configuration it has
+    /// in production. The stages the key rules name need no declaration
+    /// then: those without one run LOCAL_ONLY with the defaults (or the
+    /// [`default_policy`](Self::default_policy)).
     pub fn local_only(mut self) -> Self {
         self.inner = self.inner.local_only();
         self.local_only = true;
@@ -174,17 +323,25 @@ impl<E> FlightsBuilder<E> {
     /// Applies the configuration's key settings to the key rules,
     /// validates the rules against the stages, and every stage; builds the
     /// layer. Errors name the stage and the field (`keys.…` for a key
-    /// setting).
+    /// setting; `keys` when no rules were given).
     ///
     /// When a stage can store results in a shared backend and the tenant
     /// scope digests are unkeyed (no scope secret), a warning says so:
     /// whoever reads the backend's key names could check guessed
     /// credentials against them.
-    pub fn build(mut self) -> Result<FlightsLayer<E>, ConfigError>
+    pub fn build(mut self) -> Result<SingleFlightLayer<E>, ConfigError>
     where
         E: KeyRules,
     {
-        let keys = self.keys.apply_settings(&self.key_settings)?;
+        let Some(keys) = self.keys else {
+            return Err(ConfigError::invalid(
+                None,
+                "keys",
+                "the layer has no key rules: give the builder .keys(..) (an \
+                 HttpKeyExtractor, or a GrpcKeyExtractor for a tonic service)",
+            ));
+        };
+        let keys = keys.apply_settings(&self.key_settings)?;
         for stage in keys.stages() {
             if self.inner.has_stage(stage.as_str()) {
                 continue;
@@ -224,10 +381,19 @@ impl<E> FlightsBuilder<E> {
                  secret on every node"
             );
         }
-        Ok(FlightsLayer {
+        Ok(SingleFlightLayer {
             keys: KeyLayer::new(keys),
             flights,
         })
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for SingleFlightLayerBuilder<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SingleFlightLayerBuilder")
+            .field("keys", &self.keys)
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
     }
 }
 
@@ -238,7 +404,8 @@ mod rules {
 
     use crate::config::{ConfigError, KeySettings};
 
-    /// The key rules a [`FlightsBuilder`](super::FlightsBuilder) builds
+    /// The key rules a
+    /// [`SingleFlightLayerBuilder`](super::SingleFlightLayerBuilder) builds
     /// with (implemented by the HTTP and the gRPC extractor): what the
     /// configuration's [`KeySettings`] change on rules built in code, and
     /// what the layer needs to know of them.
@@ -288,77 +455,5 @@ impl KeyRules for flightdeck_key::grpc::GrpcKeyExtractor {
 
     fn scope_digests_unkeyed(&self) -> bool {
         flightdeck_key::grpc::GrpcKeyExtractor::scope_digests_unkeyed(self)
-    }
-}
-
-impl<E: fmt::Debug> fmt::Debug for FlightsBuilder<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FlightsBuilder")
-            .field("keys", &self.keys)
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The one layer of an HTTP or gRPC service: error responses, keys and
-/// single-flight (see the [module docs](crate::http)). Cheap to clone: every
-/// clone and every service it builds share the same flights.
-pub struct FlightsLayer<E = HttpKeyExtractor> {
-    keys: KeyLayer<E>,
-    flights: HttpSingleFlightLayer,
-}
-
-impl<E> FlightsLayer<E> {
-    /// The single-flight part (stage handles, idle, running flights).
-    pub fn flights(&self) -> &HttpSingleFlightLayer {
-        &self.flights
-    }
-
-    /// The key rules.
-    pub fn keys(&self) -> &E {
-        self.keys.extractor()
-    }
-
-    /// The runtime handle of a stage (mode switch, degraded state, breaker,
-    /// bulkhead).
-    pub fn stage(&self, name: &str) -> Option<StageHandle> {
-        self.flights.stage(name)
-    }
-
-    /// Handles of every stage.
-    pub fn stages(&self) -> Vec<StageHandle> {
-        self.flights.stages()
-    }
-
-    /// Resolves once no stage has background coordination left (see
-    /// [`SingleFlightLayer::idle`]).
-    pub async fn idle(&self) {
-        self.flights.idle().await;
-    }
-}
-
-impl<E> Clone for FlightsLayer<E> {
-    fn clone(&self) -> Self {
-        Self {
-            keys: self.keys.clone(),
-            flights: self.flights.clone(),
-        }
-    }
-}
-
-impl<E: fmt::Debug> fmt::Debug for FlightsLayer<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FlightsLayer")
-            .field("keys", self.keys.extractor())
-            .field("flights", &self.flights)
-            .finish()
-    }
-}
-
-impl<S, E> Layer<S> for FlightsLayer<E> {
-    type Service = Flights<S, E>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ErrorResponse::new(self.keys.layer(self.flights.layer(inner)))
     }
 }

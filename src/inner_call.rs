@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::{Serves, Share, Shareable};
-use flightdeck_distributed::{Execute, Fence, FlightId, Role};
+use flightdeck_distributed::{Execute, FlightId, Role};
 use pin_project_lite::pin_project;
 use tokio::time::timeout;
 use tokio::time::Instant;
@@ -20,16 +20,16 @@ use tower::util::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::readers::RequestReaders;
 use crate::stage::{Control, Path, Stage};
 
-/// A request's execution: the stage, the inner service, how responses are
-/// shared, how the owner's token reaches the request, and the bound of
-/// the execution slice.
-pub(crate) struct InnerCall<S, Sh: flightdeck_core::SharedForm, F, C> {
-    pub(crate) stage: Arc<Stage<Sh, C>>,
+/// A request's execution: the stage (whose readers hand the owner's token
+/// to the request), the inner service, how responses are shared, and the
+/// bound of the execution slice.
+pub(crate) struct InnerCall<S, R, Sh: flightdeck_core::SharedForm> {
+    pub(crate) stage: Arc<Stage<R, Sh>>,
     pub(crate) inner: S,
     pub(crate) share: Sh,
-    pub(crate) fence: F,
     /// The stage's `execution-timeout`, or an outer budget's execution
     /// slice, whichever is shorter.
     pub(crate) bound: Option<Duration>,
@@ -38,7 +38,7 @@ pub(crate) struct InnerCall<S, Sh: flightdeck_core::SharedForm, F, C> {
     pub(crate) flight: Option<FlightId>,
 }
 
-impl<S, Sh: flightdeck_core::SharedForm, F, C> InnerCall<S, Sh, F, C> {
+impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
     /// Runs `req` here, on `path`: behind the bulkhead, within the bound,
     /// its response shared (and what a shared result needs of the request
     /// recorded, for the callers it will be handed to).
@@ -91,15 +91,14 @@ fn out_of_time() -> DeadlineExceeded {
     DeadlineExceeded::new("execution")
 }
 
-impl<S, Req, Sh, F, C> Execute<Req> for InnerCall<S, Sh, F, C>
+impl<S, Req, R, Sh> Execute<Req> for InnerCall<S, R, Sh>
 where
     S: Service<Req> + Clone + Send,
     S::Error: Into<BoxError>,
     S::Future: Send,
     Sh: Share<S::Response> + Serves<Req>,
-    F: Fence<Req>,
+    R: RequestReaders<Req>,
     Req: Send,
-    C: Send + Sync,
 {
     type Shared = Sh::Shared;
     type Output = Sh::Output;
@@ -111,7 +110,7 @@ where
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send {
         let path = match role {
             Role::Owner(token) => {
-                self.fence.fence(&mut req, token);
+                self.stage.readers.fence(&mut req, token);
                 Path::Owner
             }
             Role::Fallback => Path::Fallback,

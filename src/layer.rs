@@ -1,4 +1,6 @@
-//! [`SingleFlightLayer`] and its builder.
+//! [`GenericSingleFlightLayer`] and its builder: the single-flight part
+//! of the facade for any request type (the HTTP layer,
+//! [`SingleFlightLayer`](crate::SingleFlightLayer), is built on it).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -6,49 +8,95 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use flightdeck_breaker::Breaker;
-use flightdeck_budget::NoInbound;
+use flightdeck_budget::Inbound;
 use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
-use flightdeck_core::{SharedForm, StageName};
+use flightdeck_core::{KeySource, SharedForm, StageName};
 use flightdeck_distributed::{
-    Backend, BackendBreakers, DistributedFlights, GuardedBackend, NoFence,
+    Backend, BackendBreakers, DistributedFlights, Fence, GuardedBackend, ResultCodec,
 };
 use flightdeck_local::LocalFlights;
 use tower_layer::Layer;
 
 use crate::config::{ConfigError, SharingSettings, SingleFlightConfig, StageConfig};
-use crate::service::SingleFlight;
+use crate::readers::{DynCodec, DynReaders};
+use crate::service::GenericSingleFlight;
 use crate::stage::{Control, Idle, Stage, StageHandle};
 
 /// The stages by name: looked up on every request, by the name's identity
 /// (stage names are interned), with a fast hasher.
 pub(crate) type StageMap<V> = HashMap<StageName, V, foldhash::fast::RandomState>;
 
-/// State shared by every service of one layer.
-pub(crate) struct Shared<K, Sh: SharedForm, C, F, X> {
-    pub(crate) keys: K,
+/// State shared by every service of one layer: the request readers,
+/// the share adapter and the stages.
+pub(crate) struct Shared<R, Sh: SharedForm> {
+    pub(crate) readers: R,
     pub(crate) share: Sh,
-    pub(crate) fence: F,
-    pub(crate) deadlines: X,
-    pub(crate) stages: StageMap<Arc<Stage<Sh, C>>>,
+    pub(crate) stages: StageMap<Arc<Stage<R, Sh>>>,
 }
 
-/// The facade: per stage, local single-flight (L1), distributed
-/// single-flight (L2) over the stage's backend behind the stage's breaker,
-/// the bulkhead and the execution budget, in the stage's
-/// [`Mode`](crate::Mode). See the [crate docs](crate).
+/// The single-flight layer for any request type: per stage, local
+/// single-flight (L1), distributed single-flight (L2) over the stage's
+/// backend behind the stage's breaker, the bulkhead and the execution
+/// budget, in the stage's [`Mode`](crate::Mode). See the [crate
+/// docs](crate). HTTP and gRPC services use
+/// [`SingleFlightLayer`](crate::SingleFlightLayer), which puts the key
+/// rules and the error responses around this.
 ///
-/// Built by [`SingleFlightBuilder`]. All state (in-flight maps, breakers,
-/// bulkheads, backends) is created here and shared, behind an `Arc`, by
-/// every service the layer builds and every clone of them.
+/// Built by [`GenericSingleFlightLayer::builder`]. All state (in-flight
+/// maps, breakers, bulkheads, backends) is created here and shared, behind
+/// an `Arc`, by every service the layer builds and every clone of them.
 ///
-/// The type parameters are what reads a request (`K` its key, `F` where the
-/// owner's fencing token goes, `X` its deadline) and what a result is
-/// (`Sh` shares responses, `C` stores them).
-pub struct SingleFlightLayer<K, Sh: SharedForm, C, F = NoFence, X = NoInbound> {
-    shared: Arc<Shared<K, Sh, C, F, X>>,
+/// `R` reads requests (their key, deadline and fencing token:
+/// [`DynReaders`] for a request type of your own), `Sh` shares responses
+/// (`CloneShare`, `HttpShare`).
+///
+/// ```
+/// use flightdeck::core::{CloneShare, FlightKey, StageName};
+/// use flightdeck::distributed::PostcardCodec;
+/// use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let stage = StageName::new("len").unwrap();
+/// let layer = GenericSingleFlightLayer::builder(
+///     move |q: &String| Some(FlightKey::from_bytes(stage.clone(), q)),
+///     CloneShare::<usize>::new(),
+///     PostcardCodec::<usize>::new(),
+/// )
+/// .stage("len", StageConfig::new().mode(Mode::LocalOnly))
+/// .build()
+/// .unwrap();
+/// let svc = layer.layer(service_fn(|q: String| async move {
+///     Ok::<_, std::convert::Infallible>(q.len())
+/// }));
+/// assert_eq!(svc.oneshot("four".to_owned()).await.unwrap(), 4);
+/// # }
+/// ```
+pub struct GenericSingleFlightLayer<R, Sh: SharedForm> {
+    shared: Arc<Shared<R, Sh>>,
 }
 
-impl<K, Sh: SharedForm, C: Send + Sync + 'static, F, X> SingleFlightLayer<K, Sh, C, F, X> {
+impl<Req: 'static, Sh: SharedForm> GenericSingleFlightLayer<DynReaders<Req>, Sh> {
+    /// Starts a builder. `keys` finds each request's
+    /// [`FlightKey`](flightdeck_core::FlightKey) (a closure, or
+    /// `FromExtension` after a `KeyLayer`); `share` turns responses into
+    /// their shared form (`CloneShare`, `HttpShare`); `codec` stores that
+    /// form in the backends (`PostcardCodec`, `HttpCodec`). Fencing tokens
+    /// are dropped and requests carry no deadline of their own until
+    /// [`fence`](GenericSingleFlightLayerBuilder::fence) and
+    /// [`deadlines`](GenericSingleFlightLayerBuilder::deadlines) say
+    /// otherwise.
+    pub fn builder(
+        keys: impl KeySource<Req>,
+        share: Sh,
+        codec: impl ResultCodec<Sh::Shared>,
+    ) -> GenericSingleFlightLayerBuilder<DynReaders<Req>, Sh> {
+        GenericSingleFlightLayerBuilder::new(DynReaders::new(keys), share, DynCodec::new(codec))
+    }
+}
+
+impl<R, Sh: SharedForm> GenericSingleFlightLayer<R, Sh> {
     /// The runtime handle of a stage (mode switch, degraded state, breaker,
     /// bulkhead).
     pub fn stage(&self, name: &str) -> Option<StageHandle> {
@@ -95,7 +143,7 @@ impl<K, Sh: SharedForm, C: Send + Sync + 'static, F, X> SingleFlightLayer<K, Sh,
     }
 }
 
-fn handle<Sh: SharedForm, C: Send + Sync + 'static>(s: &Arc<Stage<Sh, C>>) -> StageHandle {
+fn handle<R, Sh: SharedForm>(s: &Arc<Stage<R, Sh>>) -> StageHandle {
     StageHandle {
         ctl: Arc::clone(&s.ctl),
         idle: s
@@ -105,7 +153,7 @@ fn handle<Sh: SharedForm, C: Send + Sync + 'static>(s: &Arc<Stage<Sh, C>>) -> St
     }
 }
 
-impl<K, Sh: SharedForm, C, F, X> Clone for SingleFlightLayer<K, Sh, C, F, X> {
+impl<R, Sh: SharedForm> Clone for GenericSingleFlightLayer<R, Sh> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -113,7 +161,7 @@ impl<K, Sh: SharedForm, C, F, X> Clone for SingleFlightLayer<K, Sh, C, F, X> {
     }
 }
 
-impl<K, Sh: SharedForm, C, F, X> fmt::Debug for SingleFlightLayer<K, Sh, C, F, X> {
+impl<R, Sh: SharedForm> fmt::Debug for GenericSingleFlightLayer<R, Sh> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut stages: Vec<_> = self
             .shared
@@ -122,50 +170,39 @@ impl<K, Sh: SharedForm, C, F, X> fmt::Debug for SingleFlightLayer<K, Sh, C, F, X
             .map(|s| (s.ctl.name.as_str().to_owned(), s.ctl.mode().as_str()))
             .collect();
         stages.sort();
-        f.debug_struct("SingleFlightLayer")
+        f.debug_struct("GenericSingleFlightLayer")
             .field("stages", &stages)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, K, Sh: SharedForm, C, F, X> Layer<S> for SingleFlightLayer<K, Sh, C, F, X> {
-    type Service = SingleFlight<S, K, Sh, C, F, X>;
+impl<S, R, Sh: SharedForm> Layer<S> for GenericSingleFlightLayer<R, Sh> {
+    type Service = GenericSingleFlight<S, R, Sh>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SingleFlight::new(inner, Arc::clone(&self.shared))
+        GenericSingleFlight::new(inner, Arc::clone(&self.shared))
     }
 }
 
-/// Builds a [`SingleFlightLayer`]: what reads a request (its key, where the
-/// fencing token goes, its deadline), how results are shared and stored,
-/// the named backends, and the stages.
-pub struct SingleFlightBuilder<K, Sh, C, F = NoFence, X = NoInbound> {
-    keys: K,
+/// Builds a [`GenericSingleFlightLayer`]: what reads a request (its key,
+/// where the fencing token goes, its deadline), how results are shared
+/// and stored, the named backends, and the stages. Started by
+/// [`GenericSingleFlightLayer::builder`].
+pub struct GenericSingleFlightLayerBuilder<R, Sh: SharedForm> {
+    readers: R,
     share: Sh,
-    codec: C,
-    fence: F,
-    deadlines: X,
+    codec: DynCodec<Sh::Shared>,
     backends: HashMap<String, Arc<dyn Backend>>,
     config: SingleFlightConfig,
     local_only: bool,
 }
 
-impl<K, Sh, C> SingleFlightBuilder<K, Sh, C> {
-    /// Starts a builder. `keys` finds each request's
-    /// [`FlightKey`](flightdeck_core::FlightKey) (a closure, or
-    /// `FromExtension` after a `KeyLayer`); `share` turns responses into
-    /// their shared form (`CloneShare`, `HttpShare`); `codec` stores that
-    /// form in the backends (`PostcardCodec`, `HttpCodec`). Fencing tokens
-    /// are dropped and requests carry no deadline of their own until
-    /// [`fence`](Self::fence) and [`deadlines`](Self::deadlines) say
-    /// otherwise.
-    pub fn new(keys: K, share: Sh, codec: C) -> Self {
+impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
+    pub(crate) fn new(readers: R, share: Sh, codec: DynCodec<Sh::Shared>) -> Self {
         Self {
-            keys,
+            readers,
             share,
             codec,
-            fence: NoFence,
-            deadlines: NoInbound,
             backends: HashMap::new(),
             config: SingleFlightConfig::default(),
             local_only: false,
@@ -174,65 +211,47 @@ impl<K, Sh, C> SingleFlightBuilder<K, Sh, C> {
 }
 
 #[cfg(feature = "http")]
-impl
-    SingleFlightBuilder<
-        flightdeck_core::FromExtension,
+impl GenericSingleFlightLayer<crate::readers::HttpReaders, flightdeck_core::http::HttpShare> {
+    /// A builder of the single-flight part of an HTTP stack, for those who
+    /// compose the key and error layers themselves (the one layer,
+    /// [`SingleFlightLayer`](crate::SingleFlightLayer), does): keys from
+    /// the request's `FlightKey` extension (set by `KeyLayer`), responses
+    /// buffered by `HttpShare`, stored by `HttpCodec`, the owner's
+    /// `FencingToken` inserted into the request's extensions, and each
+    /// request's own deadline read from `grpc-timeout`, `x-request-timeout`
+    /// and an outer `BudgetLayer`'s `Deadline` (whose slices are
+    /// honoured).
+    pub fn http() -> GenericSingleFlightLayerBuilder<
+        crate::readers::HttpReaders,
         flightdeck_core::http::HttpShare,
-        flightdeck_distributed::HttpCodec,
-        flightdeck_distributed::ExtensionFence,
-        flightdeck_budget::FromHeaders,
-    >
-{
-    /// A builder for HTTP services: keys from the request's `FlightKey`
-    /// extension (set by `KeyLayer`), responses buffered by `HttpShare`,
-    /// stored by `HttpCodec`, the owner's `FencingToken` inserted into the
-    /// request's extensions, and each request's own deadline read from
-    /// `grpc-timeout`, `x-request-timeout` and an outer `BudgetLayer`'s
-    /// `Deadline` (whose slices are honoured).
-    pub fn http() -> Self {
-        SingleFlightBuilder::new(
-            flightdeck_core::FromExtension,
+    > {
+        GenericSingleFlightLayerBuilder::new(
+            crate::readers::HttpReaders::default(),
             flightdeck_core::http::HttpShare::new(),
-            flightdeck_distributed::HttpCodec::new(),
+            DynCodec::new(flightdeck_distributed::HttpCodec::new()),
         )
-        .fence(flightdeck_distributed::ExtensionFence)
-        .deadlines(flightdeck_budget::FromHeaders::new())
     }
 }
 
-impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
+impl<Req: 'static, Sh: SharedForm> GenericSingleFlightLayerBuilder<DynReaders<Req>, Sh> {
     /// Hands the owner's fencing token to requests with `fence` (so the
     /// handler can fence its own writes downstream).
-    pub fn fence<F2>(self, fence: F2) -> SingleFlightBuilder<K, Sh, C, F2, X> {
-        SingleFlightBuilder {
-            keys: self.keys,
-            share: self.share,
-            codec: self.codec,
-            fence,
-            deadlines: self.deadlines,
-            backends: self.backends,
-            config: self.config,
-            local_only: self.local_only,
-        }
+    pub fn fence(mut self, fence: impl Fence<Req>) -> Self {
+        self.readers.set_fence(fence);
+        self
     }
 
     /// Reads each request's own deadline with `deadlines` (an
     /// [`Inbound`](flightdeck_budget::Inbound) of the budget crate): a
     /// caller never waits past it, and a request whose time is up reaches
     /// neither the work nor the backend.
-    pub fn deadlines<X2>(self, deadlines: X2) -> SingleFlightBuilder<K, Sh, C, F, X2> {
-        SingleFlightBuilder {
-            keys: self.keys,
-            share: self.share,
-            codec: self.codec,
-            fence: self.fence,
-            deadlines,
-            backends: self.backends,
-            config: self.config,
-            local_only: self.local_only,
-        }
+    pub fn deadlines(mut self, deadlines: impl Inbound<Req> + Send + Sync + 'static) -> Self {
+        self.readers.set_deadlines(deadlines);
+        self
     }
+}
 
+impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
     /// Registers a coordination backend under `name`; stages pick it with
     /// [`StageConfig::backend`](crate::StageConfig::backend). Stages may use
     /// different backends (two Redis deployments, or Redis for one stage
@@ -251,7 +270,7 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
     /// Adds every stage of a loaded configuration. Its key settings
     /// (`[single-flight.keys]`) apply to key rules, which this builder
     /// does not hold: if any is set, [`build`](Self::build) fails naming
-    /// it (give the configuration to `SingleFlightLayer::http(keys)`
+    /// it (give the configuration to `SingleFlightLayer::builder()`
     /// instead, or apply them to the key builder with
     /// [`KeySettings::apply`](crate::KeySettings::apply) and leave them
     /// out of the configuration given here).
@@ -294,10 +313,10 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
 
     /// Validates every stage and builds the layer. The error names the
     /// stage and the field.
-    pub fn build(self) -> Result<SingleFlightLayer<K, Sh, C, F, X>, ConfigError>
+    pub fn build(self) -> Result<GenericSingleFlightLayer<R, Sh>, ConfigError>
     where
-        Sh: SharedForm + StageShare,
-        C: Clone + Send + Sync + 'static,
+        R: Clone,
+        Sh: StageShare,
     {
         // Nothing of the configuration is dropped: settings this builder
         // cannot apply are refused, by name.
@@ -306,7 +325,7 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                 None,
                 *field,
                 "applies to key rules, and this builder holds none: give the configuration \
-                 to SingleFlightLayer::http(keys).config(..), or apply it to the key builder \
+                 to SingleFlightLayer::builder().config(..), or apply it to the key builder \
                  (KeySettings::apply) and leave it out of the configuration given here",
             ));
         }
@@ -423,6 +442,7 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                 stage,
                 Arc::new(Stage {
                     ctl,
+                    readers: self.readers.clone(),
                     share,
                     local,
                     distributed,
@@ -431,23 +451,21 @@ impl<K, Sh, C, F, X> SingleFlightBuilder<K, Sh, C, F, X> {
                 }),
             );
         }
-        Ok(SingleFlightLayer {
+        Ok(GenericSingleFlightLayer {
             shared: Arc::new(Shared {
-                keys: self.keys,
+                readers: self.readers,
                 share: self.share,
-                fence: self.fence,
-                deadlines: self.deadlines,
                 stages,
             }),
         })
     }
 }
 
-impl<K, Sh, C, F, X> fmt::Debug for SingleFlightBuilder<K, Sh, C, F, X> {
+impl<R, Sh: SharedForm> fmt::Debug for GenericSingleFlightLayerBuilder<R, Sh> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut backends: Vec<_> = self.backends.keys().collect();
         backends.sort();
-        f.debug_struct("SingleFlightBuilder")
+        f.debug_struct("GenericSingleFlightLayerBuilder")
             .field("backends", &backends)
             .field("stages", &self.config.stages.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()

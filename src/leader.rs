@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
-use flightdeck_distributed::{Fence, FlightFuture, FlightId, ResultCodec, Start, Verdict};
+use flightdeck_distributed::{FlightFuture, FlightId, Start, Verdict};
 use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -19,6 +19,7 @@ use tower_service::Service;
 use crate::fallback::ModeFallback;
 use crate::inner_call::InnerCall;
 use crate::mode::Mode;
+use crate::readers::RequestReaders;
 use crate::stage::{Path, Stage};
 
 pin_project! {
@@ -54,35 +55,43 @@ where
     }
 }
 
-/// One caller's work.
-pub(crate) struct Leader<S, Req, Sh: SharedForm, C, F> {
-    pub(crate) stage: Arc<Stage<Sh, C>>,
+/// One caller's work. (Public in a private module: it names the
+/// service's response future, and nothing of it can be reached.)
+#[allow(unreachable_pub)]
+pub struct Leader<S, Req, R, Sh: SharedForm> {
+    pub(crate) stage: Arc<Stage<R, Sh>>,
     pub(crate) mode: Mode,
     pub(crate) key: FlightKey,
     pub(crate) req: Req,
     pub(crate) inner: S,
     pub(crate) share: Sh,
-    pub(crate) fence: F,
     /// An outer budget's coordination slice (each backend call's bound).
     pub(crate) coordination: Option<Duration>,
     /// The execution bound (see [`InnerCall::bound`]).
     pub(crate) bound: Option<Duration>,
 }
 
-impl<S, Req, Sh: SharedForm, C, F> Leader<S, Req, Sh, C, F> {
+impl<S, Req, R, Sh: SharedForm> std::fmt::Debug for Leader<S, Req, R, Sh> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leader")
+            .field("stage", &self.stage.ctl.name)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
     fn exec(
-        stage: Arc<Stage<Sh, C>>,
+        stage: Arc<Stage<R, Sh>>,
         inner: S,
         share: Sh,
-        fence: F,
         bound: Option<Duration>,
         flight: Option<FlightId>,
-    ) -> InnerCall<S, Sh, F, C> {
+    ) -> InnerCall<S, R, Sh> {
         InnerCall {
             stage,
             inner,
             share,
-            fence,
             bound,
             flight,
         }
@@ -91,21 +100,20 @@ impl<S, Req, Sh: SharedForm, C, F> Leader<S, Req, Sh, C, F> {
     /// The flight's id when it is coordinated over a sharded backend (the
     /// points that judge it by shard need it); `None` otherwise, which
     /// costs nothing.
-    fn sharded_flight(stage: &Stage<Sh, C>, mode: Mode, key: &FlightKey) -> Option<FlightId> {
+    fn sharded_flight(stage: &Stage<R, Sh>, mode: Mode, key: &FlightKey) -> Option<FlightId> {
         (mode.is_distributed() && stage.distributed.is_some() && stage.ctl.sharded())
             .then(|| FlightId::of(key))
     }
 }
 
-impl<S, Req, Sh, C, F> FlightWork<Sh::Shared> for Leader<S, Req, Sh, C, F>
+impl<S, Req, R, Sh> FlightWork<Sh::Shared> for Leader<S, Req, R, Sh>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send,
     Req: Send + 'static,
+    R: RequestReaders<Req>,
     Sh: Share<S::Response> + Serves<Req>,
-    C: ResultCodec<Sh::Shared>,
-    F: Fence<Req>,
 {
     type Output = Sh::Output;
 
@@ -120,12 +128,11 @@ where
             req,
             inner,
             share,
-            fence,
             coordination,
             bound,
         } = self;
         let flight = Self::sharded_flight(&stage, mode, &key);
-        let exec = Self::exec(Arc::clone(&stage), inner, share, fence, bound, flight);
+        let exec = Self::exec(Arc::clone(&stage), inner, share, bound, flight);
         let Some(l2) = stage.distributed.as_ref().filter(|_| mode.is_distributed()) else {
             // LOCAL_ONLY, or a stage without backend.
             return Lead::Here {
@@ -166,9 +173,7 @@ where
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
         let flight = Self::sharded_flight(&self.stage, self.mode, &self.key);
-        let exec = Self::exec(
-            self.stage, self.inner, self.share, self.fence, self.bound, flight,
-        );
+        let exec = Self::exec(self.stage, self.inner, self.share, self.bound, flight);
         exec.run(self.req, Path::Local)
     }
 

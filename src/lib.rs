@@ -2,14 +2,66 @@
 //!
 //! When many requests that mean the same thing arrive at once, only one of
 //! them runs the expensive call; the others wait and share its result:
-//! first inside one process (L1, [`local`]), then across every process of a
-//! deployment through a coordination backend such as Redis (L2,
-//! [`distributed`]).
+//! inside one process (L1), and across every process of a deployment
+//! through Redis (L2). One layer, [`SingleFlightLayer`], carries the key
+//! rules, the stages and the error responses (503, 429, 504):
 //!
-//! [`SingleFlightLayer`] puts it all together, per stage (a kind of work
-//! with its own [`StageConfig`]).
+//! ```rust,no_run
+//! # #[cfg(all(feature = "toml", feature = "redis"))]
+//! # mod snippet {
+//! use axum::{routing::post, Router};
+//! use flightdeck::{HttpKeyExtractor, RedisBackend, RedisConfig, Route};
+//! use flightdeck::{SingleFlightConfig, SingleFlightLayer};
 //!
-//! # The data path, and who decides what
+//! #[tokio::main]
+//! async fn main() -> Result<(), flightdeck::BoxError> {
+//!     let keys = HttpKeyExtractor::builder()
+//!         .route(Route::post("/v1/score", "score").hash_body(64 * 1024))
+//!         .build()?;
+//!     let config = SingleFlightConfig::from_toml(&std::fs::read_to_string("flightdeck.toml")?)?;
+//!     // Connects in the background: with Redis down the node starts
+//!     // degraded and goes distributed once Redis answers.
+//!     let backend = RedisBackend::new(RedisConfig::new("redis://127.0.0.1:6379"))?;
+//!     let flights = SingleFlightLayer::builder()
+//!         .keys(keys)
+//!         .config(config) // a stage the rules name but the file does not is a build error
+//!         .backend("redis", backend) // or .local_only(): every stage in this process only
+//!         .build()?;
+//!     let app = Router::new()
+//!         .route("/v1/score", post(|body: String| async move { format!("scored {body}") }))
+//!         .layer(flights);
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     axum::serve(listener, app).await?;
+//!     Ok(())
+//! }
+//! # }
+//! # fn main() {}
+//! ```
+//!
+//! (Features `toml` and `redis`; the README has the whole tour: tonic,
+//! metrics, testing with paused time.)
+//!
+//! - **Keys** ([`HttpKeyExtractor`], [`Route`]): which requests are the
+//!   same work. For gRPC, `GrpcKeyExtractor` (feature `grpc`) given to
+//!   the same builder.
+//! - **Stages** ([`StageConfig`], or a [`SingleFlightConfig`] file): a kind
+//!   of work with its own [`Mode`], timeouts, bulkhead and breaker.
+//!   [`SingleFlightLayer::stage`] returns a [`StageHandle`] whose
+//!   [`set_mode`](StageHandle::set_mode) is the kill switch: it switches
+//!   the stage's mode for new requests; requests in flight finish in the
+//!   mode they started with.
+//! - **Backends** ([`RedisBackend`], feature `redis`; `MemoryBackend` in
+//!   [`testing`], feature `testing`): what L2 coordinates through.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `http` (default) | [`SingleFlightLayer`] and the HTTP key rules |
+//! | `grpc` | `GrpcKeyExtractor`: the layer of a tonic service |
+//! | `redis` | [`RedisBackend`], [`RedisConfig`] |
+//! | `toml`, `yaml` | [`SingleFlightConfig::from_toml`] / `from_yaml` |
+//! | `testing` | [`testing`]: the in-memory backend, body helpers |
+//!
+//! # How it works: the data path, and who decides what
 //!
 //! ```text
 //! request ─ key (KeySource) ─ stage ─ the stage's Mode, read on arrival
@@ -85,7 +137,7 @@
 //! # Deadlines
 //!
 //! A request's own deadline comes from an [`Inbound`](budget::Inbound) of
-//! the budget crate ([`SingleFlightBuilder::http`] reads `grpc-timeout`,
+//! the budget crate ([`SingleFlightLayer`] reads `grpc-timeout`,
 //! `x-request-timeout` and an outer `BudgetLayer`'s `Deadline`). A caller
 //! never waits past it, and a request whose time is up reaches neither the
 //! work nor the backend; but no caller's deadline decides another's: the
@@ -96,34 +148,26 @@
 //! outcome of a caller out of time is `DeadlineExceeded` (504 /
 //! `DEADLINE_EXCEEDED`).
 //!
-//! # The kill switch
+//! # Any request type
 //!
-//! [`SingleFlightLayer::stage`] returns a [`StageHandle`] whose
-//! [`set_mode`](StageHandle::set_mode) switches the stage's mode for new
-//! requests; requests in flight finish in the mode they started with.
+//! [`GenericSingleFlightLayer`] is the single-flight part alone, for a
+//! request type of your own: a key closure, a share adapter and a codec.
 //!
 //! ```
-//! use std::time::Duration;
-//! use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
 //! use flightdeck::core::{CloneShare, FlightKey, StageName};
 //! use flightdeck::distributed::PostcardCodec;
-//! use flightdeck_test::MemoryBackend;
+//! use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let stage = StageName::new("report").unwrap();
-//! let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("main");
-//! cfg.lease_timeout = Duration::from_secs(3);
-//! cfg.heartbeat_interval = Duration::from_secs(1);
-//! cfg.wait_timeout = Duration::from_secs(4);
-//! let layer = SingleFlightBuilder::new(
+//! let layer = GenericSingleFlightLayer::builder(
 //!     move |id: &u64| Some(FlightKey::from_bytes(stage.clone(), id.to_le_bytes())),
 //!     CloneShare::<String>::new(),
 //!     PostcardCodec::<String>::new(),
 //! )
-//! .backend("main", MemoryBackend::new())
-//! .stage("report", cfg)
+//! .stage("report", StageConfig::new().mode(Mode::LocalOnly))
 //! .build()
 //! .unwrap();
 //!
@@ -147,7 +191,7 @@
 //!   mapping.
 //! - [`key`] — request keys (`KeyLayer`, HTTP and gRPC extractors).
 //! - [`local`] — in-process single-flight ([`LocalFlightLayer`],
-//!   [`LocalFlights`](local::LocalFlights)).
+//!   `LocalFlights`).
 //! - [`distributed`] — cross-node single-flight over a backend.
 //! - [`breaker`], [`bulkhead`], [`budget`] — resilience layers.
 
@@ -164,6 +208,7 @@ mod inner_call;
 mod layer;
 mod leader;
 mod mode;
+pub mod readers;
 mod service;
 mod stage;
 #[cfg(feature = "testing")]
@@ -186,15 +231,28 @@ pub use config::{
     BreakerSettings, BulkheadSettings, ConfigError, KeySettings, SharingSettings,
     SingleFlightConfig, StageConfig,
 };
-pub use layer::{SingleFlightBuilder, SingleFlightLayer, StageShare};
+pub use layer::{GenericSingleFlightLayer, GenericSingleFlightLayerBuilder, StageShare};
+pub use service::GenericSingleFlight;
 
-#[cfg(feature = "grpc")]
-pub use http::GrpcFlightsLayer;
 #[cfg(feature = "http")]
-pub use http::{Flights, FlightsBuilder, FlightsLayer, HttpSingleFlight, HttpSingleFlightLayer};
+pub use http::{SingleFlight, SingleFlightLayer, SingleFlightLayerBuilder};
 pub use mode::{Mode, OnWaitFailure, UnknownMode};
-pub use service::SingleFlight;
 pub use stage::StageHandle;
 
-pub use flightdeck_core::{FlightKey, KeyEncoder, StageName};
+// The names users write, documented here, where they read them.
+#[doc(inline)]
+pub use flightdeck_core::{BoxError, FlightKey, KeyEncoder, StageName};
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+#[doc(inline)]
+pub use flightdeck_key::grpc::{GrpcKeyExtractor, GrpcKeyExtractorBuilder};
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+#[doc(inline)]
+pub use flightdeck_key::http::{HttpKeyExtractor, HttpKeyExtractorBuilder, Route};
+#[doc(inline)]
 pub use flightdeck_local::{FlightPolicy, LocalFlightLayer, OnAbandon};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use flightdeck_redis::{RedisBackend, RedisConfig};

@@ -1,4 +1,5 @@
-//! The service users get: [`SingleFlight`].
+//! The service a [`GenericSingleFlightLayer`](crate::GenericSingleFlightLayer)
+//! builds: [`GenericSingleFlight`].
 //!
 //! It is always ready: it decides in `call` (bypass, coalesce, reject) and
 //! drives the inner service to readiness on the path that runs it, which is
@@ -7,13 +8,13 @@
 //! ```
 //! use flightdeck::core::{CloneShare, FlightKey, StageName};
 //! use flightdeck::distributed::PostcardCodec;
-//! use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+//! use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
 //! use tower::{service_fn, Layer, Service, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let stage = StageName::new("local").unwrap();
-//! let layer = SingleFlightBuilder::new(
+//! let layer = GenericSingleFlightLayer::builder(
 //!     move |q: &String| Some(FlightKey::from_bytes(stage.clone(), q)),
 //!     CloneShare::<usize>::new(),
 //!     PostcardCodec::<usize>::new(),
@@ -32,13 +33,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use flightdeck_budget::{Inbound, Phase, Slices};
+use flightdeck_budget::{Phase, Slices};
 use flightdeck_core::error::BoxError;
-use flightdeck_core::{KeySource, Serves, Share, SharedForm};
-use flightdeck_distributed::{Fence, ResultCodec};
+use flightdeck_core::{Serves, Share, SharedForm};
+use flightdeck_local::future::Run;
 use flightdeck_local::{Caller, OnAbandon};
 use tokio::time::Instant;
-use tower::util::ServiceExt;
+use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
 
 use crate::error::UnknownStage;
@@ -46,16 +47,19 @@ use crate::future::ResponseFuture;
 use crate::layer::Shared;
 use crate::leader::Leader;
 use crate::mode::Mode;
+use crate::readers::RequestReaders;
 use crate::stage::Path;
 
-/// The service built by [`SingleFlightLayer`](crate::SingleFlightLayer).
-pub struct SingleFlight<S, K, Sh: SharedForm, C, F, X> {
+/// The service built by
+/// [`GenericSingleFlightLayer`](crate::GenericSingleFlightLayer) around
+/// `S`: `R` reads its requests, `Sh` shares its responses.
+pub struct GenericSingleFlight<S, R, Sh: SharedForm> {
     inner: S,
-    shared: Arc<Shared<K, Sh, C, F, X>>,
+    shared: Arc<Shared<R, Sh>>,
 }
 
-impl<S, K, Sh: SharedForm, C, F, X> SingleFlight<S, K, Sh, C, F, X> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<K, Sh, C, F, X>>) -> Self {
+impl<S, R, Sh: SharedForm> GenericSingleFlight<S, R, Sh> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<R, Sh>>) -> Self {
         Self { inner, shared }
     }
 
@@ -75,7 +79,7 @@ impl<S, K, Sh: SharedForm, C, F, X> SingleFlight<S, K, Sh, C, F, X> {
     }
 }
 
-impl<S: Clone, K, Sh: SharedForm, C, F, X> Clone for SingleFlight<S, K, Sh, C, F, X> {
+impl<S: Clone, R, Sh: SharedForm> Clone for GenericSingleFlight<S, R, Sh> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -84,31 +88,28 @@ impl<S: Clone, K, Sh: SharedForm, C, F, X> Clone for SingleFlight<S, K, Sh, C, F
     }
 }
 
-impl<S: fmt::Debug, K, Sh: SharedForm, C, F, X> fmt::Debug for SingleFlight<S, K, Sh, C, F, X> {
+impl<S: fmt::Debug, R, Sh: SharedForm> fmt::Debug for GenericSingleFlight<S, R, Sh> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SingleFlight")
+        f.debug_struct("GenericSingleFlight")
             .field("inner", &self.inner)
             .field("stages", &self.shared.stages.len())
             .finish_non_exhaustive()
     }
 }
 
-impl<S, Req, K, Sh, C, F, X> Service<Req> for SingleFlight<S, K, Sh, C, F, X>
+impl<S, Req, R, Sh> Service<Req> for GenericSingleFlight<S, R, Sh>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
     S::Error: Into<BoxError>,
     Req: Send + 'static,
-    K: KeySource<Req>,
+    R: RequestReaders<Req>,
     Sh: Share<S::Response> + Serves<Req>,
-    C: ResultCodec<Sh::Shared>,
-    F: Fence<Req>,
-    X: Inbound<Req>,
 {
     type Response = Sh::Output;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req, Sh, C, F>;
+    type Future = ResponseFuture<Oneshot<S, Req>, Run<Sh::Shared, Leader<S, Req, R, Sh>>, Sh>;
 
     /// Always ready: the decision (bypass, coalesce, reject) is made in
     /// `call`, and the inner service is driven to readiness by the path
@@ -120,7 +121,7 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &*self.shared;
         let share = shared.share.clone();
-        let Some(key) = shared.keys.key(&req) else {
+        let Some(key) = shared.readers.key(&req) else {
             return ResponseFuture::bypass(self.inner.clone().oneshot(req), None, share);
         };
         let Some(stage) = shared.stages.get(key.stage()) else {
@@ -136,7 +137,7 @@ where
             let timed = Some(Arc::clone(ctl));
             return ResponseFuture::bypass(self.inner.clone().oneshot(req), timed, share);
         }
-        let (at, slices) = match deadline_of(&shared.deadlines, &req) {
+        let (at, slices) = match deadline_of(&shared.readers, &req) {
             Ok(d) => d,
             Err(e) => return ResponseFuture::failed(e, share),
         };
@@ -165,7 +166,6 @@ where
             req,
             inner: self.inner.clone(),
             share: share.clone(),
-            fence: shared.fence.clone(),
             coordination,
             bound,
         };
@@ -178,8 +178,8 @@ where
 /// and the request's inbound timeout), and the outer budget's slices, if
 /// there is one. A malformed inbound timeout is an error: the request is
 /// rejected, never guessed at.
-fn deadline_of<Req, X: Inbound<Req>>(
-    x: &X,
+fn deadline_of<Req, R: RequestReaders<Req>>(
+    x: &R,
     req: &Req,
 ) -> Result<(Option<Instant>, Option<Slices>), BoxError> {
     let outer = x.existing(req);

@@ -19,9 +19,8 @@
 //! use std::time::Duration;
 //!
 //! use axum::{routing::get, Router};
-//! use flightdeck::key::http::HttpKeyExtractor;
 //! use flightdeck::testing::body_text;
-//! use flightdeck::{Mode, SingleFlightLayer, StageConfig};
+//! use flightdeck::{HttpKeyExtractor, Mode, SingleFlightLayer, StageConfig};
 //! use http::Request;
 //! use tower::ServiceExt;
 //!
@@ -29,7 +28,9 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let runs = Arc::new(AtomicUsize::new(0));
 //! let counter = runs.clone();
-//! let flights = SingleFlightLayer::http(HttpKeyExtractor::builder().default_stage("report").build()?)
+//! let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
+//! let flights = SingleFlightLayer::builder()
+//!     .keys(keys)
 //!     .stage("report", StageConfig::new().mode(Mode::LocalOnly))
 //!     .build()?;
 //! let app = Router::new()

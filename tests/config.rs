@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::{ConfigError, Mode, OnWaitFailure, SingleFlightBuilder, SingleFlightConfig};
+use flightdeck::{ConfigError, GenericSingleFlightLayer, Mode, OnWaitFailure, SingleFlightConfig};
 use flightdeck_test::MemoryBackend;
 
 const GOOD_YAML: &str = r#"
@@ -130,7 +130,7 @@ fn a_good_toml_file_loads_and_builds_a_layer() {
     let score = cfg.stages["interview-score"].distributed_policy();
     assert_eq!(score.commit_replica_count(), 0, "no wait by default");
 
-    let layer = SingleFlightBuilder::new(
+    let layer = GenericSingleFlightLayer::builder(
         |_: &String| None::<FlightKey>,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
@@ -388,7 +388,7 @@ fn a_stage_naming_an_unregistered_backend_is_rejected_at_build() {
         "single-flight:\n  stages:\n    my-stage:\n      backend: elsewhere\n",
     )
     .unwrap();
-    let err = SingleFlightBuilder::new(
+    let err = GenericSingleFlightLayer::builder(
         |_: &String| None::<FlightKey>,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),

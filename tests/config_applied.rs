@@ -1,5 +1,5 @@
 //! A configuration is applied whole or refused: the key settings of a file
-//! given to `SingleFlightLayer::http(keys).config(..)` change the layer's
+//! given to `SingleFlightLayer::builder().keys(keys).config(..)` change the layer's
 //! key rules, a builder that cannot apply them fails naming them, and a
 //! name typed wrong gets a suggestion.
 #![cfg(all(feature = "toml", feature = "testing"))]
@@ -13,15 +13,17 @@ use axum::routing::get;
 use axum::Router;
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::key::http::HttpKeyExtractor;
+use flightdeck::key::http::{HttpKeyExtractor, Route};
 use flightdeck::testing::{body_text, MemoryBackend};
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightConfig, SingleFlightLayer, StageConfig};
+use flightdeck::{
+    GenericSingleFlightLayer, Mode, SingleFlightConfig, SingleFlightLayer, StageConfig,
+};
 use http::{Method, Request};
 use tower::ServiceExt;
 
 fn score_keys() -> HttpKeyExtractor {
     HttpKeyExtractor::builder()
-        .route(Method::GET, "/v1/score", "score")
+        .route(Route::new(Method::GET, "/v1/score", "score"))
         .build()
         .unwrap()
 }
@@ -37,7 +39,8 @@ async fn ignore_authority_in_the_file_changes_the_layers_keys() {
         "#,
     )
     .unwrap();
-    let flights = SingleFlightLayer::http(score_keys())
+    let flights = SingleFlightLayer::builder()
+        .keys(score_keys())
         .config(cfg)
         .build()
         .unwrap();
@@ -78,7 +81,7 @@ fn a_builder_without_key_rules_refuses_key_settings_by_name() {
          [single-flight.keys]\nignore-authority = true\n",
     )
     .unwrap();
-    let err = SingleFlightBuilder::new(
+    let err = GenericSingleFlightLayer::builder(
         |_: &String| None::<FlightKey>,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
@@ -87,7 +90,10 @@ fn a_builder_without_key_rules_refuses_key_settings_by_name() {
     .build()
     .unwrap_err();
     assert_eq!(err.field(), Some("keys.ignore-authority"), "{err}");
-    assert!(err.to_string().contains("SingleFlightLayer::http"), "{err}");
+    assert!(
+        err.to_string().contains("SingleFlightLayer::builder()"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -100,7 +106,7 @@ fn the_scope_secret_comes_from_the_variable_the_file_names() {
         ))
         .unwrap()
     };
-    let build = |cfg, keys| SingleFlightLayer::http(keys).config(cfg).build();
+    let build = |cfg, keys| SingleFlightLayer::builder().keys(keys).config(cfg).build();
 
     // Unset: refused, naming the setting and the variable.
     let err = build(cfg(var), score_keys()).unwrap_err();
@@ -113,7 +119,7 @@ fn the_scope_secret_comes_from_the_variable_the_file_names() {
     assert!(score_keys().scope_digests_unkeyed());
     // Another secret in the code: set in two places, refused.
     let keyed = HttpKeyExtractor::builder()
-        .route(Method::GET, "/v1/score", "score")
+        .route(Route::new(Method::GET, "/v1/score", "score"))
         .scope_secret("another")
         .build()
         .unwrap();
@@ -145,7 +151,8 @@ fn names_typed_wrong_get_a_suggestion() {
         "{err}"
     );
     // A stage the key rules name, configured under another spelling.
-    let err = SingleFlightLayer::http(score_keys())
+    let err = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("scroe", StageConfig::new().mode(Mode::LocalOnly))
         .build()
         .unwrap_err();
@@ -155,7 +162,8 @@ fn names_typed_wrong_get_a_suggestion() {
         "{err}"
     );
     // A backend.
-    let err = SingleFlightLayer::http(score_keys())
+    let err = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage(
             "score",
             StageConfig::new().mode(Mode::Hybrid).backend("rediss"),
@@ -169,7 +177,8 @@ fn names_typed_wrong_get_a_suggestion() {
 
 #[test]
 fn a_stage_config_with_nothing_set_builds_and_runs_in_this_process() {
-    let layer = SingleFlightLayer::http(score_keys())
+    let layer = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("score", StageConfig::new())
         .build()
         .unwrap();
@@ -182,7 +191,8 @@ fn a_stage_config_with_nothing_set_builds_and_runs_in_this_process() {
         .is_err());
     // The same from a file: an empty table.
     let cfg = SingleFlightConfig::from_toml("[single-flight.stages.score]\n").unwrap();
-    let layer = SingleFlightLayer::http(score_keys())
+    let layer = SingleFlightLayer::builder()
+        .keys(score_keys())
         .config(cfg)
         .build()
         .unwrap();
@@ -191,13 +201,15 @@ fn a_stage_config_with_nothing_set_builds_and_runs_in_this_process() {
     let err = SingleFlightConfig::from_toml("[single-flight.stages.score]\nmode = \"hybrid\"\n")
         .unwrap_err();
     assert_eq!(err.field(), Some("backend"), "{err}");
-    let err = SingleFlightLayer::http(score_keys())
+    let err = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("score", StageConfig::new().mode(Mode::Hybrid))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), Some("backend"), "{err}");
     // With a backend named, the default is HYBRID.
-    let layer = SingleFlightLayer::http(score_keys())
+    let layer = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("score", StageConfig::new().backend("mem"))
         .backend("mem", MemoryBackend::new())
         .build()
@@ -208,11 +220,12 @@ fn a_stage_config_with_nothing_set_builds_and_runs_in_this_process() {
 #[test]
 fn local_only_needs_no_stage_declarations() {
     let keys = HttpKeyExtractor::builder()
-        .route(Method::GET, "/v1/score", "score")
-        .route(Method::GET, "/v1/search", "search")
+        .route(Route::new(Method::GET, "/v1/score", "score"))
+        .route(Route::new(Method::GET, "/v1/search", "search"))
         .build()
         .unwrap();
-    let layer = SingleFlightLayer::http(keys)
+    let layer = SingleFlightLayer::builder()
+        .keys(keys)
         .stage("search", StageConfig::new().mode(Mode::Bypass))
         .local_only()
         .build()
@@ -225,7 +238,7 @@ fn local_only_needs_no_stage_declarations() {
 fn http_sharing_settings_for_an_adapter_without_them_are_refused() {
     let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
     cfg.sharing.set_cookie = Some(flightdeck::core::http::SetCookie::Strip);
-    let err = SingleFlightBuilder::new(
+    let err = GenericSingleFlightLayer::builder(
         |_: &String| None::<FlightKey>,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
@@ -235,7 +248,8 @@ fn http_sharing_settings_for_an_adapter_without_them_are_refused() {
     .unwrap_err();
     assert_eq!((err.stage(), err.field()), (Some("score"), Some("sharing")));
     // The HTTP layer applies them.
-    SingleFlightLayer::http(score_keys())
+    SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("score", cfg)
         .build()
         .unwrap();

@@ -68,7 +68,8 @@ fn keys() -> HttpKeyExtractor {
 fn the_warning_appears_only_where_scope_digests_reach_a_shared_store() {
     // In this process only (the quickstart): nothing leaves it.
     let quiet = unkeyed_warnings(|| {
-        SingleFlightLayer::http(keys())
+        SingleFlightLayer::builder()
+            .keys(keys())
             .stage("report", StageConfig::new().mode(Mode::LocalOnly))
             .build()
             .unwrap();
@@ -78,7 +79,8 @@ fn the_warning_appears_only_where_scope_digests_reach_a_shared_store() {
     // A distributed stage without a secret: one warning, saying how.
     let hybrid = StageConfig::new().mode(Mode::Hybrid).backend("redis");
     let warned = unkeyed_warnings(|| {
-        SingleFlightLayer::http(keys())
+        SingleFlightLayer::builder()
+            .keys(keys())
             .stage("report", hybrid.clone())
             .backend("redis", MemoryBackend::new())
             .build()
@@ -96,7 +98,8 @@ fn the_warning_appears_only_where_scope_digests_reach_a_shared_store() {
     ))
     .unwrap();
     let quiet = unkeyed_warnings(|| {
-        SingleFlightLayer::http(keys())
+        SingleFlightLayer::builder()
+            .keys(keys())
             .config(cfg)
             .stage("report", hybrid.clone())
             .backend("redis", MemoryBackend::new())
@@ -107,7 +110,8 @@ fn the_warning_appears_only_where_scope_digests_reach_a_shared_store() {
 
     // Every stage in this process only: quiet again.
     let quiet = unkeyed_warnings(|| {
-        SingleFlightLayer::http(keys())
+        SingleFlightLayer::builder()
+            .keys(keys())
             .stage("report", hybrid)
             .local_only()
             .build()

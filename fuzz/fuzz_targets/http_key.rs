@@ -27,9 +27,9 @@ struct Input {
 fn extractor(scoped: bool) -> HttpKeyExtractor {
     let b = HttpKeyExtractor::builder()
         .default_stage("http")
-        .add_route(Route::new(Method::POST, "/submit/{*rest}", "submit").hash_body(4096))
-        .add_route(Route::new(Method::PUT, "/items/{id}", "items").coalesce_without_body())
-        .route(Method::GET, "/reports/{year}/{name}", "reports")
+        .route(Route::new(Method::POST, "/submit/{*rest}", "submit").hash_body(4096))
+        .route(Route::new(Method::PUT, "/items/{id}", "items").coalesce_without_body())
+        .route(Route::new(Method::GET, "/reports/{year}/{name}", "reports"))
         .ignore_query_params(["_", "ts"])
         .header("x-model")
         .hash_bodies(1024);

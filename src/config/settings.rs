@@ -39,10 +39,10 @@ pub struct SharingSettings {
 }
 
 /// The `[single-flight.keys]` table: what of the HTTP key a deployment,
-/// rather than the code, decides. `SingleFlightLayer::http(keys)` (and
-/// `::grpc`) apply it to their key rules when given the configuration
-/// ([`FlightsBuilder::config`](crate::FlightsBuilder::config)); a key
-/// builder takes it with [`apply`](Self::apply).
+/// rather than the code, decides. The layer's builder applies it to its
+/// key rules (HTTP or gRPC) when given the configuration
+/// ([`SingleFlightLayerBuilder::config`](crate::SingleFlightLayerBuilder::config));
+/// a key builder takes it with [`apply`](Self::apply).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
 #[cfg_attr(
@@ -72,8 +72,8 @@ impl KeySettings {
     #[cfg(feature = "http")]
     pub fn apply(
         &self,
-        mut builder: flightdeck_key::http::HttpKeyBuilder,
-    ) -> Result<flightdeck_key::http::HttpKeyBuilder, ConfigError> {
+        mut builder: flightdeck_key::http::HttpKeyExtractorBuilder,
+    ) -> Result<flightdeck_key::http::HttpKeyExtractorBuilder, ConfigError> {
         if self.ignore_authority {
             builder = builder.ignore_authority();
         }

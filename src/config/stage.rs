@@ -193,13 +193,13 @@ impl StageConfig {
     /// use flightdeck::{Mode, SingleFlightLayer, StageConfig};
     ///
     /// let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
-    /// let layer = SingleFlightLayer::http(keys)
+    /// let layer = SingleFlightLayer::builder().keys(keys)
     ///     .stage("report", StageConfig::new())
     ///     .build()?;
     /// assert_eq!(layer.stage("report").unwrap().mode(), Mode::LocalOnly);
     ///
     /// let keys = HttpKeyExtractor::builder().default_stage("report").build()?;
-    /// let err = SingleFlightLayer::http(keys)
+    /// let err = SingleFlightLayer::builder().keys(keys)
     ///     .stage("report", StageConfig::new().mode(Mode::Hybrid))
     ///     .build()
     ///     .unwrap_err();

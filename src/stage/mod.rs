@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::config::StageConfig;
 use crate::error::ModeError;
 use crate::mode::Mode;
+use crate::readers::DynCodec;
 
 mod counters;
 mod handle;
@@ -50,12 +51,15 @@ static METADATA: Metadata<'static> =
 pub(crate) type Coordination<C> = DistributedFlights<GuardedBackend<Arc<dyn Backend>>, C>;
 
 /// Everything one stage needs, built once with the layer.
-pub(crate) struct Stage<Sh: SharedForm, C> {
+pub(crate) struct Stage<R, Sh: SharedForm> {
     pub(crate) ctl: Arc<Control>,
+    /// The layer's request readers (the owner's fencing token goes
+    /// through them).
+    pub(crate) readers: R,
     /// The layer's share adapter, with the stage's sharing settings.
     pub(crate) share: Sh,
     pub(crate) local: LocalFlights<Sh::Shared>,
-    pub(crate) distributed: Option<Coordination<C>>,
+    pub(crate) distributed: Option<Coordination<DynCodec<Sh::Shared>>>,
     pub(crate) bulkhead: BulkheadLayer,
     /// The bulkhead's degraded lane, nested outside it, for the
     /// executions of flights whose shard is degraded.

@@ -39,14 +39,14 @@ use axum::extract::{Path, State};
 use axum::routing::get;
 use axum::Router;
 use flightdeck::breaker::Outcome;
-use flightdeck::key::http::HttpKeyExtractor;
+use flightdeck::key::http::{HttpKeyExtractor, Route};
 use flightdeck::redis::{RedisBackend, RedisConfig};
-use flightdeck::{FlightsLayer, Mode, SingleFlightLayer, StageConfig};
+use flightdeck::{Mode, SingleFlightLayer, StageConfig};
 use flightdeck_benches::l2::{floor_client, load_floor};
 use flightdeck_harness::RedisServer;
 use flightdeck_test::MemoryBackend;
 use fred::prelude::*;
-use http::{Method, Request};
+use http::Request;
 use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 
@@ -64,13 +64,14 @@ fn stage(mode: Mode, backend: Option<&str>) -> StageConfig {
 }
 
 /// The layer of one row: one GET route rule, one stage.
-fn layer(mode: Mode, backend: Option<(&str, RedisOrMemory)>) -> FlightsLayer {
+fn layer(mode: Mode, backend: Option<(&str, RedisOrMemory)>) -> SingleFlightLayer {
     let keys = HttpKeyExtractor::builder()
-        .route(Method::GET, ROUTE, STAGE)
+        .route(Route::get(ROUTE, STAGE))
         .build()
         .expect("key rules");
-    let mut b =
-        SingleFlightLayer::http(keys).stage(STAGE, stage(mode, backend.as_ref().map(|b| b.0)));
+    let mut b = SingleFlightLayer::builder()
+        .keys(keys)
+        .stage(STAGE, stage(mode, backend.as_ref().map(|b| b.0)));
     match backend {
         Some((name, RedisOrMemory::Redis(r))) => b = b.backend(name, r),
         Some((name, RedisOrMemory::Memory(m))) => b = b.backend(name, m),
@@ -150,7 +151,7 @@ where
 
 /// Sends two requests of a fresh key through `svc` so that the dead
 /// Redis's two failures open the breaker.
-async fn open_breaker(router: &Router, layer: &FlightsLayer) {
+async fn open_breaker(router: &Router, layer: &SingleFlightLayer) {
     for i in 0..2 {
         once(&mut router.clone(), &format!("/item/open-{i}")).await;
     }

@@ -14,6 +14,23 @@ use crate::service::CircuitBreaker;
 /// before the layer: every service this layer builds, and every clone of
 /// those services, shares it. That is what makes it work under axum, which
 /// rebuilds the service stack for each request.
+///
+/// ```
+/// use flightdeck_breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, CircuitState};
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let breaker = Breaker::new("db", BreakerConfig::default().consecutive_failures(1)).unwrap();
+/// let svc = ServiceBuilder::new()
+///     .layer(CircuitBreakerLayer::new(breaker.clone()))
+///     .service(service_fn(|ok: bool| async move {
+///         if ok { Ok("ok") } else { Err("db down") }
+///     }));
+/// assert!(svc.oneshot(false).await.is_err());
+/// assert_eq!(breaker.state(), CircuitState::Open);
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct CircuitBreakerLayer<C = ErrIsFailure> {
     breaker: Breaker,

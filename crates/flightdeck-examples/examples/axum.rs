@@ -39,7 +39,7 @@ use flightdeck::core::BoxError;
 use flightdeck::distributed::FencingToken;
 use flightdeck::key::http::{HttpKeyExtractor, Route};
 use flightdeck::redis::{RedisBackend, RedisConfig};
-use flightdeck::{FlightsLayer, Mode, SingleFlightConfig, SingleFlightLayer};
+use flightdeck::{Mode, SingleFlightConfig, SingleFlightLayer};
 use http::{header, Method, StatusCode};
 use http_body_util::BodyExt;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -84,9 +84,9 @@ async fn main() -> Result<(), BoxError> {
 /// (`Broadcasting error … Connection closed`), once per connection and
 /// reconnect attempt; during an outage flightdeck's own `warn` lines say
 /// it once (stage degraded, breaker open) and name the stage. (fred logs
-/// through `log`: these lines reach a `tracing` subscriber only through
-/// a bridge, such as `tracing-subscriber`'s default `tracing-log`
-/// feature.)
+/// through `log`: its lines reach the subscriber through
+/// `tracing-subscriber`'s `tracing-log` bridge, which `init` installs;
+/// tests/fred_log_filter.rs shows the filter at work.)
 pub(crate) const LOG_DEFAULT: &str = "info,fred=error";
 
 /// Logs through `tracing-subscriber`, filtered by `RUST_LOG` (default
@@ -162,7 +162,7 @@ impl Model {
 
 /// The flightdeck layer of this service (its stage handles are the kill
 /// switch and the breaker's controls).
-pub(crate) type FlightLayer = FlightsLayer;
+pub(crate) type FlightLayer = SingleFlightLayer;
 
 /// The largest answer the service accepts, and hashes into the key.
 const MAX_BODY: usize = 64 * 1024;
@@ -206,11 +206,11 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
     // hashed, `Accept*` headers count, and requests with credentials are
     // scoped per user (two users never share a score).
     let keys = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(MAX_BODY))
+        .route(Route::new(Method::POST, "/v1/score", "score").hash_body(MAX_BODY))
         .build()?;
     // The stages, and the file's key settings (`[single-flight.keys]`:
     // leave the host name out, the scope secret's variable).
-    let mut flights = SingleFlightLayer::http(keys).config(config);
+    let mut flights = SingleFlightLayer::builder().keys(keys).config(config);
     flights = match &opts.redis_url {
         Some(url) => {
             // Created even while Redis is down: the node then starts

@@ -1,5 +1,5 @@
 //! Load generator: N nodes × C concurrent callers × K keys (hot-key skew)
-//! for D seconds against a Redis, through `SingleFlightLayer` in HYBRID
+//! for D seconds against a Redis, through `GenericSingleFlightLayer` in HYBRID
 //! mode; prints a summary table and writes an SVG report.
 //!
 //! Each node is a full flightdeck stack (L1, L2 over its own Redis
@@ -30,7 +30,7 @@ use std::time::Duration;
 use flightdeck::core::error::ErrorClass;
 use flightdeck::core::{BoxError, CloneShare, KeyEncoder, StageName};
 use flightdeck::distributed::{FencingToken, PostcardCodec};
-use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
 use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use hdrhistogram::Histogram;
@@ -387,7 +387,7 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
     let mut layers = Vec::new();
     for _ in 0..args.nodes {
         let stage = stage.clone();
-        let layer = SingleFlightBuilder::new(
+        let layer = GenericSingleFlightLayer::builder(
             move |r: &Req| {
                 Some(
                     KeyEncoder::new()

@@ -41,7 +41,8 @@ use std::time::Duration;
 use flightdeck::breaker::Outcome;
 use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer, StageConfig};
+use flightdeck::readers::DynReaders;
+use flightdeck::{GenericSingleFlightLayer, GenericSingleFlightLayerBuilder, Mode, StageConfig};
 use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use flightdeck_test::MemoryBackend;
@@ -88,15 +89,15 @@ const LOCAL: &str = "local-only";
 const OPEN: &str = "hybrid-opn";
 const HEALTHY: &str = "hybrid-red";
 
-fn builder() -> SingleFlightBuilder<KeyFn, CloneShare<u64>, PostcardCodec<u64>> {
-    SingleFlightBuilder::new(
+fn builder() -> GenericSingleFlightLayerBuilder<DynReaders<Req>, CloneShare<u64>> {
+    GenericSingleFlightLayer::builder(
         key as KeyFn,
         CloneShare::<u64>::new(),
         PostcardCodec::<u64>::new(),
     )
 }
 
-fn service(layer: &SingleFlightLayer<KeyFn, CloneShare<u64>, PostcardCodec<u64>>) -> Svc {
+fn service(layer: &GenericSingleFlightLayer<DynReaders<Req>, CloneShare<u64>>) -> Svc {
     let work: Work = |(_, id)| std::future::ready(Ok(id));
     BoxCloneService::new(layer.layer(service_fn(work)))
 }

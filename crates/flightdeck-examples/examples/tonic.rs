@@ -17,7 +17,7 @@
 //! ```
 //!
 //! One layer sits on `Server::builder().layer(..)`:
-//! `SingleFlightLayer::grpc(keys)` — our errors become trailers-only
+//! `SingleFlightLayer::builder().keys(keys)` — our errors become trailers-only
 //! responses with a real `grpc-status` (UNAVAILABLE, RESOURCE_EXHAUSTED,
 //! DEADLINE_EXCEEDED), only the allowlisted unary method is keyed (by its
 //! message bytes), and shared responses keep their trailers, where gRPC
@@ -44,7 +44,7 @@ use flightdeck::core::http::FlightBody;
 use flightdeck::core::BoxError;
 use flightdeck::key::grpc::GrpcKeyExtractor;
 use flightdeck::redis::{RedisBackend, RedisConfig};
-use flightdeck::{GrpcFlightsLayer, Mode, SingleFlightConfig, SingleFlightLayer};
+use flightdeck::{Mode, SingleFlightConfig, SingleFlightLayer};
 use http::uri::PathAndQuery;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -236,7 +236,7 @@ impl Model {
 }
 
 /// The flightdeck layer type of this service.
-pub(crate) type FlightLayer = GrpcFlightsLayer;
+pub(crate) type FlightLayer = SingleFlightLayer<GrpcKeyExtractor>;
 
 /// A running node.
 #[derive(Debug)]
@@ -278,7 +278,7 @@ pub(crate) async fn run(opts: Options) -> Result<Node, BoxError> {
         .method(SUMMARIZE, "summarize")
         .message_cap(MAX_MESSAGE)
         .build()?;
-    let mut flights = SingleFlightLayer::grpc(keys).config(config);
+    let mut flights = SingleFlightLayer::builder().keys(keys).config(config);
     flights = match &opts.redis_url {
         Some(url) => {
             // Created even while Redis is down: the node starts degraded

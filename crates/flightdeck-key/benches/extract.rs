@@ -93,8 +93,8 @@ fn run<E: KeyExtractor<R>, R>(ex: &E, req: R) -> Decision {
 
 fn bench(c: &mut Criterion) {
     let ex = HttpKeyExtractor::builder()
-        .route(Method::GET, "/v1/score/{id}", "score")
-        .add_route(Route::new(Method::POST, POST_URI, "report").hash_body(64 * 1024))
+        .route(Route::new(Method::GET, "/v1/score/{id}", "score"))
+        .route(Route::new(Method::POST, POST_URI, "report").hash_body(64 * 1024))
         .ignore_query_params(["_", "ts", "nonce"])
         .build()
         .expect("valid config");

@@ -86,8 +86,8 @@ struct Config {
 
 impl GrpcKeyExtractor {
     /// Starts a configuration.
-    pub fn builder() -> GrpcKeyBuilder {
-        GrpcKeyBuilder {
+    pub fn builder() -> GrpcKeyExtractorBuilder {
+        GrpcKeyExtractorBuilder {
             methods: Vec::new(),
             metadata: Vec::new(),
             cap: DEFAULT_MESSAGE_CAP,
@@ -120,14 +120,14 @@ impl fmt::Debug for GrpcKeyExtractor {
 
 /// Configuration of a [`GrpcKeyExtractor`].
 #[derive(Debug)]
-pub struct GrpcKeyBuilder {
+pub struct GrpcKeyExtractorBuilder {
     methods: Vec<(String, String)>,
     metadata: Vec<String>,
     cap: usize,
     scope: ScopeConfig,
 }
 
-impl GrpcKeyBuilder {
+impl GrpcKeyExtractorBuilder {
     /// Allowlists a **unary** method (`/pkg.Service/Method`) in `stage`.
     pub fn method(mut self, path: &str, stage: &str) -> Self {
         self.methods.push((path.to_owned(), stage.to_owned()));

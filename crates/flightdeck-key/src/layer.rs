@@ -11,6 +11,26 @@ use crate::service::Key;
 /// Cheap to clone: the extractor, with all its configuration and state (the
 /// `Idempotency-Key` table of the HTTP extractor), lives behind one `Arc`
 /// created here, so every service built from this layer shares it.
+///
+/// ```
+/// use flightdeck_core::{KeyEncoder, StageName};
+/// use flightdeck_key::{key_fn, KeyLayer, Keyed};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), flightdeck_core::BoxError> {
+/// let stage = StageName::new("lookup").unwrap();
+/// let layer = KeyLayer::new(key_fn(move |req: &Keyed<u64>| {
+///     let id = req.get_ref().to_le_bytes();
+///     Some(KeyEncoder::new().field(&id).finish_key(stage.clone(), None))
+/// }));
+/// let svc = layer.layer(service_fn(|req: Keyed<u64>| async move {
+///     Ok::<_, std::convert::Infallible>(req.key().map(|k| k.stage().as_str()))
+/// }));
+/// assert_eq!(svc.oneshot(Keyed::new(7)).await?, Some("lookup"));
+/// # Ok(())
+/// # }
+/// ```
 pub struct KeyLayer<E> {
     extractor: Arc<E>,
 }

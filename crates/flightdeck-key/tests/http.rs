@@ -318,8 +318,8 @@ fn scope_secret_changes_scope_digests() {
 #[test]
 fn routes_and_stage_header_choose_stages() {
     let ex = HttpKeyExtractor::builder()
-        .route(Method::GET, "/v1/score/{id}", "score")
-        .route(Method::GET, "/v1/report/:id", "report")
+        .route(Route::new(Method::GET, "/v1/score/{id}", "score"))
+        .route(Route::new(Method::GET, "/v1/report/:id", "report"))
         .stage_header("x-stage", ["summary"])
         .build()
         .unwrap();
@@ -342,7 +342,7 @@ fn routes_and_stage_header_choose_stages() {
 #[test]
 fn bad_configuration_is_a_typed_error() {
     let e = HttpKeyExtractor::builder()
-        .route(Method::GET, "no-slash", "s")
+        .route(Route::new(Method::GET, "no-slash", "s"))
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("route pattern"), "{e}");
@@ -382,7 +382,7 @@ fn bodies_are_not_merged_unless_hashed() {
     // A POST route that says its requests carry no body: one that does
     // anyway is not merged.
     let ex = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/render", "render").coalesce_without_body())
+        .route(Route::new(Method::POST, "/render", "render").coalesce_without_body())
         .build()
         .unwrap();
     let r = Request::post("/render")
@@ -400,7 +400,7 @@ fn bodies_are_not_merged_unless_hashed() {
 fn a_body_route_that_hashes_nothing_is_a_build_error() {
     for method in [Method::POST, Method::PUT, Method::PATCH] {
         let err = HttpKeyExtractor::builder()
-            .route(method.clone(), "/v1/score", "score")
+            .route(Route::new(method.clone(), "/v1/score", "score"))
             .build()
             .unwrap_err()
             .to_string();
@@ -413,20 +413,20 @@ fn a_body_route_that_hashes_nothing_is_a_build_error() {
     // saying the route has no body.
     let route = || Route::new(Method::POST, "/v1/score", "score");
     assert!(HttpKeyExtractor::builder()
-        .add_route(route().hash_body(1024))
+        .route(route().hash_body(1024))
         .build()
         .is_ok());
     assert!(HttpKeyExtractor::builder()
-        .add_route(route())
+        .route(route())
         .hash_bodies(1024)
         .build()
         .is_ok());
     assert!(HttpKeyExtractor::builder()
-        .add_route(route().coalesce_without_body())
+        .route(route().coalesce_without_body())
         .build()
         .is_ok());
     let err = HttpKeyExtractor::builder()
-        .add_route(route().hash_body(0))
+        .route(route().hash_body(0))
         .build()
         .unwrap_err()
         .to_string();
@@ -434,7 +434,7 @@ fn a_body_route_that_hashes_nothing_is_a_build_error() {
     // GET, HEAD, DELETE rules need neither.
     for method in [Method::GET, Method::HEAD, Method::DELETE] {
         assert!(HttpKeyExtractor::builder()
-            .route(method, "/v1/items/{id}", "items")
+            .route(Route::new(method, "/v1/items/{id}", "items"))
             .build()
             .is_ok());
     }
@@ -480,7 +480,7 @@ fn the_authority_can_be_left_out_of_the_key() {
 #[test]
 fn hashed_bodies_are_part_of_the_key() {
     let ex = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/render", "render").hash_body(1024))
+        .route(Route::new(Method::POST, "/render", "render").hash_body(1024))
         .build()
         .unwrap();
     let post = |b: &'static str| {
@@ -630,7 +630,7 @@ fn split(body: &[u8]) -> (String, Vec<u8>) {
 #[tokio::test]
 async fn body_is_reattached_byte_for_byte_for_axum() {
     let ex = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/echo", "echo").hash_body(1024))
+        .route(Route::new(Method::POST, "/echo", "echo").hash_body(1024))
         .build()
         .unwrap();
     let app = echo_app(ex);
@@ -655,7 +655,7 @@ async fn body_is_reattached_byte_for_byte_for_axum() {
 #[tokio::test]
 async fn oversize_body_reaches_axum_intact() {
     let ex = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/echo", "echo").hash_body(1024))
+        .route(Route::new(Method::POST, "/echo", "echo").hash_body(1024))
         .build()
         .unwrap();
     let app = echo_app(ex);
@@ -675,7 +675,7 @@ async fn oversize_body_reaches_axum_intact() {
 #[tokio::test]
 async fn body_read_error_maps_to_400_in_axum() {
     let ex = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/echo", "echo").hash_body(1024))
+        .route(Route::new(Method::POST, "/echo", "echo").hash_body(1024))
         .build()
         .unwrap();
     let app = echo_app(ex);
@@ -789,9 +789,9 @@ async fn layer_works_on_a_plain_service_too() {
 fn named_stages_are_every_stage_a_rule_can_key_into() {
     use flightdeck_key::NamedStages;
     let ex = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(1024))
-        .route(Method::GET, "/v1/report/{id}", "report")
-        .route(Method::GET, "/v1/report2/{id}", "report")
+        .route(Route::new(Method::POST, "/v1/score", "score").hash_body(1024))
+        .route(Route::new(Method::GET, "/v1/report/{id}", "report"))
+        .route(Route::new(Method::GET, "/v1/report2/{id}", "report"))
         .stage_header("x-stage", ["search", "score"])
         .default_stage("http")
         .build()

@@ -102,7 +102,7 @@ async fn pending_extraction_calls_the_instance_that_was_ready() {
     use http_body_util::BodyExt;
 
     let ex = HttpKeyExtractor::builder()
-        .add_route(Route::new(http::Method::POST, "/p", "p").hash_body(64))
+        .route(Route::new(http::Method::POST, "/p", "p").hash_body(64))
         .build()
         .unwrap();
     let (mut svc, mut handle) =

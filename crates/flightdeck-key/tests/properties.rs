@@ -17,7 +17,7 @@ const IGNORED: [&str; 3] = ["_", "ts", "nonce"];
 fn extractor() -> HttpKeyExtractor {
     HttpKeyExtractor::builder()
         .default_stage("http")
-        .add_route(Route::new(Method::POST, "/submit/{*rest}", "submit").hash_body(4096))
+        .route(Route::new(Method::POST, "/submit/{*rest}", "submit").hash_body(4096))
         .ignore_query_params(IGNORED)
         .header("x-model")
         .build()
@@ -250,7 +250,7 @@ proptest! {
         // ...and a tenant header rule.
         let by_tenant = HttpKeyExtractor::builder()
             .default_stage("http")
-            .add_route(Route::new(Method::POST, "/submit/{*rest}", "submit").hash_body(4096))
+            .route(Route::new(Method::POST, "/submit/{*rest}", "submit").hash_body(4096))
             .scope(Scope::header("x-tenant"))
             .build()
             .unwrap();

@@ -9,11 +9,13 @@ use bytes::Bytes;
 use common::{grpc_call, key_now};
 use flightdeck_core::FlightKey;
 use flightdeck_key::grpc::GrpcKeyExtractor;
-use flightdeck_key::http::{HttpKeyBuilder, HttpKeyExtractor, Scope, DEFAULT_CREDENTIAL_HEADERS};
+use flightdeck_key::http::{
+    HttpKeyExtractor, HttpKeyExtractorBuilder, Scope, DEFAULT_CREDENTIAL_HEADERS,
+};
 use http::Request;
 use http_body_util::Full;
 
-fn builder() -> HttpKeyBuilder {
+fn builder() -> HttpKeyExtractorBuilder {
     HttpKeyExtractor::builder().default_stage("http")
 }
 
@@ -113,7 +115,7 @@ fn the_credential_list_is_configurable() {
 
 #[test]
 fn credential_list_mistakes_are_config_errors() {
-    let err = |b: HttpKeyBuilder| b.build().unwrap_err().to_string();
+    let err = |b: HttpKeyExtractorBuilder| b.build().unwrap_err().to_string();
     let all_removed = DEFAULT_CREDENTIAL_HEADERS
         .iter()
         .fold(builder(), |b, h| b.remove_credential_header(h.as_str()));

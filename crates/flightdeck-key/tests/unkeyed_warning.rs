@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use flightdeck_key::grpc::GrpcKeyExtractor;
-use flightdeck_key::http::{HttpKeyBuilder, HttpKeyExtractor};
+use flightdeck_key::http::{HttpKeyExtractor, HttpKeyExtractorBuilder};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
-fn builder() -> HttpKeyBuilder {
+fn builder() -> HttpKeyExtractorBuilder {
     HttpKeyExtractor::builder().default_stage("http")
 }
 

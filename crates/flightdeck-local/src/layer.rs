@@ -14,6 +14,26 @@ use crate::service::LocalFlight;
 /// The in-flight map lives in the layer, behind an `Arc`: every service
 /// built from this layer (and every clone of those services) shares it, so
 /// coalescing works when axum rebuilds or clones the stack per request.
+///
+/// ```
+/// use flightdeck_core::{FlightKey, StageName};
+/// use flightdeck_local::{FlightPolicy, LocalFlightLayer};
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let stage = StageName::new("len").unwrap();
+/// let layer = LocalFlightLayer::with_key(FlightPolicy::new(), move |q: &String| {
+///     Some(FlightKey::from_bytes(stage.clone(), q))
+/// });
+/// let svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service(service_fn(|q: String| async move {
+///         Ok::<_, std::convert::Infallible>(q.len())
+///     }));
+/// assert_eq!(svc.oneshot("four".to_owned()).await.unwrap(), 4);
+/// # }
+/// ```
 pub struct LocalFlightLayer<K, Sh: SharedForm> {
     key: K,
     share: Sh,

@@ -10,7 +10,7 @@
 //!
 //! # The world
 //!
-//! - **Nodes.** Each node is a [`SingleFlightBuilder::http`] layer of one
+//! - **Nodes.** Each node is a [`GenericSingleFlightLayer::http`] layer of one
 //!   stage (`sim`), with its own L1, breaker, bulkhead and budgets, over
 //!   its own `SimBackend` (module `world`) handle of the shared backend. A caller
 //!   sends an HTTP request with its key (a `FlightKey` extension), its id,
@@ -122,7 +122,7 @@
 //!    docs/guarantees.md and to the attribution (`World::granted`,
 //!    `sim::attribute`).
 //!
-//! [`SingleFlightBuilder::http`]: flightdeck::SingleFlightBuilder::http
+//! [`GenericSingleFlightLayer::http`]: flightdeck::GenericSingleFlightLayer::http
 //! [`MemoryBackend::expire`]: flightdeck_test::memory::MemoryBackend::expire
 //! [`MemoryBackend::snapshot`]: flightdeck_test::memory::MemoryBackend::snapshot
 //! [`MemoryBackend::restore`]: flightdeck_test::memory::MemoryBackend::restore

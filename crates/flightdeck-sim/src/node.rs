@@ -10,9 +10,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use flightdeck::core::http::HttpShare;
 use flightdeck::core::BoxError;
 use flightdeck::distributed::FencingToken;
-use flightdeck::{HttpSingleFlightLayer, SingleFlightBuilder, StageConfig, StageHandle};
+use flightdeck::readers::HttpReaders;
+use flightdeck::{GenericSingleFlightLayer, StageConfig, StageHandle};
 use http::{Request, Response};
 use http_body_util::Full;
 use rand::Rng;
@@ -162,7 +164,7 @@ pub(crate) const PANIC: &str = "sim: injected panic";
 /// A running node incarnation.
 pub(crate) struct Node {
     pub(crate) who: Incarnation,
-    pub(crate) layer: HttpSingleFlightLayer,
+    pub(crate) layer: GenericSingleFlightLayer<HttpReaders, HttpShare>,
     pub(crate) svc: Svc,
     pub(crate) handle: StageHandle,
 }
@@ -185,7 +187,7 @@ impl Node {
             world: Arc::clone(world),
             who,
         };
-        let layer = SingleFlightBuilder::http()
+        let layer = GenericSingleFlightLayer::http()
             .backend("sim", backend)
             .stage(STAGE, cfg)
             .build()

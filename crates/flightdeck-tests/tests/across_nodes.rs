@@ -24,7 +24,7 @@ use hyper_util::rt::TokioExecutor;
 /// free loopback port, the shared run counter.
 async fn node(redis: &RedisServer, runs: &Arc<AtomicUsize>) -> SocketAddr {
     let keys = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(64 * 1024))
+        .route(Route::new(Method::POST, "/v1/score", "score").hash_body(64 * 1024))
         .scope_secret("across-nodes-test-secret")
         .build()
         .unwrap();
@@ -33,7 +33,8 @@ async fn node(redis: &RedisServer, runs: &Arc<AtomicUsize>) -> SocketAddr {
         .ready(Duration::from_secs(5))
         .await
         .expect("the test's Redis answers");
-    let flights = SingleFlightLayer::http(keys)
+    let flights = SingleFlightLayer::builder()
+        .keys(keys)
         .stage(
             "score",
             StageConfig::new().mode(Mode::Hybrid).backend("redis"),

@@ -20,9 +20,9 @@ use flightdeck::budget::{Inbound, InvalidTimeout};
 use flightdeck::core::error::{find, BoxError, DeadlineExceeded};
 use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{Acquired, Backend, LeaseTerms};
-use flightdeck::distributed::NoFence;
 use flightdeck::distributed::{FlightId, OwnerToken, PostcardCodec};
-use flightdeck::{Mode, OnWaitFailure, SingleFlightBuilder, StageConfig};
+use flightdeck::readers::DynReaders;
+use flightdeck::{GenericSingleFlightLayer, Mode, OnWaitFailure, StageConfig};
 use flightdeck_breaker::CircuitState;
 use flightdeck_harness::RedisServer;
 use tokio::time::Instant;
@@ -68,22 +68,16 @@ fn work(calls: &Arc<AtomicUsize>, delay: Duration) -> BoxCloneService<Job, Strin
     }))
 }
 
-type JobLayer<K> = flightdeck::SingleFlightLayer<
-    K,
-    CloneShare<String>,
-    PostcardCodec<String>,
-    NoFence,
-    JobDeadline,
->;
+type JobLayer = flightdeck::GenericSingleFlightLayer<DynReaders<Job>, CloneShare<String>>;
 
 fn layer(
     stage: &str,
     cfg: StageConfig,
     backend: Option<flightdeck_redis::RedisBackend>,
-) -> JobLayer<impl Fn(&Job) -> Option<FlightKey> + Clone + Send + Sync + 'static> {
+) -> JobLayer {
     metrics_on();
     let name = StageName::new(stage).unwrap();
-    let mut b = SingleFlightBuilder::new(
+    let mut b = GenericSingleFlightLayer::builder(
         move |job: &Job| Some(FlightKey::from_bytes(name.clone(), &job.id)),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
@@ -105,8 +99,8 @@ fn deadline_exceeded(res: &Result<String, BoxError>) -> &DeadlineExceeded {
 }
 
 /// Waits (at most `limit`) until the stage has no local flight left.
-async fn until_no_flight<K, Sh: flightdeck::core::SharedForm, C: Send + Sync + 'static, F, X>(
-    layer: &flightdeck::SingleFlightLayer<K, Sh, C, F, X>,
+async fn until_no_flight<R, Sh: flightdeck::core::SharedForm>(
+    layer: &flightdeck::GenericSingleFlightLayer<R, Sh>,
     stage: &str,
     limit: Duration,
 ) -> usize {
@@ -332,7 +326,7 @@ mod http_deadlines {
     async fn http_requests_bring_their_deadline_in_their_headers() {
         metrics_on();
         let st = "http-deadline";
-        let layer = SingleFlightBuilder::http()
+        let layer = GenericSingleFlightLayer::http()
             .stage(st, fast(Mode::LocalOnly))
             .build()
             .unwrap();
@@ -389,7 +383,7 @@ mod http_deadlines {
         metrics_on();
         let st = "outer-slices";
         let mut redis = RedisServer::start().unwrap();
-        let layer = SingleFlightBuilder::http()
+        let layer = GenericSingleFlightLayer::http()
             .backend("redis", redis_backend(redis.url()).await)
             .stage(st, fast(Mode::Hybrid))
             .build()

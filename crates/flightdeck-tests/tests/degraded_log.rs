@@ -6,14 +6,14 @@ mod common;
 use common::capture_warnings;
 use flightdeck::core::{CloneShare, FlightKey};
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::{Mode, SingleFlightBuilder, StageConfig};
+use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
 use flightdeck_test::MemoryBackend;
 
 #[tokio::test(flavor = "current_thread")]
 async fn entering_and_leaving_degraded_mode_log_warnings() {
     let (logs, _guard) = capture_warnings();
 
-    let layer = SingleFlightBuilder::new(
+    let layer = GenericSingleFlightLayer::builder(
         |_: &String| None::<FlightKey>,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),

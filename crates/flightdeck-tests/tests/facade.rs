@@ -984,7 +984,7 @@ async fn each_stage_uses_its_own_backend() {
     cfg_a.backend = Some("a".into());
     let mut cfg_b = fast(Mode::DistributedOnly);
     cfg_b.backend = Some("b".into());
-    let layer = flightdeck::SingleFlightBuilder::new(
+    let layer = flightdeck::GenericSingleFlightLayer::builder(
         |req: &String| {
             let (stage, rest) = req.split_once('|')?;
             Some(FlightKey::from_bytes(StageName::new(stage).ok()?, rest))

@@ -16,7 +16,9 @@ use flightdeck::core::http::ErrorResponseLayer;
 use flightdeck::key::http::{HttpKeyExtractor, Route};
 use flightdeck::key::KeyLayer;
 use flightdeck::testing::{body_text, MemoryBackend};
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightConfig, SingleFlightLayer, StageConfig};
+use flightdeck::{
+    GenericSingleFlightLayer, Mode, SingleFlightConfig, SingleFlightLayer, StageConfig,
+};
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
@@ -25,7 +27,7 @@ use tower::{ServiceBuilder, ServiceExt};
 
 fn score_keys() -> HttpKeyExtractor {
     HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(64 * 1024))
+        .route(Route::new(Method::POST, "/v1/score", "score").hash_body(64 * 1024))
         .build()
         .unwrap()
 }
@@ -56,7 +58,8 @@ async fn serve(app: Router) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_layer_as_the_readme_shows_coalesces_real_http_requests() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let flights = SingleFlightLayer::http(score_keys())
+    let flights = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("score", StageConfig::new().mode(Mode::LocalOnly))
         .build()
         .unwrap();
@@ -95,7 +98,8 @@ fn invalid(err: &ConfigError) -> (Option<&str>, &str) {
 #[test]
 fn a_stage_the_key_rules_name_without_a_policy_is_a_build_error() {
     // A typo in the configuration: "scroe".
-    let err = SingleFlightLayer::http(score_keys())
+    let err = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("scroe", StageConfig::new().mode(Mode::LocalOnly))
         .build()
         .unwrap_err();
@@ -104,7 +108,8 @@ fn a_stage_the_key_rules_name_without_a_policy_is_a_build_error() {
 
     // The same from a config file.
     let cfg = SingleFlightConfig::default();
-    let err = SingleFlightLayer::http(score_keys())
+    let err = SingleFlightLayer::builder()
+        .keys(score_keys())
         .config(cfg)
         .build()
         .unwrap_err();
@@ -114,7 +119,8 @@ fn a_stage_the_key_rules_name_without_a_policy_is_a_build_error() {
 #[tokio::test(start_paused = true)]
 async fn a_default_policy_is_an_explicit_choice() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let flights = SingleFlightLayer::http(score_keys())
+    let flights = SingleFlightLayer::builder()
+        .keys(score_keys())
         .default_policy(StageConfig::new().mode(Mode::LocalOnly))
         .build()
         .unwrap();
@@ -139,7 +145,7 @@ async fn an_unknown_stage_at_run_time_answers_with_a_body_naming_it() {
     // Layers composed by hand cannot check the rules against the stages:
     // the request is answered, naming the stage, and never bypassed.
     let runs = Arc::new(AtomicUsize::new(0));
-    let flights = SingleFlightBuilder::http()
+    let flights = GenericSingleFlightLayer::http()
         .stage("scroe", StageConfig::new().mode(Mode::LocalOnly))
         .build()
         .unwrap();
@@ -166,7 +172,8 @@ async fn local_only_and_bypass_stages_need_no_backend() {
     // that do not coordinate, refused for those that do.
     let local = StageConfig::new().mode(Mode::LocalOnly).backend("redis");
     let bypass = StageConfig::new().mode(Mode::Bypass).backend("redis");
-    let layer = SingleFlightLayer::http(score_keys())
+    let layer = SingleFlightLayer::builder()
+        .keys(score_keys())
         .stage("score", local.clone())
         .stage("other", bypass)
         .build()
@@ -182,14 +189,16 @@ async fn local_only_and_bypass_stages_need_no_backend() {
         .is_ok());
 
     for mode in [Mode::Hybrid, Mode::DistributedOnly] {
-        let err = SingleFlightLayer::http(score_keys())
+        let err = SingleFlightLayer::builder()
+            .keys(score_keys())
             .stage("score", local.clone().mode(mode))
             .build()
             .unwrap_err();
         assert_eq!(invalid(&err), (Some("score"), "backend"));
     }
     // Registered, it is used.
-    let layer = SingleFlightLayer::http(score_keys())
+    let layer = SingleFlightLayer::builder()
+        .keys(score_keys())
         .backend("redis", MemoryBackend::new())
         .stage("score", local.mode(Mode::Hybrid))
         .build()
@@ -214,12 +223,13 @@ async fn one_switch_runs_every_stage_local_only() {
     )
     .unwrap();
     let keys = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(1024))
-        .route(Method::GET, "/v1/search", "search")
-        .route(Method::GET, "/v1/off", "off")
+        .route(Route::new(Method::POST, "/v1/score", "score").hash_body(1024))
+        .route(Route::new(Method::GET, "/v1/search", "search"))
+        .route(Route::new(Method::GET, "/v1/off", "off"))
         .build()
         .unwrap();
-    let layer = SingleFlightLayer::http(keys)
+    let layer = SingleFlightLayer::builder()
+        .keys(keys)
         .config(cfg)
         .local_only()
         .build()

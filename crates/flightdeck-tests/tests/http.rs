@@ -17,7 +17,7 @@ use flightdeck::core::error::{BoxError, BulkheadFull};
 use flightdeck::core::http::ErrorResponseLayer;
 use flightdeck::core::{FlightKey, StageName};
 use flightdeck::distributed::FencingToken;
-use flightdeck::{Mode, SingleFlightBuilder};
+use flightdeck::{GenericSingleFlightLayer, Mode};
 use flightdeck_harness::RedisServer;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -37,7 +37,7 @@ fn request(stage: &str, path: &str) -> Request<Full<Bytes>> {
 async fn the_owner_sees_its_fencing_token_and_every_caller_the_same_body() {
     metrics_on();
     let redis = RedisServer::start().unwrap();
-    let layer = SingleFlightBuilder::http()
+    let layer = GenericSingleFlightLayer::http()
         .backend("redis", redis_backend(redis.url()).await)
         .stage("http-fence", fast(Mode::Hybrid))
         .build()
@@ -83,7 +83,7 @@ async fn the_owner_sees_its_fencing_token_and_every_caller_the_same_body() {
 async fn distributed_only_with_an_open_breaker_answers_503() {
     metrics_on();
     let redis = RedisServer::start().unwrap();
-    let layer = SingleFlightBuilder::http()
+    let layer = GenericSingleFlightLayer::http()
         .backend("redis", redis_backend(redis.url()).await)
         .stage("http-open", fast(Mode::DistributedOnly))
         .build()
@@ -129,7 +129,7 @@ async fn a_failure_cached_by_one_node_answers_with_its_status_on_another() {
     let mut cfg = fast(Mode::Hybrid);
     cfg.failure_ttl = Duration::from_secs(10);
     let layer = |backend| {
-        SingleFlightBuilder::http()
+        GenericSingleFlightLayer::http()
             .backend("redis", backend)
             .stage(stage, cfg.clone())
             .build()

@@ -29,15 +29,12 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use common::fast;
-use flightdeck::budget::FromHeaders;
 use flightdeck::core::http::{CacheControl, ErrorResponseLayer, HttpShare, SetCookie};
-use flightdeck::core::FromExtension;
 use flightdeck::distributed::Backend;
-use flightdeck::distributed::ExtensionFence;
-use flightdeck::distributed::HttpCodec;
 use flightdeck::key::http::HttpKeyExtractor;
 use flightdeck::key::KeyLayer;
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer};
+use flightdeck::readers::HttpReaders;
+use flightdeck::{GenericSingleFlightLayer, Mode};
 use flightdeck_harness::{RedisServer, Resp};
 use flightdeck_test::MemoryBackend;
 use http::{Response, StatusCode};
@@ -53,7 +50,7 @@ const STAGE: &str = "page";
 /// released together to arrive while the first one runs.
 const WORK: Duration = Duration::from_millis(300);
 
-type Flights = SingleFlightLayer<FromExtension, HttpShare, HttpCodec, ExtensionFence, FromHeaders>;
+type Flights = GenericSingleFlightLayer<HttpReaders, HttpShare>;
 
 /// The origin: counts its executions per path and answers by path.
 #[derive(Default)]
@@ -129,9 +126,8 @@ async fn node(flights: Flights, origin: Arc<Origin>) -> SocketAddr {
 
 /// The layer of one node, with `share`'s sharing policy.
 fn flights<B: Backend + Clone>(share: HttpShare, mode: Mode, backend: Option<&B>) -> Flights {
-    let mut b = SingleFlightBuilder::new(FromExtension, share, HttpCodec::new())
-        .fence(ExtensionFence)
-        .deadlines(FromHeaders::new())
+    let mut b = GenericSingleFlightLayer::http()
+        .share(share)
         .stage(STAGE, fast(mode));
     if let Some(backend) = backend {
         b = b.backend("redis", backend.clone());
@@ -535,9 +531,8 @@ sharing = {{ set-cookie = "strip" }}
 "#
         ))
         .unwrap();
-        let layer = SingleFlightBuilder::new(FromExtension, HttpShare::new(), HttpCodec::new())
-            .fence(ExtensionFence)
-            .deadlines(FromHeaders::new())
+        let layer = GenericSingleFlightLayer::http()
+            .share(HttpShare::new())
             .config(cfg)
             .build()
             .unwrap();
@@ -549,16 +544,11 @@ sharing = {{ set-cookie = "strip" }}
         assert_eq!(with_cookie, 1, "the leader alone keeps its cookie");
 
         // Unset in the stage: the adapter's own choice (here, share).
-        let layer = SingleFlightBuilder::new(
-            FromExtension,
-            HttpShare::new().set_cookie(SetCookie::Share),
-            HttpCodec::new(),
-        )
-        .fence(ExtensionFence)
-        .deadlines(FromHeaders::new())
-        .stage(STAGE, fast(Mode::LocalOnly))
-        .build()
-        .unwrap();
+        let layer = GenericSingleFlightLayer::http()
+            .share(HttpShare::new().set_cookie(SetCookie::Share))
+            .stage(STAGE, fast(Mode::LocalOnly))
+            .build()
+            .unwrap();
         let origin = Arc::new(Origin::default());
         let addr = node(layer, origin.clone()).await;
         let replies = anonymous(addr, "/cookie", 20).await;

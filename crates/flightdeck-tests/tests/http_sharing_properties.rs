@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::fast;
 use flightdeck::core::{FlightKey, StageName};
-use flightdeck::{Mode, SingleFlightBuilder};
+use flightdeck::{GenericSingleFlightLayer, Mode};
 use flightdeck_test::MemoryBackend;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -83,7 +83,7 @@ fn request(n: u64) -> Request<Full<Bytes>> {
 /// Returns (executions, commits, bodies the three got).
 async fn three_callers(head: Head, key: u64) -> (usize, u64, Vec<Bytes>) {
     let backend = MemoryBackend::new();
-    let layer = SingleFlightBuilder::http()
+    let layer = GenericSingleFlightLayer::http()
         .backend("redis", backend.clone())
         .stage("props", fast(Mode::Hybrid))
         .build()

@@ -89,7 +89,7 @@ mod http_callers {
     use super::*;
     use bytes::Bytes;
     use flightdeck::core::{FlightKey, StageName};
-    use flightdeck::SingleFlightBuilder;
+    use flightdeck::GenericSingleFlightLayer;
     use http::{Request, Response};
     use http_body_util::{BodyExt, Full};
 
@@ -115,7 +115,7 @@ mod http_callers {
         redis: Option<&RedisServer>,
     ) {
         metrics_on();
-        let mut b = SingleFlightBuilder::http().stage(st, cfg);
+        let mut b = GenericSingleFlightLayer::http().stage(st, cfg);
         if let Some(redis) = redis {
             b = b.backend("redis", redis_backend(redis.url()).await);
         }

@@ -14,7 +14,8 @@ use common::{gauge_shard, metrics_on};
 use flightdeck::core::metric;
 use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer, StageConfig};
+use flightdeck::readers::DynReaders;
+use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
 use flightdeck_test::MemoryBackend;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::registry::{AtomicStorage, Registry};
@@ -23,7 +24,7 @@ use tower::{service_fn, Layer, ServiceExt};
 
 /// The stage is the first part of each request, up to a `/`.
 type Keys = fn(&String) -> Option<FlightKey>;
-type Flights = SingleFlightLayer<Keys, CloneShare<String>, PostcardCodec<String>>;
+type Flights = GenericSingleFlightLayer<DynReaders<String>, CloneShare<String>>;
 
 fn key(req: &String) -> Option<FlightKey> {
     let stage = req.split('/').next()?;
@@ -32,7 +33,7 @@ fn key(req: &String) -> Option<FlightKey> {
 
 /// A layer of `stage` over its own in-memory backend.
 fn layer(stage: &str, mode: Mode) -> Flights {
-    SingleFlightBuilder::new(
+    GenericSingleFlightLayer::builder(
         key as Keys,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),

@@ -209,7 +209,7 @@ async fn a_follower_that_gave_up_after_a_granting_recheck_releases_the_lease() {
         delay: Duration::from_secs(2),
     };
     let work = Work::default();
-    let layer = flightdeck::SingleFlightBuilder::http()
+    let layer = flightdeck::GenericSingleFlightLayer::http()
         .backend("redis", backend)
         .stage(st, leased(Mode::Hybrid))
         .build()

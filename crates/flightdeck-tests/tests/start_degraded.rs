@@ -13,7 +13,8 @@ use common::{capture_warnings, counter_with, gauge_shard, metrics_on};
 use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{Connection, ConnectionWatch};
 use flightdeck::distributed::{Backend, PostcardCodec};
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer, StageConfig};
+use flightdeck::readers::DynReaders;
+use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
 use flightdeck_test::MemoryBackend;
 use tokio::sync::watch;
 use tower::{service_fn, Layer, ServiceExt};
@@ -43,7 +44,7 @@ impl Backend for Connecting {
 }
 
 type Keys = fn(&String) -> Option<FlightKey>;
-type Flights = SingleFlightLayer<Keys, CloneShare<String>, PostcardCodec<String>>;
+type Flights = GenericSingleFlightLayer<DynReaders<String>, CloneShare<String>>;
 
 fn key(req: &String) -> Option<FlightKey> {
     let stage = req.split('/').next()?;
@@ -51,7 +52,7 @@ fn key(req: &String) -> Option<FlightKey> {
 }
 
 fn layer(stage: &str, mode: Mode, backend: Arc<Connecting>) -> Flights {
-    SingleFlightBuilder::new(
+    GenericSingleFlightLayer::builder(
         key as Keys,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),

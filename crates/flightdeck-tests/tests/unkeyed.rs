@@ -61,10 +61,11 @@ async fn a_request_no_rule_matches_is_counted_and_logged_once_per_method_and_pat
     let _logs = tracing::subscriber::set_default(subscriber);
 
     let keys = HttpKeyExtractor::builder()
-        .add_route(Route::new(Method::POST, "/v1/score", "score").hash_body(1024))
+        .route(Route::new(Method::POST, "/v1/score", "score").hash_body(1024))
         .build()
         .unwrap();
-    let flights = SingleFlightLayer::http(keys)
+    let flights = SingleFlightLayer::builder()
+        .keys(keys)
         .stage("score", StageConfig::new().mode(Mode::LocalOnly))
         .build()
         .unwrap();

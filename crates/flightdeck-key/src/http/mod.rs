@@ -30,9 +30,9 @@
 //!   reaches the handler intact;
 //! - **tenant scope**, see [`Scope`]: by default a hash of the credential
 //!   headers (`Authorization`, `Proxy-Authorization`, `Cookie`,
-//!   `X-Api-Key`; [`HttpKeyBuilder::credential_header`] adds more), so
+//!   `X-Api-Key`; [`HttpKeyExtractorBuilder::credential_header`] adds more), so
 //!   different users never share. Set a
-//!   [`scope_secret`](HttpKeyBuilder::scope_secret): without one the scope
+//!   [`scope_secret`](HttpKeyExtractorBuilder::scope_secret): without one the scope
 //!   digests in Redis key names can be checked offline against guessed
 //!   credentials (a `flightdeck` layer with a distributed stage warns at
 //!   build; see [`HttpKeyExtractor::scope_digests_unkeyed`]).
@@ -40,7 +40,7 @@
 //! Only `GET` and `HEAD` are coalesced by default. Other methods are
 //! coalesced through an explicit route rule, or when they carry an
 //! `Idempotency-Key`: then the key and the whole request (body included,
-//! up to [`HttpKeyBuilder::idempotency_body_cap`]) are part of the flight
+//! up to [`HttpKeyExtractorBuilder::idempotency_body_cap`]) are part of the flight
 //! key, and reusing the key with a different request within the window is
 //! an [`IdempotencyConflict`](crate::error::IdempotencyConflict) (HTTP 422
 //! through `flightdeck_core::http::ErrorResponseLayer`).
@@ -59,14 +59,14 @@
 //! ```
 //! use axum::{body::Body, routing::get, Router};
 //! use flightdeck_core::{http::ErrorResponseLayer, FlightKey};
-//! use flightdeck_key::{http::HttpKeyExtractor, KeyLayer};
-//! use http::{Method, Request};
+//! use flightdeck_key::{http::{HttpKeyExtractor, Route}, KeyLayer};
+//! use http::Request;
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let keys = HttpKeyExtractor::builder()
-//!     .route(Method::GET, "/v1/score/{id}", "score")
+//!     .route(Route::get("/v1/score/{id}", "score"))
 //!     .ignore_query_params(["_", "ts"])
 //!     .build()?;
 //!
@@ -183,12 +183,12 @@ struct RouteRule {
 
 impl HttpKeyExtractor {
     /// Starts a configuration.
-    pub fn builder() -> HttpKeyBuilder {
-        HttpKeyBuilder::new()
+    pub fn builder() -> HttpKeyExtractorBuilder {
+        HttpKeyExtractorBuilder::new()
     }
 
     /// These rules with the authority left out of the key (see
-    /// [`HttpKeyBuilder::ignore_authority`]): for a deployment's
+    /// [`HttpKeyExtractorBuilder::ignore_authority`]): for a deployment's
     /// configuration applied to rules built in code.
     pub fn without_authority(mut self) -> Self {
         Arc::make_mut(&mut self.config).authority = false;
@@ -256,6 +256,17 @@ impl Route {
         }
     }
 
+    /// A rule for `GET` on `pattern`.
+    pub fn get(pattern: impl Into<String>, stage: impl Into<String>) -> Self {
+        Self::new(Method::GET, pattern, stage)
+    }
+
+    /// A rule for `POST` on `pattern`; it needs [`hash_body`](Self::hash_body)
+    /// (or [`coalesce_without_body`](Self::coalesce_without_body)).
+    pub fn post(pattern: impl Into<String>, stage: impl Into<String>) -> Self {
+        Self::new(Method::POST, pattern, stage)
+    }
+
     /// Hashes the body of matching requests, up to `cap` bytes.
     pub fn hash_body(mut self, cap: usize) -> Self {
         self.body_cap = Some(cap);
@@ -269,7 +280,7 @@ impl Route {
     /// requests that differ only in unhashed bytes must never share.
     ///
     /// Without this, or [`hash_body`](Self::hash_body), or the builder's
-    /// [`hash_bodies`](HttpKeyBuilder::hash_bodies), such a rule is a build
+    /// [`hash_bodies`](HttpKeyExtractorBuilder::hash_bodies), such a rule is a build
     /// error: it would coalesce nothing, silently.
     pub fn coalesce_without_body(mut self) -> Self {
         self.without_body = true;
@@ -288,7 +299,7 @@ fn carries_body(method: &Method) -> bool {
 
 /// Configuration of an [`HttpKeyExtractor`].
 #[derive(Debug)]
-pub struct HttpKeyBuilder {
+pub struct HttpKeyExtractorBuilder {
     routes: Vec<Route>,
     stage_header: Option<(String, Vec<String>)>,
     default_stage: Option<String>,
@@ -302,7 +313,7 @@ pub struct HttpKeyBuilder {
     authority: bool,
 }
 
-impl HttpKeyBuilder {
+impl HttpKeyExtractorBuilder {
     fn new() -> Self {
         Self {
             routes: Vec::new(),
@@ -322,14 +333,10 @@ impl HttpKeyBuilder {
         }
     }
 
-    /// Adds a route rule: `method` on `pattern` belongs to `stage`. Rules
-    /// are tried in the order they were added.
-    pub fn route(self, method: Method, pattern: &str, stage: &str) -> Self {
-        self.add_route(Route::new(method, pattern, stage))
-    }
-
-    /// Adds a route rule built with [`Route`] (e.g. with body hashing).
-    pub fn add_route(mut self, route: Route) -> Self {
+    /// Adds a route rule (`Route::get("/v1/items/{id}", "items")`, or
+    /// [`Route::new`] for any method, with body hashing if it has a body).
+    /// Rules are tried in the order they were added.
+    pub fn route(mut self, route: Route) -> Self {
         self.routes.push(route);
         self
     }

@@ -16,7 +16,10 @@ use flightdeck::distributed::backend::{
     Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::{Mode, SingleFlightBuilder, StageConfig, StageHandle};
+use flightdeck::readers::DynReaders;
+use flightdeck::{
+    GenericSingleFlightLayer, GenericSingleFlightLayerBuilder, Mode, StageConfig, StageHandle,
+};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
@@ -221,13 +224,9 @@ impl Work {
 /// A builder keyed by the request text in `stage`, sharing `String`s.
 pub fn builder(
     stage: &str,
-) -> SingleFlightBuilder<
-    impl Fn(&String) -> Option<FlightKey> + Clone + Send + Sync + 'static,
-    CloneShare<String>,
-    PostcardCodec<String>,
-> {
+) -> GenericSingleFlightLayerBuilder<DynReaders<String>, CloneShare<String>> {
     let name = StageName::new(stage).unwrap();
-    SingleFlightBuilder::new(
+    GenericSingleFlightLayer::builder(
         move |req: &String| Some(FlightKey::from_bytes(name.clone(), req)),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),

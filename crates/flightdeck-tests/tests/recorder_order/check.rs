@@ -11,13 +11,13 @@ use flightdeck::bulkhead::metric as bulkhead;
 use flightdeck::core::metric as m;
 use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::PostcardCodec;
-use flightdeck::{Mode, SingleFlightBuilder, SingleFlightLayer, StageConfig};
+use flightdeck::readers::DynReaders;
+use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
 use flightdeck_test::MemoryBackend;
 
 use crate::common::{gauge, gauge_by, registered};
 
-pub(crate) type Layer =
-    SingleFlightLayer<fn(&String) -> Option<FlightKey>, CloneShare<String>, PostcardCodec<String>>;
+pub(crate) type Layer = GenericSingleFlightLayer<DynReaders<String>, CloneShare<String>>;
 
 fn key(req: &String) -> Option<FlightKey> {
     Some(FlightKey::from_bytes(
@@ -28,7 +28,7 @@ fn key(req: &String) -> Option<FlightKey> {
 
 /// Three stages: HYBRID over an in-memory backend, LOCAL_ONLY, BYPASS.
 pub(crate) fn layer() -> Layer {
-    SingleFlightBuilder::new(
+    GenericSingleFlightLayer::builder(
         key as fn(&String) -> Option<FlightKey>,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
