@@ -289,9 +289,14 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Fo
             for n in &live {
                 n.layer.idle().await;
             }
-            if live.iter().all(|n| {
-                n.layer.running_flights(STAGE) == Some(0) && n.handle.bulkhead().active() == 0
-            }) {
+            // Every command sent has run, as a thawed server runs its
+            // queue: a lease is judged by what the store did, not by a
+            // command still on its way.
+            if world.in_flight() == 0
+                && live.iter().all(|n| {
+                    n.layer.running_flights(STAGE) == Some(0) && n.handle.bulkhead().active() == 0
+                })
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

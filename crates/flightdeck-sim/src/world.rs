@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -111,6 +112,10 @@ pub(crate) struct World {
     /// While frozen, the commands waiting to run, woken in the order they
     /// came (a `watch` channel would wake them in a random order).
     frozen: Mutex<Option<Vec<oneshot::Sender<()>>>>,
+    /// Commands sent and not yet applied (delayed, queued behind a
+    /// freeze, or waiting to be sent again): the checks at quiescence
+    /// wait for none to be left, as a real server would have run them.
+    in_flight: AtomicUsize,
 }
 
 impl World {
@@ -135,6 +140,7 @@ impl World {
                 zombies: HashSet::new(),
             }),
             frozen: Mutex::new(None),
+            in_flight: AtomicUsize::new(0),
         })
     }
 
@@ -157,6 +163,11 @@ impl World {
                 let _ = w.send(());
             }
         }
+    }
+
+    /// How many commands were sent and have not run yet.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Waits while the backend is frozen.
@@ -516,6 +527,7 @@ impl SimBackend {
             _ => Duration::ZERO,
         };
         let again = apply.clone();
+        self.world.in_flight.fetch_add(1, Ordering::SeqCst);
         drop(tokio::spawn(async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
@@ -531,6 +543,7 @@ impl SimBackend {
                 world.lock().log(format!("  {what} sent again and applied"));
                 answer = again(&world);
             }
+            world.in_flight.fetch_sub(1, Ordering::SeqCst);
             let _ = tx.send(answer);
         }));
         Box::pin(async move {
