@@ -105,7 +105,17 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Fo
     let mut bypass = false;
     let start = Instant::now();
 
+    // A request reads its node's mode when its task first runs: after
+    // every event of the same instant (a mode switch among them), since
+    // the schedule yields only when time moves on. So whether a caller
+    // was bypassed is settled when it does.
+    let mut arrived: Vec<(usize, usize)> = Vec::new();
     for (t, event) in &sc.events {
+        if start + *t > Instant::now() {
+            for (i, node) in arrived.drain(..) {
+                callers[i].bypassed = modes[node] == Mode::Bypass;
+            }
+        }
         tokio::time::sleep_until(start + *t).await;
         world.lock().log(format!("EVENT {event:?}"));
         match *event {
@@ -159,9 +169,10 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Fo
                         outcome,
                     }
                 });
+                arrived.push((callers.len(), node));
                 callers.push(Caller {
                     id: caller,
-                    bypassed: modes[node] == Mode::Bypass,
+                    bypassed: false,
                     key,
                     who: n.who,
                     sent: Instant::now(),
@@ -218,6 +229,10 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Fo
                 }
             }
         }
+    }
+
+    for (i, node) in arrived.drain(..) {
+        callers[i].bypassed = modes[node] == Mode::Bypass;
     }
 
     // Every caller ends by its own deadline.
