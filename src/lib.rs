@@ -21,7 +21,8 @@
 //!     let config = SingleFlightConfig::from_toml(&std::fs::read_to_string("flightdeck.toml")?)?;
 //!     // Connects in the background: with Redis down the node starts
 //!     // degraded and goes distributed once Redis answers.
-//!     let backend = RedisBackend::new(RedisConfig::new("redis://127.0.0.1:6379"))?;
+//!     let url = std::env::var("REDIS_URL")?; // e.g. redis://redis.internal:6379
+//!     let backend = RedisBackend::new(RedisConfig::new(url))?;
 //!     let flights = SingleFlightLayer::builder()
 //!         .keys(keys)
 //!         .config(config) // a stage the rules name but the file does not is a build error
