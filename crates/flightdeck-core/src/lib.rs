@@ -13,6 +13,7 @@
 //! - [`error`]: the small error types all layers return, and the
 //!   [`ErrorClass`] that maps them to HTTP and gRPC statuses.
 //! - [`metric`]: the metric names, in one place.
+//! - [`stale`]: when a result past its freshness may still answer.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -29,6 +30,7 @@ pub mod random;
 pub mod rt;
 pub mod share;
 pub mod source;
+pub mod stale;
 #[doc(hidden)]
 pub mod time;
 
@@ -36,3 +38,4 @@ pub use error::{BoxError, ErrorClass, SharedError};
 pub use key::{Digest, FlightKey, KeyEncoder, StageName};
 pub use share::{CloneShare, Serves, Share, Shareable, SharedForm, Unshareable};
 pub use source::{FromExtension, KeySource};
+pub use stale::{Stale, StaleReason, StaleWindows};
