@@ -38,4 +38,4 @@ pub use error::{BoxError, ErrorClass, SharedError};
 pub use key::{Digest, FlightKey, KeyEncoder, StageName};
 pub use share::{CloneShare, Serves, Share, Shareable, SharedForm, Unshareable};
 pub use source::{FromExtension, KeySource};
-pub use stale::{Stale, StaleReason, StaleWindows};
+pub use stale::{Failures, Stale, StaleReason, StaleWindows};

@@ -17,11 +17,16 @@
 //! - [`early_refresh`](StaleWindows::early_refresh): a hot result is
 //!   refreshed by one caller before it expires.
 //!
+//! [`Failures`] says which outcomes of the work a stale result may answer
+//! for ([`ErrorFailures`]; `http::HttpFailures` for HTTP and gRPC).
+//!
 //! An answer given from a stale result carries a [`Stale`] (in a
 //! response's extensions for HTTP), saying why and how old it is.
 
 use std::fmt;
 use std::time::Duration;
+
+use crate::error::{BoxError, ErrorClass};
 
 /// How long, past its freshness, a stored result may still answer, and
 /// when. All zero (off) by default.
@@ -114,6 +119,54 @@ pub struct Stale {
     pub age: Duration,
 }
 
+/// Which outcomes of the work a stale result may answer for
+/// (`stale-if-error`), judged on the work's shared form `S` or its error.
+///
+/// [`ErrorFailures`] judges errors only (an execution timeout, a full
+/// bulkhead, a dependency unavailable); `flightdeck_core::http::HttpFailures`
+/// (feature `http`) adds HTTP 5xx and 429 and the gRPC statuses
+/// `UNAVAILABLE`, `DEADLINE_EXCEEDED` and `RESOURCE_EXHAUSTED`. Any
+/// `Fn(Result<&S, &BoxError>) -> bool` is one too, for the rest.
+pub trait Failures<S>: Send + Sync + 'static {
+    /// Whether `outcome` failed in a way a stale result may answer for.
+    fn failed(&self, outcome: Result<&S, &BoxError>) -> bool;
+}
+
+impl<S, F> Failures<S> for F
+where
+    F: Fn(Result<&S, &BoxError>) -> bool + Send + Sync + 'static,
+{
+    fn failed(&self, outcome: Result<&S, &BoxError>) -> bool {
+        self(outcome)
+    }
+}
+
+/// Errors whose class says the work could not be done now (an
+/// execution timeout: [`ErrorClass::DeadlineExceeded`]; a full bulkhead:
+/// [`ErrorClass::TooManyRequests`]; [`ErrorClass::Unavailable`] and
+/// [`ErrorClass::Overloaded`]) are failures; every value is an answer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ErrorFailures;
+
+impl ErrorFailures {
+    /// Whether `err` is a failure a stale result may answer for.
+    pub fn error_failed(err: &BoxError) -> bool {
+        matches!(
+            ErrorClass::of(err.as_ref()),
+            ErrorClass::DeadlineExceeded
+                | ErrorClass::TooManyRequests
+                | ErrorClass::Unavailable
+                | ErrorClass::Overloaded
+        )
+    }
+}
+
+impl<S> Failures<S> for ErrorFailures {
+    fn failed(&self, outcome: Result<&S, &BoxError>) -> bool {
+        outcome.err().is_some_and(Self::error_failed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +182,17 @@ mod tests {
         assert!(w.any());
         assert_eq!(w.keep_stale(), Duration::from_secs(60));
         assert_eq!(StaleReason::SoftTimeout.to_string(), "soft_timeout");
+    }
+
+    #[test]
+    fn error_failures_judge_by_class() {
+        use crate::error::DeadlineExceeded;
+        let timeout: BoxError = Box::new(DeadlineExceeded::new("execution"));
+        let other: BoxError = "boom".into();
+        assert!(Failures::<u8>::failed(&ErrorFailures, Err(&timeout)));
+        assert!(!Failures::<u8>::failed(&ErrorFailures, Err(&other)));
+        assert!(!Failures::<u8>::failed(&ErrorFailures, Ok(&1)));
+        let by_value = |o: Result<&u8, &BoxError>| o.is_ok_and(|v| *v > 1);
+        assert!(by_value.failed(Ok(&2)));
     }
 }

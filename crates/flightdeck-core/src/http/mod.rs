@@ -121,6 +121,7 @@
 
 mod body;
 mod error_response;
+mod failures;
 mod policy;
 mod response;
 mod share;
@@ -132,6 +133,7 @@ pub use self::body::FlightBody;
 pub use self::error_response::{
     error_response, ErrorResponse, ErrorResponseFuture, ErrorResponseLayer,
 };
+pub use self::failures::HttpFailures;
 pub use self::policy::{CacheControl, SetCookie};
 pub use self::response::{SharedResponse, VaryMismatch};
 pub use self::share::{HttpShare, DEFAULT_MAX_BODY};
