@@ -73,27 +73,27 @@ pub struct SingleFlightConfig {
 /// Which stages of a document have a `mode` key: read beside the
 /// document itself, since a `StageConfig` cannot tell a mode left at its
 /// default from one written out.
-#[cfg(feature = "serde")]
+#[cfg(any(feature = "toml", feature = "yaml"))]
 #[derive(serde::Deserialize)]
 struct GivenModes {
     #[serde(rename = "single-flight", default)]
     single_flight: GivenStages,
 }
 
-#[cfg(feature = "serde")]
+#[cfg(any(feature = "toml", feature = "yaml"))]
 #[derive(serde::Deserialize, Default)]
 struct GivenStages {
     #[serde(default)]
     stages: BTreeMap<String, GivenMode>,
 }
 
-#[cfg(feature = "serde")]
+#[cfg(any(feature = "toml", feature = "yaml"))]
 #[derive(serde::Deserialize)]
 struct GivenMode {
     mode: Option<serde::de::IgnoredAny>,
 }
 
-#[cfg(feature = "serde")]
+#[cfg(any(feature = "toml", feature = "yaml"))]
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Document {
@@ -159,7 +159,7 @@ impl SingleFlightConfig {
 
     /// Marks the stages whose table has a `mode` key as having chosen it
     /// (see [`StageConfig::new`]).
-    #[cfg(feature = "serde")]
+    #[cfg(any(feature = "toml", feature = "yaml"))]
     fn mark_given_modes(&mut self, given: &GivenModes) {
         for (name, stage) in &mut self.stages {
             if given
@@ -175,7 +175,7 @@ impl SingleFlightConfig {
 
     /// A deserialized document (validated by the caller); a field that
     /// does not parse is named by its path.
-    #[cfg(feature = "serde")]
+    #[cfg(any(feature = "toml", feature = "yaml"))]
     fn from_document<E: std::fmt::Display>(
         doc: Result<Document, serde_path_to_error::Error<E>>,
         format: &'static str,

@@ -221,7 +221,7 @@ impl StageConfig {
     }
 
     /// Records that a configuration file chose the mode.
-    #[cfg(feature = "serde")]
+    #[cfg(any(feature = "toml", feature = "yaml"))]
     pub(crate) fn mode_given(&mut self) {
         self.mode_given = true;
     }

@@ -42,7 +42,7 @@ pub(crate) fn did_you_mean<'a>(
 
 /// serde's message for an unknown key (`unknown field `leese`, expected
 /// one of `mode`, …`), with the closest expected key suggested.
-#[cfg(feature = "serde")]
+#[cfg(any(feature = "toml", feature = "yaml"))]
 pub(crate) fn unknown_field(message: &str) -> Option<String> {
     let start = message.find("unknown field `")? + "unknown field `".len();
     let typed = &message[start..];
@@ -75,7 +75,7 @@ mod tests {
         assert_eq!(closest("x", []), None);
     }
 
-    #[cfg(feature = "serde")]
+    #[cfg(any(feature = "toml", feature = "yaml"))]
     #[test]
     fn serdes_unknown_field_message_gets_a_suggestion() {
         let msg = "unknown field `leese`, expected one of `mode`, `lease-timeout`";
