@@ -128,7 +128,6 @@
 //! [`MemoryBackend::restore`]: flightdeck_test::memory::MemoryBackend::restore
 
 mod node;
-mod recorder;
 mod scenario;
 mod sim;
 mod world;
@@ -206,7 +205,7 @@ pub fn run(seed: u64) -> Report {
     let (scenario, rng) = scenario::Scenario::draw(seed);
     let schedule = scenario.to_string();
     flightdeck_core::random::seed_this_thread(Some(seed.rotate_left(17) ^ 0x5eed_f11e));
-    let kept = recorder::Kept::new();
+    let kept = flightdeck_test::recorded::Recorded::new();
     let found = {
         let _recorder = metrics::set_default_local_recorder(&kept);
         let rt = tokio::runtime::Builder::new_current_thread()

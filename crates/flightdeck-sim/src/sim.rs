@@ -21,9 +21,9 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::node::{Behaviour, Node, SimFailure, STAGE};
-use crate::recorder::Kept;
 use crate::scenario::{Event, Scenario};
 use crate::world::{Incarnation, World};
+use flightdeck_test::recorded::Recorded;
 
 /// How a caller ended.
 #[derive(Debug)]
@@ -87,7 +87,7 @@ pub(crate) struct Found {
     pub(crate) faults: BTreeMap<&'static str, u64>,
 }
 
-pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Found {
+pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -> Found {
     let s = &sc.settings;
     {
         let mut st = world.lock();
@@ -356,7 +356,7 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Fo
             st.violation(format!("k{k}: {subs} subscriptions left behind"));
         }
     }
-    let active = kept.gauge(metric::ACTIVE_FLIGHTS);
+    let active = kept.gauge_total(metric::ACTIVE_FLIGHTS);
     if active != 0.0 {
         st.violation(format!(
             "{} = {active} at quiescence",
@@ -397,7 +397,7 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Kept) -> Fo
 /// response for `local`, a switch to BYPASS for `bypass`).
 fn attribute(
     st: &mut crate::world::State,
-    kept: &Kept,
+    kept: &Recorded,
     local_modes: bool,
     bypass: bool,
     disturbed: bool,
@@ -450,7 +450,7 @@ fn attribute(
         };
         *causes.entry(cause.into()).or_default() += 1;
     }
-    let path = |p: &str| kept.counter(metric::EXECUTION_TOTAL, Some(("path", p)));
+    let path = |p: &str| kept.counter_total(metric::EXECUTION_TOTAL, Some(("path", p)));
     let (owner, local, fallback, bypassed) = (
         path("owner"),
         path("local"),

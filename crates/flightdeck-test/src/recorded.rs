@@ -3,6 +3,11 @@
 //! it (metrics-util's debugging recorder resets what a snapshot reads).
 //! Series are picked by name and `stage` label (`""`: series without one).
 //!
+//! A run that needs its own recorder (a simulation, one per run on its
+//! thread) makes a [`Recorded`] and installs it with
+//! `metrics::set_default_local_recorder`; the same readers are its
+//! methods.
+//!
 //! ```
 //! use flightdeck_test::recorded;
 //!
@@ -20,9 +25,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use flightdeck_core::metric;
 use metrics::{Key, KeyName, Metadata, SharedString, Unit};
 
-/// A recorder that keeps every value.
+/// A recorder that keeps every value (a snapshot resets nothing).
 #[derive(Default)]
-struct Recorded {
+pub struct Recorded {
     counters: Mutex<HashMap<Key, Arc<AtomicU64>>>,
     gauges: Mutex<HashMap<Key, Arc<AtomicU64>>>,
     histograms: Mutex<HashMap<Key, Arc<Samples>>>,
@@ -106,14 +111,77 @@ fn sum<T>(
         .sum()
 }
 
+impl std::fmt::Debug for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorded")
+            .field("counters", &self.counters.lock().unwrap().len())
+            .field("gauges", &self.gauges.lock().unwrap().len())
+            .field("histograms", &self.histograms.lock().unwrap().len())
+            .finish()
+    }
+}
+
+impl Recorded {
+    /// A recorder with nothing recorded.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value of a counter, summed over every series of `name` (any
+    /// stage), or only those where `label` has the given value.
+    pub fn counter_total(&self, name: &str, label: Option<(&str, &str)>) -> u64 {
+        sum(
+            &self.counters,
+            |k| k.name() == name && label.is_none_or(|(l, v)| has(k, l, v)),
+            |v| v.load(Ordering::SeqCst),
+        )
+    }
+
+    /// The sum of every series of a gauge (any stage; 0 if none).
+    pub fn gauge_total(&self, name: &str) -> f64 {
+        self.gauges
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.name() == name)
+            .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
+            .sum()
+    }
+
+    /// A gauge of one stage (`None`: never registered).
+    pub fn gauge(&self, name: &str, stage: &str) -> Option<f64> {
+        self.gauge_where(|k| matches(k, name, stage, None))
+    }
+
+    fn counter_where(&self, name: &str, stage: &str, label: Option<(&str, &str)>) -> u64 {
+        sum(
+            &self.counters,
+            |k| matches(k, name, stage, label),
+            |v| v.load(Ordering::SeqCst),
+        )
+    }
+
+    fn gauge_where(&self, pick: impl Fn(&Key) -> bool) -> Option<f64> {
+        self.gauges
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| pick(k))
+            .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
+    }
+
+    fn samples_where(&self, pick: impl Fn(&Key) -> bool) -> usize {
+        sum(&self.histograms, pick, |v| v.0.load(Ordering::SeqCst)) as usize
+    }
+}
+
+/// Whether `key` has `label = value`.
+fn has(key: &Key, label: &str, value: &str) -> bool {
+    key.labels().any(|l| l.key() == label && l.value() == value)
+}
+
 fn gauge_where(pick: impl Fn(&Key) -> bool) -> Option<f64> {
-    recorded()
-        .gauges
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|(k, _)| pick(k))
-        .map(|(_, v)| f64::from_bits(v.load(Ordering::SeqCst)))
+    recorded().gauge_where(pick)
 }
 
 /// The value of a counter for one stage, summed over its other labels (0
@@ -125,11 +193,7 @@ pub fn counter(name: &str, stage: &str) -> u64 {
 /// The value of a counter for one stage, summed over its other labels, or
 /// only where `label` has the given value (0 if never incremented).
 pub fn counter_where(name: &str, stage: &str, label: Option<(&str, &str)>) -> u64 {
-    sum(
-        &recorded().counters,
-        |k| matches(k, name, stage, label),
-        |v| v.load(Ordering::SeqCst),
-    )
+    recorded().counter_where(name, stage, label)
 }
 
 /// A gauge of one stage (`None`: never registered).
@@ -140,7 +204,7 @@ pub fn gauge(name: &str, stage: &str) -> Option<f64> {
 /// A gauge with `label = value`, whatever its stage (the breaker's carry
 /// `breaker`, not `stage`).
 pub fn gauge_by(name: &str, label: &str, value: &str) -> Option<f64> {
-    gauge_where(|k| k.name() == name && k.labels().any(|l| l.key() == label && l.value() == value))
+    gauge_where(|k| k.name() == name && has(k, label, value))
 }
 
 /// A gauge of one stage on one shard (`None` shard: the series without a
@@ -160,7 +224,7 @@ pub fn samples_shard(name: &str, stage: &str, shard: Option<&str>) -> usize {
 }
 
 fn samples_where(pick: impl Fn(&Key) -> bool) -> usize {
-    sum(&recorded().histograms, pick, |v| v.0.load(Ordering::SeqCst)) as usize
+    recorded().samples_where(pick)
 }
 
 /// Whether the recorder has a handle for `name` of `stage` (a counter at 0

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::{gauge_shard, metrics_on};
@@ -16,9 +15,8 @@ use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::readers::DynReaders;
 use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
+use flightdeck_test::recorded::Recorded;
 use flightdeck_test::MemoryBackend;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use metrics_util::registry::{AtomicStorage, Registry};
 use tokio::sync::Semaphore;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -76,45 +74,6 @@ async fn hold(
     running
 }
 
-/// A recorder that keeps its values (metrics-util's debugging recorder
-/// zeroes gauges on each snapshot), installed for one thread.
-struct Kept(Registry<Key, AtomicStorage>);
-
-impl Kept {
-    fn new() -> Self {
-        Self(Registry::atomic())
-    }
-
-    /// `singleflight_{name}{stage}` now.
-    fn gauge(&self, name: &str, stage: &str) -> Option<f64> {
-        self.0.get_gauge_handles().into_iter().find_map(|(k, g)| {
-            (k.name() == name && k.labels().any(|l| l.value() == stage))
-                .then(|| f64::from_bits(g.load(Ordering::SeqCst)))
-        })
-    }
-}
-
-impl Recorder for Kept {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        self.0
-            .get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
-    }
-
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        self.0
-            .get_or_create_gauge(key, |g| Gauge::from_arc(g.clone()))
-    }
-
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        self.0
-            .get_or_create_histogram(key, |h| Histogram::from_arc(h.clone()))
-    }
-}
-
 /// Under a recorder installed after both layers of `stage` were built
 /// (`b_first`: the second one built is used first): three flights on one
 /// layer, then two on the other (its first use under this recorder), then
@@ -123,7 +82,7 @@ impl Recorder for Kept {
 fn active_flights_add_up(stage: &str, b_first: bool) {
     let (a, b) = (layer(stage, Mode::LocalOnly), layer(stage, Mode::LocalOnly));
     let (first, second) = if b_first { (&b, &a) } else { (&a, &b) };
-    let recorder = Kept::new();
+    let recorder = Recorded::new();
     metrics::with_local_recorder(&recorder, || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
