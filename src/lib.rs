@@ -206,12 +206,14 @@ pub mod future;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod inner_call;
+mod kept;
 mod layer;
 mod leader;
 mod mode;
 pub mod readers;
 mod service;
 mod stage;
+pub mod stale;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -239,6 +241,7 @@ pub use service::GenericSingleFlight;
 pub use http::{SingleFlight, SingleFlightLayer, SingleFlightLayerBuilder};
 pub use mode::{Mode, OnWaitFailure, UnknownMode};
 pub use stage::StageHandle;
+pub use stale::{MarkAnswer, Served};
 
 // The names users write, documented here, where they read them.
 #[doc(inline)]

@@ -510,6 +510,12 @@ impl StageConfig {
         }
     }
 
+    /// Whether the stage keeps its results on this node (a stale window
+    /// or hit-for-pass is on).
+    pub(crate) fn keeps_results(&self) -> bool {
+        self.stale_windows().any() || !self.hit_for_pass.is_zero()
+    }
+
     /// The L2 policy these settings describe.
     pub fn distributed_policy(&self) -> DistributedPolicy {
         DistributedPolicy::new()
@@ -546,7 +552,13 @@ impl StageConfig {
                     .saturating_add(self.coordination_timeout.saturating_mul(2)),
             ))
             .flight_ttl(self.lease_timeout.max(self.wait_timeout))
-            .replay_ttl(self.local_replay_ttl)
+            // A stage that keeps its results for the stale windows replays
+            // them from that copy (one copy, one purge), not from L1's.
+            .replay_ttl(if self.keeps_results() {
+                Duration::ZERO
+            } else {
+                self.local_replay_ttl
+            })
             .max_flights(self.max_flights)
             .max_waiters(self.max_waiters)
     }
