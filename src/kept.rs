@@ -12,6 +12,7 @@
 //! is replaced) and two counters.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -39,6 +40,10 @@ pub(crate) struct Look<V> {
     /// A failure answered by it throttles the work until then.
     pub(crate) retry_until: Option<Instant>,
 }
+
+/// `key`'s last response could not be shared: its callers run their own.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pass;
 
 /// What became of a result offered to the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,8 +74,6 @@ struct Inner<V> {
     /// Insertion order: `seq` → key, oldest first.
     order: BTreeMap<u64, FlightKey>,
     bytes: usize,
-    /// Generations (tickets, purges) and sequence numbers.
-    next: u64,
     /// The generation of each key's last purge, the oldest first in
     /// `purge_order`, at most `max_entries` of them; a result whose work
     /// started before `purge_floor` (the newest purge forgotten) is
@@ -87,6 +90,9 @@ struct Inner<V> {
 /// One stage's kept results on this node.
 pub(crate) struct Kept<V> {
     inner: Mutex<Inner<V>>,
+    /// Generations (tickets, purges) and sequence numbers: one total
+    /// order, so a ticket taken before a purge is below the purge's.
+    next: AtomicU64,
     max_entries: usize,
     max_bytes: usize,
     /// Past a copy's `done`, how long it may still answer at all (its
@@ -101,17 +107,21 @@ impl<V: Clone> Kept<V> {
                 map: Map::default(),
                 order: BTreeMap::new(),
                 bytes: 0,
-                next: 0,
                 purged: Map::default(),
                 purge_order: VecDeque::new(),
                 purge_floor: 0,
                 passes: Map::default(),
                 pass_order: VecDeque::new(),
             }),
+            next: AtomicU64::new(0),
             max_entries,
             max_bytes,
             keep_for,
         }
+    }
+
+    fn next(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<V>> {
@@ -120,29 +130,27 @@ impl<V: Clone> Kept<V> {
 
     /// A work starts now.
     pub(crate) fn ticket(&self) -> Ticket {
-        let mut inner = self.lock();
-        inner.next += 1;
         Ticket {
-            gen: inner.next,
+            gen: self.next(),
             at: Instant::now(),
         }
+    }
+
+    /// Whether `key`'s callers run their own requests now (hit-for-pass),
+    /// and else its copy, if it may still answer: one look under the lock.
+    pub(crate) fn find(&self, key: &FlightKey) -> Result<Option<Look<V>>, Pass> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if !inner.passes.is_empty() && inner.passes.get(key).is_some_and(|until| now < *until) {
+            return Err(Pass);
+        }
+        Ok(inner.look(key, now, self.keep_for))
     }
 
     /// The copy of `key`, if it may still answer.
     pub(crate) fn look(&self, key: &FlightKey) -> Option<Look<V>> {
         let now = Instant::now();
-        let mut inner = self.lock();
-        let e = inner.map.get(key)?;
-        if now.saturating_duration_since(e.done) > self.keep_for {
-            inner.remove(key);
-            return None;
-        }
-        Some(Look {
-            value: e.value.clone(),
-            done: e.done,
-            took: e.took,
-            retry_until: e.retry_until,
-        })
+        self.lock().look(key, now, self.keep_for)
     }
 
     /// Offers the result of the work that took `ticket`.
@@ -165,8 +173,7 @@ impl<V: Clone> Kept<V> {
         if seq != 0 {
             inner.remove(key);
         }
-        inner.next += 1;
-        let seq = inner.next;
+        let seq = self.next();
         inner.order.insert(seq, key.clone());
         inner.bytes += size;
         inner.map.insert(
@@ -239,8 +246,7 @@ impl<V: Clone> Kept<V> {
     pub(crate) fn purge(&self, key: &FlightKey) {
         let mut inner = self.lock();
         inner.remove(key);
-        inner.next += 1;
-        let gen = inner.next;
+        let gen = self.next();
         inner.purged.insert(key.clone(), gen);
         inner.purge_order.push_back((gen, key.clone()));
         while inner.purge_order.len() > self.max_entries {
@@ -273,20 +279,27 @@ impl<V: Clone> Kept<V> {
         }
     }
 
-    /// Whether `key`'s callers run their own requests now (hit-for-pass).
-    pub(crate) fn passing(&self, key: &FlightKey) -> bool {
-        let inner = self.lock();
-        inner
-            .passes
-            .get(key)
-            .is_some_and(|until| Instant::now() < *until)
-    }
-
     /// Copies kept, and their bytes.
     #[cfg(test)]
     pub(crate) fn usage(&self) -> (usize, usize) {
         let inner = self.lock();
         (inner.map.len(), inner.bytes)
+    }
+}
+
+impl<V: Clone> Inner<V> {
+    fn look(&mut self, key: &FlightKey, now: Instant, keep_for: Duration) -> Option<Look<V>> {
+        let e = self.map.get(key)?;
+        if now.saturating_duration_since(e.done) > keep_for {
+            self.remove(key);
+            return None;
+        }
+        Some(Look {
+            value: e.value.clone(),
+            done: e.done,
+            took: e.took,
+            retry_until: e.retry_until,
+        })
     }
 }
 

@@ -63,45 +63,39 @@ pin_project! {
     /// when it keeps results: a shared result that is no failure becomes
     /// the key's copy (unless a purge came after the work started), an
     /// unshared one starts the key's hit-for-pass.
-    pub(crate) struct Recorded<F, V> {
+    pub(crate) struct Recorded<F, Sh: SharedForm> {
         #[pin]
         fut: F,
-        record: Option<Record<V>>,
+        record: Option<Record<Sh>>,
     }
 }
 
-pub(crate) struct Record<V> {
-    setup: StaleSetup<V>,
+pub(crate) struct Record<Sh: SharedForm> {
+    setup: StaleSetup<Sh::Shared>,
     key: FlightKey,
     ticket: Ticket,
-    size: Box<dyn Fn(&V) -> usize + Send + Sync>,
+    share: Sh,
     pass_for: Duration,
 }
 
-impl<V> Record<V> {
-    fn start<R, Sh>(stage: &Arc<Stage<R, Sh>>, key: &FlightKey) -> Option<Self>
-    where
-        Sh: StageShare<Shared = V>,
-        R: Send + Sync + 'static,
-        V: Clone + Send + Sync + 'static,
-    {
+impl<Sh: StageShare> Record<Sh> {
+    fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Self> {
         let setup = stage.stale.clone()?;
         let ticket = setup.kept.ticket();
-        let st = Arc::clone(stage);
         Some(Self {
             setup,
             key: key.clone(),
             ticket,
-            size: Box::new(move |v| st.share.kept_size(v)),
+            share: stage.share.clone(),
             pass_for: stage.ctl.cfg.hit_for_pass,
         })
     }
 }
 
-impl<F, V, O> Future for Recorded<F, V>
+impl<F, Sh, O> Future for Recorded<F, Sh>
 where
-    F: Future<Output = Result<Shareable<V, O>, BoxError>>,
-    V: Clone + 'static,
+    F: Future<Output = Result<Shareable<Sh::Shared, O>, BoxError>>,
+    Sh: StageShare,
 {
     type Output = F::Output;
 
@@ -111,7 +105,7 @@ where
         if let Some(r) = this.record.take() {
             match &out {
                 Ok(Shareable::Shared(v)) if !r.setup.failures.failed(Ok(v)) => {
-                    let size = (r.size)(v);
+                    let size = r.share.kept_size(v);
                     r.setup.kept.put(&r.key, r.ticket, v.clone(), size);
                 }
                 Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {

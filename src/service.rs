@@ -226,7 +226,8 @@ where
             return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
         };
         let kept = &setup.kept;
-        if kept.passing(&key) {
+        let found = kept.find(&key);
+        if found.is_err() {
             ctl.count_hit_for_pass();
             let alone = leader.alone();
             let fut = async move {
@@ -248,7 +249,7 @@ where
             _ => false,
         };
         let now = Instant::now();
-        let look = kept.look(&key).filter(|l| leader.serves(&l.value));
+        let look = found.ok().flatten().filter(|l| leader.serves(&l.value));
         let Some(look) = look else {
             return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
         };
