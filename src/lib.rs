@@ -53,6 +53,12 @@
 //!   mode they started with.
 //! - **Backends** ([`RedisBackend`], feature `redis`; `MemoryBackend` in
 //!   [`testing`], feature `testing`): what L2 coordinates through.
+//! - **Answering anyway** (opt-in per stage: `stale-while-revalidate`,
+//!   `stale-if-error`, `soft-timeout`, `early-refresh`, `hit-for-pass`):
+//!   a copy of each key's last good result answers when the fresh answer
+//!   would cost a wait or a failure, marked [`Stale`](core::Stale) and, with
+//!   `cache-status`, told in `Cache-Status` and `Age` ([`stale`]).
+//!   [`StageHandle::invalidate`] purges a key.
 //!
 //! | feature | what it adds |
 //! |---|---|
