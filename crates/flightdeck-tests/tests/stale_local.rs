@@ -574,3 +574,75 @@ where
     out.sort_by_key(|(i, _)| *i);
     out.into_iter().map(|(_, v)| v).collect()
 }
+
+/// gRPC: a tonic reply is an HTTP response, so an `UNAVAILABLE` reply is
+/// answered by the copy, and `cache-status` and `age` come as metadata.
+#[tokio::test(start_paused = true)]
+async fn grpc_unavailable_is_answered_by_the_copy_with_metadata() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+
+    const CHECK: &str = "/grpc.health.v1.Health/Check";
+    let keys = flightdeck::GrpcKeyExtractor::builder()
+        .method(CHECK, "grpc-stale")
+        .build()
+        .unwrap();
+    let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
+    cfg.local_replay_ttl = Duration::from_secs(1);
+    cfg.stale_if_error = Duration::from_secs(60);
+    cfg.cache_status = true;
+    let layer = SingleFlightLayer::builder()
+        .keys(keys)
+        .stage("grpc-stale", cfg)
+        .build()
+        .unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let svc = {
+        let down = Arc::clone(&down);
+        tower::Layer::layer(
+            &layer,
+            tower::service_fn(move |_req: Request<_>| {
+                let down = down.load(Ordering::SeqCst);
+                async move {
+                    let (status, body) = if down {
+                        ("14", Bytes::new())
+                    } else {
+                        ("0", Bytes::from_static(b"\0\0\0\0\x02ok"))
+                    };
+                    let res = Response::builder()
+                        .header("content-type", "application/grpc")
+                        .header("grpc-status", status)
+                        .body(Full::new(body))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(res)
+                }
+            }),
+        )
+    };
+    let call = || {
+        Request::post(CHECK)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(b"\0\0\0\0\x01m")))
+            .unwrap()
+    };
+    let first = svc.clone().oneshot(call()).await.unwrap();
+    assert_eq!(first.headers()["grpc-status"], "0");
+    assert_eq!(first.headers()["cache-status"], "flightdeck; fwd=miss");
+
+    down.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let res = svc.oneshot(call()).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "0", "the copy's status");
+    assert_eq!(
+        res.headers()["cache-status"],
+        "flightdeck; fwd=stale; ttl=-2; detail=error"
+    );
+    assert_eq!(res.headers()["age"], "3");
+    assert_eq!(
+        res.extensions().get::<Stale>().map(|s| s.reason),
+        Some(StaleReason::Error)
+    );
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"\0\0\0\0\x02ok");
+}
