@@ -510,10 +510,13 @@ impl StageConfig {
         }
     }
 
-    /// Whether the stage keeps its results on this node (a stale window
-    /// or hit-for-pass is on).
+    /// Whether the stage keeps its results on this node: a stale window
+    /// or hit-for-pass is on, or `cache-status` must tell its replays
+    /// (hits, with their age) from the callers that joined a flight.
     pub(crate) fn keeps_results(&self) -> bool {
-        self.stale_windows().any() || !self.hit_for_pass.is_zero()
+        self.stale_windows().any()
+            || !self.hit_for_pass.is_zero()
+            || (self.cache_status && !self.local_replay_ttl.is_zero())
     }
 
     /// The L2 policy these settings describe.

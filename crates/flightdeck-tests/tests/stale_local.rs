@@ -440,6 +440,18 @@ async fn cache_status_and_age_only_when_asked_for() {
     );
     assert_eq!(stale.headers["age"], "7");
 
+    // Without a window, a replay is a hit too, never "collapsed".
+    let replays = app("status-replay", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(5);
+        c.cache_status = true;
+    });
+    call(&replays).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let hit = call(&replays).await;
+    assert_eq!(hit.headers["cache-status"], "flightdeck; hit; ttl=4");
+    assert_eq!(hit.headers["age"], "1");
+    assert!(hit.stale.is_none());
+
     let off = app("status-off", &origin, |c| {
         c.local_replay_ttl = Duration::from_secs(5);
         c.stale_while_revalidate = Duration::from_secs(30);
