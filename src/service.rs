@@ -384,12 +384,18 @@ where
         let Some(setup) = stage.stale.clone() else {
             return;
         };
+        // A request made outside a runtime (and polled in one later) has
+        // its copy, and no refresh: nothing panics for want of a runtime.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            setup.kept.end_refresh(&key);
+            return;
+        };
         let caller = Caller::new().on_abandon(OnAbandon::Finish);
         let run = stage.local.run(&key, caller, leader);
         let ctl = Arc::clone(&stage.ctl);
         let started = Instant::now();
         let purged = setup.kept.purged(&key);
-        drop(tokio::spawn(async move {
+        drop(rt.spawn(async move {
             let outcome = match run.await {
                 Ok(Answer::Led(v) | Answer::Shared(v)) => {
                     if setup.failures.failed(Ok(&v)) {

@@ -658,3 +658,69 @@ async fn grpc_unavailable_is_answered_by_the_copy_with_metadata() {
     let body = res.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"\0\0\0\0\x02ok");
 }
+
+/// A request whose `call` runs outside a runtime (its future polled in one
+/// later) past freshness: answered by the copy; no refresh can start
+/// without a runtime, and nothing panics.
+#[test]
+fn a_call_outside_a_runtime_is_answered_by_the_copy() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::Service;
+
+    // Not paused: outside a runtime, tokio's clock is the real one.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let keys = HttpKeyExtractor::builder()
+        .route(Route::get("/p", "outside"))
+        .build()
+        .unwrap();
+    let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
+    cfg.local_replay_ttl = Duration::from_millis(1);
+    cfg.stale_while_revalidate = Duration::from_secs(600);
+    let layer = rt.block_on(async {
+        SingleFlightLayer::builder()
+            .keys(keys)
+            .stage("outside", cfg)
+            .build()
+            .unwrap()
+    });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = {
+        let runs = Arc::clone(&runs);
+        tower::Layer::layer(
+            &layer,
+            tower::service_fn(move |_req: Request<_>| {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let res = Response::builder()
+                    .header("content-length", "2")
+                    .body(Full::new(Bytes::from(format!("v{n}"))))
+                    .unwrap();
+                async move { Ok::<_, std::convert::Infallible>(res) }
+            }),
+        )
+    };
+    let get = || {
+        Request::get("http://svc/p")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    rt.block_on(svc.clone().oneshot(get())).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    std::thread::sleep(Duration::from_millis(5));
+    // Called here, outside the runtime.
+    let fut = svc.call(get());
+    let res = rt.block_on(fut).unwrap();
+    let stale = res.extensions().get::<Stale>().copied();
+    assert_eq!(stale.map(|s| s.reason), Some(StaleReason::Revalidate));
+    // The next call, in the runtime, starts the refresh.
+    rt.block_on(async {
+        svc.clone().oneshot(get()).await.unwrap();
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
