@@ -12,30 +12,47 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use crate::stage::Control;
+use crate::stale::{Answered, MarkAnswer, Served};
+
+/// A caller's output from its answer: the leader's own copy (its own
+/// cookies, say); everybody else gets what strangers may get.
+fn restore<T, Sh: Share<T>>(share: &Sh, answer: Answer<Sh::Shared, Sh::Output>) -> Sh::Output {
+    match answer {
+        Answer::Led(v) => share.restore_leader_owned(v),
+        Answer::Shared(v) => share.restore(&v),
+        Answer::Own(out) => out,
+    }
+}
 
 pin_project! {
     /// Response future of [`GenericSingleFlight`](crate::GenericSingleFlight):
     /// a bypassed call (`B`, the inner service's call), a coalesced one
     /// (`F`, the flight), or an error known at `call` time; `Sh` restores
     /// each caller's response.
-    pub struct ResponseFuture<B, F, Sh> {
+    ///
+    /// `P` is the boxed future of the stale paths (a stage's kept copy,
+    /// hit-for-pass, a flight raced against its soft timeout).
+    pub struct ResponseFuture<B, F, P, Sh> {
         #[pin]
-        kind: Kind<B, F>,
+        kind: Kind<B, F, P>,
         share: Sh,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B, F> {
+    enum Kind<B, F, P> {
         // BYPASS (timed: a real execution), or no key (not ours to count).
         Bypass { #[pin] fut: B, timed: Option<(Arc<Control>, Instant)> },
-        Flight { #[pin] run: F },
+        // `headers`: the stage's `cache-status`.
+        Flight { #[pin] run: F, headers: bool },
+        // The stale paths: their answers say how they were served.
+        Stale { #[pin] fut: P, headers: bool },
         Failed { err: Option<BoxError> },
     }
 }
 
-impl<B, F, Sh> ResponseFuture<B, F, Sh> {
+impl<B, F, P, Sh> ResponseFuture<B, F, P, Sh> {
     pub(crate) fn bypass(fut: B, timed: Option<Arc<Control>>, share: Sh) -> Self {
         Self {
             kind: Kind::Bypass {
@@ -46,9 +63,16 @@ impl<B, F, Sh> ResponseFuture<B, F, Sh> {
         }
     }
 
-    pub(crate) fn flight(run: F, share: Sh) -> Self {
+    pub(crate) fn flight(run: F, headers: bool, share: Sh) -> Self {
         Self {
-            kind: Kind::Flight { run },
+            kind: Kind::Flight { run, headers },
+            share,
+        }
+    }
+
+    pub(crate) fn stale(fut: P, headers: bool, share: Sh) -> Self {
+        Self {
+            kind: Kind::Stale { fut, headers },
             share,
         }
     }
@@ -61,11 +85,12 @@ impl<B, F, Sh> ResponseFuture<B, F, Sh> {
     }
 }
 
-impl<B, F, Sh> fmt::Debug for ResponseFuture<B, F, Sh> {
+impl<B, F, P, Sh> fmt::Debug for ResponseFuture<B, F, P, Sh> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Bypass { .. } => "bypass",
             Kind::Flight { .. } => "flight",
+            Kind::Stale { .. } => "stale",
             Kind::Failed { .. } => "failed",
         };
         f.debug_struct("ResponseFuture")
@@ -74,12 +99,13 @@ impl<B, F, Sh> fmt::Debug for ResponseFuture<B, F, Sh> {
     }
 }
 
-impl<B, F, Sh, T, E> Future for ResponseFuture<B, F, Sh>
+impl<B, F, P, Sh, T, E> Future for ResponseFuture<B, F, P, Sh>
 where
     B: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
-    Sh: Share<T>,
+    Sh: Share<T> + MarkAnswer<Sh::Output>,
     F: Future<Output = Result<Answer<Sh::Shared, Sh::Output>, BoxError>>,
+    P: Future<Output = Result<Answered<Sh::Shared, Sh::Output>, BoxError>>,
 {
     type Output = Result<Sh::Output, BoxError>;
 
@@ -93,13 +119,26 @@ where
                 }
                 Poll::Ready(res.map(|v| this.share.passthrough(v)).map_err(Into::into))
             }
-            KindProj::Flight { run } => {
-                Poll::Ready(ready!(run.poll(cx)).map(|answer| match answer {
-                    // The leader's own copy (its own cookies, say); everybody
-                    // else gets what strangers may get.
-                    Answer::Led(v) => this.share.restore_leader_owned(v),
-                    Answer::Shared(v) => this.share.restore(&v),
-                    Answer::Own(out) => out,
+            KindProj::Flight { run, headers } => {
+                let headers = *headers;
+                Poll::Ready(ready!(run.poll(cx)).map(|answer| {
+                    let served = match &answer {
+                        Answer::Shared(_) => Served::Collapsed,
+                        _ => Served::Miss,
+                    };
+                    let mut out = restore(this.share, answer);
+                    if headers {
+                        this.share.mark(&mut out, served, true);
+                    }
+                    out
+                }))
+            }
+            KindProj::Stale { fut, headers } => {
+                let headers = *headers;
+                Poll::Ready(ready!(fut.poll(cx)).map(|(answer, served)| {
+                    let mut out = restore(this.share, answer);
+                    this.share.mark(&mut out, served, headers);
+                    out
                 }))
             }
             KindProj::Failed { err } => Poll::Ready(Err(err

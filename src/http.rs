@@ -142,6 +142,28 @@ impl<E> SingleFlightLayer<E> {
         self.flights.stages()
     }
 
+    /// Purges the result of the request's key, built by the layer's key
+    /// rules as for a request it serves (see
+    /// [`StageHandle::invalidate`]): `Ok(false)` when the rules give the
+    /// request no key, or a key of no stage of this layer. A rule that
+    /// hashes the body reads it.
+    pub async fn invalidate_request<Req>(&self, req: Req) -> Result<bool, crate::BoxError>
+    where
+        E: flightdeck_key::KeyExtractor<Req>,
+    {
+        let extracted = match self.keys.extractor().extract(req) {
+            flightdeck_key::Extraction::Ready(r) => r?,
+            flightdeck_key::Extraction::Pending(f) => f.await?,
+        };
+        let Some(key) = extracted.decision.key() else {
+            return Ok(false);
+        };
+        match self.flights.stage(key.stage().as_str()) {
+            Some(stage) => stage.invalidate(key).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// Local flights running right now in a stage (for tests and health
     /// checks).
     pub fn running_flights(&self, stage: &str) -> Option<usize> {
@@ -289,6 +311,18 @@ impl<E> SingleFlightLayerBuilder<E> {
             self.key_settings = keys;
         }
         self.inner = self.inner.config(cfg);
+        self
+    }
+
+    /// Which responses (and errors) a stale copy answers for in the stages
+    /// with `stale-if-error`, instead of `HttpFailures` (5xx, 429, the
+    /// gRPC statuses `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
+    /// `RESOURCE_EXHAUSTED`, and the errors of `ErrorFailures`).
+    pub fn stale_failures(
+        mut self,
+        failures: impl flightdeck_core::stale::Failures<flightdeck_core::http::SharedResponse>,
+    ) -> Self {
+        self.inner = self.inner.stale_failures(failures);
         self
     }
 

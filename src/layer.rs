@@ -10,7 +10,8 @@ use std::sync::Arc;
 use flightdeck_breaker::Breaker;
 use flightdeck_budget::Inbound;
 use flightdeck_bulkhead::{BulkheadConfig, BulkheadLayer};
-use flightdeck_core::{KeySource, SharedForm, StageName};
+use flightdeck_core::stale::{ErrorFailures, Failures};
+use flightdeck_core::{BoxError, KeySource, SharedForm, StageName};
 use flightdeck_distributed::{
     Backend, BackendBreakers, DistributedFlights, Fence, GuardedBackend, ResultCodec,
 };
@@ -18,9 +19,12 @@ use flightdeck_local::LocalFlights;
 use tower_layer::Layer;
 
 use crate::config::{ConfigError, SharingSettings, SingleFlightConfig, StageConfig};
+use crate::kept::Kept;
+use crate::readers::RequestReaders;
 use crate::readers::{DynCodec, DynReaders};
 use crate::service::GenericSingleFlight;
-use crate::stage::{Control, Idle, Stage, StageHandle};
+use crate::stage::{Control, Idle, Purge, Purger, Stage, StageHandle};
+use crate::stale::StaleSetup;
 
 /// The stages by name: looked up on every request, by the name's identity
 /// (stage names are interned), with a fast hasher.
@@ -97,6 +101,23 @@ impl<Req: 'static, Sh: SharedForm> GenericSingleFlightLayer<DynReaders<Req>, Sh>
 }
 
 impl<R, Sh: SharedForm> GenericSingleFlightLayer<R, Sh> {
+    /// Purges the result of the key `req` has (see
+    /// [`StageHandle::invalidate`]): `Ok(false)` when the request has no
+    /// key, or a key of no stage of this layer.
+    pub async fn invalidate_request<Req>(&self, req: &Req) -> Result<bool, BoxError>
+    where
+        R: RequestReaders<Req>,
+    {
+        let Some(key) = self.shared.readers.key(req) else {
+            return Ok(false);
+        };
+        let Some(stage) = self.shared.stages.get(key.stage()) else {
+            return Ok(false);
+        };
+        handle(stage).invalidate(&key).await?;
+        Ok(true)
+    }
+
     /// The runtime handle of a stage (mode switch, degraded state, breaker,
     /// bulkhead).
     pub fn stage(&self, name: &str) -> Option<StageHandle> {
@@ -144,7 +165,13 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayer<R, Sh> {
 }
 
 fn handle<R, Sh: SharedForm>(s: &Arc<Stage<R, Sh>>) -> StageHandle {
+    let purger = Purger {
+        stale: s.stale.clone(),
+        local: s.local.clone(),
+        distributed: s.distributed.clone(),
+    };
     StageHandle {
+        purge: Arc::new(purger) as Arc<dyn Purge>,
         ctl: Arc::clone(&s.ctl),
         idle: s
             .distributed
@@ -195,6 +222,7 @@ pub struct GenericSingleFlightLayerBuilder<R, Sh: SharedForm> {
     backends: HashMap<String, Arc<dyn Backend>>,
     config: SingleFlightConfig,
     local_only: bool,
+    failures: Option<Arc<dyn Failures<Sh::Shared>>>,
 }
 
 impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
@@ -206,7 +234,17 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
             backends: HashMap::new(),
             config: SingleFlightConfig::default(),
             local_only: false,
+            failures: None,
         }
+    }
+
+    /// Which outcomes of the work a stale copy answers for, in every
+    /// stage with `stale-if-error` (instead of the share adapter's rule:
+    /// `HttpFailures` for HTTP and gRPC, `ErrorFailures` otherwise). Any
+    /// `Fn(Result<&Shared, &BoxError>) -> bool` will do.
+    pub fn stale_failures(mut self, failures: impl Failures<Sh::Shared>) -> Self {
+        self.failures = Some(Arc::new(failures));
+        self
     }
 }
 
@@ -416,6 +454,16 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
             let bulkhead = BulkheadLayer::from_config(bulkhead_cfg);
             let lane = bulkhead.handle().degraded_lane();
             let local = LocalFlights::new(cfg.local_policy());
+            let stale = cfg.keeps_results().then(|| StaleSetup {
+                kept: Arc::new(Kept::new(
+                    cfg.stale_max_entries,
+                    cfg.stale_max_bytes,
+                    cfg.local_replay_ttl
+                        .max(cfg.result_ttl)
+                        .saturating_add(cfg.stale_windows().keep_stale()),
+                )),
+                failures: self.failures.clone().unwrap_or_else(Sh::failures),
+            });
             let share = self.share.for_stage(&cfg.sharing);
             let peers: crate::stage::Peers = {
                 let (local, distributed, stage) =
@@ -448,6 +496,7 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
                     distributed,
                     bulkhead,
                     lane,
+                    stale,
                 }),
             );
         }
@@ -476,9 +525,23 @@ impl<R, Sh: SharedForm> fmt::Debug for GenericSingleFlightLayerBuilder<R, Sh> {
 /// Set-Cookie and Cache-Control opt-ins): each stage shares responses with
 /// its own copy of the layer's adapter, configured here. Adapters with
 /// nothing to configure keep themselves.
-pub trait StageShare: Sized {
+pub trait StageShare: SharedForm + Sized {
     /// The adapter of a stage with these settings.
     fn for_stage(&self, sharing: &SharingSettings) -> Self;
+
+    /// Bytes a kept copy of `shared` counts for against the stage's
+    /// `stale-max-bytes` (by default, the size of the value itself).
+    fn kept_size(&self, shared: &Self::Shared) -> usize {
+        std::mem::size_of_val(shared)
+    }
+
+    /// Which outcomes a stage's stale copy answers for (`stale-if-error`)
+    /// unless the builder was given a rule
+    /// ([`stale_failures`](GenericSingleFlightLayerBuilder::stale_failures)):
+    /// [`ErrorFailures`](flightdeck_core::stale::ErrorFailures).
+    fn failures() -> Arc<dyn Failures<Self::Shared>> {
+        Arc::new(ErrorFailures)
+    }
 
     /// Whether the adapter reads [`SharingSettings`] at all (HTTP's
     /// does). A stage that sets one for an adapter that does not fails
@@ -489,7 +552,7 @@ pub trait StageShare: Sized {
 }
 
 /// Values have no cookies or cache headers: the settings mean nothing.
-impl<T> StageShare for flightdeck_core::CloneShare<T> {
+impl<T: Clone + Send + Sync + 'static> StageShare for flightdeck_core::CloneShare<T> {
     fn for_stage(&self, _sharing: &SharingSettings) -> Self {
         *self
     }
@@ -501,6 +564,22 @@ impl<T> StageShare for flightdeck_core::CloneShare<T> {
 
 #[cfg(feature = "http")]
 impl StageShare for flightdeck_core::http::HttpShare {
+    /// Status line, headers, body and trailers.
+    fn kept_size(&self, shared: &Self::Shared) -> usize {
+        let headers = |h: &http::HeaderMap| {
+            h.iter()
+                .map(|(k, v)| k.as_str().len() + v.len() + 4)
+                .sum::<usize>()
+        };
+        64 + shared.body().len() + headers(shared.headers()) + shared.trailers().map_or(0, headers)
+    }
+
+    /// HTTP 5xx and 429, gRPC `UNAVAILABLE`, `DEADLINE_EXCEEDED` and
+    /// `RESOURCE_EXHAUSTED`, and the errors of `ErrorFailures`.
+    fn failures() -> Arc<dyn Failures<Self::Shared>> {
+        Arc::new(flightdeck_core::http::HttpFailures)
+    }
+
     fn for_stage(&self, sharing: &SharingSettings) -> Self {
         let mut share = self.clone();
         if let Some(policy) = sharing.set_cookie {

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
@@ -18,9 +18,12 @@ use tower_service::Service;
 
 use crate::fallback::ModeFallback;
 use crate::inner_call::InnerCall;
+use crate::kept::Ticket;
+use crate::layer::StageShare;
 use crate::mode::Mode;
 use crate::readers::RequestReaders;
 use crate::stage::{Path, Stage};
+use crate::stale::StaleSetup;
 
 pin_project! {
     /// A leader's work, as small as the path it takes: a local execution
@@ -52,6 +55,67 @@ where
             }
             LeadProj::Flight { fut } => fut.as_mut().poll(cx),
         }
+    }
+}
+
+pin_project! {
+    /// A leader's (or a lone caller's) work, whose result the stage keeps
+    /// when it keeps results: a shared result that is no failure becomes
+    /// the key's copy (unless a purge came after the work started), an
+    /// unshared one starts the key's hit-for-pass.
+    pub(crate) struct Recorded<F, Sh: SharedForm> {
+        #[pin]
+        fut: F,
+        record: Option<Record<Sh>>,
+    }
+}
+
+pub(crate) struct Record<Sh: SharedForm> {
+    setup: StaleSetup<Sh::Shared>,
+    key: FlightKey,
+    ticket: Ticket,
+    share: Sh,
+    pass_for: Duration,
+}
+
+impl<Sh: StageShare> Record<Sh> {
+    fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Self> {
+        let setup = stage.stale.clone()?;
+        let ticket = setup.kept.ticket();
+        Some(Self {
+            setup,
+            key: key.clone(),
+            ticket,
+            share: stage.share.clone(),
+            pass_for: stage.ctl.cfg.hit_for_pass,
+        })
+    }
+}
+
+impl<F, Sh, O> Future for Recorded<F, Sh>
+where
+    F: Future<Output = Result<Shareable<Sh::Shared, O>, BoxError>>,
+    Sh: StageShare,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let out = ready!(this.fut.poll(cx));
+        if let Some(r) = this.record.take() {
+            match &out {
+                Ok(Shareable::Shared(v)) if !r.setup.failures.failed(Ok(v)) => {
+                    let size = r.share.kept_size(v);
+                    r.setup.kept.put(&r.key, r.ticket, v.clone(), size);
+                }
+                Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
+                    let until = tokio::time::Instant::now() + r.pass_for;
+                    r.setup.kept.pass(&r.key, until);
+                }
+                _ => {}
+            }
+        }
+        Poll::Ready(out)
     }
 }
 
@@ -113,7 +177,7 @@ where
     S::Future: Send,
     Req: Send + 'static,
     R: RequestReaders<Req>,
-    Sh: Share<S::Response> + Serves<Req>,
+    Sh: Share<S::Response> + Serves<Req> + StageShare,
 {
     type Output = Sh::Output;
 
@@ -121,6 +185,7 @@ where
         self,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
+        let record = Record::start(&self.stage, &self.key);
         let Self {
             stage,
             mode,
@@ -135,9 +200,10 @@ where
         let exec = Self::exec(Arc::clone(&stage), inner, share, bound, flight);
         let Some(l2) = stage.distributed.as_ref().filter(|_| mode.is_distributed()) else {
             // LOCAL_ONLY, or a stage without backend.
-            return Lead::Here {
+            let fut = Lead::Here {
                 fut: exec.run(req, Path::Local),
             };
+            return Recorded { fut, record };
         };
         // The breaker is asked once, by L2, before anything else is built:
         // a refusal (open, or held back by a ramp after closing, which
@@ -165,16 +231,20 @@ where
             // gauge is shown at once.
             stage.ctl.sync();
         }
-        lead
+        Recorded { fut: lead, record }
     }
 
     fn alone(
         self,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
+        let record = Record::start(&self.stage, &self.key);
         let flight = Self::sharded_flight(&self.stage, self.mode, &self.key);
         let exec = Self::exec(self.stage, self.inner, self.share, self.bound, flight);
-        exec.run(self.req, Path::Local)
+        Recorded {
+            fut: exec.run(self.req, Path::Local),
+            record,
+        }
     }
 
     fn serves(&self, shared: &Sh::Shared) -> bool {

@@ -53,6 +53,12 @@
 //!   mode they started with.
 //! - **Backends** ([`RedisBackend`], feature `redis`; `MemoryBackend` in
 //!   [`testing`], feature `testing`): what L2 coordinates through.
+//! - **Answering anyway** (opt-in per stage: `stale-while-revalidate`,
+//!   `stale-if-error`, `soft-timeout`, `early-refresh`, `hit-for-pass`):
+//!   a copy of each key's last good result answers when the fresh answer
+//!   would cost a wait or a failure, marked [`Stale`](core::Stale) and, with
+//!   `cache-status`, told in `Cache-Status` and `Age` ([`stale`]).
+//!   [`StageHandle::invalidate`] purges a key.
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -206,12 +212,14 @@ pub mod future;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod inner_call;
+mod kept;
 mod layer;
 mod leader;
 mod mode;
 pub mod readers;
 mod service;
 mod stage;
+pub mod stale;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -239,6 +247,7 @@ pub use service::GenericSingleFlight;
 pub use http::{SingleFlight, SingleFlightLayer, SingleFlightLayerBuilder};
 pub use mode::{Mode, OnWaitFailure, UnknownMode};
 pub use stage::StageHandle;
+pub use stale::{MarkAnswer, Served};
 
 // The names users write, documented here, where they read them.
 #[doc(inline)]

@@ -32,12 +32,15 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use flightdeck_budget::{Phase, Slices};
 use flightdeck_core::error::BoxError;
-use flightdeck_core::{Serves, Share, SharedForm};
+use flightdeck_core::error::{FlightAbandoned, WaitTimeout};
+use flightdeck_core::stale::{Stale, StaleReason};
+use flightdeck_core::{ErrorClass, Serves, Share, Shareable, SharedForm};
 use flightdeck_local::future::Run;
-use flightdeck_local::{Caller, OnAbandon};
+use flightdeck_local::{Answer, Caller, FlightWork, OnAbandon};
 use tokio::time::Instant;
 use tower::util::{Oneshot, ServiceExt};
 use tower_service::Service;
@@ -45,10 +48,12 @@ use tower_service::Service;
 use crate::error::UnknownStage;
 use crate::future::ResponseFuture;
 use crate::layer::Shared;
+use crate::layer::StageShare;
 use crate::leader::Leader;
 use crate::mode::Mode;
 use crate::readers::RequestReaders;
-use crate::stage::Path;
+use crate::stage::{Path, RefreshOutcome};
+use crate::stale::{xfetch, Answering, MarkAnswer, Served};
 
 /// The service built by
 /// [`GenericSingleFlightLayer`](crate::GenericSingleFlightLayer) around
@@ -105,11 +110,16 @@ where
     S::Error: Into<BoxError>,
     Req: Send + 'static,
     R: RequestReaders<Req>,
-    Sh: Share<S::Response> + Serves<Req>,
+    Sh: Share<S::Response> + Serves<Req> + StageShare + MarkAnswer<Sh::Output>,
 {
     type Response = Sh::Output;
     type Error = BoxError;
-    type Future = ResponseFuture<Oneshot<S, Req>, Run<Sh::Shared, Leader<S, Req, R, Sh>>, Sh>;
+    type Future = ResponseFuture<
+        Oneshot<S, Req>,
+        Run<Sh::Shared, Leader<S, Req, R, Sh>>,
+        Answering<Sh::Shared, Sh::Output>,
+        Sh,
+    >;
 
     /// Always ready: the decision (bypass, coalesce, reject) is made in
     /// `call`, and the inner service is driven to readiness by the path
@@ -170,8 +180,253 @@ where
             bound,
         };
         let caller = Caller::new().deadline(at).on_abandon(on_abandon);
-        ResponseFuture::flight(stage.local.run(&key, caller, leader), share)
+        let headers = ctl.cfg.cache_status;
+        if stage.stale.is_some() {
+            return leader.stale_paths(caller, share);
+        }
+        ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share)
     }
+}
+
+/// The service's response future, named outside the `Service` impl.
+type ServiceFuture<S, Req, R, Sh> = ResponseFuture<
+    Oneshot<S, Req>,
+    Run<<Sh as SharedForm>::Shared, Leader<S, Req, R, Sh>>,
+    Answering<<Sh as SharedForm>::Shared, <Sh as Share<<S as Service<Req>>::Response>>::Output>,
+    Sh,
+>;
+
+impl<S, Req, R, Sh> Leader<S, Req, R, Sh>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    Req: Send + 'static,
+    R: RequestReaders<Req>,
+    Sh: Share<S::Response> + Serves<Req> + StageShare,
+{
+    /// A stage that keeps its results (a stale window or hit-for-pass is on):
+    /// the key's copy answers while fresh (the replay window), past it within
+    /// a window as a stale answer, or when the work fails or is slow; a key
+    /// whose last response could not be shared runs its callers at once.
+    ///
+    /// LOCAL_ONLY uses every window; a distributed stage uses its copy only
+    /// while its whole store is degraded (then every stale answer says
+    /// `redis_down`): otherwise the store keeps and answers results across
+    /// nodes.
+    fn stale_paths(self, caller: Caller, share: Sh) -> ServiceFuture<S, Req, R, Sh> {
+        let leader = self;
+        let stage = &Arc::clone(&leader.stage);
+        let key = leader.key.clone();
+        let ctl = &stage.ctl;
+        let cfg = &ctl.cfg;
+        let headers = cfg.cache_status;
+        let Some(setup) = stage.stale.clone() else {
+            return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
+        };
+        let kept = &setup.kept;
+        let found = kept.find(&key);
+        if found.is_err() {
+            ctl.count_hit_for_pass();
+            let alone = leader.alone();
+            let fut = async move {
+                let answer = match alone.await? {
+                    Shareable::Shared(v) => Answer::Led(v),
+                    Shareable::Unshared(o, _) => Answer::Own(o),
+                };
+                Ok((answer, Served::Pass))
+            };
+            return ResponseFuture::stale(Box::pin(fut), headers, share);
+        }
+        let mode = leader.mode;
+        let answers = match mode {
+            Mode::LocalOnly => true,
+            m if m.is_distributed() => {
+                ctl.sync();
+                ctl.whole_degraded()
+            }
+            _ => false,
+        };
+        let now = Instant::now();
+        let look = found.ok().flatten().filter(|l| leader.serves(&l.value));
+        let Some(look) = look else {
+            return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
+        };
+        let age = now.saturating_duration_since(look.done);
+        let fresh = cfg.local_replay_ttl;
+        let windows = cfg.stale_windows();
+        if age < fresh {
+            // The replay window. Near its end, one caller may refresh it early.
+            let left = fresh - age;
+            let early = answers
+                && within(left, windows.early_refresh)
+                && xfetch(left, look.took)
+                && kept.claim_refresh(&key);
+            if early {
+                leader.refresh();
+            }
+            let served = Served::Hit { age, ttl: left };
+            let fut = std::future::ready(Ok((Answer::Shared(look.value), served)));
+            return ResponseFuture::stale(Box::pin(fut), headers, share);
+        }
+        let past = age - fresh;
+        let reason = move |r: StaleReason| {
+            if mode.is_distributed() {
+                StaleReason::RedisDown
+            } else {
+                r
+            }
+        };
+        let stale_answer = |r: StaleReason, value: Sh::Shared| {
+            let stale = Stale {
+                reason: reason(r),
+                age,
+            };
+            ctl.count_stale(stale);
+            let fut =
+                std::future::ready(Ok((Answer::Shared(value), Served::Stale { stale, past })));
+            ResponseFuture::stale(Box::pin(fut) as Answering<_, _>, headers, share.clone())
+        };
+        if !answers {
+            return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
+        }
+        // Throttled after a failure: the copy answers, the work waits.
+        if within(past, windows.if_error) && look.retry_until.is_some_and(|t| now < t) {
+            return stale_answer(StaleReason::Error, look.value);
+        }
+        if within(past, windows.revalidate) {
+            if kept.claim_refresh(&key) {
+                leader.refresh();
+            }
+            return stale_answer(StaleReason::Revalidate, look.value);
+        }
+        if !within(past, windows.keep_stale()) {
+            return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
+        }
+        // The flight runs; the copy stands by for a failure (within
+        // `stale-if-error`) and for callers still waiting at the soft
+        // timeout, whose leaving must not cancel the work.
+        let soft = windows.soft_timeout;
+        let caller = if soft.is_zero() {
+            caller
+        } else {
+            caller.on_abandon(OnAbandon::Finish)
+        };
+        let run = stage.local.run(&key, caller, leader);
+        let retry_after = windows.retry_after;
+        let ctl = Arc::clone(ctl);
+        let copy = look.value;
+        let done = look.done;
+        let fut = async move {
+            // How far past its freshness the copy is now, if it may still
+            // answer in `window`: it never answers past freshness + window.
+            let past_within = |window: Duration| {
+                let age = Instant::now().saturating_duration_since(done);
+                let past = age.saturating_sub(fresh);
+                within(past, window).then_some((age, past))
+            };
+            let stale_of = |r: StaleReason, (age, past): (Duration, Duration)| {
+                let stale = Stale {
+                    reason: reason(r),
+                    age,
+                };
+                ctl.count_stale(stale);
+                Served::Stale { stale, past }
+            };
+            let mut run = std::pin::pin!(run);
+            let out = if soft.is_zero() {
+                run.await
+            } else {
+                match tokio::time::timeout(soft, &mut run).await {
+                    Ok(out) => out,
+                    Err(_) => match past_within(windows.keep_stale()) {
+                        Some(at) => {
+                            let served = stale_of(StaleReason::SoftTimeout, at);
+                            return Ok((Answer::Shared(copy), served));
+                        }
+                        // Too old by now: the caller waits on.
+                        None => run.await,
+                    },
+                }
+            };
+            let failed = match &out {
+                Ok(Answer::Led(v) | Answer::Shared(v)) => setup.failures.failed(Ok(v)),
+                Ok(Answer::Own(_)) => false,
+                Err(e) => setup.failures.failed(Err(e)),
+            };
+            let if_error = past_within(windows.if_error).filter(|_| failed);
+            if let Some(at) = if_error {
+                if !retry_after.is_zero() {
+                    setup.kept.throttle(&key, Instant::now() + retry_after);
+                }
+                return Ok((Answer::Shared(copy), stale_of(StaleReason::Error, at)));
+            }
+            let out = out?;
+            let served = match &out {
+                Answer::Shared(_) => Served::Collapsed,
+                _ => Served::Miss,
+            };
+            Ok((out, served))
+        };
+        ResponseFuture::stale(Box::pin(fut), headers, share)
+    }
+
+    /// Runs one refresh of `key` in the background (grace, early refresh): a
+    /// flight of its own that callers arriving meanwhile may join, finished
+    /// even when nobody waits, bounded by the execution timeout (and L1's
+    /// wait timeout for this caller). Its result replaces the copy unless a
+    /// purge came after it started.
+    fn refresh(self) {
+        let leader = self;
+        let stage = Arc::clone(&leader.stage);
+        let key = leader.key.clone();
+        let Some(setup) = stage.stale.clone() else {
+            return;
+        };
+        // A request made outside a runtime (and polled in one later) has
+        // its copy, and no refresh: nothing panics for want of a runtime.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            setup.kept.end_refresh(&key);
+            return;
+        };
+        let caller = Caller::new().on_abandon(OnAbandon::Finish);
+        let run = stage.local.run(&key, caller, leader);
+        let ctl = Arc::clone(&stage.ctl);
+        let started = Instant::now();
+        let purged = setup.kept.purged(&key);
+        drop(rt.spawn(async move {
+            let outcome = match run.await {
+                Ok(Answer::Led(v) | Answer::Shared(v)) => {
+                    if setup.failures.failed(Ok(&v)) {
+                        RefreshOutcome::Failed
+                    } else if setup.kept.purged(&key) == purged
+                        && setup.kept.look(&key).is_some_and(|l| l.done >= started)
+                    {
+                        RefreshOutcome::Committed
+                    } else {
+                        RefreshOutcome::Fenced
+                    }
+                }
+                // Not shareable: nothing to keep.
+                Ok(Answer::Own(_)) => RefreshOutcome::Failed,
+                Err(e) if e.is::<WaitTimeout>() || e.is::<FlightAbandoned>() => {
+                    RefreshOutcome::Abandoned
+                }
+                Err(e) if ErrorClass::of(e.as_ref()) == ErrorClass::DeadlineExceeded => {
+                    RefreshOutcome::Abandoned
+                }
+                Err(_) => RefreshOutcome::Failed,
+            };
+            setup.kept.end_refresh(&key);
+            ctl.count_refresh(outcome);
+        }));
+    }
+}
+
+/// Whether `past` is within `window` (a zero window is off).
+fn within(past: Duration, window: Duration) -> bool {
+    !window.is_zero() && past <= window
 }
 
 /// The caller's own deadline (the earlier of an outer budget's `Deadline`

@@ -339,6 +339,33 @@ fn every_bad_value_names_its_stage_and_field() {
         ),
         ("sharing.set-cookie = \"keep\"", "sharing.set-cookie"),
         ("sharing.cache-control = \"maybe\"", "sharing.cache-control"),
+        ("stale-while-revalidate = \"40d\"", "stale-while-revalidate"),
+        ("stale-while-revalidate = 5", "stale-while-revalidate"),
+        ("stale-if-error = \"5 s\"", "stale-if-error"),
+        ("stale-retry-after = \"10s\"", "stale-retry-after"),
+        ("stale-retry-after = \"40d\"", "stale-retry-after"),
+        (
+            "stale-if-error = \"1m\"\nexecution-timeout = \"1s\"\nsoft-timeout = \"1s\"",
+            "soft-timeout",
+        ),
+        ("soft-timeout = \"100ms\"", "soft-timeout"),
+        ("early-refresh = \"1s\"", "early-refresh"),
+        ("soft-timeout = \"-1s\"", "soft-timeout"),
+        ("early-refresh = \"31d\"", "early-refresh"),
+        ("hit-for-pass = \"forever\"", "hit-for-pass"),
+        ("cache-status = \"yes\"", "cache-status"),
+        (
+            "stale-if-error = \"1m\"\nstale-max-entries = 0",
+            "stale-max-entries",
+        ),
+        (
+            "stale-if-error = \"1m\"\nstale-max-bytes = 0",
+            "stale-max-bytes",
+        ),
+        (
+            "stale-max-entries = 18446744073709551615",
+            "stale-max-entries",
+        ),
     ];
     for (line, field) in cases {
         // Every case is a local-only stage (no backend needed) unless the
@@ -433,4 +460,56 @@ fn the_keys_table_is_read_and_checked() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// The stale keys: each parsed into its field (off when absent), the
+/// windows read back as `StaleWindows`, and a typo gets a suggestion.
+#[test]
+fn the_stale_keys_are_parsed_and_suggested() {
+    let cfg = SingleFlightConfig::from_toml(
+        r#"
+[single-flight.stages.page]
+mode = "local-only"
+local-replay-ttl = "2s"
+stale-while-revalidate = "30s"
+stale-if-error = "10m"
+stale-retry-after = "15s"
+soft-timeout = "300ms"
+execution-timeout = "5s"
+early-refresh = "1s"
+hit-for-pass = "2m"
+stale-max-entries = 500
+stale-max-bytes = 1048576
+cache-status = true
+
+[single-flight.stages.plain]
+mode = "local-only"
+"#,
+    )
+    .unwrap();
+    let page = &cfg.stages["page"];
+    let w = page.stale_windows();
+    assert_eq!(w.revalidate, Duration::from_secs(30));
+    assert_eq!(w.if_error, Duration::from_secs(600));
+    assert_eq!(w.retry_after, Duration::from_secs(15));
+    assert_eq!(w.soft_timeout, Duration::from_millis(300));
+    assert_eq!(w.early_refresh, Duration::from_secs(1));
+    assert_eq!(page.hit_for_pass, Duration::from_secs(120));
+    assert_eq!(
+        (page.stale_max_entries, page.stale_max_bytes),
+        (500, 1 << 20)
+    );
+    assert!(page.cache_status);
+    let plain = &cfg.stages["plain"];
+    assert!(!plain.stale_windows().any(), "off unless asked for");
+    assert!(plain.hit_for_pass.is_zero() && !plain.cache_status);
+
+    let err = SingleFlightConfig::from_toml(
+        "[single-flight.stages.page]\nstale-while-revalidat = \"1s\"\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("`stale-while-revalidate`"),
+        "{err}"
+    );
 }

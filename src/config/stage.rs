@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use flightdeck_core::StaleWindows;
 use flightdeck_distributed::DistributedPolicy;
 use flightdeck_local::FlightPolicy;
 
@@ -19,6 +20,12 @@ const MAX_COUNT: usize = 10_000_000;
 const MAX_CONCURRENCY: usize = 1_000_000;
 /// Redis refuses values over 512 MiB.
 const MAX_RESULT_BYTES: usize = 512 * 1024 * 1024;
+/// Kept results per stage and node, by default.
+pub(crate) const DEFAULT_STALE_MAX_ENTRIES: usize = 10_000;
+/// Bytes of kept results per stage and node, by default (64 MiB).
+pub(crate) const DEFAULT_STALE_MAX_BYTES: usize = 64 * 1024 * 1024;
+/// The largest `stale-max-bytes` (4 GiB).
+const MAX_STALE_BYTES: usize = 4 * 1024 * 1024 * 1024;
 /// The longest duration any setting may have.
 pub(super) const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -136,6 +143,45 @@ pub struct StageConfig {
     pub breaker: BreakerSettings,
     /// What of a response may be shared with other callers (HTTP).
     pub sharing: SharingSettings,
+    /// Past its freshness (the replay TTL), for this long a result this
+    /// node kept answers at once while one refresh runs (0: off).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub stale_while_revalidate: Duration,
+    /// Past its freshness, for this long a result this node kept answers
+    /// when the work fails ([`Failures`](flightdeck_core::Failures); 0:
+    /// off).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub stale_if_error: Duration,
+    /// After a failure answered by a stale result, how long the stale
+    /// result keeps answering before one caller runs the work again (0:
+    /// every caller after a failure runs it; needs `stale-if-error`).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub stale_retry_after: Duration,
+    /// Callers still waiting for the work after this long get a kept
+    /// result, if one is within its windows; the work goes on (0: off;
+    /// shorter than `execution-timeout`).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub soft_timeout: Duration,
+    /// For this long before its freshness ends, a result may be refreshed
+    /// early by one caller, chosen at random, more likely as the end nears
+    /// and the longer the work takes (XFetch; 0: off).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub early_refresh: Duration,
+    /// How long a response that may not be shared is remembered for its
+    /// key, so that later callers of the key run at once instead of
+    /// queueing behind a leader whose result they cannot use (0: off).
+    #[cfg_attr(feature = "serde", serde(with = "duration"))]
+    pub hit_for_pass: Duration,
+    /// Kept results (fresh or stale) of the stage on this node, at most
+    /// (10,000; the oldest goes first). Used only when a window is on.
+    pub stale_max_entries: usize,
+    /// Bytes of kept results of the stage on this node, at most (64 MiB,
+    /// counted by the codec's encoded size; the oldest goes first).
+    pub stale_max_bytes: usize,
+    /// Answers carry an RFC 9211 `Cache-Status` header (`flightdeck; hit`,
+    /// `flightdeck; fwd=stale; …`), and stale ones an `Age` (gRPC: the
+    /// same as metadata). Off by default.
+    pub cache_status: bool,
     /// Whether the mode was chosen ([`mode`](Self::mode), or `mode` in a
     /// file) rather than left at its default.
     #[cfg_attr(feature = "serde", serde(skip))]
@@ -170,6 +216,15 @@ impl Default for StageConfig {
             bulkhead: BulkheadSettings::default(),
             breaker: BreakerSettings::default(),
             sharing: SharingSettings::default(),
+            stale_while_revalidate: Duration::ZERO,
+            stale_if_error: Duration::ZERO,
+            stale_retry_after: Duration::ZERO,
+            soft_timeout: Duration::ZERO,
+            early_refresh: Duration::ZERO,
+            hit_for_pass: Duration::ZERO,
+            stale_max_entries: DEFAULT_STALE_MAX_ENTRIES,
+            stale_max_bytes: DEFAULT_STALE_MAX_BYTES,
+            cache_status: false,
             mode_given: false,
         }
     }
@@ -258,6 +313,8 @@ impl StageConfig {
             ("bulkhead.limit", self.bulkhead.limit, MAX_CONCURRENCY),
             ("bulkhead.queue", self.bulkhead.queue, MAX_CONCURRENCY),
             ("max-result-bytes", self.max_result_bytes, MAX_RESULT_BYTES),
+            ("stale-max-entries", self.stale_max_entries, MAX_COUNT),
+            ("stale-max-bytes", self.stale_max_bytes, MAX_STALE_BYTES),
         ] {
             if value > max {
                 return bad(field, format!("{value} is over the bound of {max}"));
@@ -273,6 +330,12 @@ impl StageConfig {
             ("local-replay-ttl", self.local_replay_ttl),
             ("coordination-timeout", self.coordination_timeout),
             ("commit-replicas-timeout", self.commit_replicas_timeout),
+            ("stale-while-revalidate", self.stale_while_revalidate),
+            ("stale-if-error", self.stale_if_error),
+            ("stale-retry-after", self.stale_retry_after),
+            ("soft-timeout", self.soft_timeout),
+            ("early-refresh", self.early_refresh),
+            ("hit-for-pass", self.hit_for_pass),
         ] {
             if d > MAX_DURATION {
                 return bad(field, format!("{d:?} is over the bound of 30 days"));
@@ -370,6 +433,7 @@ impl StageConfig {
                 "must be positive with a queue".into(),
             );
         }
+        self.validate_stale(stage)?;
         self.breaker.validate(stage)?;
         // What the checks above let through, the layers accept; a failure
         // here names the setting all the same.
@@ -377,6 +441,82 @@ impl StageConfig {
             return bad(policy_key(e.field()), e.to_string());
         }
         Ok(())
+    }
+
+    /// The stale windows' relations (each window's bound is checked with
+    /// the other durations).
+    fn validate_stale(&self, stage: &str) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, message: String| {
+            Err(ConfigError::invalid(Some(stage), field, message))
+        };
+        if !self.stale_retry_after.is_zero() && self.stale_if_error.is_zero() {
+            return bad(
+                "stale-retry-after",
+                "needs stale-if-error: it throttles the work of a key whose failures a \
+                 stale result answers"
+                    .into(),
+            );
+        }
+        if !self.soft_timeout.is_zero() && self.stale_windows().keep_stale().is_zero() {
+            return bad(
+                "soft-timeout",
+                "needs stale-if-error or stale-while-revalidate: callers past it get a \
+                 result kept within one of them"
+                    .into(),
+            );
+        }
+        if !self.early_refresh.is_zero() && self.local_replay_ttl.is_zero() {
+            return bad(
+                "early-refresh",
+                "needs local-replay-ttl: it refreshes a result before its replay ends".into(),
+            );
+        }
+        if let Some(hard) = self.execution_timeout {
+            if !self.soft_timeout.is_zero() && self.soft_timeout >= hard {
+                return bad(
+                    "soft-timeout",
+                    format!(
+                        "{:?} must be shorter than execution-timeout ({hard:?})",
+                        self.soft_timeout
+                    ),
+                );
+            }
+        }
+        if self.stale_windows().any() {
+            if self.stale_max_entries == 0 {
+                return bad(
+                    "stale-max-entries",
+                    "must be positive while a stale window is on".into(),
+                );
+            }
+            if self.stale_max_bytes == 0 {
+                return bad(
+                    "stale-max-bytes",
+                    "must be positive while a stale window is on".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The stale windows these settings describe (all off by default).
+    pub fn stale_windows(&self) -> StaleWindows {
+        StaleWindows {
+            revalidate: self.stale_while_revalidate,
+            if_error: self.stale_if_error,
+            retry_after: self.stale_retry_after,
+            soft_timeout: self.soft_timeout,
+            early_refresh: self.early_refresh,
+        }
+    }
+
+    /// Whether the stage keeps its results on this node: a stale window
+    /// or hit-for-pass is on, or `cache-status` must tell its replays
+    /// (hits, with their age) from the callers that joined a flight.
+    pub(crate) fn keeps_results(&self) -> bool {
+        self.stale_windows().any()
+            || !self.hit_for_pass.is_zero()
+            || (self.cache_status && !self.local_replay_ttl.is_zero())
     }
 
     /// The L2 policy these settings describe.
@@ -415,7 +555,13 @@ impl StageConfig {
                     .saturating_add(self.coordination_timeout.saturating_mul(2)),
             ))
             .flight_ttl(self.lease_timeout.max(self.wait_timeout))
-            .replay_ttl(self.local_replay_ttl)
+            // A stage that keeps its results for the stale windows replays
+            // them from that copy (one copy, one purge), not from L1's.
+            .replay_ttl(if self.keeps_results() {
+                Duration::ZERO
+            } else {
+                self.local_replay_ttl
+            })
             .max_flights(self.max_flights)
             .max_waiters(self.max_waiters)
     }

@@ -3,6 +3,7 @@
 //! wait answered).
 
 use flightdeck_core::metric;
+use flightdeck_core::StaleReason;
 use flightdeck_distributed::FailureClass;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
 
@@ -86,6 +87,46 @@ impl WaitAction {
     }
 }
 
+/// Why a stale result answered, in label order.
+pub(crate) const STALE_REASONS: [StaleReason; 4] = [
+    StaleReason::Revalidate,
+    StaleReason::Error,
+    StaleReason::SoftTimeout,
+    StaleReason::RedisDown,
+];
+
+/// How a background refresh of a kept result ended (the `outcome` label
+/// of `singleflight_refresh_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RefreshOutcome {
+    /// Its result replaced the kept one.
+    Committed,
+    /// The work failed.
+    Failed,
+    /// A purge (or a newer result) came first: its result was dropped.
+    Fenced,
+    /// Cut (execution timeout) or cancelled before it answered.
+    Abandoned,
+}
+
+impl RefreshOutcome {
+    pub(super) const ALL: [RefreshOutcome; 4] = [
+        RefreshOutcome::Committed,
+        RefreshOutcome::Failed,
+        RefreshOutcome::Fenced,
+        RefreshOutcome::Abandoned,
+    ];
+
+    pub(super) const fn as_str(self) -> &'static str {
+        match self {
+            RefreshOutcome::Committed => "committed",
+            RefreshOutcome::Failed => "failed",
+            RefreshOutcome::Fenced => "fenced",
+            RefreshOutcome::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// The handles of one stage under one recorder.
 pub(crate) struct Bundle {
     pub(super) request: Counter,
@@ -99,6 +140,10 @@ pub(crate) struct Bundle {
     pub(super) execution_duration: Histogram,
     pub(super) degraded_duration: Histogram,
     pub(super) mode: Gauge,
+    pub(super) stale_served: [Counter; STALE_REASONS.len()],
+    pub(super) stale_age: Histogram,
+    pub(super) refresh: [Counter; RefreshOutcome::ALL.len()],
+    pub(super) hit_for_pass: Counter,
 }
 
 impl Bundle {
@@ -150,6 +195,12 @@ impl Bundle {
             degraded_duration: r
                 .register_histogram(&key(metric::DEGRADED_DURATION, None), &METADATA),
             mode: r.register_gauge(&key(metric::MODE, None), &METADATA),
+            stale_served: STALE_REASONS
+                .map(|w| counter(metric::STALE_SERVED_TOTAL, Some(("reason", w.as_str())))),
+            stale_age: r.register_histogram(&key(metric::STALE_AGE_SECONDS, None), &METADATA),
+            refresh: RefreshOutcome::ALL
+                .map(|o| counter(metric::REFRESH_TOTAL, Some(("outcome", o.as_str())))),
+            hit_for_pass: counter(metric::HIT_FOR_PASS_TOTAL, None),
         };
         b.mode.set(f64::from(ctl.mode().to_u8()));
         // The degraded gauges (whether any layer of the stage is degraded:

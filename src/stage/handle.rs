@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use flightdeck_breaker::Breaker;
+use flightdeck_core::{BoxError, FlightKey};
 
 use super::*;
 
@@ -21,6 +22,45 @@ use super::*;
 pub struct StageHandle {
     pub(crate) ctl: Arc<Control>,
     pub(crate) idle: Option<Arc<dyn Idle>>,
+    pub(crate) purge: Arc<dyn Purge>,
+}
+
+/// Forgets a key's results in a stage (see [`StageHandle::invalidate`]).
+pub(crate) trait Purge: Send + Sync {
+    fn purge<'a>(
+        &'a self,
+        key: &'a FlightKey,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BoxError>> + Send + 'a>>;
+}
+
+/// What a purge reaches in a stage: its kept copies, its L1 flights and
+/// its store.
+pub(crate) struct Purger<V> {
+    pub(crate) stale: Option<crate::stale::StaleSetup<V>>,
+    pub(crate) local: LocalFlights<V>,
+    pub(crate) distributed: Option<Coordination<DynCodec<V>>>,
+}
+
+impl<V: Clone + Send + Sync + 'static> Purge for Purger<V> {
+    fn purge<'a>(
+        &'a self,
+        key: &'a FlightKey,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BoxError>> + Send + 'a>>
+    {
+        // This node's copies go first, and the flights running now are
+        // passed by: nothing started before the purge brings its result
+        // back, whatever the backend answers.
+        if let Some(stale) = &self.stale {
+            stale.kept.purge(key);
+        }
+        self.local.forget(key);
+        Box::pin(async move {
+            if let Some(l2) = &self.distributed {
+                l2.invalidate(key).await?;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// Waits for a stage's background coordination.
@@ -118,6 +158,17 @@ impl StageHandle {
     /// The stage's bulkhead.
     pub fn bulkhead(&self) -> &BulkheadHandle {
         &self.ctl.bulkhead
+    }
+
+    /// Purges `key`: this node's copies of its result (the replayed one,
+    /// the stale one) go at once, a flight of it running now finishes for
+    /// its own callers but its result is neither replayed nor kept, and,
+    /// on a stage with a backend, the stored result goes across the
+    /// deployment (`Backend::invalidate`: a new generation fences a
+    /// running owner's commit). The error is the backend's; this node's
+    /// copies are gone either way.
+    pub async fn invalidate(&self, key: &FlightKey) -> Result<(), BoxError> {
+        self.purge.purge(key).await
     }
 
     /// Resolves once the stage has no background coordination left:

@@ -39,9 +39,9 @@ mod counters;
 mod handle;
 
 use counters::{class_index, Bundle, CLASSES};
-pub(crate) use counters::{FallbackReason, Path, WaitAction};
-pub(crate) use handle::Idle;
+pub(crate) use counters::{FallbackReason, Path, RefreshOutcome, WaitAction};
 pub use handle::StageHandle;
+pub(crate) use handle::{Idle, Purge, Purger};
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -64,6 +64,8 @@ pub(crate) struct Stage<R, Sh: SharedForm> {
     /// The bulkhead's degraded lane, nested outside it, for the
     /// executions of flights whose shard is degraded.
     pub(crate) lane: BulkheadLayer,
+    /// The stage's kept copies, when a stale window or hit-for-pass is on.
+    pub(crate) stale: Option<crate::stale::StaleSetup<Sh::Shared>>,
 }
 
 /// Degraded layers by stage and shard, in this process. Several layers of
@@ -329,6 +331,33 @@ impl Control {
                 m.fallback_execution.increment(1);
             }
         });
+    }
+
+    /// A caller was answered from a stale result `age` old.
+    pub(crate) fn count_stale(&self, stale: flightdeck_core::Stale) {
+        let i = counters::STALE_REASONS
+            .iter()
+            .position(|r| *r == stale.reason)
+            .unwrap_or(0);
+        self.metrics(|m| {
+            m.stale_served[i].increment(1);
+            m.stale_age.record(stale.age.as_secs_f64());
+        });
+    }
+
+    /// A background refresh of a kept result ended.
+    pub(crate) fn count_refresh(&self, outcome: RefreshOutcome) {
+        let i = RefreshOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.metrics(|m| m.refresh[i].increment(1));
+    }
+
+    /// A caller ran its own request at once: its key's last response could
+    /// not be shared.
+    pub(crate) fn count_hit_for_pass(&self) {
+        self.metrics(|m| m.hit_for_pass.increment(1));
     }
 
     /// A real execution ended after `took`: one sample per execution.

@@ -174,6 +174,14 @@ impl<V: Clone + Send + Sync + 'static> LocalFlights<V> {
         Run::start(&self.group, key, caller, work)
     }
 
+    /// Forgets `key` (a purge): its result kept for replay goes, and a
+    /// flight of it still running finishes for the callers it has, but
+    /// new callers start another flight and its result is not kept for
+    /// replay. Returns whether there was anything to forget.
+    pub fn forget(&self, key: &FlightKey) -> bool {
+        self.group.forget(key)
+    }
+
     /// The policy.
     pub fn policy(&self) -> &FlightPolicy {
         &self.group.policy

@@ -317,3 +317,50 @@ async fn a_flight_ends_at_the_latest_of_its_callers_deadlines() {
     assert_eq!(flights.running(), 1);
     patient.abort();
 }
+
+/// Starts a one-second flight of `k` and purges it 10 ms later, running.
+async fn purged_while_running(
+    flights: &LocalFlights<String>,
+    k: &FlightKey,
+    runs: &Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Result<flightdeck_local::Answer<String, String>, BoxError>> {
+    let work = slow(runs, Duration::from_secs(1), "before");
+    let before = tokio::spawn(flights.run(k, Caller::new(), work));
+    sleep(Duration::from_millis(10)).await;
+    assert!(flights.forget(k));
+    before
+}
+
+/// A purge (`forget`): the replayed result goes at once; a flight running
+/// when it happened finishes for its own callers, but a caller arriving
+/// after it starts another flight, and the older result is not replayed.
+#[tokio::test(start_paused = true)]
+async fn forget_drops_the_replay_and_passes_the_running_flight_by() {
+    let flights =
+        LocalFlights::<String>::new(FlightPolicy::new().replay_ttl(Duration::from_secs(60)));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let k = key("purged");
+    let run = |d: u64, v: &'static str| {
+        flights.run(&k, Caller::new(), slow(&runs, Duration::from_secs(d), v))
+    };
+    assert_eq!(value(run(0, "old").await), "old");
+    assert_eq!(value(run(0, "x").await), "old", "replayed");
+    assert!(flights.forget(&k));
+    assert!(!flights.forget(&k), "nothing left to forget");
+
+    // It finishes for its caller, and is not replayed.
+    let before = purged_while_running(&flights, &k, &runs).await;
+    assert_eq!(
+        value(before.await.unwrap()),
+        "before",
+        "its caller keeps it"
+    );
+    assert_eq!(value(run(0, "next").await), "next", "not replayed");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // A caller arriving after the purge does not join it.
+    assert!(flights.forget(&k), "next's replay");
+    let before = purged_while_running(&flights, &k, &runs).await;
+    assert_eq!(value(run(1, "after").await), "after", "a flight of its own");
+    assert_eq!(value(before.await.unwrap()), "before");
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
+}

@@ -525,6 +525,34 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         (leader, until)
     }
 
+    /// Forgets `key`: its replayed result goes, and a flight of it still
+    /// running finishes for its own callers only (new callers start
+    /// another; its result is not kept for replay). Returns whether
+    /// anything was forgotten.
+    pub(crate) fn forget(&self, key: &FlightKey) -> bool {
+        let hash = self.hash(key);
+        let mut shard = self.shard(hash);
+        let mut forgotten = false;
+        // A purge passes a running flight by: the same move as a flight
+        // that outlived its TTL (see `Place::Beside`).
+        let running = shard.table.iter_hash_mut(hash);
+        for slot in running.filter(|s| s.key == *key) {
+            if let SlotState::Running(r) = &mut slot.state {
+                forgotten |= !r.superseded;
+                r.superseded = true;
+            }
+        }
+        let replay = |s: &Slot<V>| s.key == *key && matches!(s.state, SlotState::Replay(_));
+        let gone = shard
+            .table
+            .find_entry(hash, replay)
+            .ok()
+            .map(|e| e.remove().0);
+        drop(shard);
+        // The key and the value are dropped after the lock.
+        forgotten | gone.is_some()
+    }
+
     /// Removes a replay entry once its window is over.
     pub(crate) fn expire_replay(&self, flight: FlightId) {
         let mut shard = self.shard(flight.hash);

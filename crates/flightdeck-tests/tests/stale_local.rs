@@ -1,0 +1,726 @@
+//! Answering anyway in one process (LOCAL_ONLY), on paused time, through
+//! the HTTP layer around an axum router: grace (stale-while-revalidate),
+//! stale-if-error with its throttle, the soft timeout, early refresh
+//! (XFetch, seeded), hit-for-pass, a purge during a refresh, and what
+//! the answers say (the `Stale` marker, `Cache-Status`, `Age`).
+
+#![cfg(feature = "http")]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use flightdeck::core::metric;
+use flightdeck::core::stale::{Stale, StaleReason};
+use flightdeck::{HttpKeyExtractor, Mode, Route, SingleFlightLayer, StageConfig};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+/// The origin: counts its executions, answers `v<n>` after `work`, with
+/// the status it is told, and a cookie when told.
+struct Origin {
+    calls: AtomicUsize,
+    status: AtomicU16,
+    cookie: AtomicBool,
+    /// Milliseconds each execution takes.
+    work: AtomicU64,
+}
+
+impl Origin {
+    fn new(work: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            calls: AtomicUsize::new(0),
+            status: AtomicU16::new(200),
+            cookie: AtomicBool::new(false),
+            work: AtomicU64::new(work.as_millis() as u64),
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+async fn page(State(origin): State<Arc<Origin>>) -> Response<Body> {
+    let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    tokio::time::sleep(Duration::from_millis(origin.work.load(Ordering::SeqCst))).await;
+    let mut res = Response::builder().status(origin.status.load(Ordering::SeqCst));
+    if origin.cookie.load(Ordering::SeqCst) {
+        res = res.header("set-cookie", format!("session={n}"));
+    }
+    res.body(Body::from(format!("v{n}"))).unwrap()
+}
+
+struct App {
+    router: Router,
+    layer: SingleFlightLayer,
+    stage: &'static str,
+}
+
+/// A LOCAL_ONLY stage `stage` on `GET /p`, set up by `cfg`.
+fn app(stage: &'static str, origin: &Arc<Origin>, cfg: impl FnOnce(&mut StageConfig)) -> App {
+    let mut c = StageConfig::new().mode(Mode::LocalOnly);
+    cfg(&mut c);
+    app_with(stage, origin, c)
+}
+
+/// A HYBRID stage `stage` on `GET /p` over a memory backend.
+fn hybrid_app(
+    stage: &'static str,
+    origin: &Arc<Origin>,
+    cfg: impl FnOnce(&mut StageConfig),
+) -> App {
+    let mut c = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+    cfg(&mut c);
+    app_with(stage, origin, c)
+}
+
+fn app_with(stage: &'static str, origin: &Arc<Origin>, cfg: StageConfig) -> App {
+    let keys = HttpKeyExtractor::builder()
+        .route(Route::get("/p", stage))
+        .build()
+        .unwrap();
+    let layer = SingleFlightLayer::builder()
+        .keys(keys)
+        .backend("mem", flightdeck_test::MemoryBackend::new())
+        .stage(stage, cfg)
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route("/p", get(page))
+        .with_state(Arc::clone(origin))
+        .layer(layer.clone());
+    App {
+        router,
+        layer,
+        stage,
+    }
+}
+
+fn req() -> Request<Body> {
+    Request::get("http://svc/p").body(Body::empty()).unwrap()
+}
+
+#[derive(Debug)]
+struct Got {
+    status: StatusCode,
+    body: String,
+    headers: HeaderMap,
+    stale: Option<Stale>,
+}
+
+fn call(app: &App) -> impl std::future::Future<Output = Got> + Send + 'static {
+    let router = app.router.clone();
+    async move { answer(router).await }
+}
+
+async fn answer(router: Router) -> Got {
+    let res = router.oneshot(req()).await.unwrap();
+    let stale = res.extensions().get::<Stale>().copied();
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Got {
+        status: parts.status,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+        headers: parts.headers,
+        stale,
+    }
+}
+
+fn stale_served(stage: &str, reason: StaleReason) -> u64 {
+    common::counter_with(metric::STALE_SERVED_TOTAL, stage, "reason", reason.as_str())
+}
+
+/// Lets spawned work (a refresh) run its polls without moving the clock.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn grace_answers_fifty_callers_at_once_and_refreshes_once() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(200));
+    let app = app("grace", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(10);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    let started = Instant::now();
+    let calls = (0..50).map(|_| call(&app));
+    let got = futures_join_all(calls).await;
+    assert_eq!(started.elapsed(), Duration::ZERO, "nobody waited");
+    for g in &got {
+        assert_eq!(g.body, "v1");
+        let stale = g.stale.expect("marked stale");
+        assert_eq!(stale.reason, StaleReason::Revalidate);
+        assert!(stale.age >= Duration::from_secs(2));
+    }
+    assert_eq!(stale_served("grace", StaleReason::Revalidate), 50);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.calls(), 2, "one refresh for fifty callers");
+    let next = call(&app).await;
+    assert_eq!(next.body, "v2", "the refresh's result answers next");
+    assert!(next.stale.is_none(), "fresh again");
+    assert_eq!(origin.calls(), 2);
+    assert_eq!(
+        common::counter_with(metric::REFRESH_TOTAL, "grace", "outcome", "committed"),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_refresh_ends_at_the_execution_timeout_and_another_may_run() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = app("grace-hung", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(60);
+        c.execution_timeout = Some(Duration::from_secs(2));
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.work.store(3_600_000, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    settle().await;
+    assert_eq!(origin.calls(), 2, "the refresh runs");
+    // While it hangs, no other refresh starts.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    assert_eq!(origin.calls(), 2);
+    // Cut at the execution timeout: the next stale answer starts another.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    settle().await;
+    assert_eq!(
+        common::counter_with(metric::REFRESH_TOTAL, "grace-hung", "outcome", "abandoned"),
+        1
+    );
+    origin.work.store(100, Ordering::SeqCst);
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(origin.calls(), 3);
+    assert_eq!(call(&app).await.body, "v3");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_if_error_answers_failures_and_throttles_the_work() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(50));
+    let app = app("if-error", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.stale_retry_after = Duration::from_secs(10);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    let got = call(&app).await;
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+    assert_eq!(got.stale.unwrap().reason, StaleReason::Error);
+    assert_eq!(origin.calls(), 2, "the work ran and failed");
+    // Within stale-retry-after: the copy answers, the work does not run.
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let got = call(&app).await;
+        assert_eq!(got.body, "v1");
+        assert_eq!(origin.calls(), 2);
+    }
+    tokio::time::advance(Duration::from_secs(6)).await;
+    let got = call(&app).await;
+    assert_eq!(got.body, "v1", "still failing: still the copy");
+    assert_eq!(origin.calls(), 3, "one try after the throttle");
+    assert_eq!(stale_served("if-error", StaleReason::Error), 7);
+    // Up again: the next try answers, and replaces the copy.
+    origin.status.store(200, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v4", None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_past_the_window_is_the_callers() {
+    let origin = Origin::new(Duration::from_millis(50));
+    let app = app("if-error-past", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(5);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(7)).await;
+    let got = call(&app).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(got.stale.is_none());
+
+    // Within the window when called, past it when the work failed: the
+    // copy never answers older than freshness + window.
+    let late = self::app("if-error-late", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(5);
+    });
+    origin.status.store(200, Ordering::SeqCst);
+    assert_eq!(call(&late).await.status, StatusCode::OK);
+    origin.status.store(503, Ordering::SeqCst);
+    origin.work.store(2_000, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let got = call(&late).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(got.stale.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn soft_timeout_answers_the_copy_and_the_work_replaces_it() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("soft", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.soft_timeout = Duration::from_millis(100);
+        c.execution_timeout = Some(Duration::from_secs(5));
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    let started = Instant::now();
+    let got = call(&app).await;
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    assert_eq!(got.body, "v1");
+    assert_eq!(got.stale.unwrap().reason, StaleReason::SoftTimeout);
+    assert_eq!(stale_served("soft", StaleReason::SoftTimeout), 1);
+    // The work goes on without its caller, and its result replaces the
+    // copy.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    assert_eq!(origin.calls(), 2);
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+    assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn early_refresh_renews_a_hot_key_before_it_expires() {
+    flightdeck::core::random::seed_this_thread(Some(34));
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("early", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(10);
+        c.early_refresh = Duration::from_secs(5);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    // v1 finished 1 s in and is fresh until 11 s. A hot key: a caller
+    // every 100 ms until 10.5 s, each answered at once.
+    let start = Instant::now() - Duration::from_secs(1);
+    let mut refreshed_at = None;
+    for _ in 0..95 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        let got = call(&app).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "nobody waits");
+        assert!(got.body == "v1" || got.body == "v2", "{}", got.body);
+        if origin.calls() == 2 && refreshed_at.is_none() {
+            refreshed_at = Some(Instant::now() - start);
+        }
+    }
+    flightdeck::core::random::seed_this_thread(None);
+    assert_eq!(
+        origin.calls(),
+        2,
+        "one caller refreshed it, before it expired"
+    );
+    let at = refreshed_at.unwrap();
+    assert!(at >= Duration::from_secs(6), "within its last 5 s: {at:?}");
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    let got = call(&app).await;
+    assert_eq!(got.body, "v2", "the refreshed copy answers past v1's end");
+    assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hit_for_pass_runs_callers_of_an_unshareable_key_at_once() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(500));
+    origin.cookie.store(true, Ordering::SeqCst);
+    let app = app("pass", &origin, |c| {
+        c.hit_for_pass = Duration::from_secs(30);
+    });
+    assert!(call(&app).await.headers.contains_key("set-cookie"));
+    let started = Instant::now();
+    let got = futures_join_all((0..5).map(|_| call(&app))).await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(500),
+        "nobody queued behind a leader whose response it cannot use"
+    );
+    let mut cookies: Vec<_> = got
+        .iter()
+        .map(|g| g.headers["set-cookie"].to_str().unwrap().to_owned())
+        .collect();
+    cookies.sort();
+    cookies.dedup();
+    assert_eq!(cookies.len(), 5, "each its own response");
+    assert_eq!(origin.calls(), 6);
+    assert_eq!(
+        common::counter(metric::HIT_FOR_PASS_TOTAL, "pass"),
+        5,
+        "counted"
+    );
+    // After the window, callers coalesce again.
+    origin.cookie.store(false, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(31)).await;
+    futures_join_all((0..5).map(|_| call(&app))).await;
+    assert_eq!(origin.calls(), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_during_a_refresh_never_brings_the_result_back() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("purge", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(10);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // Stale: answered at once; v2's refresh starts.
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(app.layer.invalidate_request(req()).await.unwrap());
+    // The refresh (v2) started before the purge and ends after it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!(origin.calls(), 2);
+    assert_eq!(
+        common::counter_with(metric::REFRESH_TOTAL, "purge", "outcome", "fenced"),
+        1
+    );
+    // Nothing answers for the purged key: this caller runs (v3).
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v3", None));
+    assert_eq!(origin.calls(), 3);
+    // v2 never answers.
+    for _ in 0..3 {
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let got = call(&app).await;
+        assert_eq!(got.body, "v3");
+    }
+    let handle = app.layer.stage(app.stage).unwrap();
+    let key = flightdeck::FlightKey::from_bytes(handle.name().clone(), "unknown");
+    handle.invalidate(&key).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn cache_status_and_age_only_when_asked_for() {
+    let origin = Origin::new(Duration::from_millis(10));
+    let on = app("status-on", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(5);
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.cache_status = true;
+    });
+    let first = call(&on).await;
+    assert_eq!(first.headers["cache-status"], "flightdeck; fwd=miss");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let hit = call(&on).await;
+    assert_eq!(hit.headers["cache-status"], "flightdeck; hit; ttl=3");
+    assert_eq!(hit.headers["age"], "2");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let stale = call(&on).await;
+    assert_eq!(
+        stale.headers["cache-status"],
+        "flightdeck; fwd=stale; ttl=-2; detail=revalidate"
+    );
+    assert_eq!(stale.headers["age"], "7");
+
+    // Without a window, a replay is a hit too, never "collapsed".
+    let replays = app("status-replay", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(5);
+        c.cache_status = true;
+    });
+    call(&replays).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let hit = call(&replays).await;
+    assert_eq!(hit.headers["cache-status"], "flightdeck; hit; ttl=4");
+    assert_eq!(hit.headers["age"], "1");
+    assert!(hit.stale.is_none());
+
+    let off = app("status-off", &origin, |c| {
+        c.local_replay_ttl = Duration::from_secs(5);
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    call(&off).await;
+    tokio::time::advance(Duration::from_secs(7)).await;
+    let stale = call(&off).await;
+    assert!(stale.stale.is_some(), "the marker is always there");
+    assert!(!stale.headers.contains_key("cache-status"));
+    assert!(!stale.headers.contains_key("age"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hybrid_node_whose_store_is_down_answers_from_its_copy() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = hybrid_app("hybrid-down", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    // Healthy: the store answers, this node's copy does not.
+    let hit = call(&app).await;
+    assert_eq!((hit.body.as_str(), hit.stale), ("v1", None));
+    assert_eq!(origin.calls(), 1);
+
+    app.layer.stage(app.stage).unwrap().breaker().force_open();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let got = call(&app).await;
+    assert_eq!(got.body, "v1");
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::RedisDown);
+    assert_eq!(stale.age, Duration::from_secs(2));
+    assert_eq!(stale_served("hybrid-down", StaleReason::RedisDown), 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(origin.calls(), 2, "one refresh, here");
+    let got = call(&app).await;
+    assert_eq!(got.body, "v2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_reaches_the_store_of_a_distributed_stage() {
+    let origin = Origin::new(Duration::from_millis(10));
+    let app = hybrid_app("hybrid-purge", &origin, |_| {});
+    assert_eq!(call(&app).await.body, "v1");
+    app.layer.flights().idle().await;
+    assert_eq!(call(&app).await.body, "v1", "the stored result");
+    assert!(app.layer.invalidate_request(req()).await.unwrap());
+    assert_eq!(call(&app).await.body, "v2", "gone from the store");
+    let other = Request::get("http://svc/elsewhere")
+        .body(Body::empty())
+        .unwrap();
+    assert!(
+        !app.layer.invalidate_request(other).await.unwrap(),
+        "no key"
+    );
+}
+
+/// Any request type: errors of the classes `ErrorFailures` names (an
+/// execution timeout here), and values a predicate given to the builder
+/// calls failures, are answered by the copy.
+#[tokio::test(start_paused = true)]
+async fn values_and_errors_judged_by_the_stage_rule() {
+    use flightdeck::core::error::DeadlineExceeded;
+    use flightdeck::core::{BoxError, CloneShare, FlightKey, StageName};
+    use flightdeck::distributed::PostcardCodec;
+    use flightdeck::GenericSingleFlightLayer;
+
+    let answer = Arc::new(std::sync::Mutex::new(Ok::<_, ()>("good".to_owned())));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let build = |predicate: bool| {
+        let stage = StageName::new("values").unwrap();
+        let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
+        cfg.local_replay_ttl = Duration::from_secs(1);
+        cfg.stale_if_error = Duration::from_secs(60);
+        let b = GenericSingleFlightLayer::builder(
+            move |q: &String| Some(FlightKey::from_bytes(stage.clone(), q)),
+            CloneShare::<String>::new(),
+            PostcardCodec::<String>::new(),
+        )
+        .stage("values", cfg);
+        let b = if predicate {
+            b.stale_failures(|o: Result<&String, &BoxError>| o.is_ok_and(|v| v == "bad"))
+        } else {
+            b
+        };
+        let layer = b.build().unwrap();
+        let (answer, runs) = (Arc::clone(&answer), Arc::clone(&runs));
+        tower::Layer::layer(
+            &layer,
+            tower::service_fn(move |_q: String| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let a = answer.lock().unwrap().clone();
+                async move { a.map_err(|()| Box::new(DeadlineExceeded::new("execution")) as BoxError) }
+            }),
+        )
+    };
+    for predicate in [false, true] {
+        *answer.lock().unwrap() = Ok("good".to_owned());
+        let svc = build(predicate);
+        assert_eq!(svc.clone().oneshot("q".into()).await.unwrap(), "good");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        *answer.lock().unwrap() = if predicate {
+            Ok("bad".to_owned())
+        } else {
+            Err(())
+        };
+        let before = runs.load(Ordering::SeqCst);
+        assert_eq!(svc.clone().oneshot("q".into()).await.unwrap(), "good");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            before + 1,
+            "it ran, and failed"
+        );
+    }
+    // Without the predicate, "bad" is an answer like any other.
+    let svc = build(false);
+    *answer.lock().unwrap() = Ok("bad".to_owned());
+    assert_eq!(svc.oneshot("q".into()).await.unwrap(), "bad");
+}
+
+/// `join_all` without the futures crate: every call polled together.
+async fn futures_join_all<F>(calls: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, f) in calls.enumerate() {
+        set.spawn(async move { (i, f.await) });
+    }
+    let mut out: Vec<_> = set.join_all().await;
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, v)| v).collect()
+}
+
+/// gRPC: a tonic reply is an HTTP response, so an `UNAVAILABLE` reply is
+/// answered by the copy, and `cache-status` and `age` come as metadata.
+#[tokio::test(start_paused = true)]
+async fn grpc_unavailable_is_answered_by_the_copy_with_metadata() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+
+    const CHECK: &str = "/grpc.health.v1.Health/Check";
+    let keys = flightdeck::GrpcKeyExtractor::builder()
+        .method(CHECK, "grpc-stale")
+        .build()
+        .unwrap();
+    let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
+    cfg.local_replay_ttl = Duration::from_secs(1);
+    cfg.stale_if_error = Duration::from_secs(60);
+    cfg.cache_status = true;
+    let layer = SingleFlightLayer::builder()
+        .keys(keys)
+        .stage("grpc-stale", cfg)
+        .build()
+        .unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let svc = {
+        let down = Arc::clone(&down);
+        tower::Layer::layer(
+            &layer,
+            tower::service_fn(move |_req: Request<_>| {
+                let down = down.load(Ordering::SeqCst);
+                async move {
+                    let (status, body) = if down {
+                        ("14", Bytes::new())
+                    } else {
+                        ("0", Bytes::from_static(b"\0\0\0\0\x02ok"))
+                    };
+                    let res = Response::builder()
+                        .header("content-type", "application/grpc")
+                        .header("grpc-status", status)
+                        .body(Full::new(body))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(res)
+                }
+            }),
+        )
+    };
+    let call = || {
+        Request::post(CHECK)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(b"\0\0\0\0\x01m")))
+            .unwrap()
+    };
+    let first = svc.clone().oneshot(call()).await.unwrap();
+    assert_eq!(first.headers()["grpc-status"], "0");
+    assert_eq!(first.headers()["cache-status"], "flightdeck; fwd=miss");
+
+    down.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let res = svc.oneshot(call()).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "0", "the copy's status");
+    assert_eq!(
+        res.headers()["cache-status"],
+        "flightdeck; fwd=stale; ttl=-2; detail=error"
+    );
+    assert_eq!(res.headers()["age"], "3");
+    assert_eq!(
+        res.extensions().get::<Stale>().map(|s| s.reason),
+        Some(StaleReason::Error)
+    );
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"\0\0\0\0\x02ok");
+}
+
+/// A request whose `call` runs outside a runtime (its future polled in one
+/// later) past freshness: answered by the copy; no refresh can start
+/// without a runtime, and nothing panics.
+#[test]
+fn a_call_outside_a_runtime_is_answered_by_the_copy() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::Service;
+
+    // Not paused: outside a runtime, tokio's clock is the real one.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let keys = HttpKeyExtractor::builder()
+        .route(Route::get("/p", "outside"))
+        .build()
+        .unwrap();
+    let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
+    cfg.local_replay_ttl = Duration::from_millis(1);
+    cfg.stale_while_revalidate = Duration::from_secs(600);
+    let layer = rt.block_on(async {
+        SingleFlightLayer::builder()
+            .keys(keys)
+            .stage("outside", cfg)
+            .build()
+            .unwrap()
+    });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = {
+        let runs = Arc::clone(&runs);
+        tower::Layer::layer(
+            &layer,
+            tower::service_fn(move |_req: Request<_>| {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let res = Response::builder()
+                    .header("content-length", "2")
+                    .body(Full::new(Bytes::from(format!("v{n}"))))
+                    .unwrap();
+                async move { Ok::<_, std::convert::Infallible>(res) }
+            }),
+        )
+    };
+    let get = || {
+        Request::get("http://svc/p")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    rt.block_on(svc.clone().oneshot(get())).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    std::thread::sleep(Duration::from_millis(5));
+    // Called here, outside the runtime.
+    let fut = svc.call(get());
+    let res = rt.block_on(fut).unwrap();
+    let stale = res.extensions().get::<Stale>().copied();
+    assert_eq!(stale.map(|s| s.reason), Some(StaleReason::Revalidate));
+    // The next call, in the runtime, starts the refresh.
+    rt.block_on(async {
+        svc.clone().oneshot(get()).await.unwrap();
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -1,0 +1,369 @@
+//! The results a stage keeps on this node for its stale windows (and, with
+//! a window on, for its local replay): one copy per key, bounded by count
+//! and bytes, the oldest evicted first, each tagged with the generation of
+//! the work that produced it so that a purge fences the work running when
+//! it happened.
+//!
+//! Written by hand rather than taken from a cache crate: moka, mini-moka
+//! and quick_cache read `std::time::Instant` (moka its own clock), so a
+//! paused tokio clock cannot drive their expiry, and every window here is
+//! tested on paused time. What is needed is small: a map, an insertion
+//! order (which is also the age order: a copy is re-inserted whenever it
+//! is replaced) and two counters.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use flightdeck_core::FlightKey;
+use tokio::time::Instant;
+
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Where a work starts: the generation its result is tagged with. A purge
+/// of its key after this fences its result.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticket {
+    gen: u64,
+    at: Instant,
+}
+
+/// A kept copy, as looked up.
+#[derive(Debug)]
+pub(crate) struct Look<V> {
+    pub(crate) value: V,
+    /// When the work that produced it ended.
+    pub(crate) done: Instant,
+    /// How long that work took (XFetch's scale).
+    pub(crate) took: Duration,
+    /// A failure answered by it throttles the work until then.
+    pub(crate) retry_until: Option<Instant>,
+}
+
+/// `key`'s last response could not be shared: its callers run their own.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pass;
+
+/// What became of a result offered to the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// It is the key's copy now.
+    Kept,
+    /// A purge of its key (or a newer result) came after its work started:
+    /// dropped.
+    Fenced,
+    /// Larger than the byte bound: not kept (and the older copy is gone:
+    /// it must never answer once a newer result was given).
+    TooLarge,
+}
+
+struct Entry<V> {
+    value: V,
+    size: usize,
+    done: Instant,
+    took: Duration,
+    gen: u64,
+    seq: u64,
+    refreshing: bool,
+    retry_until: Option<Instant>,
+}
+
+struct Inner<V> {
+    map: Map<FlightKey, Entry<V>>,
+    /// Insertion order: `seq` → key, oldest first.
+    order: BTreeMap<u64, FlightKey>,
+    bytes: usize,
+    /// The generation of each key's last purge, the oldest first in
+    /// `purge_order`, at most `max_entries` of them; a result whose work
+    /// started before `purge_floor` (the newest purge forgotten) is
+    /// fenced whatever its key.
+    purged: Map<FlightKey, u64>,
+    purge_order: VecDeque<(u64, FlightKey)>,
+    purge_floor: u64,
+    /// Keys whose last response could not be shared, until when
+    /// (hit-for-pass), at most `max_entries`, oldest first.
+    passes: Map<FlightKey, Instant>,
+    pass_order: VecDeque<(Instant, FlightKey)>,
+}
+
+/// One stage's kept results on this node.
+pub(crate) struct Kept<V> {
+    inner: Mutex<Inner<V>>,
+    /// Generations (tickets, purges) and sequence numbers: one total
+    /// order, so a ticket taken before a purge is below the purge's.
+    next: AtomicU64,
+    max_entries: usize,
+    max_bytes: usize,
+    /// Past a copy's `done`, how long it may still answer at all (its
+    /// freshness plus the longest window): then it is dropped.
+    keep_for: Duration,
+}
+
+impl<V: Clone> Kept<V> {
+    pub(crate) fn new(max_entries: usize, max_bytes: usize, keep_for: Duration) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                map: Map::default(),
+                order: BTreeMap::new(),
+                bytes: 0,
+                purged: Map::default(),
+                purge_order: VecDeque::new(),
+                purge_floor: 0,
+                passes: Map::default(),
+                pass_order: VecDeque::new(),
+            }),
+            next: AtomicU64::new(0),
+            max_entries,
+            max_bytes,
+            keep_for,
+        }
+    }
+
+    fn next(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<V>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A work starts now.
+    pub(crate) fn ticket(&self) -> Ticket {
+        Ticket {
+            gen: self.next(),
+            at: Instant::now(),
+        }
+    }
+
+    /// Whether `key`'s callers run their own requests now (hit-for-pass),
+    /// and else its copy, if it may still answer: one look under the lock.
+    pub(crate) fn find(&self, key: &FlightKey) -> Result<Option<Look<V>>, Pass> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if !inner.passes.is_empty() && inner.passes.get(key).is_some_and(|until| now < *until) {
+            return Err(Pass);
+        }
+        Ok(inner.look(key, now, self.keep_for))
+    }
+
+    /// The copy of `key`, if it may still answer.
+    pub(crate) fn look(&self, key: &FlightKey) -> Option<Look<V>> {
+        let now = Instant::now();
+        self.lock().look(key, now, self.keep_for)
+    }
+
+    /// Offers the result of the work that took `ticket`.
+    pub(crate) fn put(&self, key: &FlightKey, ticket: Ticket, value: V, size: usize) -> Put {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let purged = inner.purged.get(key).copied().unwrap_or(0);
+        if ticket.gen < inner.purge_floor || purged > ticket.gen {
+            return Put::Fenced;
+        }
+        let (refreshing, seq) = match inner.map.get(key) {
+            Some(e) if e.gen > ticket.gen => return Put::Fenced,
+            Some(e) => (e.refreshing, e.seq),
+            None => (false, 0),
+        };
+        if size > self.max_bytes {
+            inner.remove(key);
+            return Put::TooLarge;
+        }
+        if seq != 0 {
+            inner.remove(key);
+        }
+        let seq = self.next();
+        inner.order.insert(seq, key.clone());
+        inner.bytes += size;
+        inner.map.insert(
+            key.clone(),
+            Entry {
+                value,
+                size,
+                done: now,
+                took: now.saturating_duration_since(ticket.at),
+                gen: ticket.gen,
+                seq,
+                refreshing,
+                retry_until: None,
+            },
+        );
+        // The oldest go first: past their time, then past the bounds.
+        while let Some((&_, oldest)) = inner.order.first_key_value() {
+            let e = &inner.map[oldest];
+            let expired = now.saturating_duration_since(e.done) > self.keep_for;
+            if !expired && inner.map.len() <= self.max_entries && inner.bytes <= self.max_bytes {
+                break;
+            }
+            let oldest = oldest.clone();
+            inner.remove(&oldest);
+        }
+        Put::Kept
+    }
+
+    /// The generation of `key`'s last purge (0: none remembered), to tell
+    /// whether one happened meanwhile.
+    pub(crate) fn purged(&self, key: &FlightKey) -> u64 {
+        let inner = self.lock();
+        inner
+            .purged
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+            .max(inner.purge_floor)
+    }
+
+    /// Claims the one refresh of `key`'s copy: false when one runs.
+    pub(crate) fn claim_refresh(&self, key: &FlightKey) -> bool {
+        let mut inner = self.lock();
+        match inner.map.get_mut(key) {
+            Some(e) if !e.refreshing => {
+                e.refreshing = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The refresh of `key` ended (whatever became of it).
+    pub(crate) fn end_refresh(&self, key: &FlightKey) {
+        if let Some(e) = self.lock().map.get_mut(key) {
+            e.refreshing = false;
+        }
+    }
+
+    /// A failure was answered by `key`'s copy: it answers alone until
+    /// `until` (`stale-retry-after`).
+    pub(crate) fn throttle(&self, key: &FlightKey, until: Instant) {
+        if let Some(e) = self.lock().map.get_mut(key) {
+            e.retry_until = Some(until);
+        }
+    }
+
+    /// Purges `key`: its copy goes, and every work that started before
+    /// now is fenced from bringing it back.
+    pub(crate) fn purge(&self, key: &FlightKey) {
+        let mut inner = self.lock();
+        inner.remove(key);
+        let gen = self.next();
+        inner.purged.insert(key.clone(), gen);
+        inner.purge_order.push_back((gen, key.clone()));
+        while inner.purge_order.len() > self.max_entries {
+            let Some((old, k)) = inner.purge_order.pop_front() else {
+                break;
+            };
+            if inner.purged.get(&k) == Some(&old) {
+                inner.purged.remove(&k);
+            }
+            inner.purge_floor = inner.purge_floor.max(old);
+        }
+    }
+
+    /// Remembers that `key`'s last response could not be shared, until
+    /// `until`.
+    pub(crate) fn pass(&self, key: &FlightKey, until: Instant) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.passes.insert(key.clone(), until);
+        inner.pass_order.push_back((until, key.clone()));
+        while let Some((at, k)) = inner.pass_order.front() {
+            if *at > now && inner.pass_order.len() <= self.max_entries {
+                break;
+            }
+            let (at, k) = (*at, k.clone());
+            inner.pass_order.pop_front();
+            if inner.passes.get(&k) == Some(&at) {
+                inner.passes.remove(&k);
+            }
+        }
+    }
+
+    /// Copies kept, and their bytes.
+    #[cfg(test)]
+    pub(crate) fn usage(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (inner.map.len(), inner.bytes)
+    }
+}
+
+impl<V: Clone> Inner<V> {
+    fn look(&mut self, key: &FlightKey, now: Instant, keep_for: Duration) -> Option<Look<V>> {
+        let e = self.map.get(key)?;
+        if now.saturating_duration_since(e.done) > keep_for {
+            self.remove(key);
+            return None;
+        }
+        Some(Look {
+            value: e.value.clone(),
+            done: e.done,
+            took: e.took,
+            retry_until: e.retry_until,
+        })
+    }
+}
+
+impl<V> Inner<V> {
+    fn remove(&mut self, key: &FlightKey) {
+        if let Some(e) = self.map.remove(key) {
+            self.order.remove(&e.seq);
+            self.bytes -= e.size;
+        }
+    }
+}
+
+impl<V> std::fmt::Debug for Kept<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("max_entries", &self.max_entries)
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flightdeck_core::StageName;
+
+    use super::*;
+
+    fn key(i: usize) -> FlightKey {
+        FlightKey::from_bytes(StageName::new("kept").unwrap(), i.to_string())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn churn_stays_within_count_and_bytes() {
+        let kept = Kept::<Vec<u8>>::new(100, 5_000, Duration::from_secs(3600));
+        for i in 0..10_000 {
+            let size = 10 + i % 90;
+            let t = kept.ticket();
+            assert_eq!(kept.put(&key(i), t, vec![0; size], size), Put::Kept);
+            let (n, bytes) = kept.usage();
+            assert!(n <= 100 && bytes <= 5_000, "{n} copies, {bytes} bytes");
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        // The newest stay, the oldest went.
+        assert!(kept.look(&key(9_999)).is_some());
+        assert!(kept.look(&key(0)).is_none());
+        let t = kept.ticket();
+        assert_eq!(kept.put(&key(1), t, vec![0; 6_000], 6_000), Put::TooLarge);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_copies_go_and_purges_fence_older_work() {
+        let kept = Kept::<u32>::new(10, 1_000, Duration::from_secs(10));
+        let early = kept.ticket();
+        let t = kept.ticket();
+        assert_eq!(kept.put(&key(1), t, 1, 4), Put::Kept);
+        // An older work's result never replaces a newer one.
+        assert_eq!(kept.put(&key(1), early, 0, 4), Put::Fenced);
+        let running = kept.ticket();
+        kept.purge(&key(1));
+        assert!(kept.look(&key(1)).is_none());
+        assert_eq!(kept.put(&key(1), running, 2, 4), Put::Fenced);
+        let after = kept.ticket();
+        assert_eq!(kept.put(&key(1), after, 3, 4), Put::Kept);
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(kept.look(&key(1)).is_none(), "past its windows");
+    }
+}
