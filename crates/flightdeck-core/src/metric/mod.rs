@@ -136,6 +136,22 @@ pub const DEGRADED_DURATION: &str = "singleflight_degraded_duration";
 /// 3 BYPASS).
 pub const MODE: &str = "singleflight_mode";
 
+/// Counter: answers given from a stale result (`reason` =
+/// [`StaleReason::as_str`](crate::StaleReason::as_str): `revalidate` |
+/// `error` | `soft_timeout` | `redis_down`).
+pub const STALE_SERVED_TOTAL: &str = "singleflight_stale_served_total";
+/// Counter: refreshes of a kept result that ran in the background (grace,
+/// early refresh, a soft timeout's work), by how they ended (`outcome` =
+/// `committed` their result replaced the kept one | `failed` the work
+/// failed | `fenced` a purge (or a newer result) came first, their result
+/// was dropped | `abandoned` cut by the execution timeout or cancelled).
+pub const REFRESH_TOTAL: &str = "singleflight_refresh_total";
+/// Histogram (seconds): the age of each stale result answered.
+pub const STALE_AGE_SECONDS: &str = "singleflight_stale_age_seconds";
+/// Counter: callers that ran their own request at once because their
+/// key's last response could not be shared (hit-for-pass).
+pub const HIT_FOR_PASS_TOTAL: &str = "singleflight_hit_for_pass_total";
+
 /// Label name for a circuit breaker's name (breaker metrics carry it
 /// instead of `stage`: one breaker may guard several stages).
 pub const LABEL_BREAKER: &str = "breaker";
