@@ -31,6 +31,9 @@
 //! curl -s -XPUT localhost:3000/v1/model/down   # the model fails (503) until
 //! curl -s -XPUT localhost:3000/v1/model/up
 //! ```
+//!
+//! With `cache-status = true` in the stage's table, `curl -si` shows how
+//! each answer came (`Cache-Status`, and `Age` on a stale one).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -413,3 +413,51 @@ async fn measure_redis_server_time_per_flight() {
     })
     .await;
 }
+
+/// The answer-anyway keys `flightdeck.toml` documents, commented out.
+const STALE_KEYS: [&str; 7] = [
+    "stale-while-revalidate",
+    "stale-if-error",
+    "stale-retry-after",
+    "soft-timeout",
+    "early-refresh",
+    "hit-for-pass",
+    "cache-status",
+];
+
+/// Uncommented, the shipped file's stale keys are the fixed names, in the
+/// score stage's table, with values its loader takes; a build without
+/// them refuses the first by its name, not the file's syntax or another
+/// key.
+#[test]
+fn the_commented_stale_keys_parse_when_uncommented() {
+    let mut uncommented = 0;
+    let text: String = axum_example::DEFAULT_CONFIG
+        .lines()
+        .map(|line| {
+            let key = line.strip_prefix("# ").filter(|rest| {
+                STALE_KEYS
+                    .iter()
+                    .any(|k| rest.starts_with(&format!("{k} ")))
+            });
+            match key {
+                Some(rest) => {
+                    uncommented += 1;
+                    format!("{rest}\n")
+                }
+                None => format!("{line}\n"),
+            }
+        })
+        .collect();
+    assert_eq!(uncommented, STALE_KEYS.len(), "each key once:\n{text}");
+    match flightdeck::SingleFlightConfig::from_toml(&text) {
+        Ok(cfg) => assert!(cfg.stages.contains_key("score")),
+        Err(e) => {
+            assert_eq!(e.stage(), Some("score"), "{e}");
+            assert!(
+                STALE_KEYS.contains(&e.field().unwrap_or_default()),
+                "only a stale key may be refused: {e}"
+            );
+        }
+    }
+}
