@@ -305,8 +305,17 @@ pub(crate) fn prometheus() -> Option<PrometheusHandle> {
             const BUCKETS: [f64; 14] = [
                 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
             ];
+            const STALE_AGE_BUCKETS: [f64; 10] =
+                [0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_duration".to_owned()), &BUCKETS)
+                .ok()?
+                // The age of stale answers: up to the replay TTL plus a
+                // stale-if-error window (minutes).
+                .set_buckets_for_metric(
+                    Matcher::Full("singleflight_stale_age_seconds".to_owned()),
+                    &STALE_AGE_BUCKETS,
+                )
                 .ok()?
                 .install_recorder()
                 .ok()?;
