@@ -281,6 +281,8 @@ impl Role {
 struct Second {
     latency: Histogram<u64>,
     roles: [u64; 4],
+    /// Answers whose work finished over the replay TTL before.
+    stale: u64,
 }
 
 impl Second {
@@ -288,6 +290,7 @@ impl Second {
         Self {
             latency: Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds"),
             roles: [0; 4],
+            stale: 0,
         }
     }
 }
@@ -800,8 +803,12 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
         for (key, _, _, value) in snapshotter.snapshot().into_vec() {
             if let DebugValue::Counter(v) = value {
                 let mut name = key.key().name().to_owned();
-                if let Some(reason) = key.key().labels().find(|l| l.key() == "reason") {
-                    name = format!("{name}{{{}}}", reason.value());
+                if let Some(label) = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "reason" || l.key() == "outcome")
+                {
+                    name = format!("{name}{{{}}}", label.value());
                 }
                 *into.entry(name).or_default() += v;
             }
@@ -985,6 +992,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                     if warm {
                         phase.warm_latency.saturating_record(us);
                     }
+                    let mut stale = false;
                     let role = match &res {
                         Ok(v) => {
                             let mut parts = v.split(':');
@@ -998,6 +1006,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                                 let age = Duration::from_micros(t0_us - finished_us);
                                 if age > ttl + STALE_SLACK {
                                     phase.stale += 1;
+                                    stale = true;
                                 } else {
                                     phase.hits += 1;
                                     phase.hit_latency.saturating_record(us);
@@ -1031,6 +1040,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                     let s = secs[sec].get_or_insert_with(Second::new);
                     s.latency.saturating_record(us);
                     s.roles[role as usize] += 1;
+                    s.stale += u64::from(stale);
                     by_role
                         .entry(role)
                         .or_insert_with(|| {
@@ -1127,6 +1137,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
             for (a, b) in t.roles.iter_mut().zip(s.roles) {
                 *a += b;
             }
+            t.stale += s.stale;
         }
         for (t, p) in phases.iter_mut().zip(&caller_phases) {
             t.add(p)?;
@@ -1342,23 +1353,23 @@ fn report(
         per_req(total_cmds)
     );
     let degraded_secs = degraded.iter().filter(|d| **d).count();
-    let fallbacks: Vec<String> = counters
-        .iter()
-        .filter(|(k, _)| k.starts_with("singleflight_local_fallback_total"))
-        .map(|(k, v)| {
-            format!(
-                "{v} {}",
-                k.trim_start_matches("singleflight_local_fallback_total")
-            )
-        })
-        .collect();
-    println!(
-        "| degraded | {degraded_secs} s; local fallbacks: {} |",
-        if fallbacks.is_empty() {
+    // A counter's values by label (`{reason}` or `{outcome}`), those
+    // above zero; "0" when none is.
+    let by_label = |name: &str| {
+        let by: Vec<String> = counters
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .filter_map(|(k, v)| Some(format!("{v} {}", k.strip_prefix(name)?)))
+            .collect();
+        if by.is_empty() {
             "0".to_owned()
         } else {
-            fallbacks.join(", ")
+            by.join(", ")
         }
+    };
+    println!(
+        "| degraded | {degraded_secs} s; local fallbacks: {} |",
+        by_label("singleflight_local_fallback_total")
     );
     for (name, label) in [
         ("singleflight_wait_timeout_total", "wait timeouts"),
@@ -1367,8 +1378,15 @@ fn report(
             "result write failures",
         ),
         ("singleflight_takeover_total", "takeovers"),
+        ("singleflight_hit_for_pass_total", "hit-for-pass"),
     ] {
         println!("| {label} | {} |", counters.get(name).copied().unwrap_or(0));
+    }
+    for (name, label) in [
+        ("singleflight_stale_served_total", "served stale"),
+        ("singleflight_refresh_total", "refreshes"),
+    ] {
+        println!("| {label} (`{name}`) | {} |", by_label(name));
     }
     println!();
     println!("| role | requests | p50 ms | p99 ms | max ms |");
@@ -1471,9 +1489,15 @@ fn chart(
             (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0)
         })
     };
-    let panel = |area, caption, lines: Vec<Line<'_>>| {
-        draw_panel(area, caption, secs, fault, degraded, lines)
+    let shaded = Shaded {
+        fault,
+        failing: args
+            .fail_at
+            .map(|a| (a.as_secs_f64(), (a + args.fail_for).as_secs_f64())),
+        degraded,
     };
+    let panel =
+        |area, caption, lines: Vec<Line<'_>>| draw_panel(area, caption, secs, &shaded, lines);
     panel(
         &top,
         "latency per second (ms)",
@@ -1508,22 +1532,40 @@ fn chart(
                 MAGENTA,
                 Box::new(|s| Some(t.seconds[s].roles[Role::Error as usize] as f64)),
             ),
+            (
+                "stale answers",
+                CYAN,
+                Box::new(|s| Some(t.seconds[s].stale as f64)),
+            ),
         ],
     )?;
     root.present()?;
     Ok(())
 }
 
-/// One chart of the report, with the fault window (grey) and the seconds a
-/// stage was degraded (pink) shaded.
+/// What a chart shades: Redis frozen, the model failing, the seconds a
+/// stage was degraded.
+struct Shaded<'a> {
+    fault: Option<(u64, u64)>,
+    failing: Option<(f64, f64)>,
+    degraded: &'a [bool],
+}
+
+/// One chart of the report, with the fault window (grey), the model's
+/// failure window (orange) and the seconds a stage was degraded (pink)
+/// shaded.
 fn draw_panel(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     caption: &str,
     secs: usize,
-    fault: Option<(u64, u64)>,
-    degraded: &[bool],
+    shaded: &Shaded<'_>,
     lines: Vec<Line<'_>>,
 ) -> Result<(), BoxError> {
+    let Shaded {
+        fault,
+        failing,
+        degraded,
+    } = *shaded;
     let ymax = lines
         .iter()
         .flat_map(|(_, _, f)| (0..secs).filter_map(f))
@@ -1554,6 +1596,19 @@ fn draw_panel(
             Rectangle::new(
                 [(x, y - 5), (x + 15, y + 5)],
                 RGBColor(160, 160, 160).filled(),
+            )
+        });
+    }
+    if let Some((a, b)) = failing {
+        c.draw_series(std::iter::once(Rectangle::new(
+            [(a, 0.0), (b, ymax)],
+            RGBColor(255, 165, 0).mix(0.2).filled(),
+        )))?
+        .label("model failing (orange)")
+        .legend(|(x, y)| {
+            Rectangle::new(
+                [(x, y - 5), (x + 15, y + 5)],
+                RGBColor(255, 200, 120).filled(),
             )
         });
     }

@@ -103,6 +103,8 @@ async fn a_failure_window_is_reported_per_phase() {
     assert!(s.hit_p99_us > 0 && s.warm_p99_us > 0);
     let line = s.line();
     assert!(line.contains("during_failed_had_result="), "{line}");
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.contains("model failing") && svg.contains("stale answers"));
     let _ = std::fs::remove_file(&out);
 }
 
