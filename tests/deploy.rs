@@ -49,6 +49,10 @@ const EMITTED: &[&str] = &[
     m::DEGRADED,
     m::DEGRADED_DURATION,
     m::MODE,
+    m::STALE_SERVED_TOTAL,
+    m::REFRESH_TOTAL,
+    m::STALE_AGE_SECONDS,
+    m::HIT_FOR_PASS_TOTAL,
     breaker::CIRCUIT_OPEN_TOTAL,
     breaker::CIRCUIT_STATE,
     breaker::CIRCUIT_REJECTED_TOTAL,
@@ -101,6 +105,8 @@ fn dashboard_uses_emitted_metric_names() {
         breaker::CIRCUIT_STATE,
         "singleflight_wait_duration_bucket",
         "singleflight_execution_duration_bucket",
+        m::STALE_SERVED_TOTAL,
+        "singleflight_stale_age_seconds_bucket",
     ] {
         assert!(names.contains(needed), "the dashboard shows {needed}");
     }
@@ -124,6 +130,7 @@ fn alerts_use_emitted_metric_names_and_cover_the_silent_failures() {
         m::RESULT_WRITE_FAILURE_TOTAL,
         m::RESULT_LOST_TOTAL,
         m::UNKNOWN_ACTION_TOTAL,
+        m::STALE_SERVED_TOTAL,
     ] {
         assert!(names.contains(needed), "an alert watches {needed}");
     }

@@ -17,23 +17,33 @@
 //! format (`metrics-exporter-prometheus`, built without its HTTP listener
 //! and TLS stack). `GET /v1/usage` tells how often the model really ran.
 //!
+//! `PUT /v1/model/down` makes the model fail (the scoring handler answers
+//! 503 without calling it) until `PUT /v1/model/up`: with the stage's
+//! `stale-if-error` and `stale-while-revalidate` keys on (see
+//! `flightdeck.toml`), watch callers get the last good score meanwhile.
+//!
 //! ```text
 //! cargo run -p flightdeck-examples --example axum           # LOCAL_ONLY on 127.0.0.1:3000
 //! REDIS_URL=redis://<your-redis-host>:6379 cargo run -p flightdeck-examples --example axum
 //! curl -s -XPOST localhost:3000/v1/score -H 'content-type: application/json' \
 //!      -d '{"question":"q1","answer":"a tower layer"}'
 //! curl -s localhost:3000/metrics | grep singleflight_
+//! curl -s -XPUT localhost:3000/v1/model/down   # the model fails (503) until
+//! curl -s -XPUT localhost:3000/v1/model/up
 //! ```
+//!
+//! With `cache-status = true` in the stage's table, `curl -si` shows how
+//! each answer came (`Cache-Status`, and `Age` on a stale one).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use flightdeck::core::BoxError;
 use flightdeck::distributed::FencingToken;
@@ -141,6 +151,10 @@ pub(crate) struct Model {
     pub(crate) calls: AtomicU64,
     /// What they cost, in micro-dollars.
     pub(crate) cost_micro_usd: AtomicU64,
+    /// Set by `PUT /v1/model/down`: the scoring handler answers 503.
+    pub(crate) down: AtomicBool,
+    /// Requests the handler refused with 503 while the model was down.
+    pub(crate) refused: AtomicU64,
 }
 
 /// One call: $0.002.
@@ -275,6 +289,8 @@ pub(crate) fn app(flights: FlightLayer, model: Arc<Model>) -> Router {
             }),
         )
         .route("/v1/usage", get(usage))
+        .route("/v1/model/down", put(model_down))
+        .route("/v1/model/up", put(model_up))
         .with_state(model)
         .merge(scoring)
 }
@@ -289,8 +305,17 @@ pub(crate) fn prometheus() -> Option<PrometheusHandle> {
             const BUCKETS: [f64; 14] = [
                 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
             ];
+            const STALE_AGE_BUCKETS: [f64; 10] =
+                [0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_duration".to_owned()), &BUCKETS)
+                .ok()?
+                // The age of stale answers: up to the replay TTL plus a
+                // stale-if-error window (minutes).
+                .set_buckets_for_metric(
+                    Matcher::Full("singleflight_stale_age_seconds".to_owned()),
+                    &STALE_AGE_BUCKETS,
+                )
                 .ok()?
                 .install_recorder()
                 .ok()?;
@@ -323,6 +348,15 @@ async fn score(State(model): State<Arc<Model>>, req: Request) -> Response {
                 .into_response()
         }
     };
+    if model.down.load(Ordering::SeqCst) {
+        model.refused.fetch_add(1, Ordering::SeqCst);
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            "the model is down (PUT /v1/model/up brings it back)",
+        )
+            .into_response();
+    }
     let (execution, score) = model.score(&answer).await;
     let mut resp = (
         [(header::CONTENT_TYPE, "application/json")],
@@ -337,11 +371,29 @@ async fn score(State(model): State<Arc<Model>>, req: Request) -> Response {
     resp
 }
 
-/// `GET /v1/usage`: how often the model really ran, and what it cost.
+/// `GET /v1/usage`: how often the model really ran, what it cost, and
+/// how many requests found it down.
 async fn usage(State(model): State<Arc<Model>>) -> String {
     let calls = model.calls.load(Ordering::SeqCst);
     let cost = model.cost_micro_usd.load(Ordering::Relaxed) as f64 / 1e6;
-    format!("{{\"model_calls\":{calls},\"cost_usd\":{cost:.3}}}\n")
+    let refused = model.refused.load(Ordering::SeqCst);
+    let down = model.down.load(Ordering::SeqCst);
+    format!(
+        "{{\"model_calls\":{calls},\"cost_usd\":{cost:.3},\"model_down\":{down},\"refused_while_down\":{refused}}}\n"
+    )
+}
+
+/// `PUT /v1/model/down`: from now on the scoring handler answers 503
+/// (as a provider's outage would) without calling the model.
+async fn model_down(State(model): State<Arc<Model>>) -> &'static str {
+    model.down.store(true, Ordering::SeqCst);
+    "model down: POST /v1/score answers 503 until PUT /v1/model/up\n"
+}
+
+/// `PUT /v1/model/up`: the model answers again.
+async fn model_up(State(model): State<Arc<Model>>) -> &'static str {
+    model.down.store(false, Ordering::SeqCst);
+    "model up\n"
 }
 
 /// Sends one scoring request; returns the status and the body.

@@ -3,14 +3,27 @@
 //! mode; prints a summary table and writes an SVG report.
 //!
 //! Each node is a full flightdeck stack (L1, L2 over its own Redis
-//! connection, breaker, bulkhead) in front of a simulated model that takes
-//! `--latency` ms. Callers pick keys from a Zipf distribution (`--skew`),
-//! so a few keys are hot. Results are replayed for `--result-ttl` (a cache
-//! entry expiring under load). With `--fault`, Redis is frozen for
-//! `--fault-for` seconds in the middle of the run (SIGSTOP when the
-//! generator started the server, `CLIENT PAUSE` for an external one): the
-//! report shows the stages falling back to local single-flight and
-//! recovering.
+//! connection, breaker, bulkhead) in front of a simulated model that works
+//! for `--work` (e.g. `200ms`). Callers pick keys from a Zipf distribution
+//! (`--zipf s`), so a few keys are hot. Results are replayed for
+//! `--replay-ttl` (a cache entry expiring under load). With `--fault`,
+//! Redis is frozen for `--fault-for` seconds in the middle of the run
+//! (SIGSTOP when the generator started the server, `CLIENT PAUSE` for an
+//! external one): the report shows the stages falling back to local
+//! single-flight and recovering. With `--fail-at`/`--fail-for`, the model
+//! itself fails for a window (an error of class `Unavailable`, what a 503
+//! from a provider becomes): with the stage's stale windows on
+//! (`--stage stale-if-error=60s`, any key of the stage's TOML table),
+//! watch callers keep getting answers.
+//!
+//! The summary has a row per phase (before, during and after the failure
+//! window): requests, failed responses (and those of keys that had a
+//! result within the stale-if-error window), stale answers (answers whose
+//! work finished longer than the replay TTL before the request started,
+//! and flightdeck's own `singleflight_stale_served_total`), executions per
+//! key, p50/p99. `--churn N` sends N requests to N distinct keys instead
+//! (and reports the process's RSS growth); `--local-only` runs without
+//! Redis.
 //!
 //! Uses `REDIS_URL` when set, else starts a `redis-server` on a free port
 //! (flightdeck-harness).
@@ -18,19 +31,21 @@
 //! ```text
 //! cargo run --release -p flightdeck-examples --example loadgen -- --fault
 //! cargo run --release -p flightdeck-examples --example loadgen -- --nodes 4 --concurrency 64 --keys 1000 --duration 30 --out report.svg
+//! cargo run --release -p flightdeck-examples --example loadgen -- --work 200ms --duration 40 \
+//!     --fail-at 10s --fail-for 20s --stage stale-if-error=60s --stage stale-retry-after=5s
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flightdeck::core::error::ErrorClass;
+use flightdeck::core::error::{ErrorClass, RemoteFailure};
 use flightdeck::core::{BoxError, CloneShare, KeyEncoder, StageName};
 use flightdeck::distributed::{FencingToken, PostcardCodec};
-use flightdeck::{GenericSingleFlightLayer, Mode, StageConfig};
+use flightdeck::{GenericSingleFlightLayer, SingleFlightConfig};
 use flightdeck_harness::RedisServer;
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use hdrhistogram::Histogram;
@@ -53,6 +68,19 @@ pub(crate) struct Args {
     pub(crate) fault: bool,
     pub(crate) fault_at: u64,
     pub(crate) fault_for: u64,
+    /// When the model starts failing (`None`: it never does).
+    pub(crate) fail_at: Option<Duration>,
+    /// For how long it fails.
+    pub(crate) fail_for: Duration,
+    /// Extra keys of the stage's TOML table (`stale-if-error` → `"60s"`),
+    /// given as they are written after `=` (strings quoted here).
+    pub(crate) stage: Vec<(String, String)>,
+    /// Every stage in this process only: no Redis.
+    pub(crate) local_only: bool,
+    /// Send this many requests, each to a key of its own, then stop.
+    pub(crate) churn: Option<u64>,
+    /// Bytes of padding in every answer (a bigger result to keep).
+    pub(crate) payload: usize,
     pub(crate) out: String,
 }
 
@@ -69,13 +97,64 @@ impl Default for Args {
             fault: false,
             fault_at: 8,
             fault_for: 3,
+            fail_at: None,
+            fail_for: Duration::from_secs(10),
+            stage: Vec::new(),
+            local_only: false,
+            churn: None,
+            payload: 0,
             out: "target/loadgen-report.svg".to_owned(),
         }
     }
 }
 
-const USAGE: &str = "usage: loadgen [--nodes N] [--concurrency C] [--keys K] [--skew S] \
-[--duration SECS] [--latency MS] [--result-ttl MS] [--fault] [--fault-at SECS] [--fault-for SECS] [--out FILE.svg]";
+const USAGE: &str = "usage: loadgen [--nodes N] [--concurrency C] [--keys K] [--zipf S] \
+[--duration SECS] [--work DUR] [--replay-ttl DUR] [--fault] [--fault-at SECS] [--fault-for SECS] \
+[--fail-at DUR] [--fail-for DUR] [--stage KEY=VALUE]... [--local-only] [--churn N] [--payload BYTES] \
+[--out FILE.svg]
+  DUR: 200ms, 2s, 1m (a bare number: milliseconds for --work/--replay-ttl, seconds for --fail-*)
+  --stage: any key of the stage's TOML table, e.g. --stage stale-while-revalidate=5s";
+
+/// `200ms`, `2s`, `1m`, `1m30s`; a bare number is `bare` units.
+pub(crate) fn parse_duration(text: &str, bare: Duration) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(n) = text.parse::<u64>() {
+        return Ok(bare * u32::try_from(n).map_err(|_| format!("{text:?} is too large"))?);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| format!("{text:?} needs a unit (ms, s, m)"))?;
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{text:?} is not a duration"))?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (Duration::from_millis(n), 2)
+        } else if rest.starts_with('s') {
+            (Duration::from_secs(n), 1)
+        } else if rest.starts_with('m') {
+            (Duration::from_secs(n.saturating_mul(60)), 1)
+        } else {
+            return Err(format!("{text:?}: unknown unit (ms, s, m)"));
+        };
+        total += unit;
+        rest = &rest[len..];
+    }
+    Ok(total)
+}
+
+/// A `--stage` value as TOML: numbers and booleans as they are, the rest
+/// (durations) quoted.
+fn toml_value(v: &str) -> String {
+    if v == "true" || v == "false" || v.parse::<f64>().is_ok() || v.starts_with('"') {
+        v.to_owned()
+    } else {
+        format!("{v:?}")
+    }
+}
 
 fn parse_args() -> Result<Args, BoxError> {
     let mut a = Args::default();
@@ -83,6 +162,10 @@ fn parse_args() -> Result<Args, BoxError> {
     while let Some(flag) = it.next() {
         if flag == "--fault" {
             a.fault = true;
+            continue;
+        }
+        if flag == "--local-only" {
+            a.local_only = true;
             continue;
         }
         if flag == "-h" || flag == "--help" {
@@ -97,10 +180,33 @@ fn parse_args() -> Result<Args, BoxError> {
             "--nodes" => a.nodes = value.parse().map_err(|e| bad(&e))?,
             "--concurrency" => a.concurrency = value.parse().map_err(|e| bad(&e))?,
             "--keys" => a.keys = value.parse().map_err(|e| bad(&e))?,
-            "--skew" => a.skew = value.parse().map_err(|e| bad(&e))?,
+            "--skew" | "--zipf" => a.skew = value.parse().map_err(|e| bad(&e))?,
             "--duration" => a.duration = value.parse().map_err(|e| bad(&e))?,
-            "--latency" => a.latency_ms = value.parse().map_err(|e| bad(&e))?,
-            "--result-ttl" => a.result_ttl_ms = value.parse().map_err(|e| bad(&e))?,
+            "--latency" | "--work" => {
+                a.latency_ms = parse_duration(&value, Duration::from_millis(1))
+                    .map_err(|e| bad(&e))?
+                    .as_millis() as u64
+            }
+            "--result-ttl" | "--replay-ttl" => {
+                a.result_ttl_ms = parse_duration(&value, Duration::from_millis(1))
+                    .map_err(|e| bad(&e))?
+                    .as_millis() as u64
+            }
+            "--fail-at" => {
+                a.fail_at =
+                    Some(parse_duration(&value, Duration::from_secs(1)).map_err(|e| bad(&e))?)
+            }
+            "--fail-for" => {
+                a.fail_for = parse_duration(&value, Duration::from_secs(1)).map_err(|e| bad(&e))?
+            }
+            "--stage" => {
+                let (k, v) = value
+                    .split_once('=')
+                    .ok_or_else(|| bad(&"expected KEY=VALUE"))?;
+                a.stage.push((k.trim().to_owned(), toml_value(v.trim())));
+            }
+            "--churn" => a.churn = Some(value.parse().map_err(|e| bad(&e))?),
+            "--payload" => a.payload = value.parse().map_err(|e| bad(&e))?,
             "--fault-at" => a.fault_at = value.parse().map_err(|e| bad(&e))?,
             "--fault-for" => a.fault_for = value.parse().map_err(|e| bad(&e))?,
             "--out" => a.out = value,
@@ -116,6 +222,17 @@ fn parse_args() -> Result<Args, BoxError> {
         return Err(
             "the fault must end before the run does (--fault-at + --fault-for < --duration)".into(),
         );
+    }
+    if a.fault && a.local_only {
+        return Err("--fault freezes Redis, which --local-only does not use".into());
+    }
+    if let Some(at) = a.fail_at {
+        if at + a.fail_for > Duration::from_secs(a.duration) {
+            return Err(
+                "the failure window must end by the end of the run (--fail-at + --fail-for <= --duration)"
+                    .into(),
+            );
+        }
     }
     Ok(a)
 }
@@ -164,6 +281,8 @@ impl Role {
 struct Second {
     latency: Histogram<u64>,
     roles: [u64; 4],
+    /// Answers whose work finished over the replay TTL before.
+    stale: u64,
 }
 
 impl Second {
@@ -171,6 +290,7 @@ impl Second {
         Self {
             latency: Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds"),
             roles: [0; 4],
+            stale: 0,
         }
     }
 }
@@ -186,6 +306,177 @@ struct Totals {
 struct Executions {
     coordinated: Vec<AtomicU64>,
     local: Vec<AtomicU64>,
+}
+
+/// The phases of a run: before, during and after the model's failure
+/// window (one phase, "run", without a window).
+const PHASES: [&str; 3] = ["before", "during", "after"];
+
+/// An answer whose work finished longer than the replay TTL plus this
+/// before its request started counts as stale (the commit that follows
+/// the work takes a round trip; a fresh replay may be that much older).
+const STALE_SLACK: Duration = Duration::from_millis(100);
+
+/// When the model fails, and the phase of a moment of the run.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    fail: Option<(Duration, Duration)>,
+}
+
+impl Window {
+    fn failing(&self, t: Duration) -> bool {
+        self.fail.is_some_and(|(a, b)| t >= a && t < b)
+    }
+    fn phase(&self, t: Duration) -> usize {
+        match self.fail {
+            Some((a, _)) if t < a => 0,
+            Some((_, b)) if t < b => 1,
+            Some(_) => 2,
+            None => 0,
+        }
+    }
+}
+
+/// Executions of one key grouped by expiry: a second execution within
+/// half the replay TTL of the first of its group is a duplicate (the same
+/// expiry refreshed twice), a later one refreshes the next expiry.
+#[derive(Debug, Default, Clone, Copy)]
+struct Epoch {
+    start_us: u64,
+    executions: u32,
+}
+
+/// Over every key: expiries seen, executions, the most in one expiry.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Refreshes {
+    pub(crate) expiries: u64,
+    pub(crate) executions: u64,
+    pub(crate) max_per_expiry: u32,
+}
+
+/// What the model and the callers know of each key.
+struct Keys {
+    /// Per key: 1 + when (µs into the run) the work of the newest good
+    /// answer any caller got finished; 0: none yet.
+    last_good: Vec<AtomicU64>,
+    /// The same per node, as that node's callers saw it.
+    last_good_on: Vec<Vec<AtomicU64>>,
+    /// Executions per key, per phase.
+    executions: [Vec<AtomicU32>; 3],
+    /// Executions grouped by expiry (successful ones only).
+    epochs: Mutex<(HashMap<u32, Epoch>, Refreshes)>,
+    epoch_gap_us: u64,
+}
+
+impl Keys {
+    fn new(keys: usize, nodes: usize, ttl: Duration) -> Self {
+        let zeros = |n| (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        let counts = || (0..keys).map(|_| AtomicU32::new(0)).collect::<Vec<_>>();
+        Self {
+            last_good: zeros(keys),
+            last_good_on: (0..nodes).map(|_| zeros(keys)).collect(),
+            executions: [counts(), counts(), counts()],
+            epochs: Mutex::new((HashMap::new(), Refreshes::default())),
+            epoch_gap_us: ttl.as_micros() as u64 / 2,
+        }
+    }
+
+    fn executed(&self, key: u32, phase: usize, at_us: u64, failing: bool) {
+        self.executions[phase][key as usize].fetch_add(1, Ordering::Relaxed);
+        if failing || self.epoch_gap_us == 0 {
+            return;
+        }
+        let mut guard = self.epochs.lock().expect("not poisoned");
+        let (epochs, totals) = &mut *guard;
+        totals.executions += 1;
+        let e = epochs.entry(key).or_default();
+        if e.executions == 0 || at_us.saturating_sub(e.start_us) > self.epoch_gap_us {
+            *e = Epoch {
+                start_us: at_us,
+                executions: 1,
+            };
+            totals.expiries += 1;
+        } else {
+            e.executions += 1;
+        }
+        totals.max_per_expiry = totals.max_per_expiry.max(e.executions);
+    }
+
+    /// Whether a good answer for `key` (on `node`, or anywhere) finished
+    /// within `within` before `t_us`.
+    fn had_result(&self, node: Option<usize>, key: u32, t_us: u64, within: Duration) -> bool {
+        let slot = match node {
+            Some(n) => &self.last_good_on[n][key as usize],
+            None => &self.last_good[key as usize],
+        };
+        let last = slot.load(Ordering::Relaxed);
+        last != 0 && t_us.saturating_sub(last - 1) <= within.as_micros() as u64
+    }
+
+    fn answered(&self, node: usize, key: u32, finished_us: u64) {
+        self.last_good[key as usize].fetch_max(finished_us + 1, Ordering::Relaxed);
+        self.last_good_on[node][key as usize].fetch_max(finished_us + 1, Ordering::Relaxed);
+    }
+}
+
+/// What the callers saw in one phase.
+struct Phase {
+    latency: Histogram<u64>,
+    /// Answers replayed from a fresh result.
+    hit_latency: Histogram<u64>,
+    /// Requests for keys that had been answered before (expiries included).
+    warm_latency: Histogram<u64>,
+    requests: u64,
+    failed: u64,
+    /// Failed although a good answer of the key (any node) finished
+    /// within the replay TTL plus the stale-if-error window.
+    failed_had_result: u64,
+    /// Failed although this node's callers had such an answer.
+    failed_node_had_result: u64,
+    /// Answers whose work finished more than the replay TTL before.
+    stale: u64,
+    hits: u64,
+}
+
+impl Phase {
+    fn new() -> Self {
+        let h = || Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds");
+        Self {
+            latency: h(),
+            hit_latency: h(),
+            warm_latency: h(),
+            requests: 0,
+            failed: 0,
+            failed_had_result: 0,
+            failed_node_had_result: 0,
+            stale: 0,
+            hits: 0,
+        }
+    }
+    fn add(&mut self, o: &Phase) -> Result<(), BoxError> {
+        self.latency.add(&o.latency)?;
+        self.hit_latency.add(&o.hit_latency)?;
+        self.warm_latency.add(&o.warm_latency)?;
+        self.requests += o.requests;
+        self.failed += o.failed;
+        self.failed_had_result += o.failed_had_result;
+        self.failed_node_had_result += o.failed_node_had_result;
+        self.stale += o.stale;
+        self.hits += o.hits;
+        Ok(())
+    }
+}
+
+/// The process's resident set (Linux; 0 elsewhere), in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// A Zipf(s) sampler over `n` keys.
@@ -329,18 +620,26 @@ fn redis_target() -> Result<Target, BoxError> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let s = run(parse_args()?).await?;
-    // One machine-readable line, like the quickstart's.
-    println!(
-        "requests={} executions={} errors={}",
-        s.requests, s.executions, s.errors
-    );
-    Ok(())
+async fn main() {
+    match parse_args() {
+        Ok(args) => match run(args).await {
+            // One machine-readable line, like the quickstart's
+            // (scripts/stale-bench reads it).
+            Ok(s) => println!("{}", s.line()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        },
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    }
 }
 
 /// What a run measured (the table has more).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Summary {
     /// Requests sent.
     pub(crate) requests: u64,
@@ -348,30 +647,195 @@ pub(crate) struct Summary {
     pub(crate) executions: u64,
     /// Requests that ended in an error.
     pub(crate) errors: u64,
+    /// p99 of answers replayed from a fresh result, µs.
+    pub(crate) hit_p99_us: u64,
+    /// p99 of requests for keys answered before (expiries included), µs.
+    pub(crate) warm_p99_us: u64,
+    /// Executions grouped by expiry, outside the failure window.
+    pub(crate) refreshes: Refreshes,
+    /// Per phase: requests, failed, failed for keys that had a result
+    /// within the stale-if-error window (any node / this node), stale
+    /// answers (by age), stale answers flightdeck counted, most executions
+    /// of one key.
+    pub(crate) phases: Vec<PhaseSummary>,
+    /// The window a key's result counts for in `failed_had_result`.
+    pub(crate) window: Duration,
+    /// Resident set before and after the load, KiB.
+    pub(crate) rss_kib: (u64, u64),
+}
+
+impl PhaseSummary {
+    /// Its figures, named as in the summary's last line.
+    fn columns(&self) -> [(&'static str, String); 12] {
+        [
+            ("seconds", format!("{:.1}", self.seconds)),
+            ("requests", self.requests.to_string()),
+            ("failed", self.failed.to_string()),
+            ("failed_had_result", self.failed_had_result.to_string()),
+            (
+                "failed_node_had_result",
+                self.failed_node_had_result.to_string(),
+            ),
+            ("stale", self.stale.to_string()),
+            ("stale_counted", self.stale_counted.to_string()),
+            ("executions", self.executions.to_string()),
+            ("keys_executed", self.keys_executed.to_string()),
+            (
+                "max_executions_per_key",
+                self.max_executions_per_key.to_string(),
+            ),
+            ("p50_ms", ms(self.p50_us)),
+            ("p99_ms", ms(self.p99_us)),
+        ]
+    }
+}
+
+/// One phase of [`Summary`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PhaseSummary {
+    pub(crate) name: &'static str,
+    pub(crate) seconds: f64,
+    pub(crate) requests: u64,
+    pub(crate) failed: u64,
+    pub(crate) failed_had_result: u64,
+    pub(crate) failed_node_had_result: u64,
+    pub(crate) stale: u64,
+    pub(crate) stale_counted: u64,
+    pub(crate) executions: u64,
+    pub(crate) keys_executed: u64,
+    pub(crate) max_executions_per_key: u64,
+    pub(crate) p50_us: u64,
+    pub(crate) p99_us: u64,
+}
+
+impl Summary {
+    /// `name=value` pairs on one line.
+    pub(crate) fn line(&self) -> String {
+        let mut out = format!(
+            "requests={} executions={} errors={} hit_p99_ms={} warm_p99_ms={} expiries={} executions_in_expiries={} max_executions_per_expiry={} window_s={} rss_before_kib={} rss_after_kib={}",
+            self.requests,
+            self.executions,
+            self.errors,
+            ms(self.hit_p99_us),
+            ms(self.warm_p99_us),
+            self.refreshes.expiries,
+            self.refreshes.executions,
+            self.refreshes.max_per_expiry,
+            self.window.as_secs_f64(),
+            self.rss_kib.0,
+            self.rss_kib.1,
+        );
+        for p in &self.phases {
+            for (k, v) in p.columns() {
+                out.push_str(&format!(" {}_{k}={v}", p.name));
+            }
+        }
+        out
+    }
+}
+
+/// The stage's TOML table: the run's settings, where `--stage` does not
+/// give the key, and `--stage`'s keys. `ttl_keys` name the replay TTL
+/// (`replay-ttl`, or `result-ttl` and `local-replay-ttl` on builds from
+/// before the rename).
+fn stage_toml(args: &Args, ttl_keys: &[&str]) -> String {
+    let ttl = format!("\"{}ms\"", args.result_ttl_ms.max(200));
+    // Short lease and replay TTL so keys expire (and are recomputed)
+    // during the run.
+    let mut keys: Vec<(&str, String)> = [
+        ("mode", "\"hybrid\""),
+        ("backend", "\"redis\""),
+        ("lease-timeout", "\"3s\""),
+        ("heartbeat-interval", "\"1s\""),
+        ("wait-timeout", "\"4s\""),
+        ("poll-interval", "\"100ms\""),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_owned()))
+    .collect();
+    keys.extend(ttl_keys.iter().map(|k| (*k, ttl.clone())));
+    keys.retain(|(k, _)| !args.stage.iter().any(|(given, _)| given == k));
+    keys.extend(args.stage.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    let mut t = String::from("[single-flight.stages.work]\n");
+    for (k, v) in keys {
+        t.push_str(&format!("{k} = {v}\n"));
+    }
+    t.push_str(
+        "[single-flight.stages.work.breaker]\nconsecutive-failures = 5\nwait-in-open = \"1s\"\n",
+    );
+    t.push_str("[single-flight.stages.work.bulkhead]\nlimit = 4096\n");
+    t
+}
+
+/// The stage's configuration: with `replay-ttl` where this build knows it,
+/// else with the keys it had before (`result-ttl` for the store, and
+/// `local-replay-ttl` when the run is LOCAL_ONLY). Any other refused key
+/// (a `--stage` key this build does not have) is an error naming it.
+pub(crate) fn stage_config(args: &Args) -> Result<(SingleFlightConfig, &'static str), BoxError> {
+    match SingleFlightConfig::from_toml(&stage_toml(args, &["replay-ttl"])) {
+        Ok(c) => Ok((c, "replay-ttl")),
+        Err(e)
+            if e.field() == Some("replay-ttl")
+                || e.to_string().contains("unknown field `replay-ttl`") =>
+        {
+            let keys: &[&str] = if args.local_only {
+                &["result-ttl", "local-replay-ttl"]
+            } else {
+                &["result-ttl"]
+            };
+            let c = SingleFlightConfig::from_toml(&stage_toml(args, keys))
+                .map_err(|e| format!("the stage's configuration: {e}"))?;
+            Ok((c, "result-ttl"))
+        }
+        Err(e) => Err(format!("the stage's configuration: {e}").into()),
+    }
 }
 
 /// Runs the load, prints the table, writes the SVG.
-pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
+pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     // Another recorder may be installed (a test binary): the flightdeck
     // counters of the table then read 0.
     let _ = recorder.install();
+    // Each snapshot takes the counters (and zeroes them): one per phase.
+    let take = |into: &mut BTreeMap<String, u64>| {
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let DebugValue::Counter(v) = value {
+                let mut name = key.key().name().to_owned();
+                if let Some(label) = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "reason" || l.key() == "outcome")
+                {
+                    name = format!("{name}{{{}}}", label.value());
+                }
+                *into.entry(name).or_default() += v;
+            }
+        }
+    };
+    let mut phase_counters: [BTreeMap<String, u64>; 3] = Default::default();
+    take(&mut phase_counters[0]);
+    phase_counters[0].clear();
 
-    let mut redis = redis_target()?;
-    let url = redis.url();
+    if let Some(n) = args.churn {
+        args.keys = usize::try_from(n)?.max(1);
+    }
+    let (config, ttl_key) = stage_config(&args)?;
+    let ttl = Duration::from_millis(args.result_ttl_ms.max(200));
+    // The window in which a key's earlier answer "had a result" for the
+    // failures: the stale-if-error window past the replay TTL, or any
+    // earlier answer when the stage has none.
+    let window = match args.stage.iter().find(|(k, _)| k == "stale-if-error") {
+        Some((_, v)) => ttl + parse_duration(v.trim_matches('"'), Duration::from_millis(1))?,
+        None => Duration::from_secs(args.duration),
+    };
 
-    // The stage: HYBRID over Redis, short lease and result TTL so keys
-    // expire (and are recomputed) during the run.
-    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("redis");
-    cfg.lease_timeout = Duration::from_secs(3);
-    cfg.heartbeat_interval = Duration::from_secs(1);
-    cfg.wait_timeout = Duration::from_secs(4);
-    cfg.poll_interval = Duration::from_millis(100);
-    cfg.result_ttl = Duration::from_millis(args.result_ttl_ms.max(200));
-    cfg.breaker.consecutive_failures = Some(5);
-    cfg.breaker.wait_in_open = Duration::from_secs(1);
-    cfg.bulkhead.limit = 4096;
+    let mut redis = if args.local_only {
+        None
+    } else {
+        Some(redis_target()?)
+    };
 
     let duration = Duration::from_secs(args.duration);
     let seconds = args.duration as usize + 1;
@@ -379,15 +843,26 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
         coordinated: (0..seconds).map(|_| AtomicU64::new(0)).collect(),
         local: (0..seconds).map(|_| AtomicU64::new(0)).collect(),
     });
+    // A churn has no expiries to group (and a map of a million keys would
+    // be in the RSS it measures).
+    let epochs_of = if args.churn.is_some() {
+        Duration::ZERO
+    } else {
+        ttl
+    };
+    let keys = Arc::new(Keys::new(args.keys, args.nodes, epochs_of));
     let stage = StageName::new("work")?;
-    let started = Instant::now();
     let latency = Duration::from_millis(args.latency_ms);
+    let win = Window {
+        fail: args.fail_at.map(|a| (a, a + args.fail_for)),
+    };
 
     let mut nodes = Vec::new();
     let mut layers = Vec::new();
+    let started = Instant::now();
     for _ in 0..args.nodes {
         let stage = stage.clone();
-        let layer = GenericSingleFlightLayer::builder(
+        let mut builder = GenericSingleFlightLayer::builder(
             move |r: &Req| {
                 Some(
                     KeyEncoder::new()
@@ -399,17 +874,21 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
             PostcardCodec::<String>::new(),
         )
         .fence(|r: &mut Req, t: FencingToken| r.token = Some(t))
-        .backend(
-            "redis",
-            RedisBackend::connect(RedisConfig::new(url.clone())).await?,
-        )
-        .stage("work", cfg.clone())
-        .build()?;
-        let execs = execs.clone();
+        .config(config.clone());
+        builder = match &redis {
+            Some(r) => builder.backend(
+                "redis",
+                RedisBackend::connect(RedisConfig::new(r.url())).await?,
+            ),
+            None => builder.local_only(),
+        };
+        let layer = builder.build()?;
+        let (execs, keys, payload) = (execs.clone(), keys.clone(), args.payload);
         let svc = layer.layer(service_fn(move |r: Req| {
-            let execs = execs.clone();
+            let (execs, keys) = (execs.clone(), keys.clone());
             async move {
-                let sec = (started.elapsed().as_secs() as usize).min(execs.local.len() - 1);
+                let now = started.elapsed();
+                let sec = (now.as_secs() as usize).min(execs.local.len() - 1);
                 // The owner of a distributed flight carries its fencing
                 // token; a local fallback (or LOCAL_ONLY) does not.
                 let kind = if r.token.is_some() {
@@ -418,14 +897,35 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
                     &execs.local
                 };
                 kind[sec].fetch_add(1, Ordering::Relaxed);
+                let failing = win.failing(now);
+                keys.executed(r.key, win.phase(now), now.as_micros() as u64, failing);
+                if failing {
+                    // What a provider's 503 becomes: a failure a stale
+                    // result may answer for (stale-if-error).
+                    return Err(RemoteFailure::new(
+                        ErrorClass::Unavailable,
+                        "the model is down (503)",
+                    ));
+                }
                 tokio::time::sleep(latency).await;
-                Ok::<_, std::convert::Infallible>(format!("{}:{}:{}", r.node, r.id, r.key))
+                Ok::<_, RemoteFailure>(format!(
+                    "{}:{}:{}:{}:{:payload$}",
+                    r.node,
+                    r.id,
+                    r.key,
+                    started.elapsed().as_micros(),
+                    ""
+                ))
             }
         }));
         nodes.push(svc);
         layers.push(layer);
     }
-    let before = redis.command_stats()?;
+    let before = match &redis {
+        Some(r) => r.command_stats()?,
+        None => BTreeMap::new(),
+    };
+    let rss_before = rss_kib();
 
     // Progress.
     let bar = ProgressBar::new(args.duration);
@@ -434,25 +934,50 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
             .expect("valid template"),
     );
     let sent = Arc::new(AtomicU64::new(0));
+    let next_key = Arc::new(AtomicU64::new(0));
     let degraded: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new(vec![false; seconds]));
 
     // Callers.
-    let zipf = Arc::new(Zipf::new(args.keys, args.skew));
+    let zipf = Arc::new(Zipf::new(
+        if args.churn.is_some() { 1 } else { args.keys },
+        args.skew,
+    ));
+    let churn = args.churn;
     let mut callers = Vec::new();
     for (n, node) in nodes.iter().enumerate() {
         for c in 0..args.concurrency {
-            let (node, zipf, sent) = (node.clone(), zipf.clone(), sent.clone());
+            let (node, zipf, sent, keys, next_key) = (
+                node.clone(),
+                zipf.clone(),
+                sent.clone(),
+                keys.clone(),
+                next_key.clone(),
+            );
             let seed = 0x9e37_79b9_7f4a_7c15 ^ ((n as u64) << 32 | c as u64);
             callers.push(tokio::spawn(async move {
                 let mut rng = Rng(seed | 1);
-                let mut secs: Vec<Second> = (0..seconds).map(|_| Second::new()).collect();
+                // Made when first used: a churn's long --duration must not
+                // fill the RSS it measures with empty histograms.
+                let mut secs: Vec<Option<Second>> = (0..seconds).map(|_| None).collect();
+                let mut phases: Vec<Phase> = (0..3).map(|_| Phase::new()).collect();
                 let mut by_role: BTreeMap<Role, Histogram<u64>> = BTreeMap::new();
                 let mut errors: BTreeMap<String, u64> = BTreeMap::new();
                 let mut id = (n as u64) << 48 | (c as u64) << 32;
                 while started.elapsed() < duration {
                     id += 1;
-                    let key = zipf.sample(rng.next_f64());
+                    let key = match churn {
+                        Some(total) => {
+                            let k = next_key.fetch_add(1, Ordering::Relaxed);
+                            if k >= total {
+                                break;
+                            }
+                            k as u32
+                        }
+                        None => zipf.sample(rng.next_f64()),
+                    };
                     let t0 = Instant::now();
+                    let t0_us = t0.duration_since(started).as_micros() as u64;
+                    let warm = keys.had_result(None, key, t0_us, duration);
                     let req = Req {
                         key,
                         node: n as u32,
@@ -461,24 +986,48 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
                     };
                     let res = node.clone().oneshot(req).await;
                     let us = t0.elapsed().as_micros().max(1) as u64;
+                    let phase = &mut phases[win.phase(t0.duration_since(started))];
+                    phase.requests += 1;
+                    phase.latency.saturating_record(us);
+                    if warm {
+                        phase.warm_latency.saturating_record(us);
+                    }
+                    let mut stale = false;
                     let role = match &res {
                         Ok(v) => {
                             let mut parts = v.split(':');
-                            let from_node: u32 = parts
-                                .next()
-                                .and_then(|p| p.parse().ok())
-                                .unwrap_or(u32::MAX);
-                            let from_id: u64 =
-                                parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                            let mut field = || parts.next().and_then(|p| p.parse::<u64>().ok());
+                            let from_node = field().unwrap_or(u64::MAX);
+                            let from_id = field().unwrap_or(0);
+                            let _key = field();
+                            let finished_us = field().unwrap_or(0);
+                            keys.answered(n, key, finished_us);
+                            if finished_us <= t0_us {
+                                let age = Duration::from_micros(t0_us - finished_us);
+                                if age > ttl + STALE_SLACK {
+                                    phase.stale += 1;
+                                    stale = true;
+                                } else {
+                                    phase.hits += 1;
+                                    phase.hit_latency.saturating_record(us);
+                                }
+                            }
                             if from_id == id {
                                 Role::Executed
-                            } else if from_node == n as u32 {
+                            } else if from_node == n as u64 {
                                 Role::LocalFollower
                             } else {
                                 Role::RemoteFollower
                             }
                         }
                         Err(e) => {
+                            phase.failed += 1;
+                            if keys.had_result(None, key, t0_us, window) {
+                                phase.failed_had_result += 1;
+                            }
+                            if keys.had_result(Some(n), key, t0_us, window) {
+                                phase.failed_node_had_result += 1;
+                            }
                             *errors
                                 .entry(format!("{:?}", ErrorClass::of(&**e)))
                                 .or_default() += 1;
@@ -488,9 +1037,10 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
                         }
                     };
                     let sec = (t0.duration_since(started).as_secs() as usize).min(seconds - 1);
-                    let s = &mut secs[sec];
+                    let s = secs[sec].get_or_insert_with(Second::new);
                     s.latency.saturating_record(us);
                     s.roles[role as usize] += 1;
+                    s.stale += u64::from(stale);
                     by_role
                         .entry(role)
                         .or_insert_with(|| {
@@ -499,21 +1049,29 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
                         .saturating_record(us);
                     sent.fetch_add(1, Ordering::Relaxed);
                 }
-                (secs, by_role, errors)
+                (secs, phases, by_role, errors)
             }));
         }
     }
 
-    // The fault, the degraded-state sampler and the progress bar.
+    // The fault, the failure window's phases, the degraded-state sampler
+    // and the progress bar.
     let fault_window = args
         .fault
         .then(|| (args.fault_at, args.fault_at + args.fault_for));
     let mut fault_how = "";
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut frozen = false;
-    while started.elapsed() < duration {
+    let mut phase_now = 0;
+    loop {
         tick.tick().await;
         let now = started.elapsed();
+        let churned = churn.is_some_and(|total| {
+            next_key.load(Ordering::Relaxed) >= total && callers.iter().all(|c| c.is_finished())
+        });
+        if now >= duration || churned {
+            break;
+        }
         let sec = (now.as_secs() as usize).min(seconds - 1);
         if layers
             .iter()
@@ -521,7 +1079,12 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
         {
             degraded.lock().expect("not poisoned")[sec] = true;
         }
-        if let Some((from, to)) = fault_window {
+        let phase = win.phase(now);
+        if phase != phase_now {
+            take(&mut phase_counters[phase_now]);
+            phase_now = phase;
+        }
+        if let (Some((from, to)), Some(redis)) = (fault_window, redis.as_mut()) {
             if !frozen && now >= Duration::from_secs(from) && now < Duration::from_secs(to) {
                 fault_how = redis.freeze(to - from)?;
                 frozen = true;
@@ -539,28 +1102,45 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
         let n = sent.load(Ordering::Relaxed);
         bar.set_position(now.as_secs().min(args.duration));
         bar.set_message(format!(
-            "requests {n}, executions {executed}{}",
-            if frozen { ", REDIS FROZEN" } else { "" }
+            "requests {n}, executions {executed}{}{}",
+            if frozen { ", REDIS FROZEN" } else { "" },
+            if win.failing(now) { ", MODEL DOWN" } else { "" }
         ));
     }
     if frozen {
-        redis.thaw()?;
+        if let Some(redis) = redis.as_mut() {
+            redis.thaw()?;
+        }
     }
     bar.finish_and_clear();
+    // The callers are done (a churn waits for them all); what they hold
+    // is in the RSS, as the layers' state is.
+    let rss_after = rss_kib();
 
     let mut totals = Totals {
         by_role: BTreeMap::new(),
         seconds: (0..seconds).map(|_| Second::new()).collect(),
         errors: BTreeMap::new(),
     };
+    let mut phases: Vec<Phase> = (0..3).map(|_| Phase::new()).collect();
     for c in callers {
         // Callers finish their last request; bounded by the wait timeout.
-        let (secs, by_role, errors) = tokio::time::timeout(Duration::from_secs(30), c).await??;
-        for (t, s) in totals.seconds.iter_mut().zip(secs) {
+        let (secs, caller_phases, by_role, errors) =
+            tokio::time::timeout(Duration::from_secs(30), c).await??;
+        for (t, s) in totals
+            .seconds
+            .iter_mut()
+            .zip(secs)
+            .filter_map(|(t, s)| Some((t, s?)))
+        {
             t.latency.add(&s.latency)?;
             for (a, b) in t.roles.iter_mut().zip(s.roles) {
                 *a += b;
             }
+            t.stale += s.stale;
+        }
+        for (t, p) in phases.iter_mut().zip(&caller_phases) {
+            t.add(p)?;
         }
         for (role, h) in by_role {
             totals
@@ -575,23 +1155,71 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
             *totals.errors.entry(k).or_default() += v;
         }
     }
-    let after = redis.command_stats()?;
+    let ran = started.elapsed();
+    let after = match &redis {
+        Some(r) => r.command_stats()?,
+        None => BTreeMap::new(),
+    };
+    take(&mut phase_counters[phase_now]);
 
-    // Counters recorded by flightdeck itself.
+    // Counters recorded by flightdeck itself, over the run.
     let mut counters: BTreeMap<String, u64> = BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        if let DebugValue::Counter(v) = value {
-            let mut name = key.key().name().to_owned();
-            if let Some(reason) = key.key().labels().find(|l| l.key() == "reason") {
-                name = format!("{name}{{{}}}", reason.value());
-            }
-            *counters.entry(name).or_default() += v;
+    for pc in &phase_counters {
+        for (k, v) in pc {
+            *counters.entry(k.clone()).or_default() += v;
         }
     }
 
+    let mut summary = Summary {
+        window,
+        rss_kib: (rss_before, rss_after),
+        refreshes: keys.epochs.lock().expect("not poisoned").1,
+        ..Summary::default()
+    };
+    let mut hits = Histogram::<u64>::new_with_bounds(1, 120_000_000, 2)?;
+    let mut warm = Histogram::<u64>::new_with_bounds(1, 120_000_000, 2)?;
+    let bounds = match win.fail {
+        Some((a, b)) => vec![(0, Duration::ZERO, a), (1, a, b), (2, b, ran.max(b))],
+        None => vec![(0, Duration::ZERO, ran)],
+    };
+    for (i, from, to) in bounds {
+        let p = &phases[i];
+        hits.add(&p.hit_latency)?;
+        warm.add(&p.warm_latency)?;
+        let per_key: Vec<u64> = keys.executions[i]
+            .iter()
+            .map(|a| u64::from(a.load(Ordering::Relaxed)))
+            .filter(|n| *n > 0)
+            .collect();
+        let stale_counted = phase_counters[i]
+            .iter()
+            .filter(|(k, _)| k.starts_with("singleflight_stale_served_total"))
+            .map(|(_, v)| *v)
+            .sum();
+        summary.phases.push(PhaseSummary {
+            name: if win.fail.is_some() { PHASES[i] } else { "run" },
+            seconds: to.saturating_sub(from).as_secs_f64(),
+            requests: p.requests,
+            failed: p.failed,
+            failed_had_result: p.failed_had_result,
+            failed_node_had_result: p.failed_node_had_result,
+            stale: p.stale,
+            stale_counted,
+            executions: per_key.iter().sum(),
+            keys_executed: per_key.len() as u64,
+            max_executions_per_key: per_key.iter().copied().max().unwrap_or(0),
+            p50_us: p.latency.value_at_quantile(0.5),
+            p99_us: p.latency.value_at_quantile(0.99),
+        });
+    }
+    summary.hit_p99_us = hits.value_at_quantile(0.99);
+    summary.warm_p99_us = warm.value_at_quantile(0.99);
+
     let degraded = degraded.lock().expect("not poisoned").clone();
+    let fault_how = if redis.is_some() { fault_how } else { "" };
     report(
         &args,
+        ttl_key,
         &totals,
         &execs,
         &before,
@@ -600,6 +1228,7 @@ pub(crate) async fn run(args: Args) -> Result<Summary, BoxError> {
         fault_window,
         fault_how,
         &degraded,
+        summary,
     )
 }
 
@@ -610,6 +1239,7 @@ fn ms(us: u64) -> String {
 #[allow(clippy::too_many_arguments)]
 fn report(
     args: &Args,
+    ttl_key: &str,
     t: &Totals,
     execs: &Executions,
     before: &BTreeMap<String, u64>,
@@ -618,6 +1248,7 @@ fn report(
     fault: Option<(u64, u64)>,
     fault_how: &str,
     degraded: &[bool],
+    mut summary: Summary,
 ) -> Result<Summary, BoxError> {
     let count = |r: Role| t.by_role.get(&r).map_or(0, |h| h.len());
     let requests: u64 = Role::ALL.iter().map(|r| count(*r)).sum();
@@ -639,18 +1270,35 @@ fn report(
     let per_req = |n: u64| n as f64 / requests.max(1) as f64;
 
     println!(
-        "flightdeck loadgen: {} nodes × {} callers × {} keys (Zipf s={}), {} s, model {} ms, result TTL {} ms, HYBRID{}",
+        "flightdeck loadgen: {} nodes × {} callers × {} keys ({}), {} s, work {} ms, {ttl_key} {} ms, {}{}{}{}",
         args.nodes,
         args.concurrency,
         args.keys,
-        args.skew,
+        if args.churn.is_some() {
+            "each once".to_owned()
+        } else {
+            format!("Zipf s={}", args.skew)
+        },
         args.duration,
         args.latency_ms,
-        args.result_ttl_ms,
+        args.result_ttl_ms.max(200),
+        if args.local_only { "LOCAL_ONLY" } else { "HYBRID" },
         match fault {
             Some((a, b)) => format!(", Redis frozen ({fault_how}) from {a} s to {b} s"),
             None => String::new(),
-        }
+        },
+        match args.fail_at {
+            Some(a) => format!(
+                ", model failing from {:.1} s to {:.1} s",
+                a.as_secs_f64(),
+                (a + args.fail_for).as_secs_f64()
+            ),
+            None => String::new(),
+        },
+        args.stage
+            .iter()
+            .map(|(k, v)| format!(", {k} = {v}"))
+            .collect::<String>(),
     );
     println!();
     println!("| metric | value |");
@@ -705,23 +1353,23 @@ fn report(
         per_req(total_cmds)
     );
     let degraded_secs = degraded.iter().filter(|d| **d).count();
-    let fallbacks: Vec<String> = counters
-        .iter()
-        .filter(|(k, _)| k.starts_with("singleflight_local_fallback_total"))
-        .map(|(k, v)| {
-            format!(
-                "{v} {}",
-                k.trim_start_matches("singleflight_local_fallback_total")
-            )
-        })
-        .collect();
-    println!(
-        "| degraded | {degraded_secs} s; local fallbacks: {} |",
-        if fallbacks.is_empty() {
+    // A counter's values by label (`{reason}` or `{outcome}`), those
+    // above zero; "0" when none is.
+    let by_label = |name: &str| {
+        let by: Vec<String> = counters
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .filter_map(|(k, v)| Some(format!("{v} {}", k.strip_prefix(name)?)))
+            .collect();
+        if by.is_empty() {
             "0".to_owned()
         } else {
-            fallbacks.join(", ")
+            by.join(", ")
         }
+    };
+    println!(
+        "| degraded | {degraded_secs} s; local fallbacks: {} |",
+        by_label("singleflight_local_fallback_total")
     );
     for (name, label) in [
         ("singleflight_wait_timeout_total", "wait timeouts"),
@@ -730,8 +1378,15 @@ fn report(
             "result write failures",
         ),
         ("singleflight_takeover_total", "takeovers"),
+        ("singleflight_hit_for_pass_total", "hit-for-pass"),
     ] {
         println!("| {label} | {} |", counters.get(name).copied().unwrap_or(0));
+    }
+    for (name, label) in [
+        ("singleflight_stale_served_total", "served stale"),
+        ("singleflight_refresh_total", "refreshes"),
+    ] {
+        println!("| {label} (`{name}`) | {} |", by_label(name));
     }
     println!();
     println!("| role | requests | p50 ms | p99 ms | max ms |");
@@ -753,14 +1408,51 @@ fn report(
             std::fs::create_dir_all(dir)?;
         }
     }
+    println!();
+    println!(
+        "Per phase (a request counts in the phase it started in). stale: answers whose work finished over the replay TTL (+{} ms) before the request; \
+stale_counted: singleflight_stale_served_total; failed_had_result (failed_node_had_result): \
+failures of keys with a good answer on any node (on this node) within {:.0} s before (replay TTL \
++ stale-if-error, or the run).",
+        STALE_SLACK.as_millis(),
+        summary.window.as_secs_f64()
+    );
+    println!();
+    if let Some(first) = summary.phases.first() {
+        let names: Vec<&str> = first.columns().iter().map(|(k, _)| *k).collect();
+        println!("| phase | {} |", names.join(" | "));
+        println!("|---|{}", "---|".repeat(names.len()));
+    }
+    for p in &summary.phases {
+        let values: Vec<String> = p.columns().into_iter().map(|(_, v)| v).collect();
+        println!("| {} | {} |", p.name, values.join(" | "));
+    }
+    let r = summary.refreshes;
+    println!();
+    println!(
+        "hit p99 {} ms, p99 of keys answered before (expiries included) {} ms; executions per expiry per key: {:.3} mean, {} max ({} executions over {} expiries, first fills included, failure window left out)",
+        ms(summary.hit_p99_us),
+        ms(summary.warm_p99_us),
+        r.executions as f64 / r.expiries.max(1) as f64,
+        r.max_per_expiry,
+        r.executions,
+        r.expiries,
+    );
+    if args.churn.is_some() {
+        println!(
+            "RSS: {} KiB before the load, {} KiB after (+{} KiB)",
+            summary.rss_kib.0,
+            summary.rss_kib.1,
+            summary.rss_kib.1.saturating_sub(summary.rss_kib.0)
+        );
+    }
     chart(args, t, execs, fault, degraded)?;
     println!();
     println!("report: {}", args.out);
-    Ok(Summary {
-        requests,
-        executions,
-        errors: count(Role::Error),
-    })
+    summary.requests = requests;
+    summary.executions = executions;
+    summary.errors = count(Role::Error);
+    Ok(summary)
 }
 
 /// One line of a chart: its name, colour and value in each second.
@@ -797,9 +1489,15 @@ fn chart(
             (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0)
         })
     };
-    let panel = |area, caption, lines: Vec<Line<'_>>| {
-        draw_panel(area, caption, secs, fault, degraded, lines)
+    let shaded = Shaded {
+        fault,
+        failing: args
+            .fail_at
+            .map(|a| (a.as_secs_f64(), (a + args.fail_for).as_secs_f64())),
+        degraded,
     };
+    let panel =
+        |area, caption, lines: Vec<Line<'_>>| draw_panel(area, caption, secs, &shaded, lines);
     panel(
         &top,
         "latency per second (ms)",
@@ -834,22 +1532,40 @@ fn chart(
                 MAGENTA,
                 Box::new(|s| Some(t.seconds[s].roles[Role::Error as usize] as f64)),
             ),
+            (
+                "stale answers",
+                CYAN,
+                Box::new(|s| Some(t.seconds[s].stale as f64)),
+            ),
         ],
     )?;
     root.present()?;
     Ok(())
 }
 
-/// One chart of the report, with the fault window (grey) and the seconds a
-/// stage was degraded (pink) shaded.
+/// What a chart shades: Redis frozen, the model failing, the seconds a
+/// stage was degraded.
+struct Shaded<'a> {
+    fault: Option<(u64, u64)>,
+    failing: Option<(f64, f64)>,
+    degraded: &'a [bool],
+}
+
+/// One chart of the report, with the fault window (grey), the model's
+/// failure window (orange) and the seconds a stage was degraded (pink)
+/// shaded.
 fn draw_panel(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     caption: &str,
     secs: usize,
-    fault: Option<(u64, u64)>,
-    degraded: &[bool],
+    shaded: &Shaded<'_>,
     lines: Vec<Line<'_>>,
 ) -> Result<(), BoxError> {
+    let Shaded {
+        fault,
+        failing,
+        degraded,
+    } = *shaded;
     let ymax = lines
         .iter()
         .flat_map(|(_, _, f)| (0..secs).filter_map(f))
@@ -880,6 +1596,19 @@ fn draw_panel(
             Rectangle::new(
                 [(x, y - 5), (x + 15, y + 5)],
                 RGBColor(160, 160, 160).filled(),
+            )
+        });
+    }
+    if let Some((a, b)) = failing {
+        c.draw_series(std::iter::once(Rectangle::new(
+            [(a, 0.0), (b, ymax)],
+            RGBColor(255, 165, 0).mix(0.2).filled(),
+        )))?
+        .label("model failing (orange)")
+        .legend(|(x, y)| {
+            Rectangle::new(
+                [(x, y - 5), (x + 15, y + 5)],
+                RGBColor(255, 200, 120).filled(),
             )
         });
     }

@@ -282,6 +282,57 @@ async fn nodes_reached_under_their_own_addresses_coalesce_when_the_authority_is_
     .await;
 }
 
+/// `PUT` on a path; returns the status.
+async fn put(client: &HttpClient, addr: std::net::SocketAddr, path: &str) -> StatusCode {
+    let req = http::Request::put(format!("http://{addr}{path}"))
+        .body(Body::empty())
+        .unwrap();
+    client.request(req).await.unwrap().status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_fails_on_demand_until_it_is_up_again() {
+    bounded(async {
+        let node = run(Options::local(Duration::from_millis(10)))
+            .await
+            .unwrap();
+        let client = client();
+        let (status, _) = score_once(&client, node.addr, "before").await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(node.model.calls.load(Ordering::SeqCst), 1);
+
+        assert_eq!(
+            put(&client, node.addr, "/v1/model/down").await,
+            StatusCode::OK
+        );
+        for answer in ["before", "during"] {
+            let (status, body) = score_once(&client, node.addr, answer).await.unwrap();
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+        }
+        assert_eq!(
+            node.model.calls.load(Ordering::SeqCst),
+            1,
+            "a model that is down is not called"
+        );
+        let usage = get(&client, node.addr, "/v1/usage").await;
+        assert!(
+            usage.contains("\"model_down\":true") && usage.contains("\"refused_while_down\":2"),
+            "{usage}"
+        );
+
+        assert_eq!(
+            put(&client, node.addr, "/v1/model/up").await,
+            StatusCode::OK
+        );
+        let (status, _) = score_once(&client, node.addr, "after").await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(node.model.calls.load(Ordering::SeqCst), 2);
+        let usage = get(&client, node.addr, "/v1/usage").await;
+        assert!(usage.contains("\"model_down\":false"), "{usage}");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_answer_is_refused_without_running_the_model() {
     bounded(async {
@@ -361,4 +412,52 @@ async fn measure_redis_server_time_per_flight() {
         );
     })
     .await;
+}
+
+/// The answer-anyway keys `flightdeck.toml` documents, commented out.
+const STALE_KEYS: [&str; 7] = [
+    "stale-while-revalidate",
+    "stale-if-error",
+    "stale-retry-after",
+    "soft-timeout",
+    "early-refresh",
+    "hit-for-pass",
+    "cache-status",
+];
+
+/// Uncommented, the shipped file's stale keys are the fixed names, in the
+/// score stage's table, with values its loader takes; a build without
+/// them refuses the first by its name, not the file's syntax or another
+/// key.
+#[test]
+fn the_commented_stale_keys_parse_when_uncommented() {
+    let mut uncommented = 0;
+    let text: String = axum_example::DEFAULT_CONFIG
+        .lines()
+        .map(|line| {
+            let key = line.strip_prefix("# ").filter(|rest| {
+                STALE_KEYS
+                    .iter()
+                    .any(|k| rest.starts_with(&format!("{k} ")))
+            });
+            match key {
+                Some(rest) => {
+                    uncommented += 1;
+                    format!("{rest}\n")
+                }
+                None => format!("{line}\n"),
+            }
+        })
+        .collect();
+    assert_eq!(uncommented, STALE_KEYS.len(), "each key once:\n{text}");
+    match flightdeck::SingleFlightConfig::from_toml(&text) {
+        Ok(cfg) => assert!(cfg.stages.contains_key("score")),
+        Err(e) => {
+            assert_eq!(e.stage(), Some("score"), "{e}");
+            assert!(
+                STALE_KEYS.contains(&e.field().unwrap_or_default()),
+                "only a stale key may be refused: {e}"
+            );
+        }
+    }
 }

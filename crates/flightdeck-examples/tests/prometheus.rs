@@ -615,6 +615,26 @@ fn test() {
     }
     assert!(raw("sum(singleflight_follower_total) + sum(singleflight_hit_total)") >= 1.0);
 
+    // The example's stage keeps no stale results (its windows are
+    // commented out): the stale panels' queries run and find nothing.
+    for (title, nth) in [
+        ("Served stale", 0),
+        ("Stale age", 0),
+        ("Stale age", 1),
+        ("Refreshes and hit-for-pass", 0),
+        ("Refreshes and hit-for-pass", 1),
+    ] {
+        let got = values(&prom, &check(title, nth, r));
+        assert!(
+            got.iter().all(|s| s.value == 0.0 || s.value.is_nan()),
+            "{title}: {got:?}"
+        );
+    }
+    assert_eq!(
+        raw("sum(singleflight_stale_served_total) or vector(0)"),
+        0.0
+    );
+
     // The alerts: fallbacks before the breakers opened alert; nothing
     // else happened.
     assert!(firing(&prom, "FlightdeckLocalFallback"));
@@ -625,6 +645,7 @@ fn test() {
         "FlightdeckWaitTimeouts",
         "FlightdeckProtocolErrors",
         "FlightdeckFailingFast",
+        "FlightdeckStageServingStale",
     ] {
         assert!(!firing(&prom, quiet), "{quiet} fired");
     }
@@ -641,7 +662,7 @@ fn test() {
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .map(str::to_owned)
         .collect();
-    assert_eq!(every_alert.len(), 9, "{every_alert:?}");
+    assert_eq!(every_alert.len(), 10, "{every_alert:?}");
 
     let checked = checked.into_inner();
     assert_eq!(
