@@ -223,6 +223,7 @@ pub struct GenericSingleFlightLayerBuilder<R, Sh: SharedForm> {
     config: SingleFlightConfig,
     local_only: bool,
     failures: Option<Arc<dyn Failures<Sh::Shared>>>,
+    weigh: Option<crate::stale::Weigher<Sh::Shared>>,
 }
 
 impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
@@ -235,6 +236,7 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
             config: SingleFlightConfig::default(),
             local_only: false,
             failures: None,
+            weigh: None,
         }
     }
 
@@ -244,6 +246,21 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
     /// `Fn(Result<&Shared, &BoxError>) -> bool` will do.
     pub fn stale_failures(mut self, failures: impl Failures<Sh::Shared>) -> Self {
         self.failures = Some(Arc::new(failures));
+        self
+    }
+
+    /// How many bytes a kept copy counts for against `stale-max-bytes`
+    /// (instead of the share adapter's measure: HTTP counts the status
+    /// line, headers, body and trailers; other values only their own
+    /// size, not what they own on the heap). Give one for values that
+    /// own their bytes (`|s: &String| s.len()`), or `stale-max-bytes`
+    /// bounds only what `size_of` sees and `stale-max-entries` is the
+    /// bound that bites.
+    pub fn stale_weigher(
+        mut self,
+        weigh: impl Fn(&Sh::Shared) -> usize + Send + Sync + 'static,
+    ) -> Self {
+        self.weigh = Some(Arc::new(weigh));
         self
     }
 }
@@ -463,6 +480,7 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
                         .saturating_add(cfg.stale_windows().keep_stale()),
                 )),
                 failures: self.failures.clone().unwrap_or_else(Sh::failures),
+                weigh: self.weigh.clone(),
             });
             let share = self.share.for_stage(&cfg.sharing);
             let peers: crate::stage::Peers = {
@@ -530,7 +548,9 @@ pub trait StageShare: SharedForm + Sized {
     fn for_stage(&self, sharing: &SharingSettings) -> Self;
 
     /// Bytes a kept copy of `shared` counts for against the stage's
-    /// `stale-max-bytes` (by default, the size of the value itself).
+    /// `stale-max-bytes` (by default, the size of the value itself, not
+    /// what it owns on the heap: see
+    /// [`stale_weigher`](GenericSingleFlightLayerBuilder::stale_weigher)).
     fn kept_size(&self, shared: &Self::Shared) -> usize {
         std::mem::size_of_val(shared)
     }

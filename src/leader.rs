@@ -105,7 +105,10 @@ where
         if let Some(r) = this.record.take() {
             match &out {
                 Ok(Shareable::Shared(v)) if !r.setup.failures.failed(Ok(v)) => {
-                    let size = r.share.kept_size(v);
+                    let size = match &r.setup.weigh {
+                        Some(weigh) => weigh(v),
+                        None => r.share.kept_size(v),
+                    };
                     r.setup.kept.put(&r.key, r.ticket, v.clone(), size);
                 }
                 Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {

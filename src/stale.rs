@@ -135,13 +135,20 @@ pub type Answering<V, O> =
 pub(crate) struct StaleSetup<V> {
     pub(crate) kept: Arc<Kept<V>>,
     pub(crate) failures: Arc<dyn Failures<V>>,
+    /// The builder's weigher (`stale_weigher`), instead of the share
+    /// adapter's `kept_size`.
+    pub(crate) weigh: Option<Weigher<V>>,
 }
+
+/// How many bytes a kept copy counts for against `stale-max-bytes`.
+pub(crate) type Weigher<V> = Arc<dyn Fn(&V) -> usize + Send + Sync>;
 
 impl<V> Clone for StaleSetup<V> {
     fn clone(&self) -> Self {
         Self {
             kept: Arc::clone(&self.kept),
             failures: Arc::clone(&self.failures),
+            weigh: self.weigh.clone(),
         }
     }
 }

@@ -874,6 +874,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
             PostcardCodec::<String>::new(),
         )
         .fence(|r: &mut Req, t: FencingToken| r.token = Some(t))
+        .stale_weigher(|s: &String| std::mem::size_of::<String>() + s.capacity())
         .config(config.clone());
         builder = match &redis {
             Some(r) => builder.backend(

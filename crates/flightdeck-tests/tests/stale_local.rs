@@ -572,6 +572,66 @@ async fn values_and_errors_judged_by_the_stage_rule() {
     assert_eq!(svc.oneshot("q".into()).await.unwrap(), "bad");
 }
 
+/// `stale-max-bytes` over values that own their bytes: with the
+/// builder's weigher the copies of 100 keys of 1,000 bytes stay within
+/// 10,000 bytes (the oldest go); without one, each counts only its
+/// `String` header and every copy stays.
+#[tokio::test(start_paused = true)]
+async fn a_weigher_bounds_the_bytes_of_kept_values() {
+    use flightdeck::core::error::DeadlineExceeded;
+    use flightdeck::core::{BoxError, CloneShare, FlightKey, StageName};
+    use flightdeck::distributed::PostcardCodec;
+    use flightdeck::GenericSingleFlightLayer;
+
+    let down = Arc::new(AtomicBool::new(false));
+    let build = |weigh: bool| {
+        let stage = StageName::new("weighed").unwrap();
+        let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
+        cfg.local_replay_ttl = Duration::from_secs(1);
+        cfg.stale_if_error = Duration::from_secs(600);
+        cfg.stale_max_bytes = 10_000;
+        let b = GenericSingleFlightLayer::builder(
+            move |q: &String| Some(FlightKey::from_bytes(stage.clone(), q)),
+            CloneShare::<String>::new(),
+            PostcardCodec::<String>::new(),
+        )
+        .stage("weighed", cfg);
+        let b = if weigh {
+            b.stale_weigher(|v: &String| v.len())
+        } else {
+            b
+        };
+        let layer = b.build().unwrap();
+        let down = Arc::clone(&down);
+        tower::Layer::layer(
+            &layer,
+            tower::service_fn(move |q: String| {
+                let failed = down.load(Ordering::SeqCst);
+                async move {
+                    if failed {
+                        Err(Box::new(DeadlineExceeded::new("execution")) as BoxError)
+                    } else {
+                        Ok(format!("{q:>1000}"))
+                    }
+                }
+            }),
+        )
+    };
+    for weigh in [true, false] {
+        down.store(false, Ordering::SeqCst);
+        let svc = build(weigh);
+        for i in 0..100 {
+            svc.clone().oneshot(format!("k{i}")).await.unwrap();
+        }
+        tokio::time::advance(Duration::from_secs(2)).await;
+        down.store(true, Ordering::SeqCst);
+        let first = svc.clone().oneshot("k0".into()).await;
+        let last = svc.clone().oneshot("k99".into()).await;
+        assert!(last.is_ok(), "the newest copy is kept (weigher: {weigh})");
+        assert_eq!(first.is_ok(), !weigh, "the oldest copy (weigher: {weigh})");
+    }
+}
+
 /// `join_all` without the futures crate: every call polled together.
 async fn futures_join_all<F>(calls: impl Iterator<Item = F>) -> Vec<F::Output>
 where
