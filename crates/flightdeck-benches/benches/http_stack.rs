@@ -23,11 +23,13 @@
 //! HTTP_ROUNDS=3 HTTP_SECS=5 cargo bench -p flightdeck-benches --bench http_stack
 //! ```
 //!
-//! With `HTTP_ROW=<row>` (`bare`, `local`, `local-hot`, `degraded`) and
+//! With `HTTP_ROW=<row>` (`bare`, `local`, `degraded`, each also `-hot`;
+//! `hybrid` and `floor` over a `redis-server` started for the row) and
 //! `HTTP_ITERS=<n>` it instead runs `n` requests of that row in process,
 //! one after another, through `tower::Service::call` on the same axum
 //! `Router` (no socket), each response body read to its end, on one
-//! thread: what `scripts/http-instructions` counts under callgrind.
+//! thread: what `scripts/http-instructions` counts under callgrind (the
+//! client's side only: Redis is another process).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -112,11 +114,13 @@ async fn floor(State(f): State<Floor>, Path(id): Path<String>) -> String {
     id
 }
 
-async fn backend(url: String) -> RedisBackend {
+/// A backend whose calls time out after `timeout` (the in-process rows run
+/// under callgrind, some 50 times slower than the wrk rows).
+async fn backend(url: String, timeout: Duration) -> RedisBackend {
     RedisBackend::connect(
         RedisConfig::new(url)
-            .command_timeout(Duration::from_millis(200))
-            .connect_timeout(Duration::from_millis(200))
+            .command_timeout(timeout)
+            .connect_timeout(timeout)
             .reconnect_max_delay(Duration::from_millis(500)),
     )
     .await
@@ -163,6 +167,10 @@ async fn open_breaker(router: &Router, layer: &SingleFlightLayer) {
 
 /// `HTTP_ROW`: `n` requests in process (see the module docs).
 async fn in_process(row: &str, n: u64) {
+    // The rows over Redis keep their server (and the layer, to wait for
+    // its owners' commits) until the last request's work is done.
+    let mut redis = None;
+    let mut hybrid = None;
     let (router, hot) = match row {
         "bare" => (app(), false),
         "bare-hot" => (app(), true),
@@ -188,8 +196,34 @@ async fn in_process(row: &str, n: u64) {
             assert!(handle.is_degraded());
             (app().layer(l), row == "degraded-hot")
         }
+        "hybrid" | "floor" => {
+            let server = RedisServer::start().expect("redis-server");
+            let url = server.url();
+            redis = Some(server);
+            if row == "floor" {
+                let client = floor_client(&url).await;
+                let sha = load_floor(&client).await;
+                let app = Router::new()
+                    .route(ROUTE, get(floor))
+                    .with_state(Floor { client, sha });
+                (app, false)
+            } else {
+                let l = layer(
+                    Mode::Hybrid,
+                    Some((
+                        "redis",
+                        RedisOrMemory::Redis(backend(url, Duration::from_secs(10)).await),
+                    )),
+                );
+                hybrid = Some(l.clone());
+                (app().layer(l), false)
+            }
+        }
         other => {
-            eprintln!("no row {other:?}: bare, bare-hot, local, local-hot, degraded, degraded-hot");
+            eprintln!(
+                "no row {other:?}: bare, bare-hot, local, local-hot, degraded, degraded-hot, \
+                 hybrid, floor"
+            );
             std::process::exit(2);
         }
     };
@@ -204,6 +238,14 @@ async fn in_process(row: &str, n: u64) {
         }
         once(&mut router.clone(), &path).await;
     }
+    if let Some(l) = hybrid {
+        // Every owner's COMMIT sent and answered, and every request went
+        // through Redis (a breaker opened by a slow reply would count the
+        // local path instead).
+        l.idle().await;
+        assert!(!l.stage(STAGE).expect("stage").is_degraded(), "Redis up");
+    }
+    drop(redis);
 }
 
 /// wrk's request script for unique keys: every request a new path, per
@@ -267,11 +309,17 @@ async fn over_wrk() {
     let local = layer(Mode::LocalOnly, None);
     let hybrid = layer(
         Mode::Hybrid,
-        Some(("redis", RedisOrMemory::Redis(backend(redis.url()).await))),
+        Some((
+            "redis",
+            RedisOrMemory::Redis(backend(redis.url(), Duration::from_millis(200)).await),
+        )),
     );
     let degraded = layer(
         Mode::Hybrid,
-        Some(("down", RedisOrMemory::Redis(backend(down.url()).await))),
+        Some((
+            "down",
+            RedisOrMemory::Redis(backend(down.url(), Duration::from_millis(200)).await),
+        )),
     );
     let client = floor_client(&redis.url()).await;
     let sha = load_floor(&client).await;

@@ -52,7 +52,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use flightdeck_core::http::FlightBody;
-use flightdeck_core::{BoxError, KeyEncoder, StageName};
+use flightdeck_core::{BoxError, StageName};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderName, Method, Request};
@@ -60,6 +60,7 @@ use http_body::Body;
 
 use crate::error::KeyConfigError;
 use crate::extract::{Extraction, KeyExtractor, Reason};
+use crate::http::body::HeadEncoder;
 use crate::http::unkeyed::Unkeyed;
 use crate::http::{write_headers, KeyFuture, ScopeConfig};
 
@@ -203,7 +204,11 @@ fn is_grpc(parts: &Parts) -> bool {
 }
 
 impl Config {
-    fn plan(&self, parts: &Parts) -> Result<crate::http::body::Plan, Reason> {
+    fn plan(
+        &self,
+        parts: &Parts,
+        out: &mut Option<HeadEncoder>,
+    ) -> Result<crate::http::body::Plan, Reason> {
         if !is_grpc(parts) {
             return Err(Reason::NotGrpc);
         }
@@ -214,8 +219,7 @@ impl Config {
             .ok_or(Reason::NotAllowlisted)?
             .clone();
         let scope = self.scope.of(parts)?;
-        let mut enc =
-            KeyEncoder::<{ crate::http::HEAD_KEY_BUFFER }>::buffered(b"flightdeck-key/grpc/1");
+        let enc = out.insert(HeadEncoder::buffered(b"flightdeck-key/grpc/1"));
         enc.push(path.as_bytes());
         let encoding = parts
             .headers
@@ -224,14 +228,9 @@ impl Config {
         enc.push(encoding);
         // The codec (`application/grpc+proto`, `+json`) and the encodings the
         // caller can decode shape the response that will be shared.
-        write_headers(
-            &mut enc,
-            &parts.headers,
-            &[CONTENT_TYPE, GRPC_ACCEPT_ENCODING],
-        );
-        write_headers(&mut enc, &parts.headers, &self.metadata);
+        write_headers(enc, &parts.headers, &[CONTENT_TYPE, GRPC_ACCEPT_ENCODING]);
+        write_headers(enc, &parts.headers, &self.metadata);
         Ok(crate::http::body::Plan {
-            encoder: enc,
             stage,
             scope,
             cap: Some(self.cap),
@@ -249,6 +248,8 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        crate::http::body::extract_with(req, &self.config.unkeyed, |parts| self.config.plan(parts))
+        crate::http::body::extract_with(req, &self.config.unkeyed, |parts, slot| {
+            self.config.plan(parts, slot)
+        })
     }
 }

@@ -109,17 +109,20 @@ impl SharedResponse {
         let (mut head, ()) = Response::new(()).into_parts();
         head.status = status;
         head.headers = headers;
-        Self::from_head(head, body, trailers, None)
+        let vary = Vary::of(&head.headers);
+        Self::from_head(head, vary, body, trailers, None)
     }
 
+    /// `vary` is `Vary::of(&head.headers)`, which the caller judged already.
     pub(crate) fn from_head(
         head: http::response::Parts,
+        vary: Vary,
         body: Bytes,
         trailers: Option<HeaderMap>,
         leader_cookies: Option<LeaderCookies>,
     ) -> Self {
         Self {
-            vary: Vary::of(&head.headers),
+            vary,
             head: Arc::new(head),
             body,
             trailers: trailers.map(Arc::new),

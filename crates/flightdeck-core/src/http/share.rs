@@ -173,12 +173,15 @@ where
             let (mut head, mut body) = value.into_parts();
             // The head alone decides first: nothing of an unshareable
             // response is buffered, handed out or stored.
-            if let Err(reason) = this.judge(&head) {
-                return Ok(unshared(
-                    Response::from_parts(head, FlightBody::inner(body)),
-                    reason,
-                ));
-            }
+            let vary = match this.judge(&head) {
+                Ok(vary) => vary,
+                Err(reason) => {
+                    return Ok(unshared(
+                        Response::from_parts(head, FlightBody::inner(body)),
+                        reason,
+                    ))
+                }
+            };
             let hint = body.size_hint();
             let unshareable = if this.looks_streaming(&head, &hint) {
                 Some(Unshareable::Stream)
@@ -233,8 +236,10 @@ where
                 SetCookie::Strip => LeaderCookies::take(&mut head.headers, trailers.as_mut()),
                 _ => None,
             };
+            // Taking the cookies out leaves `Vary` as it was judged.
             Ok(Shareable::Shared(SharedResponse::from_head(
                 head,
+                vary,
                 buf.freeze(),
                 trailers,
                 leader_cookies,

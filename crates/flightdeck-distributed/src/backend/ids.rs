@@ -66,7 +66,9 @@ impl OwnerToken {
     /// `flightdeck_core::random`, seeded under simulation).
     pub fn random() -> Self {
         let v = flightdeck_core::random::u128();
-        Self(hex::encode(v.to_be_bytes()))
+        // The same 32 lowercase digits as `hex::encode(v.to_be_bytes())`,
+        // without building the string char by char (one per owner flight).
+        Self(format!("{v:032x}"))
     }
 
     /// A token from a string (tests, or callers with their own ids). Must be

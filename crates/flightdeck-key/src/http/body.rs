@@ -18,10 +18,13 @@ use super::idempotency::IdempotencyTable;
 use super::unkeyed::Unkeyed;
 use crate::extract::{Decision, Extracted, Extraction, NotCoalescable, Reason};
 
-/// What is known once the head was read: the encoder with every head field
-/// written, the stage and scope, the body cap and the idempotency check.
+/// The encoder of a request's key, with every head field written.
+pub(crate) type HeadEncoder = KeyEncoder<{ super::HEAD_KEY_BUFFER }>;
+
+/// What is known once the head was read: the stage and scope, the body cap
+/// and the idempotency check (the head's fields are in the encoder the plan
+/// filled, which stays where it was made unless a body must be read).
 pub(crate) struct Plan {
-    pub(crate) encoder: KeyEncoder<{ super::HEAD_KEY_BUFFER }>,
     pub(crate) stage: StageName,
     pub(crate) scope: Option<Digest>,
     /// `None`: bodies are not hashed for this request.
@@ -30,10 +33,10 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Writes the body as the last field and decides.
-    fn finish(mut self, body: &[u8]) -> Result<Decision, BoxError> {
-        self.encoder.push(body);
-        let digest = self.encoder.finish();
+    /// Writes the body as the last field of `encoder` and decides.
+    fn finish(self, encoder: &mut HeadEncoder, body: &[u8]) -> Result<Decision, BoxError> {
+        encoder.push(body);
+        let digest = encoder.finish();
         if let Some((table, slot)) = &self.idempotency {
             if !table.check(*slot, digest) {
                 return Err(IdempotencyConflict::new(Some(self.stage)).into());
@@ -49,19 +52,37 @@ pub(crate) type Output<B> = Extraction<Request<FlightBody<B>>, KeyFuture<B>>;
 
 /// Plans from the head, then finishes or reads the body. Every request
 /// that gets no key is recorded in `unkeyed`.
+///
+/// `plan` writes the head's fields into the encoder it puts in the slot it
+/// is given: the encoder (over 512 bytes) is made in this frame and only
+/// moves when a body must be read.
 pub(crate) fn extract_with<B>(
     req: Request<B>,
     unkeyed: &Arc<Unkeyed>,
-    plan: impl FnOnce(&Parts) -> Result<Plan, Reason>,
+    plan: impl FnOnce(&Parts, &mut Option<HeadEncoder>) -> Result<Plan, Reason>,
 ) -> Output<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
     let (parts, body) = req.into_parts();
-    match plan(&parts) {
-        Ok(plan) => start(parts, body, plan, unkeyed),
-        Err(reason) => bypass(parts, body, reason, unkeyed),
+    let mut slot = None;
+    let plan = match plan(&parts, &mut slot) {
+        Ok(plan) => plan,
+        Err(reason) => return bypass(parts, body, reason, unkeyed),
+    };
+    let Some(encoder) = slot.as_mut() else {
+        return Extraction::Ready(Err("a key plan wrote no encoder".into()));
+    };
+    if body.is_end_stream() || body.size_hint().exact() == Some(0) {
+        // The usual case: finished in place.
+        let decision = plan.finish(encoder, &[]);
+        let req = Request::from_parts(parts, FlightBody::inner(body));
+        return Extraction::Ready(decision.map(|d| Extracted::new(req, d)));
+    }
+    match slot {
+        Some(encoder) => read_body(parts, body, plan, encoder, unkeyed),
+        None => Extraction::Ready(Err("a key plan wrote no encoder".into())),
     }
 }
 
@@ -72,19 +93,20 @@ fn bypass<B>(parts: Parts, body: B, reason: Reason, unkeyed: &Unkeyed) -> Output
     Extraction::Ready(Ok(Extracted::new(req, NotCoalescable::new(reason))))
 }
 
-/// Finishes at once when the body is known to be empty, refuses bodies that
-/// cannot be hashed or declare more than the cap, and otherwise reads the
-/// body in a [`KeyFuture`].
-fn start<B>(parts: Parts, body: B, plan: Plan, unkeyed: &Arc<Unkeyed>) -> Output<B>
+/// A body that may not be empty: refuses bodies that cannot be hashed or
+/// declare more than the cap, and otherwise reads the body in a
+/// [`KeyFuture`].
+fn read_body<B>(
+    parts: Parts,
+    body: B,
+    plan: Plan,
+    encoder: HeadEncoder,
+    unkeyed: &Arc<Unkeyed>,
+) -> Output<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    if body.is_end_stream() || body.size_hint().exact() == Some(0) {
-        let decision = plan.finish(&[]);
-        let req = Request::from_parts(parts, FlightBody::inner(body));
-        return Extraction::Ready(decision.map(|d| Extracted::new(req, d)));
-    }
     let Some(cap) = plan.cap else {
         return bypass(parts, body, Reason::UnhashedBody, unkeyed);
     };
@@ -101,6 +123,7 @@ where
             parts,
             body,
             plan,
+            encoder,
             cap,
             unkeyed: Arc::clone(unkeyed),
             first: None,
@@ -126,6 +149,7 @@ struct Reading<B> {
     parts: Parts,
     body: B,
     plan: Plan,
+    encoder: HeadEncoder,
     cap: usize,
     unkeyed: Arc<Unkeyed>,
     // The first data frame, kept without copying in the common case of a
@@ -224,7 +248,7 @@ where
                 NotCoalescable::new(Reason::Trailers),
             )));
         }
-        let decision = r.plan.finish(&data);
+        let decision = r.plan.finish(&mut r.encoder, &data);
         let req = Request::from_parts(r.parts, FlightBody::replay(data, None));
         Poll::Ready(decision.map(|d| Extracted::new(req, d)))
     }

@@ -119,7 +119,7 @@ pub use self::scope::{
     Scope, ScopeId, DEFAULT_CREDENTIAL_HEADERS, SCOPE_ENCODING_VERSION, X_API_KEY,
 };
 
-use self::body::Plan;
+use self::body::{HeadEncoder, Plan};
 use self::idempotency::IdempotencyTable;
 use self::route::Pattern;
 use self::unkeyed::Unkeyed;
@@ -574,7 +574,7 @@ fn idempotency_key(parts: &Parts) -> Idempotency<'_> {
 
 impl Config {
     /// Reads the head: either a bypass reason, or the plan for the body.
-    fn plan(&self, parts: &Parts) -> Result<Plan, Reason> {
+    fn plan(&self, parts: &Parts, out: &mut Option<HeadEncoder>) -> Result<Plan, Reason> {
         let method = &parts.method;
         let path = parts.uri.path();
         let safe = *method == Method::GET || *method == Method::HEAD;
@@ -600,14 +600,14 @@ impl Config {
         };
         let scope = self.scope.of(parts)?;
 
-        let mut enc = KeyEncoder::<HEAD_KEY_BUFFER>::buffered(b"flightdeck-key/http/1");
+        let enc = out.insert(HeadEncoder::buffered(b"flightdeck-key/http/1"));
         enc.push(method.as_str().as_bytes());
-        self.write_authority(&mut enc, parts);
+        self.write_authority(enc, parts);
         enc.push(path.as_bytes());
-        query::write_query(&mut enc, parts.uri.query(), &self.ignore_query);
+        query::write_query(enc, parts.uri.query(), &self.ignore_query);
         // How the body is to be read is part of what it means.
-        write_headers(&mut enc, &parts.headers, &BODY_HEADERS);
-        write_headers(&mut enc, &parts.headers, &self.headers);
+        write_headers(enc, &parts.headers, &BODY_HEADERS);
+        write_headers(enc, &parts.headers, &self.headers);
         let idempotency = match idem {
             Some(key) => {
                 enc.push(b"idempotency-key");
@@ -631,7 +631,6 @@ impl Config {
             .or(self.body_cap)
             .or(idem.map(|_| self.idempotency_body_cap));
         Ok(Plan {
-            encoder: enc,
             stage,
             scope,
             cap,
@@ -713,7 +712,9 @@ where
     type Future = KeyFuture<B>;
 
     fn extract(&self, req: Request<B>) -> Extraction<Self::Request, Self::Future> {
-        body::extract_with(req, &self.config.unkeyed, |parts| self.config.plan(parts))
+        body::extract_with(req, &self.config.unkeyed, |parts, slot| {
+            self.config.plan(parts, slot)
+        })
     }
 }
 
