@@ -475,8 +475,7 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
                 kept: Arc::new(Kept::new(
                     cfg.stale_max_entries,
                     cfg.stale_max_bytes,
-                    cfg.local_replay_ttl
-                        .max(cfg.result_ttl)
+                    cfg.replay_ttl
                         .saturating_add(cfg.stale_windows().keep_stale()),
                 )),
                 failures: self.failures.clone().unwrap_or_else(Sh::failures),

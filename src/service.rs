@@ -254,7 +254,7 @@ where
             return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
         };
         let age = now.saturating_duration_since(look.done);
-        let fresh = cfg.local_replay_ttl;
+        let fresh = cfg.replay_ttl;
         let windows = cfg.stale_windows();
         if age < fresh {
             // The replay window. Near its end, one caller may refresh it early.

@@ -19,14 +19,14 @@ single-flight:
       lease-timeout: 30s
       heartbeat-interval: 5s
       wait-timeout: 35s
-      result-ttl: 60s
+      replay-ttl: 60s
 
     resume-question:
       backend: main
       lease-timeout: 90s
       heartbeat-interval: 10s
       wait-timeout: 100s
-      result-ttl: 10m
+      replay-ttl: 10m
       compress-result: true
 
     final-report:
@@ -35,7 +35,7 @@ single-flight:
       lease-timeout: 180s
       heartbeat-interval: 15s
       wait-timeout: 200s
-      result-ttl: 30m
+      replay-ttl: 30m
       on-wait-failure: in-progress
       bulkhead:
         limit: 20
@@ -48,7 +48,7 @@ single-flight:
 
     local-summary:
       mode: local-only
-      local-replay-ttl: 500ms
+      replay-ttl: 500ms
 "#;
 
 const GOOD_TOML: &str = r#"
@@ -57,7 +57,7 @@ backend = "main"
 lease-timeout = "30s"
 heartbeat-interval = "5s"
 wait-timeout = "35s"
-result-ttl = "60s"
+replay-ttl = "60s"
 
 [single-flight.stages.image-render]
 mode = "hybrid"
@@ -88,7 +88,7 @@ fn a_good_yaml_file_loads_with_defaults() {
     assert_eq!(score.mode, Mode::Hybrid, "default mode");
     assert_eq!(score.lease_timeout, Duration::from_secs(30));
     assert_eq!(score.heartbeat_interval, Duration::from_secs(5));
-    assert_eq!(score.result_ttl, Duration::from_secs(60));
+    assert_eq!(score.replay_ttl, Duration::from_secs(60));
     assert!(score.allow_takeover, "default");
     assert_eq!(
         score.coordination_timeout,
@@ -96,7 +96,7 @@ fn a_good_yaml_file_loads_with_defaults() {
         "default"
     );
     let resume = &cfg.stages["resume-question"];
-    assert_eq!(resume.result_ttl, Duration::from_secs(600));
+    assert_eq!(resume.replay_ttl, Duration::from_secs(600));
     let report = &cfg.stages["final-report"];
     assert_eq!(report.mode, Mode::DistributedOnly);
     assert_eq!(report.on_wait_failure, OnWaitFailure::InProgress);
@@ -108,7 +108,7 @@ fn a_good_yaml_file_loads_with_defaults() {
     assert_eq!(report.breaker.half_open_probes, 1);
     let local = &cfg.stages["local-summary"];
     assert_eq!(local.mode, Mode::LocalOnly);
-    assert_eq!(local.local_replay_ttl, Duration::from_millis(500));
+    assert_eq!(local.replay_ttl, Duration::from_millis(500));
 }
 
 #[test]
@@ -156,6 +156,18 @@ fn assert_names(err: &ConfigError, field: &str) {
     assert_eq!(err.field(), Some(field), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("my-stage") && msg.contains(field), "{msg}");
+}
+
+/// The keys `replay-ttl` replaced are refused in YAML too, naming it and
+/// saying why (never dropped silently).
+#[test]
+fn the_old_replay_keys_are_refused_naming_replay_ttl() {
+    for old in ["result-ttl", "local-replay-ttl"] {
+        let err = yaml_stage(&format!("      mode: local-only\n      {old}: 60s\n"));
+        assert_names(&err, "replay-ttl");
+        assert!(err.to_string().contains(old), "{err}");
+        assert!(err.to_string().contains("every mode"), "{err}");
+    }
 }
 
 #[test]
@@ -270,9 +282,11 @@ fn every_bad_value_names_its_stage_and_field() {
         ("wait-timeout = \"0\"", "wait-timeout"),
         ("wait-timeout = \"10s\"", "wait-timeout"),
         ("poll-interval = \"0\"", "poll-interval"),
-        ("result-ttl = \"500ms\"", "result-ttl"),
+        ("replay-ttl = \"40d\"", "replay-ttl"),
         ("failure-ttl = \"40d\"", "failure-ttl"),
-        ("local-replay-ttl = \"40d\"", "local-replay-ttl"),
+        // The keys `replay-ttl` replaced are refused, naming it.
+        ("result-ttl = \"60s\"", "replay-ttl"),
+        ("local-replay-ttl = \"500ms\"", "replay-ttl"),
         ("compress-result = \"yes\"", "compress-result"),
         ("compress-above = -1", "compress-above"),
         ("inline-publish-below = \"8k\"", "inline-publish-below"),
@@ -470,7 +484,7 @@ fn the_stale_keys_are_parsed_and_suggested() {
         r#"
 [single-flight.stages.page]
 mode = "local-only"
-local-replay-ttl = "2s"
+replay-ttl = "2s"
 stale-while-revalidate = "30s"
 stale-if-error = "10m"
 stale-retry-after = "15s"

@@ -15,7 +15,7 @@
 //!       lease-timeout: 30s
 //!       heartbeat-interval: 5s
 //!       wait-timeout: 35s
-//!       result-ttl: 60s
+//!       replay-ttl: 0s
 //!     resume-question:
 //!       mode: local-only
 //! "#).unwrap();
@@ -193,6 +193,13 @@ impl SingleFlightConfig {
             let mut message = e.inner().to_string();
             if let Some(hint) = suggest::unknown_field(&message) {
                 message.push_str(&hint);
+            }
+            if let (Some((new, why)), [top, stages, stage, ..]) =
+                (suggest::retired(&message), path.as_slice())
+            {
+                if top == "single-flight" && stages == "stages" {
+                    return ConfigError::invalid(Some(stage), new, why);
+                }
             }
             match path.as_slice() {
                 [top, stages, stage, field @ ..]

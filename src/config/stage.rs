@@ -38,7 +38,7 @@ const POLICY_KEYS: [(&str, &str); 11] = [
     ("heartbeat", "heartbeat-interval"),
     ("wait_timeout", "wait-timeout"),
     ("poll_interval", "poll-interval"),
-    ("result_ttl", "result-ttl"),
+    ("replay_ttl", "replay-ttl"),
     ("failure_ttl", "failure-ttl"),
     ("call_timeout", "coordination-timeout"),
     ("commit_attempts", "commit-attempts"),
@@ -89,16 +89,16 @@ pub struct StageConfig {
     /// The longest pause between two re-checks of a follower (1 s).
     #[cfg_attr(feature = "serde", serde(with = "duration"))]
     pub poll_interval: Duration,
-    /// How long a committed result is replayed to other nodes (60 s).
+    /// How long a finished result is replayed to *new* requests, in this
+    /// process and (HYBRID, DISTRIBUTED_ONLY) across nodes: one setting,
+    /// the same in every mode (0, the default: pure single-flight, callers
+    /// share only a run that is under way). The callers already waiting
+    /// when a result is committed get it whatever this says.
     #[cfg_attr(feature = "serde", serde(with = "duration"))]
-    pub result_ttl: Duration,
+    pub replay_ttl: Duration,
     /// How long an owner's failure is replayed to followers (0: not kept).
     #[cfg_attr(feature = "serde", serde(with = "duration"))]
     pub failure_ttl: Duration,
-    /// How long a finished local result is replayed to newcomers in this
-    /// process (0: pure single-flight).
-    #[cfg_attr(feature = "serde", serde(with = "duration"))]
-    pub local_replay_ttl: Duration,
     /// Compress stored results (true).
     pub compress_result: bool,
     /// Size above which stored results are compressed (16 KiB).
@@ -197,9 +197,8 @@ impl Default for StageConfig {
             heartbeat_interval: Duration::from_secs(5),
             wait_timeout: Duration::from_secs(35),
             poll_interval: Duration::from_secs(1),
-            result_ttl: Duration::from_secs(60),
+            replay_ttl: Duration::ZERO,
             failure_ttl: Duration::ZERO,
-            local_replay_ttl: Duration::ZERO,
             compress_result: true,
             compress_above: 16 * 1024,
             inline_publish_below: 8 * 1024,
@@ -231,8 +230,8 @@ impl Default for StageConfig {
 }
 
 impl StageConfig {
-    /// The defaults (HYBRID, lease 30 s, heartbeat 5 s, wait 35 s, result
-    /// TTL 60 s, …).
+    /// The defaults (HYBRID, lease 30 s, heartbeat 5 s, wait 35 s, no
+    /// replay, …).
     ///
     /// A stage that names no [`backend`](Self::backend) and leaves the mode
     /// at its default builds, and runs LOCAL_ONLY: it coalesces in this
@@ -325,9 +324,8 @@ impl StageConfig {
             ("heartbeat-interval", self.heartbeat_interval),
             ("wait-timeout", self.wait_timeout),
             ("poll-interval", self.poll_interval),
-            ("result-ttl", self.result_ttl),
+            ("replay-ttl", self.replay_ttl),
             ("failure-ttl", self.failure_ttl),
-            ("local-replay-ttl", self.local_replay_ttl),
             ("coordination-timeout", self.coordination_timeout),
             ("commit-replicas-timeout", self.commit_replicas_timeout),
             ("stale-while-revalidate", self.stale_while_revalidate),
@@ -379,9 +377,6 @@ impl StageConfig {
         }
         if self.poll_interval.is_zero() {
             return bad("poll-interval", "must be positive".into());
-        }
-        if self.result_ttl <= self.poll_interval {
-            return bad("result-ttl", "must be longer than poll-interval".into());
         }
         if self.coordination_timeout.is_zero() || self.coordination_timeout >= self.lease_timeout {
             return bad(
@@ -465,10 +460,10 @@ impl StageConfig {
                     .into(),
             );
         }
-        if !self.early_refresh.is_zero() && self.local_replay_ttl.is_zero() {
+        if !self.early_refresh.is_zero() && self.replay_ttl.is_zero() {
             return bad(
                 "early-refresh",
-                "needs local-replay-ttl: it refreshes a result before its replay ends".into(),
+                "needs replay-ttl: it refreshes a result before its replay ends".into(),
             );
         }
         if let Some(hard) = self.execution_timeout {
@@ -516,7 +511,13 @@ impl StageConfig {
     pub(crate) fn keeps_results(&self) -> bool {
         self.stale_windows().any()
             || !self.hit_for_pass.is_zero()
-            || (self.cache_status && !self.local_replay_ttl.is_zero())
+            || (self.cache_status && !self.replay_ttl.is_zero())
+    }
+
+    /// Whether the store, not this process, replays the stage's results:
+    /// a distributed mode with a backend.
+    fn distributed_replay(&self) -> bool {
+        self.mode.is_distributed() && !self.local_for_want_of_a_backend()
     }
 
     /// The L2 policy these settings describe.
@@ -526,7 +527,7 @@ impl StageConfig {
             .heartbeat(self.heartbeat_interval)
             .wait_timeout(self.wait_timeout)
             .poll_interval(self.poll_interval)
-            .result_ttl(self.result_ttl)
+            .replay_ttl(self.replay_ttl)
             .failure_ttl(self.failure_ttl)
             .compress_above(if self.compress_result {
                 self.compress_above
@@ -556,11 +557,14 @@ impl StageConfig {
             ))
             .flight_ttl(self.lease_timeout.max(self.wait_timeout))
             // A stage that keeps its results for the stale windows replays
-            // them from that copy (one copy, one purge), not from L1's.
-            .replay_ttl(if self.keeps_results() {
+            // them from that copy (one copy, one purge), not from L1's. A
+            // distributed stage replays from its store, whose clock runs
+            // from the commit: L1 replaying a result the store replayed
+            // would serve it for up to twice replay-ttl.
+            .replay_ttl(if self.keeps_results() || self.distributed_replay() {
                 Duration::ZERO
             } else {
-                self.local_replay_ttl
+                self.replay_ttl
             })
             .max_flights(self.max_flights)
             .max_waiters(self.max_waiters)

@@ -40,16 +40,50 @@ pub(crate) fn did_you_mean<'a>(
     closest(typed, candidates).map_or_else(String::new, |c| format!("; did you mean {c:?}?"))
 }
 
+/// The key serde's message for an unknown key names (`unknown field
+/// `leese`, expected one of …`).
+#[cfg(any(feature = "toml", feature = "yaml"))]
+fn unknown_key(message: &str) -> Option<&str> {
+    let start = message.find("unknown field `")? + "unknown field `".len();
+    let typed = &message[start..];
+    Some(&typed[..typed.find('`')?])
+}
+
 /// serde's message for an unknown key (`unknown field `leese`, expected
 /// one of `mode`, …`), with the closest expected key suggested.
 #[cfg(any(feature = "toml", feature = "yaml"))]
 pub(crate) fn unknown_field(message: &str) -> Option<String> {
-    let start = message.find("unknown field `")? + "unknown field `".len();
-    let typed = &message[start..];
-    let typed = &typed[..typed.find('`')?];
+    let typed = unknown_key(message)?;
     let expected = &message[message.find("expected")?..];
     let names = expected.split('`').skip(1).step_by(2);
     closest(typed, names).map(|c| format!("; did you mean `{c}`?"))
+}
+
+/// serde's message for an unknown key that an earlier version read: the
+/// key that replaced it and why, so that a file that still has one is
+/// refused naming the new key (never dropped silently).
+#[cfg(any(feature = "toml", feature = "yaml"))]
+pub(crate) fn retired(message: &str) -> Option<(&'static str, &'static str)> {
+    const RETIRED: [(&str, &str, &str); 2] = [
+        (
+            "result-ttl",
+            "replay-ttl",
+            "`result-ttl` is gone: how long a result is replayed to new requests is \
+             `replay-ttl`, the same in every mode (default 0s; callers already waiting get \
+             the result anyway)",
+        ),
+        (
+            "local-replay-ttl",
+            "replay-ttl",
+            "`local-replay-ttl` is gone: how long a result is replayed to new requests is \
+             `replay-ttl`, the same in every mode (default 0s)",
+        ),
+    ];
+    let typed = unknown_key(message)?;
+    RETIRED
+        .iter()
+        .find(|(old, _, _)| *old == typed)
+        .map(|(_, new, why)| (*new, *why))
 }
 
 #[cfg(test)]
@@ -63,7 +97,7 @@ mod tests {
             "backend",
             "lease-timeout",
             "wait-timeout",
-            "result-ttl",
+            "replay-ttl",
         ];
         assert_eq!(closest("lease-timout", keys), Some("lease-timeout"));
         assert_eq!(closest("leese", keys), Some("lease-timeout"));

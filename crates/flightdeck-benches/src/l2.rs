@@ -55,7 +55,7 @@ pub fn policy() -> DistributedPolicy {
         .call_timeout(Duration::from_secs(1))
         .poll_interval(Duration::from_millis(50))
         .wait_timeout(Duration::from_secs(10))
-        .result_ttl(Duration::from_secs(300))
+        .replay_ttl(Duration::from_secs(300))
 }
 
 static KEYS: AtomicU64 = AtomicU64::new(0);

@@ -257,9 +257,10 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
+        follows: Option<u64>,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        let call = self.inner.recheck(flight, token, terms);
+        let call = self.inner.recheck(flight, token, follows, terms);
         Box::pin(async move {
             let res = call.await;
             if let Err(e) = &res {

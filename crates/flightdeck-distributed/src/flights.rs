@@ -395,7 +395,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         if matches!(&first, Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown) {
             first = st
                 .call(&cx, Op::Recheck, &mut guard, |b| {
-                    b.recheck(&cx.flight, &cx.token, &cx.terms)
+                    b.recheck(&cx.flight, &cx.token, None, &cx.terms)
                 })
                 .await;
         }

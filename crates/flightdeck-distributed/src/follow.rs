@@ -105,6 +105,10 @@ where
             }
         },
     };
+    // What this follower waits for: a result of this generation or a
+    // later one (committed after it arrived), which the store keeps for
+    // it even when new requests are not replayed.
+    let follows = generation;
     let mut observed = generation;
     let mut lease_remaining = first_lease;
     loop {
@@ -126,7 +130,7 @@ where
                             cx.flight,
                             committed,
                             cx.started,
-                            policy.result_ttl_duration(),
+                            policy.replay_ttl_duration(),
                         );
                     }
                     return match st.decode::<E::Shared>(cx, &payload) {
@@ -161,7 +165,7 @@ where
         recheck_now = false;
         let answer = st
             .call(cx, Op::Recheck, &mut guard, |b| {
-                b.recheck(&cx.flight, &cx.token, &cx.terms)
+                b.recheck(&cx.flight, &cx.token, Some(follows), &cx.terms)
             })
             .await;
         match answer {

@@ -7,7 +7,7 @@
 //! the commits it saw acknowledged by enough replicas), with the
 //! generation and the
 //! earliest moment the store may drop the result: the flight's start plus
-//! the result TTL (the commit happened after the flight started, so the
+//! the replay TTL (the commit happened after the flight started, so the
 //! store keeps the result at least that long), less a small margin for
 //! clocks. At most [`CAPACITY`] flights are remembered; the oldest go
 //! first (an `ExpiringMap`, on tokio's clock). This node's own

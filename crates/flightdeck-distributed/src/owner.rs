@@ -415,7 +415,7 @@ where
                 cx.flight,
                 generation,
                 cx.started,
-                st.policy.result_ttl_duration(),
+                st.policy.replay_ttl_duration(),
             );
         }
     }
@@ -446,7 +446,8 @@ where
         Finish::Commit(payload) => {
             let args = CommitArgs {
                 payload,
-                ttl: st.policy.result_ttl_duration(),
+                ttl: st.policy.replay_ttl_duration(),
+                retain: st.policy.waiter_retention(),
                 inline_below: st.policy.inline_below_bytes(),
                 state_ttl: cx.terms.state_ttl,
             };

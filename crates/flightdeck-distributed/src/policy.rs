@@ -22,8 +22,17 @@
 //!   fallback decides.
 //! - **`poll_interval`**: the longest a follower goes without re-checking,
 //!   whatever the push channel does.
-//! - **`result_ttl`** / **`failure_ttl`**: how long a committed result (or
-//!   the owner's cached failure) is replayed.
+//! - **`replay_ttl`** / **`failure_ttl`**: how long a committed result (or
+//!   the owner's cached failure) is replayed to *new* requests (both zero
+//!   by default: single-flight, no caching).
+//! - **retention for waiters** (derived, [`waiter_retention`]): how long
+//!   the store keeps a committed result for the followers that were
+//!   already waiting when it was committed, whatever `replay_ttl` says:
+//!   two poll intervals and a call timeout, so a follower that missed the
+//!   notice still finds it at its next re-check. Not caching: a new
+//!   request never gets it.
+//!
+//! [`waiter_retention`]: DistributedPolicy::waiter_retention
 //! - **`state_ttl`** (derived): how long the backend keeps a flight's
 //!   record after its last write. Generations never go back for a key,
 //!   whatever expired: they do not depend on it.
@@ -60,7 +69,7 @@ pub struct DistributedPolicy {
     heartbeat: Duration,
     wait_timeout: Duration,
     poll_interval: Duration,
-    result_ttl: Duration,
+    replay_ttl: Duration,
     failure_ttl: Duration,
     compress_above: usize,
     inline_below: usize,
@@ -78,7 +87,7 @@ pub const MAX_COMMIT_REPLICAS: u32 = 16;
 
 impl DistributedPolicy {
     /// The defaults: lease 30 s, heartbeat 5 s, wait timeout 35 s, poll
-    /// every 1 s, result TTL 60 s, failures not cached, compression above
+    /// every 1 s, results and failures not replayed to new requests, compression above
     /// 16 KiB, inline notices up to 8 KiB, results up to 8 MiB, takeover
     /// allowed, work not cancelled on lease loss, 1 s per backend call,
     /// 3 commit attempts, no wait for replicas (`commit_replicas` 0, a
@@ -89,7 +98,7 @@ impl DistributedPolicy {
             heartbeat: Duration::from_secs(5),
             wait_timeout: Duration::from_secs(35),
             poll_interval: Duration::from_secs(1),
-            result_ttl: Duration::from_secs(60),
+            replay_ttl: Duration::ZERO,
             failure_ttl: Duration::ZERO,
             compress_above: 16 * 1024,
             inline_below: 8 * 1024,
@@ -132,10 +141,12 @@ impl DistributedPolicy {
         self
     }
 
-    /// How long a committed result is replayed to later requests.
+    /// How long a committed result is replayed to new requests (zero, the
+    /// default: never; the followers already waiting get it all the same,
+    /// see [`waiter_retention`](Self::waiter_retention)).
     #[must_use]
-    pub const fn result_ttl(mut self, d: Duration) -> Self {
-        self.result_ttl = d;
+    pub const fn replay_ttl(mut self, d: Duration) -> Self {
+        self.replay_ttl = d;
         self
     }
 
@@ -248,7 +259,7 @@ impl DistributedPolicy {
             ("heartbeat", self.heartbeat),
             ("wait_timeout", self.wait_timeout),
             ("poll_interval", self.poll_interval),
-            ("result_ttl", self.result_ttl),
+            ("replay_ttl", self.replay_ttl),
             ("failure_ttl", self.failure_ttl),
             ("call_timeout", self.call_timeout),
         ] {
@@ -267,9 +278,6 @@ impl DistributedPolicy {
         }
         if self.poll_interval.is_zero() {
             return err("poll_interval", "must be positive");
-        }
-        if self.result_ttl <= self.poll_interval {
-            return err("result_ttl", "must be longer than the poll interval");
         }
         if self.wait_timeout.is_zero() {
             return err("wait_timeout", "must be positive");
@@ -323,9 +331,18 @@ impl DistributedPolicy {
     pub const fn poll_interval_duration(&self) -> Duration {
         self.poll_interval
     }
-    /// The result TTL.
-    pub const fn result_ttl_duration(&self) -> Duration {
-        self.result_ttl
+    /// How long a committed result is replayed to new requests.
+    pub const fn replay_ttl_duration(&self) -> Duration {
+        self.replay_ttl
+    }
+    /// How long the store keeps a committed result for the followers
+    /// already waiting: two poll intervals and a call timeout (a follower
+    /// re-checks at least once a poll interval, and its re-check may take
+    /// a call timeout to arrive).
+    pub fn waiter_retention(&self) -> Duration {
+        self.poll_interval
+            .saturating_mul(2)
+            .saturating_add(self.call_timeout)
     }
     /// The failure TTL.
     pub const fn failure_ttl_duration(&self) -> Duration {
@@ -369,12 +386,15 @@ impl DistributedPolicy {
     }
     /// The bound on how long a backend keeps what it remembers of a flight
     /// without a lease or result (a released token, an invalidation): two
-    /// leases plus the longer of the result and failure TTLs. Generations
+    /// leases plus the longest of the replay TTL, the retention for
+    /// waiters and the failure TTL. Generations
     /// do not depend on it: they never go back, whatever expired.
     pub fn state_ttl(&self) -> Duration {
-        self.lease
-            .saturating_mul(2)
-            .saturating_add(self.result_ttl.max(self.failure_ttl))
+        self.lease.saturating_mul(2).saturating_add(
+            self.replay_ttl
+                .max(self.waiter_retention())
+                .max(self.failure_ttl),
+        )
     }
 }
 
@@ -429,7 +449,10 @@ mod tests {
                 DistributedPolicy::new().heartbeat(Duration::ZERO),
                 "heartbeat",
             ),
-            (DistributedPolicy::new().result_ttl(ms(1000)), "result_ttl"),
+            (
+                DistributedPolicy::new().replay_ttl(Duration::from_secs(31 * 24 * 3600)),
+                "replay_ttl",
+            ),
             (
                 DistributedPolicy::new().wait_timeout(ms(29_000)),
                 "wait_timeout",

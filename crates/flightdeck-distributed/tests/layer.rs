@@ -33,7 +33,7 @@ fn policy() -> DistributedPolicy {
         .heartbeat(SEC)
         .poll_interval(SEC / 2)
         .wait_timeout(30 * SEC)
-        .result_ttl(60 * SEC)
+        .replay_ttl(60 * SEC)
 }
 
 type Svc = BoxCloneService<String, String, BoxError>;
@@ -210,6 +210,7 @@ async fn commit_as(mem: &MemoryBackend, flight: &FlightId, tok: &OwnerToken, val
     let args = CommitArgs {
         payload,
         ttl: 60 * SEC,
+        retain: 60 * SEC,
         inline_below: 1 << 20,
         state_ttl: 120 * SEC,
     };

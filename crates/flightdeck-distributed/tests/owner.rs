@@ -27,7 +27,10 @@ const SEC: Duration = Duration::from_secs(1);
 
 /// A lease of 3 s, heartbeats every second (calls cut at 1 s, the default).
 fn policy() -> DistributedPolicy {
-    DistributedPolicy::new().lease(3 * SEC).heartbeat(SEC)
+    DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .replay_ttl(60 * SEC)
 }
 
 fn key(name: &str) -> FlightKey {

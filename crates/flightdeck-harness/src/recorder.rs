@@ -406,16 +406,18 @@ impl<B: fmt::Debug> fmt::Debug for Recorder<B> {
     }
 }
 
-impl<B: Backend> Backend for Recorder<B> {
-    fn acquire<'a>(
+impl<B: Backend> Recorder<B> {
+    /// `call` (the inner backend's acquire or re-check), recorded.
+    fn recorded<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
+        call: impl FnOnce() -> BackendFuture<'a, Acquired> + Send + 'a,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
+            // Sent from here: the call is made after this instant.
             let (sent, sent_us) = (Instant::now(), wall_us());
-            let answer = self.inner.acquire(flight, token, terms).await?;
+            let answer = call().await?;
             if let Acquired::Follower { generation, .. } = answer {
                 let at_us = wall_us();
                 self.log(|| {
@@ -446,6 +448,32 @@ impl<B: Backend> Backend for Recorder<B> {
                 });
             }
             Ok(answer)
+        })
+    }
+}
+
+impl<B: Backend> Backend for Recorder<B> {
+    fn acquire<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.recorded(flight, token, move || {
+            self.inner.acquire(flight, token, terms)
+        })
+    }
+
+    /// Recorded as an acquire.
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        follows: Option<u64>,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.recorded(flight, token, move || {
+            self.inner.recheck(flight, token, follows, terms)
         })
     }
 

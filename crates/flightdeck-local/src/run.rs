@@ -157,8 +157,11 @@ where
                     }
                 } else {
                     group.metrics.get(key.stage()).unshared(Unshareable::Vary);
+                    // No flight runs: this caller leads its own way (in
+                    // HYBRID through the store, which may hold a result
+                    // that serves it), outside the local flight.
                     State::Alone {
-                        fut: alone(work, caller.deadline, key.stage()),
+                        fut: alone(work, caller.deadline, key.stage(), Own::Lead),
                     }
                 }
             }
@@ -209,19 +212,34 @@ where
     }
 }
 
+/// How a caller the flight's result did not serve runs its work.
+#[derive(Clone, Copy)]
+enum Own {
+    /// [`FlightWork::alone`]: a waiter of a flight that ran.
+    Alone,
+    /// [`FlightWork::lead`]: a replay that did not serve it (no flight
+    /// runs; its own run may coordinate as a leader's does).
+    Lead,
+}
+
 /// A caller's own run of its work (the flight's result did not serve it),
 /// within its own deadline: it still ends by it, as every caller does. A
 /// caller whose deadline has passed runs nothing. A panic of the work is
 /// caught, as in a flight's: the caller gets `WorkPanicked`.
-fn alone<V, W: FlightWork<V>>(
+fn alone<V: 'static, W: FlightWork<V>>(
     work: W,
     deadline: Option<Instant>,
     stage: &StageName,
+    own: Own,
 ) -> Alone<V, W::Output> {
     let out_of_time = || Box::new(DeadlineExceeded::new("request")) as BoxError;
     let late = deadline.is_some_and(|at| at <= Instant::now());
     let run = (!late).then(|| {
-        let mut run = Box::pin(work.alone());
+        type Run<V, O> = Pin<Box<dyn Future<Output = Result<Shareable<V, O>, BoxError>> + Send>>;
+        let mut run: Run<V, W::Output> = match own {
+            Own::Alone => Box::pin(work.alone()),
+            Own::Lead => Box::pin(work.lead()),
+        };
         let stage = stage.clone();
         std::future::poll_fn(move |cx| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.as_mut().poll(cx)))
@@ -320,7 +338,7 @@ where
                     },
                 };
             this.state.set(State::Alone {
-                fut: alone(work, deadline, &stage),
+                fut: alone(work, deadline, &stage, Own::Alone),
             });
         }
     }

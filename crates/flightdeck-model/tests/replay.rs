@@ -297,6 +297,7 @@ impl Replay {
                 let args = CommitArgs {
                     payload: body_bytes(Body::Value(tok)),
                     ttl: ms(t.result_ttl),
+                    retain: ms(t.result_ttl),
                     inline_below: 1024,
                     state_ttl: ms(t.state_ttl),
                 };

@@ -80,7 +80,7 @@ impl RedisBackend {
     /// The arguments of a script call on `flight` (room for `args` of its
     /// own), its keys written: the flight's record
     /// ([`record_key`](Self::record_key)), and for INVALIDATE and READ its
-    /// last invalidation (`…:f3:i`, see [`scripts`](crate::scripts)).
+    /// last invalidation (`…:f4:i`, see [`scripts`](crate::scripts)).
     pub(crate) fn script_args(&self, flight: &FlightId, names: Names, args: usize) -> ScriptArgs {
         ScriptArgs::new(&self.inner.prefix, flight, names, args)
     }
@@ -115,12 +115,13 @@ impl RedisBackend {
 }
 
 /// The version of the key layout, part of every key and channel name
-/// (`…:f3`, `…:f3:i`, the inboxes' `…:f3:n:…`). The first layout (keys
+/// (`…:f4`, `…:f4:i`, the inboxes' `…:f4:n:…`). The first layout (keys
 /// `…:lease`, `…:state`, `…:result`, channel `…:done`) had none, the
-/// second was `f2` (channel per flight `…:f2:done`); each incompatible
+/// second was `f2` (channel per flight `…:f2:done`), the third `f3` (a
+/// result dropped by the next grant, no freshness); each incompatible
 /// layout takes a new name, so nodes of two layouts never read each
 /// other's keys (see the crate docs on rolling upgrades).
-pub const LAYOUT: &str = "f3";
+pub const LAYOUT: &str = "f4";
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -290,14 +291,29 @@ impl Backend for RedisBackend {
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
+        self.recheck(flight, token, None, terms)
+    }
+
+    /// ACQUIRE, naming the generation followed (`''` for none).
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        follows: Option<u64>,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
             let args = self
-                .script_args(flight, Names::Record, 5)
+                .script_args(flight, Names::Record, 6)
                 .text(token.as_str())
                 .millis(terms.lease)
                 .text(if terms.allow_takeover { "1" } else { "0" })
                 .millis(terms.record_ttl());
             let args = self.inner.inboxes.name_in(self.slot_of(flight), args);
+            let args = match follows {
+                Some(g) => args.uint(g),
+                None => args.text(""),
+            };
             match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {
@@ -359,16 +375,17 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Committed> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, Names::Record, 5)
+                .script_args(flight, Names::Record, 6)
                 .text(token.as_str())
                 .uint(generation)
                 .value(bytes(&args.payload))
-                .millis(args.ttl)
+                .millis_or_zero(args.ttl)
                 .text(if args.payload.len() <= args.inline_below {
                     "1"
                 } else {
                     "0"
-                });
+                })
+                .millis(args.retain);
             committed(&self.eval(COMMIT, argv).await?)
         })
     }

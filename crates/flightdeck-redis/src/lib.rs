@@ -6,7 +6,7 @@
 //! ACQUIRE / HEARTBEAT / COMMIT / ABANDON / RELEASE / INVALIDATE (see
 //! [`scripts`] for the exact protocol and its command budget), run by
 //! `EVALSHA` with a transparent reload on `NOSCRIPT`. A flight is one key,
-//! the hash `{prefix}:{h}:f3` (its record: last grant, lease deadline,
+//! the hash `{prefix}:{h}:f4` (its record: last grant, lease deadline,
 //! result, the nodes that follow it), where `h` is the flight digest in
 //! hex: one hash tag per flight, no raw input. Lease deadlines and
 //! expiries use the server's clock (`TIME`, `PEXPIRE`), never the
@@ -30,7 +30,7 @@
 //! replays only results its own layout stored, none reads the other's
 //! values or hands out the other's result, and no notice crosses. Nothing
 //! needs cleaning up afterwards: the old keys expire on their own TTLs (at
-//! most two leases plus the result TTL). To avoid those duplicates, move
+//! most two leases plus the replay TTL). To avoid those duplicates, move
 //! a stage's traffic over at once rather than node by node. A value at this layout's names that its scripts did not write
 //! (another type, an unreadable field, an unknown status) is refused with
 //! a protocol error, so the layer answers as for any protocol failure and

@@ -7,24 +7,28 @@
 //! sent as their decimal digits.
 //!
 //! **One key per flight** (and one more after an invalidation, below),
-//! the record `{prefix}:{h}:f3`, a hash:
+//! the record `{prefix}:{h}:f4`, a hash:
 //!
 //! | field | what |
 //! |---|---|
 //! | `g` | generation of the last grant (or invalidation), decimal |
 //! | `t` | the last grant's token (`''` after an invalidation) |
 //! | `d` | the last grant's lease deadline, server time in ms; `0` once the grant ended (committed, abandoned, released, invalidated) |
-//! | `s`, `b` | the stored result: status `ok`/`err` and body; only while a result is stored |
+//! | `s`, `b` | the stored result: status `ok`/`err` and body; only while a result is stored (a later grant leaves it, its commit or cached failure replaces it) |
+//! | `rg` | the generation that stored the result |
+//! | `fu` | the result is fresh until then (server time, ms): an ACQUIRE replays it (the stage's replay TTL; a commit time means never) |
+//! | `ku` | the result is kept for the followers already waiting until then (server time, ms): a re-check that names `rg` or an older generation replays it |
 //! | `x` | tokens never to be granted the flight (space-separated, newest first, at most 8): released, or whose attempt ended here (committed, abandoned, released), so that a late duplicate of their ACQUIRE grants nothing |
 //! | `w` | the inboxes of the nodes that follow the flight (space-separated): added by an ACQUIRE that answers FOLLOWER, told and emptied when the grant ends |
 //!
 //! and one expiry, the record's: [`LeaseTerms::record_ttl`] from a grant
-//! or heartbeat (the lease plus one more lease, at most `state_ttl`), the
-//! result's TTL from a commit, the failure's from an abandon that caches
-//! one. The lease's own end is `d`, compared with the server's `TIME`, so
+//! or heartbeat (the lease plus one more lease, at most `state_ttl`), but
+//! never before `ku`; from a commit, the longer of the result's freshness
+//! and its retention for waiters (`ku`); the failure's TTL from an abandon
+//! that caches one. The lease's own end is `d`, compared with the server's `TIME`, so
 //! the lease and the record do not need two keys.
 //!
-//! **An invalidation** also leaves `{prefix}:{h}:f3:i`, a string: the
+//! **An invalidation** also leaves `{prefix}:{h}:f4:i`, a string: the
 //! invalidation's generation, kept for `state_ttl` whatever happens to the
 //! record (a later grant may give the record a shorter life). Only
 //! INVALIDATE writes it and only READ reads it: it tells a result that was
@@ -73,20 +77,20 @@
 //!
 //! | script and answer | `redis.call`s |
 //! |---|---|
-//! | ACQUIRE → HIT | 1: `HMGET` |
+//! | ACQUIRE → HIT | 2: `HMGET`, `TIME` |
 //! | ACQUIRE → FOLLOWER, EXPIRED, OWNER (retry) | 2: `HMGET`, `TIME` |
 //! | ACQUIRE → FOLLOWER, this node's first | 3: `HMGET`, `TIME`, `HSET` |
 //! | ACQUIRE → OWNER (grant) | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
-//! | COMMIT → COMMITTED | 3: `HMGET`, `HSET`, `PEXPIRE` (+ n `PUBLISH`; a retry: 1) |
+//! | COMMIT → COMMITTED | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` (+ n `PUBLISH`; a retry: 1) |
 //! | COMMIT → FENCED | 1: `HMGET` |
 //! | HEARTBEAT → RENEWED | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
 //! | HEARTBEAT → LOST | 1 or 2: `HMGET` (, `TIME`) |
-//! | ABANDON → RELEASED | 2: `HMGET`, `HSET` (+ `PEXPIRE` when it caches a failure, + n `PUBLISH`) |
+//! | ABANDON → RELEASED | 2: `HMGET`, `HSET` (+ `TIME` and `PEXPIRE` when it caches a failure, + n `PUBLISH`) |
 //! | ABANDON → NOT_OWNER | 1: `HMGET` |
 //! | RELEASE → RELEASED | 2: `HMGET`, `HSET` (+ n `PUBLISH`) |
 //! | RELEASE → NOT_OWNER | 2: `HMGET`, `HSET` (+ `PEXPIRE` when the flight had no record) |
 //! | INVALIDATE | 6: `HMGET`, `TIME`, `HSET`, `HDEL`, `PEXPIRE`, `SET` (+ n `PUBLISH`) |
-//! | READ | 2: `HMGET`, `GET` |
+//! | READ | 3: `HMGET`, `TIME`, `GET` |
 //!
 //! A value the scripts did not write is a protocol error, never a result:
 //! another type at the record's name makes Redis answer `WRONGTYPE`, a
@@ -127,24 +131,35 @@ end
     };
 }
 
-/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox)` →
+/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows)` →
 /// `{HIT, gen, st, body}` | `{OWNER, gen, takeover}` |
-/// `{FOLLOWER, gen, remaining_ms}` | `{EXPIRED, gen}`. A FOLLOWER answer
-/// adds `inbox` (unless empty) to the flight's waiting nodes `w`, in the
-/// same script as the read: every later end of the grant is published
-/// there. A result whose generation is missing comes back as a nil
-/// generation, which the client refuses.
+/// `{FOLLOWER, gen, remaining_ms}` | `{EXPIRED, gen}`. HIT when the
+/// stored result is fresh (`fu`), or when `follows` (a follower's
+/// re-check: the generation it first followed; `''` for an acquire) is
+/// at most the result's generation and the result is still kept for
+/// waiters (`ku`). A FOLLOWER answer adds `inbox` (unless empty) to the
+/// flight's waiting nodes `w`, in the same script as the read: every
+/// later end of the grant is published there. A grant leaves a stored
+/// result in place and never shortens its life.
 pub const ACQUIRE: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x', 'w')
+local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x', 'w', 'rg', 'fu', 'ku')
+local tm = redis.call('TIME')
+local now = tm[1] * 1000 + tm[2] / 1000
+local ku = 0
 if r[4] then
-  return {'HIT', r[1], r[4], r[5] or ''}
+  local rg, fu = tonumber(r[8] or ''), tonumber(r[9] or '')
+  ku = tonumber(r[10] or '')
+  if not rg or not fu or not ku then
+    return redis.error_reply('FDPROTO unreadable flight record')
+  end
+  if now < fu or (ARGV[6] ~= '' and tonumber(ARGV[6]) <= rg and now < ku) then
+    return {'HIT', r[8], r[4], r[5] or ''}
+  end
 end
 local d = tonumber(r[3] or 0)
 if not d then
   return redis.error_reply('FDPROTO unreadable flight record')
 end
-local tm = redis.call('TIME')
-local now = tm[1] * 1000 + tm[2] / 1000
 local takeover = 0
 if r[2] == ARGV[1] then
   if d > now then
@@ -183,14 +198,15 @@ if r[1] then
   end
 end
 redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', tostring(math.floor(now) + ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now))))
 return {'OWNER', gen, takeover}
 ";
 
 /// `HEARTBEAT(tok, gen, lease_ms, record_ms)` → `RENEWED` | `LOST`.
-/// Never re-creates or revives a lease.
+/// Never re-creates or revives a lease, never shortens the life of a
+/// result kept for waiters.
 pub const HEARTBEAT: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd')
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'ku')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return 'LOST'
 end
@@ -204,24 +220,27 @@ if d <= now then
   return 'LOST'
 end
 redis.call('HSET', KEYS[1], 'd', tostring(math.floor(now) + ARGV[3]))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+local ku = tonumber(r[4] or 0) or 0
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now))))
 return 'RENEWED'
 ";
 
-/// `COMMIT(tok, gen, payload, ttl_ms, inline)` → `COMMITTED` |
+/// `COMMIT(tok, gen, payload, ttl_ms, inline, retain_ms)` → `COMMITTED` |
 /// `FENCED`. Only the last grant commits (its lease live or run out);
-/// stores the result, ends the lease and tells the waiting nodes in one
+/// stores the result, fresh for `ttl_ms` (`fu`; 0: never replayed to an
+/// acquire) and kept for the waiters for the longer of the two (`ku`, the
+/// record's expiry), ends the lease and tells the waiting nodes in one
 /// round trip (the payload inline when `inline` is `1`): no message at
-/// all when no other node follows. A retry of a done commit answers
-/// `COMMITTED`.
+/// all when no other node follows. A retry of a done commit (the stored
+/// result is this generation's) answers `COMMITTED`.
 pub const COMMIT: &str = concat!(
     "#!lua\n",
     remember!(),
-    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x')
+    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x', 'rg')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return 'FENCED'
 end
-if r[4] then
+if r[4] and r[7] == ARGV[2] then
   if r[4] == 'ok' then
     return 'COMMITTED'
   end
@@ -232,12 +251,17 @@ if not r[3] or r[3] == '0' then
 end
 local w = r[5] or ''
 local x = remember(r[6], ARGV[1])
+local tm = redis.call('TIME')
+local now = math.floor(tm[1] * 1000 + tm[2] / 1000)
+local keep = math.max(tonumber(ARGV[4]), tonumber(ARGV[6]), 1)
+local fu = string.format('%.0f', now + ARGV[4])
+local ku = string.format('%.0f', now + keep)
 if w == '' then
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'x', x)
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'ku', ku, 'x', x)
 else
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'w', '', 'x', x)
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'ku', ku, 'w', '', 'x', x)
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep))
 if w ~= '' then
   local m = KEYS[1] .. '|' .. ARGV[2] .. '|c'
   if ARGV[5] == '1' then
@@ -253,7 +277,8 @@ return 'COMMITTED'
 
 /// `ABANDON(tok, gen, failure, failure_ttl_ms)` → `RELEASED` |
 /// `NOT_OWNER`. Ends the last grant (its lease live or run out),
-/// optionally caches the failure, and wakes the waiting nodes at once.
+/// optionally caches the failure (in place of a stored result, fresh and
+/// kept for `failure_ttl_ms`), and wakes the waiting nodes at once.
 pub const ABANDON: &str = concat!(
     "#!lua\n",
     remember!(),
@@ -263,7 +288,9 @@ if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or not r[3] or r[3] == '0' then
 end
 local x = remember(r[5], ARGV[1])
 if ARGV[3] ~= '' and tonumber(ARGV[4]) > 0 then
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3], 'w', '', 'x', x)
+  local tm = redis.call('TIME')
+  local until_ms = string.format('%.0f', math.floor(tm[1] * 1000 + tm[2] / 1000) + ARGV[4])
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3], 'rg', ARGV[2], 'fu', until_ms, 'ku', until_ms, 'w', '', 'x', x)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 else
   redis.call('HSET', KEYS[1], 'd', '0', 'w', '', 'x', x)
@@ -314,7 +341,7 @@ if g >= tm[1] * 1000000 + tm[2] then
   gen = string.format('%.0f', g + 1)
 end
 redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0')
-redis.call('HDEL', KEYS[1], 's', 'b', 'w')
+redis.call('HDEL', KEYS[1], 's', 'b', 'w', 'rg', 'fu', 'ku')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], gen, 'PX', ARGV[1])
 for inbox in string.gmatch(r[2] or '', '%S+') do
@@ -323,12 +350,18 @@ end
 return gen
 ";
 
-/// `READ()` → `{gen, st, body, invalidated}`: the record's fields `g`,
-/// `s`, `b` and the last invalidation's generation (`KEYS[2]`), each nil
-/// when absent. Writes nothing (`no-writes`), so
-/// a primary that refuses writes (`NOREPLICAS`) or a replica (`READONLY`)
-/// still runs it; an expired record reads as absent.
+/// `READ()` → `{gen, st, body, invalidated}`: the stored result's
+/// generation `rg`, status `s` and body `b` while it is fresh (`fu`; nil
+/// otherwise), and the last invalidation's generation (`KEYS[2]`, nil
+/// when absent). Writes nothing (`no-writes`), so a primary that refuses
+/// writes (`NOREPLICAS`) or a replica (`READONLY`) still runs it; an
+/// expired record reads as absent.
 pub const READ: &str = r"#!lua flags=no-writes
-local r = redis.call('HMGET', KEYS[1], 'g', 's', 'b')
+local r = redis.call('HMGET', KEYS[1], 'rg', 's', 'b', 'fu')
+local tm = redis.call('TIME')
+local fu = tonumber(r[4] or 0) or 0
+if fu <= tm[1] * 1000 + tm[2] / 1000 then
+  r[2], r[3] = false, false
+end
 return {r[1], r[2], r[3], redis.call('GET', KEYS[2])}
 ";

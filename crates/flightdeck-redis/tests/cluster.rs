@@ -76,7 +76,7 @@ fn policy() -> DistributedPolicy {
         .heartbeat(Duration::from_millis(300))
         .poll_interval(Duration::from_millis(100))
         .wait_timeout(Duration::from_secs(5))
-        .result_ttl(Duration::from_secs(10))
+        .replay_ttl(Duration::from_secs(10))
         .call_timeout(Duration::from_millis(500))
 }
 
@@ -537,6 +537,7 @@ async fn owner_follower_hit(a: &RedisBackend, b: &RedisBackend, key: &str) {
     let args = CommitArgs {
         payload: format!("v:{key}").into(),
         ttl: Duration::from_secs(10),
+        retain: Duration::from_secs(10),
         inline_below: 1024,
         state_ttl: Duration::from_secs(20),
     };

@@ -42,7 +42,7 @@ fn policy() -> DistributedPolicy {
         .heartbeat(Duration::from_millis(400))
         .poll_interval(Duration::from_millis(100))
         .wait_timeout(Duration::from_secs(5))
-        .result_ttl(Duration::from_secs(60))
+        .replay_ttl(Duration::from_secs(60))
         .call_timeout(Duration::from_millis(500))
 }
 

@@ -78,6 +78,7 @@ async fn late_acquire_of_a_committed_token(b: &dyn Backend) {
     let args = CommitArgs {
         payload: "v".into(),
         ttl: Duration::from_secs(60),
+        retain: Duration::from_secs(60),
         inline_below: 1024,
         state_ttl: TERMS.state_ttl,
     };

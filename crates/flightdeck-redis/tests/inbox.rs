@@ -58,7 +58,7 @@ fn policy() -> DistributedPolicy {
         .heartbeat(Duration::from_secs(5))
         .poll_interval(Duration::from_secs(60))
         .wait_timeout(Duration::from_secs(180))
-        .result_ttl(Duration::from_secs(300))
+        .replay_ttl(Duration::from_secs(300))
         .call_timeout(Duration::from_millis(500))
 }
 

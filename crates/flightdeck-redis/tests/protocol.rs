@@ -140,8 +140,8 @@ const PEXPIRE: (&str, u64) = ("pexpire", 1);
 const PUBLISH: (&str, u64) = ("publish", 1);
 
 /// The per-flight command budget of `MEASUREMENTS.md`, answer by answer:
-/// hit = 1 inner command, follower = 2 (3 for its node's first: it adds
-/// the node's inbox), owner = ACQUIRE 4 + COMMIT 3, and one `PUBLISH` per
+/// hit = 2 inner commands, follower = 2 (3 for its node's first: it adds
+/// the node's inbox), owner = ACQUIRE 4 + COMMIT 4, and one `PUBLISH` per
 /// node that follows; heartbeat, abandon, release, invalidate and the
 /// refusals as listed. Any extra `redis.call` (or a missing one) fails
 /// here.
@@ -153,7 +153,7 @@ async fn every_script_answer_keeps_its_command_budget() {
     let tok = OwnerToken::random;
     let (a, c) = (tok(), tok());
 
-    // Nobody follows: the owner's flight is 4 + 3, no message at all.
+    // Nobody follows: the owner's flight is 4 + 4, no message at all.
     let f = fresh_flight();
     let g = owned(
         costs(
@@ -169,7 +169,7 @@ async fn every_script_answer_keeps_its_command_budget() {
     let committed = costs(
         &redis,
         "COMMIT -> COMMITTED (nobody follows)",
-        &[HMGET, HSET, PEXPIRE],
+        &[HMGET, TIME, HSET, PEXPIRE],
         b.commit(&f, &a, g, &args),
     );
     assert_eq!(committed.await.unwrap(), Committed::Committed);
@@ -222,7 +222,7 @@ async fn every_script_answer_keeps_its_command_budget() {
     let committed = costs(
         &redis,
         "COMMIT -> COMMITTED (one node follows)",
-        &[HMGET, HSET, PEXPIRE, PUBLISH],
+        &[HMGET, TIME, HSET, PEXPIRE, PUBLISH],
         b.commit(&f, &a, g, &args),
     );
     assert_eq!(committed.await.unwrap(), Committed::Committed);
@@ -233,7 +233,12 @@ async fn every_script_answer_keeps_its_command_budget() {
         b.commit(&f, &a, g, &args),
     );
     assert_eq!(again.await.unwrap(), Committed::Committed);
-    let hit = costs(&redis, "ACQUIRE -> HIT", &[HMGET], b.acquire(&f, &c, &t));
+    let hit = costs(
+        &redis,
+        "ACQUIRE -> HIT",
+        &[HMGET, TIME],
+        b.acquire(&f, &c, &t),
+    );
     assert!(matches!(hit.await.unwrap(), Acquired::Hit(_)));
     let kept = costs(
         &redis,
@@ -282,7 +287,7 @@ async fn every_script_answer_keeps_its_command_budget() {
     let cached = costs(
         &redis,
         "ABANDON -> RELEASED (failure cached, one node follows)",
-        &[HMGET, HSET, PEXPIRE, PUBLISH],
+        &[HMGET, TIME, HSET, PEXPIRE, PUBLISH],
         b.abandon(&f, &d, g, &failure),
     );
     assert_eq!(cached.await.unwrap(), Released::Released);
@@ -313,7 +318,7 @@ async fn every_script_answer_keeps_its_command_budget() {
     let read = costs(
         &redis,
         "READ",
-        &[HMGET, ("get", 1)],
+        &[HMGET, TIME, ("get", 1)],
         b.invalidated_since(&f, generation - 1),
     );
     assert_eq!(read.await.unwrap(), Some(true));
@@ -347,10 +352,10 @@ async fn every_script_answer_keeps_its_command_budget() {
 }
 
 /// The same budget through the L2 layer (whatever its flow does around
-/// the scripts): an owner flight costs 7 inner commands, a hit 1, and a
+/// the scripts): an owner flight costs 8 inner commands, a hit 2, and a
 /// follower whose node's inbox is in force one ACQUIRE (3 inner commands:
 /// it adds the inbox) and nothing else before it waits: no SUBSCRIBE, no
-/// PING, no re-check; the owner's COMMIT then tells it (3 + 1 `PUBLISH`).
+/// PING, no re-check; the owner's COMMIT then tells it (4 + 1 `PUBLISH`).
 #[tokio::test]
 async fn owner_hit_and_follower_flights_keep_the_budget() {
     let redis = RedisServer::start().unwrap();
@@ -363,7 +368,8 @@ async fn owner_hit_and_follower_flights_keep_the_budget() {
         let policy = DistributedPolicy::new()
             .lease(Duration::from_secs(3))
             .heartbeat(Duration::from_secs(1))
-            .call_timeout(Duration::from_millis(500));
+            .call_timeout(Duration::from_millis(500))
+            .replay_ttl(Duration::from_secs(60));
         let layer = DistributedFlightLayer::new(
             b,
             policy,
@@ -402,14 +408,14 @@ async fn owner_hit_and_follower_flights_keep_the_budget() {
         Some(&2),
         "ACQUIRE + COMMIT: {owner:?}"
     );
-    assert_eq!(inner(&owner), 7, "owner flight: {owner:?}");
+    assert_eq!(inner(&owner), 8, "owner flight: {owner:?}");
 
     reset(&redis);
     assert_eq!(b.clone().oneshot("x".into()).await.unwrap(), "v:x");
     b_flights.idle().await;
     let hit = ran(&redis);
     assert_eq!(hit.get("evalsha"), Some(&1), "{hit:?}");
-    assert_eq!(inner(&hit), 1, "hit: {hit:?}");
+    assert_eq!(inner(&hit), 2, "hit: {hit:?}");
 
     let owner_call = tokio::spawn(a.clone().oneshot("y".into()));
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -424,7 +430,7 @@ async fn owner_hit_and_follower_flights_keep_the_budget() {
     assert_eq!(window.get("subscribe"), None, "{window:?}");
     assert_eq!(window.get("ping"), None, "{window:?}");
     assert_eq!(window.get("publish"), Some(&1), "{window:?}");
-    assert_eq!(inner(&window), 3 + 4, "follower window: {window:?}");
+    assert_eq!(inner(&window), 3 + 5, "follower window: {window:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     eprintln!(
         "inner commands: owner {} ({owner:?}), hit {}, follower window {} ({window:?})",
@@ -810,7 +816,7 @@ const FLIGHTS: u64 = if cfg!(debug_assertions) { 200 } else { 2000 };
 /// one run on one server (which goes first alternates too), with a small
 /// (64 B) and a larger (4 KiB) result; then the median of the rounds. The
 /// inner command counts are checked on the way (8 per owner flight before,
-/// 7 now).
+/// 8 now: the commit reads the server's clock for the result's freshness).
 #[tokio::test]
 async fn measure_server_time_per_owner_flight_old_and_new() {
     const ROUNDS: usize = 6;
@@ -841,7 +847,7 @@ async fn measure_server_time_per_owner_flight_old_and_new() {
             };
             let ((oa, oc), (na, nc)) = (get(true), get(false));
             assert_eq!(oa.inner + oc.inner, 8 * FLIGHTS, "f2: 8 inner calls");
-            assert_eq!(na.inner + nc.inner, 7 * FLIGHTS, "7 inner calls");
+            assert_eq!(na.inner + nc.inner, 8 * FLIGHTS, "8 inner calls");
             olds.push(per(oa.usec + oc.usec));
             news.push(per(na.usec + nc.usec));
             rows.push(format!(
@@ -920,8 +926,8 @@ async fn owner_flights_at_once(
     assert_eq!((acquire.scripts, commit.scripts), (FLIGHTS, FLIGHTS));
     assert_eq!(
         acquire.inner + commit.inner,
-        7 * FLIGHTS,
-        "7 inner calls per owner flight"
+        8 * FLIGHTS,
+        "8 inner calls per owner flight"
     );
     (acquire, commit)
 }

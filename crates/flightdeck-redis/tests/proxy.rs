@@ -50,7 +50,7 @@ async fn node(url: String, calls: &Calls) -> Svc {
             .heartbeat(Duration::from_millis(300))
             .poll_interval(Duration::from_millis(100))
             .wait_timeout(Duration::from_secs(3))
-            .result_ttl(Duration::from_secs(30))
+            .replay_ttl(Duration::from_secs(30))
             .call_timeout(Duration::from_millis(300)),
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),

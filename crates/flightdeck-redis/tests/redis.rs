@@ -32,7 +32,7 @@ fn policy() -> DistributedPolicy {
         .heartbeat(Duration::from_millis(150))
         .poll_interval(Duration::from_millis(100))
         .wait_timeout(Duration::from_secs(5))
-        .result_ttl(Duration::from_secs(10))
+        .replay_ttl(Duration::from_secs(10))
         .call_timeout(Duration::from_millis(300))
         .commit_attempts(2)
 }
@@ -183,7 +183,7 @@ async fn three_nodes_one_execution() {
     );
 }
 
-/// Issue 5: a replay within the result TTL is 1 script call and no
+/// Issue 5: a replay within the replay TTL is 1 script call and no
 /// execution. Also the command counts per role (printed).
 #[tokio::test]
 async fn replay_is_one_script_call_and_command_counts() {
@@ -193,7 +193,8 @@ async fn replay_is_one_script_call_and_command_counts() {
     let quiet = DistributedPolicy::new()
         .lease(Duration::from_secs(3))
         .heartbeat(Duration::from_secs(1))
-        .call_timeout(Duration::from_millis(300));
+        .call_timeout(Duration::from_millis(300))
+        .replay_ttl(Duration::from_secs(60));
     let a = layer(backend(&redis).await, "counts", quiet.clone());
     let a_flights = a.flights().clone();
     let a = a.layer(work(calls.clone(), "v", Duration::from_millis(300)));
@@ -430,6 +431,7 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
             let args = CommitArgs {
                 payload,
                 ttl: Duration::from_secs(10),
+                retain: Duration::from_secs(10),
                 inline_below: 1 << 20,
                 state_ttl: Duration::from_secs(60),
             };
@@ -831,7 +833,7 @@ async fn an_expired_result_is_not_lost() {
     let l2 = layer(
         backend(&redis).await,
         "expired",
-        policy().result_ttl(Duration::from_millis(400)),
+        policy().replay_ttl(Duration::from_millis(400)),
     );
     let flights = l2.flights().clone();
     let svc = l2.layer(work(calls.clone(), "v", Duration::ZERO));

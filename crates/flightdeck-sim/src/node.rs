@@ -176,7 +176,7 @@ impl Node {
         cfg.heartbeat_interval = s.heartbeat;
         cfg.wait_timeout = s.wait;
         cfg.poll_interval = s.poll;
-        cfg.result_ttl = s.result_ttl;
+        cfg.replay_ttl = s.result_ttl;
         cfg.failure_ttl = s.failure_ttl;
         cfg.execution_timeout = Some(s.execution_timeout);
         cfg.coordination_timeout = s.coordination_timeout;

@@ -219,7 +219,7 @@ impl fmt::Display for Scenario {
         )?;
         writeln!(
             f,
-            "stage: {} lease {:?} heartbeat {:?} wait {:?} poll {:?} result-ttl {:?} \
+            "stage: {} lease {:?} heartbeat {:?} wait {:?} poll {:?} replay-ttl {:?} \
              failure-ttl {:?} execution-timeout {:?} coordination-timeout {:?} \
              on-wait-failure {} takeover {}",
             s.mode,

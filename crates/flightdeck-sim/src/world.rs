@@ -296,7 +296,7 @@ impl World {
             match (&log.last, log.lost) {
                 (_, Some(lost)) => lost,
                 (Some(Last::Committed { expires }), _) if now >= *expires => {
-                    "the stored result expired (result-ttl)"
+                    "the stored result expired (replay-ttl)"
                 }
                 (Some(Last::Granted { deadline }), _) if now >= *deadline => {
                     "the owner's lease ran out and its record expired"
@@ -580,10 +580,20 @@ impl Backend for SimBackend {
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
+        self.recheck(flight, token, None, terms)
+    }
+
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        follows: Option<u64>,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
         let (flight, token, terms, who) = (*flight, token.clone(), *terms, self.who);
         self.call(label("ACQUIRE", &flight, Some(&token)), move |w| {
             let remembered = w.mem.remembers(&flight, &token);
-            let answer = now(w.mem.acquire(&flight, &token, &terms))?;
+            let answer = now(w.mem.recheck(&flight, &token, follows, &terms))?;
             w.granted(who, &flight, &token, terms.lease, remembered, &answer);
             Ok(answer)
         })

@@ -101,6 +101,31 @@ impl<B: fmt::Debug> fmt::Debug for Hooked<B> {
     }
 }
 
+impl<B: Backend> Hooked<B> {
+    /// `answer` (the inner backend's acquire or re-check), with the hooks.
+    async fn hooked(
+        &self,
+        flight: &FlightId,
+        answer: BackendFuture<'_, Acquired>,
+    ) -> Result<Acquired, BackendError> {
+        let answer = answer.await;
+        if let Some(hook) = &self.after_acquire {
+            hook(*flight).await;
+        }
+        let answer = answer?;
+        let lose = self
+            .lose_acquire_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            return Err(BackendError::outcome_unknown(
+                "hooked backend: acquire reply lost",
+            ));
+        }
+        Ok(answer)
+    }
+}
+
 impl<B: Backend> Backend for Hooked<B> {
     fn acquire<'a>(
         &'a self,
@@ -108,23 +133,18 @@ impl<B: Backend> Backend for Hooked<B> {
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        Box::pin(async move {
-            let answer = self.inner.acquire(flight, token, terms).await;
-            if let Some(hook) = &self.after_acquire {
-                hook(*flight).await;
-            }
-            let answer = answer?;
-            let lose = self
-                .lose_acquire_replies
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            if lose {
-                return Err(BackendError::outcome_unknown(
-                    "hooked backend: acquire reply lost",
-                ));
-            }
-            Ok(answer)
-        })
+        Box::pin(self.hooked(flight, self.inner.acquire(flight, token, terms)))
+    }
+
+    /// The hooks run for re-checks as for acquires.
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        follows: Option<u64>,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        Box::pin(self.hooked(flight, self.inner.recheck(flight, token, follows, terms)))
     }
 
     flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);

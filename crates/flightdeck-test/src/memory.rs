@@ -128,11 +128,42 @@ struct Record {
     /// The last grant's lease deadline; `None` once the grant ended
     /// (committed, abandoned, released, invalidated).
     deadline: Option<Instant>,
-    result: Option<(ResultStatus, Bytes)>,
+    /// The stored result (Redis: `rg`, `s`, `b`, `fu`, `ku`): it outlives
+    /// later grants, until it expires or their commit replaces it.
+    result: Option<Kept>,
     /// Tokens never granted the flight again (newest first): released,
     /// or whose attempt ended here (committed, abandoned, released).
     released: Vec<OwnerToken>,
     expires: Instant,
+}
+
+/// A stored result and how long it is kept.
+#[derive(Clone)]
+struct Kept {
+    /// The generation that committed it (or abandoned with this failure).
+    gen: u64,
+    status: ResultStatus,
+    payload: Bytes,
+    /// Replayed to new acquires until then.
+    fresh_until: Instant,
+    /// Replayed to re-checks of followers of `gen` or older until then.
+    keep_until: Instant,
+}
+
+impl Kept {
+    /// Whether `follows` (a re-check's followed generation, `None` for an
+    /// acquire) gets this result now.
+    fn answers(&self, now: Instant, follows: Option<u64>) -> bool {
+        now < self.fresh_until || (follows.is_some_and(|g| g <= self.gen) && now < self.keep_until)
+    }
+
+    fn stored(&self) -> StoredResult {
+        StoredResult {
+            generation: self.gen,
+            status: self.status,
+            payload: self.payload.clone(),
+        }
+    }
 }
 
 /// How many released tokens a record remembers (as the Redis scripts).
@@ -244,13 +275,20 @@ impl MemoryBackend {
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let gen = f.next_gen();
+        let expires = Instant::now() + key_ttl(ttl);
         f.record = Some(Record {
             gen,
             token: Some(OwnerToken::random()),
             deadline: None,
-            result: Some((ResultStatus::Ok, payload)),
+            result: Some(Kept {
+                gen,
+                status: ResultStatus::Ok,
+                payload,
+                fresh_until: expires,
+                keep_until: expires,
+            }),
             released: Vec::new(),
-            expires: Instant::now() + key_ttl(ttl),
+            expires,
         });
     }
 
@@ -286,19 +324,22 @@ impl MemoryBackend {
             .map_or(0, broadcast::Sender::receiver_count)
     }
 
-    fn acquire_now(&self, flight: &FlightId, token: &OwnerToken, terms: &LeaseTerms) -> Acquired {
+    fn acquire_now(
+        &self,
+        flight: &FlightId,
+        token: &OwnerToken,
+        follows: Option<u64>,
+        terms: &LeaseTerms,
+    ) -> Acquired {
         let now = Instant::now();
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let mut takeover = false;
         let mut released = Vec::new();
+        let mut kept = None;
         if let Some(r) = f.record(now) {
-            if let Some((status, payload)) = &r.result {
-                return Acquired::Hit(StoredResult {
-                    generation: r.gen,
-                    status: *status,
-                    payload: payload.clone(),
-                });
+            if let Some(k) = r.result.as_ref().filter(|k| k.answers(now, follows)) {
+                return Acquired::Hit(k.stored());
             }
             let live = r.deadline.filter(|d| *d > now);
             if r.token.as_ref() == Some(token) {
@@ -329,15 +370,22 @@ impl MemoryBackend {
                 return Acquired::Expired { generation: r.gen };
             }
             released = std::mem::take(&mut r.released);
+            kept = r.result.take().filter(|k| k.keep_until > now);
         }
         let gen = f.next_gen();
+        // A grant keeps a result still kept for waiters, and never
+        // shortens its life.
+        let expires = kept
+            .as_ref()
+            .map_or(now, |k| k.keep_until)
+            .max(now + key_ttl(terms.record_ttl()));
         f.record = Some(Record {
             gen,
             token: Some(token.clone()),
             deadline: Some(now + terms.lease),
-            result: None,
+            result: kept,
             released,
-            expires: now + key_ttl(terms.record_ttl()),
+            expires,
         });
         Acquired::Owner {
             generation: gen,
@@ -370,7 +418,8 @@ impl MemoryBackend {
         match Self::open_grant(f, now, token, gen) {
             Some(r) if r.deadline.is_some_and(|d| d > now) => {
                 r.deadline = Some(now + terms.lease);
-                r.expires = now + key_ttl(terms.record_ttl());
+                let kept = r.result.as_ref().map_or(now, |k| k.keep_until);
+                r.expires = kept.max(now + key_ttl(terms.record_ttl()));
                 Renewal::Renewed
             }
             _ => Renewal::Lost,
@@ -390,16 +439,24 @@ impl MemoryBackend {
         let Some(r) = Self::open_grant(f, now, token, gen) else {
             return Committed::Fenced;
         };
-        match (&r.result, r.deadline) {
+        match (r.result.as_ref().filter(|k| k.gen == gen), r.deadline) {
             // A retry of this commit.
-            (Some((ResultStatus::Ok, _)), _) => return Committed::Committed,
+            (Some(k), _) if k.status == ResultStatus::Ok => return Committed::Committed,
             // Abandoned (with or without a cached failure), or released.
             (Some(_), _) | (None, None) => return Committed::Fenced,
             (None, Some(_)) => {}
         }
         r.deadline = None;
-        r.result = Some((ResultStatus::Ok, args.payload.clone()));
-        r.expires = now + key_ttl(args.ttl);
+        let fresh_until = now + args.ttl;
+        let keep_until = fresh_until.max(now + args.retain);
+        r.result = Some(Kept {
+            gen,
+            status: ResultStatus::Ok,
+            payload: args.payload.clone(),
+            fresh_until,
+            keep_until,
+        });
+        r.expires = now + key_ttl(args.ttl.max(args.retain));
         remember(&mut r.released, token.clone());
         drop(flights);
         let inline = (args.payload.len() <= args.inline_below).then(|| args.payload.clone());
@@ -431,7 +488,14 @@ impl MemoryBackend {
         if let Some(msg) = &args.failure {
             // Like the script: an empty message is not cached.
             if !msg.is_empty() && !args.failure_ttl.is_zero() {
-                r.result = Some((ResultStatus::Failed, msg.clone()));
+                let until = now + args.failure_ttl;
+                r.result = Some(Kept {
+                    gen,
+                    status: ResultStatus::Failed,
+                    payload: msg.clone(),
+                    fresh_until: until,
+                    keep_until: until,
+                });
                 r.expires = now + key_ttl(args.failure_ttl);
             }
         }
@@ -508,10 +572,21 @@ impl Backend for MemoryBackend {
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
+        self.recheck(flight, token, None, terms)
+    }
+
+    /// Counted as an acquire.
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        follows: Option<u64>,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
         self.inner.calls.acquire.fetch_add(1, Ordering::Relaxed);
         let res = self
             .check()
-            .map(|()| self.acquire_now(flight, token, terms));
+            .map(|()| self.acquire_now(flight, token, follows, terms));
         Box::pin(async move { res })
     }
 

@@ -170,10 +170,11 @@ impl<B: Backend> Backend for SlowRechecks<B> {
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
+        follows: Option<u64>,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
-            let answer = self.inner.recheck(flight, token, terms).await;
+            let answer = self.inner.recheck(flight, token, follows, terms).await;
             tokio::time::sleep(self.delay).await;
             answer
         })

@@ -80,7 +80,7 @@ macro_rules! gated {
 impl Backend for Sharded {
     gated! {
         acquire(token: &'a OwnerToken, terms: &'a LeaseTerms) -> Acquired;
-        recheck(token: &'a OwnerToken, terms: &'a LeaseTerms) -> Acquired;
+        recheck(token: &'a OwnerToken, follows: Option<u64>, terms: &'a LeaseTerms) -> Acquired;
         heartbeat(token: &'a OwnerToken, generation: u64, terms: &'a LeaseTerms) -> Renewal;
         commit(token: &'a OwnerToken, generation: u64, args: &'a CommitArgs) -> Committed;
         abandon(token: &'a OwnerToken, generation: u64, args: &'a AbandonArgs) -> Released;

@@ -151,7 +151,7 @@ async fn grace_answers_fifty_callers_at_once_and_refreshes_once() {
     common::metrics_on();
     let origin = Origin::new(Duration::from_millis(200));
     let app = app("grace", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(1);
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_while_revalidate = Duration::from_secs(10);
     });
     assert_eq!(call(&app).await.body, "v1");
@@ -185,7 +185,7 @@ async fn a_hung_refresh_ends_at_the_execution_timeout_and_another_may_run() {
     common::metrics_on();
     let origin = Origin::new(Duration::from_millis(100));
     let app = app("grace-hung", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(1);
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_while_revalidate = Duration::from_secs(60);
         c.execution_timeout = Some(Duration::from_secs(2));
     });
@@ -218,7 +218,7 @@ async fn stale_if_error_answers_failures_and_throttles_the_work() {
     common::metrics_on();
     let origin = Origin::new(Duration::from_millis(50));
     let app = app("if-error", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(1);
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_if_error = Duration::from_secs(60);
         c.stale_retry_after = Duration::from_secs(10);
     });
@@ -253,7 +253,7 @@ async fn stale_if_error_answers_failures_and_throttles_the_work() {
 async fn a_failure_past_the_window_is_the_callers() {
     let origin = Origin::new(Duration::from_millis(50));
     let app = app("if-error-past", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(1);
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_if_error = Duration::from_secs(5);
     });
     assert_eq!(call(&app).await.body, "v1");
@@ -266,7 +266,7 @@ async fn a_failure_past_the_window_is_the_callers() {
     // Within the window when called, past it when the work failed: the
     // copy never answers older than freshness + window.
     let late = self::app("if-error-late", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(1);
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_if_error = Duration::from_secs(5);
     });
     origin.status.store(200, Ordering::SeqCst);
@@ -284,7 +284,7 @@ async fn soft_timeout_answers_the_copy_and_the_work_replaces_it() {
     common::metrics_on();
     let origin = Origin::new(Duration::from_secs(1));
     let app = app("soft", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(1);
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_if_error = Duration::from_secs(60);
         c.soft_timeout = Duration::from_millis(100);
         c.execution_timeout = Some(Duration::from_secs(5));
@@ -313,7 +313,7 @@ async fn early_refresh_renews_a_hot_key_before_it_expires() {
     flightdeck::core::random::seed_this_thread(Some(34));
     let origin = Origin::new(Duration::from_secs(1));
     let app = app("early", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(10);
+        c.replay_ttl = Duration::from_secs(10);
         c.early_refresh = Duration::from_secs(5);
     });
     assert_eq!(call(&app).await.body, "v1");
@@ -386,7 +386,7 @@ async fn a_purge_during_a_refresh_never_brings_the_result_back() {
     common::metrics_on();
     let origin = Origin::new(Duration::from_secs(1));
     let app = app("purge", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(1);
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_while_revalidate = Duration::from_secs(10);
     });
     assert_eq!(call(&app).await.body, "v1");
@@ -422,7 +422,7 @@ async fn a_purge_during_a_refresh_never_brings_the_result_back() {
 async fn cache_status_and_age_only_when_asked_for() {
     let origin = Origin::new(Duration::from_millis(10));
     let on = app("status-on", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(5);
+        c.replay_ttl = Duration::from_secs(5);
         c.stale_while_revalidate = Duration::from_secs(30);
         c.cache_status = true;
     });
@@ -442,7 +442,7 @@ async fn cache_status_and_age_only_when_asked_for() {
 
     // Without a window, a replay is a hit too, never "collapsed".
     let replays = app("status-replay", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(5);
+        c.replay_ttl = Duration::from_secs(5);
         c.cache_status = true;
     });
     call(&replays).await;
@@ -453,7 +453,7 @@ async fn cache_status_and_age_only_when_asked_for() {
     assert!(hit.stale.is_none());
 
     let off = app("status-off", &origin, |c| {
-        c.local_replay_ttl = Duration::from_secs(5);
+        c.replay_ttl = Duration::from_secs(5);
         c.stale_while_revalidate = Duration::from_secs(30);
     });
     call(&off).await;
@@ -469,10 +469,11 @@ async fn a_hybrid_node_whose_store_is_down_answers_from_its_copy() {
     common::metrics_on();
     let origin = Origin::new(Duration::from_millis(100));
     let app = hybrid_app("hybrid-down", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
         c.stale_while_revalidate = Duration::from_secs(30);
     });
     assert_eq!(call(&app).await.body, "v1");
-    // Healthy: the store answers, this node's copy does not.
+    // Healthy: a fresh result answers as a hit, never as a stale one.
     let hit = call(&app).await;
     assert_eq!((hit.body.as_str(), hit.stale), ("v1", None));
     assert_eq!(origin.calls(), 1);
@@ -494,7 +495,9 @@ async fn a_hybrid_node_whose_store_is_down_answers_from_its_copy() {
 #[tokio::test(start_paused = true)]
 async fn a_purge_reaches_the_store_of_a_distributed_stage() {
     let origin = Origin::new(Duration::from_millis(10));
-    let app = hybrid_app("hybrid-purge", &origin, |_| {});
+    let app = hybrid_app("hybrid-purge", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(60);
+    });
     assert_eq!(call(&app).await.body, "v1");
     app.layer.flights().idle().await;
     assert_eq!(call(&app).await.body, "v1", "the stored result");
@@ -524,7 +527,7 @@ async fn values_and_errors_judged_by_the_stage_rule() {
     let build = |predicate: bool| {
         let stage = StageName::new("values").unwrap();
         let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
-        cfg.local_replay_ttl = Duration::from_secs(1);
+        cfg.replay_ttl = Duration::from_secs(1);
         cfg.stale_if_error = Duration::from_secs(60);
         let b = GenericSingleFlightLayer::builder(
             move |q: &String| Some(FlightKey::from_bytes(stage.clone(), q)),
@@ -587,7 +590,7 @@ async fn a_weigher_bounds_the_bytes_of_kept_values() {
     let build = |weigh: bool| {
         let stage = StageName::new("weighed").unwrap();
         let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
-        cfg.local_replay_ttl = Duration::from_secs(1);
+        cfg.replay_ttl = Duration::from_secs(1);
         cfg.stale_if_error = Duration::from_secs(600);
         cfg.stale_max_bytes = 10_000;
         let b = GenericSingleFlightLayer::builder(
@@ -660,7 +663,7 @@ async fn grpc_unavailable_is_answered_by_the_copy_with_metadata() {
         .build()
         .unwrap();
     let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
-    cfg.local_replay_ttl = Duration::from_secs(1);
+    cfg.replay_ttl = Duration::from_secs(1);
     cfg.stale_if_error = Duration::from_secs(60);
     cfg.cache_status = true;
     let layer = SingleFlightLayer::builder()
@@ -738,7 +741,7 @@ fn a_call_outside_a_runtime_is_answered_by_the_copy() {
         .build()
         .unwrap();
     let mut cfg = StageConfig::new().mode(Mode::LocalOnly);
-    cfg.local_replay_ttl = Duration::from_millis(1);
+    cfg.replay_ttl = Duration::from_millis(1);
     cfg.stale_while_revalidate = Duration::from_secs(600);
     let layer = rt.block_on(async {
         SingleFlightLayer::builder()

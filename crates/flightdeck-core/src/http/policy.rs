@@ -43,8 +43,8 @@ pub enum SetCookie {
     /// Share the response whole, cookies included.
     ///
     /// **Risk**: every caller that shares the result receives the same
-    /// cookie, for as long as the result is replayed (across nodes, for the
-    /// stage's result TTL). Only for cookies that are the same for
+    /// cookie, for as long as the result is replayed (for the stage's
+    /// replay TTL, across nodes). Only for cookies that are the same for
     /// everyone (a fixed feature flag, a static locale): never for a
     /// session, a user id or a token.
     Share,

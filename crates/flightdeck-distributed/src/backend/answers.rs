@@ -42,7 +42,8 @@ pub struct StoredResult {
 /// The answer to [`Backend::acquire`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
-    /// A result is stored: replay it.
+    /// A result is stored and fresh (to a [`Backend::recheck`]: or kept
+    /// for the followers already waiting): replay it.
     Hit(StoredResult),
     /// This token owns the flight with this generation.
     Owner {

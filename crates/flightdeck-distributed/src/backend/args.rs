@@ -57,13 +57,21 @@ impl LeaseTerms {
 pub struct CommitArgs {
     /// The encoded result.
     pub payload: Bytes,
-    /// How long the result is replayed.
+    /// How long the result is fresh: replayed to new acquires (the stage's
+    /// replay TTL; zero: never, only the followers already waiting get
+    /// it).
     pub ttl: Duration,
+    /// How long the result is kept for the followers already waiting
+    /// (their [`Backend::recheck`] naming this generation or an older
+    /// one), fresh or not: what the protocol needs to hand it over, at
+    /// least two poll intervals; never replayed to new acquires past
+    /// `ttl`.
+    pub retain: Duration,
     /// Payloads up to this size travel inline in the completion notice.
     pub inline_below: usize,
     /// See [`LeaseTerms::state_ttl`]. Once committed, a flight's record
-    /// lives as long as its result (`ttl`): the backends in this workspace
-    /// do not need this.
+    /// lives as long as its result (the longer of `ttl` and `retain`):
+    /// the backends in this workspace do not need this.
     pub state_ttl: Duration,
 }
 

@@ -131,9 +131,10 @@ macro_rules! forward_backend {
             &'a self,
             flight: &'a $crate::FlightId,
             token: &'a $crate::OwnerToken,
+            follows: ::std::option::Option<u64>,
             terms: &'a $crate::backend::LeaseTerms,
         ) -> $crate::backend::BackendFuture<'a, $crate::Acquired> {
-                        $crate::Backend::recheck($crate::forward_backend!(@via self $via), flight, token, terms)
+            $crate::Backend::recheck($crate::forward_backend!(@via self $via), flight, token, follows, terms)
         }
     };
     (@one $via:tt abandon) => {

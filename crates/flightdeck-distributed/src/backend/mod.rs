@@ -5,7 +5,8 @@
 //! `flightdeck-test`). Every implementation keeps these rules, and
 //! `flightdeck-test`'s conformance suite checks each of them:
 //!
-//! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored,
+//! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored
+//!   and still fresh ([`CommitArgs::ttl`], the stage's replay TTL),
 //!   [`Acquired::Follower`] when another token holds a live lease,
 //!   [`Acquired::Owner`] when this token holds it (also on a retry with the
 //!   same token: acquire is idempotent), and otherwise grants the flight
@@ -28,7 +29,12 @@
 //! - [`Backend::commit`] stores the result only for (token, generation) of
 //!   the flight's last grant, whether its lease still runs or ran out with
 //!   nobody granted since; it ends the lease and notifies followers
-//!   (payload inline when small). A retry of a commit that already happened
+//!   (payload inline when small). The result is fresh for
+//!   [`CommitArgs::ttl`] (new acquires replay it) and kept for the
+//!   followers already waiting for [`CommitArgs::retain`]: a
+//!   [`Backend::recheck`] naming that generation or an older one gets it
+//!   (a later grant of the flight does not drop it; its commit replaces
+//!   it). A retry of a commit that already happened
 //!   answers [`Committed::Committed`]; a commit by any other token, or of
 //!   any other generation, is [`Committed::Fenced`].
 //! - [`Backend::abandon`] ends the lease of (token, generation) of the last
@@ -63,8 +69,9 @@
 //! allowed, ACQUIRE answers [`Acquired::Expired`]. A dead owner therefore
 //! blocks a flight without takeover for one lease after its lease ran
 //! out, never longer; the next grant after that has a larger generation.
-//! A commit keeps the record for the result's TTL, an abandon that caches
-//! a failure for the failure's.
+//! A commit keeps the record for the longer of the result's freshness and
+//! its retention for waiters, an abandon that caches a failure for the
+//! failure's; a grant or heartbeat never shortens a retention under way.
 //!
 //! All durations are measured by the backend's clock (Redis: the server's
 //! time and key expiry), never by the callers'.
@@ -92,6 +99,7 @@
 //! let args = CommitArgs {
 //!     payload: "result".into(),
 //!     ttl: Duration::from_secs(60),
+//!     retain: Duration::from_secs(3),
 //!     inline_below: 1024,
 //!     state_ttl: Duration::from_secs(120),
 //! };
@@ -329,15 +337,32 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// A follower's re-check: the same as [`acquire`](Self::acquire) (it
-    /// takes the flight over when the owner's lease expired), told apart so
+    /// takes the flight over when the owner's lease expired), but it names
+    /// the generation the follower first followed (`follows`): a result
+    /// committed by that generation or a later one is a
+    /// [`Acquired::Hit`] while the store keeps it for waiters
+    /// ([`CommitArgs::retain`]), fresh or not, since this caller was
+    /// waiting before it was committed. `None` (a retry of a first
+    /// acquire) is exactly [`acquire`](Self::acquire). Told apart also so
     /// that a decorator can treat it differently (a breaker judges the
     /// backend by flights, not by polls).
+    ///
+    /// The default forgets `follows` and answers as
+    /// [`acquire`](Self::acquire): right for a backend that keeps no
+    /// result for waiters, and for a wrapper that treats both alike. A
+    /// backend that keeps them implements it (the Redis and memory
+    /// backends do), and a wrapper of one forwards it
+    /// ([`forward_backend!`](crate::forward_backend)): otherwise a
+    /// follower that missed the completion notice of a result that is not
+    /// replayed to new requests runs the work again.
     fn recheck<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
+        follows: Option<u64>,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
+        let _ = follows;
         self.acquire(flight, token, terms)
     }
 }

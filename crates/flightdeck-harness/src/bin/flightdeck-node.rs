@@ -147,7 +147,7 @@ async fn main() -> Result<(), BoxError> {
             .heartbeat(args.lease / 4)
             .poll_interval(Duration::from_millis(100))
             .wait_timeout(args.lease * 4)
-            .result_ttl(Duration::from_secs(60))
+            .replay_ttl(Duration::from_secs(60))
             .call_timeout(Duration::from_millis(300))
     };
     let l2 = DistributedFlightLayer::new(

@@ -37,7 +37,7 @@ pub fn distributed_policy() -> DistributedPolicy {
         .heartbeat(Duration::from_millis(400))
         .poll_interval(Duration::from_millis(200))
         .wait_timeout(Duration::from_secs(5))
-        .result_ttl(Duration::from_secs(120))
+        .replay_ttl(Duration::from_secs(120))
         .call_timeout(CALL_TIMEOUT)
         .commit_attempts(3)
 }

@@ -115,9 +115,9 @@ mod tests {
     fn messages_parse_and_garbage_does_not() {
         let m = |s: &'static [u8]| parse_message(&Bytes::from_static(s));
         assert_eq!(
-            m(b"p:{ab}:f3|7|c|\x00a|b"),
+            m(b"p:{ab}:f4|7|c|\x00a|b"),
             Some((
-                Bytes::from_static(b"p:{ab}:f3"),
+                Bytes::from_static(b"p:{ab}:f4"),
                 Notice::Committed {
                     generation: 7,
                     inline: Some(Bytes::from_static(b"\x00a|b"))

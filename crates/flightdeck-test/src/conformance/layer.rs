@@ -52,7 +52,7 @@ fn policy(lease: Duration) -> DistributedPolicy {
         .call_timeout(CALL)
         .poll_interval(Duration::from_millis(50))
         .wait_timeout(lease * 2)
-        .result_ttl(Duration::from_secs(30))
+        .replay_ttl(Duration::from_secs(30))
         .commit_attempts(3)
 }
 
@@ -243,7 +243,7 @@ impl<B: Backend> Backend for SlowCommits<B> {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => acquire, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck_distributed::forward_backend!(inner => acquire, recheck, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// The owner's first commit attempt fails after 280 ms and its second

@@ -193,11 +193,12 @@ fn short_terms(allow_takeover: bool) -> LeaseTerms {
     }
 }
 
-/// Commit arguments with a 30 s TTL.
+/// Commit arguments with a 30 s TTL (fresh and kept for waiters).
 pub fn commit_args(payload: &'static [u8], inline_below: usize) -> CommitArgs {
     CommitArgs {
         payload: Bytes::from_static(payload),
         ttl: Duration::from_secs(30),
+        retain: Duration::from_secs(30),
         inline_below,
         state_ttl: Duration::from_secs(30),
     }
@@ -207,6 +208,7 @@ pub fn commit_args(payload: &'static [u8], inline_below: usize) -> CommitArgs {
 fn short_commit(payload: &'static [u8]) -> CommitArgs {
     CommitArgs {
         ttl: LEASE / 2,
+        retain: LEASE / 2,
         state_ttl: SHORT_STATE,
         ..commit_args(payload, 1024)
     }
@@ -286,6 +288,8 @@ pub async fn run_all<B: Backend>(backend: Arc<B>) {
     abandon_wakes_followers(b).await;
     notices_carry_small_payloads_inline(b).await;
     failures_can_be_cached(b).await;
+    results_are_kept_for_waiters_not_replayed(b).await;
+    fresh_results_are_replayed_until_their_ttl(b).await;
     invalidate_fences_the_running_owner(b).await;
     exactly_one_takeover(backend.clone(), 20).await;
     // The fencing rules; independent flights, so they run side by side.

@@ -123,18 +123,29 @@ impl<B: Backend> Backend for Faulty<B> {
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
+        self.recheck(flight, token, None, terms)
+    }
+
+    /// Faulted as acquires are (both count in `acquires`).
+    fn recheck<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        follows: Option<u64>,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         match (self.decide)(token) {
-            Fault::Pass => self.inner.acquire(flight, token, terms),
+            Fault::Pass => self.inner.recheck(flight, token, follows, terms),
             Fault::Unavailable => {
                 Box::pin(async { Err(BackendError::unavailable("switched down")) })
             }
             Fault::Slow(d) => Box::pin(async move {
                 tokio::time::sleep(d).await;
-                self.inner.acquire(flight, token, terms).await
+                self.inner.recheck(flight, token, follows, terms).await
             }),
             Fault::Garbage => Box::pin(async move {
-                let _real = self.inner.acquire(flight, token, terms).await;
+                let _real = self.inner.recheck(flight, token, follows, terms).await;
                 Err(BackendError::protocol(
                     "unknown action \"MAYBE\" in ACQUIRE reply",
                 ))
@@ -169,7 +180,7 @@ pub fn fast(mode: Mode) -> StageConfig {
     cfg.heartbeat_interval = Duration::from_millis(150);
     cfg.wait_timeout = Duration::from_millis(1500);
     cfg.poll_interval = Duration::from_millis(100);
-    cfg.result_ttl = Duration::from_secs(10);
+    cfg.replay_ttl = Duration::from_secs(10);
     cfg.coordination_timeout = Duration::from_millis(250);
     cfg.commit_attempts = 2;
     cfg.breaker.consecutive_failures = Some(1000);
