@@ -39,6 +39,8 @@ pub(crate) struct Look<V> {
     pub(crate) took: Duration,
     /// A failure answered by it throttles the work until then.
     pub(crate) retry_until: Option<Instant>,
+    /// The generation of the work that produced it: which copy this is.
+    pub(crate) gen: u64,
 }
 
 /// `key`'s last response could not be shared: its callers run their own.
@@ -151,6 +153,13 @@ impl<V: Clone> Kept<V> {
     pub(crate) fn look(&self, key: &FlightKey) -> Option<Look<V>> {
         let now = Instant::now();
         self.lock().look(key, now, self.keep_for)
+    }
+
+    /// Whether the copy of generation `gen` is still `key`'s and may
+    /// still answer: not purged, replaced or expired since it was looked
+    /// up.
+    pub(crate) fn holds(&self, key: &FlightKey, gen: u64) -> bool {
+        self.look(key).is_some_and(|l| l.gen == gen)
     }
 
     /// Offers the result of the work that took `ticket`.
@@ -299,6 +308,7 @@ impl<V: Clone> Inner<V> {
             done: e.done,
             took: e.took,
             retry_until: e.retry_until,
+            gen: e.gen,
         })
     }
 }

@@ -318,10 +318,16 @@ where
         let ctl = Arc::clone(ctl);
         let copy = look.value;
         let done = look.done;
+        let gen = look.gen;
         let fut = async move {
             // How far past its freshness the copy is now, if it may still
-            // answer in `window`: it never answers past freshness + window.
+            // answer in `window`: it never answers past freshness + window,
+            // nor once it is no longer the key's copy (purged, or replaced
+            // by a newer result that callers may have been given).
             let past_within = |window: Duration| {
+                if !setup.kept.holds(&key, gen) {
+                    return None;
+                }
                 let age = Instant::now().saturating_duration_since(done);
                 let past = age.saturating_sub(fresh);
                 within(past, window).then_some((age, past))

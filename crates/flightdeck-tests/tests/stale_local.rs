@@ -787,3 +787,40 @@ fn a_call_outside_a_runtime_is_answered_by_the_copy() {
     });
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_while_callers_wait_keeps_the_purged_copy_from_answering() {
+    // At the soft timeout: the copy taken when the caller came was purged
+    // since; the caller waits on for the work's own answer.
+    let origin = Origin::new(Duration::from_secs(1));
+    let soft = app("purge-soft", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.soft_timeout = Duration::from_millis(500);
+        c.execution_timeout = Some(Duration::from_secs(5));
+    });
+    assert_eq!(call(&soft).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let waiting = tokio::spawn(call(&soft));
+    settle().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(soft.layer.invalidate_request(req()).await.unwrap());
+    let got = waiting.await.unwrap();
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+
+    // On a failure: the purged copy does not answer it either.
+    let failing = app("purge-error", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+    });
+    assert_eq!(call(&failing).await.status, StatusCode::OK);
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let waiting = tokio::spawn(call(&failing));
+    settle().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(failing.layer.invalidate_request(req()).await.unwrap());
+    let got = waiting.await.unwrap();
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(got.stale.is_none());
+}
