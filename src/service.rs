@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use flightdeck_budget::{Phase, Slices};
 use flightdeck_core::error::BoxError;
-use flightdeck_core::error::{FlightAbandoned, WaitTimeout};
+use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout};
 use flightdeck_core::stale::{Stale, StaleReason};
 use flightdeck_core::{ErrorClass, Serves, Share, Shareable, SharedForm};
 use flightdeck_local::future::Run;
@@ -363,7 +363,9 @@ where
             };
             let if_error = past_within(windows.if_error).filter(|_| failed);
             if let Some(at) = if_error {
-                if !retry_after.is_zero() {
+                // A caller's own deadline says nothing of the work: it
+                // throttles nobody else.
+                if !retry_after.is_zero() && !out.as_ref().is_err_and(own_deadline) {
                     setup.kept.throttle(&key, Instant::now() + retry_after);
                 }
                 return Ok((Answer::Shared(copy), stale_of(StaleReason::Error, at)));
@@ -428,6 +430,14 @@ where
             ctl.count_refresh(outcome);
         }));
     }
+}
+
+/// Whether `e` is a caller's own deadline (its wait timeout, its
+/// request's budget), not the work's failure.
+fn own_deadline(e: &BoxError) -> bool {
+    e.is::<WaitTimeout>()
+        || e.downcast_ref::<DeadlineExceeded>()
+            .is_some_and(|d| d.phase() == "request")
 }
 
 /// Whether `past` is within `window` (a zero window is off).

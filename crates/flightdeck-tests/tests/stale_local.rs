@@ -788,6 +788,29 @@ fn a_call_outside_a_runtime_is_answered_by_the_copy() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// A call with one more header.
+fn call_with(
+    app: &App,
+    name: &'static str,
+    value: &'static str,
+) -> impl std::future::Future<Output = Got> + Send + 'static {
+    let router = app.router.clone();
+    async move {
+        let mut r = req();
+        r.headers_mut().insert(name, value.parse().unwrap());
+        let res = router.oneshot(r).await.unwrap();
+        let stale = res.extensions().get::<Stale>().copied();
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Got {
+            status: parts.status,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+            headers: parts.headers,
+            stale,
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_purge_while_callers_wait_keeps_the_purged_copy_from_answering() {
     // At the soft timeout: the copy taken when the caller came was purged
@@ -823,4 +846,23 @@ async fn a_purge_while_callers_wait_keeps_the_purged_copy_from_answering() {
     let got = waiting.await.unwrap();
     assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(got.stale.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_deadline_throttles_nobody() {
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("deadline-throttle", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.stale_retry_after = Duration::from_secs(30);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // This caller gives up at its own deadline; the work has not failed.
+    call_with(&app, "x-request-timeout", "100ms").await;
+    // The next caller is not throttled: its work runs and answers.
+    let next = call(&app).await;
+    assert_eq!(next.status, StatusCode::OK);
+    assert!(next.stale.is_none(), "{next:?}");
+    assert_ne!(next.body, "v1");
 }
