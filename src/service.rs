@@ -403,8 +403,22 @@ where
         let ctl = Arc::clone(&stage.ctl);
         let started = Instant::now();
         let purged = setup.kept.purged(&key);
+        let retry_after = stage.ctl.cfg.stale_retry_after;
         drop(rt.spawn(async move {
-            let outcome = match run.await {
+            let out = run.await;
+            // A failing refresh throttles the key as a failing flight does
+            // (`stale-retry-after`): the copy answers, the work waits.
+            let failed = match &out {
+                Ok(Answer::Led(v) | Answer::Shared(v)) => setup.failures.failed(Ok(v)),
+                Ok(Answer::Own(_)) => false,
+                Err(e) => {
+                    !own_deadline(e) && !e.is::<FlightAbandoned>() && setup.failures.failed(Err(e))
+                }
+            };
+            if failed && !retry_after.is_zero() {
+                setup.kept.throttle(&key, Instant::now() + retry_after);
+            }
+            let outcome = match out {
                 Ok(Answer::Led(v) | Answer::Shared(v)) => {
                     if setup.failures.failed(Ok(&v)) {
                         RefreshOutcome::Failed

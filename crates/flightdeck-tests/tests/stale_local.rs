@@ -866,3 +866,33 @@ async fn a_callers_own_deadline_throttles_nobody() {
     assert!(next.stale.is_none(), "{next:?}");
     assert_ne!(next.body, "v1");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_refresh_is_throttled_by_stale_retry_after() {
+    let origin = Origin::new(Duration::from_millis(50));
+    let app = app("refresh-throttle", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(60);
+        c.stale_if_error = Duration::from_secs(60);
+        c.stale_retry_after = Duration::from_secs(10);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    settle().await;
+    assert_eq!(origin.calls(), 2, "the refresh ran and failed");
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(call(&app).await.body, "v1");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        settle().await;
+        assert_eq!(origin.calls(), 2, "throttled: no refresh");
+    }
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    settle().await;
+    assert_eq!(origin.calls(), 3, "one try after the throttle");
+}
