@@ -896,3 +896,27 @@ async fn a_failing_refresh_is_throttled_by_stale_retry_after() {
     settle().await;
     assert_eq!(origin.calls(), 3, "one try after the throttle");
 }
+
+#[tokio::test(start_paused = true)]
+async fn cache_status_ttl_is_a_whole_second_never_minus_zero() {
+    let origin = Origin::new(Duration::from_millis(10));
+    let app = app("status-subsecond", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(5);
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.cache_status = true;
+    });
+    call(&app).await;
+    // Half a second left: fresh, 0 whole seconds left.
+    tokio::time::advance(Duration::from_millis(4_500)).await;
+    let hit = call(&app).await;
+    assert_eq!(hit.headers["cache-status"], "flightdeck; hit; ttl=0");
+    // Half a second past: stale, so the ttl is negative (RFC 9211: the
+    // remaining freshness; an sf-integer is never "-0").
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let stale = call(&app).await;
+    assert_eq!(
+        stale.headers["cache-status"],
+        "flightdeck; fwd=stale; ttl=-1; detail=revalidate"
+    );
+    assert_eq!(stale.headers["age"], "5");
+}
