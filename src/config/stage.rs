@@ -173,7 +173,8 @@ pub struct StageConfig {
     #[cfg_attr(feature = "serde", serde(with = "duration"))]
     pub hit_for_pass: Duration,
     /// Kept results (fresh or stale) of the stage on this node, at most
-    /// (10,000; the oldest goes first). Used only when a window is on.
+    /// (10,000; the oldest goes first). Used only when the stage keeps
+    /// results: a window, hit-for-pass, or `cache-status` with a replay.
     pub stale_max_entries: usize,
     /// Bytes of kept results of the stage on this node, at most (64 MiB,
     /// counted by the codec's encoded size; the oldest goes first).
@@ -477,17 +478,23 @@ impl StageConfig {
                 );
             }
         }
-        if self.stale_windows().any() {
+        // Hit-for-pass and `cache-status` keep results too: a zero bound
+        // would turn them off in silence.
+        if self.keeps_results() {
             if self.stale_max_entries == 0 {
                 return bad(
                     "stale-max-entries",
-                    "must be positive while a stale window is on".into(),
+                    "must be positive while a stale window, hit-for-pass or cache-status \
+                     keeps results"
+                        .into(),
                 );
             }
             if self.stale_max_bytes == 0 {
                 return bad(
                     "stale-max-bytes",
-                    "must be positive while a stale window is on".into(),
+                    "must be positive while a stale window, hit-for-pass or cache-status \
+                     keeps results"
+                        .into(),
                 );
             }
         }
