@@ -255,6 +255,8 @@ impl<V: Clone> Kept<V> {
     pub(crate) fn purge(&self, key: &FlightKey) {
         let mut inner = self.lock();
         inner.remove(key);
+        // Its hit-for-pass goes too: the next response decides anew.
+        inner.passes.remove(key);
         let gen = self.next();
         inner.purged.insert(key.clone(), gen);
         inner.purge_order.push_back((gen, key.clone()));
@@ -269,11 +271,16 @@ impl<V: Clone> Kept<V> {
         }
     }
 
-    /// Remembers that `key`'s last response could not be shared, until
-    /// `until`.
-    pub(crate) fn pass(&self, key: &FlightKey, until: Instant) {
+    /// Remembers that `key`'s last response, of the work that took
+    /// `ticket`, could not be shared, until `until`; not when a purge of
+    /// `key` came after that work started.
+    pub(crate) fn pass(&self, key: &FlightKey, ticket: Ticket, until: Instant) {
         let now = Instant::now();
         let mut inner = self.lock();
+        let purged = inner.purged.get(key).copied().unwrap_or(0);
+        if ticket.gen < inner.purge_floor || purged > ticket.gen {
+            return;
+        }
         inner.passes.insert(key.clone(), until);
         inner.pass_order.push_back((until, key.clone()));
         while let Some((at, k)) = inner.pass_order.front() {

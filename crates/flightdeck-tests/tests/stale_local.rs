@@ -920,3 +920,30 @@ async fn cache_status_ttl_is_a_whole_second_never_minus_zero() {
     );
     assert_eq!(stale.headers["age"], "5");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_ends_a_keys_hit_for_pass_even_one_racing_it() {
+    let origin = Origin::new(Duration::from_millis(500));
+    origin.cookie.store(true, Ordering::SeqCst);
+    let app = app("pass-purge", &origin, |c| {
+        c.hit_for_pass = Duration::from_secs(30);
+    });
+    // A pass remembered before the purge goes with it.
+    call(&app).await;
+    assert!(app.layer.invalidate_request(req()).await.unwrap());
+    origin.cookie.store(false, Ordering::SeqCst);
+    futures_join_all((0..5).map(|_| call(&app))).await;
+    assert_eq!(origin.calls(), 2, "callers coalesce again after the purge");
+
+    // A response of work that started before the purge, and ends after
+    // it, remembers no pass either.
+    origin.cookie.store(true, Ordering::SeqCst);
+    let running = tokio::spawn(call(&app));
+    settle().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(app.layer.invalidate_request(req()).await.unwrap());
+    assert!(running.await.unwrap().headers.contains_key("set-cookie"));
+    origin.cookie.store(false, Ordering::SeqCst);
+    futures_join_all((0..5).map(|_| call(&app))).await;
+    assert_eq!(origin.calls(), 4, "callers coalesce again after the purge");
+}
