@@ -383,10 +383,15 @@ where
     /// Runs one refresh of `key` in the background (grace, early refresh): a
     /// flight of its own that callers arriving meanwhile may join, finished
     /// even when nobody waits, bounded by the execution timeout (and L1's
-    /// wait timeout for this caller). Its result replaces the copy unless a
-    /// purge came after it started.
+    /// wait timeout for this caller), never by the triggering caller's
+    /// budget. Its result replaces the copy unless a purge came after it
+    /// started.
     fn refresh(self) {
-        let leader = self;
+        let mut leader = self;
+        // The refresh is every caller's: bounded by the stage's own
+        // settings, not by the budget of the caller that started it.
+        leader.bound = leader.stage.ctl.cfg.execution_timeout;
+        leader.coordination = None;
         let stage = Arc::clone(&leader.stage);
         let key = leader.key.clone();
         let Some(setup) = stage.stale.clone() else {

@@ -1220,3 +1220,28 @@ async fn nothing_is_left_behind_after_quiescence() {
     assert!(stale > 0);
     assert_eq!(counted, stale, "one count per stale answer");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_refresh_is_not_bound_by_the_budget_of_the_caller_that_started_it() {
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("refresh-budget", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(60);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // This caller's budget gives the work 200 ms: its own business.
+    let budgeted = tower::ServiceBuilder::new()
+        .layer(
+            flightdeck::budget::BudgetLayer::new(Duration::from_secs(10))
+                .execution(Duration::from_millis(200)),
+        )
+        .service(app.router.clone());
+    let res = budgeted.oneshot(req()).await.unwrap();
+    assert!(res.extensions().get::<Stale>().is_some());
+    // The refresh it started is everyone's: it runs to its end.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    settle().await;
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+}
