@@ -216,7 +216,7 @@ where
     /// `redis_down`): otherwise the store keeps and answers results across
     /// nodes.
     fn stale_paths(self, caller: Caller, share: Sh) -> ServiceFuture<S, Req, R, Sh> {
-        let leader = self;
+        let mut leader = self;
         let stage = &Arc::clone(&leader.stage);
         let key = leader.key.clone();
         let ctl = &stage.ctl;
@@ -311,6 +311,9 @@ where
         let caller = if soft.is_zero() {
             caller
         } else {
+            // The work its callers may leave goes on, but not past the
+            // longest a caller waits when no execution timeout bounds it.
+            leader.bound = leader.bound.or(Some(cfg.wait_timeout));
             caller.on_abandon(OnAbandon::Finish)
         };
         let run = stage.local.run(&key, caller, leader);
@@ -390,7 +393,10 @@ where
         let mut leader = self;
         // The refresh is every caller's: bounded by the stage's own
         // settings, not by the budget of the caller that started it.
-        leader.bound = leader.stage.ctl.cfg.execution_timeout;
+        // Without an execution timeout, the longest a caller waits: no
+        // work runs on for nobody.
+        let cfg = &leader.stage.ctl.cfg;
+        leader.bound = Some(cfg.execution_timeout.unwrap_or(cfg.wait_timeout));
         leader.coordination = None;
         let stage = Arc::clone(&leader.stage);
         let key = leader.key.clone();

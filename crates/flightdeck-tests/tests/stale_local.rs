@@ -1245,3 +1245,38 @@ async fn a_refresh_is_not_bound_by_the_budget_of_the_caller_that_started_it() {
     let got = call(&app).await;
     assert_eq!((got.body.as_str(), got.stale), ("v2", None));
 }
+
+#[tokio::test(start_paused = true)]
+async fn work_left_in_the_background_ends_without_an_execution_timeout() {
+    let origin = Origin::new(Duration::from_millis(100));
+    let grace = app("background-grace", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(600);
+    });
+    let soft = app("background-soft", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(600);
+        c.soft_timeout = Duration::from_millis(100);
+    });
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    call(&grace).await;
+    call(&soft).await;
+    let base = alive();
+    // The work hangs; nobody waits for it past the soft timeout, and a
+    // refresh has no caller of its own.
+    origin.work.store(3_600_000, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(call(&grace).await.stale.is_some());
+    assert!(call(&soft).await.stale.is_some());
+    // Past the stage's wait timeout (35 s), it is cut, as a caller's
+    // would be.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    settle().await;
+    assert_eq!(grace.layer.running_flights("background-grace"), Some(0));
+    assert_eq!(soft.layer.running_flights("background-soft"), Some(0));
+    assert_eq!(alive(), base, "no work left running for nobody");
+}
