@@ -381,6 +381,10 @@ fn every_bad_value_names_its_stage_and_field() {
             "stale-max-entries",
         ),
         (
+            "stale-if-error = \"1m\"\nsoft-timeout = \"35s\"",
+            "soft-timeout",
+        ),
+        (
             "hit-for-pass = \"1m\"\nstale-max-entries = 0",
             "stale-max-entries",
         ),

@@ -159,7 +159,7 @@ pub struct StageConfig {
     pub stale_retry_after: Duration,
     /// Callers still waiting for the work after this long get a kept
     /// result, if one is within its windows; the work goes on (0: off;
-    /// shorter than `execution-timeout`).
+    /// shorter than `execution-timeout` and `wait-timeout`).
     #[cfg_attr(feature = "serde", serde(with = "duration"))]
     pub soft_timeout: Duration,
     /// For this long before its freshness ends, a result may be refreshed
@@ -465,6 +465,15 @@ impl StageConfig {
             return bad(
                 "early-refresh",
                 "needs replay-ttl: it refreshes a result before its replay ends".into(),
+            );
+        }
+        if !self.soft_timeout.is_zero() && self.soft_timeout >= self.wait_timeout {
+            return bad(
+                "soft-timeout",
+                format!(
+                    "{:?} must be shorter than wait-timeout ({:?}): no caller waits that long",
+                    self.soft_timeout, self.wait_timeout
+                ),
             );
         }
         if let Some(hard) = self.execution_timeout {
