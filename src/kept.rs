@@ -39,6 +39,8 @@ pub(crate) struct Look<V> {
     pub(crate) took: Duration,
     /// A failure answered by it throttles the work until then.
     pub(crate) retry_until: Option<Instant>,
+    /// The generation of the work that produced it: which copy this is.
+    pub(crate) gen: u64,
 }
 
 /// `key`'s last response could not be shared: its callers run their own.
@@ -153,6 +155,13 @@ impl<V: Clone> Kept<V> {
         self.lock().look(key, now, self.keep_for)
     }
 
+    /// Whether the copy of generation `gen` is still `key`'s and may
+    /// still answer: not purged, replaced or expired since it was looked
+    /// up.
+    pub(crate) fn holds(&self, key: &FlightKey, gen: u64) -> bool {
+        self.look(key).is_some_and(|l| l.gen == gen)
+    }
+
     /// Offers the result of the work that took `ticket`.
     pub(crate) fn put(&self, key: &FlightKey, ticket: Ticket, value: V, size: usize) -> Put {
         let now = Instant::now();
@@ -246,6 +255,8 @@ impl<V: Clone> Kept<V> {
     pub(crate) fn purge(&self, key: &FlightKey) {
         let mut inner = self.lock();
         inner.remove(key);
+        // Its hit-for-pass goes too: the next response decides anew.
+        inner.passes.remove(key);
         let gen = self.next();
         inner.purged.insert(key.clone(), gen);
         inner.purge_order.push_back((gen, key.clone()));
@@ -260,11 +271,16 @@ impl<V: Clone> Kept<V> {
         }
     }
 
-    /// Remembers that `key`'s last response could not be shared, until
-    /// `until`.
-    pub(crate) fn pass(&self, key: &FlightKey, until: Instant) {
+    /// Remembers that `key`'s last response, of the work that took
+    /// `ticket`, could not be shared, until `until`; not when a purge of
+    /// `key` came after that work started.
+    pub(crate) fn pass(&self, key: &FlightKey, ticket: Ticket, until: Instant) {
         let now = Instant::now();
         let mut inner = self.lock();
+        let purged = inner.purged.get(key).copied().unwrap_or(0);
+        if ticket.gen < inner.purge_floor || purged > ticket.gen {
+            return;
+        }
         inner.passes.insert(key.clone(), until);
         inner.pass_order.push_back((until, key.clone()));
         while let Some((at, k)) = inner.pass_order.front() {
@@ -299,6 +315,7 @@ impl<V: Clone> Inner<V> {
             done: e.done,
             took: e.took,
             retry_until: e.retry_until,
+            gen: e.gen,
         })
     }
 }

@@ -113,7 +113,7 @@ where
                 }
                 Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
                     let until = tokio::time::Instant::now() + r.pass_for;
-                    r.setup.kept.pass(&r.key, until);
+                    r.setup.kept.pass(&r.key, r.ticket, until);
                 }
                 _ => {}
             }

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use flightdeck_budget::{Phase, Slices};
 use flightdeck_core::error::BoxError;
-use flightdeck_core::error::{FlightAbandoned, WaitTimeout};
+use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout};
 use flightdeck_core::stale::{Stale, StaleReason};
 use flightdeck_core::{ErrorClass, Serves, Share, Shareable, SharedForm};
 use flightdeck_local::future::Run;
@@ -216,7 +216,7 @@ where
     /// `redis_down`): otherwise the store keeps and answers results across
     /// nodes.
     fn stale_paths(self, caller: Caller, share: Sh) -> ServiceFuture<S, Req, R, Sh> {
-        let leader = self;
+        let mut leader = self;
         let stage = &Arc::clone(&leader.stage);
         let key = leader.key.clone();
         let ctl = &stage.ctl;
@@ -311,6 +311,9 @@ where
         let caller = if soft.is_zero() {
             caller
         } else {
+            // The work its callers may leave goes on, but not past the
+            // longest a caller waits when no execution timeout bounds it.
+            leader.bound = leader.bound.or(Some(cfg.wait_timeout));
             caller.on_abandon(OnAbandon::Finish)
         };
         let run = stage.local.run(&key, caller, leader);
@@ -318,10 +321,16 @@ where
         let ctl = Arc::clone(ctl);
         let copy = look.value;
         let done = look.done;
+        let gen = look.gen;
         let fut = async move {
             // How far past its freshness the copy is now, if it may still
-            // answer in `window`: it never answers past freshness + window.
+            // answer in `window`: it never answers past freshness + window,
+            // nor once it is no longer the key's copy (purged, or replaced
+            // by a newer result that callers may have been given).
             let past_within = |window: Duration| {
+                if !setup.kept.holds(&key, gen) {
+                    return None;
+                }
                 let age = Instant::now().saturating_duration_since(done);
                 let past = age.saturating_sub(fresh);
                 within(past, window).then_some((age, past))
@@ -357,7 +366,9 @@ where
             };
             let if_error = past_within(windows.if_error).filter(|_| failed);
             if let Some(at) = if_error {
-                if !retry_after.is_zero() {
+                // A caller's own deadline says nothing of the work: it
+                // throttles nobody else.
+                if !retry_after.is_zero() && !out.as_ref().is_err_and(own_deadline) {
                     setup.kept.throttle(&key, Instant::now() + retry_after);
                 }
                 return Ok((Answer::Shared(copy), stale_of(StaleReason::Error, at)));
@@ -375,10 +386,18 @@ where
     /// Runs one refresh of `key` in the background (grace, early refresh): a
     /// flight of its own that callers arriving meanwhile may join, finished
     /// even when nobody waits, bounded by the execution timeout (and L1's
-    /// wait timeout for this caller). Its result replaces the copy unless a
-    /// purge came after it started.
+    /// wait timeout for this caller), never by the triggering caller's
+    /// budget. Its result replaces the copy unless a purge came after it
+    /// started.
     fn refresh(self) {
-        let leader = self;
+        let mut leader = self;
+        // The refresh is every caller's: bounded by the stage's own
+        // settings, not by the budget of the caller that started it.
+        // Without an execution timeout, the longest a caller waits: no
+        // work runs on for nobody.
+        let cfg = &leader.stage.ctl.cfg;
+        leader.bound = Some(cfg.execution_timeout.unwrap_or(cfg.wait_timeout));
+        leader.coordination = None;
         let stage = Arc::clone(&leader.stage);
         let key = leader.key.clone();
         let Some(setup) = stage.stale.clone() else {
@@ -395,8 +414,22 @@ where
         let ctl = Arc::clone(&stage.ctl);
         let started = Instant::now();
         let purged = setup.kept.purged(&key);
+        let retry_after = stage.ctl.cfg.stale_retry_after;
         drop(rt.spawn(async move {
-            let outcome = match run.await {
+            let out = run.await;
+            // A failing refresh throttles the key as a failing flight does
+            // (`stale-retry-after`): the copy answers, the work waits.
+            let failed = match &out {
+                Ok(Answer::Led(v) | Answer::Shared(v)) => setup.failures.failed(Ok(v)),
+                Ok(Answer::Own(_)) => false,
+                Err(e) => {
+                    !own_deadline(e) && !e.is::<FlightAbandoned>() && setup.failures.failed(Err(e))
+                }
+            };
+            if failed && !retry_after.is_zero() {
+                setup.kept.throttle(&key, Instant::now() + retry_after);
+            }
+            let outcome = match out {
                 Ok(Answer::Led(v) | Answer::Shared(v)) => {
                     if setup.failures.failed(Ok(&v)) {
                         RefreshOutcome::Failed
@@ -422,6 +455,14 @@ where
             ctl.count_refresh(outcome);
         }));
     }
+}
+
+/// Whether `e` is a caller's own deadline (its wait timeout, its
+/// request's budget), not the work's failure.
+fn own_deadline(e: &BoxError) -> bool {
+    e.is::<WaitTimeout>()
+        || e.downcast_ref::<DeadlineExceeded>()
+            .is_some_and(|d| d.phase() == "request")
 }
 
 /// Whether `past` is within `window` (a zero window is off).

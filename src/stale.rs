@@ -49,9 +49,11 @@ impl Served {
     pub fn cache_status(&self) -> String {
         match self {
             Served::Hit { ttl, .. } => format!("flightdeck; hit; ttl={}", ttl.as_secs()),
+            // The remaining freshness in whole seconds, rounded down: a
+            // stale answer's is negative (an sf-integer is never "-0").
             Served::Stale { stale, past } => format!(
-                "flightdeck; fwd=stale; ttl=-{}; detail={}",
-                past.as_secs(),
+                "flightdeck; fwd=stale; ttl={}; detail={}",
+                -i128::from(past.as_secs() + u64::from(past.subsec_nanos() > 0)),
                 stale.reason.as_str()
             ),
             Served::Miss => "flightdeck; fwd=miss".to_owned(),

@@ -380,6 +380,22 @@ fn every_bad_value_names_its_stage_and_field() {
             "stale-max-entries = 18446744073709551615",
             "stale-max-entries",
         ),
+        (
+            "stale-if-error = \"1m\"\nsoft-timeout = \"35s\"",
+            "soft-timeout",
+        ),
+        (
+            "hit-for-pass = \"1m\"\nstale-max-entries = 0",
+            "stale-max-entries",
+        ),
+        (
+            "hit-for-pass = \"1m\"\nstale-max-bytes = 0",
+            "stale-max-bytes",
+        ),
+        (
+            "cache-status = true\nreplay-ttl = \"5s\"\nstale-max-entries = 0",
+            "stale-max-entries",
+        ),
     ];
     for (line, field) in cases {
         // Every case is a local-only stage (no backend needed) unless the

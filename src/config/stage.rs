@@ -159,7 +159,7 @@ pub struct StageConfig {
     pub stale_retry_after: Duration,
     /// Callers still waiting for the work after this long get a kept
     /// result, if one is within its windows; the work goes on (0: off;
-    /// shorter than `execution-timeout`).
+    /// shorter than `execution-timeout` and `wait-timeout`).
     #[cfg_attr(feature = "serde", serde(with = "duration"))]
     pub soft_timeout: Duration,
     /// For this long before its freshness ends, a result may be refreshed
@@ -173,7 +173,8 @@ pub struct StageConfig {
     #[cfg_attr(feature = "serde", serde(with = "duration"))]
     pub hit_for_pass: Duration,
     /// Kept results (fresh or stale) of the stage on this node, at most
-    /// (10,000; the oldest goes first). Used only when a window is on.
+    /// (10,000; the oldest goes first). Used only when the stage keeps
+    /// results: a window, hit-for-pass, or `cache-status` with a replay.
     pub stale_max_entries: usize,
     /// Bytes of kept results of the stage on this node, at most (64 MiB,
     /// counted by the codec's encoded size; the oldest goes first).
@@ -466,6 +467,15 @@ impl StageConfig {
                 "needs replay-ttl: it refreshes a result before its replay ends".into(),
             );
         }
+        if !self.soft_timeout.is_zero() && self.soft_timeout >= self.wait_timeout {
+            return bad(
+                "soft-timeout",
+                format!(
+                    "{:?} must be shorter than wait-timeout ({:?}): no caller waits that long",
+                    self.soft_timeout, self.wait_timeout
+                ),
+            );
+        }
         if let Some(hard) = self.execution_timeout {
             if !self.soft_timeout.is_zero() && self.soft_timeout >= hard {
                 return bad(
@@ -477,17 +487,23 @@ impl StageConfig {
                 );
             }
         }
-        if self.stale_windows().any() {
+        // Hit-for-pass and `cache-status` keep results too: a zero bound
+        // would turn them off in silence.
+        if self.keeps_results() {
             if self.stale_max_entries == 0 {
                 return bad(
                     "stale-max-entries",
-                    "must be positive while a stale window is on".into(),
+                    "must be positive while a stale window, hit-for-pass or cache-status \
+                     keeps results"
+                        .into(),
                 );
             }
             if self.stale_max_bytes == 0 {
                 return bad(
                     "stale-max-bytes",
-                    "must be positive while a stale window is on".into(),
+                    "must be positive while a stale window, hit-for-pass or cache-status \
+                     keeps results"
+                        .into(),
                 );
             }
         }

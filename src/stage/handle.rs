@@ -162,7 +162,9 @@ impl StageHandle {
 
     /// Purges `key`: this node's copies of its result (the replayed one,
     /// the stale one) go at once, a flight of it running now finishes for
-    /// its own callers but its result is neither replayed nor kept, and,
+    /// its own callers but its result is neither replayed nor kept, the
+    /// key's hit-for-pass ends (a response of work that started before
+    /// the purge starts none), and,
     /// on a stage with a backend, the stored result goes across the
     /// deployment (`Backend::invalidate`: a new generation fences a
     /// running owner's commit). The error is the backend's; this node's

@@ -2,7 +2,9 @@
 //! the HTTP layer around an axum router: grace (stale-while-revalidate),
 //! stale-if-error with its throttle, the soft timeout, early refresh
 //! (XFetch, seeded), hit-for-pass, a purge during a refresh, and what
-//! the answers say (the `Stale` marker, `Cache-Status`, `Age`).
+//! the answers say (the `Stale` marker, `Cache-Status`, `Age`); then the
+//! edges: windows ending exactly, refreshes out of order, purges in each
+//! phase, panics, deadlines, mode switches, and quiescence.
 
 #![cfg(feature = "http")]
 
@@ -30,6 +32,8 @@ struct Origin {
     calls: AtomicUsize,
     status: AtomicU16,
     cookie: AtomicBool,
+    /// Whether an execution panics (after its work).
+    panic: AtomicBool,
     /// Milliseconds each execution takes.
     work: AtomicU64,
 }
@@ -40,6 +44,7 @@ impl Origin {
             calls: AtomicUsize::new(0),
             status: AtomicU16::new(200),
             cookie: AtomicBool::new(false),
+            panic: AtomicBool::new(false),
             work: AtomicU64::new(work.as_millis() as u64),
         })
     }
@@ -52,6 +57,7 @@ impl Origin {
 async fn page(State(origin): State<Arc<Origin>>) -> Response<Body> {
     let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
     tokio::time::sleep(Duration::from_millis(origin.work.load(Ordering::SeqCst))).await;
+    assert!(!origin.panic.load(Ordering::SeqCst), "the origin panics");
     let mut res = Response::builder().status(origin.status.load(Ordering::SeqCst));
     if origin.cookie.load(Ordering::SeqCst) {
         res = res.header("set-cookie", format!("session={n}"));
@@ -786,4 +792,491 @@ fn a_call_outside_a_runtime_is_answered_by_the_copy() {
         }
     });
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A call with one more header.
+fn call_with(
+    app: &App,
+    name: &'static str,
+    value: &'static str,
+) -> impl std::future::Future<Output = Got> + Send + 'static {
+    let router = app.router.clone();
+    async move {
+        let mut r = req();
+        r.headers_mut().insert(name, value.parse().unwrap());
+        let res = router.oneshot(r).await.unwrap();
+        let stale = res.extensions().get::<Stale>().copied();
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Got {
+            status: parts.status,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+            headers: parts.headers,
+            stale,
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_while_callers_wait_keeps_the_purged_copy_from_answering() {
+    // At the soft timeout: the copy taken when the caller came was purged
+    // since; the caller waits on for the work's own answer.
+    let origin = Origin::new(Duration::from_secs(1));
+    let soft = app("purge-soft", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.soft_timeout = Duration::from_millis(500);
+        c.execution_timeout = Some(Duration::from_secs(5));
+    });
+    assert_eq!(call(&soft).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let waiting = tokio::spawn(call(&soft));
+    settle().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(soft.layer.invalidate_request(req()).await.unwrap());
+    let got = waiting.await.unwrap();
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+
+    // On a failure: the purged copy does not answer it either.
+    let failing = app("purge-error", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+    });
+    assert_eq!(call(&failing).await.status, StatusCode::OK);
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let waiting = tokio::spawn(call(&failing));
+    settle().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(failing.layer.invalidate_request(req()).await.unwrap());
+    let got = waiting.await.unwrap();
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(got.stale.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_deadline_throttles_nobody() {
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("deadline-throttle", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.stale_retry_after = Duration::from_secs(30);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // This caller gives up at its own deadline; the work has not failed.
+    call_with(&app, "x-request-timeout", "100ms").await;
+    // The next caller is not throttled: its work runs and answers.
+    let next = call(&app).await;
+    assert_eq!(next.status, StatusCode::OK);
+    assert!(next.stale.is_none(), "{next:?}");
+    assert_ne!(next.body, "v1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_refresh_is_throttled_by_stale_retry_after() {
+    let origin = Origin::new(Duration::from_millis(50));
+    let app = app("refresh-throttle", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(60);
+        c.stale_if_error = Duration::from_secs(60);
+        c.stale_retry_after = Duration::from_secs(10);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    settle().await;
+    assert_eq!(origin.calls(), 2, "the refresh ran and failed");
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(call(&app).await.body, "v1");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        settle().await;
+        assert_eq!(origin.calls(), 2, "throttled: no refresh");
+    }
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    settle().await;
+    assert_eq!(origin.calls(), 3, "one try after the throttle");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cache_status_ttl_is_a_whole_second_never_minus_zero() {
+    let origin = Origin::new(Duration::from_millis(10));
+    let app = app("status-subsecond", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(5);
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.cache_status = true;
+    });
+    call(&app).await;
+    // Half a second left: fresh, 0 whole seconds left.
+    tokio::time::advance(Duration::from_millis(4_500)).await;
+    let hit = call(&app).await;
+    assert_eq!(hit.headers["cache-status"], "flightdeck; hit; ttl=0");
+    // Half a second past: stale, so the ttl is negative (RFC 9211: the
+    // remaining freshness; an sf-integer is never "-0").
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let stale = call(&app).await;
+    assert_eq!(
+        stale.headers["cache-status"],
+        "flightdeck; fwd=stale; ttl=-1; detail=revalidate"
+    );
+    assert_eq!(stale.headers["age"], "5");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_answers_exactly_at_the_end_of_its_window_and_never_after() {
+    let origin = Origin::new(Duration::ZERO);
+    let edge = |stage| {
+        app(stage, &origin, |c| {
+            c.replay_ttl = Duration::from_secs(1);
+            c.stale_if_error = Duration::from_secs(5);
+        })
+    };
+    let at = edge("edge-at");
+    let after = edge("edge-after");
+    assert_eq!(call(&at).await.body, "v1");
+    assert_eq!(call(&after).await.body, "v2");
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(6)).await;
+    let got = call(&at).await;
+    assert_eq!(got.body, "v1");
+    assert_eq!(got.stale.unwrap().age, Duration::from_secs(6));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let got = call(&after).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(got.stale.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn time_past_the_window_while_a_refresh_runs_waits_for_the_refresh() {
+    let origin = Origin::new(Duration::from_secs(5));
+    let app = app("grace-jump", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(2);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    settle().await;
+    // Past freshness + window while the refresh still runs: the copy no
+    // longer answers; the caller joins the refresh.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+    assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hundred_callers_of_a_failing_key_run_it_once_per_retry_after() {
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = app("hundred", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(600);
+        c.stale_retry_after = Duration::from_secs(10);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.status.store(503, Ordering::SeqCst);
+    for round in 0..5 {
+        tokio::time::advance(Duration::from_secs(4)).await;
+        let got = futures_join_all((0..100).map(|_| call(&app))).await;
+        assert!(got
+            .iter()
+            .all(|g| g.body == "v1" && g.status == StatusCode::OK));
+        // t = 4, 8 | 12, 16, 20 | 24: a try at 4 and at 16 (10 s after 4,
+        // plus the work), none between.
+        let expected = 1 + 1 + usize::from(round >= 3);
+        assert_eq!(origin.calls(), expected, "round {round}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_refresh_ends_and_frees_its_claim() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = app("grace-panic", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(60);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.panic.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    settle().await;
+    assert_eq!(
+        common::counter_with(metric::REFRESH_TOTAL, "grace-panic", "outcome", "failed"),
+        1
+    );
+    assert_eq!(app.layer.running_flights("grace-panic"), Some(0));
+    origin.panic.store(false, Ordering::SeqCst);
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    settle().await;
+    assert_eq!(call(&app).await.body, "v3", "another refresh ran");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leaders_deadline_leaves_its_waiters_their_answer() {
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("leader-deadline", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.stale_retry_after = Duration::from_secs(30);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let impatient = tokio::spawn(call_with(&app, "x-request-timeout", "100ms"));
+    settle().await;
+    let patient = tokio::spawn(call(&app));
+    settle().await;
+    impatient.await.unwrap();
+    let got = patient.await.unwrap();
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+    assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_copy_kept_and_a_result_too_large_leaves_none() {
+    let origin = Origin::new(Duration::ZERO);
+    let app = app("bounds", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.stale_max_entries = 1;
+        c.stale_max_bytes = 200;
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // v2 is too large to keep: v1 must not answer once v2 was given.
+    origin.cookie.store(false, Ordering::SeqCst);
+    let big = Router::new()
+        .route("/p", get(|| async { "x".repeat(1_000) }))
+        .layer(app.layer.clone());
+    let got = answer(big).await;
+    assert_eq!(got.body.len(), 1_000);
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let got = call(&app).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{got:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_ends_a_keys_hit_for_pass_even_one_racing_it() {
+    let origin = Origin::new(Duration::from_millis(500));
+    origin.cookie.store(true, Ordering::SeqCst);
+    let app = app("pass-purge", &origin, |c| {
+        c.hit_for_pass = Duration::from_secs(30);
+    });
+    // A pass remembered before the purge goes with it.
+    call(&app).await;
+    assert!(app.layer.invalidate_request(req()).await.unwrap());
+    origin.cookie.store(false, Ordering::SeqCst);
+    futures_join_all((0..5).map(|_| call(&app))).await;
+    assert_eq!(origin.calls(), 2, "callers coalesce again after the purge");
+
+    // A response of work that started before the purge, and ends after
+    // it, remembers no pass either.
+    origin.cookie.store(true, Ordering::SeqCst);
+    let running = tokio::spawn(call(&app));
+    settle().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(app.layer.invalidate_request(req()).await.unwrap());
+    assert!(running.await.unwrap().headers.contains_key("set-cookie"));
+    origin.cookie.store(false, Ordering::SeqCst);
+    futures_join_all((0..5).map(|_| call(&app))).await;
+    assert_eq!(origin.calls(), 4, "callers coalesce again after the purge");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_older_refresh_ending_after_a_purge_and_a_newer_one_is_dropped() {
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = app("out-of-order", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // R1 (v2) takes 3 s.
+    origin.work.store(3_000, Ordering::SeqCst);
+    assert_eq!(call(&app).await.body, "v1");
+    settle().await;
+    assert!(app.layer.invalidate_request(req()).await.unwrap());
+    // After the purge: a flight of its own (v3), 100 ms.
+    origin.work.store(100, Ordering::SeqCst);
+    assert_eq!(call(&app).await.body, "v3");
+    // v3 goes stale; its refresh R2 (v4) ends long before R1.
+    tokio::time::advance(Duration::from_millis(1_100)).await;
+    assert_eq!(call(&app).await.body, "v3");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(call(&app).await.body, "v4");
+    // R1 ends now: its older result never replaces v4.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!(origin.calls(), 4);
+    let got = call(&app).await;
+    assert_eq!(got.body, "v4", "{got:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mode_switch_while_copies_exist() {
+    let origin = Origin::new(Duration::from_millis(100));
+    let mut c = StageConfig::new().mode(Mode::LocalOnly).backend("mem");
+    c.replay_ttl = Duration::from_secs(1);
+    c.stale_while_revalidate = Duration::from_secs(30);
+    let app = app_with("switch", &origin, c);
+    let handle = app.layer.stage("switch").unwrap();
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let got = call(&app).await;
+    assert_eq!(got.stale.unwrap().reason, StaleReason::Revalidate);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // HYBRID, healthy: the copy is no stale answer; the store decides.
+    handle.set_mode(Mode::Hybrid).unwrap();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v3", None));
+    app.layer.flights().idle().await;
+    // Degraded: this node's copy (the HYBRID result) answers.
+    handle.breaker().force_open();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let got = call(&app).await;
+    assert_eq!(got.body, "v3");
+    let stale = got.stale.unwrap();
+    assert_eq!(stale.reason, StaleReason::RedisDown);
+    assert!(stale.age >= Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn soft_timeout_without_a_copy_or_past_the_callers_deadline() {
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("soft-edges", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(60);
+        c.soft_timeout = Duration::from_millis(500);
+        c.execution_timeout = Some(Duration::from_secs(5));
+    });
+    // No copy: the caller waits for the work, as without a soft timeout.
+    let started = Instant::now();
+    let got = call(&app).await;
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!((got.body.as_str(), got.stale), ("v1", None));
+    // A deadline before the soft timeout: the caller is answered at its
+    // deadline, never later.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    call_with(&app, "x-request-timeout", "200ms").await;
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_left_behind_after_quiescence() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(300));
+    let app = app("quiescent", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(5);
+        c.stale_if_error = Duration::from_secs(60);
+        c.soft_timeout = Duration::from_millis(100);
+        c.execution_timeout = Some(Duration::from_secs(2));
+    });
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    call(&app).await;
+    // The layer's own tasks, started by the first call.
+    let base = alive();
+    let mut stale = 0;
+    for i in 0..40u64 {
+        origin
+            .status
+            .store(if i % 3 == 0 { 503 } else { 200 }, Ordering::SeqCst);
+        origin.work.store(100 + (i % 5) * 700, Ordering::SeqCst);
+        tokio::time::advance(Duration::from_millis(400 + (i % 7) * 900)).await;
+        let got = futures_join_all((0..5).map(|_| call(&app))).await;
+        stale += got.iter().filter(|g| g.stale.is_some()).count() as u64;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    settle().await;
+    assert_eq!(app.layer.running_flights("quiescent"), Some(0));
+    assert_eq!(alive(), base, "no detached refresh or work left");
+    assert_eq!(
+        common::gauge(metric::ACTIVE_FLIGHTS, "quiescent"),
+        Some(0.0)
+    );
+    let counted: u64 = [
+        StaleReason::Revalidate,
+        StaleReason::Error,
+        StaleReason::SoftTimeout,
+        StaleReason::RedisDown,
+    ]
+    .into_iter()
+    .map(|r| stale_served("quiescent", r))
+    .sum();
+    assert!(stale > 0);
+    assert_eq!(counted, stale, "one count per stale answer");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refresh_is_not_bound_by_the_budget_of_the_caller_that_started_it() {
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = app("refresh-budget", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(60);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // This caller's budget gives the work 200 ms: its own business.
+    let budgeted = tower::ServiceBuilder::new()
+        .layer(
+            flightdeck::budget::BudgetLayer::new(Duration::from_secs(10))
+                .execution(Duration::from_millis(200)),
+        )
+        .service(app.router.clone());
+    let res = budgeted.oneshot(req()).await.unwrap();
+    assert!(res.extensions().get::<Stale>().is_some());
+    // The refresh it started is everyone's: it runs to its end.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    settle().await;
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_left_in_the_background_ends_without_an_execution_timeout() {
+    let origin = Origin::new(Duration::from_millis(100));
+    let grace = app("background-grace", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(600);
+    });
+    let soft = app("background-soft", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(600);
+        c.soft_timeout = Duration::from_millis(100);
+    });
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    call(&grace).await;
+    call(&soft).await;
+    let base = alive();
+    // The work hangs; nobody waits for it past the soft timeout, and a
+    // refresh has no caller of its own.
+    origin.work.store(3_600_000, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(call(&grace).await.stale.is_some());
+    assert!(call(&soft).await.stale.is_some());
+    // Past the stage's wait timeout (35 s), it is cut, as a caller's
+    // would be.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    settle().await;
+    assert_eq!(grace.layer.running_flights("background-grace"), Some(0));
+    assert_eq!(soft.layer.running_flights("background-soft"), Some(0));
+    assert_eq!(alive(), base, "no work left running for nobody");
 }
