@@ -30,15 +30,16 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use flightdeck_budget::{Phase, Slices};
 use flightdeck_core::error::BoxError;
-use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout};
+use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::stale::{Stale, StaleReason};
-use flightdeck_core::{ErrorClass, Serves, Share, Shareable, SharedForm};
+use flightdeck_core::{ErrorClass, Serves, Share, Shareable, SharedForm, StageName};
 use flightdeck_local::future::Run;
 use flightdeck_local::{Answer, Caller, FlightWork, OnAbandon};
 use tokio::time::Instant;
@@ -182,7 +183,7 @@ where
         let caller = Caller::new().deadline(at).on_abandon(on_abandon);
         let headers = ctl.cfg.cache_status;
         if stage.stale.is_some() {
-            return leader.stale_paths(caller, share);
+            return leader.stale_paths(caller, at, share);
         }
         ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share)
     }
@@ -215,7 +216,15 @@ where
     /// while its whole store is degraded (then every stale answer says
     /// `redis_down`): otherwise the store keeps and answers results across
     /// nodes.
-    fn stale_paths(self, caller: Caller, share: Sh) -> ServiceFuture<S, Req, R, Sh> {
+    ///
+    /// `at` is the caller's own deadline (also in `caller`): a run alone
+    /// (hit-for-pass) ends by it, as a flight's callers do.
+    fn stale_paths(
+        self,
+        caller: Caller,
+        at: Option<Instant>,
+        share: Sh,
+    ) -> ServiceFuture<S, Req, R, Sh> {
         let mut leader = self;
         let stage = &Arc::clone(&leader.stage);
         let key = leader.key.clone();
@@ -230,8 +239,9 @@ where
         if found.is_err() {
             ctl.count_hit_for_pass();
             let alone = leader.alone();
+            let stage_name = key.stage().clone();
             let fut = async move {
-                let answer = match alone.await? {
+                let answer = match own_run(alone, at, stage_name).await? {
                     Shareable::Shared(v) => Answer::Led(v),
                     Shareable::Unshared(o, _) => Answer::Own(o),
                 };
@@ -463,6 +473,35 @@ fn own_deadline(e: &BoxError) -> bool {
     e.is::<WaitTimeout>()
         || e.downcast_ref::<DeadlineExceeded>()
             .is_some_and(|d| d.phase() == "request")
+}
+
+/// A caller's run alone (hit-for-pass), as L1 runs a caller's own work:
+/// within the caller's deadline (a caller whose deadline has passed runs
+/// nothing), and a panic of the work is the caller's `WorkPanicked`.
+async fn own_run<T>(
+    run: impl Future<Output = Result<T, BoxError>>,
+    at: Option<Instant>,
+    stage: StageName,
+) -> Result<T, BoxError> {
+    let out_of_time = || Box::new(DeadlineExceeded::new("request")) as BoxError;
+    if at.is_some_and(|at| at <= Instant::now()) {
+        return Err(out_of_time());
+    }
+    let mut run = std::pin::pin!(run);
+    let caught = std::future::poll_fn(move |cx| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.as_mut().poll(cx)))
+            .unwrap_or_else(|_panic| {
+                Poll::Ready(Err(
+                    Box::new(WorkPanicked::new(Some(stage.clone()))) as BoxError
+                ))
+            })
+    });
+    match at {
+        None => caught.await,
+        Some(at) => tokio::time::timeout_at(at, caught)
+            .await
+            .unwrap_or_else(|_| Err(out_of_time())),
+    }
 }
 
 /// Whether `past` is within `window` (a zero window is off).

@@ -57,6 +57,13 @@ impl<V: Clone + Send + Sync + 'static> Purge for Purger<V> {
         Box::pin(async move {
             if let Some(l2) = &self.distributed {
                 l2.invalidate(key).await?;
+                // Until the store applied it, a flight here could still
+                // read the old result there and keep it: once more, now
+                // that nothing started from here on can.
+                if let Some(stale) = &self.stale {
+                    stale.kept.purge(key);
+                }
+                self.local.forget(key);
             }
             Ok(())
         })

@@ -37,14 +37,22 @@
 //!
 //! # What it found
 //!
-//! Four defects, each fixed with its seed as a regression test
+//! Eight defects, each fixed with its seed as a regression test
 //! (`tests/seeds.rs`): a waiter's own run past its deadline (seed 34), a
 //! `Set-Cookie` response handed to a waiter (111), a panic in a waiter's
 //! own run reaching its caller (562), a token whose ACQUIRE could still
-//! run left unreleased (491). And one limit, now in docs/guarantees.md:
-//! a late ACQUIRE (queued on a frozen server, or resent) can be granted
-//! once the record that knew its token is gone, leaving a lease nobody
-//! works on for one lease.
+//! run left unreleased (491); with the stale windows on, a hit-for-pass
+//! caller's run alone past its deadline (1017654) and its panic reaching
+//! the caller (1008810), and a soft timeout answering the copy it had
+//! looked up though a later result had replaced it since (1006980; the
+//! fix that keeps a purged copy from answering covers it), and a
+//! purge whose store was slow to apply it letting a flight keep the old
+//! result read there meanwhile (3031915). And
+//! two limits, now in docs/guarantees.md: a late ACQUIRE (queued on a
+//! frozen server, or resent) can be granted once the record that knew its
+//! token is gone, leaving a lease nobody works on for one lease; and a
+//! result read back from the store is as old, in a node's copy, as its
+//! arrival, even on the node whose work produced it (2001736).
 //!
 //! # The fault model
 //!
@@ -66,10 +74,17 @@
 //! | a caller leaving | it drops its future 0–1.5 s after sending; and each caller has its own deadline (100 ms – 5 s) |
 //! | the work | fails, panics, hangs past the execution timeout, or answers with `Set-Cookie` (never shared) |
 //! | a mode switch | `StageHandle::set_mode` to any of the four modes, on one node |
+//! | a purge | `StageHandle::invalidate` of one key on one node (runs with stale windows) |
+//! | the work's outage | every execution fails for 100 ms – 2.5 s, up to twice (runs with stale windows) |
 //!
 //! The stage's settings (lease, heartbeat, wait, poll, result and failure
 //! TTLs, execution and coordination timeouts, `on-wait-failure`, takeover)
-//! are drawn per run too.
+//! are drawn per run too. Half the runs turn the stale windows on
+//! (`replay-ttl` with some of `stale-while-revalidate`,
+//! `stale-if-error` with `stale-retry-after`, `soft-timeout`,
+//! `early-refresh`, `hit-for-pass`), half of those on LOCAL_ONLY stages
+//! (where every window answers; a distributed stage's copy answers only
+//! while its store is degraded).
 //!
 //! # The invariants (docs/guarantees.md), checked after every run
 //!
@@ -91,14 +106,33 @@
 //! - no response is shared against the sharing rules: a response with
 //!   `Set-Cookie` reaches only the caller whose request ran it.
 //!
+//! Each value a caller gets (its body names the execution that made it,
+//! `exec=N`, numbered in the order they started) is checked when it
+//! comes:
+//!
+//! - a stale answer's age (its `Stale` marker's, and by the simulation's
+//!   clock from the end of the execution when it ran on that node) is at
+//!   most the freshness plus its reason's window;
+//! - a stale answer (in LOCAL_ONLY) is never of an execution older than
+//!   one whose value a caller on that node already got for that key;
+//! - a caller sent after a purge returned `Ok` on its node never gets the
+//!   value of an execution that started before the purge (unless a
+//!   failover since brought the store's result back);
+//! - at most one refresh runs per key per node at a time (LOCAL_ONLY),
+//!   but for one a purge passed by: a refresh is the run of a request
+//!   whose caller the copy had answered already.
+//!
 //! Every execution is attributed to a documented cause and counted: the
 //! first grant of a key; a later grant by what ended the one before (its
 //! lease ran out: a takeover; abandoned or released: never committed; the
 //! result expired; a failover or an expiry lost it); a run outside L2 by
-//! its path (`fallback` needs a fault in the schedule, `local` a switch to
+//! its path (`fallback` needs a fault in the schedule, or
+//! `on-wait-failure = local` when counted as a failed wait, `local` a switch to
 //! LOCAL_ONLY or an unshareable response, `bypass` a switch to BYPASS).
 //! Runs with a fencing token must match `path="owner"`, the others the
-//! other paths, one for one; a grant never executes twice.
+//! other paths, one for one; a grant never executes twice. A grant after
+//! a purge (INVALIDATE) has the purge as its cause, and the refreshes are
+//! a cause of their own, all counted in `singleflight_refresh_total`.
 //!
 //! At quiescence (faults healed, every live node idle): no flight running
 //! and no bulkhead permit held on a live node, no lease held by a live
@@ -151,6 +185,9 @@ pub struct Report {
     pub causes: BTreeMap<String, u64>,
     /// Call faults injected, by kind.
     pub faults: BTreeMap<&'static str, u64>,
+    /// What the run's checks saw of answering anyway: stale answers,
+    /// purges that returned `Ok`, refresh executions.
+    pub exercised: BTreeMap<&'static str, u64>,
 }
 
 impl Report {
@@ -228,5 +265,6 @@ pub fn run(seed: u64) -> Report {
         violations: found.violations,
         causes: found.causes,
         faults: found.faults,
+        exercised: found.exercised,
     }
 }

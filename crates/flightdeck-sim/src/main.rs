@@ -41,6 +41,7 @@ fn main() -> ExitCode {
     let mut failures = 0u64;
     let mut causes = std::collections::BTreeMap::<String, u64>::new();
     let mut faults = std::collections::BTreeMap::<&str, u64>::new();
+    let mut exercised = std::collections::BTreeMap::<&str, u64>::new();
     for seed in first..first.saturating_add(n) {
         let report = flightdeck_sim::run(seed);
         for (c, k) in &report.causes {
@@ -48,6 +49,9 @@ fn main() -> ExitCode {
         }
         for (f, k) in &report.faults {
             *faults.entry(f).or_default() += k;
+        }
+        for (f, k) in &report.exercised {
+            *exercised.entry(f).or_default() += k;
         }
         if !report.passed() || trace_all {
             println!("{report}");
@@ -63,6 +67,10 @@ fn main() -> ExitCode {
     }
     println!("backend commands faulted:");
     for (f, k) in &faults {
+        println!("  {k:>8}  {f}");
+    }
+    println!("answering anyway, checked:");
+    for (f, k) in &exercised {
         println!("  {k:>8}  {f}");
     }
     println!(

@@ -69,6 +69,37 @@ pub(crate) struct Exec {
     /// The fencing token, when it ran as the flight's owner.
     pub(crate) fence: Option<(u64, String)>,
     pub(crate) behaviour: Behaviour,
+    /// The node incarnation it ran on, for which caller, and that node's
+    /// mode then.
+    pub(crate) who: Incarnation,
+    pub(crate) caller: usize,
+    pub(crate) mode: Option<flightdeck::Mode>,
+    /// When it started (and its place among starts and answers), and
+    /// when it ended (answered, failed, or was cut: its future dropped).
+    pub(crate) started: tokio::time::Instant,
+    pub(crate) tick: u64,
+    pub(crate) ended: Option<tokio::time::Instant>,
+}
+
+/// Marks an execution ended when its future ends or is dropped.
+struct Ending {
+    world: Arc<World>,
+    id: usize,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        // A dead node's work is dropped with the runtime, at the end:
+        // it never ended in the run.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let mut st = self.world.lock();
+        let now = tokio::time::Instant::now();
+        if let Some(e) = st.execs.get_mut(self.id) {
+            e.ended.get_or_insert(now);
+        }
+    }
 }
 
 /// The simulated work of one node incarnation.
@@ -116,11 +147,27 @@ impl Service<Req> for Work {
             } else {
                 Behaviour::Ok(pause)
             };
+            let now = tokio::time::Instant::now();
+            let failing = st.fail_windows.iter().any(|(a, b)| *a <= now && now < *b);
+            let behaviour = match behaviour {
+                // The work's outage: it fails, at once or slowly.
+                Behaviour::Ok(d) if failing => Behaviour::Fails(d),
+                b => b,
+            };
             let id = st.execs.len();
+            let (node, _) = self.who;
+            let mode = st.modes.get(node).copied();
+            let tick = st.tick();
             st.execs.push(Exec {
                 key,
                 fence: fence.clone(),
                 behaviour,
+                who: self.who,
+                caller,
+                mode,
+                started: now,
+                tick,
+                ended: None,
             });
             let (n, i) = self.who;
             st.log(format!(
@@ -131,7 +178,12 @@ impl Service<Req> for Work {
         };
         let world = Arc::clone(&self.world);
         let who = self.who;
+        let ending = Ending {
+            world: Arc::clone(&world),
+            id,
+        };
         Box::pin(async move {
+            let _ending = ending;
             let pause = match behaviour {
                 Behaviour::Ok(d)
                 | Behaviour::Unshareable(d)
@@ -183,6 +235,17 @@ impl Node {
         cfg.commit_replicas_timeout = s.coordination_timeout / 2;
         cfg.on_wait_failure = s.on_wait_failure;
         cfg.allow_takeover = s.allow_takeover;
+        if let Some(w) = &s.stale {
+            cfg.replay_ttl = w.fresh;
+            cfg.stale_while_revalidate = w.revalidate;
+            cfg.stale_if_error = w.if_error;
+            cfg.stale_retry_after = w.retry_after;
+            cfg.soft_timeout = w.soft_timeout;
+            cfg.early_refresh = w.early_refresh;
+            cfg.hit_for_pass = w.hit_for_pass;
+            // Tells a flight's result from a copy's (the checks' clock).
+            cfg.cache_status = true;
+        }
         let backend = SimBackend {
             world: Arc::clone(world),
             who,

@@ -27,6 +27,37 @@ pub(crate) struct Settings {
     pub(crate) coordination_timeout: Duration,
     pub(crate) on_wait_failure: OnWaitFailure,
     pub(crate) allow_takeover: bool,
+    /// The stale windows, when the run turns them on.
+    pub(crate) stale: Option<StaleSettings>,
+}
+
+/// A run's stale windows (each zero: off), and the replay TTL they
+/// extend.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StaleSettings {
+    /// `replay-ttl`: the freshness.
+    pub(crate) fresh: Duration,
+    pub(crate) revalidate: Duration,
+    pub(crate) if_error: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) soft_timeout: Duration,
+    pub(crate) early_refresh: Duration,
+    pub(crate) hit_for_pass: Duration,
+}
+
+impl StaleSettings {
+    /// The longest a stale answer of `reason` may be past its work's end:
+    /// freshness plus the reason's window (`redis_down` answers within
+    /// any of them).
+    pub(crate) fn limit(&self, reason: flightdeck::core::stale::StaleReason) -> Duration {
+        use flightdeck::core::stale::StaleReason;
+        let window = match reason {
+            StaleReason::Revalidate => self.revalidate,
+            StaleReason::Error => self.if_error,
+            _ => self.revalidate.max(self.if_error),
+        };
+        self.fresh + window
+    }
 }
 
 /// One scheduled event.
@@ -58,6 +89,8 @@ pub(crate) enum Event {
     Restart { node: usize },
     /// The node's stage switches mode.
     SetMode { node: usize, mode: Mode },
+    /// The node purges a key (`StageHandle::invalidate`).
+    Purge { node: usize, key: usize },
 }
 
 /// A whole run's schedule.
@@ -74,6 +107,9 @@ pub(crate) struct Scenario {
     /// Chance that one execution of the work fails, panics, hangs or
     /// answers something that may not be shared.
     pub(crate) work_faults: f64,
+    /// While the stale windows are on: spans (from the run's start)
+    /// during which every execution of the work fails.
+    pub(crate) fail_windows: Vec<(Duration, Duration)>,
     /// The events, by time.
     pub(crate) events: Vec<(Duration, Event)>,
 }
@@ -93,7 +129,7 @@ impl Scenario {
             Mode::DistributedOnly
         };
         let poll = ms(rng.random_range(50..=500));
-        let settings = Settings {
+        let mut settings = Settings {
             mode,
             lease,
             heartbeat: lease / rng.random_range(3..=5),
@@ -116,6 +152,7 @@ impl Scenario {
                 OnWaitFailure::Local,
             ][rng.random_range(0..if mode == Mode::Hybrid { 4 } else { 3 })],
             allow_takeover: rng.random_bool(0.8),
+            stale: None,
         };
         let horizon = rng.random_range(1_000..=6_000u64);
         let at = |rng: &mut StdRng| ms(rng.random_range(0..=horizon));
@@ -195,6 +232,35 @@ impl Scenario {
         } else {
             rng.random_range(0.0..0.3)
         };
+        // Drawn last, so that the draws above (and the seeds found with
+        // them) keep their schedules.
+        let mut fail_windows = Vec::new();
+        if rng.random_bool(0.5) {
+            let stale = draw_stale(&mut rng, &settings);
+            settings.stale = Some(stale);
+            if rng.random_bool(0.5) {
+                // Where every window answers.
+                settings.mode = Mode::LocalOnly;
+                if settings.on_wait_failure == OnWaitFailure::Local {
+                    settings.on_wait_failure = OnWaitFailure::Wait;
+                }
+            }
+            for _ in 0..rng.random_range(0..=2) {
+                let from = at(&mut rng);
+                fail_windows.push((from, from + ms(rng.random_range(100..=2_500))));
+            }
+            for _ in 0..rng.random_range(0..=3) {
+                let t = at(&mut rng);
+                events.push((
+                    t,
+                    Event::Purge {
+                        node: rng.random_range(0..nodes),
+                        key: rng.random_range(0..keys),
+                    },
+                ));
+            }
+            events.sort_by_key(|(t, _)| *t);
+        }
         let scenario = Self {
             seed,
             nodes,
@@ -203,9 +269,57 @@ impl Scenario {
             settings,
             call_faults,
             work_faults,
+            fail_windows,
             events,
         };
         (scenario, rng)
+    }
+}
+
+/// The stale windows of a run: each on or off, drawn within the other
+/// settings' bounds (a soft timeout shorter than the execution and wait
+/// timeouts, early refresh within the replay TTL).
+fn draw_stale(rng: &mut StdRng, s: &Settings) -> StaleSettings {
+    let maybe = |rng: &mut StdRng, p: f64, lo: u64, hi: u64| {
+        if rng.random_bool(p) {
+            ms(rng.random_range(lo..=hi))
+        } else {
+            Duration::ZERO
+        }
+    };
+    let fresh = ms(rng.random_range(50..=1_500));
+    let mut revalidate = maybe(rng, 0.6, 50, 2_000);
+    let if_error = maybe(rng, 0.6, 50, 3_000);
+    if revalidate.is_zero() && if_error.is_zero() {
+        revalidate = ms(rng.random_range(50..=2_000));
+    }
+    let retry_after = if if_error.is_zero() {
+        Duration::ZERO
+    } else {
+        maybe(rng, 0.5, 20, 1_000)
+    };
+    let soft_timeout = maybe(
+        rng,
+        0.5,
+        10,
+        (s.execution_timeout.as_millis() as u64)
+            .saturating_sub(1)
+            .max(10),
+    );
+    // Shorter than the execution timeout and than the wait (validated).
+    let soft_timeout = soft_timeout
+        .min(s.execution_timeout.saturating_sub(ms(1)))
+        .min(s.wait.saturating_sub(ms(1)));
+    let early_refresh = maybe(rng, 0.4, 1, fresh.as_millis() as u64);
+    let hit_for_pass = maybe(rng, 0.3, 10, 2_000);
+    StaleSettings {
+        fresh,
+        revalidate,
+        if_error,
+        retry_after,
+        soft_timeout,
+        early_refresh,
+        hit_for_pass,
     }
 }
 
@@ -234,6 +348,22 @@ impl fmt::Display for Scenario {
             s.on_wait_failure,
             s.allow_takeover
         )?;
+        if let Some(w) = &s.stale {
+            writeln!(
+                f,
+                "stale: replay-ttl {:?} stale-while-revalidate {:?} stale-if-error {:?} \
+                 stale-retry-after {:?} soft-timeout {:?} early-refresh {:?} hit-for-pass {:?}; \
+                 the work fails in {:?}",
+                w.fresh,
+                w.revalidate,
+                w.if_error,
+                w.retry_after,
+                w.soft_timeout,
+                w.early_refresh,
+                w.hit_for_pass,
+                self.fail_windows
+            )?;
+        }
         for (t, e) in &self.events {
             writeln!(f, "  at {:>6}ms {e:?}", t.as_millis())?;
         }

@@ -21,8 +21,10 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::node::{Behaviour, Node, SimFailure, STAGE};
+use crate::scenario::StaleSettings;
 use crate::scenario::{Event, Scenario};
-use crate::world::{Incarnation, World};
+use crate::world::{Incarnation, Purged, State, World};
+use flightdeck::core::stale::{Stale, StaleReason};
 use flightdeck_test::recorded::Recorded;
 
 /// How a caller ended.
@@ -85,6 +87,7 @@ pub(crate) struct Found {
     pub(crate) violations: Vec<String>,
     pub(crate) causes: BTreeMap<String, u64>,
     pub(crate) faults: BTreeMap<&'static str, u64>,
+    pub(crate) exercised: BTreeMap<&'static str, u64>,
 }
 
 pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -> Found {
@@ -94,6 +97,13 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
         for k in 0..sc.keys {
             st.names.insert(flight(k), format!("k{k}"));
         }
+        let start = st.start;
+        st.fail_windows = sc
+            .fail_windows
+            .iter()
+            .map(|(a, b)| (start + *a, start + *b))
+            .collect();
+        st.modes = vec![s.mode; sc.nodes];
     }
     let mut nodes: Vec<Option<Node>> = (0..sc.nodes)
         .map(|n| Some(Node::start(&world, (n, 0), s, sc.work_faults)))
@@ -101,7 +111,7 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
     let mut starts = vec![0u32; sc.nodes];
     let mut callers: Vec<Caller> = Vec::new();
     let mut modes = vec![s.mode; sc.nodes];
-    let mut local_modes = false;
+    let mut local_modes = s.mode == Mode::LocalOnly;
     let mut bypass = false;
     let start = Instant::now();
 
@@ -143,6 +153,7 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
                     .expect("a valid request");
                 let call = n.svc.clone().oneshot(req);
                 let w = Arc::clone(&world);
+                let (who, stale, sent) = (n.who, s.stale, Instant::now());
                 let task = tokio::spawn(async move {
                     let answer = match leave {
                         Some(l) => tokio::time::timeout(l, call).await.ok(),
@@ -151,6 +162,13 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
                     let outcome = match answer {
                         None => Outcome::Left,
                         Some(Ok(resp)) => {
+                            let marker = resp.extensions().get::<Stale>().copied();
+                            // Whether a flight brought it (not the copy).
+                            let flown = resp
+                                .headers()
+                                .get("cache-status")
+                                .and_then(|v| v.to_str().ok())
+                                .is_some_and(|v| v.contains("fwd=miss"));
                             let status = resp.status().as_u16();
                             let cookie = resp.headers().contains_key(http::header::SET_COOKIE);
                             let body = resp
@@ -159,6 +177,17 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
                                 .await
                                 .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
                                 .unwrap_or_else(|e| format!("<body error {e}>"));
+                            if status == 200 && !cookie {
+                                let answer = Answer {
+                                    caller,
+                                    key,
+                                    who,
+                                    sent,
+                                    marker,
+                                    flown,
+                                };
+                                answer.check(&mut w.lock(), &body, stale);
+                            }
                             Outcome::Value(status, cookie, body)
                         }
                         Some(Err(e)) => Outcome::Error(format!("{e}"), typed(&*e)),
@@ -201,6 +230,31 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
                     w.lock().log("notices flow again");
                 }));
             }
+            Event::Purge { node, key } => {
+                let Some(n) = &nodes[node] else {
+                    continue;
+                };
+                let (handle, who, w) = (n.handle.clone(), n.who, Arc::clone(&world));
+                drop(tokio::spawn(async move {
+                    let k = FlightKey::from_bytes(
+                        StageName::new(STAGE).expect("a valid stage name"),
+                        format!("k{key}"),
+                    );
+                    let (began, floor) = (Instant::now(), w.lock().execs.len());
+                    // The node's copies and flights go at the first poll.
+                    let res = handle.invalidate(&k).await;
+                    let mut st = w.lock();
+                    st.log(format!("n{}.{} purged k{key}: {res:?}", who.0, who.1));
+                    st.purges.push(Purged {
+                        who,
+                        key,
+                        began,
+                        done: Instant::now(),
+                        floor,
+                        ok: res.is_ok(),
+                    });
+                }));
+            }
             Event::Crash { node } => {
                 if let Some(n) = nodes[node].take() {
                     world.lock().dead.insert(n.who);
@@ -213,6 +267,7 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
                 if nodes[node].is_none() {
                     starts[node] += 1;
                     modes[node] = s.mode;
+                    world.lock().modes[node] = s.mode;
                     nodes[node] =
                         Some(Node::start(&world, (node, starts[node]), s, sc.work_faults));
                 }
@@ -222,6 +277,7 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
                     local_modes |= mode == Mode::LocalOnly;
                     bypass |= mode == Mode::Bypass;
                     modes[node] = mode;
+                    world.lock().modes[node] = mode;
                     let prev = n.handle.set_mode(mode);
                     world
                         .lock()
@@ -378,13 +434,191 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
             .events
             .iter()
             .any(|(_, e)| !matches!(e, Event::Call { .. } | Event::SetMode { .. }));
-    let causes = attribute(&mut st, kept, local_modes, bypass, disturbed);
+    one_refresh_at_a_time(&mut st);
+    let wait_local = s.on_wait_failure == flightdeck::OnWaitFailure::Local;
+    let mut causes = attribute(&mut st, kept, local_modes, bypass, disturbed, wait_local);
+    refreshes(&mut st, kept, &mut causes);
     let faults = st.faults.clone();
+    let mut exercised = BTreeMap::new();
+    exercised.insert("stale answers", st.stale_answers);
+    exercised.insert("purges", st.purges.iter().filter(|p| p.ok).count() as u64);
+    exercised.insert("refreshes", refresh_execs(&st).len() as u64);
     Found {
+        exercised,
         trace: std::mem::take(&mut st.trace),
         violations: std::mem::take(&mut st.violations),
         causes,
         faults,
+    }
+}
+
+/// A value a caller got, checked when it came (stale windows, purges,
+/// the copy's order).
+struct Answer {
+    caller: usize,
+    key: usize,
+    who: Incarnation,
+    sent: Instant,
+    marker: Option<Stale>,
+    /// A flight's result (`Cache-Status: fwd=miss`), not a copy's.
+    flown: bool,
+}
+
+/// The execution a value's body names (`exec=N`).
+fn exec_of(body: &str) -> Option<usize> {
+    body.rsplit_once("exec=").and_then(|(_, n)| n.parse().ok())
+}
+
+impl Answer {
+    fn check(&self, st: &mut State, body: &str, windows: Option<StaleSettings>) {
+        let Some(e) = exec_of(body) else {
+            return;
+        };
+        let now = Instant::now();
+        let (c, k, (n, i)) = (self.caller, self.key, self.who);
+        let tick = st.tick();
+        st.answers.insert(c, (tick, e));
+        if let Some(stale) = self.marker {
+            st.stale_answers += 1;
+            match windows {
+                None => st.violation(format!("c{c}: a stale answer with no window on: {stale:?}")),
+                Some(w) => {
+                    let limit = w.limit(stale.reason);
+                    if stale.age > limit {
+                        st.violation(format!(
+                            "c{c} (k{k}): a stale answer ({}) aged {:?}, past freshness + window {limit:?}",
+                            stale.reason, stale.age
+                        ));
+                    }
+                    // By our own clock, from the end of the work when it
+                    // ran on this node, or from the result's last arrival
+                    // here by a flight (from the store: as old as its
+                    // arrival, docs/guarantees.md).
+                    let ended = st
+                        .execs
+                        .get(e)
+                        .filter(|x| x.who == self.who)
+                        .and_then(|x| x.ended);
+                    let arrived = st.arrived.get(&(self.who, e)).copied();
+                    if let Some(since) = ended.max(arrived) {
+                        let age = now.saturating_duration_since(since);
+                        if age > limit {
+                            st.violation(format!(
+                                "c{c} (k{k}): a stale answer ({}) of exec {e}, which ended or arrived {age:?} ago, past freshness + window {limit:?}",
+                                stale.reason
+                            ));
+                        }
+                    }
+                }
+            }
+            if stale.reason != StaleReason::RedisDown {
+                let given = st.given.get(&(self.who, k)).copied();
+                if given.is_some_and(|g| g > e) {
+                    st.violation(format!(
+                        "c{c} (k{k}): a stale answer of exec {e} on n{n}.{i}, which had given exec {} already",
+                        given.unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        let failover = st.last_failover;
+        let purged = st
+            .purges
+            .iter()
+            // A caller sent after the purge returned; and the copy is
+            // gone from the purge's start, whoever it answers.
+            .filter(|p: &&Purged| {
+                p.ok && p.who == self.who
+                    && p.key == k
+                    && (p.done < self.sent || (self.marker.is_some() && p.began < now))
+            })
+            // A failover can bring the store's result back (a write it
+            // lost: docs/guarantees.md).
+            .filter(|p| failover.is_none_or(|f| f < p.began))
+            .find(|p| e < p.floor)
+            .cloned();
+        if let Some(p) = purged {
+            st.violation(format!(
+                "c{c} (k{k}): after n{n}.{i}'s purge, got exec {e}, which started before it (purge floor {}, stale {:?})",
+                p.floor, self.marker
+            ));
+        }
+        if self.flown {
+            st.arrived.insert((self.who, e), now);
+        }
+        // A run in BYPASS is the service's own: the layer never saw it.
+        if st
+            .execs
+            .get(e)
+            .is_some_and(|x| x.mode != Some(Mode::Bypass))
+        {
+            let given = st.given.entry((self.who, k)).or_default();
+            *given = (*given).max(e);
+        }
+    }
+}
+
+/// At most one refresh (grace, early refresh) runs per key per node at a
+/// time (LOCAL_ONLY). A refresh is the execution of a caller's request
+/// that started after its caller had its answer, another execution's
+/// value: the copy answered and the request went on in the background.
+fn refresh_execs(st: &State) -> Vec<usize> {
+    st.execs
+        .iter()
+        .enumerate()
+        .filter(|(id, x)| {
+            st.answers
+                .get(&x.caller)
+                .is_some_and(|(at, e)| e != id && *at < x.tick)
+        })
+        .map(|(id, _)| id)
+        .collect()
+}
+
+fn one_refresh_at_a_time(st: &mut State) {
+    let ids = refresh_execs(st);
+    let mut problems = Vec::new();
+    for (a, &i) in ids.iter().enumerate() {
+        for &j in &ids[a + 1..] {
+            let (x, y) = (&st.execs[i], &st.execs[j]);
+            let local = |m: Option<Mode>| m == Some(Mode::LocalOnly);
+            if x.who != y.who || x.key != y.key || !local(x.mode) || !local(y.mode) {
+                continue;
+            }
+            // A purge passes a running refresh by, as it does a flight:
+            // the next copy may start its own.
+            let passed = st.purges.iter().any(|p| {
+                p.who == x.who && p.key == x.key && x.started <= p.began && p.began <= y.started
+            });
+            let overlap = !passed && x.ended.is_none_or(|end| y.started < end);
+            if overlap && !st.dead.contains(&x.who) {
+                problems.push(format!(
+                    "k{}: refreshes exec {i} and exec {j} ran at once on n{}.{}",
+                    x.key, x.who.0, x.who.1
+                ));
+            }
+        }
+    }
+    for p in problems {
+        st.violation(p);
+    }
+}
+
+/// Refreshes are a cause of their own: counted by
+/// `singleflight_refresh_total`, which covers every refresh execution.
+fn refreshes(st: &mut State, kept: &Recorded, causes: &mut BTreeMap<String, u64>) {
+    let ran = refresh_execs(st).len() as u64;
+    let counted = kept.counter_total(metric::REFRESH_TOTAL, None);
+    if ran > counted {
+        st.violation(format!(
+            "{ran} executions were refreshes, {counted} counted in {}",
+            metric::REFRESH_TOTAL
+        ));
+    }
+    if ran > 0 {
+        *causes
+            .entry("a refresh (stale-while-revalidate or early refresh)".into())
+            .or_default() += ran;
     }
 }
 
@@ -393,14 +627,16 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
 /// grant's cause (the first grant of a key, or what ended the grant
 /// before: see the server journal), a run outside L2 to its path
 /// (`singleflight_execution_total{path}`), which needs its cause in the
-/// schedule (a fault for `fallback`, a mode switch or an unshareable
-/// response for `local`, a switch to BYPASS for `bypass`).
+/// schedule (a fault for `fallback`, or `on-wait-failure = local` for
+/// one counted as a failed wait; a mode switch or an unshareable response
+/// for `local`, a switch to BYPASS for `bypass`).
 fn attribute(
     st: &mut crate::world::State,
     kept: &Recorded,
     local_modes: bool,
     bypass: bool,
     disturbed: bool,
+    wait_local: bool,
 ) -> BTreeMap<String, u64> {
     let mut causes: BTreeMap<String, u64> = BTreeMap::new();
     let mut seen_key = std::collections::HashSet::new();
@@ -468,8 +704,25 @@ fn attribute(
             local + fallback + bypassed
         ));
     }
+    // A follower whose wait failed runs here with `on-wait-failure =
+    // local` (HYBRID), counted by its reason.
+    let after_wait = kept
+        .counter_total(
+            metric::LOCAL_FALLBACK_TOTAL,
+            Some(("reason", "wait_failure")),
+        )
+        .min(fallback);
     for (n, ok, cause) in [
-        (fallback, disturbed, "local fallback (coordination failed)"),
+        (
+            fallback - after_wait,
+            disturbed,
+            "local fallback (coordination failed)",
+        ),
+        (
+            after_wait,
+            wait_local,
+            "local fallback (a follower's wait failed, on-wait-failure = local)",
+        ),
         (
             local,
             local_modes || unshareable,

@@ -71,13 +71,46 @@ pub(crate) struct State {
     /// released), and when: the backend never grants them again, unless
     /// a failover lost that memory.
     ended: HashMap<String, Instant>,
-    last_failover: Option<Instant>,
+    pub(crate) last_failover: Option<Instant>,
     /// Tokens granted again after their record, which remembered that
     /// their attempt had ended, expired or was lost in a failover (see
     /// docs/guarantees.md, known limits): their lease lapses by itself.
     pub(crate) zombies: HashSet<String>,
     /// Every execution of the work, in order.
     pub(crate) execs: Vec<crate::node::Exec>,
+    /// The spans during which every execution fails.
+    pub(crate) fail_windows: Vec<(Instant, Instant)>,
+    /// Each node's mode now.
+    pub(crate) modes: Vec<flightdeck::Mode>,
+    /// Per node incarnation and key: the latest-started execution whose
+    /// value a caller there was given.
+    pub(crate) given: HashMap<(Incarnation, usize), usize>,
+    /// The purges.
+    pub(crate) purges: Vec<Purged>,
+    /// Each caller's value: when it came (by `ticks`), and the execution
+    /// that made it.
+    pub(crate) answers: HashMap<usize, (u64, usize)>,
+    /// Orders the executions' starts and the callers' answers, also
+    /// within one instant.
+    pub(crate) ticks: u64,
+    /// When each execution's value last came to a node by a flight.
+    pub(crate) arrived: HashMap<(Incarnation, usize), Instant>,
+    /// Stale answers checked.
+    pub(crate) stale_answers: u64,
+}
+
+/// A purge.
+#[derive(Clone, Debug)]
+pub(crate) struct Purged {
+    pub(crate) who: Incarnation,
+    pub(crate) key: usize,
+    /// When it began (the node's copies went then) and returned.
+    pub(crate) began: Instant,
+    pub(crate) done: Instant,
+    /// Executions that started before it began.
+    pub(crate) floor: usize,
+    /// Whether it returned `Ok` (the node's copies went either way).
+    pub(crate) ok: bool,
 }
 
 impl State {
@@ -90,6 +123,12 @@ impl State {
     pub(crate) fn log(&mut self, line: impl AsRef<str>) {
         let t = self.now_ms();
         self.trace.push(format!("{t:>7}ms {}", line.as_ref()));
+    }
+
+    /// The next tick of the run's order of starts and answers.
+    pub(crate) fn tick(&mut self) -> u64 {
+        self.ticks += 1;
+        self.ticks
     }
 
     pub(crate) fn violation(&mut self, what: String) {
@@ -138,6 +177,14 @@ impl World {
                 ended: HashMap::new(),
                 last_failover: None,
                 zombies: HashSet::new(),
+                fail_windows: Vec::new(),
+                modes: Vec::new(),
+                given: HashMap::new(),
+                purges: Vec::new(),
+                answers: HashMap::new(),
+                ticks: 0,
+                arrived: HashMap::new(),
+                stale_answers: 0,
             }),
             frozen: Mutex::new(None),
             in_flight: AtomicUsize::new(0),
@@ -386,6 +433,22 @@ impl World {
                 "{name}: commit of generation {gen} accepted after generation {remembered} was granted"
             ));
         }
+    }
+
+    /// Journals an applied INVALIDATE: its generation fences every commit
+    /// of an earlier one, and the next grant's cause is the purge.
+    fn invalidated(&self, who: Incarnation, flight: &FlightId, answer: &u64) {
+        let mut st = self.lock();
+        let name = st.name(flight);
+        st.log(format!(
+            "  n{}.{} INVALIDATE {name} -> generation {answer}",
+            who.0, who.1
+        ));
+        let log = st.flights.entry(*flight).or_default();
+        log.remembered = log.remembered.max(*answer);
+        log.high = log.high.max(*answer);
+        log.last = None;
+        log.lost = Some("a purge dropped the result (invalidate)");
     }
 
     /// Journals an applied ABANDON or RELEASE that ended a lease.
@@ -663,9 +726,11 @@ impl Backend for SimBackend {
         flight: &'a FlightId,
         state_ttl: Duration,
     ) -> BackendFuture<'a, u64> {
-        let flight = *flight;
+        let (flight, who) = (*flight, self.who);
         self.call(label("INVALIDATE", &flight, None), move |w| {
-            now(w.mem.invalidate(&flight, state_ttl))
+            let answer = now(w.mem.invalidate(&flight, state_ttl))?;
+            w.invalidated(who, &flight, &answer);
+            Ok(answer)
         })
     }
 

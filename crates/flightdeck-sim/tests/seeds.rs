@@ -40,6 +40,24 @@ fn a_seed_replays_byte_for_byte() {
     }
 }
 
+/// The stale windows, purges and refreshes are on in enough of the fixed
+/// seeds for their checks to bite.
+#[test]
+fn the_fixed_seeds_answer_stale_purge_and_refresh() {
+    let mut seen = std::collections::BTreeMap::<&str, u64>::new();
+    for seed in 0..300 {
+        for (what, n) in run(seed).exercised {
+            *seen.entry(what).or_default() += n;
+        }
+    }
+    for what in ["stale answers", "purges", "refreshes"] {
+        assert!(
+            seen.get(what).copied().unwrap_or(0) >= 10,
+            "{what}: {seen:?}"
+        );
+    }
+}
+
 /// Seed 34 found it: a waiter whose flight's response was not shareable
 /// ran its own request past its own deadline (the own run had no bound).
 #[test]
@@ -72,5 +90,51 @@ fn seed_562_a_panic_in_a_waiters_own_run_is_a_typed_error() {
 #[test]
 fn seed_491_a_token_whose_acquire_may_still_run_is_released() {
     let report = run(491);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 1017654 found it: a caller of a key under hit-for-pass ran its
+/// work alone with no bound of its own, past its deadline (192 ms asked,
+/// 566 ms taken).
+#[test]
+fn seed_1017654_a_run_alone_under_hit_for_pass_ends_by_the_deadline() {
+    let report = run(1_017_654);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 1008810 found it: the work panicked in a hit-for-pass caller's run
+/// alone, and the panic reached the caller instead of `WorkPanicked`.
+#[test]
+fn seed_1008810_a_panic_in_a_run_alone_under_hit_for_pass_is_typed() {
+    let report = run(1_008_810);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 1006980 found it: at its soft timeout a caller got the copy it
+/// had looked up when it came, though a later result, given to another
+/// caller of the node meanwhile, had replaced it: a stale answer older
+/// than one already given.
+#[test]
+fn seed_1006980_a_soft_timeout_answers_only_the_current_copy() {
+    let report = run(1_006_980);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 3031915 found it: between a purge's start (the node's copy
+/// dropped) and its INVALIDATE reaching a slow store, a flight on the node
+/// read the old result there and kept it; callers after the purge
+/// returned got it from the copy.
+#[test]
+fn seed_3031915_a_purge_drops_what_the_store_handed_back_meanwhile() {
+    let report = run(3_031_915);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 5097118: a HYBRID follower with `on-wait-failure = local` ran the
+/// work here when its wait failed, in a run with no coordination fault: a
+/// documented cause (counted as `reason="wait_failure"`), now attributed.
+#[test]
+fn seed_5097118_a_failed_wait_run_here_is_attributed() {
+    let report = run(5_097_118);
     assert!(report.passed(), "{report}");
 }

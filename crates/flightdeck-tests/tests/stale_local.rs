@@ -285,11 +285,10 @@ async fn a_failure_past_the_window_is_the_callers() {
     assert!(got.stale.is_none());
 }
 
-#[tokio::test(start_paused = true)]
-async fn soft_timeout_answers_the_copy_and_the_work_replaces_it() {
-    common::metrics_on();
-    let origin = Origin::new(Duration::from_secs(1));
-    let app = app("soft", &origin, |c| {
+/// A stage with a 100 ms soft timeout and stale-if-error, whose copy (v1)
+/// is 1 s past its freshness.
+async fn soft_app(stage: &'static str, origin: &Arc<Origin>) -> App {
+    let app = app(stage, origin, |c| {
         c.replay_ttl = Duration::from_secs(1);
         c.stale_if_error = Duration::from_secs(60);
         c.soft_timeout = Duration::from_millis(100);
@@ -297,6 +296,14 @@ async fn soft_timeout_answers_the_copy_and_the_work_replaces_it() {
     });
     assert_eq!(call(&app).await.body, "v1");
     tokio::time::advance(Duration::from_secs(2)).await;
+    app
+}
+
+#[tokio::test(start_paused = true)]
+async fn soft_timeout_answers_the_copy_and_the_work_replaces_it() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_secs(1));
+    let app = soft_app("soft", &origin).await;
 
     let started = Instant::now();
     let got = call(&app).await;
@@ -312,6 +319,26 @@ async fn soft_timeout_answers_the_copy_and_the_work_replaces_it() {
     let got = call(&app).await;
     assert_eq!((got.body.as_str(), got.stale), ("v2", None));
     assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_under_hit_for_pass_ends_by_its_own_deadline() {
+    let origin = Origin::new(Duration::from_millis(500));
+    origin.cookie.store(true, Ordering::SeqCst);
+    let app = app("pass-deadline", &origin, |c| {
+        c.hit_for_pass = Duration::from_secs(30);
+    });
+    assert!(call(&app).await.headers.contains_key("set-cookie"));
+    // The key is under hit-for-pass: this caller runs alone, within the
+    // 100 ms it gave itself.
+    let started = Instant::now();
+    let mut r = req();
+    r.headers_mut()
+        .insert("x-request-timeout", "100ms".parse().unwrap());
+    let res = app.router.clone().oneshot(r).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    assert_ne!(res.status(), StatusCode::OK);
+    assert!(!res.headers().contains_key("set-cookie"));
 }
 
 #[tokio::test(start_paused = true)]
