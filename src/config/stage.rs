@@ -532,7 +532,7 @@ impl StageConfig {
 
     /// Whether the store, not this process, replays the stage's results:
     /// a distributed mode with a backend.
-    fn distributed_replay(&self) -> bool {
+    pub(crate) fn distributed_replay(&self) -> bool {
         self.mode.is_distributed() && !self.local_for_want_of_a_backend()
     }
 
