@@ -735,10 +735,8 @@ impl Summary {
 }
 
 /// The stage's TOML table: the run's settings, where `--stage` does not
-/// give the key, and `--stage`'s keys. `ttl_keys` name the replay TTL
-/// (`replay-ttl`, or `result-ttl` and `local-replay-ttl` on builds from
-/// before the rename).
-fn stage_toml(args: &Args, ttl_keys: &[&str]) -> String {
+/// give the key, and `--stage`'s keys.
+fn stage_toml(args: &Args) -> String {
     let ttl = format!("\"{}ms\"", args.result_ttl_ms.max(200));
     // Short lease and replay TTL so keys expire (and are recomputed)
     // during the run.
@@ -753,7 +751,7 @@ fn stage_toml(args: &Args, ttl_keys: &[&str]) -> String {
     .into_iter()
     .map(|(k, v)| (k, v.to_owned()))
     .collect();
-    keys.extend(ttl_keys.iter().map(|k| (*k, ttl.clone())));
+    keys.push(("replay-ttl", ttl));
     keys.retain(|(k, _)| !args.stage.iter().any(|(given, _)| given == k));
     keys.extend(args.stage.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let mut t = String::from("[single-flight.stages.work]\n");
@@ -767,28 +765,11 @@ fn stage_toml(args: &Args, ttl_keys: &[&str]) -> String {
     t
 }
 
-/// The stage's configuration: with `replay-ttl` where this build knows it,
-/// else with the keys it had before (`result-ttl` for the store, and
-/// `local-replay-ttl` when the run is LOCAL_ONLY). Any other refused key
-/// (a `--stage` key this build does not have) is an error naming it.
-pub(crate) fn stage_config(args: &Args) -> Result<(SingleFlightConfig, &'static str), BoxError> {
-    match SingleFlightConfig::from_toml(&stage_toml(args, &["replay-ttl"])) {
-        Ok(c) => Ok((c, "replay-ttl")),
-        Err(e)
-            if e.field() == Some("replay-ttl")
-                || e.to_string().contains("unknown field `replay-ttl`") =>
-        {
-            let keys: &[&str] = if args.local_only {
-                &["result-ttl", "local-replay-ttl"]
-            } else {
-                &["result-ttl"]
-            };
-            let c = SingleFlightConfig::from_toml(&stage_toml(args, keys))
-                .map_err(|e| format!("the stage's configuration: {e}"))?;
-            Ok((c, "result-ttl"))
-        }
-        Err(e) => Err(format!("the stage's configuration: {e}").into()),
-    }
+/// The stage's configuration; a refused key (a `--stage` key this build
+/// does not have) is an error naming it.
+pub(crate) fn stage_config(args: &Args) -> Result<SingleFlightConfig, BoxError> {
+    SingleFlightConfig::from_toml(&stage_toml(args))
+        .map_err(|e| format!("the stage's configuration: {e}").into())
 }
 
 /// Runs the load, prints the table, writes the SVG.
@@ -821,7 +802,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
     if let Some(n) = args.churn {
         args.keys = usize::try_from(n)?.max(1);
     }
-    let (config, ttl_key) = stage_config(&args)?;
+    let config = stage_config(&args)?;
     let ttl = Duration::from_millis(args.result_ttl_ms.max(200));
     // The window in which a key's earlier answer "had a result" for the
     // failures: the stale-if-error window past the replay TTL, or any
@@ -1220,7 +1201,6 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
     let fault_how = if redis.is_some() { fault_how } else { "" };
     report(
         &args,
-        ttl_key,
         &totals,
         &execs,
         &before,
@@ -1240,7 +1220,6 @@ fn ms(us: u64) -> String {
 #[allow(clippy::too_many_arguments)]
 fn report(
     args: &Args,
-    ttl_key: &str,
     t: &Totals,
     execs: &Executions,
     before: &BTreeMap<String, u64>,
@@ -1271,7 +1250,7 @@ fn report(
     let per_req = |n: u64| n as f64 / requests.max(1) as f64;
 
     println!(
-        "flightdeck loadgen: {} nodes × {} callers × {} keys ({}), {} s, work {} ms, {ttl_key} {} ms, {}{}{}{}",
+        "flightdeck loadgen: {} nodes × {} callers × {} keys ({}), {} s, work {} ms, replay-ttl {} ms, {}{}{}{}",
         args.nodes,
         args.concurrency,
         args.keys,
