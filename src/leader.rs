@@ -250,6 +250,14 @@ where
         }
     }
 
+    /// A flight led through the store is replayed from it (from its
+    /// commit, for `replay-ttl`): kept here too, a result the store
+    /// replayed would be replayed again, up to twice as old. A flight led
+    /// in a local mode (or by a stage without backend) is replayed here.
+    fn replay_here(&self) -> bool {
+        !(self.mode.is_distributed() && self.stage.distributed.is_some())
+    }
+
     fn serves(&self, shared: &Sh::Shared) -> bool {
         self.share.serves(shared, &self.req)
     }

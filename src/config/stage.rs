@@ -530,8 +530,8 @@ impl StageConfig {
             || (self.cache_status && !self.replay_ttl.is_zero())
     }
 
-    /// Whether the store, not this process, replays the stage's results:
-    /// a distributed mode with a backend.
+    /// Whether the stage is built to coordinate through its store (a
+    /// distributed mode with a backend), whose flights it replays.
     pub(crate) fn distributed_replay(&self) -> bool {
         self.mode.is_distributed() && !self.local_for_want_of_a_backend()
     }
@@ -573,11 +573,13 @@ impl StageConfig {
             ))
             .flight_ttl(self.lease_timeout.max(self.wait_timeout))
             // A stage that keeps its results for the stale windows replays
-            // them from that copy (one copy, one purge), not from L1's. A
-            // distributed stage replays from its store, whose clock runs
-            // from the commit: L1 replaying a result the store replayed
-            // would serve it for up to twice replay-ttl.
-            .replay_ttl(if self.keeps_results() || self.distributed_replay() {
+            // them from that copy (one copy, one purge), not from L1's.
+            // Otherwise L1 replays in every mode, but only what a flight
+            // led in a local mode produced: the leader says so per flight
+            // (a flight led through the store is replayed from the store),
+            // so a mode switch changes where a replay comes from, never
+            // its age.
+            .replay_ttl(if self.keeps_results() {
                 Duration::ZERO
             } else {
                 self.replay_ttl

@@ -77,6 +77,15 @@ pub trait FlightWork<V>: Send + 'static {
     /// no reservation).
     fn waiting(&mut self) {}
 
+    /// Whether the result of the flight this caller leads may be kept for
+    /// replay here (for the policy's replay TTL), asked before it leads.
+    /// `false` when its result is replayed elsewhere: the facade's leader
+    /// says so for a flight it leads through a shared store, which replays
+    /// it from the commit (a copy kept here too would outlive the store's).
+    fn replay_here(&self) -> bool {
+        true
+    }
+
     /// Whether the flight's shared result may be handed to this caller.
     fn serves(&self, shared: &V) -> bool {
         let _ = shared;

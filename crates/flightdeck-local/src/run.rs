@@ -189,10 +189,13 @@ where
                 }
             }
             Join::Leader(leader) => {
+                // Whether its value is kept for replay: the policy's
+                // replay TTL, and its leader's say.
+                let replays = !group.policy.replay_ttl.is_zero() && work.replay_here();
                 // Armed before starting the work (or dropping the result it
                 // replaced): if starting it panics, waiters that already
                 // joined get `WorkPanicked`.
-                let (completion, expired) = Completion::new(Arc::clone(group), leader);
+                let (completion, expired) = Completion::new(Arc::clone(group), leader, replays);
                 completion.started();
                 drop(expired);
                 // A disabled span is not worth a wrapper polled every time.

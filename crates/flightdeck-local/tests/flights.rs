@@ -366,3 +366,63 @@ async fn forget_drops_the_replay_and_passes_the_running_flight_by() {
     assert_eq!(value(before.await.unwrap()), "before");
     assert_eq!(runs.load(Ordering::SeqCst), 5);
 }
+
+/// Work whose leader says whether its result may be replayed here.
+struct Replayable {
+    here: bool,
+    runs: Arc<AtomicUsize>,
+}
+
+impl FlightWork<String> for Replayable {
+    type Output = String;
+
+    async fn lead(self) -> Answer {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        sleep(Duration::from_millis(100)).await;
+        Ok(Shareable::Shared(format!("here:{}", self.here)))
+    }
+
+    async fn alone(self) -> Answer {
+        self.lead().await
+    }
+
+    fn replay_here(&self) -> bool {
+        self.here
+    }
+}
+
+/// The leader decides whether its flight's result is kept for replay: one
+/// replayed elsewhere (`replay_here` false) answers its waiters only, and
+/// the next caller runs; one kept here is replayed for the replay TTL.
+#[tokio::test(start_paused = true)]
+async fn the_leader_decides_whether_its_result_is_replayed_here() {
+    let flights =
+        LocalFlights::<String>::new(FlightPolicy::new().replay_ttl(Duration::from_secs(5)));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let call = |here| {
+        flights.run(
+            &key("r"),
+            Caller::new(),
+            Replayable {
+                here,
+                runs: runs.clone(),
+            },
+        )
+    };
+    // A waiter's own hint does not matter: the leader's does.
+    let (a, b) = tokio::join!(call(false), call(true));
+    assert_eq!(
+        (value(a), value(b)),
+        ("here:false".into(), "here:false".into())
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the waiter joined");
+    assert_eq!(flights.entries(), 0, "nothing kept for replay");
+    assert_eq!(value(call(true).await), "here:true", "ran again");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    sleep(Duration::from_secs(4)).await;
+    assert_eq!(value(call(false).await), "here:true", "replayed");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(value(call(false).await), "here:false", "the replay ended");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}

@@ -34,12 +34,21 @@ pub(crate) struct Completion<V: Clone + Send + Sync + 'static> {
     /// done in its first poll never reads the clock for it).
     pub(super) told: bool,
     pub(super) done: bool,
+    /// Whether the flight's value is kept for replay (the policy replays,
+    /// and the leader's
+    /// [`FlightWork::replay_here`](crate::FlightWork::replay_here) agrees).
+    pub(super) replays: bool,
 }
 
 impl<V: Clone + Send + Sync + 'static> Completion<V> {
     /// The completion of the flight `leader` started, and the result the
-    /// flight replaced (to drop once the completion is armed).
-    pub(crate) fn new(group: Arc<Group<V>>, leader: Leader<V>) -> (Self, Expired<V>) {
+    /// flight replaced (to drop once the completion is armed). `replays`:
+    /// whether its value is kept for replay.
+    pub(crate) fn new(
+        group: Arc<Group<V>>,
+        leader: Leader<V>,
+        replays: bool,
+    ) -> (Self, Expired<V>) {
         let Leader {
             flight,
             metrics,
@@ -56,6 +65,7 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
             gen,
             told: false,
             done: false,
+            replays,
         };
         (completion, expired)
     }

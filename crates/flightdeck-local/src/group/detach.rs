@@ -66,7 +66,7 @@ where
         let fut = this.fut;
         // The copy kept for replay is made here, where a panic in the
         // user's `Clone` is caught like one in the work.
-        let replaying = !c.group.policy.replay_ttl.is_zero();
+        let replaying = c.replays;
         let mut replay = None;
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let polled = fut.poll(cx);
