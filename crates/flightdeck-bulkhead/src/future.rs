@@ -165,10 +165,10 @@ where
                     timeout,
                     shared,
                 } = &mut **waiting;
-                let permit = match slot.as_mut().poll(cx) {
+                let permit = match Pin::new(slot).poll(cx) {
                     Poll::Ready(Some(permit)) => permit,
-                    // The semaphore was closed: it never is, but do not
-                    // hang if it were.
+                    // The queue dropped the call: it never does, but do
+                    // not hang if it did.
                     Poll::Ready(None) => {
                         return Poll::Ready(Err(shared.full().into()));
                     }

@@ -56,6 +56,8 @@ mod future;
 mod layer;
 mod service;
 mod shared;
+mod slots;
+mod sync;
 
 pub use error::{QueueTimeout, RateLimited};
 pub use future::ResponseFuture;

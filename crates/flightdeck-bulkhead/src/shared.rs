@@ -1,19 +1,19 @@
-//! The state shared by every clone: the slots (a tokio `Semaphore`, fair
-//! and FIFO, so the queue is its wait list), the limit in force, the rate
-//! limiters.
+//! The state shared by every clone: the slots (see `slots`: a count and
+//! a FIFO queue), the limit in force, the rate limiters.
 //!
 //! The limit changes at run time (the degraded switch) without touching
-//! running calls: raising it adds permits; lowering it forgets free ones,
-//! and those it cannot forget yet (held by running calls) become a debt
-//! that their releases pay instead of handing them on, as tower's
-//! `ConcurrencyLimit` would with `forget_permits`.
+//! running calls: raising it frees slots (for the queue first); lowering
+//! it takes free ones away, and those it cannot take yet (held by running
+//! calls) become a debt that their releases pay instead of handing them
+//! on.
 
 use std::fmt;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use flightdeck_core::error::BulkheadFull;
@@ -21,11 +21,11 @@ use flightdeck_core::StageName;
 use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
-use tokio::sync::Semaphore;
 
 use crate::clock::{TokioClock, TokioInstant};
 use crate::error::RateLimited;
 use crate::metric;
+use crate::slots::{slots, Handoff, Slots, Wait};
 
 type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
 
@@ -114,16 +114,12 @@ pub(crate) struct Shared {
     normal: AtomicUsize,
     degraded_limit: AtomicUsize,
     degraded: AtomicBool,
-    /// The limit in force (as configured; the semaphore holds at most
-    /// `Semaphore::MAX_PERMITS`).
+    /// The limit in force (as configured; the count holds at most
+    /// `slots::MAX_SLOTS`).
     limit: AtomicUsize,
-    /// One permit per slot of the limit, less those running calls hold.
-    slots: Semaphore,
-    /// Slots the limit took back while running calls held them: the next
-    /// releases forget them instead of handing them on.
-    debt: AtomicUsize,
-    /// Serializes the paying of debt from free permits.
-    settling: Mutex<()>,
+    /// The free slots of the limit (below zero: the debt running calls
+    /// pay when they end) and the queue.
+    slots: Slots<Permit>,
     pub(crate) queue: Option<(usize, Duration)>,
     /// Calls waiting in the queue.
     queued: AtomicUsize,
@@ -144,13 +140,20 @@ pub(crate) enum Admission {
     Queued(Acquire),
 }
 
-/// A queued call's wait for a slot (in arrival order); `None` only if the
-/// semaphore were closed, which it never is.
-pub(crate) type Acquire = Pin<Box<dyn Future<Output = Option<Permit>> + Send + Sync>>;
+/// A queued call's wait for a slot (in arrival order), holding its place
+/// in the queue's count; `None` only if the queue dropped it, which it
+/// never does.
+pub(crate) struct Acquire {
+    handoff: Handoff<Permit>,
+    _place: QueuePlace,
+}
 
-/// The semaphore's share of a limit.
-fn permits(limit: usize) -> usize {
-    limit.min(Semaphore::MAX_PERMITS)
+impl Future for Acquire {
+    type Output = Option<Permit>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Permit>> {
+        Pin::new(&mut self.handoff).poll(cx).map(Result::ok)
+    }
 }
 
 impl Shared {
@@ -174,9 +177,7 @@ impl Shared {
             degraded_limit: AtomicUsize::new(degraded_limit),
             degraded: AtomicBool::new(degraded),
             limit: AtomicUsize::new(limit),
-            slots: Semaphore::new(permits(limit)),
-            debt: AtomicUsize::new(0),
-            settling: Mutex::new(()),
+            slots: Slots::new(limit),
             queue: cfg.queue,
             queued: AtomicUsize::new(0),
             rated: AtomicBool::new(cfg.rate.is_some() || (degraded && cfg.degraded_rate.is_some())),
@@ -221,10 +222,9 @@ impl Shared {
     /// A slot now, if one is free (and nobody queues for it).
     #[inline]
     fn try_take(self: &Arc<Self>) -> Option<Permit> {
-        let permit = self.slots.try_acquire().ok()?;
-        // The bulkhead's `Permit` gives it back (or pays a debt with it).
-        permit.forget();
-        Some(Permit::armed(Arc::clone(self)))
+        self.slots
+            .try_take()
+            .then(|| Permit::armed(Arc::clone(self)))
     }
 
     /// The fast path: a slot now, with no rate limit to check.
@@ -267,74 +267,47 @@ impl Shared {
             self.reject("full");
             return Err(self.full().into());
         }
-        // A slot freed since `try_take` is the semaphore's to hand on: the
-        // wait takes it at its first poll if nobody queued before.
         let place = QueuePlace(Arc::clone(self));
-        Ok(Admission::Queued(Box::pin(async move {
-            let place = place;
-            let permit = place.0.slots.acquire().await.ok()?;
-            permit.forget();
-            Some(Permit::armed(Arc::clone(&place.0)))
-        })))
+        match self
+            .slots
+            .wait(|| Permit::armed(Arc::clone(self)), Permit::defuse)
+        {
+            // Freed since `try_take`, and nobody queued before.
+            Wait::Now => Ok(Admission::Now(Permit::armed(Arc::clone(self)))),
+            Wait::Queued(handoff) => Ok(Admission::Queued(Acquire {
+                handoff,
+                _place: place,
+            })),
+        }
     }
 
+    /// Gives a slot back: to the debt, the queue, or the free count.
     #[inline]
-    fn release(&self) {
-        if self.debt.load(Ordering::Acquire) != 0 && self.pay_debt() {
-            return;
-        }
-        self.slots.add_permits(1);
-        // A lowering that raced this release may have found no free
-        // permit to forget: pay its debt from the one just freed.
-        if self.debt.load(Ordering::SeqCst) != 0 {
-            self.settle();
+    fn release(self: &Arc<Self>) {
+        if self.slots.give_back_one() {
+            self.serve();
         }
     }
 
-    /// Takes one slot off the debt; false when there was none.
-    fn pay_debt(&self) -> bool {
-        self.debt
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
-            .is_ok()
-    }
-
-    /// Pays what it can of the debt from free permits.
+    /// Hands free slots to queued calls.
     #[cold]
-    fn settle(&self) {
-        let _one = self.settling.lock().unwrap_or_else(PoisonError::into_inner);
-        while self.debt.load(Ordering::Acquire) != 0 {
-            let Ok(permit) = self.slots.try_acquire() else {
-                return;
-            };
-            permit.forget();
-            if !self.pay_debt() {
-                // Paid meanwhile by a release: the permit is free again.
-                self.slots.add_permits(1);
-                return;
-            }
-        }
+    #[inline(never)]
+    fn serve(self: &Arc<Self>) {
+        self.slots
+            .serve(|| Permit::armed(Arc::clone(self)), Permit::defuse);
     }
 
-    /// Moves the semaphore from the permits of limit `old` to those of
-    /// `new`, sparing running calls.
-    fn resize(&self, old: usize, new: usize) {
-        let (old, new) = (permits(old), permits(new));
+    /// Moves the count from the slots of limit `old` to those of `new`,
+    /// sparing running calls.
+    fn resize(self: &Arc<Self>, old: usize, new: usize) {
+        let (old, new) = (slots(old), slots(new));
         if new > old {
-            let mut grow = new - old;
-            let before = self
-                .debt
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
-                    Some(d - d.min(grow))
-                })
-                .unwrap_or_default();
-            grow -= before.min(grow);
-            if grow > 0 {
-                self.slots.add_permits(grow);
+            // Lossless: both are counts of at most `MAX_SLOTS`.
+            if self.slots.give_back((new - old) as usize) {
+                self.serve();
             }
         } else if new < old {
-            let shrink = old - new;
-            self.debt.fetch_add(shrink, Ordering::SeqCst);
-            self.settle();
+            self.slots.take_away((old - new) as usize);
         }
     }
 
@@ -379,6 +352,12 @@ impl Permit {
         Self {
             shared: Some(shared),
         }
+    }
+
+    /// Drops a permit that was never handed out, without giving its slot
+    /// back (the queue, which minted it, still counts the slot).
+    fn defuse(mut self) {
+        self.shared = None;
     }
 }
 
@@ -509,9 +488,9 @@ impl BulkheadHandle {
     /// Calls running now.
     pub fn active(&self) -> usize {
         let s = &self.shared;
-        // Every permit of the limit (and of the debt) is free or held.
-        (permits(s.limit.load(Ordering::Acquire)) + s.debt.load(Ordering::Acquire))
-            .saturating_sub(s.slots.available_permits())
+        // Every slot of the limit is free or held; a debt is held too.
+        let active = slots(s.limit.load(Ordering::Acquire)) - s.slots.free();
+        usize::try_from(active).unwrap_or(0)
     }
 
     /// Calls waiting in the queue now.

@@ -414,3 +414,155 @@ async fn threads_racing_the_queue_and_the_degraded_switch_lose_no_slot() {
     assert!(peak.load(Ordering::SeqCst) <= 4);
     assert_eq!((handle.active(), handle.queued()), (0, 0));
 }
+
+/// A bulkhead (with or without a queue) over a service whose calls never
+/// end: a call holds its slot until its future is dropped.
+fn held_calls(
+    cfg: BulkheadConfig,
+) -> (
+    flightdeck_bulkhead::BulkheadHandle,
+    impl Service<
+            u32,
+            Response = (),
+            Error = flightdeck_core::BoxError,
+            Future = impl std::future::Future<Output = Result<(), flightdeck_core::BoxError>>
+                         + Send
+                         + Unpin,
+        > + Clone,
+) {
+    let layer = BulkheadLayer::from_config(cfg);
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(|_: u32| {
+            std::future::pending::<Result<(), std::convert::Infallible>>()
+        }));
+    (layer.handle(), svc)
+}
+
+/// Lowering the limit under running calls spares them and leaves a debt:
+/// their releases pay it before any new call gets in, with a queue
+/// configured (new calls then wait) or not (they are rejected).
+#[tokio::test(start_paused = true)]
+async fn releases_pay_a_lowered_limit_before_new_calls_get_in() {
+    for queue in [false, true] {
+        let mut cfg = BulkheadConfig::new(4).degraded_limit(1);
+        if queue {
+            cfg = cfg.queue(8, Duration::from_secs(60));
+        }
+        let (handle, mut svc) = held_calls(cfg);
+        let mut running: Vec<_> = (0..3).map(|i| svc.call(i)).collect();
+        assert_eq!(handle.active(), 3);
+        handle.set_degraded(true);
+        assert_eq!((handle.limit(), handle.active()), (1, 3), "queue {queue}");
+
+        let mut late = svc.call(9);
+        if queue {
+            assert!(
+                tokio::time::timeout(Duration::from_millis(1), &mut late)
+                    .await
+                    .is_err(),
+                "it waits"
+            );
+            assert_eq!(handle.queued(), 1);
+        } else {
+            let err = late.await.unwrap_err();
+            assert!(err.is::<BulkheadFull>(), "{err}");
+        }
+        // Two releases pay the debt of two; the last running call holds
+        // the limit's one slot.
+        for left in [2, 1] {
+            drop(running.pop());
+            assert_eq!(handle.active(), left, "queue {queue}");
+            if !queue {
+                let err = svc.call(9).await.unwrap_err();
+                assert!(err.is::<BulkheadFull>(), "still in debt: {err}");
+            }
+        }
+        assert_eq!(handle.queued(), u32::from(queue) as usize);
+        // The third release frees the slot: for the waiting call, or for
+        // the next one.
+        drop(running.pop());
+        let _next = if queue {
+            assert_eq!(handle.active(), 1, "handed to the queued call");
+            None
+        } else {
+            assert_eq!(handle.active(), 0);
+            let next = svc.call(9);
+            assert_eq!(handle.active(), 1);
+            Some(next)
+        };
+        let err = svc.call(10).await.unwrap_err();
+        assert!(err.is::<BulkheadFull>() || queue, "{err}");
+    }
+}
+
+/// Raising the limit while running calls still owe a lowering pays the
+/// debt first: only the slots above the running calls are free.
+#[tokio::test(start_paused = true)]
+async fn a_raise_during_a_debt_frees_only_the_slots_above_the_running_calls() {
+    let (handle, mut svc) = held_calls(BulkheadConfig::new(4).degraded_limit(1));
+    let mut running: Vec<_> = (0..3).map(|i| svc.call(i)).collect();
+    handle.set_degraded(true);
+    handle.set_degraded(false);
+    assert_eq!((handle.limit(), handle.active()), (4, 3));
+    running.push(svc.call(3));
+    assert_eq!(handle.active(), 4, "one slot was free");
+    assert!(svc.call(4).await.unwrap_err().is::<BulkheadFull>());
+
+    // A lowering to zero with four running: each release pays, none frees.
+    handle.set_limits(4, 0);
+    handle.set_degraded(true);
+    while running.len() > 1 {
+        drop(running.pop());
+        assert!(svc.call(5).await.unwrap_err().is::<BulkheadFull>());
+    }
+    drop(running.pop());
+    assert_eq!(handle.active(), 0);
+    assert!(
+        svc.call(5).await.unwrap_err().is::<BulkheadFull>(),
+        "limit 0"
+    );
+    handle.set_limits(2, 0);
+    handle.set_degraded(false);
+    let _two = [svc.call(6), svc.call(7)];
+    assert_eq!(handle.active(), 2);
+    assert!(svc.call(8).await.unwrap_err().is::<BulkheadFull>());
+}
+
+/// A slot freed while calls wait goes to the first of them, even when a
+/// new call arrives before that one is polled again: no call overtakes
+/// the queue.
+#[tokio::test(start_paused = true)]
+async fn a_new_call_does_not_overtake_the_queue() {
+    let layer =
+        BulkheadLayer::from_config(BulkheadConfig::new(1).queue(8, Duration::from_secs(60)));
+    let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn({
+            let started = started.clone();
+            move |id: u32| {
+                started.lock().unwrap().push(id);
+                std::future::pending::<Result<(), std::convert::Infallible>>()
+            }
+        }));
+    let first = svc.call(1);
+    let second = tokio::spawn(svc.clone().oneshot(2));
+    tokio::task::yield_now().await;
+    assert_eq!((layer.handle().active(), layer.handle().queued()), (1, 1));
+
+    drop(first);
+    // Called before the queued call is polled again.
+    let third = tokio::spawn(svc.call(3));
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(*started.lock().unwrap(), [1, 2]);
+    assert_eq!((layer.handle().active(), layer.handle().queued()), (1, 1));
+    second.abort();
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(*started.lock().unwrap(), [1, 2, 3]);
+    third.abort();
+}
