@@ -70,13 +70,13 @@ fn check_acquire(v: &Value, parsed: Result<Acquired, flightdeck_distributed::bac
             }
             assert_eq!(Some(&hit.payload[..]), items[3].as_bytes());
         }
-        Acquired::Owner { generation, takeover } => {
+        Acquired::Owner { generation, takeover, .. } => {
             assert_eq!(word.as_deref(), Some("OWNER"));
             assert_eq!(items.len(), 3);
             assert_eq!(Some(generation), gen_of(1));
             assert_eq!(takeover, int(&items[2]) == Some(1));
         }
-        Acquired::Follower { generation, lease_remaining } => {
+        Acquired::Follower { generation, lease_remaining, .. } => {
             assert_eq!(word.as_deref(), Some("FOLLOWER"));
             assert_eq!(items.len(), 3);
             assert_eq!(Some(generation), gen_of(1));
@@ -88,6 +88,7 @@ fn check_acquire(v: &Value, parsed: Result<Acquired, flightdeck_distributed::bac
             assert_eq!(items.len(), 2);
             assert_eq!(Some(generation), gen_of(1));
         }
+        Acquired::Stale(_) => panic!("the parser answers no stale result yet: {items:?}"),
     }
 }
 

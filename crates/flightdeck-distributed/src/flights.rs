@@ -415,7 +415,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             joined = None;
         }
         match acquired {
-            Acquired::Hit(stored) => {
+            // Not asked for stale results: a backend answers no Stale.
+            Acquired::Hit(stored) | Acquired::Stale(stored) => {
                 guard.settled();
                 st.seen_commits.forget_other(&cx.flight, stored.generation);
                 cx.metrics.with(|m| m.hit.increment(1));
@@ -432,6 +433,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             Acquired::Owner {
                 generation,
                 takeover,
+                ..
             } => {
                 cx.metrics.with(|m| {
                     m.owner.increment(1);

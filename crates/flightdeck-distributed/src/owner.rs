@@ -448,6 +448,8 @@ where
                 payload,
                 ttl: st.policy.replay_ttl_duration(),
                 retain: st.policy.waiter_retention(),
+                stale_for: Duration::ZERO,
+                work_time: Duration::ZERO,
                 inline_below: st.policy.inline_below_bytes(),
                 state_ttl: cx.terms.state_ttl,
             };
@@ -491,6 +493,7 @@ where
             let args = AbandonArgs {
                 failure: failure.filter(|_| !failure_ttl.is_zero()),
                 failure_ttl,
+                retry_after: Duration::ZERO,
                 state_ttl: cx.terms.state_ttl,
             };
             let mut pause = SETTLE_FIRST_PAUSE;

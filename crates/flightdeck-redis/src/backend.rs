@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
     ConnectionWatch, FlightId, LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
 use fred::bytes_utils::Str;
@@ -285,21 +285,12 @@ impl Backend for RedisBackend {
         self.inner.topology.shard(self.slot(flight))
     }
 
-    fn acquire<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.recheck(flight, token, None, terms)
-    }
-
     /// ACQUIRE, naming the generation followed (`''` for none).
-    fn recheck<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
@@ -310,7 +301,7 @@ impl Backend for RedisBackend {
                 .text(if terms.allow_takeover { "1" } else { "0" })
                 .millis(terms.record_ttl());
             let args = self.inner.inboxes.name_in(self.slot_of(flight), args);
-            let args = match follows {
+            let args = match ask.follows {
                 Some(g) => args.uint(g),
                 None => args.text(""),
             };

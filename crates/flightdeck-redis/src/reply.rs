@@ -55,11 +55,16 @@ pub(crate) fn parse_acquire(v: &Value) -> Result<Acquired, BackendError> {
                 generation: gen(&items[1]).ok_or_else(bad)?,
                 status,
                 payload,
+                // Not in the reply yet.
+                age: Duration::ZERO,
+                ttl: Duration::ZERO,
+                work_time: Duration::ZERO,
             })
         }
         (Some("OWNER"), 3) => Acquired::Owner {
             generation: gen(&items[1]).ok_or_else(bad)?,
             takeover: int(&items[2]).ok_or_else(bad)? == 1,
+            stale: None,
         },
         (Some("FOLLOWER"), 3) => Acquired::Follower {
             generation: gen(&items[1]).ok_or_else(bad)?,
@@ -70,6 +75,7 @@ pub(crate) fn parse_acquire(v: &Value) -> Result<Acquired, BackendError> {
                     .and_then(|ms| u64::try_from(ms).ok())
                     .ok_or_else(bad)?,
             ),
+            stale: None,
         },
         (Some("EXPIRED"), 2) => Acquired::Expired {
             generation: gen(&items[1]).ok_or_else(bad)?,
@@ -147,7 +153,8 @@ mod tests {
             parse_acquire(&ok).unwrap(),
             Acquired::Owner {
                 generation: 3,
-                takeover: true
+                takeover: true,
+                stale: None
             }
         );
         for bad in [

@@ -123,6 +123,7 @@ fn no_failure() -> AbandonArgs {
         failure: None,
         failure_ttl: Duration::ZERO,
         state_ttl: Duration::from_secs(30),
+        retry_after: Duration::ZERO,
     }
 }
 
@@ -571,6 +572,7 @@ async fn old_and_new_layouts_never_read_each_other() {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => generation,
         other => panic!("the new layout must not read the old one's result: {other:?}"),
     };
@@ -684,6 +686,7 @@ async fn f2_and_f3_layouts_never_read_each_other() {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => generation,
         other => panic!("the new layout must not read the old one's lease: {other:?}"),
     };

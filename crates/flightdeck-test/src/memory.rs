@@ -35,7 +35,7 @@
 //! let a = OwnerToken::random();
 //! let b = OwnerToken::random();
 //! let first = backend.acquire(&flight, &a, &terms).await.unwrap();
-//! assert_eq!(first, Acquired::Owner { generation: 1, takeover: false });
+//! assert_eq!(first, Acquired::Owner { generation: 1, takeover: false, stale: None });
 //! assert!(matches!(backend.acquire(&flight, &b, &terms).await.unwrap(), Acquired::Follower { .. }));
 //! # }
 //! ```
@@ -48,8 +48,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
+    AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    FlightId, LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult,
+    Subscription,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -144,6 +145,12 @@ struct Kept {
     gen: u64,
     status: ResultStatus,
     payload: Bytes,
+    /// When it was committed (Redis: `ca`).
+    at: Instant,
+    /// How long it is fresh from `at` (Redis: `ttl`).
+    ttl: Duration,
+    /// How long its owner's work took (Redis: `wt`).
+    work_time: Duration,
     /// Replayed to new acquires until then.
     fresh_until: Instant,
     /// Replayed to re-checks of followers of `gen` or older until then.
@@ -157,11 +164,14 @@ impl Kept {
         now < self.fresh_until || (follows.is_some_and(|g| g <= self.gen) && now < self.keep_until)
     }
 
-    fn stored(&self) -> StoredResult {
+    fn stored(&self, now: Instant) -> StoredResult {
         StoredResult {
             generation: self.gen,
             status: self.status,
             payload: self.payload.clone(),
+            age: now.saturating_duration_since(self.at),
+            ttl: self.ttl,
+            work_time: self.work_time,
         }
     }
 }
@@ -284,6 +294,9 @@ impl MemoryBackend {
                 gen,
                 status: ResultStatus::Ok,
                 payload,
+                at: Instant::now(),
+                ttl,
+                work_time: Duration::ZERO,
                 fresh_until: expires,
                 keep_until: expires,
             }),
@@ -339,7 +352,7 @@ impl MemoryBackend {
         let mut kept = None;
         if let Some(r) = f.record(now) {
             if let Some(k) = r.result.as_ref().filter(|k| k.answers(now, follows)) {
-                return Acquired::Hit(k.stored());
+                return Acquired::Hit(k.stored(now));
             }
             let live = r.deadline.filter(|d| *d > now);
             if r.token.as_ref() == Some(token) {
@@ -347,6 +360,7 @@ impl MemoryBackend {
                     return Acquired::Owner {
                         generation: r.gen,
                         takeover: false,
+                        stale: None,
                     };
                 }
                 if r.deadline.is_none() {
@@ -357,6 +371,7 @@ impl MemoryBackend {
                 return Acquired::Follower {
                     generation: r.gen,
                     lease_remaining: deadline - now,
+                    stale: None,
                 };
             }
             if r.deadline.is_some() {
@@ -390,6 +405,7 @@ impl MemoryBackend {
         Acquired::Owner {
             generation: gen,
             takeover,
+            stale: None,
         }
     }
 
@@ -453,6 +469,9 @@ impl MemoryBackend {
             gen,
             status: ResultStatus::Ok,
             payload: args.payload.clone(),
+            at: now,
+            ttl: args.ttl,
+            work_time: args.work_time,
             fresh_until,
             keep_until,
         });
@@ -493,6 +512,9 @@ impl MemoryBackend {
                     gen,
                     status: ResultStatus::Failed,
                     payload: msg.clone(),
+                    at: now,
+                    ttl: args.failure_ttl,
+                    work_time: Duration::ZERO,
                     fresh_until: until,
                     keep_until: until,
                 });
@@ -566,27 +588,18 @@ impl Drop for Unsubscribe {
 }
 
 impl Backend for MemoryBackend {
-    fn acquire<'a>(
+    /// Counted as an acquire, re-checks too.
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.recheck(flight, token, None, terms)
-    }
-
-    /// Counted as an acquire.
-    fn recheck<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         self.inner.calls.acquire.fetch_add(1, Ordering::Relaxed);
         let res = self
             .check()
-            .map(|()| self.acquire_now(flight, token, follows, terms));
+            .map(|()| self.acquire_now(flight, token, ask.follows, terms));
         Box::pin(async move { res })
     }
 

@@ -100,6 +100,8 @@
 //!     payload: "result".into(),
 //!     ttl: Duration::from_secs(60),
 //!     retain: Duration::from_secs(3),
+//!     stale_for: Duration::ZERO,
+//!     work_time: Duration::from_millis(40),
 //!     inline_below: 1024,
 //!     state_ttl: Duration::from_secs(120),
 //! };
@@ -121,7 +123,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use answers::{Acquired, Committed, Released, Renewal, ResultStatus, StoredResult};
-pub use args::{AbandonArgs, CommitArgs, LeaseTerms};
+pub use args::{AbandonArgs, Ask, CommitArgs, LeaseTerms};
 pub use connection::{Connection, ConnectionWatch};
 pub use error::{BackendError, BackendErrorKind};
 pub use ids::{FencingToken, FlightId, OwnerToken};
@@ -136,13 +138,29 @@ pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendErr
 /// See the module docs for the semantics every implementation must keep;
 /// `flightdeck-test`'s conformance suite checks them.
 pub trait Backend: Send + Sync + 'static {
-    /// Tries to own the flight (see [`Acquired`]).
+    /// Tries to own the flight, asking what `ask` says (see [`Acquired`],
+    /// [`Ask`]): the one acquire every backend implements, and the one a
+    /// wrapper changes (the L2 layer calls only this;
+    /// [`acquire`](Self::acquire) and [`recheck`](Self::recheck) are
+    /// shorthands for it, not to be overridden).
+    fn acquire_with<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        ask: Ask,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired>;
+
+    /// A flight's first acquire, asking for no stale result:
+    /// [`acquire_with`](Self::acquire_with) with [`Ask::default`].
     fn acquire<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired>;
+    ) -> BackendFuture<'a, Acquired> {
+        self.acquire_with(flight, token, Ask::default(), terms)
+    }
 
     /// Extends the lease held by (token, generation).
     fn heartbeat<'a>(
@@ -343,18 +361,10 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Acquired::Hit`] while the store keeps it for waiters
     /// ([`CommitArgs::retain`]), fresh or not, since this caller was
     /// waiting before it was committed. `None` (a retry of a first
-    /// acquire) is exactly [`acquire`](Self::acquire). Told apart also so
-    /// that a decorator can treat it differently (a breaker judges the
-    /// backend by flights, not by polls).
-    ///
-    /// The default forgets `follows` and answers as
-    /// [`acquire`](Self::acquire): right for a backend that keeps no
-    /// result for waiters, and for a wrapper that treats both alike. A
-    /// backend that keeps them implements it (the Redis and memory
-    /// backends do), and a wrapper of one forwards it
-    /// ([`forward_backend!`](crate::forward_backend)): otherwise a
-    /// follower that missed the completion notice of a result that is not
-    /// replayed to new requests runs the work again.
+    /// acquire) answers as [`acquire`](Self::acquire).
+    /// [`acquire_with`](Self::acquire_with) with [`Ask::rechecking`]:
+    /// marked a re-check so that a decorator can treat it differently (a
+    /// breaker judges the backend by flights, not by polls).
     fn recheck<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -362,13 +372,12 @@ pub trait Backend: Send + Sync + 'static {
         follows: Option<u64>,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        let _ = follows;
-        self.acquire(flight, token, terms)
+        self.acquire_with(flight, token, Ask::rechecking(follows), terms)
     }
 }
 
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, held_back, recheck, shard, sharded, shards, unreachable, connection, invalidated_since, wait_replicas, call_timeout_hint);
+    crate::forward_backend!(*self => acquire_with, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, held_back, shard, sharded, shards, unreachable, connection, invalidated_since, wait_replicas, call_timeout_hint);
 }

@@ -201,6 +201,8 @@ pub fn commit_args(payload: &'static [u8], inline_below: usize) -> CommitArgs {
         retain: Duration::from_secs(30),
         inline_below,
         state_ttl: Duration::from_secs(30),
+        stale_for: Duration::ZERO,
+        work_time: Duration::ZERO,
     }
 }
 
@@ -223,6 +225,7 @@ fn abandon_args(failure: Option<&'static str>) -> AbandonArgs {
             Duration::ZERO
         },
         state_ttl: Duration::from_secs(30),
+        retry_after: Duration::ZERO,
     }
 }
 
