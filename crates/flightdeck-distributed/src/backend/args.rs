@@ -120,7 +120,8 @@ pub struct CommitArgs {
     /// Payloads up to this size travel inline in the completion notice.
     pub inline_below: usize,
     /// See [`LeaseTerms::state_ttl`]. Once committed, a flight's record
-    /// lives as long as its result (the longer of `ttl` and `retain`):
+    /// lives as long as its result (the longer of `ttl + stale_for` and
+    /// `retain`):
     /// the backends in this workspace do not need this.
     pub state_ttl: Duration,
 }

@@ -5,7 +5,8 @@
 //! `flightdeck-test`). Every implementation keeps these rules, and
 //! `flightdeck-test`'s conformance suite checks each of them:
 //!
-//! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored
+//! - [`Backend::acquire_with`] (of which [`Backend::acquire`] and
+//!   [`Backend::recheck`] are shorthands) answers [`Acquired::Hit`] when a result is stored
 //!   and still fresh ([`CommitArgs::ttl`], the stage's replay TTL),
 //!   [`Acquired::Follower`] when another token holds a live lease,
 //!   [`Acquired::Owner`] when this token holds it (also on a retry with the
@@ -47,8 +48,32 @@
 //!   whose holder walked away. The token is never granted the flight
 //!   afterwards, so an ACQUIRE of it that reaches the store late grants
 //!   nothing.
-//! - [`Backend::invalidate`] drops the stored result and any lease and
-//!   starts a newer generation: a running owner's commit is then fenced.
+//! - [`Backend::invalidate`] drops the stored result (fresh or kept to
+//!   answer stale), any throttle and any lease and starts a newer
+//!   generation: a running owner's commit (a refresh's too) is then
+//!   fenced, so a purged result never comes back.
+//! - **Stale results.** A commit keeps its result [`CommitArgs::stale_for`]
+//!   past its freshness. Only an acquire that asks ([`Ask::stale`]) is
+//!   answered it, and only while it is past its freshness and within that
+//!   window: beside [`Acquired::Owner`] when the acquire is granted the
+//!   flight (this caller refreshes it), beside [`Acquired::Follower`]
+//!   while another token's lease runs (its refresh), and alone as
+//!   [`Acquired::Stale`] while a throttle runs: an abandon with
+//!   [`AbandonArgs::retry_after`] while a result is kept (fresh or not)
+//!   makes every such acquire answer it and grant nothing for that long,
+//!   by the store's clock; then the next acquire is granted. A grant
+//!   keeps the result, an abandon never drops it (a failure it caches is
+//!   replayed beside it, to acquires that do not ask for stale results),
+//!   and only a commit of the flight's last grant replaces it. An early
+//!   refresh ([`Ask::early`]) of a still-fresh result is granted with the
+//!   fresh result beside [`Acquired::Owner`], unless a lease runs (then
+//!   it is a [`Acquired::Hit`]: someone refreshes already) or the last
+//!   refresh failed (its cached failure or throttle runs). An acquire
+//!   that asks for neither is answered exactly as if nothing were kept
+//!   past freshness: every `stale` is `None`.
+//! - Every [`StoredResult`] says how old it is by the store's clock
+//!   ([`StoredResult::age`]), how long it was fresh and how long its
+//!   owner's work took (for early refreshes).
 //! - [`Backend::subscribe`] delivers [`Notice`]s for one flight: at least
 //!   those of grants that end after this node's ACQUIRE (or re-check) of
 //!   the flight answered [`Acquired::Follower`] (the Redis backend tells
@@ -69,9 +94,10 @@
 //! allowed, ACQUIRE answers [`Acquired::Expired`]. A dead owner therefore
 //! blocks a flight without takeover for one lease after its lease ran
 //! out, never longer; the next grant after that has a larger generation.
-//! A commit keeps the record for the longer of the result's freshness and
-//! its retention for waiters, an abandon that caches a failure for the
-//! failure's; a grant or heartbeat never shortens a retention under way.
+//! A commit keeps the record for the longer of the result's freshness plus
+//! its stale window and its retention for waiters, an abandon that caches
+//! a failure for the failure's (never less than the stored result's); a
+//! grant or heartbeat never shortens a retention under way.
 //!
 //! All durations are measured by the backend's clock (Redis: the server's
 //! time and key expiry), never by the callers'.
