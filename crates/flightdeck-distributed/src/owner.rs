@@ -58,11 +58,15 @@ const SETTLE_BACKOFF: Backoff =
 
 /// How the owner settles its flight.
 pub(crate) enum Finish {
-    /// Store this (encoded) result.
-    Commit(Bytes),
+    /// Store this (encoded) result, whose work took this long.
+    Commit(Bytes, Duration),
     /// Release the flight, caching this failure message when the stage
     /// caches failures.
     Abandon(Option<Bytes>),
+    /// Release the flight after a failed refresh of a kept result: the
+    /// store answers that result stale, and grants nothing, for this long
+    /// (with the failure, cached as [`Finish::Abandon`] caches it).
+    Throttle(Option<Bytes>, Duration),
 }
 
 /// The owner's hold on its lease, from the grant until
@@ -442,14 +446,18 @@ where
     C: Send + Sync + 'static,
 {
     let until = Instant::now() + st.policy.lease_duration();
+    let retry_after = match &how {
+        Finish::Throttle(_, d) => *d,
+        _ => Duration::ZERO,
+    };
     match how {
-        Finish::Commit(payload) => {
+        Finish::Commit(payload, work_time) => {
             let args = CommitArgs {
                 payload,
                 ttl: st.policy.replay_ttl_duration(),
                 retain: st.policy.waiter_retention(),
-                stale_for: Duration::ZERO,
-                work_time: Duration::ZERO,
+                stale_for: st.policy.stale().keep_stale(),
+                work_time,
                 inline_below: st.policy.inline_below_bytes(),
                 state_ttl: cx.terms.state_ttl,
             };
@@ -488,12 +496,12 @@ where
                 }
             }
         }
-        Finish::Abandon(failure) => {
+        Finish::Abandon(failure) | Finish::Throttle(failure, _) => {
             let failure_ttl = st.policy.failure_ttl_duration();
             let args = AbandonArgs {
                 failure: failure.filter(|_| !failure_ttl.is_zero()),
                 failure_ttl,
-                retry_after: Duration::ZERO,
+                retry_after,
                 state_ttl: cx.terms.state_ttl,
             };
             let mut pause = SETTLE_FIRST_PAUSE;
