@@ -452,7 +452,15 @@ where
     };
     match how {
         Finish::Commit(payload, work_time) => {
-            let args = CommitArgs {
+            // The work ended as the settling began. With stale windows, the
+            // result's freshness (and so its windows) counts from there, as
+            // on this node, not from a commit that retries delayed: a stale
+            // answer is never older than freshness + window since the work
+            // ended.
+            let ended = Instant::now();
+            let keep_stale = st.policy.stale().keep_stale();
+            let replay_ttl = st.policy.replay_ttl_duration();
+            let mut args = CommitArgs {
                 payload,
                 ttl: st.policy.replay_ttl_duration(),
                 retain: st.policy.waiter_retention(),
@@ -466,6 +474,9 @@ where
             let mut pause = SETTLE_FIRST_PAUSE;
             loop {
                 attempt += 1;
+                if !keep_stale.is_zero() {
+                    args.ttl = replay_ttl.saturating_sub(ended.elapsed());
+                }
                 let call = st.timed(
                     cx,
                     Op::Commit,

@@ -343,3 +343,47 @@ async fn hits_carry_the_stores_age() {
         }
     );
 }
+
+/// The windows count from the end of the work, not from a commit that
+/// retries delayed: a result whose commit landed 1.5 s late answers stale
+/// no longer than freshness + window after its work ended.
+#[tokio::test(start_paused = true)]
+async fn a_late_commit_does_not_stretch_the_window() {
+    let window = 5 * SEC;
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            revalidate: window,
+            ..StaleWindows::OFF
+        });
+    let node =
+        || DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    let (a, b) = (node(), node());
+    let k = key("late-commit");
+    let work = Work::new(Duration::ZERO);
+    store.set_fail_commits(true);
+    let heal = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            sleep(SEC).await;
+            store.set_fail_commits(false);
+        })
+    };
+    let ended = Instant::now();
+    let (v, _, _) = call(&a, &k, &work).await;
+    assert_eq!(v, "v1");
+    heal.await.unwrap();
+    a.idle().await;
+    assert!(ended.elapsed() >= SEC, "the commit landed late");
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v1");
+    assert!(matches!(how, Answered::Hit { .. }), "stored: {how:?}");
+    // Past freshness + window since the work ended (though not since the
+    // commit): nothing stale answers, the work runs.
+    tokio::time::sleep_until(ended + FRESH + window + SEC / 2).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
+}
