@@ -23,10 +23,11 @@ use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FlightId, OwnerToken, PostcardCodec,
 };
 use flightdeck_harness::RedisServer;
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_redis::{RedisBackend, RedisConfig, LAYOUT};
 use flightdeck_test::conformance::{self, fresh_flight, Window, LEASE};
 use fred::prelude::Value;
 use legacy::f2::F2;
+use legacy::f4::F4;
 use legacy::Legacy;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -776,7 +777,7 @@ impl Phase {
 async fn owner_flights(
     redis: &RedisServer,
     new: &RedisBackend,
-    old: &F2,
+    old: &F4,
     legacy: bool,
     args: &CommitArgs,
 ) -> (Phase, Phase) {
@@ -785,10 +786,14 @@ async fn owner_flights(
     }
     let flights: Vec<FlightId> = (0..FLIGHTS).map(|_| fresh_flight()).collect();
     let tok = OwnerToken::random();
+    // The inbox an `f4` node names (as long as this layout's).
+    let inbox = new
+        .inbox(&flights[0])
+        .replace(&format!(":{LAYOUT}:"), ":f4:");
     reset(redis);
     let mut gens = Vec::new();
     for f in &flights {
-        let answer = old.acquire(f, tok.as_str()).await;
+        let answer = old.acquire(f, tok.as_str(), &inbox).await;
         gens.push(answer[1].as_str().expect("a generation").into_owned());
     }
     let acquire = Phase::read(redis);
@@ -815,17 +820,17 @@ const FLIGHTS: u64 = if cfg!(debug_assertions) { 200 } else { 2000 };
 /// For the record (printed, not asserted: a measurement, not a timed
 /// test): Redis server time per owner flight (ACQUIRE + COMMIT, the
 /// `usec` of `EVALSHA` in `INFO commandstats`) of the previous layout's
-/// scripts (`f2`, kept in `legacy::f2`) and of this one's, alternating in
+/// scripts (`f4`, kept in `legacy::f4`) and of this one's, alternating in
 /// one run on one server (which goes first alternates too), with a small
 /// (64 B) and a larger (4 KiB) result; then the median of the rounds. The
-/// inner command counts are checked on the way (8 per owner flight before,
-/// 8 now: the commit reads the server's clock for the result's freshness).
+/// inner command counts are checked on the way (8 per owner flight in
+/// both).
 #[tokio::test]
 async fn measure_server_time_per_owner_flight_old_and_new() {
     const ROUNDS: usize = 6;
     let redis = RedisServer::start().unwrap();
     let new = backend(&redis).await;
-    let old = F2::load(&plain_client(&redis).await, "fd").await;
+    let old = F4::load(&plain_client(&redis).await, "fd").await;
     let per = |us: u64| us as f64 / FLIGHTS as f64;
     for size in [64usize, 4096] {
         let args = CommitArgs {
@@ -849,7 +854,7 @@ async fn measure_server_time_per_owner_flight_old_and_new() {
                     .unwrap()
             };
             let ((oa, oc), (na, nc)) = (get(true), get(false));
-            assert_eq!(oa.inner + oc.inner, 8 * FLIGHTS, "f2: 8 inner calls");
+            assert_eq!(oa.inner + oc.inner, 8 * FLIGHTS, "f4: 8 inner calls");
             assert_eq!(na.inner + nc.inner, 8 * FLIGHTS, "8 inner calls");
             olds.push(per(oa.usec + oc.usec));
             news.push(per(na.usec + nc.usec));
