@@ -17,7 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, CommitArgs, Committed, LeaseTerms, Notice, Released, Renewal,
+    AbandonArgs, Acquired, Ask, Backend, CommitArgs, Committed, LeaseTerms, Notice, Released,
+    Renewal,
 };
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FlightId, OwnerToken, PostcardCodec,
@@ -324,6 +325,71 @@ async fn every_script_answer_keeps_its_command_budget() {
         b.invalidated_since(&f, generation - 1),
     );
     assert_eq!(read.await.unwrap(), Some(true));
+
+    // A stage with stale windows pays nothing more: a grant with the kept
+    // result beside, a follower with it, the abandon that throttles the
+    // next refresh (it reads the server's clock) and STALE in the
+    // throttle.
+    let stale = Ask {
+        stale: true,
+        ..Ask::default()
+    };
+    let f = fresh_flight();
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap());
+    let args = CommitArgs {
+        ttl: Duration::from_millis(1),
+        stale_for: Duration::from_secs(30),
+        ..commit_args(b"kept")
+    };
+    assert_eq!(
+        b.commit(&f, &a, g, &args).await.unwrap(),
+        Committed::Committed
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let r = tok();
+    let refresh = costs(
+        &redis,
+        "ACQUIRE -> OWNER (grant, the kept result beside)",
+        &[HMGET, TIME, HSET, PEXPIRE],
+        b.acquire_with(&f, &r, stale, &t),
+    );
+    let g = match refresh.await.unwrap() {
+        Acquired::Owner {
+            generation,
+            stale: Some(_),
+            ..
+        } => generation,
+        other => panic!("expected OWNER with the kept result, got {other:?}"),
+    };
+    let (e, h) = (tok(), tok());
+    let beside = costs(
+        &redis,
+        "ACQUIRE -> FOLLOWER (this node's first, the kept result beside)",
+        &[HMGET, TIME, HSET],
+        b.acquire_with(&f, &e, stale, &t),
+    );
+    assert!(matches!(
+        beside.await.unwrap(),
+        Acquired::Follower { stale: Some(_), .. }
+    ));
+    let retry = AbandonArgs {
+        retry_after: Duration::from_secs(30),
+        ..no_failure.clone()
+    };
+    let throttled = costs(
+        &redis,
+        "ABANDON -> RELEASED (throttles the next refresh, one node follows)",
+        &[HMGET, TIME, HSET, PUBLISH],
+        b.abandon(&f, &r, g, &retry),
+    );
+    assert_eq!(throttled.await.unwrap(), Released::Released);
+    let answered = costs(
+        &redis,
+        "ACQUIRE -> STALE",
+        &[HMGET, TIME],
+        b.acquire_with(&f, &h, stale, &t),
+    );
+    assert!(matches!(answered.await.unwrap(), Acquired::Stale(_)));
 
     let no_takeover = LeaseTerms {
         allow_takeover: false,
@@ -748,6 +814,64 @@ async fn f2_and_f3_layouts_never_read_each_other() {
         assert!(!old.keys(&f).contains(&name), "{name}");
     }
     f2_follower.quit().await.unwrap();
+}
+
+/// A rolling upgrade from the previous layout (`f4`, no stale results):
+/// an `f4` node (its scripts, run by hand) and a node of this layout
+/// share one Redis and one prefix. Neither reads the other's record (the
+/// names differ): each replays only its own result, so an `f4` node never
+/// meets a record with fields it does not keep up (a throttle, a kept
+/// result past its freshness), and this layout never reads a result
+/// without its commit time.
+#[tokio::test]
+async fn f4_and_f5_layouts_never_read_each_other() {
+    let redis = RedisServer::start().unwrap();
+    let new = backend(&redis).await;
+    let old = F4::load(&plain_client(&redis).await, "fd").await;
+    let t = conformance::terms(true);
+    let word = |v: &Value| v.as_str().map(|s| s.into_owned()).unwrap_or_default();
+    let f = fresh_flight();
+    let inbox = new.inbox(&f).replace(&format!(":{LAYOUT}:"), ":f4:");
+    let answer = old.acquire(&f, "old-node", &inbox).await;
+    assert_eq!(word(&answer[0]), "OWNER");
+    let done = old
+        .commit(
+            &f,
+            "old-node",
+            &word(&answer[1]),
+            Bytes::from_static(b"old"),
+        )
+        .await;
+    assert_eq!(done, "COMMITTED");
+    let tok = OwnerToken::random();
+    let stale = Ask {
+        stale: true,
+        early: true,
+        ..Ask::default()
+    };
+    let g = match new.acquire_with(&f, &tok, stale, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+            stale: None,
+        } => generation,
+        other => panic!("this layout must not read the f4 record: {other:?}"),
+    };
+    new.commit(&f, &tok, g, &commit_args(b"new")).await.unwrap();
+    match new.acquire(&f, &OwnerToken::random(), &t).await.unwrap() {
+        Acquired::Hit(r) => assert_eq!(&r.payload[..], b"new"),
+        other => panic!("expected this layout's HIT, got {other:?}"),
+    }
+    let answer = old.acquire(&f, "another-old-node", &inbox).await;
+    assert_eq!(word(&answer[0]), "HIT");
+    assert_eq!(answer[3].as_bytes(), Some(&b"old"[..]));
+    assert_ne!(old.record(&f), new.record_key(&f));
+    let Ok(flightdeck_harness::Resp::Array(Some(stored))) =
+        redis.cmd(&["KEYS", &format!("fd:{{{}}}:*", f.to_hex())])
+    else {
+        panic!("KEYS answers an array");
+    };
+    assert_eq!(stored.len(), 2, "one record per layout: {stored:?}");
 }
 
 /// What Redis ran for one phase of the measurement: `EVALSHA` calls,
