@@ -532,3 +532,94 @@ async fn a_cached_failure_goes_beside_the_kept_result() {
         }
     }
 }
+
+/// The L2 flow over these scripts, two nodes on one Redis: past its
+/// freshness, every caller on both nodes is answered with the kept
+/// result (reason `revalidate`, its age by the server's clock) while one
+/// refresh runs for the whole deployment; the refresh's result answers
+/// next, on the other node too.
+#[tokio::test]
+async fn grace_over_redis_runs_one_refresh_for_both_nodes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use flightdeck_core::error::BoxError;
+    use flightdeck_core::stale::{StaleReason, StaleWindows};
+    use flightdeck_core::{FlightKey, Shareable, StageName};
+    use flightdeck_distributed::{
+        Answered, DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
+    };
+
+    /// Answers `v<n>` (its `n`th run, on any node) after 1.5 s: longer
+    /// than a loaded machine takes to send the 20 calls below.
+    #[derive(Clone, Default)]
+    struct Work(Arc<AtomicUsize>);
+
+    impl Execute<()> for Work {
+        type Shared = String;
+        type Output = String;
+
+        async fn execute(self, _: (), _: Role) -> Result<Shareable<String, String>, BoxError> {
+            let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Ok(Shareable::Shared(format!("v{n}")))
+        }
+    }
+
+    type Node = DistributedFlights<RedisBackend, PostcardCodec<String>>;
+    async fn call(node: &Node, k: &FlightKey, work: &Work) -> (String, Answered) {
+        let (out, how) = node
+            .run_answered(k, (), work.clone(), &Propagate, None)
+            .await
+            .unwrap();
+        let Shareable::Shared(v) = out else {
+            panic!("every answer is shared");
+        };
+        (v, how)
+    }
+
+    let redis = RedisServer::start().unwrap();
+    let fresh = Duration::from_millis(300);
+    let policy = DistributedPolicy::new()
+        .lease(Duration::from_secs(10))
+        .heartbeat(Duration::from_secs(2))
+        .replay_ttl(fresh)
+        .stale_windows(StaleWindows {
+            revalidate: Duration::from_secs(60),
+            ..StaleWindows::OFF
+        });
+    let a = Node::new(backend(&redis).await, policy.clone(), PostcardCodec::new()).unwrap();
+    let b = Node::new(backend(&redis).await, policy, PostcardCodec::new()).unwrap();
+    let k = FlightKey::from_bytes(StageName::new("grace").unwrap(), "k");
+    let work = Work::default();
+    assert_eq!(call(&a, &k, &work).await, ("v1".to_owned(), Answered::Ran));
+    a.idle().await;
+    tokio::time::sleep(fresh + Duration::from_millis(200)).await;
+
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let node = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let (k, work) = (k.clone(), work.clone());
+            tokio::spawn(async move { call(&node, &k, &work).await })
+        })
+        .collect();
+    for c in calls {
+        let (v, how) = c.await.unwrap();
+        assert_eq!(v, "v1");
+        let stale = how
+            .stale()
+            .unwrap_or_else(|| panic!("a stale answer: {how:?}"));
+        assert_eq!(stale.reason, StaleReason::Revalidate);
+        assert!(stale.age > fresh, "the store's age: {stale:?}");
+    }
+    a.idle().await;
+    b.idle().await;
+    assert_eq!(
+        work.0.load(Ordering::SeqCst),
+        2,
+        "one refresh for both nodes"
+    );
+    let (v, how) = call(&b, &k, &work).await;
+    assert_eq!(v, "v2");
+    assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+}
