@@ -38,7 +38,7 @@ use std::time::Duration;
 use flightdeck_budget::{Phase, Slices};
 use flightdeck_core::error::BoxError;
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
-use flightdeck_core::stale::{Stale, StaleReason};
+use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::{ErrorClass, Serves, Share, Shareable, SharedForm, StageName};
 use flightdeck_local::future::Run;
 use flightdeck_local::{Answer, Caller, FlightWork, OnAbandon};
@@ -54,7 +54,7 @@ use crate::leader::Leader;
 use crate::mode::Mode;
 use crate::readers::RequestReaders;
 use crate::stage::{Path, RefreshOutcome};
-use crate::stale::{xfetch, Answering, MarkAnswer, Served};
+use crate::stale::{Answering, MarkAnswer, Served};
 
 /// The service built by
 /// [`GenericSingleFlightLayer`](crate::GenericSingleFlightLayer) around

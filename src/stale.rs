@@ -154,15 +154,3 @@ impl<V> Clone for StaleSetup<V> {
         }
     }
 }
-
-/// XFetch (Vattani, Chierichetti and Lowenstein, VLDB 2015): whether a
-/// caller `left` before its copy's freshness ends refreshes it now, for
-/// work that takes `took`: with probability `exp(-left / took)`, drawn
-/// from `flightdeck_core::random` so that a simulation replays it.
-pub(crate) fn xfetch(left: Duration, took: Duration) -> bool {
-    if took.is_zero() {
-        return left.is_zero();
-    }
-    let u = flightdeck_core::random::range_f64(f64::MIN_POSITIVE, 1.0);
-    -took.as_secs_f64() * u.ln() >= left.as_secs_f64()
-}

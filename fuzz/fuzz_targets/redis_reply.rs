@@ -6,7 +6,7 @@
 #![no_main]
 
 use bytes::Bytes;
-use flightdeck_distributed::backend::{Acquired, BackendErrorKind, ResultStatus};
+use flightdeck_distributed::backend::{Acquired, BackendErrorKind, ResultStatus, StoredResult};
 use flightdeck_redis::fuzzing;
 use fred::prelude::Value;
 use libfuzzer_sys::fuzz_target;
@@ -41,6 +41,24 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
+/// A stored result accepted from `items` (its six items from `at` on) is
+/// what they say: generation, status, payload, and age, TTL and work
+/// time in whole, non-negative milliseconds.
+fn check_result(items: &[Value], at: usize, r: &StoredResult) {
+    assert_eq!(items.len(), at + 6, "a result is the answer's last six items");
+    assert_eq!(Some(r.generation), int(&items[at]).and_then(|g| u64::try_from(g).ok()));
+    let status = items[at + 1].as_str().map(|s| s.to_string());
+    match r.status {
+        ResultStatus::Ok => assert_eq!(status.as_deref(), Some("ok")),
+        ResultStatus::Failed => assert_eq!(status.as_deref(), Some("err")),
+    }
+    assert_eq!(Some(&r.payload[..]), items[at + 2].as_bytes());
+    for (i, d) in [(3, r.age), (4, r.ttl), (5, r.work_time)] {
+        let ms = int(&items[at + i]).expect("a duration in ms");
+        assert_eq!(i128::try_from(d.as_millis()).unwrap(), i128::from(ms));
+    }
+}
+
 fn check_acquire(v: &Value, parsed: Result<Acquired, flightdeck_distributed::backend::BackendError>) {
     let items = match v {
         Value::Array(items) => items,
@@ -58,30 +76,31 @@ fn check_acquire(v: &Value, parsed: Result<Acquired, flightdeck_distributed::bac
     };
     let word = items[0].as_str().map(|s| s.to_string());
     let gen_of = |i: usize| int(&items[i]).and_then(|g| u64::try_from(g).ok());
+    let beside = |stale: &Option<StoredResult>| match stale {
+        Some(r) => check_result(items, 3, r),
+        None => assert_eq!(items.len(), 3),
+    };
     match parsed {
         Acquired::Hit(hit) => {
             assert_eq!(word.as_deref(), Some("HIT"));
-            assert_eq!(items.len(), 4);
-            assert_eq!(Some(hit.generation), gen_of(1));
-            let status = items[2].as_str().map(|s| s.to_string());
-            match hit.status {
-                ResultStatus::Ok => assert_eq!(status.as_deref(), Some("ok")),
-                ResultStatus::Failed => assert_eq!(status.as_deref(), Some("err")),
-            }
-            assert_eq!(Some(&hit.payload[..]), items[3].as_bytes());
+            check_result(items, 1, &hit);
         }
-        Acquired::Owner { generation, takeover } => {
+        Acquired::Stale(kept) => {
+            assert_eq!(word.as_deref(), Some("STALE"));
+            check_result(items, 1, &kept);
+        }
+        Acquired::Owner { generation, takeover, stale } => {
             assert_eq!(word.as_deref(), Some("OWNER"));
-            assert_eq!(items.len(), 3);
             assert_eq!(Some(generation), gen_of(1));
             assert_eq!(takeover, int(&items[2]) == Some(1));
+            beside(&stale);
         }
-        Acquired::Follower { generation, lease_remaining } => {
+        Acquired::Follower { generation, lease_remaining, stale } => {
             assert_eq!(word.as_deref(), Some("FOLLOWER"));
-            assert_eq!(items.len(), 3);
             assert_eq!(Some(generation), gen_of(1));
             let ms = int(&items[2]).expect("a remaining lease in ms");
             assert_eq!(i128::try_from(lease_remaining.as_millis()).unwrap(), i128::from(ms));
+            beside(&stale);
         }
         Acquired::Expired { generation } => {
             assert_eq!(word.as_deref(), Some("EXPIRED"));
@@ -120,10 +139,13 @@ fuzz_target!(|data: &[u8]| {
                 items[0].clone(),
                 items[1].clone(),
                 items[2].clone(),
+                items[4].clone(),
+                items[5].clone(),
+                items[6].clone(),
             ]);
             check_acquire(&as_hit, Ok(hit));
         }
-        Ok(None) => assert!(matches!(&v, Value::Array(items) if items.len() == 4 && items[1].is_null())),
+        Ok(None) => assert!(matches!(&v, Value::Array(items) if items.len() == 7 && items[1].is_null())),
         Err(e) => assert_eq!(e.kind(), BackendErrorKind::Protocol),
     }
 });

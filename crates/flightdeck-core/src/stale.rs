@@ -167,6 +167,18 @@ impl<S> Failures<S> for ErrorFailures {
     }
 }
 
+/// XFetch (Vattani, Chierichetti and Lowenstein, VLDB 2015): whether a
+/// caller `left` before its copy's freshness ends refreshes it now, for
+/// work that takes `took`: with probability `exp(-left / took)`, drawn
+/// from [`crate::random`] so that a simulation replays it.
+pub fn xfetch(left: Duration, took: Duration) -> bool {
+    if took.is_zero() {
+        return left.is_zero();
+    }
+    let u = crate::random::range_f64(f64::MIN_POSITIVE, 1.0);
+    -took.as_secs_f64() * u.ln() >= left.as_secs_f64()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

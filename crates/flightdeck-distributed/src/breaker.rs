@@ -72,7 +72,7 @@ use std::fmt;
 use flightdeck_breaker::{Breaker, Outcome};
 
 use crate::backend::{
-    Acquired, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
+    Acquired, Ask, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
     OwnerToken, Shard,
 };
 
@@ -232,43 +232,39 @@ impl<B: Backend> Backend for GuardedBackend<B> {
         breaker.ramp_holds_back().then(|| refusal(&breaker))
     }
 
-    fn acquire<'a>(
+    /// A first acquire is gated and judged, a re-check ([`Ask::recheck`])
+    /// only judged by its protocol errors (see the module docs).
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
+        if ask.recheck {
+            let call = self.inner.acquire_with(flight, token, ask, terms);
+            return Box::pin(async move {
+                let res = call.await;
+                if let Err(e) = &res {
+                    if e.kind() == BackendErrorKind::Protocol {
+                        if let Ok(permit) = self.judge(flight).try_acquire_past_ramp() {
+                            permit.record(Outcome::Failure);
+                        }
+                    }
+                }
+                res
+            });
+        }
         let permit = match self.judge(flight).try_acquire_past_ramp() {
             Ok(permit) => permit,
             Err(open) => return Box::pin(async move { Err(BackendError::circuit_open(open)) }),
         };
-        let call = self.inner.acquire(flight, token, terms);
+        let call = self.inner.acquire_with(flight, token, ask, terms);
         let mut pending = Unanswered(Some(permit));
         Box::pin(async move {
             let res = call.await;
             if let Some(permit) = pending.0.take() {
                 permit.record(judged(&res));
-            }
-            res
-        })
-    }
-
-    fn recheck<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        follows: Option<u64>,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        let call = self.inner.recheck(flight, token, follows, terms);
-        Box::pin(async move {
-            let res = call.await;
-            if let Err(e) = &res {
-                if e.kind() == BackendErrorKind::Protocol {
-                    if let Ok(permit) = self.judge(flight).try_acquire_past_ramp() {
-                        permit.record(Outcome::Failure);
-                    }
-                }
             }
             res
         })

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, LeaseLost};
+use flightdeck_core::stale::StaleReason;
 use flightdeck_core::{FlightKey, Shareable, StageName};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{
-    Acquired, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
+    Acquired, Ask, Backend, BackendError, BackendErrorKind, BackendFuture, FlightId, LeaseTerms,
     OwnerToken, ResultStatus, Shard, StoredResult,
 };
 use crate::cached_failure;
@@ -25,8 +26,18 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
+use crate::stale::{Answered, Reply};
 use crate::start::Start;
 use crate::work::{Execute, Role};
+
+/// An answer the work (or another node's) gave, not a kept one.
+fn ran<T, O>(out: Result<Shareable<T, O>, BoxError>) -> Reply<T, O> {
+    out.map(|s| (s, Answered::Ran))
+}
+
+/// Which outcomes of the work a stale result answers for (see
+/// [`Execute::failures`]).
+pub(crate) type Judge<T> = Arc<dyn flightdeck_core::stale::Failures<T>>;
 
 /// The flights of one deployment's stage(s) on this node: a backend, a
 /// policy and a result codec, shared by every flight (cheap to clone).
@@ -197,9 +208,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         fallback: &P,
     ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
     where
-        Req: Send,
+        Req: Send + 'static,
         C: ResultCodec<E::Shared>,
-        E: Execute<Req>,
+        E: Execute<Req> + 'static,
         P: Fallback<Req>,
     {
         self.run_within(key, req, exec, fallback, None).await
@@ -239,6 +250,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 Start::Flight(Box::pin(async move {
                     st.fly(&key, flight, req, exec, &fallback, call_timeout)
                         .await
+                        .map(|(out, _)| out)
                 }))
             }
         }
@@ -256,13 +268,38 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         call_timeout: Option<Duration>,
     ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
     where
-        Req: Send,
+        Req: Send + 'static,
         C: ResultCodec<E::Shared>,
-        E: Execute<Req>,
+        E: Execute<Req> + 'static,
+        P: Fallback<Req>,
+    {
+        self.run_answered(key, req, exec, fallback, call_timeout)
+            .await
+            .map(|(out, _)| out)
+    }
+
+    /// [`run_within`](Self::run_within), saying how the caller was
+    /// answered: by the work (here or on another node), by a fresh stored
+    /// result (its age by the store's clock, for an `Age` header), or by
+    /// a result past its freshness (the policy's
+    /// [`stale_windows`](DistributedPolicy::stale_windows): why, and how
+    /// old).
+    pub async fn run_answered<Req, E, P>(
+        &self,
+        key: &FlightKey,
+        req: Req,
+        exec: E,
+        fallback: &P,
+        call_timeout: Option<Duration>,
+    ) -> Result<(Shareable<E::Shared, E::Output>, Answered), BoxError>
+    where
+        Req: Send + 'static,
+        C: ResultCodec<E::Shared>,
+        E: Execute<Req> + 'static,
         P: Fallback<Req>,
     {
         match self.st.admit(key, &req, fallback) {
-            Err(verdict) => self.st.decided(verdict, req, exec).await,
+            Err(verdict) => ran(self.st.decided(verdict, req, exec).await),
             Ok(flight) => {
                 self.st
                     .fly(key, flight, req, exec, fallback, call_timeout)
@@ -348,11 +385,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         exec: E,
         fallback: &P,
         call_timeout: Option<Duration>,
-    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    ) -> Reply<E::Shared, E::Output>
     where
-        Req: Send,
+        Req: Send + 'static,
         C: ResultCodec<E::Shared>,
-        E: Execute<Req>,
+        E: Execute<Req> + 'static,
         P: Fallback<Req>,
     {
         let st = self;
@@ -379,9 +416,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         // A subscription in force before the first call: if this flight
         // follows, it needs no subscribe and no re-check.
         let mut joined = st.backend.join_subscription(&cx.flight);
+        // A stage with stale windows also asks for a result kept past its
+        // freshness.
+        let ask = st.ask();
         let mut first = st
             .call(&cx, Op::Acquire, &mut guard, |b| {
-                b.acquire(&cx.flight, &cx.token, &cx.terms)
+                b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
             })
             .await;
         // Every flight whose first call went out is counted (a refusal by
@@ -395,7 +435,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         if matches!(&first, Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown) {
             first = st
                 .call(&cx, Op::Recheck, &mut guard, |b| {
-                    b.recheck(&cx.flight, &cx.token, None, &cx.terms)
+                    let ask = Ask {
+                        recheck: true,
+                        ..ask
+                    };
+                    b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
                 })
                 .await;
         }
@@ -405,10 +449,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 drop(joined);
                 // Given up: a lease this token may hold is released.
                 drop(guard);
-                return st.before_acquire(e, req, exec, fallback).await;
+                return ran(st.before_acquire(e, req, exec, fallback).await);
             }
         };
-        if !matches!(acquired, Acquired::Hit(_)) {
+        if !matches!(acquired, Acquired::Hit(_) | Acquired::Stale(_)) {
             st.missing(&cx);
         }
         if !matches!(acquired, Acquired::Follower { .. }) {
@@ -421,17 +465,34 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 cx.metrics.with(|m| m.hit.increment(1));
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(&cx, &stored) {
-                    Ok(Some(v)) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
-                    Ok(Some(_)) => exec.execute(req, Role::Unserved).await,
+                    Ok(Some(v)) if exec.serves(&v, &req) => {
+                        st.refresh_early(&cx, &mut guard, &stored, req, exec).await;
+                        let hit = Answered::Hit {
+                            age: stored.age,
+                            fresh_for: stored.fresh_for(),
+                        };
+                        Ok((Shareable::Shared(v), hit))
+                    }
+                    Ok(Some(_)) => ran(exec.execute(req, Role::Unserved).await),
                     Ok(None) => Err(Box::new(cached_failure::decode(&stored.payload))),
                     // A stored value this node cannot read (a foreign or
                     // newer format) is a protocol failure before acquire.
-                    Err(e) => st.before_acquire(e, req, exec, fallback).await,
+                    Err(e) => ran(st.before_acquire(e, req, exec, fallback).await),
+                }
+            }
+            // A refresh failed a moment ago: the store throttles the next
+            // one and answers the kept result.
+            Acquired::Stale(stored) => {
+                guard.settled();
+                match st.usable(&cx, Some(stored), &exec, &req) {
+                    Some((v, kept)) => Ok(st.stale_answer(&cx, v, &kept, StaleReason::Error)),
+                    None => ran(exec.execute(req, Role::Unserved).await),
                 }
             }
             Acquired::Owner {
                 generation,
                 takeover,
+                stale,
             } => {
                 cx.metrics.with(|m| {
                     m.owner.increment(1);
@@ -442,7 +503,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 });
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, takeover, role = "owner", "owning flight");
                 guard.owned();
-                st.own(&cx, generation, req, exec).await
+                match st.usable(&cx, stale, &exec, &req) {
+                    Some(kept) => st.refresh_stale(&cx, generation, req, exec, kept).await,
+                    None => ran(st.own(&cx, generation, req, exec).await),
+                }
             }
             Acquired::Follower { generation, .. } | Acquired::Expired { generation } => {
                 guard.settled();
@@ -451,17 +515,27 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     m.miss.increment(1);
                 });
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, role = "follower", "following flight");
+                let (lease_remaining, stale) = match acquired {
+                    Acquired::Follower {
+                        lease_remaining,
+                        stale,
+                        ..
+                    } => (Some(lease_remaining), stale),
+                    _ => (None, None),
+                };
                 let first = follow::Following {
                     generation,
-                    lease_remaining: match acquired {
-                        Acquired::Follower {
-                            lease_remaining, ..
-                        } => Some(lease_remaining),
-                        _ => None,
-                    },
+                    lease_remaining,
                     joined,
                 };
-                follow::follow(st, &cx, guard, first, req, exec, fallback).await
+                match st.usable(&cx, stale, &exec, &req) {
+                    Some(kept) => {
+                        let judge = exec.failures();
+                        let following = follow::follow(st, &cx, guard, first, req, exec, fallback);
+                        st.follow_stale(&cx, judge, kept, following).await
+                    }
+                    None => ran(follow::follow(st, &cx, guard, first, req, exec, fallback).await),
+                }
             }
         }
     }
@@ -625,19 +699,47 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         C: ResultCodec<E::Shared> + Send + Sync + 'static,
         E: Execute<Req>,
     {
+        self.own_judged(cx, generation, req, exec, None).await
+    }
+
+    /// [`own`](Self::own), refreshing a kept result: with `judge`, an
+    /// outcome it calls failed is neither committed nor replayed by the
+    /// store, which answers the kept result stale instead and throttles
+    /// the next refresh for `stale-retry-after`.
+    pub(crate) async fn own_judged<Req, E>(
+        self: &Arc<Self>,
+        cx: &Cx,
+        generation: u64,
+        req: Req,
+        exec: E,
+        judge: Option<&Judge<E::Shared>>,
+    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    where
+        B: Backend,
+        C: ResultCodec<E::Shared> + Send + Sync + 'static,
+        E: Execute<Req>,
+    {
         let mut lease = Lease::new(self, cx, generation);
         let token = crate::backend::FencingToken {
             generation,
             owner: cx.token.clone(),
         };
+        let started = Instant::now();
         let work = exec.execute(req, Role::Owner(token));
         let Some(result) = lease.run(work).await else {
             // Dropping the lease abandons it (it is gone anyway).
             return Err(Box::new(LeaseLost::new(Some(cx.stage.clone()), generation)));
         };
+        let took = started.elapsed();
+        let failed = |outcome| judge.is_some_and(|j| j.failed(outcome));
+        let retry_after = self.policy.stale().retry_after;
         match result {
+            Ok(Shareable::Shared(v)) if failed(Ok(&v)) => {
+                lease.finish(Finish::Throttle(None, retry_after));
+                Ok(Shareable::Shared(v))
+            }
             Ok(Shareable::Shared(v)) => {
-                lease.finish(self.seal(cx, &v));
+                lease.finish(self.seal(cx, &v, took));
                 Ok(Shareable::Shared(v))
             }
             Ok(unshared @ Shareable::Unshared(..)) => {
@@ -647,7 +749,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             Err(e) => {
                 cx.metrics.with(|m| m.owner_failure.increment(1));
                 let cached = !self.policy.failure_ttl_duration().is_zero();
-                lease.finish(Finish::Abandon(cached.then(|| cached_failure::encode(&*e))));
+                let failure = cached.then(|| cached_failure::encode(&*e));
+                if failed(Err(&e)) {
+                    lease.finish(Finish::Throttle(failure, retry_after));
+                } else {
+                    lease.finish(Finish::Abandon(failure));
+                }
                 Err(e)
             }
         }
@@ -655,13 +762,13 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
 
     /// What the owner does with its value: commit it, or, when it cannot
     /// be stored (too large, does not encode), release the flight.
-    fn seal<T>(&self, cx: &Cx, value: &T) -> Finish
+    fn seal<T>(&self, cx: &Cx, value: &T, took: Duration) -> Finish
     where
         C: ResultCodec<T>,
     {
         match self.envelope.seal(&self.codec, value) {
             Ok(payload) if payload.len() <= self.policy.max_result_size() => {
-                Finish::Commit(payload)
+                Finish::Commit(payload, took)
             }
             Ok(payload) => {
                 tracing::debug!(stage = %cx.stage, size = payload.len(), "result too large to store");

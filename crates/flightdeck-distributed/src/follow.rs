@@ -169,7 +169,8 @@ where
             })
             .await;
         match answer {
-            Ok(Acquired::Hit(stored)) => {
+            // Not asked for stale results: a backend answers no Stale.
+            Ok(Acquired::Hit(stored) | Acquired::Stale(stored)) => {
                 record_wait();
                 cx.metrics.with(|m| m.hit.increment(1));
                 return match st.replay::<E::Shared>(cx, &stored) {
@@ -194,6 +195,7 @@ where
             Ok(Acquired::Owner {
                 generation,
                 takeover,
+                ..
             }) => {
                 cx.metrics.with(|m| {
                     m.owner.increment(1);
@@ -209,6 +211,7 @@ where
             Ok(Acquired::Follower {
                 generation,
                 lease_remaining: left,
+                ..
             }) => {
                 observed = observed.max(generation);
                 lease_remaining = left;

@@ -40,6 +40,20 @@
 //! backend answers, so no caller anywhere waits on a lease whose holder
 //! walked away.
 //!
+//! **Answering anyway.** With the policy's
+//! [`stale_windows`](DistributedPolicy::stale_windows), the store keeps
+//! results past their freshness and a flight asks for them: past
+//! freshness, within `stale-while-revalidate`, every caller on every node
+//! is answered the kept result at once while exactly one refresh runs (the
+//! one granted the flight's lease, in the background); within
+//! `stale-if-error` the kept result answers when the work fails (judged by
+//! [`Execute::failures`]) and the store throttles the next refresh for
+//! `stale-retry-after` on every node; past `soft-timeout` a caller still
+//! waiting gets it while the work goes on; and near the end of freshness
+//! one caller refreshes a hit early (XFetch). Ages are the store's.
+//! [`DistributedFlights::run_answered`] says how a caller was answered
+//! ([`Answered`]: a stale answer's reason and age, a hit's age).
+//!
 //! **The breaker** guards a backend as a decorator ([`GuardedBackend`]): an
 //! open circuit is one more failure before acquire, asked once per flight.
 //!
@@ -97,6 +111,7 @@ mod metrics;
 mod owner;
 pub mod policy;
 mod service;
+mod stale;
 mod start;
 mod work;
 
@@ -113,6 +128,7 @@ pub use flights::DistributedFlights;
 pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
 pub use service::DistributedFlight;
+pub use stale::Answered;
 pub use start::{FlightFuture, Start};
 #[cfg(feature = "http")]
 pub use work::ExtensionFence;

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use flightdeck_core::metric::{self, Handles};
+use flightdeck_core::stale::{Stale, StaleReason};
 use flightdeck_core::StageName;
 use metrics::{Counter, Histogram, Key, Label, Level, Metadata, Recorder};
 
@@ -111,6 +112,48 @@ impl Replicas {
     }
 }
 
+/// The reasons of stale answers L2 gives (the `reason` label of
+/// `singleflight_stale_served_total`).
+const STALE_REASONS: [StaleReason; 3] = [
+    StaleReason::Revalidate,
+    StaleReason::Error,
+    StaleReason::SoftTimeout,
+];
+
+/// How a refresh that ran in the background ended (the `outcome` label
+/// of `singleflight_refresh_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refresh {
+    /// Its result was sent to the store (a fenced commit counts in
+    /// `singleflight_fenced_total` too).
+    Committed,
+    /// The work failed (as the stage's judge of failures says).
+    Failed,
+    /// Its lease was lost (another node took the flight over, or it was
+    /// invalidated).
+    Fenced,
+    /// Cut by its bound, or it answered nothing to store.
+    Abandoned,
+}
+
+impl Refresh {
+    const ALL: [Refresh; 4] = [
+        Refresh::Committed,
+        Refresh::Failed,
+        Refresh::Fenced,
+        Refresh::Abandoned,
+    ];
+
+    const fn as_str(self) -> &'static str {
+        match self {
+            Refresh::Committed => "committed",
+            Refresh::Failed => "failed",
+            Refresh::Fenced => "fenced",
+            Refresh::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// The handles of one stage under one recorder.
 pub(crate) struct Bundle {
     pub(crate) request: Counter,
@@ -134,6 +177,9 @@ pub(crate) struct Bundle {
     unknown_codec: Counter,
     errors: [[Counter; Op::ALL.len()]; KINDS.len()],
     orphans: [Counter; Orphan::ALL.len()],
+    stale_served: [Counter; STALE_REASONS.len()],
+    stale_age: Histogram,
+    refresh: [Counter; Refresh::ALL.len()],
 }
 
 impl Bundle {
@@ -178,6 +224,11 @@ impl Bundle {
             }),
             orphans: Orphan::ALL
                 .map(|o| counter(metric::ORPHAN_RELEASE_TOTAL, &[("result", o.as_str())])),
+            stale_served: STALE_REASONS
+                .map(|w| counter(metric::STALE_SERVED_TOTAL, &[("reason", w.as_str())])),
+            stale_age: r.register_histogram(&key(metric::STALE_AGE_SECONDS, &[]), &METADATA),
+            refresh: Refresh::ALL
+                .map(|o| counter(metric::REFRESH_TOTAL, &[("outcome", o.as_str())])),
         }
     }
 
@@ -201,6 +252,20 @@ impl Bundle {
     pub(crate) fn replicas(&self, what: Replicas) {
         let i = Replicas::ALL.iter().position(|o| *o == what).unwrap_or(0);
         self.replicas[i].increment(1);
+    }
+
+    /// An answer given from a stale result.
+    pub(crate) fn stale(&self, stale: Stale) {
+        if let Some(i) = STALE_REASONS.iter().position(|r| *r == stale.reason) {
+            self.stale_served[i].increment(1);
+        }
+        self.stale_age.record(stale.age.as_secs_f64());
+    }
+
+    /// A refresh that ran in the background ended.
+    pub(crate) fn refresh(&self, how: Refresh) {
+        let i = Refresh::ALL.iter().position(|o| *o == how).unwrap_or(0);
+        self.refresh[i].increment(1);
     }
 
     pub(crate) fn orphan(&self, what: Orphan) {

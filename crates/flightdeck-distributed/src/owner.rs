@@ -58,11 +58,15 @@ const SETTLE_BACKOFF: Backoff =
 
 /// How the owner settles its flight.
 pub(crate) enum Finish {
-    /// Store this (encoded) result.
-    Commit(Bytes),
+    /// Store this (encoded) result, whose work took this long.
+    Commit(Bytes, Duration),
     /// Release the flight, caching this failure message when the stage
     /// caches failures.
     Abandon(Option<Bytes>),
+    /// Release the flight after a failed refresh of a kept result: the
+    /// store answers that result stale, and grants nothing, for this long
+    /// (with the failure, cached as [`Finish::Abandon`] caches it).
+    Throttle(Option<Bytes>, Duration),
 }
 
 /// The owner's hold on its lease, from the grant until
@@ -442,12 +446,26 @@ where
     C: Send + Sync + 'static,
 {
     let until = Instant::now() + st.policy.lease_duration();
+    let retry_after = match &how {
+        Finish::Throttle(_, d) => *d,
+        _ => Duration::ZERO,
+    };
     match how {
-        Finish::Commit(payload) => {
-            let args = CommitArgs {
+        Finish::Commit(payload, work_time) => {
+            // The work ended as the settling began. With stale windows, the
+            // result's freshness (and so its windows) counts from there, as
+            // on this node, not from a commit that retries delayed: a stale
+            // answer is never older than freshness + window since the work
+            // ended.
+            let ended = Instant::now();
+            let keep_stale = st.policy.stale().keep_stale();
+            let replay_ttl = st.policy.replay_ttl_duration();
+            let mut args = CommitArgs {
                 payload,
                 ttl: st.policy.replay_ttl_duration(),
                 retain: st.policy.waiter_retention(),
+                stale_for: st.policy.stale().keep_stale(),
+                work_time,
                 inline_below: st.policy.inline_below_bytes(),
                 state_ttl: cx.terms.state_ttl,
             };
@@ -456,6 +474,9 @@ where
             let mut pause = SETTLE_FIRST_PAUSE;
             loop {
                 attempt += 1;
+                if !keep_stale.is_zero() {
+                    args.ttl = replay_ttl.saturating_sub(ended.elapsed());
+                }
                 let call = st.timed(
                     cx,
                     Op::Commit,
@@ -486,11 +507,12 @@ where
                 }
             }
         }
-        Finish::Abandon(failure) => {
+        Finish::Abandon(failure) | Finish::Throttle(failure, _) => {
             let failure_ttl = st.policy.failure_ttl_duration();
             let args = AbandonArgs {
                 failure: failure.filter(|_| !failure_ttl.is_zero()),
                 failure_ttl,
+                retry_after,
                 state_ttl: cx.terms.state_ttl,
             };
             let mut pause = SETTLE_FIRST_PAUSE;

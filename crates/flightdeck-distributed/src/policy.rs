@@ -33,6 +33,10 @@
 //!   request never gets it.
 //!
 //! [`waiter_retention`]: DistributedPolicy::waiter_retention
+//! - **`stale_windows`**: how long past `replay_ttl` the store keeps a
+//!   result to answer stale across nodes, and when it answers (see
+//!   [`StaleWindows`]; all off by default). A stage with a window asks the
+//!   store for stale results; one without pays nothing.
 //! - **`state_ttl`** (derived): how long the backend keeps a flight's
 //!   record after its last write. Generations never go back for a key,
 //!   whatever expired: they do not depend on it.
@@ -60,6 +64,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use flightdeck_core::stale::StaleWindows;
+
 /// How one stage coordinates across nodes (see the [module docs](self)
 /// for how its clocks relate). Build with the setters, then
 /// [`validate`](Self::validate).
@@ -80,6 +86,7 @@ pub struct DistributedPolicy {
     commit_attempts: u32,
     commit_replicas: u32,
     commit_replicas_timeout: Duration,
+    stale: StaleWindows,
 }
 
 /// The most replicas [`DistributedPolicy::commit_replicas`] may ask for.
@@ -109,7 +116,21 @@ impl DistributedPolicy {
             commit_attempts: 3,
             commit_replicas: 0,
             commit_replicas_timeout: Duration::from_millis(100),
+            stale: StaleWindows::OFF,
         }
+    }
+
+    /// Answering anyway across nodes (all off by default): results are
+    /// kept [`StaleWindows::keep_stale`] past `replay_ttl`, and a stale
+    /// one answers within `revalidate` while one refresh runs, within
+    /// `if_error` when the work fails (judged by
+    /// [`Execute::failures`](crate::Execute::failures)), then throttled
+    /// for `retry_after`, past `soft_timeout`, and `early_refresh` before
+    /// freshness ends (one caller refreshes).
+    #[must_use]
+    pub const fn stale_windows(mut self, w: StaleWindows) -> Self {
+        self.stale = w;
+        self
     }
 
     /// How long an owner holds a flight without a heartbeat.
@@ -262,6 +283,11 @@ impl DistributedPolicy {
             ("replay_ttl", self.replay_ttl),
             ("failure_ttl", self.failure_ttl),
             ("call_timeout", self.call_timeout),
+            ("stale_while_revalidate", self.stale.revalidate),
+            ("stale_if_error", self.stale.if_error),
+            ("stale_retry_after", self.stale.retry_after),
+            ("soft_timeout", self.stale.soft_timeout),
+            ("early_refresh", self.stale.early_refresh),
         ] {
             if d > MAX {
                 return err(field, "must be at most 30 days");
@@ -313,6 +339,11 @@ impl DistributedPolicy {
             return err("max_result_bytes", "must be positive");
         }
         Ok(self)
+    }
+
+    /// The stale windows.
+    pub const fn stale(&self) -> StaleWindows {
+        self.stale
     }
 
     /// The lease.
@@ -392,6 +423,7 @@ impl DistributedPolicy {
     pub fn state_ttl(&self) -> Duration {
         self.lease.saturating_mul(2).saturating_add(
             self.replay_ttl
+                .saturating_add(self.stale.keep_stale())
                 .max(self.waiter_retention())
                 .max(self.failure_ttl),
         )

@@ -3,8 +3,10 @@
 //! owner's fencing token to the request).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use flightdeck_core::error::BoxError;
+use flightdeck_core::stale::{ErrorFailures, Failures};
 use flightdeck_core::Shareable;
 
 use crate::backend::FencingToken;
@@ -47,6 +49,17 @@ pub trait Execute<Req>: Send {
     fn serves(&self, shared: &Self::Shared, req: &Req) -> bool {
         let _ = (shared, req);
         true
+    }
+
+    /// Which outcomes of the work a stale result may answer for
+    /// (`stale-if-error`, see [`DistributedPolicy::stale_windows`]), asked
+    /// before the work runs when a stale result stands by. By default
+    /// [`ErrorFailures`]: errors whose class says the work could not be
+    /// done now; every value is an answer.
+    ///
+    /// [`DistributedPolicy::stale_windows`]: crate::DistributedPolicy::stale_windows
+    fn failures(&self) -> Arc<dyn Failures<Self::Shared>> {
+        Arc::new(ErrorFailures)
     }
 }
 

@@ -12,8 +12,8 @@ use flightdeck_core::error::{
 };
 use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendFuture, CommitArgs, Committed, LeaseTerms, Released,
-    Renewal, Subscription,
+    AbandonArgs, Acquired, Ask, Backend, BackendFuture, CommitArgs, Committed, LeaseTerms,
+    Released, Renewal, Subscription,
 };
 use flightdeck_distributed::error::RemoteFailure;
 use flightdeck_distributed::{
@@ -213,6 +213,8 @@ async fn commit_as(mem: &MemoryBackend, flight: &FlightId, tok: &OwnerToken, val
         retain: 60 * SEC,
         inline_below: 1 << 20,
         state_ttl: 120 * SEC,
+        stale_for: Duration::ZERO,
+        work_time: Duration::ZERO,
     };
     let done = mem.commit(flight, tok, 1, &args).await.unwrap();
     assert_eq!(done, Committed::Committed);
@@ -626,10 +628,11 @@ async fn hanging_backend_is_cut_by_the_call_timeout() {
     #[derive(Clone)]
     struct Hang;
     impl Backend for Hang {
-        fn acquire<'a>(
+        fn acquire_with<'a>(
             &'a self,
             _: &'a FlightId,
             _: &'a OwnerToken,
+            _: Ask,
             _: &'a LeaseTerms,
         ) -> BackendFuture<'a, Acquired> {
             Box::pin(std::future::pending())
@@ -855,7 +858,7 @@ impl Backend for Replicas {
         Box::pin(std::future::ready(Ok(Some(acked))))
     }
 
-    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, invalidate, release, recheck, reject_early, unreachable, shard, sharded, shards, invalidated_since);
+    flightdeck_distributed::forward_backend!(inner => acquire_with, heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since);
 }
 
 /// With `commit_replicas`, a result counts as lost when it goes missing
@@ -927,7 +930,7 @@ impl Backend for Told {
         self.told.lock().unwrap().push(timeout);
     }
 
-    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, invalidate, release, recheck, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
+    flightdeck_distributed::forward_backend!(inner => acquire_with, heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas);
 }
 
 /// Every layer tells its backend (through `Arc` and the breaker's

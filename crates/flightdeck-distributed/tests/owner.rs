@@ -109,7 +109,7 @@ impl Backend for Watched {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => acquire, heartbeat, abandon, invalidate, subscribe, join_subscription, release, recheck, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck_distributed::forward_backend!(inner => acquire_with, heartbeat, abandon, invalidate, subscribe, join_subscription, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 fn flights(

@@ -10,7 +10,7 @@ use flightdeck_breaker::{Breaker, BreakerConfig, CircuitState};
 use flightdeck_core::{FlightKey, StageName};
 
 use flightdeck_distributed::backend::{
-    Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken, Shard,
+    Acquired, Ask, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken, Shard,
 };
 use flightdeck_distributed::GuardedBackend;
 use flightdeck_test::MemoryBackend;
@@ -44,16 +44,17 @@ impl TwoShards {
 }
 
 impl Backend for TwoShards {
-    fn acquire<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         if self.failing.lock().unwrap().contains(&self.shard(flight)) {
             return Box::pin(async { Err(BackendError::unavailable("shard down")) });
         }
-        self.inner.acquire(flight, token, terms)
+        self.inner.acquire_with(flight, token, ask, terms)
     }
 
     fn sharded(&self) -> bool {
@@ -68,7 +69,7 @@ impl Backend for TwoShards {
             .map_or(Shard::WHOLE, |(_, s)| s.clone())
     }
 
-    flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck, unreachable, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, unreachable, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 fn terms() -> LeaseTerms {

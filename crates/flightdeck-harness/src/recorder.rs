@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use flightdeck_core::Digest;
 use flightdeck_distributed::backend::{
-    Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
+    Acquired, Ask, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
     Released, Renewal,
 };
 use serde_json::{json, Value};
@@ -431,6 +431,7 @@ impl<B: Backend> Recorder<B> {
             if let Acquired::Owner {
                 generation,
                 takeover,
+                ..
             } = answer
             {
                 self.log(|| {
@@ -453,27 +454,16 @@ impl<B: Backend> Recorder<B> {
 }
 
 impl<B: Backend> Backend for Recorder<B> {
-    fn acquire<'a>(
+    /// Re-checks are recorded as acquires.
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         self.recorded(flight, token, move || {
-            self.inner.acquire(flight, token, terms)
-        })
-    }
-
-    /// Recorded as an acquire.
-    fn recheck<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        follows: Option<u64>,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.recorded(flight, token, move || {
-            self.inner.recheck(flight, token, follows, terms)
+            self.inner.acquire_with(flight, token, ask, terms)
         })
     }
 

@@ -300,6 +300,8 @@ impl Replay {
                     retain: ms(t.result_ttl),
                     inline_below: 1024,
                     state_ttl: ms(t.state_ttl),
+                    stale_for: Duration::ZERO,
+                    work_time: Duration::ZERO,
                 };
                 Real::Committed(
                     b.commit(flight, &token(tok), gens.real(gen), &args)
@@ -316,6 +318,7 @@ impl Replay {
                         Duration::ZERO
                     },
                     state_ttl: ms(t.state_ttl),
+                    retry_after: Duration::ZERO,
                 };
                 Real::Released(
                     b.abandon(flight, &token(tok), gens.real(gen), &args)
@@ -351,6 +354,7 @@ impl Replay {
                 Real::Acquired(Acquired::Owner {
                     generation,
                     takeover: t,
+                    ..
                 }),
             ) => {
                 gens.pair(g, *generation)?;
@@ -361,6 +365,7 @@ impl Replay {
                 Real::Acquired(Acquired::Follower {
                     generation,
                     lease_remaining,
+                    ..
                 }),
             ) => {
                 gens.pair(g, *generation)?;

@@ -29,7 +29,7 @@ const RECORD: usize = 2;
 pub(crate) enum Names {
     /// The record only (every script but INVALIDATE and READ).
     Record,
-    /// The record and the last invalidation (`…:f4:i`).
+    /// The record and the last invalidation (`…:f5:i`).
     WithInvalidation,
 }
 
@@ -184,13 +184,13 @@ mod tests {
             .millis(Duration::ZERO)
             .millis(Duration::MAX)
             .text("1");
-        assert_eq!(args.record(), format!("fd:x:{{{h}}}:f4").as_bytes());
+        assert_eq!(args.record(), format!("fd:x:{{{h}}}:f5").as_bytes());
         assert_eq!(
             strings(args),
             [
                 String::new(),
                 "1".to_owned(),
-                format!("fd:x:{{{h}}}:f4"),
+                format!("fd:x:{{{h}}}:f5"),
                 "tok".to_owned(),
                 "0".to_owned(),
                 "1700000000123456".to_owned(),
@@ -213,7 +213,7 @@ mod tests {
             [
                 String::new(),
                 "1".to_owned(),
-                format!("p:{{{h}}}:f4"),
+                format!("p:{{{h}}}:f5"),
                 "30000".to_owned(),
             ]
         );
@@ -228,8 +228,8 @@ mod tests {
             [
                 String::new(),
                 "2".to_owned(),
-                format!("p:{{{h}}}:f4"),
-                format!("p:{{{h}}}:f4:i"),
+                format!("p:{{{h}}}:f5"),
+                format!("p:{{{h}}}:f5:i"),
                 "42".to_owned(),
             ]
         );
@@ -241,7 +241,7 @@ mod tests {
         let prefix = "p".repeat(64);
         let token = "t".repeat(128);
         let argv = strings(ScriptArgs::new(&prefix, &f, Names::WithInvalidation, 1).text(&token));
-        assert_eq!(argv[3], format!("{prefix}:{{{}}}:f4:i", f.to_hex()));
+        assert_eq!(argv[3], format!("{prefix}:{{{}}}:f5:i", f.to_hex()));
         assert_eq!(argv[4], token);
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
     ConnectionWatch, FlightId, LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
 use fred::bytes_utils::Str;
@@ -80,7 +80,7 @@ impl RedisBackend {
     /// The arguments of a script call on `flight` (room for `args` of its
     /// own), its keys written: the flight's record
     /// ([`record_key`](Self::record_key)), and for INVALIDATE and READ its
-    /// last invalidation (`…:f4:i`, see [`scripts`](crate::scripts)).
+    /// last invalidation (`…:f5:i`, see [`scripts`](crate::scripts)).
     pub(crate) fn script_args(&self, flight: &FlightId, names: Names, args: usize) -> ScriptArgs {
         ScriptArgs::new(&self.inner.prefix, flight, names, args)
     }
@@ -115,13 +115,23 @@ impl RedisBackend {
 }
 
 /// The version of the key layout, part of every key and channel name
-/// (`…:f4`, `…:f4:i`, the inboxes' `…:f4:n:…`). The first layout (keys
+/// (`…:f5`, `…:f5:i`, the inboxes' `…:f5:n:…`). The first layout (keys
 /// `…:lease`, `…:state`, `…:result`, channel `…:done`) had none, the
 /// second was `f2` (channel per flight `…:f2:done`), the third `f3` (a
-/// result dropped by the next grant, no freshness); each incompatible
-/// layout takes a new name, so nodes of two layouts never read each
-/// other's keys (see the crate docs on rolling upgrades).
-pub const LAYOUT: &str = "f4";
+/// result dropped by the next grant, no freshness), the fourth `f4` (no
+/// stale results: no commit time, stale window, work time or throttle);
+/// each incompatible layout takes a new name, so nodes of two layouts
+/// never read each other's keys (see the crate docs on rolling upgrades).
+pub const LAYOUT: &str = "f5";
+
+/// A yes/no script argument: `1` or `0`.
+fn flag(yes: bool) -> &'static str {
+    if yes {
+        "1"
+    } else {
+        "0"
+    }
+}
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -285,35 +295,29 @@ impl Backend for RedisBackend {
         self.inner.topology.shard(self.slot(flight))
     }
 
-    fn acquire<'a>(
+    /// ACQUIRE, naming the generation followed (`''` for none) and
+    /// whether it asks for stale results and for an early refresh (`1`
+    /// or `0` each).
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.recheck(flight, token, None, terms)
-    }
-
-    /// ACQUIRE, naming the generation followed (`''` for none).
-    fn recheck<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
             let args = self
-                .script_args(flight, Names::Record, 6)
+                .script_args(flight, Names::Record, 8)
                 .text(token.as_str())
                 .millis(terms.lease)
-                .text(if terms.allow_takeover { "1" } else { "0" })
+                .text(flag(terms.allow_takeover))
                 .millis(terms.record_ttl());
             let args = self.inner.inboxes.name_in(self.slot_of(flight), args);
-            let args = match follows {
+            let args = match ask.follows {
                 Some(g) => args.uint(g),
                 None => args.text(""),
             };
+            let args = args.text(flag(ask.stale)).text(flag(ask.early));
             match self.eval(ACQUIRE, args).await {
                 Ok(v) => parse_acquire(&v),
                 Err(e) => match writes_refused(&e) {
@@ -375,17 +379,15 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Committed> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, Names::Record, 6)
+                .script_args(flight, Names::Record, 8)
                 .text(token.as_str())
                 .uint(generation)
                 .value(bytes(&args.payload))
                 .millis_or_zero(args.ttl)
-                .text(if args.payload.len() <= args.inline_below {
-                    "1"
-                } else {
-                    "0"
-                })
-                .millis(args.retain);
+                .text(flag(args.payload.len() <= args.inline_below))
+                .millis(args.retain)
+                .millis_or_zero(args.stale_for)
+                .millis_or_zero(args.work_time);
             committed(&self.eval(COMMIT, argv).await?)
         })
     }
@@ -399,11 +401,12 @@ impl Backend for RedisBackend {
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
             let argv = self
-                .script_args(flight, Names::Record, 4)
+                .script_args(flight, Names::Record, 5)
                 .text(token.as_str())
                 .uint(generation)
                 .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
-                .millis_or_zero(args.failure_ttl);
+                .millis_or_zero(args.failure_ttl)
+                .millis_or_zero(args.retry_after);
             let v = self.eval(ABANDON, argv).await?;
             released("ABANDON", &v)
         })

@@ -124,7 +124,7 @@ impl RedisConfig {
         Ok(self)
     }
 
-    /// The first part of every key name (`{prefix}:{h}:f4`); letters,
+    /// The first part of every key name (`{prefix}:{h}:f5`); letters,
     /// digits, `_`, `-`, `.` and `:` only.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();

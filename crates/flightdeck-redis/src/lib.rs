@@ -6,8 +6,9 @@
 //! ACQUIRE / HEARTBEAT / COMMIT / ABANDON / RELEASE / INVALIDATE (see
 //! [`scripts`] for the exact protocol and its command budget), run by
 //! `EVALSHA` with a transparent reload on `NOSCRIPT`. A flight is one key,
-//! the hash `{prefix}:{h}:f4` (its record: last grant, lease deadline,
-//! result, the nodes that follow it), where `h` is the flight digest in
+//! the hash `{prefix}:{h}:f5` (its record: last grant, lease deadline,
+//! result, kept for the stage's stale windows, the nodes that follow it),
+//! where `h` is the flight digest in
 //! hex: one hash tag per flight, no raw input. Lease deadlines and
 //! expiries use the server's clock (`TIME`, `PEXPIRE`), never the
 //! clients'.
@@ -22,7 +23,9 @@
 //! **Rolling upgrades.** Key and channel names carry the layout's version
 //! ([`LAYOUT`]). The earlier layouts (the first: keys `{prefix}:{h}:lease`,
 //! `:state`, `:result`, channel `:done`; `f2`: the record
-//! `{prefix}:{h}:f2` and a channel per flight `{prefix}:{h}:f2:done`) are
+//! `{prefix}:{h}:f2` and a channel per flight `{prefix}:{h}:f2:done`;
+//! `f3` and `f4`: the records `{prefix}:{h}:f3` and `{prefix}:{h}:f4`,
+//! without stale results) are
 //! never read or written by this version, and nodes of those versions
 //! never touch this one's names. So while old and new nodes serve side by
 //! side, each layout coordinates its own nodes only: a flight asked of

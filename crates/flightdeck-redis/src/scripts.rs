@@ -7,28 +7,51 @@
 //! sent as their decimal digits.
 //!
 //! **One key per flight** (and one more after an invalidation, below),
-//! the record `{prefix}:{h}:f4`, a hash:
+//! the record `{prefix}:{h}:f5`, a hash:
 //!
 //! | field | what |
 //! |---|---|
 //! | `g` | generation of the last grant (or invalidation), decimal |
 //! | `t` | the last grant's token (`''` after an invalidation) |
 //! | `d` | the last grant's lease deadline, server time in ms; `0` once the grant ended (committed, abandoned, released, invalidated) |
-//! | `s`, `b` | the stored result: status `ok`/`err` and body; only while a result is stored (a later grant leaves it, its commit or cached failure replaces it) |
+//! | `s`, `b` | the stored result: status (`ok`) and body; only while a result is stored (a later grant leaves it, its commit replaces it) |
 //! | `rg` | the generation that stored the result |
-//! | `fu` | the result is fresh until then (server time, ms): an ACQUIRE replays it (the stage's replay TTL; a commit time means never) |
-//! | `ku` | the result is kept for the followers already waiting until then (server time, ms): a re-check that names `rg` or an older generation replays it |
+//! | `ct` | when the result was stored (server time, ms): its age is the server's `TIME` less this |
+//! | `fu` | the result is fresh until then (server time, ms): an ACQUIRE replays it (the stage's replay TTL; a commit time means never); `fu - ct` is its TTL |
+//! | `su` | a success is answered stale until then (server time, ms; `fu` plus the stage's longest stale window, `fu` when it has none), to an ACQUIRE that asks for stale results |
+//! | `ku` | the result is kept until then (server time, ms): the record lives as long; for the followers already waiting, a re-check that names `rg` or an older generation replays it. The latest of `su` and the retention for waiters |
+//! | `wt` | how long the result's work took (ms), for early refreshes |
+//! | `ra` | a failed refresh's throttle (server time, ms; absent or `0`: none): until then an ACQUIRE that asks for stale results answers STALE and grants nothing |
+//! | `eb`, `eg`, `ec`, `eu` | a failure cached by an abandon, beside the stored result (which it never replaces): its body, the generation that cached it, when (server time, ms), and until when it is replayed (`0`: none; a commit ends it) |
 //! | `x` | tokens never to be granted the flight (space-separated, newest first, at most 8): released, or whose attempt ended here (committed, abandoned, released), so that a late duplicate of their ACQUIRE grants nothing |
 //! | `w` | the inboxes of the nodes that follow the flight (space-separated): added by an ACQUIRE that answers FOLLOWER, told and emptied when the grant ends |
 //!
 //! and one expiry, the record's: [`LeaseTerms::record_ttl`] from a grant
 //! or heartbeat (the lease plus one more lease, at most `state_ttl`), but
-//! never before `ku`; from a commit, the longer of the result's freshness
-//! and its retention for waiters (`ku`); the failure's TTL from an abandon
-//! that caches one. The lease's own end is `d`, compared with the server's `TIME`, so
-//! the lease and the record do not need two keys.
+//! never before `ku` or `eu`; from a commit, the longest of the result's
+//! freshness, its stale window after it and its retention for waiters
+//! (`ku`); from an abandon that caches a failure, the longer of the
+//! failure's TTL and `ku`. The lease's
+//! own end is `d`, compared with the server's `TIME`, so the lease and the
+//! record do not need two keys.
 //!
-//! **An invalidation** also leaves `{prefix}:{h}:f4:i`, a string: the
+//! **Stale results.** A success stays in the record past its freshness
+//! for the stage's stale windows (`su`), through later grants: the grant
+//! that refreshes it hands it to its owner, and every ACQUIRE that asks
+//! for stale results while the refresh runs gets it beside FOLLOWER.
+//! Only the refresh's COMMIT replaces it, and only while it is the last
+//! grant, so a refresh that an invalidation fenced (INVALIDATE drops the
+//! result, its windows and the throttle, and starts a newer generation)
+//! never brings the purged result back. An ABANDON with a retry time
+//! starts a throttle (`ra`) during which the kept result is the answer
+//! and nothing is granted; the first ACQUIRE after it is granted (a grant
+//! ends the throttle). A failure an ABANDON caches goes beside the kept
+//! result (`e*`): an ACQUIRE that asks for nothing stale replays it, one
+//! that asks gets the kept result. An ACQUIRE that asks for neither stale
+//! results nor an early refresh gets exactly the answers of a stage
+//! without windows.
+//!
+//! **An invalidation** also leaves `{prefix}:{h}:f5:i`, a string: the
 //! invalidation's generation, kept for `state_ttl` whatever happens to the
 //! record (a later grant may give the record a shorter life). Only
 //! INVALIDATE writes it and only READ reads it: it tells a result that was
@@ -77,7 +100,7 @@
 //!
 //! | script and answer | `redis.call`s |
 //! |---|---|
-//! | ACQUIRE → HIT | 2: `HMGET`, `TIME` |
+//! | ACQUIRE → HIT, STALE | 2: `HMGET`, `TIME` |
 //! | ACQUIRE → FOLLOWER, EXPIRED, OWNER (retry) | 2: `HMGET`, `TIME` |
 //! | ACQUIRE → FOLLOWER, this node's first | 3: `HMGET`, `TIME`, `HSET` |
 //! | ACQUIRE → OWNER (grant) | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
@@ -85,7 +108,7 @@
 //! | COMMIT → FENCED | 1: `HMGET` |
 //! | HEARTBEAT → RENEWED | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
 //! | HEARTBEAT → LOST | 1 or 2: `HMGET` (, `TIME`) |
-//! | ABANDON → RELEASED | 2: `HMGET`, `HSET` (+ `TIME` and `PEXPIRE` when it caches a failure, + n `PUBLISH`) |
+//! | ABANDON → RELEASED | 2: `HMGET`, `HSET` (+ `TIME` when it caches a failure or may throttle a kept success, + `PEXPIRE` when it caches a failure, + n `PUBLISH`) |
 //! | ABANDON → NOT_OWNER | 1: `HMGET` |
 //! | RELEASE → RELEASED | 2: `HMGET`, `HSET` (+ n `PUBLISH`) |
 //! | RELEASE → NOT_OWNER | 2: `HMGET`, `HSET` (+ `PEXPIRE` when the flight had no record) |
@@ -131,44 +154,85 @@ end
     };
 }
 
-/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows)` →
-/// `{HIT, gen, st, body}` | `{OWNER, gen, takeover}` |
-/// `{FOLLOWER, gen, remaining_ms}` | `{EXPIRED, gen}`. HIT when the
-/// stored result is fresh (`fu`), or when `follows` (a follower's
-/// re-check: the generation it first followed; `''` for an acquire) is
-/// at most the result's generation and the result is still kept for
-/// waiters (`ku`). A FOLLOWER answer adds `inbox` (unless empty) to the
-/// flight's waiting nodes `w`, in the same script as the read: every
-/// later end of the grant is published there. A grant leaves a stored
-/// result in place and never shortens its life.
+/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows, stale, early)`
+/// → `{HIT, <result>}` | `{OWNER, gen, takeover[, <result>]}` |
+/// `{FOLLOWER, gen, remaining_ms[, <result>]}` | `{STALE, <result>}` |
+/// `{EXPIRED, gen}`, where `<result>` is a stored result's six items
+/// `gen, status, body, age_ms, ttl_ms, work_ms` (its age by the server's
+/// clock).
+///
+/// HIT when the stored result is fresh (`fu`), or when `follows` (a
+/// follower's re-check: the generation it first followed; `''` for an
+/// acquire) is at most the result's generation and the result is still
+/// kept for waiters (`ku`); otherwise HIT with the cached failure while
+/// it lasts (`eu`), unless a result goes beside the answer. With `stale`
+/// (`1`: the stage answers stale results), a success past its freshness
+/// but before `su` goes beside the answer: OWNER (this caller refreshes
+/// it), FOLLOWER (another does), or alone as STALE while a failed
+/// refresh's throttle (`ra`) runs, granting nothing. With `early` (`1`:
+/// an early refresh), a fresh success is not a HIT when nothing refreshes
+/// it already (no other token's lease, no throttle, no cached failure):
+/// the answer goes on as without a result, with the fresh result beside.
+/// Without `stale` and `early` (`0` each), exactly the answers of a stage
+/// without stale windows.
+///
+/// A FOLLOWER answer adds `inbox` (unless empty) to the flight's waiting
+/// nodes `w`, in the same script as the read: every later end of the
+/// grant is published there. A grant ends a throttle, leaves the stored
+/// result and the cached failure in place and never shortens their life.
 pub const ACQUIRE: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x', 'w', 'rg', 'fu', 'ku')
+local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x', 'w', 'rg', 'fu', 'ku', 'ct', 'su', 'wt', 'ra', 'eb', 'eg', 'ec', 'eu')
 local tm = redis.call('TIME')
 local now = tm[1] * 1000 + tm[2] / 1000
-local ku = 0
-if r[4] then
-  local rg, fu = tonumber(r[8] or ''), tonumber(r[9] or '')
-  ku = tonumber(r[10] or '')
-  if not rg or not fu or not ku then
-    return redis.error_reply('FDPROTO unreadable flight record')
-  end
-  if now < fu or (ARGV[6] ~= '' and tonumber(ARGV[6]) <= rg and now < ku) then
-    return {'HIT', r[8], r[4], r[5] or ''}
-  end
-end
-local d = tonumber(r[3] or 0)
-if not d then
+local d, ra, eu = tonumber(r[3] or 0), tonumber(r[14] or 0), tonumber(r[18] or 0)
+if not d or not ra or not eu then
   return redis.error_reply('FDPROTO unreadable flight record')
 end
+local function with(a, res)
+  if res then
+    for i = 1, 6 do
+      a[#a + 1] = res[i]
+    end
+  end
+  return a
+end
+local live, mine, ku, beside = d > now, r[2] == ARGV[1], 0, nil
+if r[4] then
+  local rg, fu, ct = tonumber(r[8] or ''), tonumber(r[9] or ''), tonumber(r[11] or '')
+  local su, wt = tonumber(r[12] or ''), tonumber(r[13] or '')
+  ku = tonumber(r[10] or '')
+  if not rg or not fu or not ku or not ct or not su or not wt then
+    return redis.error_reply('FDPROTO unreadable flight record')
+  end
+  local res = {r[8], r[4], r[5] or '', math.max(0, math.floor(now - ct)), fu - ct, wt}
+  if now < fu or (ARGV[6] ~= '' and tonumber(ARGV[6]) <= rg and now < ku) then
+    if ARGV[8] ~= '1' or ARGV[6] ~= '' or now >= fu or r[4] ~= 'ok' or now < ra or now < eu or (live and not mine) then
+      return with({'HIT'}, res)
+    end
+    beside = res
+  elseif ARGV[7] == '1' and r[4] == 'ok' and now < su then
+    beside = res
+  end
+end
+if now < eu and not beside then
+  local ec = tonumber(r[17] or '')
+  if not ec or not r[16] then
+    return redis.error_reply('FDPROTO unreadable flight record')
+  end
+  return {'HIT', r[16], 'err', r[15] or '', math.max(0, math.floor(now - ec)), eu - ec, 0}
+end
+if beside and now < ra then
+  return with({'STALE'}, beside)
+end
 local takeover = 0
-if r[2] == ARGV[1] then
-  if d > now then
-    return {'OWNER', r[1], 0}
+if mine then
+  if live then
+    return with({'OWNER', r[1], 0}, beside)
   end
   if d == 0 then
     return {'EXPIRED', r[1]}
   end
-elseif d > now then
+elseif live then
   local w = r[7] or ''
   if ARGV[5] ~= '' and not string.find(' ' .. w .. ' ', ' ' .. ARGV[5] .. ' ', 1, true) then
     if w ~= '' then
@@ -176,7 +240,7 @@ elseif d > now then
     end
     redis.call('HSET', KEYS[1], 'w', w .. ARGV[5])
   end
-  return {'FOLLOWER', r[1], math.ceil(d - now)}
+  return with({'FOLLOWER', r[1], math.ceil(d - now)}, beside)
 end
 if d > 0 then
   if ARGV[3] ~= '1' then
@@ -197,16 +261,21 @@ if r[1] then
     gen = string.format('%.0f', g + 1)
   end
 end
-redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', tostring(math.floor(now) + ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now))))
-return {'OWNER', gen, takeover}
+local lease = tostring(math.floor(now) + ARGV[2])
+if ra > 0 then
+  redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', lease, 'ra', '0')
+else
+  redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', lease)
+end
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now), math.ceil(eu - now))))
+return with({'OWNER', gen, takeover}, beside)
 ";
 
 /// `HEARTBEAT(tok, gen, lease_ms, record_ms)` → `RENEWED` | `LOST`.
 /// Never re-creates or revives a lease, never shortens the life of a
-/// result kept for waiters.
+/// kept result or cached failure.
 pub const HEARTBEAT: &str = r"#!lua
-local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'ku')
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'ku', 'eu')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return 'LOST'
 end
@@ -220,23 +289,29 @@ if d <= now then
   return 'LOST'
 end
 redis.call('HSET', KEYS[1], 'd', tostring(math.floor(now) + ARGV[3]))
-local ku = tonumber(r[4] or 0) or 0
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now))))
+local ku, eu = tonumber(r[4] or 0) or 0, tonumber(r[5] or 0) or 0
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now), math.ceil(eu - now))))
 return 'RENEWED'
 ";
 
-/// `COMMIT(tok, gen, payload, ttl_ms, inline, retain_ms)` → `COMMITTED` |
-/// `FENCED`. Only the last grant commits (its lease live or run out);
-/// stores the result, fresh for `ttl_ms` (`fu`; 0: never replayed to an
-/// acquire) and kept for the waiters for the longer of the two (`ku`, the
-/// record's expiry), ends the lease and tells the waiting nodes in one
-/// round trip (the payload inline when `inline` is `1`): no message at
-/// all when no other node follows. A retry of a done commit (the stored
-/// result is this generation's) answers `COMMITTED`.
+/// `COMMIT(tok, gen, payload, ttl_ms, inline, retain_ms, stale_ms, work_ms)`
+/// → `COMMITTED` | `FENCED`. Only the last grant commits (its lease live
+/// or run out), so a refresh replaces the result it refreshes, and a
+/// refresh an invalidation fenced (or a later grant superseded) replaces
+/// nothing. Stores the result with its commit time (`ct`) and work time
+/// (`wt`, `work_ms`): fresh for `ttl_ms` (`fu`; 0: never replayed to an
+/// acquire), answered stale for `stale_ms` more (`su`), kept for the
+/// waiters for `retain_ms`; the record (`ku`, and its expiry) lives for
+/// the longest of these. Ends the lease and a cached failure (`eu`; a
+/// throttle ended with the grant), and tells the waiting nodes in one
+/// round trip (the payload inline when
+/// `inline` is `1`): no message at all when no other node follows. A
+/// retry of a done commit (the stored result is this generation's)
+/// answers `COMMITTED`.
 pub const COMMIT: &str = concat!(
     "#!lua\n",
     remember!(),
-    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x', 'rg')
+    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x', 'rg', 'eu')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return 'FENCED'
 end
@@ -250,16 +325,16 @@ if not r[3] or r[3] == '0' then
   return 'FENCED'
 end
 local w = r[5] or ''
-local x = remember(r[6], ARGV[1])
 local tm = redis.call('TIME')
 local now = math.floor(tm[1] * 1000 + tm[2] / 1000)
-local keep = math.max(tonumber(ARGV[4]), tonumber(ARGV[6]), 1)
-local fu = string.format('%.0f', now + ARGV[4])
-local ku = string.format('%.0f', now + keep)
-if w == '' then
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'ku', ku, 'x', x)
+local ttl = tonumber(ARGV[4])
+local keep = math.max(ttl + ARGV[7], tonumber(ARGV[6]), 1)
+local fu, su = string.format('%.0f', now + ttl), string.format('%.0f', now + ttl + ARGV[7])
+local ku, ct, x = string.format('%.0f', now + keep), string.format('%.0f', now), remember(r[6], ARGV[1])
+if w == '' and (not r[8] or r[8] == '0') then
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', ARGV[8], 'x', x)
 else
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'ku', ku, 'w', '', 'x', x)
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', ARGV[8], 'x', x, 'w', '', 'eu', '0', 'eb', '')
 end
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep))
 if w ~= '' then
@@ -275,25 +350,42 @@ return 'COMMITTED'
 "
 );
 
-/// `ABANDON(tok, gen, failure, failure_ttl_ms)` → `RELEASED` |
-/// `NOT_OWNER`. Ends the last grant (its lease live or run out),
-/// optionally caches the failure (in place of a stored result, fresh and
-/// kept for `failure_ttl_ms`), and wakes the waiting nodes at once.
+/// `ABANDON(tok, gen, failure, failure_ttl_ms, retry_ms)` → `RELEASED` |
+/// `NOT_OWNER`. Ends the last grant (its lease live or run out) and
+/// wakes the waiting nodes at once. With `retry_ms` above 0 while a
+/// success is kept (before its `su`, fresh or not), starts a throttle
+/// until `retry_ms` from now (`ra`): an ACQUIRE that asks for stale
+/// results answers STALE and grants nothing until then. Optionally
+/// caches the failure for `failure_ttl_ms` (`eb`, `eg`, `ec`, `eu`),
+/// beside the stored result, which an abandon never drops nor shortens.
 pub const ABANDON: &str = concat!(
     "#!lua\n",
     remember!(),
-    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'w', 'x')
+    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 'w', 'x', 's', 'su', 'ku')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or not r[3] or r[3] == '0' then
   return 'NOT_OWNER'
 end
-local x = remember(r[5], ARGV[1])
-if ARGV[3] ~= '' and tonumber(ARGV[4]) > 0 then
+local f = {'d', '0', 'w', '', 'x', remember(r[5], ARGV[1])}
+local cache = ARGV[3] ~= '' and tonumber(ARGV[4]) > 0
+local retry = tonumber(ARGV[5]) > 0 and r[6] == 'ok'
+local now = 0
+if cache or retry then
   local tm = redis.call('TIME')
-  local until_ms = string.format('%.0f', math.floor(tm[1] * 1000 + tm[2] / 1000) + ARGV[4])
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'err', 'b', ARGV[3], 'rg', ARGV[2], 'fu', until_ms, 'ku', until_ms, 'w', '', 'x', x)
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-else
-  redis.call('HSET', KEYS[1], 'd', '0', 'w', '', 'x', x)
+  now = math.floor(tm[1] * 1000 + tm[2] / 1000)
+end
+if retry and now < (tonumber(r[7] or 0) or 0) then
+  f[#f + 1], f[#f + 2] = 'ra', string.format('%.0f', now + ARGV[5])
+end
+if cache then
+  local n = #f
+  f[n + 1], f[n + 2], f[n + 3], f[n + 4] = 'eb', ARGV[3], 'eg', ARGV[2]
+  f[n + 5], f[n + 6] = 'ec', string.format('%.0f', now)
+  f[n + 7], f[n + 8] = 'eu', string.format('%.0f', now + ARGV[4])
+end
+redis.call('HSET', KEYS[1], unpack(f))
+if cache then
+  local ku = tonumber(r[8] or 0) or 0
+  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), ku - now)))
 end
 for inbox in string.gmatch(r[4] or '', '%S+') do
   redis.call('PUBLISH', inbox, KEYS[1] .. '|' .. ARGV[2] .. '|a')
@@ -326,8 +418,8 @@ return 'NOT_OWNER'
 "
 );
 
-/// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result and
-/// the lease, starts a newer generation (fencing a running owner), keeps
+/// `INVALIDATE(state_ttl_ms)` → the new generation. Drops the result
+/// (fresh and stale), the cached failure, the throttle and the lease, starts a newer generation (fencing a running owner), keeps
 /// it in `KEYS[2]` for `state_ttl` and wakes the waiting nodes.
 pub const INVALIDATE: &str = r"#!lua
 local r = redis.call('HMGET', KEYS[1], 'g', 'w')
@@ -341,7 +433,7 @@ if g >= tm[1] * 1000000 + tm[2] then
   gen = string.format('%.0f', g + 1)
 end
 redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0')
-redis.call('HDEL', KEYS[1], 's', 'b', 'w', 'rg', 'fu', 'ku')
+redis.call('HDEL', KEYS[1], 's', 'b', 'w', 'rg', 'fu', 'ku', 'ct', 'su', 'wt', 'ra', 'eb', 'eg', 'ec', 'eu')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], gen, 'PX', ARGV[1])
 for inbox in string.gmatch(r[2] or '', '%S+') do
@@ -350,18 +442,27 @@ end
 return gen
 ";
 
-/// `READ()` → `{gen, st, body, invalidated}`: the stored result's
-/// generation `rg`, status `s` and body `b` while it is fresh (`fu`; nil
-/// otherwise), and the last invalidation's generation (`KEYS[2]`, nil
-/// when absent). Writes nothing (`no-writes`), so a primary that refuses
-/// writes (`NOREPLICAS`) or a replica (`READONLY`) still runs it; an
-/// expired record reads as absent.
+/// `READ()` → `{gen, st, body, invalidated, age_ms, ttl_ms, work_ms}`:
+/// what ACQUIRE would replay to an acquire that asks for nothing stale:
+/// the stored result (its generation `rg`, status `s`, body `b`, age,
+/// TTL and work time) while it is fresh, else the cached failure (`eg`,
+/// `err`, `eb`, ...) while it lasts, else nothing (all nil but `rg`); and
+/// the last invalidation's generation (`KEYS[2]`, nil when absent).
+/// Writes nothing (`no-writes`), so a primary that refuses writes
+/// (`NOREPLICAS`) or a replica (`READONLY`) still runs it; an expired
+/// record reads as absent.
 pub const READ: &str = r"#!lua flags=no-writes
-local r = redis.call('HMGET', KEYS[1], 'rg', 's', 'b', 'fu')
+local r = redis.call('HMGET', KEYS[1], 'rg', 's', 'b', 'fu', 'ct', 'wt', 'eg', 'eb', 'ec', 'eu')
 local tm = redis.call('TIME')
-local fu = tonumber(r[4] or 0) or 0
-if fu <= tm[1] * 1000 + tm[2] / 1000 then
-  r[2], r[3] = false, false
+local now = tm[1] * 1000 + tm[2] / 1000
+local inv = redis.call('GET', KEYS[2])
+local fu, ct = tonumber(r[4] or 0) or 0, tonumber(r[5] or '')
+if fu > now and ct then
+  return {r[1], r[2], r[3], inv, math.max(0, math.floor(now - ct)), fu - ct, r[6] or false}
 end
-return {r[1], r[2], r[3], redis.call('GET', KEYS[2])}
+local eu, ec = tonumber(r[10] or 0) or 0, tonumber(r[9] or '')
+if eu > now and ec then
+  return {r[7], 'err', r[8], inv, math.max(0, math.floor(now - ec)), eu - ec, 0}
+end
+return {r[1], false, false, inv, false, false, false}
 ";

@@ -16,11 +16,12 @@ use crate::connect::timed_out;
 use crate::eval::READ;
 use crate::reply::{bad_reply, gen, int, parse_acquire, text};
 
-/// READ's answer: the record's `g`, `s`, `b` and the last invalidation.
-pub(crate) fn read_items(reply: Value) -> Result<[Value; 4], BackendError> {
+/// READ's answer: the record's `rg`, `s`, `b`, the last invalidation,
+/// and the result's age, TTL and work time.
+pub(crate) fn read_items(reply: Value) -> Result<[Value; 7], BackendError> {
     match reply {
         Value::Array(items) => {
-            <[Value; 4]>::try_from(items).map_err(|items| bad_reply("READ", &Value::Array(items)))
+            <[Value; 7]>::try_from(items).map_err(|items| bad_reply("READ", &Value::Array(items)))
         }
         other => Err(bad_reply("READ", &other)),
     }
@@ -28,15 +29,19 @@ pub(crate) fn read_items(reply: Value) -> Result<[Value; 4], BackendError> {
 
 /// The result stored in READ's `items` ([`Acquired::Hit`], under the
 /// checks of ACQUIRE's hit path); `None` when none is stored.
-pub(crate) fn stored_hit(items: &[Value; 4]) -> Option<Result<Acquired, BackendError>> {
+pub(crate) fn stored_hit(items: &[Value; 7]) -> Option<Result<Acquired, BackendError>> {
     if items[1].is_null() {
         return None;
     }
+    let [rg, s, b, _, age, ttl, wt] = items;
     let hit = Value::Array(vec![
         text("HIT"),
-        items[0].clone(),
-        items[1].clone(),
-        items[2].clone(),
+        rg.clone(),
+        s.clone(),
+        b.clone(),
+        age.clone(),
+        ttl.clone(),
+        wt.clone(),
     ]);
     Some(parse_acquire(&hit))
 }
@@ -54,9 +59,10 @@ pub(crate) fn writes_refused(e: &BackendError) -> Option<&'static str> {
 }
 
 impl RedisBackend {
-    /// The record's `g`, `s`, `b` and the last invalidation (see
+    /// The record's `rg`, `s`, `b`, the last invalidation, and the
+    /// result's age, TTL and work time (see
     /// [`scripts::READ`](crate::scripts::READ)).
-    async fn read(&self, flight: &FlightId) -> Result<[Value; 4], BackendError> {
+    async fn read(&self, flight: &FlightId) -> Result<[Value; 7], BackendError> {
         read_items(
             self.eval(READ, self.script_args(flight, Names::WithInvalidation, 0))
                 .await?,

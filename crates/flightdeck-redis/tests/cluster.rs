@@ -540,6 +540,8 @@ async fn owner_follower_hit(a: &RedisBackend, b: &RedisBackend, key: &str) {
         retain: Duration::from_secs(10),
         inline_below: 1024,
         state_ttl: Duration::from_secs(20),
+        stale_for: Duration::ZERO,
+        work_time: Duration::ZERO,
     };
     let committed = a.commit(&f, &me, generation, &args).await;
     assert_eq!(committed.ok(), Some(Committed::Committed), "{key}");

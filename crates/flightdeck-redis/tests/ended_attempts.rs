@@ -33,6 +33,7 @@ fn no_failure() -> AbandonArgs {
         failure: None,
         failure_ttl: Duration::ZERO,
         state_ttl: TERMS.state_ttl,
+        retry_after: Duration::ZERO,
     }
 }
 
@@ -81,6 +82,8 @@ async fn late_acquire_of_a_committed_token(b: &dyn Backend) {
         retain: Duration::from_secs(60),
         inline_below: 1024,
         state_ttl: TERMS.state_ttl,
+        stale_for: Duration::ZERO,
+        work_time: Duration::ZERO,
     };
     assert_eq!(
         b.commit(&f, &t1, g1, &args).await.unwrap(),

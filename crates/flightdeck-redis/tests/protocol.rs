@@ -17,16 +17,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use flightdeck_core::{CloneShare, FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, CommitArgs, Committed, LeaseTerms, Notice, Released, Renewal,
+    AbandonArgs, Acquired, Ask, Backend, CommitArgs, Committed, LeaseTerms, Notice, Released,
+    Renewal,
 };
 use flightdeck_distributed::{
     DistributedFlightLayer, DistributedPolicy, FlightId, OwnerToken, PostcardCodec,
 };
 use flightdeck_harness::RedisServer;
-use flightdeck_redis::{RedisBackend, RedisConfig};
+use flightdeck_redis::{RedisBackend, RedisConfig, LAYOUT};
 use flightdeck_test::conformance::{self, fresh_flight, Window, LEASE};
 use fred::prelude::Value;
 use legacy::f2::F2;
+use legacy::f4::F4;
 use legacy::Legacy;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -123,6 +125,7 @@ fn no_failure() -> AbandonArgs {
         failure: None,
         failure_ttl: Duration::ZERO,
         state_ttl: Duration::from_secs(30),
+        retry_after: Duration::ZERO,
     }
 }
 
@@ -322,6 +325,71 @@ async fn every_script_answer_keeps_its_command_budget() {
         b.invalidated_since(&f, generation - 1),
     );
     assert_eq!(read.await.unwrap(), Some(true));
+
+    // A stage with stale windows pays nothing more: a grant with the kept
+    // result beside, a follower with it, the abandon that throttles the
+    // next refresh (it reads the server's clock) and STALE in the
+    // throttle.
+    let stale = Ask {
+        stale: true,
+        ..Ask::default()
+    };
+    let f = fresh_flight();
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap());
+    let args = CommitArgs {
+        ttl: Duration::from_millis(1),
+        stale_for: Duration::from_secs(30),
+        ..commit_args(b"kept")
+    };
+    assert_eq!(
+        b.commit(&f, &a, g, &args).await.unwrap(),
+        Committed::Committed
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let r = tok();
+    let refresh = costs(
+        &redis,
+        "ACQUIRE -> OWNER (grant, the kept result beside)",
+        &[HMGET, TIME, HSET, PEXPIRE],
+        b.acquire_with(&f, &r, stale, &t),
+    );
+    let g = match refresh.await.unwrap() {
+        Acquired::Owner {
+            generation,
+            stale: Some(_),
+            ..
+        } => generation,
+        other => panic!("expected OWNER with the kept result, got {other:?}"),
+    };
+    let (e, h) = (tok(), tok());
+    let beside = costs(
+        &redis,
+        "ACQUIRE -> FOLLOWER (this node's first, the kept result beside)",
+        &[HMGET, TIME, HSET],
+        b.acquire_with(&f, &e, stale, &t),
+    );
+    assert!(matches!(
+        beside.await.unwrap(),
+        Acquired::Follower { stale: Some(_), .. }
+    ));
+    let retry = AbandonArgs {
+        retry_after: Duration::from_secs(30),
+        ..no_failure.clone()
+    };
+    let throttled = costs(
+        &redis,
+        "ABANDON -> RELEASED (throttles the next refresh, one node follows)",
+        &[HMGET, TIME, HSET, PUBLISH],
+        b.abandon(&f, &r, g, &retry),
+    );
+    assert_eq!(throttled.await.unwrap(), Released::Released);
+    let answered = costs(
+        &redis,
+        "ACQUIRE -> STALE",
+        &[HMGET, TIME],
+        b.acquire_with(&f, &h, stale, &t),
+    );
+    assert!(matches!(answered.await.unwrap(), Acquired::Stale(_)));
 
     let no_takeover = LeaseTerms {
         allow_takeover: false,
@@ -571,6 +639,7 @@ async fn old_and_new_layouts_never_read_each_other() {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => generation,
         other => panic!("the new layout must not read the old one's result: {other:?}"),
     };
@@ -684,6 +753,7 @@ async fn f2_and_f3_layouts_never_read_each_other() {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => generation,
         other => panic!("the new layout must not read the old one's lease: {other:?}"),
     };
@@ -746,6 +816,64 @@ async fn f2_and_f3_layouts_never_read_each_other() {
     f2_follower.quit().await.unwrap();
 }
 
+/// A rolling upgrade from the previous layout (`f4`, no stale results):
+/// an `f4` node (its scripts, run by hand) and a node of this layout
+/// share one Redis and one prefix. Neither reads the other's record (the
+/// names differ): each replays only its own result, so an `f4` node never
+/// meets a record with fields it does not keep up (a throttle, a kept
+/// result past its freshness), and this layout never reads a result
+/// without its commit time.
+#[tokio::test]
+async fn f4_and_f5_layouts_never_read_each_other() {
+    let redis = RedisServer::start().unwrap();
+    let new = backend(&redis).await;
+    let old = F4::load(&plain_client(&redis).await, "fd").await;
+    let t = conformance::terms(true);
+    let word = |v: &Value| v.as_str().map(|s| s.into_owned()).unwrap_or_default();
+    let f = fresh_flight();
+    let inbox = new.inbox(&f).replace(&format!(":{LAYOUT}:"), ":f4:");
+    let answer = old.acquire(&f, "old-node", &inbox).await;
+    assert_eq!(word(&answer[0]), "OWNER");
+    let done = old
+        .commit(
+            &f,
+            "old-node",
+            &word(&answer[1]),
+            Bytes::from_static(b"old"),
+        )
+        .await;
+    assert_eq!(done, "COMMITTED");
+    let tok = OwnerToken::random();
+    let stale = Ask {
+        stale: true,
+        early: true,
+        ..Ask::default()
+    };
+    let g = match new.acquire_with(&f, &tok, stale, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+            stale: None,
+        } => generation,
+        other => panic!("this layout must not read the f4 record: {other:?}"),
+    };
+    new.commit(&f, &tok, g, &commit_args(b"new")).await.unwrap();
+    match new.acquire(&f, &OwnerToken::random(), &t).await.unwrap() {
+        Acquired::Hit(r) => assert_eq!(&r.payload[..], b"new"),
+        other => panic!("expected this layout's HIT, got {other:?}"),
+    }
+    let answer = old.acquire(&f, "another-old-node", &inbox).await;
+    assert_eq!(word(&answer[0]), "HIT");
+    assert_eq!(answer[3].as_bytes(), Some(&b"old"[..]));
+    assert_ne!(old.record(&f), new.record_key(&f));
+    let Ok(flightdeck_harness::Resp::Array(Some(stored))) =
+        redis.cmd(&["KEYS", &format!("fd:{{{}}}:*", f.to_hex())])
+    else {
+        panic!("KEYS answers an array");
+    };
+    assert_eq!(stored.len(), 2, "one record per layout: {stored:?}");
+}
+
 /// What Redis ran for one phase of the measurement: `EVALSHA` calls,
 /// their server time, and the inner commands of those scripts.
 #[derive(Clone, Copy, Default)]
@@ -773,7 +901,7 @@ impl Phase {
 async fn owner_flights(
     redis: &RedisServer,
     new: &RedisBackend,
-    old: &F2,
+    old: &F4,
     legacy: bool,
     args: &CommitArgs,
 ) -> (Phase, Phase) {
@@ -782,10 +910,14 @@ async fn owner_flights(
     }
     let flights: Vec<FlightId> = (0..FLIGHTS).map(|_| fresh_flight()).collect();
     let tok = OwnerToken::random();
+    // The inbox an `f4` node names (as long as this layout's).
+    let inbox = new
+        .inbox(&flights[0])
+        .replace(&format!(":{LAYOUT}:"), ":f4:");
     reset(redis);
     let mut gens = Vec::new();
     for f in &flights {
-        let answer = old.acquire(f, tok.as_str()).await;
+        let answer = old.acquire(f, tok.as_str(), &inbox).await;
         gens.push(answer[1].as_str().expect("a generation").into_owned());
     }
     let acquire = Phase::read(redis);
@@ -812,17 +944,17 @@ const FLIGHTS: u64 = if cfg!(debug_assertions) { 200 } else { 2000 };
 /// For the record (printed, not asserted: a measurement, not a timed
 /// test): Redis server time per owner flight (ACQUIRE + COMMIT, the
 /// `usec` of `EVALSHA` in `INFO commandstats`) of the previous layout's
-/// scripts (`f2`, kept in `legacy::f2`) and of this one's, alternating in
+/// scripts (`f4`, kept in `legacy::f4`) and of this one's, alternating in
 /// one run on one server (which goes first alternates too), with a small
 /// (64 B) and a larger (4 KiB) result; then the median of the rounds. The
-/// inner command counts are checked on the way (8 per owner flight before,
-/// 8 now: the commit reads the server's clock for the result's freshness).
+/// inner command counts are checked on the way (8 per owner flight in
+/// both).
 #[tokio::test]
 async fn measure_server_time_per_owner_flight_old_and_new() {
     const ROUNDS: usize = 6;
     let redis = RedisServer::start().unwrap();
     let new = backend(&redis).await;
-    let old = F2::load(&plain_client(&redis).await, "fd").await;
+    let old = F4::load(&plain_client(&redis).await, "fd").await;
     let per = |us: u64| us as f64 / FLIGHTS as f64;
     for size in [64usize, 4096] {
         let args = CommitArgs {
@@ -846,7 +978,7 @@ async fn measure_server_time_per_owner_flight_old_and_new() {
                     .unwrap()
             };
             let ((oa, oc), (na, nc)) = (get(true), get(false));
-            assert_eq!(oa.inner + oc.inner, 8 * FLIGHTS, "f2: 8 inner calls");
+            assert_eq!(oa.inner + oc.inner, 8 * FLIGHTS, "f4: 8 inner calls");
             assert_eq!(na.inner + nc.inner, 8 * FLIGHTS, "8 inner calls");
             olds.push(per(oa.usec + oc.usec));
             news.push(per(na.usec + nc.usec));

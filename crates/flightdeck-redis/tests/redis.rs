@@ -434,6 +434,8 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
                 retain: Duration::from_secs(10),
                 inline_below: 1 << 20,
                 state_ttl: Duration::from_secs(60),
+                stale_for: Duration::ZERO,
+                work_time: Duration::ZERO,
             };
             let done = committer
                 .commit(&flight, &tok, generation, &args)
@@ -653,6 +655,7 @@ async fn ambiguous_acquire_retry_is_owner_same_generation() {
     let Acquired::Owner {
         generation,
         takeover: false,
+        ..
     } = retried
     else {
         panic!("expected OWNER, got {retried:?}");

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, OwnerToken, Released, Renewal, Subscription,
+    AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    FlightId, LeaseTerms, OwnerToken, Released, Renewal, Subscription,
 };
 use flightdeck_test::memory::{MemoryBackend, MemorySnapshot};
 use rand::rngs::StdRng;
@@ -295,6 +295,7 @@ impl World {
         let &Acquired::Owner {
             generation,
             takeover,
+            ..
         } = answer
         else {
             return;
@@ -637,26 +638,17 @@ fn lost<T: Send + 'static>(hang: bool) -> BackendFuture<'static, T> {
 }
 
 impl Backend for SimBackend {
-    fn acquire<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.recheck(flight, token, None, terms)
-    }
-
-    fn recheck<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         let (flight, token, terms, who) = (*flight, token.clone(), *terms, self.who);
         self.call(label("ACQUIRE", &flight, Some(&token)), move |w| {
             let remembered = w.mem.remembers(&flight, &token);
-            let answer = now(w.mem.recheck(&flight, &token, follows, &terms))?;
+            let answer = now(w.mem.acquire_with(&flight, &token, ask, &terms))?;
             w.granted(who, &flight, &token, terms.lease, remembered, &answer);
             Ok(answer)
         })

@@ -32,7 +32,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use flightdeck_distributed::backend::{
-    Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken, Subscription,
+    Acquired, Ask, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken,
+    Subscription,
 };
 
 type Hook = Arc<dyn Fn(FlightId) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
@@ -127,24 +128,15 @@ impl<B: Backend> Hooked<B> {
 }
 
 impl<B: Backend> Backend for Hooked<B> {
-    fn acquire<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        Box::pin(self.hooked(flight, self.inner.acquire(flight, token, terms)))
-    }
-
     /// The hooks run for re-checks as for acquires.
-    fn recheck<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        Box::pin(self.hooked(flight, self.inner.recheck(flight, token, follows, terms)))
+        Box::pin(self.hooked(flight, self.inner.acquire_with(flight, token, ask, terms)))
     }
 
     flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);

@@ -35,7 +35,7 @@
 //! let a = OwnerToken::random();
 //! let b = OwnerToken::random();
 //! let first = backend.acquire(&flight, &a, &terms).await.unwrap();
-//! assert_eq!(first, Acquired::Owner { generation: 1, takeover: false });
+//! assert_eq!(first, Acquired::Owner { generation: 1, takeover: false, stale: None });
 //! assert!(matches!(backend.acquire(&flight, &b, &terms).await.unwrap(), Acquired::Follower { .. }));
 //! # }
 //! ```
@@ -48,8 +48,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
+    AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    FlightId, LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult,
+    Subscription,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -131,6 +132,14 @@ struct Record {
     /// The stored result (Redis: `rg`, `s`, `b`, `fu`, `ku`): it outlives
     /// later grants, until it expires or their commit replaces it.
     result: Option<Kept>,
+    /// A failure cached by an abandon: beside the stored result, which an
+    /// abandon never drops (it answers stale while the failure is
+    /// replayed to those that take no stale result).
+    failure: Option<Kept>,
+    /// Until then an acquire asking for stale results answers the stored
+    /// one and grants nothing: the throttle after a failed refresh
+    /// ([`AbandonArgs::retry_after`]).
+    retry_until: Option<Instant>,
     /// Tokens never granted the flight again (newest first): released,
     /// or whose attempt ended here (committed, abandoned, released).
     released: Vec<OwnerToken>,
@@ -144,10 +153,19 @@ struct Kept {
     gen: u64,
     status: ResultStatus,
     payload: Bytes,
+    /// When it was committed.
+    at: Instant,
+    /// How long it is fresh from `at`.
+    ttl: Duration,
+    /// How long its owner's work took.
+    work_time: Duration,
     /// Replayed to new acquires until then.
     fresh_until: Instant,
     /// Replayed to re-checks of followers of `gen` or older until then.
     keep_until: Instant,
+    /// Answered stale (to acquires that ask for it) until then, from
+    /// `fresh_until` on.
+    stale_until: Instant,
 }
 
 impl Kept {
@@ -157,11 +175,24 @@ impl Kept {
         now < self.fresh_until || (follows.is_some_and(|g| g <= self.gen) && now < self.keep_until)
     }
 
-    fn stored(&self) -> StoredResult {
+    /// Whether it is past its freshness and still kept to answer stale.
+    fn stale_at(&self, now: Instant) -> bool {
+        self.fresh_until <= now && now < self.stale_until
+    }
+
+    /// Until when the record must keep it.
+    fn until(&self) -> Instant {
+        self.keep_until.max(self.stale_until)
+    }
+
+    fn stored(&self, now: Instant) -> StoredResult {
         StoredResult {
             generation: self.gen,
             status: self.status,
             payload: self.payload.clone(),
+            age: now.saturating_duration_since(self.at),
+            ttl: self.ttl,
+            work_time: self.work_time,
         }
     }
 }
@@ -284,9 +315,15 @@ impl MemoryBackend {
                 gen,
                 status: ResultStatus::Ok,
                 payload,
+                at: Instant::now(),
+                ttl,
+                work_time: Duration::ZERO,
                 fresh_until: expires,
                 keep_until: expires,
+                stale_until: expires,
             }),
+            failure: None,
+            retry_until: None,
             released: Vec::new(),
             expires,
         });
@@ -295,7 +332,10 @@ impl MemoryBackend {
     /// Deletes a flight's stored result (as if its TTL ran out).
     pub fn remove_result(&self, flight: &FlightId) {
         if let Some(f) = self.flights().get_mut(flight) {
-            if f.record.as_ref().is_some_and(|r| r.result.is_some()) {
+            if f.record
+                .as_ref()
+                .is_some_and(|r| r.result.is_some() || r.failure.is_some())
+            {
                 f.record = None;
             }
         }
@@ -328,7 +368,7 @@ impl MemoryBackend {
         &self,
         flight: &FlightId,
         token: &OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &LeaseTerms,
     ) -> Acquired {
         let now = Instant::now();
@@ -337,16 +377,48 @@ impl MemoryBackend {
         let mut takeover = false;
         let mut released = Vec::new();
         let mut kept = None;
+        let mut failure = None;
+        let mut beside = None;
         if let Some(r) = f.record(now) {
-            if let Some(k) = r.result.as_ref().filter(|k| k.answers(now, follows)) {
-                return Acquired::Hit(k.stored());
-            }
             let live = r.deadline.filter(|d| *d > now);
-            if r.token.as_ref() == Some(token) {
+            let mine = r.token.as_ref() == Some(token);
+            let throttled = r.retry_until.is_some_and(|u| now < u);
+            let failed = r.failure.as_ref().is_some_and(|k| now < k.fresh_until);
+            if let Some(k) = r.result.as_ref().filter(|k| k.answers(now, ask.follows)) {
+                // An early refresh of a fresh result is granted unless
+                // someone refreshes it already, or the last refresh
+                // failed (its failure or its throttle still runs).
+                let early = ask.early
+                    && ask.follows.is_none()
+                    && now < k.fresh_until
+                    && !throttled
+                    && !failed
+                    && (mine || live.is_none());
+                if !early {
+                    return Acquired::Hit(k.stored(now));
+                }
+                beside = Some(k.stored(now));
+            } else if ask.stale {
+                beside = r
+                    .result
+                    .as_ref()
+                    .filter(|k| k.status == ResultStatus::Ok && k.stale_at(now))
+                    .map(|k| k.stored(now));
+            }
+            if beside.is_none() {
+                if let Some(k) = r.failure.as_ref().filter(|k| k.answers(now, ask.follows)) {
+                    return Acquired::Hit(k.stored(now));
+                }
+            }
+            if let Some(stale) = beside.as_ref().filter(|_| throttled) {
+                return Acquired::Stale(stale.clone());
+            }
+            if mine {
                 if live.is_some() {
                     return Acquired::Owner {
                         generation: r.gen,
                         takeover: false,
+                        stale: beside,
                     };
                 }
                 if r.deadline.is_none() {
@@ -357,6 +429,7 @@ impl MemoryBackend {
                 return Acquired::Follower {
                     generation: r.gen,
                     lease_remaining: deadline - now,
+                    stale: beside,
                 };
             }
             if r.deadline.is_some() {
@@ -370,26 +443,31 @@ impl MemoryBackend {
                 return Acquired::Expired { generation: r.gen };
             }
             released = std::mem::take(&mut r.released);
-            kept = r.result.take().filter(|k| k.keep_until > now);
+            kept = r.result.take().filter(|k| k.until() > now);
+            failure = r.failure.take().filter(|k| k.until() > now);
         }
         let gen = f.next_gen();
-        // A grant keeps a result still kept for waiters, and never
-        // shortens its life.
-        let expires = kept
-            .as_ref()
-            .map_or(now, |k| k.keep_until)
-            .max(now + key_ttl(terms.record_ttl()));
+        // A grant keeps a result still kept for waiters or to answer
+        // stale, and never shortens its life.
+        let expires = [&kept, &failure]
+            .into_iter()
+            .flatten()
+            .map(Kept::until)
+            .fold(now + key_ttl(terms.record_ttl()), Instant::max);
         f.record = Some(Record {
             gen,
             token: Some(token.clone()),
             deadline: Some(now + terms.lease),
             result: kept,
+            failure,
+            retry_until: None,
             released,
             expires,
         });
         Acquired::Owner {
             generation: gen,
             takeover,
+            stale: beside,
         }
     }
 
@@ -418,8 +496,11 @@ impl MemoryBackend {
         match Self::open_grant(f, now, token, gen) {
             Some(r) if r.deadline.is_some_and(|d| d > now) => {
                 r.deadline = Some(now + terms.lease);
-                let kept = r.result.as_ref().map_or(now, |k| k.keep_until);
-                r.expires = kept.max(now + key_ttl(terms.record_ttl()));
+                r.expires = [&r.result, &r.failure]
+                    .into_iter()
+                    .flatten()
+                    .map(Kept::until)
+                    .fold(now + key_ttl(terms.record_ttl()), Instant::max);
                 Renewal::Renewed
             }
             _ => Renewal::Lost,
@@ -449,14 +530,21 @@ impl MemoryBackend {
         r.deadline = None;
         let fresh_until = now + args.ttl;
         let keep_until = fresh_until.max(now + args.retain);
+        let stale_until = fresh_until + args.stale_for;
+        r.failure = None;
+        r.retry_until = None;
         r.result = Some(Kept {
             gen,
             status: ResultStatus::Ok,
             payload: args.payload.clone(),
+            at: now,
+            ttl: args.ttl,
+            work_time: args.work_time,
             fresh_until,
             keep_until,
+            stale_until,
         });
-        r.expires = now + key_ttl(args.ttl.max(args.retain));
+        r.expires = now + key_ttl((args.ttl + args.stale_for).max(args.retain));
         remember(&mut r.released, token.clone());
         drop(flights);
         let inline = (args.payload.len() <= args.inline_below).then(|| args.payload.clone());
@@ -485,18 +573,30 @@ impl MemoryBackend {
         };
         r.deadline = None;
         remember(&mut r.released, token.clone());
+        // A refresh failed while a result is kept to answer stale (fresh
+        // or not): throttle the next one.
+        let stale_kept = r.result.as_ref().is_some_and(|k| now < k.stale_until);
+        if stale_kept && !args.retry_after.is_zero() {
+            r.retry_until = Some(now + args.retry_after);
+        }
         if let Some(msg) = &args.failure {
             // Like the script: an empty message is not cached.
             if !msg.is_empty() && !args.failure_ttl.is_zero() {
                 let until = now + args.failure_ttl;
-                r.result = Some(Kept {
+                r.failure = Some(Kept {
                     gen,
                     status: ResultStatus::Failed,
                     payload: msg.clone(),
+                    at: now,
+                    ttl: args.failure_ttl,
+                    work_time: Duration::ZERO,
                     fresh_until: until,
                     keep_until: until,
+                    stale_until: until,
                 });
-                r.expires = now + key_ttl(args.failure_ttl);
+                // Never shortens the stored result's life.
+                let kept = r.result.as_ref().map_or(now, Kept::until);
+                r.expires = kept.max(now + key_ttl(args.failure_ttl));
             }
         }
         drop(flights);
@@ -524,6 +624,8 @@ impl MemoryBackend {
                     token: None,
                     deadline: None,
                     result: None,
+                    failure: None,
+                    retry_until: None,
                     released: vec![token.clone()],
                     expires: now + key_ttl(state_ttl),
                 });
@@ -566,27 +668,18 @@ impl Drop for Unsubscribe {
 }
 
 impl Backend for MemoryBackend {
-    fn acquire<'a>(
+    /// Counted as an acquire, re-checks too.
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.recheck(flight, token, None, terms)
-    }
-
-    /// Counted as an acquire.
-    fn recheck<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         self.inner.calls.acquire.fetch_add(1, Ordering::Relaxed);
         let res = self
             .check()
-            .map(|()| self.acquire_now(flight, token, follows, terms));
+            .map(|()| self.acquire_now(flight, token, ask, terms));
         Box::pin(async move { res })
     }
 
@@ -676,6 +769,8 @@ impl Backend for MemoryBackend {
                 token: None,
                 deadline: None,
                 result: None,
+                failure: None,
+                retry_until: None,
                 released,
                 expires: now + key_ttl(state_ttl),
             });

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_distributed::backend::{
-    Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, Renewal,
+    Acquired, Ask, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, Renewal,
 };
 use flightdeck_distributed::OwnerToken;
 use flightdeck_test::{conformance, MemoryBackend};
@@ -70,23 +70,25 @@ impl Stalling {
 }
 
 impl Backend for Stalling {
-    fn acquire<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
             if self.stalls(flight) {
                 tokio::time::sleep(STALL).await;
             }
-            match self.inner.acquire(flight, token, terms).await? {
-                Acquired::Owner { generation, .. } if self.demote_takeovers => {
-                    Ok(Acquired::Owner {
-                        generation,
-                        takeover: false,
-                    })
-                }
+            match self.inner.acquire_with(flight, token, ask, terms).await? {
+                Acquired::Owner {
+                    generation, stale, ..
+                } if self.demote_takeovers => Ok(Acquired::Owner {
+                    generation,
+                    takeover: false,
+                    stale,
+                }),
                 other => Ok(other),
             }
         })

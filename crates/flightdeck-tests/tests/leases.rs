@@ -22,7 +22,7 @@ use common::*;
 use flightdeck::core::error::{find, BoxError, InProgress, OwnerGone};
 use flightdeck::core::{metric, FlightKey, StageName};
 use flightdeck::distributed::backend::{
-    Acquired, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
+    Acquired, Ask, Backend, BackendFuture, CommitArgs, Committed, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::{Mode, OnWaitFailure, StageConfig, StageHandle};
 use flightdeck_harness::RedisServer;
@@ -166,21 +166,23 @@ struct SlowRechecks<B> {
 }
 
 impl<B: Backend> Backend for SlowRechecks<B> {
-    fn recheck<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
-            let answer = self.inner.recheck(flight, token, follows, terms).await;
-            tokio::time::sleep(self.delay).await;
+            let answer = self.inner.acquire_with(flight, token, ask, terms).await;
+            if ask.recheck {
+                tokio::time::sleep(self.delay).await;
+            }
             answer
         })
     }
 
-    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// A follower whose only caller gives up (its deadline) while a re-check
@@ -284,7 +286,7 @@ impl<B: Backend> Backend for SlowCommits<B> {
         })
     }
 
-    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck::distributed::forward_backend!(inner => acquire_with, heartbeat, abandon, subscribe, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// The owner's commit lands only after its lease would have run out (the

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{burst, fast, stage_node, StageNode, Svc, Work};
 use flightdeck::core::BoxError;
 use flightdeck::distributed::backend::{
-    Acquired, Backend, BackendFuture, FlightId, LeaseTerms, OwnerToken,
+    Acquired, Ask, Backend, BackendFuture, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::{Mode, StageConfig, StageHandle};
 use flightdeck_harness::RedisServer;
@@ -154,20 +154,22 @@ struct LateRechecks<B> {
 }
 
 impl<B: Backend> Backend for LateRechecks<B> {
-    fn recheck<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
-            sleep(self.delay).await;
-            self.inner.recheck(flight, token, follows, terms).await
+            if ask.recheck {
+                sleep(self.delay).await;
+            }
+            self.inner.acquire_with(flight, token, ask, terms).await
         })
     }
 
-    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

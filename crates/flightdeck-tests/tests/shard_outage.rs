@@ -22,8 +22,8 @@ use common::*;
 use flightdeck::core::error::{find, BoxError, CircuitOpen, ErrorClass};
 use flightdeck::core::{metric, FlightKey, StageName};
 use flightdeck::distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendError, BackendFuture, CommitArgs, Committed, FlightId,
-    LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
+    AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
+    FlightId, LeaseTerms, OwnerToken, Released, Renewal, Shard, Subscription,
 };
 use flightdeck::Mode;
 use flightdeck_test::MemoryBackend;
@@ -79,8 +79,7 @@ macro_rules! gated {
 
 impl Backend for Sharded {
     gated! {
-        acquire(token: &'a OwnerToken, terms: &'a LeaseTerms) -> Acquired;
-        recheck(token: &'a OwnerToken, follows: Option<u64>, terms: &'a LeaseTerms) -> Acquired;
+        acquire_with(token: &'a OwnerToken, ask: Ask, terms: &'a LeaseTerms) -> Acquired;
         heartbeat(token: &'a OwnerToken, generation: u64, terms: &'a LeaseTerms) -> Renewal;
         commit(token: &'a OwnerToken, generation: u64, args: &'a CommitArgs) -> Committed;
         abandon(token: &'a OwnerToken, generation: u64, args: &'a AbandonArgs) -> Released;

@@ -40,7 +40,7 @@ impl Backend for Connecting {
         self.state.subscribe()
     }
 
-    flightdeck::distributed::forward_backend!(inner => acquire, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, recheck, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck::distributed::forward_backend!(inner => acquire_with, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 type Keys = fn(&String) -> Option<FlightKey>;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 #[allow(unused_imports)] // doc links
-use super::{Backend, LeaseTerms};
+use super::{AbandonArgs, Ask, Backend, CommitArgs, LeaseTerms};
 
 /// How a stored result ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,9 +37,36 @@ pub struct StoredResult {
     pub status: ResultStatus,
     /// The encoded result, or the encoded failure.
     pub payload: Bytes,
+    /// How long ago it was committed, by the backend's clock (what an
+    /// `Age` header says: the store's age, not this node's).
+    pub age: Duration,
+    /// How long it was fresh ([`CommitArgs::ttl`] of its commit; a cached
+    /// failure: its `failure_ttl`): past it, the result is stale.
+    pub ttl: Duration,
+    /// How long its owner's work took ([`CommitArgs::work_time`]; zero
+    /// for a cached failure): what an early refresh weighs.
+    pub work_time: Duration,
 }
 
-/// The answer to [`Backend::acquire`].
+impl StoredResult {
+    /// How long it stays fresh from now (zero: stale already).
+    pub fn fresh_for(&self) -> Duration {
+        self.ttl.saturating_sub(self.age)
+    }
+
+    /// How long it has been stale (zero: still fresh).
+    pub fn stale_for(&self) -> Duration {
+        self.age.saturating_sub(self.ttl)
+    }
+}
+
+/// The answer to [`Backend::acquire_with`] (and so to
+/// [`Backend::acquire`] and [`Backend::recheck`]).
+///
+/// A result kept past its freshness (see [`CommitArgs::stale_for`]) is
+/// answered only when the caller asks for it ([`Ask::stale`],
+/// [`Ask::early`]); otherwise every `stale` here is `None` and there is no
+/// [`Acquired::Stale`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
     /// A result is stored and fresh (to a [`Backend::recheck`]: or kept
@@ -51,6 +78,11 @@ pub enum Acquired {
         generation: u64,
         /// True when the grant took over a dead owner's flight.
         takeover: bool,
+        /// The result this grant refreshes: with [`Ask::stale`], the
+        /// result kept past its freshness (answer it, and run the
+        /// refresh); with [`Ask::early`], the still-fresh result (the
+        /// early refresh was granted).
+        stale: Option<StoredResult>,
     },
     /// Another token owns the flight.
     Follower {
@@ -58,7 +90,14 @@ pub enum Acquired {
         generation: u64,
         /// The owner's remaining lease, by the backend's clock.
         lease_remaining: Duration,
+        /// With [`Ask::stale`]: the result kept past its freshness,
+        /// while the owner refreshes it.
+        stale: Option<StoredResult>,
     },
+    /// With [`Ask::stale`] only: the last refresh failed and the store
+    /// throttles the next one ([`AbandonArgs::retry_after`]); answer this
+    /// kept result and run nothing.
+    Stale(StoredResult),
     /// The owner's lease expired without a commit and takeover was not
     /// allowed (for at most [`LeaseTerms::record_ttl`] after the dead
     /// owner's grant or last heartbeat). Also the answer to a token whose

@@ -5,7 +5,49 @@ use std::time::Duration;
 use bytes::Bytes;
 
 #[allow(unused_imports)] // doc links
-use super::{Acquired, Backend};
+use super::{Acquired, Backend, StoredResult};
+
+/// What an acquire asks, besides the flight and the lease terms (see
+/// [`Backend::acquire_with`]). The default is a flight's first acquire
+/// that takes no stale result: exactly [`Backend::acquire`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ask {
+    /// The generation a follower first followed: a result committed by
+    /// it or a later one is a [`Acquired::Hit`] while the store keeps it
+    /// for waiters ([`CommitArgs::retain`]), fresh or not (see
+    /// [`Backend::recheck`]).
+    pub follows: Option<u64>,
+    /// A re-check (a follower's poll, or the retry of an ambiguous first
+    /// acquire), not a flight's first acquire: answered the same, but a
+    /// decorator may judge them apart (a breaker judges the backend by
+    /// flights, not by polls).
+    pub recheck: bool,
+    /// The stage answers stale results: also answer a result kept past
+    /// its freshness (within [`CommitArgs::stale_for`]), beside
+    /// [`Acquired::Owner`] (this caller refreshes it) or
+    /// [`Acquired::Follower`] (another refreshes it), or alone as
+    /// [`Acquired::Stale`] while a failed refresh's
+    /// [`AbandonArgs::retry_after`] runs.
+    pub stale: bool,
+    /// An early refresh of a result that is still fresh: grant the flight
+    /// although the result is fresh ([`Acquired::Owner`] with the fresh
+    /// result beside), unless a lease runs already ([`Acquired::Hit`]:
+    /// someone refreshes it).
+    pub early: bool,
+}
+
+impl Ask {
+    /// A re-check naming the generation followed (`None`: the retry of a
+    /// first acquire), asking nothing else.
+    pub const fn rechecking(follows: Option<u64>) -> Self {
+        Self {
+            follows,
+            recheck: true,
+            stale: false,
+            early: false,
+        }
+    }
+}
 
 /// Lease parameters for [`Backend::acquire`] and [`Backend::heartbeat`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,10 +109,19 @@ pub struct CommitArgs {
     /// least two poll intervals; never replayed to new acquires past
     /// `ttl`.
     pub retain: Duration,
+    /// How long past `ttl` the result is kept to answer stale (an acquire
+    /// with [`Ask::stale`]): the stage's longest stale window; zero: not
+    /// at all. The record lives until the later of `ttl + stale_for` and
+    /// `retain`.
+    pub stale_for: Duration,
+    /// How long the owner's work took (kept as
+    /// [`StoredResult::work_time`], for early refreshes).
+    pub work_time: Duration,
     /// Payloads up to this size travel inline in the completion notice.
     pub inline_below: usize,
     /// See [`LeaseTerms::state_ttl`]. Once committed, a flight's record
-    /// lives as long as its result (the longer of `ttl` and `retain`):
+    /// lives as long as its result (the longer of `ttl + stale_for` and
+    /// `retain`):
     /// the backends in this workspace do not need this.
     pub state_ttl: Duration,
 }
@@ -83,6 +134,13 @@ pub struct AbandonArgs {
     pub failure: Option<Bytes>,
     /// How long the failure is replayed (zero: not cached).
     pub failure_ttl: Duration,
+    /// When a result is kept to answer stale (within its
+    /// [`CommitArgs::stale_for`]): how long the store throttles the next
+    /// refresh, by its clock. Until then an acquire with [`Ask::stale`]
+    /// answers [`Acquired::Stale`] and grants nothing; after it the next
+    /// acquire is granted. Zero, or no kept result: nothing changes. An
+    /// abandon never drops a kept result.
+    pub retry_after: Duration,
     /// See [`LeaseTerms::state_ttl`]. An abandon keeps the record's
     /// expiry (or sets `failure_ttl` when it caches a failure): the
     /// backends in this workspace do not need this.

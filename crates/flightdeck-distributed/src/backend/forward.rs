@@ -8,7 +8,7 @@
 /// changes.
 ///
 /// ```
-/// use flightdeck_distributed::backend::{Acquired, Backend, BackendFuture, LeaseTerms};
+/// use flightdeck_distributed::backend::{Acquired, Ask, Backend, BackendFuture, LeaseTerms};
 /// use flightdeck_distributed::{forward_backend, FlightId, OwnerToken};
 ///
 /// /// Counts acquires, forwards everything else.
@@ -18,16 +18,17 @@
 /// }
 ///
 /// impl<B: Backend> Backend for Counting<B> {
-///     fn acquire<'a>(
+///     fn acquire_with<'a>(
 ///         &'a self,
 ///         flight: &'a FlightId,
 ///         token: &'a OwnerToken,
+///         ask: Ask,
 ///         terms: &'a LeaseTerms,
 ///     ) -> BackendFuture<'a, Acquired> {
 ///         self.acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-///         self.inner.acquire(flight, token, terms)
+///         self.inner.acquire_with(flight, token, ask, terms)
 ///     }
-///     forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release, recheck,
+///     forward_backend!(inner => heartbeat, commit, abandon, invalidate, subscribe, release,
 ///         reject_early, unreachable, sharded, shard, shards);
 /// }
 /// ```
@@ -41,14 +42,15 @@ macro_rules! forward_backend {
     };
     (@via $s:ident [deref]) => { &**$s };
     (@via $s:ident [field $f:ident]) => { &$s.$f };
-    (@one $via:tt acquire) => {
-        fn acquire<'a>(
+    (@one $via:tt acquire_with) => {
+        fn acquire_with<'a>(
             &'a self,
             flight: &'a $crate::FlightId,
             token: &'a $crate::OwnerToken,
+            ask: $crate::backend::Ask,
             terms: &'a $crate::backend::LeaseTerms,
         ) -> $crate::backend::BackendFuture<'a, $crate::Acquired> {
-                        $crate::Backend::acquire($crate::forward_backend!(@via self $via), flight, token, terms)
+            $crate::Backend::acquire_with($crate::forward_backend!(@via self $via), flight, token, ask, terms)
         }
     };
     (@one $via:tt heartbeat) => {
@@ -124,17 +126,6 @@ macro_rules! forward_backend {
             flight: &$crate::FlightId,
         ) -> ::std::option::Option<$crate::backend::Subscription> {
             $crate::Backend::join_subscription($crate::forward_backend!(@via self $via), flight)
-        }
-    };
-    (@one $via:tt recheck) => {
-        fn recheck<'a>(
-            &'a self,
-            flight: &'a $crate::FlightId,
-            token: &'a $crate::OwnerToken,
-            follows: ::std::option::Option<u64>,
-            terms: &'a $crate::backend::LeaseTerms,
-        ) -> $crate::backend::BackendFuture<'a, $crate::Acquired> {
-            $crate::Backend::recheck($crate::forward_backend!(@via self $via), flight, token, follows, terms)
         }
     };
     (@one $via:tt abandon) => {

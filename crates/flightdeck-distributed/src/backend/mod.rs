@@ -5,7 +5,8 @@
 //! `flightdeck-test`). Every implementation keeps these rules, and
 //! `flightdeck-test`'s conformance suite checks each of them:
 //!
-//! - [`Backend::acquire`] answers [`Acquired::Hit`] when a result is stored
+//! - [`Backend::acquire_with`] (of which [`Backend::acquire`] and
+//!   [`Backend::recheck`] are shorthands) answers [`Acquired::Hit`] when a result is stored
 //!   and still fresh ([`CommitArgs::ttl`], the stage's replay TTL),
 //!   [`Acquired::Follower`] when another token holds a live lease,
 //!   [`Acquired::Owner`] when this token holds it (also on a retry with the
@@ -47,8 +48,32 @@
 //!   whose holder walked away. The token is never granted the flight
 //!   afterwards, so an ACQUIRE of it that reaches the store late grants
 //!   nothing.
-//! - [`Backend::invalidate`] drops the stored result and any lease and
-//!   starts a newer generation: a running owner's commit is then fenced.
+//! - [`Backend::invalidate`] drops the stored result (fresh or kept to
+//!   answer stale), any throttle and any lease and starts a newer
+//!   generation: a running owner's commit (a refresh's too) is then
+//!   fenced, so a purged result never comes back.
+//! - **Stale results.** A commit keeps its result [`CommitArgs::stale_for`]
+//!   past its freshness. Only an acquire that asks ([`Ask::stale`]) is
+//!   answered it, and only while it is past its freshness and within that
+//!   window: beside [`Acquired::Owner`] when the acquire is granted the
+//!   flight (this caller refreshes it), beside [`Acquired::Follower`]
+//!   while another token's lease runs (its refresh), and alone as
+//!   [`Acquired::Stale`] while a throttle runs: an abandon with
+//!   [`AbandonArgs::retry_after`] while a result is kept (fresh or not)
+//!   makes every such acquire answer it and grant nothing for that long,
+//!   by the store's clock; then the next acquire is granted. A grant
+//!   keeps the result, an abandon never drops it (a failure it caches is
+//!   replayed beside it, to acquires that do not ask for stale results),
+//!   and only a commit of the flight's last grant replaces it. An early
+//!   refresh ([`Ask::early`]) of a still-fresh result is granted with the
+//!   fresh result beside [`Acquired::Owner`], unless a lease runs (then
+//!   it is a [`Acquired::Hit`]: someone refreshes already) or the last
+//!   refresh failed (its cached failure or throttle runs). An acquire
+//!   that asks for neither is answered exactly as if nothing were kept
+//!   past freshness: every `stale` is `None`.
+//! - Every [`StoredResult`] says how old it is by the store's clock
+//!   ([`StoredResult::age`]), how long it was fresh and how long its
+//!   owner's work took (for early refreshes).
 //! - [`Backend::subscribe`] delivers [`Notice`]s for one flight: at least
 //!   those of grants that end after this node's ACQUIRE (or re-check) of
 //!   the flight answered [`Acquired::Follower`] (the Redis backend tells
@@ -69,9 +94,10 @@
 //! allowed, ACQUIRE answers [`Acquired::Expired`]. A dead owner therefore
 //! blocks a flight without takeover for one lease after its lease ran
 //! out, never longer; the next grant after that has a larger generation.
-//! A commit keeps the record for the longer of the result's freshness and
-//! its retention for waiters, an abandon that caches a failure for the
-//! failure's; a grant or heartbeat never shortens a retention under way.
+//! A commit keeps the record for the longer of the result's freshness plus
+//! its stale window and its retention for waiters, an abandon that caches
+//! a failure for the failure's (never less than the stored result's); a
+//! grant or heartbeat never shortens a retention under way.
 //!
 //! All durations are measured by the backend's clock (Redis: the server's
 //! time and key expiry), never by the callers'.
@@ -100,6 +126,8 @@
 //!     payload: "result".into(),
 //!     ttl: Duration::from_secs(60),
 //!     retain: Duration::from_secs(3),
+//!     stale_for: Duration::ZERO,
+//!     work_time: Duration::from_millis(40),
 //!     inline_below: 1024,
 //!     state_ttl: Duration::from_secs(120),
 //! };
@@ -121,7 +149,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use answers::{Acquired, Committed, Released, Renewal, ResultStatus, StoredResult};
-pub use args::{AbandonArgs, CommitArgs, LeaseTerms};
+pub use args::{AbandonArgs, Ask, CommitArgs, LeaseTerms};
 pub use connection::{Connection, ConnectionWatch};
 pub use error::{BackendError, BackendErrorKind};
 pub use ids::{FencingToken, FlightId, OwnerToken};
@@ -136,13 +164,29 @@ pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendErr
 /// See the module docs for the semantics every implementation must keep;
 /// `flightdeck-test`'s conformance suite checks them.
 pub trait Backend: Send + Sync + 'static {
-    /// Tries to own the flight (see [`Acquired`]).
+    /// Tries to own the flight, asking what `ask` says (see [`Acquired`],
+    /// [`Ask`]): the one acquire every backend implements, and the one a
+    /// wrapper changes (the L2 layer calls only this;
+    /// [`acquire`](Self::acquire) and [`recheck`](Self::recheck) are
+    /// shorthands for it, not to be overridden).
+    fn acquire_with<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        ask: Ask,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired>;
+
+    /// A flight's first acquire, asking for no stale result:
+    /// [`acquire_with`](Self::acquire_with) with [`Ask::default`].
     fn acquire<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
         terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired>;
+    ) -> BackendFuture<'a, Acquired> {
+        self.acquire_with(flight, token, Ask::default(), terms)
+    }
 
     /// Extends the lease held by (token, generation).
     fn heartbeat<'a>(
@@ -343,18 +387,10 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Acquired::Hit`] while the store keeps it for waiters
     /// ([`CommitArgs::retain`]), fresh or not, since this caller was
     /// waiting before it was committed. `None` (a retry of a first
-    /// acquire) is exactly [`acquire`](Self::acquire). Told apart also so
-    /// that a decorator can treat it differently (a breaker judges the
-    /// backend by flights, not by polls).
-    ///
-    /// The default forgets `follows` and answers as
-    /// [`acquire`](Self::acquire): right for a backend that keeps no
-    /// result for waiters, and for a wrapper that treats both alike. A
-    /// backend that keeps them implements it (the Redis and memory
-    /// backends do), and a wrapper of one forwards it
-    /// ([`forward_backend!`](crate::forward_backend)): otherwise a
-    /// follower that missed the completion notice of a result that is not
-    /// replayed to new requests runs the work again.
+    /// acquire) answers as [`acquire`](Self::acquire).
+    /// [`acquire_with`](Self::acquire_with) with [`Ask::rechecking`]:
+    /// marked a re-check so that a decorator can treat it differently (a
+    /// breaker judges the backend by flights, not by polls).
     fn recheck<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -362,13 +398,12 @@ pub trait Backend: Send + Sync + 'static {
         follows: Option<u64>,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        let _ = follows;
-        self.acquire(flight, token, terms)
+        self.acquire_with(flight, token, Ask::rechecking(follows), terms)
     }
 }
 
 /// A shared backend is a backend (e.g. `Arc<dyn Backend>`, to give stages
 /// of one layer different backends).
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    crate::forward_backend!(*self => acquire, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, held_back, recheck, shard, sharded, shards, unreachable, connection, invalidated_since, wait_replicas, call_timeout_hint);
+    crate::forward_backend!(*self => acquire_with, heartbeat, commit, abandon, invalidate, subscribe, join_subscription, release, reject_early, held_back, shard, sharded, shards, unreachable, connection, invalidated_since, wait_replicas, call_timeout_hint);
 }

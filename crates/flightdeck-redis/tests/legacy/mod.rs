@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod f2;
+pub(crate) mod f4;
 
 use bytes::Bytes;
 use flightdeck_distributed::FlightId;

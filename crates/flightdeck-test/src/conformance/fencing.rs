@@ -205,7 +205,8 @@ async fn abandon_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<(
         retried,
         Acquired::Owner {
             generation: g,
-            takeover: false
+            takeover: false,
+            stale: None
         },
         "the lease is untouched"
     );
@@ -232,6 +233,7 @@ async fn abandon_checks_token_and_generation_once<B: Backend>(b: &B) -> Result<(
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => assert!(generation > g),
         other => panic!("an abandoned flight is free: expected OWNER, got {other:?}"),
     }
@@ -287,6 +289,7 @@ async fn release_frees_the_tokens_lease_whatever_its_generation_once<B: Backend>
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => generation,
         other => panic!("a released flight is free at once: expected OWNER, got {other:?}"),
     };
@@ -377,6 +380,7 @@ async fn dead_owner_without_takeover_blocks_until_its_record_expires_once<B: Bac
             Acquired::Owner {
                 generation,
                 takeover,
+                ..
             } => {
                 assert!(
                     answered + CLOCK_MARGIN >= sent + blocked,

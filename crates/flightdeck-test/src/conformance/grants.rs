@@ -19,6 +19,7 @@ async fn owner_follower_hit_once<B: Backend>(b: &B) -> Result<(), Stalled> {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => generation,
         other => panic!("a fresh flight: expected OWNER without takeover, got {other:?}"),
     };
@@ -29,6 +30,7 @@ async fn owner_follower_hit_once<B: Backend>(b: &B) -> Result<(), Stalled> {
         Acquired::Follower {
             generation,
             lease_remaining,
+            ..
         } => {
             assert_eq!(generation, g);
             assert!(lease_remaining <= LEASE && !lease_remaining.is_zero());
@@ -43,7 +45,8 @@ async fn owner_follower_hit_once<B: Backend>(b: &B) -> Result<(), Stalled> {
         retried,
         Acquired::Owner {
             generation: g,
-            takeover: false
+            takeover: false,
+            stale: None
         },
         "a retried acquire with the same token must answer OWNER, same generation"
     );
@@ -111,6 +114,7 @@ async fn heartbeat_never_resurrects_once<B: Backend>(b: &B) -> Result<(), Stalle
         Acquired::Owner {
             generation,
             takeover: true,
+            ..
         } => generation,
         other => panic!("the lease stayed expired: expected a takeover, got {other:?}"),
     };
@@ -150,6 +154,7 @@ async fn takeover_fences_the_stale_owner_once<B: Backend>(b: &B) -> Result<(), S
         Acquired::Owner {
             generation,
             takeover: true,
+            ..
         } => generation,
         other => panic!("expected a takeover, got {other:?}"),
     };
@@ -203,6 +208,7 @@ async fn expired_without_takeover_once<B: Backend>(b: &B) -> Result<(), Stalled>
         Acquired::Owner {
             generation,
             takeover: true,
+            ..
         } => assert!(generation > g1),
         other => panic!("expected a takeover, got {other:?}"),
     }
@@ -267,6 +273,7 @@ async fn exactly_one_takeover_once<B: Backend>(b: Arc<B>, n: usize) -> Result<()
             Acquired::Owner {
                 generation,
                 takeover: true,
+                ..
             } => owners.push(generation),
             Acquired::Follower { generation, .. } => followed.push(generation),
             other => panic!("unexpected {other:?}"),

@@ -243,7 +243,7 @@ impl<B: Backend> Backend for SlowCommits<B> {
         })
     }
 
-    flightdeck_distributed::forward_backend!(inner => acquire, recheck, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck_distributed::forward_backend!(inner => acquire_with, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
 /// The owner's first commit attempt fails after 280 ms and its second

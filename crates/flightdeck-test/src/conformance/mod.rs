@@ -10,7 +10,9 @@
 //! By file: `grants` (owners, followers, hits, leases, takeovers),
 //! `results` (abandons, notices, cached failures, invalidation),
 //! `fencing` (generations, token-checked commit and abandon, release by
-//! token, a dead owner without takeover) and `layer` (the rules the L2
+//! token, a dead owner without takeover), `stale` (results kept past
+//! their freshness, early refreshes, the throttle after a failed
+//! refresh) and `layer` (the rules the L2
 //! layer keeps over the backend: no lease left behind after an unknown
 //! outcome, heartbeats until the commit has returned).
 //!
@@ -42,6 +44,7 @@ mod fencing;
 mod grants;
 mod layer;
 mod results;
+mod stale;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -50,8 +53,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, CommitArgs, Committed, FlightId, LeaseTerms, Notice,
-    OwnerToken, Released, Renewal, ResultStatus, Subscription,
+    AbandonArgs, Acquired, Ask, Backend, CommitArgs, Committed, FlightId, LeaseTerms, Notice,
+    OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
 };
 use tokio::time::Instant;
 
@@ -59,6 +62,7 @@ pub use fencing::*;
 pub use grants::*;
 pub use layer::*;
 pub use results::*;
+pub use stale::*;
 
 /// The lease used by the expiry checks.
 pub const LEASE: Duration = Duration::from_millis(400);
@@ -201,6 +205,8 @@ pub fn commit_args(payload: &'static [u8], inline_below: usize) -> CommitArgs {
         retain: Duration::from_secs(30),
         inline_below,
         state_ttl: Duration::from_secs(30),
+        stale_for: Duration::ZERO,
+        work_time: Duration::ZERO,
     }
 }
 
@@ -223,6 +229,7 @@ fn abandon_args(failure: Option<&'static str>) -> AbandonArgs {
             Duration::ZERO
         },
         state_ttl: Duration::from_secs(30),
+        retry_after: Duration::ZERO,
     }
 }
 
@@ -292,6 +299,7 @@ pub async fn run_all<B: Backend>(backend: Arc<B>) {
     fresh_results_are_replayed_until_their_ttl(b).await;
     invalidate_fences_the_running_owner(b).await;
     exactly_one_takeover(backend.clone(), 20).await;
+    stale_checks(b).await;
     // The fencing rules; independent flights, so they run side by side.
     tokio::join!(
         generations_never_repeat_or_decrease(b),

@@ -27,6 +27,7 @@ pub async fn abandon_wakes_followers<B: Backend>(b: &B) {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => assert!(generation > g),
         other => panic!("expected OWNER without takeover, got {other:?}"),
     }
@@ -114,6 +115,7 @@ pub async fn invalidate_fences_the_running_owner<B: Backend>(b: &B) {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => generation,
         other => panic!("expected OWNER without takeover, got {other:?}"),
     };
@@ -131,6 +133,7 @@ pub async fn invalidate_fences_the_running_owner<B: Backend>(b: &B) {
         Acquired::Owner {
             generation,
             takeover: false,
+            ..
         } => assert!(generation > gi2, "the stored result is gone"),
         other => panic!("the stored result is gone: expected OWNER, got {other:?}"),
     }

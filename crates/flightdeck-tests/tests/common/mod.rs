@@ -13,7 +13,7 @@ use std::time::Duration;
 use flightdeck::core::error::{find, BoxError, BulkheadFull, ErrorClass};
 use flightdeck::core::{CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{
-    Acquired, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken,
+    Acquired, Ask, Backend, BackendError, BackendFuture, FlightId, LeaseTerms, OwnerToken,
 };
 use flightdeck::distributed::PostcardCodec;
 use flightdeck::readers::DynReaders;
@@ -117,35 +117,26 @@ impl<B> Faulty<B> {
 }
 
 impl<B: Backend> Backend for Faulty<B> {
-    fn acquire<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.recheck(flight, token, None, terms)
-    }
-
     /// Faulted as acquires are (both count in `acquires`).
-    fn recheck<'a>(
+    fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
         token: &'a OwnerToken,
-        follows: Option<u64>,
+        ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         match (self.decide)(token) {
-            Fault::Pass => self.inner.recheck(flight, token, follows, terms),
+            Fault::Pass => self.inner.acquire_with(flight, token, ask, terms),
             Fault::Unavailable => {
                 Box::pin(async { Err(BackendError::unavailable("switched down")) })
             }
             Fault::Slow(d) => Box::pin(async move {
                 tokio::time::sleep(d).await;
-                self.inner.recheck(flight, token, follows, terms).await
+                self.inner.acquire_with(flight, token, ask, terms).await
             }),
             Fault::Garbage => Box::pin(async move {
-                let _real = self.inner.recheck(flight, token, follows, terms).await;
+                let _real = self.inner.acquire_with(flight, token, ask, terms).await;
                 Err(BackendError::protocol(
                     "unknown action \"MAYBE\" in ACQUIRE reply",
                 ))

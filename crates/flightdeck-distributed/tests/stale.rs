@@ -1,0 +1,389 @@
+//! Answering anyway across nodes: two nodes (two `DistributedFlights`) on
+//! one in-memory store, paused time. A result past its freshness answers
+//! at once while exactly one refresh runs for the whole deployment, stands
+//! by for a failing or slow work, is throttled after a failure on every
+//! node, is refreshed early once, and never answers once purged or older
+//! than its freshness plus its window.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flightdeck_core::error::{BoxError, DeadlineExceeded};
+use flightdeck_core::stale::{StaleReason, StaleWindows};
+use flightdeck_core::{metric, FlightKey, Shareable, StageName};
+use flightdeck_distributed::{
+    Answered, DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
+};
+use flightdeck_test::recorded::{self, counter_where};
+use flightdeck_test::MemoryBackend;
+use tokio::time::{sleep, Instant};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// How long a result is fresh.
+const FRESH: Duration = Duration::from_secs(10);
+
+type Node = DistributedFlights<MemoryBackend, PostcardCodec<String>>;
+
+/// Two nodes of one deployment on one store, with `windows`.
+fn nodes(windows: StaleWindows) -> (Node, Node) {
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(windows);
+    let node =
+        || DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    (node(), node())
+}
+
+fn key(stage: &str) -> FlightKey {
+    FlightKey::from_bytes(StageName::new(stage).unwrap(), "k")
+}
+
+/// The work of every node: answers `v<n>` (its `n`th run) after `delay`,
+/// or, while `failing`, fails as an execution timeout does.
+#[derive(Clone)]
+struct Work {
+    runs: Arc<AtomicUsize>,
+    delay: Duration,
+    failing: Arc<AtomicBool>,
+}
+
+impl Work {
+    fn new(delay: Duration) -> Self {
+        Self {
+            runs: Arc::default(),
+            delay,
+            failing: Arc::default(),
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+impl Execute<()> for Work {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
+        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        sleep(self.delay).await;
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(Box::new(DeadlineExceeded::new("execution")));
+        }
+        Ok(Shareable::Shared(format!("v{n}")))
+    }
+}
+
+/// One call on `node`: its value, how it was answered, how long it took.
+async fn call(node: &Node, k: &FlightKey, work: &Work) -> (String, Answered, Duration) {
+    let started = Instant::now();
+    let (out, how) = node
+        .run_answered(k, (), work.clone(), &Propagate, None)
+        .await
+        .unwrap();
+    let Shareable::Shared(v) = out else {
+        panic!("every answer is shared");
+    };
+    (v, how, started.elapsed())
+}
+
+/// `node` runs the work once and its result is stored: `v1`.
+async fn prime(node: &Node, k: &FlightKey, work: &Work) {
+    let (v, how, _) = call(node, k, work).await;
+    assert_eq!((v.as_str(), how), ("v1", Answered::Ran));
+    node.idle().await;
+}
+
+fn reason(how: Answered) -> Option<StaleReason> {
+    how.stale().map(|s| s.reason)
+}
+
+/// Grace: past freshness, 50 callers on two nodes are all answered at
+/// once with the stale value, while one refresh runs for both nodes;
+/// its result answers next.
+#[tokio::test(start_paused = true)]
+async fn grace_answers_every_node_at_once_while_one_refresh_runs() {
+    recorded::install();
+    let (a, b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("grace");
+    let work = Work::new(2 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let calls = (0..50).map(|i| {
+        let node = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (k, work) = (k.clone(), work.clone());
+        tokio::spawn(async move { call(&node, &k, &work).await })
+    });
+    for answer in futures_join(calls).await {
+        let (v, how, took) = answer;
+        assert_eq!(v, "v1");
+        assert_eq!(reason(how), Some(StaleReason::Revalidate), "{how:?}");
+        assert_eq!(took, Duration::ZERO, "answered at once");
+        assert_eq!(how.stale().unwrap().age, FRESH + SEC, "the store's age");
+    }
+    a.idle().await;
+    b.idle().await;
+    assert_eq!(work.runs(), 2, "one refresh for both nodes");
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v2");
+    assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+    assert_eq!(
+        counter_where(
+            metric::STALE_SERVED_TOTAL,
+            "grace",
+            Some(("reason", "revalidate"))
+        ),
+        50
+    );
+    assert_eq!(
+        counter_where(
+            metric::REFRESH_TOTAL,
+            "grace",
+            Some(("outcome", "committed"))
+        ),
+        1
+    );
+}
+
+/// Waits for every spawned call, in order.
+async fn futures_join<T: Send + 'static>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for h in handles.collect::<Vec<_>>() {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+/// Stale-if-error across nodes: while the work fails, every caller on
+/// both nodes gets the stale value, and the work runs at most once per
+/// `stale-retry-after` for the whole deployment.
+#[tokio::test(start_paused = true)]
+async fn a_failing_refresh_is_throttled_across_nodes() {
+    let retry_after = 5 * SEC;
+    let (a, b) = nodes(StaleWindows {
+        if_error: 120 * SEC,
+        retry_after,
+        ..StaleWindows::OFF
+    });
+    let k = key("if-error");
+    let work = Work::new(SEC / 10);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < 30 * SEC {
+        for node in [&a, &b] {
+            let (v, how, _) = call(node, &k, &work).await;
+            assert_eq!(v, "v1");
+            assert_eq!(reason(how), Some(StaleReason::Error), "{how:?}");
+            answered += 1;
+        }
+        sleep(SEC / 4).await;
+    }
+    let retries = work.runs() - 1;
+    assert!(answered > 200, "{answered}");
+    assert!(
+        (2..=7).contains(&retries),
+        "{retries} executions in 30 s: at most one per 5 s across both nodes"
+    );
+}
+
+/// Soft timeout across nodes: the owner's caller and another node's
+/// follower both get the stale value once the soft timeout passes; the
+/// work goes on and its result answers next.
+#[tokio::test(start_paused = true)]
+async fn the_soft_timeout_answers_both_nodes_and_the_work_goes_on() {
+    let soft = SEC;
+    let (a, b) = nodes(StaleWindows {
+        if_error: 60 * SEC,
+        soft_timeout: soft,
+        ..StaleWindows::OFF
+    });
+    let k = key("soft");
+    let work = Work::new(5 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    let follower = call(&b, &k, &work).await;
+    let owner = owner.await.unwrap();
+    for (v, how, took) in [owner.clone(), follower.clone()] {
+        assert_eq!(v, "v1");
+        assert_eq!(reason(how), Some(StaleReason::SoftTimeout), "{how:?}");
+        assert_eq!(took, soft);
+    }
+    a.idle().await;
+    assert_eq!(work.runs(), 2, "one execution: the owner's, finished");
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!((v.as_str(), how.stale()), ("v2", None));
+}
+
+/// Early refresh: callers on both nodes near the end of freshness all get
+/// their hit at once; one of them refreshes it, once for both nodes.
+#[tokio::test(start_paused = true)]
+async fn an_early_refresh_runs_once_across_nodes() {
+    flightdeck_core::random::seed_this_thread(Some(7));
+    let (a, b) = nodes(StaleWindows {
+        early_refresh: FRESH,
+        ..StaleWindows::OFF
+    });
+    let k = key("early");
+    let work = Work::new(SEC);
+    prime(&a, &k, &work).await;
+    let mut seen = Vec::new();
+    loop {
+        for node in [&a, &b] {
+            let (v, how, took) = call(node, &k, &work).await;
+            assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+            assert_eq!(took, Duration::ZERO, "a hit answers at once");
+            seen.push(v);
+        }
+        if seen.last().is_some_and(|v| v == "v2") {
+            break;
+        }
+        assert!(seen.len() < 200, "never refreshed early: {seen:?}");
+        sleep(SEC / 10).await;
+    }
+    flightdeck_core::random::seed_this_thread(None);
+    assert_eq!(work.runs(), 2, "one early refresh across nodes");
+    let first_new = seen.iter().position(|v| v == "v2").unwrap();
+    assert!(seen[..first_new].iter().all(|v| v == "v1"));
+    assert!(
+        first_new < 2 * 10 * 10,
+        "refreshed before freshness ended: {first_new} calls"
+    );
+}
+
+/// A purge during a refresh, from the other node: the refresh's result
+/// never answers, nor does the purged one.
+#[tokio::test(start_paused = true)]
+async fn a_purge_during_a_refresh_fences_it_on_every_node() {
+    let (a, b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("purge");
+    let work = Work::new(2 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    sleep(SEC).await;
+    b.invalidate(&k).await.unwrap();
+    // The refresh (v2) is still running; nothing stale answers on b.
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!((v.as_str(), how), ("v3", Answered::Ran));
+    a.idle().await;
+    b.idle().await;
+    for node in [&a, &b] {
+        let (v, how, _) = call(node, &k, &work).await;
+        assert_eq!(v, "v3", "the fenced refresh's v2 never answers");
+        assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+    }
+}
+
+/// A stale answer is never older than freshness plus its window: within
+/// it, its age is the store's; past it, the work runs.
+#[tokio::test(start_paused = true)]
+async fn stale_answers_never_outlive_freshness_plus_the_window() {
+    let window = 5 * SEC;
+    let (a, b) = nodes(StaleWindows {
+        revalidate: window,
+        ..StaleWindows::OFF
+    });
+    let k = key("bound");
+    let work = Work::new(Duration::ZERO);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + window - SEC).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v1");
+    let age = how.stale().expect("within the window").age;
+    assert_eq!(age, FRESH + window - SEC);
+    b.idle().await;
+    // The refresh committed v2; let it, too, age past freshness + window.
+    sleep(FRESH + window + SEC).await;
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!((v.as_str(), how), ("v3", Answered::Ran));
+}
+
+/// A hit says how old the stored result is by the store's clock, whichever
+/// node stored it.
+#[tokio::test(start_paused = true)]
+async fn hits_carry_the_stores_age() {
+    let (a, b) = nodes(StaleWindows::OFF);
+    let k = key("age");
+    let work = Work::new(Duration::ZERO);
+    prime(&a, &k, &work).await;
+    sleep(3 * SEC).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v1");
+    assert_eq!(
+        how,
+        Answered::Hit {
+            age: 3 * SEC,
+            fresh_for: FRESH - 3 * SEC
+        }
+    );
+}
+
+/// The windows count from the end of the work, not from a commit that
+/// retries delayed: a result whose commit landed 1.5 s late answers stale
+/// no longer than freshness + window after its work ended.
+#[tokio::test(start_paused = true)]
+async fn a_late_commit_does_not_stretch_the_window() {
+    let window = 5 * SEC;
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            revalidate: window,
+            ..StaleWindows::OFF
+        });
+    let node =
+        || DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    let (a, b) = (node(), node());
+    let k = key("late-commit");
+    let work = Work::new(Duration::ZERO);
+    store.set_fail_commits(true);
+    let heal = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            sleep(SEC).await;
+            store.set_fail_commits(false);
+        })
+    };
+    let ended = Instant::now();
+    let (v, _, _) = call(&a, &k, &work).await;
+    assert_eq!(v, "v1");
+    heal.await.unwrap();
+    a.idle().await;
+    assert!(ended.elapsed() >= SEC, "the commit landed late");
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v1");
+    assert!(matches!(how, Answered::Hit { .. }), "stored: {how:?}");
+    // Past freshness + window since the work ended (though not since the
+    // commit): nothing stale answers, the work runs.
+    tokio::time::sleep_until(ended + FRESH + window + SEC / 2).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
+}
