@@ -21,7 +21,7 @@
 //! is cut off: its sender takes the outcome as unknown, and the call stays
 //! on its way, to run at any later moment (after calls sent after it: a
 //! new connection's call can reach the server before an old one's) or to
-//! be lost. [`Config::stale`] bounds how many calls are cut off in a run.
+//! be lost. [`Config::cut_off`] bounds how many calls are cut off in a run.
 //!
 //! **The server** runs one call at a time ([`server::run`]); its clock
 //! ticks; its replica copies it at any moment (asynchronous replication:
@@ -79,7 +79,7 @@ pub struct Config {
     pub horizon: Tick,
     /// Calls cut off (or heartbeats sent) whose run is left to the
     /// network, in a run: each is run later, at any moment, or lost.
-    pub stale: u8,
+    pub cut_off: u8,
     /// The durations.
     pub terms: Terms,
 }
@@ -100,7 +100,7 @@ impl Config {
             reconnects: 1,
             clock_steps_back: true,
             horizon: 4,
-            stale: 2,
+            cut_off: 2,
             terms: Terms {
                 lease: 1,
                 state_ttl: 3,
@@ -241,8 +241,8 @@ pub struct State {
     pub crashes: u8,
     /// Subscriber reconnects so far.
     pub reconnects: u8,
-    /// Stale calls so far.
-    pub stale: u8,
+    /// Calls cut off so far.
+    pub cut_off: u8,
     /// Settled: nobody works on the key any more.
     pub draining: bool,
     /// What the checker remembers.
@@ -250,12 +250,12 @@ pub struct State {
 }
 
 /// A step of the model. A node's call either runs at once and its
-/// answer comes back (`stale: false`), or is cut off (`stale: true`): it
+/// answer comes back (`cut: false`), or is cut off (`cut: true`): it
 /// goes on its way, to run at any later moment or be lost, and its sender
 /// takes the outcome as unknown. (A call that runs while its answer is
 /// still on the way is the same to the server as one run at once, and
-/// its sender does nothing meanwhile but heartbeat, which the stale
-/// heartbeats cover.)
+/// its sender does nothing meanwhile but heartbeat, which the heartbeats
+/// cut off cover.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     /// A node ACQUIREs: a new flight with a new token, or the retry of an
@@ -311,8 +311,8 @@ impl ProtocolModel {
         Self { config }
     }
 
-    fn can_be_stale(&self, s: &State) -> bool {
-        s.stale < self.config.stale
+    fn can_cut_off(&self, s: &State) -> bool {
+        s.cut_off < self.config.cut_off
     }
 }
 
@@ -520,7 +520,7 @@ impl Model for ProtocolModel {
             failovers: 0,
             crashes: 0,
             reconnects: 0,
-            stale: 0,
+            cut_off: 0,
             draining: false,
             ghost: Ghost::default(),
         }]
@@ -529,10 +529,10 @@ impl Model for ProtocolModel {
     fn actions(&self, s: &State, out: &mut Vec<Action>) {
         let c = &self.config;
         let working = !s.draining;
-        let stale = self.can_be_stale(s);
+        let cut = self.can_cut_off(s);
         let both = |out: &mut Vec<Action>, f: &dyn Fn(bool) -> Action| {
             out.push(f(false));
-            if stale {
+            if cut {
                 out.push(f(true));
             }
         };
@@ -677,12 +677,12 @@ impl Model for ProtocolModel {
 }
 
 impl ProtocolModel {
-    /// Sends `call` for `node`: run at once and answered, or (`stale`)
+    /// Sends `call` for `node`: run at once and answered, or (`cut`)
     /// left on its way.
-    fn call(&self, s: &mut State, node: NodeId, call: Call, stale: bool) -> Option<ServerStep> {
+    fn call(&self, s: &mut State, node: NodeId, call: Call, cut: bool) -> Option<ServerStep> {
         let req = Req { node, call };
-        if stale {
-            s.stale += 1;
+        if cut {
+            s.cut_off += 1;
             s.net.push(req);
             s.net.sort();
             return None;
@@ -701,7 +701,7 @@ impl ProtocolModel {
     pub fn step(&self, s: &mut State, action: Action) -> Option<ServerStep> {
         let c = &self.config;
         match action {
-            Action::Acquire(n, stale) => {
+            Action::Acquire(n, cut) => {
                 let node = &mut s.nodes[usize::from(n)];
                 let retried = node.role != Role::Idle;
                 if !retried {
@@ -709,21 +709,21 @@ impl ProtocolModel {
                     node.tok = s.made;
                 }
                 let tok = node.tok;
-                if stale {
+                if cut {
                     node.role = Role::Unknown { retried };
                 }
-                return self.call(s, n, Call::Acquire(tok), stale);
+                return self.call(s, n, Call::Acquire(tok), cut);
             }
             Action::GiveUp(n) => give_up(s, n),
-            Action::Heartbeat(n, stale) => {
+            Action::Heartbeat(n, cut) => {
                 let node = &s.nodes[usize::from(n)];
                 let Role::Owner(gen) = node.role else {
                     unreachable!("only owners heartbeat")
                 };
                 let tok = node.tok;
-                return self.call(s, n, Call::Heartbeat(tok, gen), stale);
+                return self.call(s, n, Call::Heartbeat(tok, gen), cut);
             }
-            Action::Commit(n, stale) | Action::Abandon(n, _, stale) => {
+            Action::Commit(n, cut) | Action::Abandon(n, _, cut) => {
                 let node = &mut s.nodes[usize::from(n)];
                 let gen = match node.role {
                     Role::Owner(gen) | Role::Ending { gen, .. } => gen,
@@ -733,7 +733,7 @@ impl ProtocolModel {
                     Action::Abandon(_, fail, _) => Some(fail),
                     _ => None,
                 };
-                if stale {
+                if cut {
                     node.role = Role::Ending { gen, abandon };
                 }
                 let tok = node.tok;
@@ -741,17 +741,17 @@ impl ProtocolModel {
                     None => Call::Commit(tok, gen),
                     Some(fail) => Call::Abandon(tok, gen, fail),
                 };
-                return self.call(s, n, call, stale);
+                return self.call(s, n, call, cut);
             }
-            Action::Release(n, stale) => {
+            Action::Release(n, cut) => {
                 let node = &mut s.nodes[usize::from(n)];
                 let (tok, confirmed) = node.orphans[0];
-                if stale {
+                if cut {
                     // Unknown: released again later.
                     node.orphans.remove(0);
                     node.orphans.push((tok, confirmed));
                 }
-                return self.call(s, n, Call::Release(tok), stale);
+                return self.call(s, n, Call::Release(tok), cut);
             }
             Action::Invalidate(n) => {
                 s.invalidations += 1;

@@ -52,7 +52,7 @@ fn base() -> Config {
         crashes: 0,
         reconnects: 0,
         clock_steps_back: false,
-        stale: 1,
+        cut_off: 1,
         horizon: 4,
         ..Config::small()
     }
@@ -66,9 +66,9 @@ fn calls_cut_off_run_late_or_lost() {
 #[test]
 fn two_calls_on_their_way() {
     check(
-        "two stale calls",
+        "two calls cut off",
         Config {
-            stale: 2,
+            cut_off: 2,
             horizon: 3,
             ..base()
         },
