@@ -119,3 +119,54 @@ fn a_crash_and_a_subscriber_reconnect() {
         },
     );
 }
+
+#[test]
+fn results_kept_for_waiters_but_not_replayed() {
+    let mut config = base();
+    config.terms.result_ttl = 0;
+    // Longer than a grant keeps the record: a grant must not shorten it.
+    config.terms.retain = 3;
+    check("ttl 0, retain 3", config);
+}
+
+#[test]
+fn results_fresh_longer_than_kept_for_waiters() {
+    let mut config = base();
+    config.terms.result_ttl = 2;
+    config.terms.retain = 1;
+    check("ttl 2, retain 1", config);
+}
+
+/// A stage with stale windows: results answered stale past their TTL
+/// while one refresh runs, a failed refresh's throttle, an early refresh.
+fn stale() -> Config {
+    let mut config = Config {
+        stale_windows: true,
+        early: 1,
+        ..base()
+    };
+    config.terms.result_ttl = 1;
+    config.terms.retain = 1;
+    config.terms.stale_for = 2;
+    config.terms.failure_ttl = 0;
+    config.terms.retry_after = 1;
+    config
+}
+
+#[test]
+fn stale_answers_refreshes_and_throttles() {
+    check("stale windows", stale());
+}
+
+#[test]
+fn stale_windows_and_an_invalidation_during_a_refresh() {
+    check(
+        "stale windows, invalidation",
+        Config {
+            invalidations: 1,
+            early: 0,
+            horizon: 3,
+            ..stale()
+        },
+    );
+}

@@ -4,9 +4,11 @@
 //!
 //! The server's time is the model's: a lease of one tick is a lease of
 //! `MS_PER_TICK` ms, far longer than a replay takes, and a tick of the
-//! model moves every deadline (`d`) and every key's expiry of the flight
-//! one tick closer, in one script; a record due at that tick is deleted,
-//! as the model's is. A failover copies the replica's keys over the
+//! model moves every time the record holds (the lease deadline `d`, the
+//! result's commit time, freshness, stale window and retention, a
+//! throttle's end) and every key's expiry of the flight one tick closer,
+//! in one script; a record due at that tick is deleted, as the model's
+//! is. A failover copies the replica's keys over the
 //! flight's (the replica is a copy the model's replication step made),
 //! then moves the clock a tick on, less the ticks the new primary's clock
 //! is behind. Generations are the server's own (`TIME` in µs): they must
@@ -18,8 +20,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendErrorKind, CommitArgs, Committed, LeaseTerms, Released,
-    Renewal, ResultStatus,
+    AbandonArgs, Acquired, Backend, CommitArgs, Committed, LeaseTerms, Released, Renewal,
+    ResultStatus,
 };
 use flightdeck_distributed::{FlightId, OwnerToken};
 use flightdeck_harness::RedisServer;
@@ -35,8 +37,9 @@ use stateright::Model;
 /// One tick of the model on the real server.
 const MS_PER_TICK: u64 = 100_000;
 
-/// Moves the flight's deadlines and expiries `ARGV[1]` ms closer (a
-/// negative shift moves them away); deletes what falls due.
+/// Moves the flight's deadlines, times and expiries `ARGV[1]` ms closer
+/// (a negative shift moves them away); deletes what falls due. A field
+/// that is absent, or `0` where `0` means "none" (`d`, `ra`), stays.
 const SHIFT: &str = r"
 local by = tonumber(ARGV[1])
 for i = 1, #KEYS do
@@ -50,9 +53,11 @@ for i = 1, #KEYS do
         redis.call('PEXPIRE', k, pttl - by)
       end
       if redis.call('TYPE', k).ok == 'hash' then
-        local d = redis.call('HGET', k, 'd')
-        if d and d ~= '0' then
-          redis.call('HSET', k, 'd', string.format('%.0f', tonumber(d) - by))
+        for _, f in ipairs({'d', 'ra', 'ct', 'fu', 'su', 'ku'}) do
+          local v = redis.call('HGET', k, f)
+          if v and not ((f == 'd' or f == 'ra') and v == '0') then
+            redis.call('HSET', k, f, string.format('%.0f', tonumber(v) - by))
+          end
         end
       end
     end
@@ -283,11 +288,13 @@ impl Replay {
         let terms = self.terms();
         let fail = |e: flightdeck_distributed::backend::BackendError| format!("{call:?}: {e}");
         Ok(match call {
-            Call::Acquire(tok) => match b.acquire(flight, &token(tok), &terms).await {
-                Ok(a) => Real::Acquired(a),
-                Err(e) if e.kind() == BackendErrorKind::Protocol => Real::Refused,
-                Err(e) => return Err(fail(e)),
-            },
+            Call::Acquire(tok, ask) => {
+                let follows = ask.follows.map(|f| gens.real(f));
+                match b.recheck(flight, &token(tok), follows, &terms).await {
+                    Ok(a) => Real::Acquired(a),
+                    Err(e) => return Err(fail(e)),
+                }
+            }
             Call::Heartbeat(tok, gen) => Real::Renewal(
                 b.heartbeat(flight, &token(tok), gens.real(gen), &terms)
                     .await
@@ -297,7 +304,7 @@ impl Replay {
                 let args = CommitArgs {
                     payload: body_bytes(Body::Value(tok)),
                     ttl: ms(t.result_ttl),
-                    retain: ms(t.result_ttl),
+                    retain: ms(t.retain),
                     inline_below: 1024,
                     state_ttl: ms(t.state_ttl),
                     stale_for: Duration::ZERO,
@@ -340,17 +347,16 @@ impl Replay {
     fn same(&self, gens: &mut Gens, model: Answer, real: Real) -> Result<(), String> {
         let differ = || format!("answer {real:?}, the model's {model:?}");
         let ok = match (model, &real) {
-            (Answer::Hit(None, ..), Real::Refused) => true,
-            (Answer::Hit(Some(g), status, body), Real::Acquired(Acquired::Hit(r))) => {
-                gens.pair(g, r.generation)?;
+            (Answer::Hit(res), Real::Acquired(Acquired::Hit(r))) => {
+                gens.pair(res.gen, r.generation)?;
                 let st = match r.status {
                     ResultStatus::Ok => Status::Ok,
                     ResultStatus::Failed => Status::Err,
                 };
-                st == status && body_of(&r.payload) == body
+                st == res.status && body_of(&r.payload) == res.body
             }
             (
-                Answer::Owner(g, takeover),
+                Answer::Owner(g, takeover, None),
                 Real::Acquired(Acquired::Owner {
                     generation,
                     takeover: t,
@@ -361,7 +367,7 @@ impl Replay {
                 takeover == *t
             }
             (
-                Answer::Follower(g, left),
+                Answer::Follower(g, left, None),
                 Real::Acquired(Acquired::Follower {
                     generation,
                     lease_remaining,
@@ -452,7 +458,6 @@ impl Replay {
 #[derive(Debug)]
 enum Real {
     Acquired(Acquired),
-    Refused,
     Renewal(Renewal),
     Committed(Committed),
     Released(Released),
@@ -520,4 +525,12 @@ async fn model_runs_without_takeover_give_the_scripts_answers() {
     config.terms.lease = 2;
     config.terms.state_ttl = 4;
     replay_walks(config, 2, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_runs_kept_for_waiters_give_the_scripts_answers() {
+    let mut config = Config::small();
+    config.terms.result_ttl = 0;
+    config.terms.retain = 3;
+    replay_walks(config, 3, 200).await;
 }
