@@ -300,6 +300,8 @@ impl Seen {
     pub const EARLY: u8 = 1 << 4;
     /// An invalidation fenced a refresh's commit.
     pub const PURGE_FENCED: u8 = 1 << 5;
+    /// A late ACQUIRE was granted a lease nobody works on.
+    pub const ORPHAN_GRANT: u8 = 1 << 6;
 }
 
 /// A state of the model.
@@ -973,6 +975,13 @@ impl Model for ProtocolModel {
         reach(c.early > 0, "an early refresh is granted", |_, s| {
             s.ghost.seen & Seen::EARLY != 0
         });
+        // The known limit, reached: if it is ever closed, this fails and
+        // docs/guarantees.md's "Known limits" must change with it.
+        reach(
+            true,
+            "a late ACQUIRE is granted a lease nobody works on (known limit)",
+            |_, s| s.ghost.seen & Seen::ORPHAN_GRANT != 0,
+        );
         if self.config.failovers > 0 {
             properties.push(Property::sometimes(
                 "a failover loses a grant",
@@ -1108,6 +1117,16 @@ impl ProtocolModel {
             Action::Run(req) => {
                 take(s, &req);
                 let (answer, notices) = self.run(s, req);
+                if let (Call::Acquire(tok, _), Answer::Owner(..)) = (req.call, answer) {
+                    // Nobody works on a lease granted to a token its node
+                    // no longer waits with (docs/guarantees.md, "Known
+                    // limits").
+                    let node = &s.nodes[usize::from(req.node)];
+                    let waits = matches!(node.role, Role::Unknown { .. } | Role::Follower { .. });
+                    if node.tok != tok || !waits {
+                        s.ghost.seen |= Seen::ORPHAN_GRANT;
+                    }
+                }
                 return Some(ServerStep::Run {
                     node: req.node,
                     call: req.call,
