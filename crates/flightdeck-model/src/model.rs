@@ -99,6 +99,10 @@ pub struct Config {
     /// Early refreshes in a run (an ACQUIRE with `Ask::early` and a new
     /// token, as after a hit the early-refresh draw picked).
     pub early: u8,
+    /// The [`Seen`] states this configuration must reach (each a
+    /// "sometimes" property; tracked only when asked, as each splits
+    /// states).
+    pub witness: u8,
     /// The durations.
     pub terms: Terms,
 }
@@ -123,6 +127,7 @@ impl Config {
             cut_off: 2,
             stale_windows: false,
             early: 0,
+            witness: 0,
             terms: Terms {
                 lease: 1,
                 state_ttl: 3,
@@ -259,8 +264,8 @@ pub struct Ghost {
     /// Failures cached: (generation, token, server time).
     pub failed: Vec<(Gen, Tok, Tick)>,
     /// The result the server must keep (its generation and status), and
-    /// until when: the last one stored (committed, or a failure cached), unless an invalidation
-    /// dropped it or a failover lost it.
+    /// until when: the last one committed, unless an invalidation dropped
+    /// it or a failover lost it (a cached failure goes beside it).
     pub latest: Option<(Gen, Status, Tick)>,
     /// The newest invalidation the server still knows of (0: none).
     pub purged: Gen,
@@ -275,15 +280,25 @@ pub struct Ghost {
     pub followers: Vec<NodeId>,
     /// The tick of the last write to the record.
     pub last_write: Tick,
-    /// Grants answered with a result beside them (refreshes).
-    pub refreshes: Vec<Gen>,
-    /// What the run reached ([`Seen`] bits).
-    pub seen: u8,
+    /// What the run reached, for the "sometimes" properties.
+    pub reached: Reached,
     /// Promises broken.
     pub broken: Broken,
 }
 
-/// What a run reached, for the "sometimes" properties (sticky bits).
+/// What a run reached, for the "sometimes" properties: only what
+/// [`Config::witness`] asks for is kept (the rest would tell otherwise
+/// equal states apart).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reached {
+    /// [`Seen`] bits.
+    pub seen: u8,
+    /// Grants answered with a result beside them (refreshes), kept only
+    /// for [`Seen::PURGE_FENCED`].
+    pub refreshes: Vec<Gen>,
+}
+
+/// What a run reached (sticky bits of [`Reached::seen`]).
 #[derive(Debug)]
 pub struct Seen;
 
@@ -518,8 +533,10 @@ impl ProtocolModel {
         match (req.call, answer) {
             (Call::Acquire(tok, _), Answer::Owner(gen, _, kept)) if issue(g, gen, tok) => {
                 s.grants += 1;
-                if kept.is_some() {
-                    g.refreshes.push(gen);
+                // A grant ends a throttle.
+                g.throttle = None;
+                if kept.is_some() && self.config.witness & Seen::PURGE_FENCED != 0 {
+                    g.reached.refreshes.push(gen);
                 }
                 if g.ended.contains(&tok) {
                     g.broken.0 |= Broken::REGRANTED;
@@ -566,9 +583,9 @@ impl ProtocolModel {
                 grant_ended = ended_before;
             }
             (Call::Commit(_, gen), Answer::Fenced)
-                if g.refreshes.contains(&gen) && gen < g.purged =>
+                if g.reached.refreshes.contains(&gen) && gen < g.purged =>
             {
-                g.seen |= Seen::PURGE_FENCED;
+                g.reached.seen |= self.config.witness & Seen::PURGE_FENCED;
             }
             (Call::Abandon(tok, gen, fail), Answer::Released) => {
                 if fail && terms.retry_after > 0 {
@@ -585,7 +602,6 @@ impl ProtocolModel {
                 }
                 if fail && terms.failure_ttl > 0 {
                     g.failed.push((gen, tok, now));
-                    g.latest = Some((gen, Status::Err, now + terms.failure_ttl));
                 }
                 if !g.ended.contains(&tok) {
                     g.ended.push(tok);
@@ -636,7 +652,7 @@ impl ProtocolModel {
                                 g.broken.0 |= Broken::FRESH;
                             }
                             if ask.follows.is_some() && !fresh {
-                                g.seen |= Seen::KEPT_RECHECK;
+                                g.reached.seen |= self.config.witness & Seen::KEPT_RECHECK;
                             }
                         }
                         _ => {
@@ -649,12 +665,13 @@ impl ProtocolModel {
                             if !ok {
                                 g.broken.0 |= Broken::STALE_AGE;
                             }
-                            g.seen |= match answer {
-                                Answer::Owner(..) if fresh => Seen::EARLY,
-                                Answer::Owner(..) => Seen::STALE_OWNER,
-                                Answer::Follower(..) => Seen::STALE_FOLLOWER,
-                                _ => Seen::THROTTLED,
-                            };
+                            g.reached.seen |= self.config.witness
+                                & match answer {
+                                    Answer::Owner(..) if fresh => Seen::EARLY,
+                                    Answer::Owner(..) => Seen::STALE_OWNER,
+                                    Answer::Follower(..) => Seen::STALE_FOLLOWER,
+                                    _ => Seen::THROTTLED,
+                                };
                         }
                     }
                 }
@@ -942,45 +959,45 @@ impl Model for ProtocolModel {
             ),
         ];
         let c = &self.config;
-        let mut reach = |on: bool, name: &'static str, seen: fn(&Self, &State) -> bool| {
-            if on {
+        let mut reach = |bit: u8, name: &'static str, seen: fn(&Self, &State) -> bool| {
+            if c.witness & bit != 0 {
                 properties.push(Property::sometimes(name, seen));
             }
         };
         reach(
-            c.terms.retain > c.terms.result_ttl,
+            Seen::KEPT_RECHECK,
             "a re-check gets a result past its ttl",
-            |_, s| s.ghost.seen & Seen::KEPT_RECHECK != 0,
+            |_, s| s.ghost.reached.seen & Seen::KEPT_RECHECK != 0,
         );
         reach(
-            c.stale_windows,
+            Seen::STALE_OWNER,
             "a refresh is granted beside the stale result",
-            |_, s| s.ghost.seen & Seen::STALE_OWNER != 0,
+            |_, s| s.ghost.reached.seen & Seen::STALE_OWNER != 0,
         );
         reach(
-            c.stale_windows,
+            Seen::STALE_FOLLOWER,
             "a follower is answered the stale result",
-            |_, s| s.ghost.seen & Seen::STALE_FOLLOWER != 0,
+            |_, s| s.ghost.reached.seen & Seen::STALE_FOLLOWER != 0,
         );
         reach(
-            c.stale_windows && c.invalidations > 0,
+            Seen::PURGE_FENCED,
             "an invalidation fences a refresh",
-            |_, s| s.ghost.seen & Seen::PURGE_FENCED != 0,
+            |_, s| s.ghost.reached.seen & Seen::PURGE_FENCED != 0,
         );
         reach(
-            c.stale_windows && c.terms.retry_after > 0,
+            Seen::THROTTLED,
             "a failed refresh's throttle answers STALE",
-            |_, s| s.ghost.seen & Seen::THROTTLED != 0,
+            |_, s| s.ghost.reached.seen & Seen::THROTTLED != 0,
         );
-        reach(c.early > 0, "an early refresh is granted", |_, s| {
-            s.ghost.seen & Seen::EARLY != 0
+        reach(Seen::EARLY, "an early refresh is granted", |_, s| {
+            s.ghost.reached.seen & Seen::EARLY != 0
         });
         // The known limit, reached: if it is ever closed, this fails and
         // docs/guarantees.md's "Known limits" must change with it.
         reach(
-            true,
+            Seen::ORPHAN_GRANT,
             "a late ACQUIRE is granted a lease nobody works on (known limit)",
-            |_, s| s.ghost.seen & Seen::ORPHAN_GRANT != 0,
+            |_, s| s.ghost.reached.seen & Seen::ORPHAN_GRANT != 0,
         );
         if self.config.failovers > 0 {
             properties.push(Property::sometimes(
@@ -1124,7 +1141,7 @@ impl ProtocolModel {
                     let node = &s.nodes[usize::from(req.node)];
                     let waits = matches!(node.role, Role::Unknown { .. } | Role::Follower { .. });
                     if node.tok != tok || !waits {
-                        s.ghost.seen |= Seen::ORPHAN_GRANT;
+                        s.ghost.reached.seen |= c.witness & Seen::ORPHAN_GRANT;
                     }
                 }
                 return Some(ServerStep::Run {

@@ -81,7 +81,8 @@ impl Terms {
     }
 }
 
-/// How a stored result ended (`s`).
+/// How a result ended: `s` of a stored result, `ok`; a failure an
+/// abandon cached (`eg`, `eb`: beside the stored result) answers `err`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Status {
     /// `ok`: committed.
@@ -109,7 +110,8 @@ pub struct Record {
     pub t: Option<Tok>,
     /// `d`: the lease deadline; `Some(0)` once the grant ended.
     pub d: Option<Tick>,
-    /// `s`.
+    /// `s`: `ok` once a commit stored a result (kept through later
+    /// grants until a commit replaces it or an invalidation drops it).
     pub s: Option<Status>,
     /// `b`.
     pub b: Option<Body>,
@@ -130,6 +132,14 @@ pub struct Record {
     /// `ra`: a failed refresh's throttle ends then (absent and `0` alike:
     /// none).
     pub ra: Tick,
+    /// `eg`, `eb`: a failure cached by an abandon (its generation and
+    /// body), beside the stored result, which it never replaces.
+    pub failure: Option<(Gen, Body)>,
+    /// `ec`: when the failure was cached.
+    pub ec: Tick,
+    /// `eu`: the failure is replayed until then (absent and `0` alike:
+    /// none).
+    pub eu: Tick,
     /// `x`, newest first (never more than [`RELEASED_KEPT`]): tokens
     /// released, or whose attempt ended here (committed, abandoned,
     /// released).
@@ -335,9 +345,10 @@ pub fn run(
 }
 
 /// The record's expiry from a grant or a heartbeat at `now`: the record
-/// TTL, never before the stored result's `ku`.
+/// TTL, never before the stored result's `ku` or the cached failure's
+/// `eu`.
 fn grant_expiry(rec: &Record, now: Tick, terms: &Terms) -> Tick {
-    (now + terms.record_ttl()).max(rec.ku)
+    (now + terms.record_ttl()).max(rec.ku).max(rec.eu)
 }
 
 /// ACQUIRE.
@@ -350,8 +361,11 @@ pub fn acquire(
     ask: Ask,
 ) -> Answer {
     let r = store.record.clone().unwrap_or_default();
-    let mut kept = None;
-    let mut fresh = false;
+    let d = r.d.unwrap_or(0);
+    let g = r.g.unwrap_or(0);
+    let live = d > now;
+    let mine = r.t == Some(tok);
+    let mut beside = None;
     if let Some(s) = r.s {
         let res = Res {
             // The model never stores a status without `rg` and `b`.
@@ -362,62 +376,67 @@ pub fn acquire(
             ttl: r.fu - r.ct,
             work: r.wt,
         };
-        if now < r.fu {
-            if !ask.early || ask.follows.is_some() || s != Status::Ok || now < r.ra {
+        if now < r.fu || (ask.follows.is_some_and(|f| f <= res.gen) && now < r.ku) {
+            if !ask.early
+                || ask.follows.is_some()
+                || now >= r.fu
+                || s != Status::Ok
+                || now < r.ra
+                || now < r.eu
+                || (live && !mine)
+            {
                 return Answer::Hit(res);
             }
-            kept = Some(res);
-            fresh = true;
-        } else if ask.follows.is_some_and(|f| f <= res.gen) && now < r.ku {
-            return Answer::Hit(res);
+            beside = Some(res);
         } else if ask.stale && s == Status::Ok && now < r.su {
-            if now < r.ra {
-                return Answer::Stale(res);
-            }
-            kept = Some(res);
+            beside = Some(res);
         }
     }
-    let g = r.g.unwrap_or(0);
-    // Where nothing is granted, an early refresh is a hit.
-    let expired = |g| match kept {
-        Some(res) if fresh => Answer::Hit(res),
-        _ => Answer::Expired(g),
-    };
-    let d = r.d.unwrap_or(0);
+    if let (true, None, Some((gen, body))) = (now < r.eu, beside, r.failure) {
+        return Answer::Hit(Res {
+            gen,
+            status: Status::Err,
+            body,
+            age: now.saturating_sub(r.ec),
+            ttl: r.eu - r.ec,
+            work: 0,
+        });
+    }
+    if let (true, Some(res)) = (now < r.ra, beside) {
+        return Answer::Stale(res);
+    }
     let mut takeover = false;
-    if r.t == Some(tok) {
-        if d > now {
-            return Answer::Owner(g, false, kept);
+    if mine {
+        if live {
+            return Answer::Owner(g, false, beside);
         }
         if d == 0 {
-            return expired(g);
+            return Answer::Expired(g);
         }
-    } else if d > now {
-        if let (true, Some(res)) = (fresh, kept) {
-            return Answer::Hit(res);
-        }
+    } else if live {
         let rec = store.record.as_mut().expect("a live lease has a record");
         if !rec.w.contains(&node) {
             rec.w.push(node);
         }
-        return Answer::Follower(g, d - now, kept);
+        return Answer::Follower(g, d - now, beside);
     }
     if d > 0 {
         if !terms.takeover {
-            return expired(g);
+            return Answer::Expired(g);
         }
         takeover = true;
     }
     if r.x.contains(&tok) {
-        return expired(g);
+        return Answer::Expired(g);
     }
     let gen = next_gen(r.g, now);
     let rec = store.record.get_or_insert_with(Record::default);
     rec.g = Some(gen);
     rec.t = Some(tok);
     rec.d = Some(now + terms.lease);
+    rec.ra = 0;
     rec.exp = Some(grant_expiry(rec, now, terms));
-    Answer::Owner(gen, takeover, kept)
+    Answer::Owner(gen, takeover, beside)
 }
 
 /// HEARTBEAT.
@@ -473,6 +492,9 @@ pub fn commit(
     rec.ku = now + terms.keep();
     rec.wt = terms.work_time;
     rec.ra = 0;
+    rec.failure = None;
+    rec.ec = 0;
+    rec.eu = 0;
     rec.exp = Some(now + terms.keep());
     remember(rec, tok);
     (Answer::Committed, publish(&w, gen, Some(Body::Value(tok))))
@@ -500,16 +522,11 @@ pub fn abandon(
         rec.ra = now + terms.retry_after;
     }
     if fail && terms.failure_ttl > 0 {
-        let until = now + terms.failure_ttl;
-        rec.s = Some(Status::Err);
-        rec.b = Some(Body::Failure(tok));
-        rec.rg = Some(gen);
-        rec.ct = now;
-        rec.fu = until;
-        rec.su = until;
-        rec.ku = until;
-        rec.wt = 0;
-        rec.exp = Some(until);
+        rec.failure = Some((gen, Body::Failure(tok)));
+        rec.ec = now;
+        rec.eu = now + terms.failure_ttl;
+        // Never shortens the stored result's life.
+        rec.exp = Some(rec.eu.max(rec.ku));
     }
     (Answer::Released, publish(&w, gen, None))
 }
@@ -557,6 +574,9 @@ pub fn invalidate(store: &mut Store, now: Tick, terms: &Terms) -> (Answer, Vec<N
     rec.ku = 0;
     rec.wt = 0;
     rec.ra = 0;
+    rec.failure = None;
+    rec.ec = 0;
+    rec.eu = 0;
     rec.w.clear();
     rec.exp = Some(now + terms.state_ttl);
     store.inv = Some((gen, now + terms.state_ttl));

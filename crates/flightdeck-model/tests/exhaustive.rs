@@ -7,6 +7,7 @@
 
 use std::time::Instant;
 
+use flightdeck_model::model::Seen;
 use flightdeck_model::{Config, ProtocolModel};
 use stateright::{Checker, Model};
 
@@ -60,7 +61,13 @@ fn base() -> Config {
 
 #[test]
 fn calls_cut_off_run_late_or_lost() {
-    check("network", base());
+    check(
+        "network",
+        Config {
+            witness: Seen::KEPT_RECHECK | Seen::ORPHAN_GRANT,
+            ..base()
+        },
+    );
 }
 
 #[test]
@@ -126,6 +133,7 @@ fn results_kept_for_waiters_but_not_replayed() {
     config.terms.result_ttl = 0;
     // Longer than a grant keeps the record: a grant must not shorten it.
     config.terms.retain = 3;
+    config.witness = Seen::KEPT_RECHECK;
     check("ttl 0, retain 3", config);
 }
 
@@ -138,24 +146,30 @@ fn results_fresh_longer_than_kept_for_waiters() {
 }
 
 /// A stage with stale windows: results answered stale past their TTL
-/// while one refresh runs, a failed refresh's throttle, an early refresh.
+/// while one refresh runs, a failed refresh's throttle (its failure
+/// cached beside the kept result), an early refresh.
 fn stale() -> Config {
     let mut config = Config {
         stale_windows: true,
-        early: 1,
+        early: 2,
         ..base()
     };
     config.terms.result_ttl = 1;
     config.terms.retain = 1;
     config.terms.stale_for = 2;
-    config.terms.failure_ttl = 0;
     config.terms.retry_after = 1;
     config
 }
 
 #[test]
 fn stale_answers_refreshes_and_throttles() {
-    check("stale windows", stale());
+    check(
+        "stale windows",
+        Config {
+            witness: Seen::STALE_OWNER | Seen::STALE_FOLLOWER | Seen::THROTTLED | Seen::EARLY,
+            ..stale()
+        },
+    );
 }
 
 #[test]
@@ -166,6 +180,7 @@ fn stale_windows_and_an_invalidation_during_a_refresh() {
             invalidations: 1,
             early: 0,
             horizon: 3,
+            witness: Seen::PURGE_FENCED,
             ..stale()
         },
     );
