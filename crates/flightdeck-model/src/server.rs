@@ -491,7 +491,9 @@ pub fn commit(
     rec.su = rec.fu + terms.stale_for;
     rec.ku = now + terms.keep();
     rec.wt = terms.work_time;
-    rec.ra = 0;
+    // `eu = 0`: the failure no longer answers (`eg`, `ec` stay in Redis,
+    // unread; cleared here so that equal records are one state). `ra`
+    // stays: a grant, always between an abandon and a commit, ended it.
     rec.failure = None;
     rec.ec = 0;
     rec.eu = 0;
