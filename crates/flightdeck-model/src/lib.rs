@@ -2,7 +2,8 @@
 //! [`stateright`](https://docs.rs/stateright) model (not published).
 //!
 //! [`server`] is the six Lua scripts of `flightdeck_redis::scripts` over a
-//! flight's record, one function each; [`model`] puts two nodes (or more),
+//! flight's record (its lease, the result kept for waiters and for stale
+//! answers, a failed refresh's throttle), one function each; [`model`] puts two nodes (or more),
 //! the network, the server clock, a replica and its failover around them,
 //! and states the promises of `docs/guarantees.md` as properties, which
 //! the checker verifies over every interleaving of a small configuration

@@ -9,19 +9,32 @@
 //! call cut off: outcome unknown) is retried once with the same token, or
 //! given up, and a token given up on while it may hold a lease is
 //! released in the background (once more after a `NOT_OWNER`, as the
-//! orphan list does); a follower re-checks with its token or leaves; an
-//! owner heartbeats (while its commit or abandon is on its way too),
-//! commits or abandons (caching its failure or not) and retries either
+//! orphan list does); a follower re-checks with its token, naming the
+//! generation it first followed (a result of that generation or a later
+//! one is kept for it past its freshness), or leaves, and one whose
+//! re-check was cut off keeps following but releases its token when it
+//! leaves; an owner heartbeats (while its commit or abandon is on its way
+//! too), commits or abandons (its work failed or not) and retries either
 //! after an unknown outcome; any node invalidates; a node crashes (its
 //! calls on their way still run) and starts again empty; a node's
 //! subscriber reconnects (its inbox is out of force until it subscribes
 //! again).
 //!
+//! **A stage with stale windows** ([`Config::stale_windows`]) asks for
+//! stale results in every ACQUIRE: a success kept past its freshness
+//! (within `Terms::stale_for`) goes beside the grant that refreshes it
+//! and beside the FOLLOWER answers while the refresh runs; a refresh
+//! whose work failed starts a throttle (`Terms::retry_after`) during which
+//! the kept result is the answer and nothing is granted. An idle node may
+//! start an early refresh ([`Config::early`]): granted beside the still
+//! fresh result unless a lease runs.
+//!
 //! **The network.** A call runs at once and its answer comes back, or it
 //! is cut off: its sender takes the outcome as unknown, and the call stays
 //! on its way, to run at any later moment (after calls sent after it: a
 //! new connection's call can reach the server before an old one's) or to
-//! be lost. [`Config::stale`] bounds how many calls are cut off in a run.
+//! be lost. [`Config::cut_off`] bounds how many calls are cut off in a
+//! run.
 //!
 //! **The server** runs one call at a time ([`server::run`]); its clock
 //! ticks; its replica copies it at any moment (asynchronous replication:
@@ -41,9 +54,9 @@
 //! **Adding states.** A new script is a [`Call`] and a function in
 //! [`server`]; a new field of the record is a field of [`Record`]; a new
 //! thing a node may do is a [`Role`] and an [`Action`]; a new promise is a
-//! bit of [`Broken`], set where a step breaks it, and a property. The
-//! stale-serving states (a result past its TTL served while it refreshes,
-//! served when the refresh fails, a purge during a refresh) go in so.
+//! bit of [`Broken`], set where a step breaks it, and a property; a state
+//! the checker must reach is a bit of [`Seen`] and a "sometimes"
+//! property.
 //!
 //! [`Record`]: crate::server::Record
 
@@ -52,7 +65,7 @@ use std::fmt;
 use stateright::{Model, Property};
 
 use crate::server::{
-    self, Answer, Body, Call, Gen, NodeId, Notice, Status, Store, Terms, Tick, Tok, EMPTY,
+    self, Answer, Ask, Body, Call, Gen, NodeId, Notice, Status, Store, Terms, Tick, Tok, EMPTY,
 };
 
 /// What is explored.
@@ -79,7 +92,17 @@ pub struct Config {
     pub horizon: Tick,
     /// Calls cut off (or heartbeats sent) whose run is left to the
     /// network, in a run: each is run later, at any moment, or lost.
-    pub stale: u8,
+    pub cut_off: u8,
+    /// The stage has stale windows: every ACQUIRE asks for stale results
+    /// (`Ask::stale`); set with `terms.stale_for` > 0.
+    pub stale_windows: bool,
+    /// Early refreshes in a run (an ACQUIRE with `Ask::early` and a new
+    /// token, as after a hit the early-refresh draw picked).
+    pub early: u8,
+    /// The [`Seen`] states this configuration must reach (each a
+    /// "sometimes" property; tracked only when asked, as each splits
+    /// states).
+    pub witness: u8,
     /// The durations.
     pub terms: Terms,
 }
@@ -88,7 +111,8 @@ impl Config {
     /// 2 nodes, 1 key, 3 grants (3 tokens), every fault once: two calls
     /// cut off, an invalidation, a failover (its clock a tick behind), a
     /// crash, a subscriber reconnect; a lease of one tick, records of two,
-    /// work until tick 4.
+    /// work until tick 4; results fresh for a tick, kept for the waiters
+    /// for two.
     pub fn small() -> Self {
         Self {
             nodes: 2,
@@ -100,13 +124,20 @@ impl Config {
             reconnects: 1,
             clock_steps_back: true,
             horizon: 4,
-            stale: 2,
+            cut_off: 2,
+            stale_windows: false,
+            early: 0,
+            witness: 0,
             terms: Terms {
                 lease: 1,
                 state_ttl: 3,
                 takeover: true,
-                result_ttl: 2,
+                result_ttl: 1,
+                retain: 2,
+                stale_for: 0,
                 failure_ttl: 1,
+                retry_after: 0,
+                work_time: 1,
             },
         }
     }
@@ -127,9 +158,18 @@ pub enum Role {
     Unknown {
         /// That ACQUIRE was the retry with the same token.
         retried: bool,
+        /// It was an early refresh.
+        early: bool,
     },
-    /// Follows the grant of this generation.
-    Follower(Gen),
+    /// Follows a grant, and re-checks naming the generation it first
+    /// followed.
+    Follower {
+        /// The generation of its first FOLLOWER answer.
+        follows: Gen,
+        /// A re-check was cut off: it may still grant this token a lease
+        /// (released when the follower gives up).
+        ambiguous: bool,
+    },
     /// Owns the flight with this generation, works.
     Owner(Gen),
     /// Its COMMIT (`abandon: None`) or ABANDON (`Some(caches)`) of this
@@ -189,6 +229,25 @@ impl Broken {
     pub const REPLAY: u16 = 1 << 5;
     /// A follower was told a lease that outlives the record.
     pub const TOLD: u16 = 1 << 6;
+    /// A follower's re-check was not answered the result the server keeps
+    /// for it (of the generation it followed or a later one, within its
+    /// retention, neither invalidated nor lost in a failover).
+    pub const WAITED: u16 = 1 << 7;
+    /// A new ACQUIRE (not a re-check) got a HIT past the result's TTL.
+    pub const FRESH: u16 = 1 << 8;
+    /// A result was answered stale past its TTL and stale window, or a
+    /// failure was answered stale.
+    pub const STALE_AGE: u16 = 1 << 9;
+    /// A commit replaced a result of its own generation or a newer one.
+    pub const NEWER: u16 = 1 << 10;
+    /// A result older than an invalidation the server knows of answered.
+    pub const PURGED: u16 = 1 << 11;
+    /// An answer's age or TTL is not the result's by the server's clock.
+    pub const AGE: u16 = 1 << 12;
+    /// An ACQUIRE asking for stale results, while a success is kept past
+    /// its freshness within its stale window (and no throttle runs), got
+    /// an answer without it.
+    pub const STALE_KEPT: u16 = 1 << 13;
 }
 
 /// What the model remembers of a run (not the system's state).
@@ -200,10 +259,19 @@ pub struct Ghost {
     /// The newest generation the server still knows of (after a failover:
     /// the replica's).
     pub kept: Gen,
-    /// Commits accepted: (generation, token).
-    pub committed: Vec<(Gen, Tok)>,
-    /// Failures cached: (generation, token).
-    pub failed: Vec<(Gen, Tok)>,
+    /// Commits accepted: (generation, token, server time).
+    pub committed: Vec<(Gen, Tok, Tick)>,
+    /// Failures cached: (generation, token, server time).
+    pub failed: Vec<(Gen, Tok, Tick)>,
+    /// The result the server must keep (its generation and status), and
+    /// until when: the last one committed, unless an invalidation dropped
+    /// it or a failover lost it (a cached failure goes beside it).
+    pub latest: Option<(Gen, Status, Tick)>,
+    /// The newest invalidation the server still knows of (0: none).
+    pub purged: Gen,
+    /// The throttle a failed refresh started, as far as the server keeps
+    /// it: (the kept success's generation, until).
+    pub throttle: Option<(Gen, Tick)>,
     /// Tokens that committed, abandoned or released since the record was
     /// last lost.
     pub ended: Vec<Tok>,
@@ -212,8 +280,43 @@ pub struct Ghost {
     pub followers: Vec<NodeId>,
     /// The tick of the last write to the record.
     pub last_write: Tick,
+    /// What the run reached, for the "sometimes" properties.
+    pub reached: Reached,
     /// Promises broken.
     pub broken: Broken,
+}
+
+/// What a run reached, for the "sometimes" properties: only what
+/// [`Config::witness`] asks for is kept (the rest would tell otherwise
+/// equal states apart).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reached {
+    /// [`Seen`] bits.
+    pub seen: u8,
+    /// Grants answered with a result beside them (refreshes), kept only
+    /// for [`Seen::PURGE_FENCED`].
+    pub refreshes: Vec<Gen>,
+}
+
+/// What a run reached (sticky bits of [`Reached::seen`]).
+#[derive(Debug)]
+pub struct Seen;
+
+impl Seen {
+    /// A re-check got a result kept for the waiters past its freshness.
+    pub const KEPT_RECHECK: u8 = 1;
+    /// A grant came with the result it refreshes, past its freshness.
+    pub const STALE_OWNER: u8 = 1 << 1;
+    /// A FOLLOWER answer came with the result being refreshed.
+    pub const STALE_FOLLOWER: u8 = 1 << 2;
+    /// A STALE answer, in a failed refresh's throttle.
+    pub const THROTTLED: u8 = 1 << 3;
+    /// An early refresh was granted, the fresh result beside it.
+    pub const EARLY: u8 = 1 << 4;
+    /// An invalidation fenced a refresh's commit.
+    pub const PURGE_FENCED: u8 = 1 << 5;
+    /// A late ACQUIRE was granted a lease nobody works on.
+    pub const ORPHAN_GRANT: u8 = 1 << 6;
 }
 
 /// A state of the model.
@@ -241,8 +344,10 @@ pub struct State {
     pub crashes: u8,
     /// Subscriber reconnects so far.
     pub reconnects: u8,
-    /// Stale calls so far.
-    pub stale: u8,
+    /// Calls cut off so far.
+    pub cut_off: u8,
+    /// Early refreshes so far.
+    pub early: u8,
     /// Settled: nobody works on the key any more.
     pub draining: bool,
     /// What the checker remembers.
@@ -250,18 +355,21 @@ pub struct State {
 }
 
 /// A step of the model. A node's call either runs at once and its
-/// answer comes back (`stale: false`), or is cut off (`stale: true`): it
+/// answer comes back (`cut: false`), or is cut off (`cut: true`): it
 /// goes on its way, to run at any later moment or be lost, and its sender
 /// takes the outcome as unknown. (A call that runs while its answer is
 /// still on the way is the same to the server as one run at once, and
-/// its sender does nothing meanwhile but heartbeat, which the stale
-/// heartbeats cover.)
+/// its sender does nothing meanwhile but heartbeat, which the heartbeats
+/// cut off cover.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     /// A node ACQUIREs: a new flight with a new token, or the retry of an
     /// ACQUIRE whose outcome is unknown, or a follower's re-check (same
     /// token).
     Acquire(NodeId, bool),
+    /// An idle node starts an early refresh: an ACQUIRE with a new token
+    /// asking `early`.
+    Early(NodeId, bool),
     /// A node gives up its flight; a token that may hold a lease goes to
     /// its orphans.
     GiveUp(NodeId),
@@ -311,8 +419,17 @@ impl ProtocolModel {
         Self { config }
     }
 
-    fn can_be_stale(&self, s: &State) -> bool {
-        s.stale < self.config.stale
+    fn can_cut_off(&self, s: &State) -> bool {
+        s.cut_off < self.config.cut_off
+    }
+
+    /// What a node's ACQUIRE asks besides the lease.
+    fn ask(&self, follows: Option<Gen>, early: bool) -> Ask {
+        Ask {
+            follows,
+            stale: self.config.stale_windows,
+            early,
+        }
     }
 }
 
@@ -343,14 +460,33 @@ fn expire(s: &mut State) {
 }
 
 /// Whether a fresh ACQUIRE (a token nobody used) would be granted the
-/// flight or replay a result now.
+/// flight or answered a result now.
 pub fn key_free(config: &Config, s: &State) -> bool {
     let mut store = s.primary.clone();
     let probe = config.tokens + 1;
+    let ask = Ask {
+        stale: config.stale_windows,
+        ..Ask::default()
+    };
     matches!(
-        server::acquire(&mut store, s.now, &config.terms, config.nodes, probe),
-        Answer::Owner(..) | Answer::Hit(..)
+        server::acquire(&mut store, s.now, &config.terms, config.nodes, probe, ask),
+        Answer::Owner(..) | Answer::Hit(..) | Answer::Stale(..)
     )
+}
+
+/// When the result of `gen` with `status` and `body` was last stored, if
+/// it was.
+fn stored_at(g: &Ghost, gen: Gen, status: Status, body: Body) -> Option<Tick> {
+    let (list, tok) = match (status, body) {
+        (Status::Ok, Body::Value(tok)) => (&g.committed, tok),
+        (Status::Err, Body::Failure(tok)) => (&g.failed, tok),
+        _ => return None,
+    };
+    // The last time: a failover may have lost an earlier one.
+    list.iter()
+        .rev()
+        .find(|&&(x, t, _)| x == gen && t == tok)
+        .map(|&(_, _, at)| at)
 }
 
 impl ProtocolModel {
@@ -369,6 +505,7 @@ impl ProtocolModel {
         if self.config.clock_steps_back && s.primary != before {
             s.ghost.last_write = s.now;
         }
+        let now = s.now;
         let g = &mut s.ghost;
         let newest = g.issued.iter().map(|&(gen, _)| gen).max();
         let issue = |g: &mut Ghost, gen: Gen, tok: Tok| -> bool {
@@ -389,15 +526,23 @@ impl ProtocolModel {
                 }
             }
         };
+        if let Call::Acquire(_, ask) = req.call {
+            self.check_answer(g, now, ask, answer);
+        }
         let mut grant_ended = false;
         match (req.call, answer) {
-            (Call::Acquire(tok), Answer::Owner(gen, _)) if issue(g, gen, tok) => {
+            (Call::Acquire(tok, _), Answer::Owner(gen, _, kept)) if issue(g, gen, tok) => {
                 s.grants += 1;
+                // A grant ends a throttle.
+                g.throttle = None;
+                if kept.is_some() && self.config.witness & Seen::PURGE_FENCED != 0 {
+                    g.reached.refreshes.push(gen);
+                }
                 if g.ended.contains(&tok) {
                     g.broken.0 |= Broken::REGRANTED;
                 }
             }
-            (Call::Acquire(_), Answer::Follower(_, left)) => {
+            (Call::Acquire(_, _), Answer::Follower(_, left, _)) => {
                 let exp = s.primary.record.as_ref().and_then(|r| r.exp);
                 if left == 0 || exp.is_none_or(|e| e < s.now + left) {
                     g.broken.0 |= Broken::TOLD;
@@ -407,38 +552,56 @@ impl ProtocolModel {
                     g.followers.sort();
                 }
             }
-            (Call::Acquire(_), Answer::Hit(gen, status, body)) => {
-                let ok = match (gen, status, body) {
-                    (Some(gen), Status::Ok, Body::Value(tok)) => g.committed.contains(&(gen, tok)),
-                    (Some(gen), Status::Err, Body::Failure(tok)) => g.failed.contains(&(gen, tok)),
-                    _ => false,
-                };
-                if !ok {
-                    g.broken.0 |= Broken::REPLAY;
-                }
-            }
             (Call::Invalidate, Answer::Invalidated(gen)) => {
                 issue(g, gen, EMPTY);
+                g.latest = None;
+                g.throttle = None;
+                g.purged = gen;
                 grant_ended = true;
             }
             (Call::Commit(tok, gen), Answer::Committed) => {
                 if !g.issued.contains(&(gen, tok)) || gen != g.kept {
                     g.broken.0 |= Broken::SUPERSEDED;
                 }
-                if g.committed.iter().any(|&(x, t)| x == gen && t != tok) {
+                if g.committed.iter().any(|&(x, t, _)| x == gen && t != tok) {
                     g.broken.0 |= Broken::ONE_RESULT;
                 }
-                if !g.committed.contains(&(gen, tok)) {
-                    g.committed.push((gen, tok));
+                // A commit, not the retry of a done one (a commit a failover
+                // lost may be made again): what it replaces is older.
+                let replaced = before.record.as_ref().and_then(|r| r.s.and(r.rg));
+                if replaced != Some(gen) {
+                    if replaced.is_some_and(|rg| rg >= gen) {
+                        g.broken.0 |= Broken::NEWER;
+                    }
+                    g.committed.push((gen, tok, now));
+                    g.latest = Some((gen, Status::Ok, now + terms.keep()));
+                    g.throttle = None;
                 }
                 if !g.ended.contains(&tok) {
                     g.ended.push(tok);
                 }
                 grant_ended = ended_before;
             }
+            (Call::Commit(_, gen), Answer::Fenced)
+                if g.reached.refreshes.contains(&gen) && gen < g.purged =>
+            {
+                g.reached.seen |= self.config.witness & Seen::PURGE_FENCED;
+            }
             (Call::Abandon(tok, gen, fail), Answer::Released) => {
+                if fail && terms.retry_after > 0 {
+                    let kept = g.latest.and_then(|(lg, status, _)| {
+                        if status != Status::Ok {
+                            return None;
+                        }
+                        let at = g.committed.iter().rev().find(|&&(x, _, _)| x == lg)?.2;
+                        (now < at + terms.result_ttl + terms.stale_for).then_some(lg)
+                    });
+                    if let Some(lg) = kept {
+                        g.throttle = Some((lg, now + terms.retry_after));
+                    }
+                }
                 if fail && terms.failure_ttl > 0 {
-                    g.failed.push((gen, tok));
+                    g.failed.push((gen, tok, now));
                 }
                 if !g.ended.contains(&tok) {
                     g.ended.push(tok);
@@ -464,14 +627,111 @@ impl ProtocolModel {
         (answer, notices)
     }
 
+    /// The promises about what an ACQUIRE answered with `ask` at `now`
+    /// carries, checked against what the run stored.
+    fn check_answer(&self, g: &mut Ghost, now: Tick, ask: Ask, answer: Answer) {
+        let terms = &self.config.terms;
+        if let Some(res) = answer.result() {
+            match stored_at(g, res.gen, res.status, res.body) {
+                None => g.broken.0 |= Broken::REPLAY,
+                Some(at) => {
+                    let (ttl, work) = match res.status {
+                        Status::Ok => (terms.result_ttl, terms.work_time),
+                        Status::Err => (terms.failure_ttl, 0),
+                    };
+                    if res.age != now.saturating_sub(at) || res.ttl != ttl || res.work != work {
+                        g.broken.0 |= Broken::AGE;
+                    }
+                    if res.gen < g.purged {
+                        g.broken.0 |= Broken::PURGED;
+                    }
+                    let fresh = now < at + ttl;
+                    match answer {
+                        Answer::Hit(_) => {
+                            if ask.follows.is_none() && !fresh {
+                                g.broken.0 |= Broken::FRESH;
+                            }
+                            if ask.follows.is_some() && !fresh {
+                                g.reached.seen |= self.config.witness & Seen::KEPT_RECHECK;
+                            }
+                        }
+                        _ => {
+                            let ok = res.status == Status::Ok
+                                && if fresh {
+                                    ask.early && matches!(answer, Answer::Owner(..))
+                                } else {
+                                    ask.stale && now < at + ttl + terms.stale_for
+                                };
+                            if !ok {
+                                g.broken.0 |= Broken::STALE_AGE;
+                            }
+                            g.reached.seen |= self.config.witness
+                                & match answer {
+                                    Answer::Owner(..) if fresh => Seen::EARLY,
+                                    Answer::Owner(..) => Seen::STALE_OWNER,
+                                    Answer::Follower(..) => Seen::STALE_FOLLOWER,
+                                    _ => Seen::THROTTLED,
+                                };
+                        }
+                    }
+                }
+            }
+        }
+        // What the server keeps must answer: the latest result to a
+        // waiter of its generation or an older one, within its retention;
+        // a success to an ACQUIRE asking for stale results, within its
+        // stale window (alone while a throttle runs).
+        let Some((lg, status, until)) = g.latest else {
+            return;
+        };
+        let carries = answer.result().is_some_and(|r| r.gen == lg);
+        if let Some(f) = ask.follows {
+            if lg >= f && now < until {
+                if !(carries && matches!(answer, Answer::Hit(_))) {
+                    g.broken.0 |= Broken::WAITED;
+                }
+                return;
+            }
+        }
+        let at = g.committed.iter().rev().find(|&&(x, _, _)| x == lg);
+        let (Status::Ok, Some(&(_, _, at))) = (status, at) else {
+            return;
+        };
+        let stale = now >= at + terms.result_ttl && now < at + terms.result_ttl + terms.stale_for;
+        if ask.stale && stale {
+            let throttled = g.throttle.is_some_and(|(tg, tu)| tg == lg && now < tu);
+            let ok = match answer {
+                Answer::Stale(_) => carries && throttled,
+                Answer::Owner(..) | Answer::Follower(..) => carries && !throttled,
+                // An ended or refused token is not answered stale.
+                Answer::Expired(_) => !throttled,
+                _ => false,
+            };
+            if !ok {
+                g.broken.0 |= Broken::STALE_KEPT;
+            }
+        }
+    }
+
     /// The sender's reaction to the answer of a call run at once.
     fn answered(&self, s: &mut State, req: Req, answer: Answer) {
         let node = &mut s.nodes[usize::from(req.node)];
         match req.call {
-            Call::Acquire(_) => {
-                node.role = match answer {
-                    Answer::Owner(gen, _) => Role::Owner(gen),
-                    Answer::Follower(gen, _) => Role::Follower(gen),
+            Call::Acquire(..) => {
+                let ambiguous = match node.role {
+                    Role::Unknown { .. } => true,
+                    Role::Follower { ambiguous, .. } => ambiguous,
+                    _ => false,
+                };
+                node.role = match (answer, node.role) {
+                    (Answer::Owner(gen, ..), _) => Role::Owner(gen),
+                    (Answer::Follower(..), Role::Follower { follows, .. }) => {
+                        Role::Follower { follows, ambiguous }
+                    }
+                    (Answer::Follower(gen, ..), _) => Role::Follower {
+                        follows: gen,
+                        ambiguous,
+                    },
                     _ => Role::Idle,
                 };
                 if node.role == Role::Idle {
@@ -520,7 +780,8 @@ impl Model for ProtocolModel {
             failovers: 0,
             crashes: 0,
             reconnects: 0,
-            stale: 0,
+            cut_off: 0,
+            early: 0,
             draining: false,
             ghost: Ghost::default(),
         }]
@@ -529,10 +790,10 @@ impl Model for ProtocolModel {
     fn actions(&self, s: &State, out: &mut Vec<Action>) {
         let c = &self.config;
         let working = !s.draining;
-        let stale = self.can_be_stale(s);
+        let cut = self.can_cut_off(s);
         let both = |out: &mut Vec<Action>, f: &dyn Fn(bool) -> Action| {
             out.push(f(false));
-            if stale {
+            if cut {
                 out.push(f(true));
             }
         };
@@ -540,8 +801,13 @@ impl Model for ProtocolModel {
             let n = i as NodeId;
             if working {
                 match node.role {
-                    Role::Idle if s.made < c.tokens => both(out, &|st| Action::Acquire(n, st)),
-                    Role::Unknown { retried: false } | Role::Follower(_) => {
+                    Role::Idle if s.made < c.tokens => {
+                        both(out, &|st| Action::Acquire(n, st));
+                        if s.early < c.early {
+                            both(out, &|st| Action::Early(n, st));
+                        }
+                    }
+                    Role::Unknown { retried: false, .. } | Role::Follower { .. } => {
                         both(out, &|st| Action::Acquire(n, st));
                     }
                     Role::Owner(_) => {
@@ -558,7 +824,7 @@ impl Model for ProtocolModel {
                 }
                 if matches!(
                     node.role,
-                    Role::Unknown { .. } | Role::Follower(_) | Role::Ending { .. }
+                    Role::Unknown { .. } | Role::Follower { .. } | Role::Ending { .. }
                 ) {
                     out.push(Action::GiveUp(n));
                 }
@@ -665,7 +931,74 @@ impl Model for ProtocolModel {
             Property::sometimes("three grants", |m: &Self, s: &State| {
                 s.grants == m.config.grants
             }),
+            Property::always("a waiter gets the result kept for it", |_, s: &State| {
+                holds(s, Broken::WAITED)
+            }),
+            Property::always(
+                "nothing is replayed to a new acquire past its ttl",
+                |_, s: &State| holds(s, Broken::FRESH),
+            ),
+            Property::always("no stale answer past ttl + stale_for", |_, s: &State| {
+                holds(s, Broken::STALE_AGE)
+            }),
+            Property::always(
+                "a superseded refresh never replaces a newer result",
+                |_, s: &State| holds(s, Broken::NEWER),
+            ),
+            Property::always(
+                "after an invalidate no older result answers",
+                |_, s: &State| holds(s, Broken::PURGED),
+            ),
+            Property::always(
+                "answers carry the result's age and ttl by the server's clock",
+                |_, s: &State| holds(s, Broken::AGE),
+            ),
+            Property::always(
+                "a kept success answers stale within its window",
+                |_, s: &State| holds(s, Broken::STALE_KEPT),
+            ),
         ];
+        let c = &self.config;
+        let mut reach = |bit: u8, name: &'static str, seen: fn(&Self, &State) -> bool| {
+            if c.witness & bit != 0 {
+                properties.push(Property::sometimes(name, seen));
+            }
+        };
+        reach(
+            Seen::KEPT_RECHECK,
+            "a re-check gets a result past its ttl",
+            |_, s| s.ghost.reached.seen & Seen::KEPT_RECHECK != 0,
+        );
+        reach(
+            Seen::STALE_OWNER,
+            "a refresh is granted beside the stale result",
+            |_, s| s.ghost.reached.seen & Seen::STALE_OWNER != 0,
+        );
+        reach(
+            Seen::STALE_FOLLOWER,
+            "a follower is answered the stale result",
+            |_, s| s.ghost.reached.seen & Seen::STALE_FOLLOWER != 0,
+        );
+        reach(
+            Seen::PURGE_FENCED,
+            "an invalidation fences a refresh",
+            |_, s| s.ghost.reached.seen & Seen::PURGE_FENCED != 0,
+        );
+        reach(
+            Seen::THROTTLED,
+            "a failed refresh's throttle answers STALE",
+            |_, s| s.ghost.reached.seen & Seen::THROTTLED != 0,
+        );
+        reach(Seen::EARLY, "an early refresh is granted", |_, s| {
+            s.ghost.reached.seen & Seen::EARLY != 0
+        });
+        // The known limit, reached: if it is ever closed, this fails and
+        // docs/guarantees.md's "Known limits" must change with it.
+        reach(
+            Seen::ORPHAN_GRANT,
+            "a late ACQUIRE is granted a lease nobody works on (known limit)",
+            |_, s| s.ghost.reached.seen & Seen::ORPHAN_GRANT != 0,
+        );
         if self.config.failovers > 0 {
             properties.push(Property::sometimes(
                 "a failover loses a grant",
@@ -677,12 +1010,12 @@ impl Model for ProtocolModel {
 }
 
 impl ProtocolModel {
-    /// Sends `call` for `node`: run at once and answered, or (`stale`)
+    /// Sends `call` for `node`: run at once and answered, or (`cut`)
     /// left on its way.
-    fn call(&self, s: &mut State, node: NodeId, call: Call, stale: bool) -> Option<ServerStep> {
+    fn call(&self, s: &mut State, node: NodeId, call: Call, cut: bool) -> Option<ServerStep> {
         let req = Req { node, call };
-        if stale {
-            s.stale += 1;
+        if cut {
+            s.cut_off += 1;
             s.net.push(req);
             s.net.sort();
             return None;
@@ -701,29 +1034,54 @@ impl ProtocolModel {
     pub fn step(&self, s: &mut State, action: Action) -> Option<ServerStep> {
         let c = &self.config;
         match action {
-            Action::Acquire(n, stale) => {
+            Action::Acquire(n, cut) | Action::Early(n, cut) => {
                 let node = &mut s.nodes[usize::from(n)];
-                let retried = node.role != Role::Idle;
-                if !retried {
-                    s.made += 1;
-                    node.tok = s.made;
+                let (ask, role) = match node.role {
+                    Role::Idle => {
+                        let early = matches!(action, Action::Early(..));
+                        s.made += 1;
+                        if early {
+                            s.early += 1;
+                        }
+                        node.tok = s.made;
+                        let role = Role::Unknown {
+                            retried: false,
+                            early,
+                        };
+                        (self.ask(None, early), role)
+                    }
+                    Role::Unknown { early, .. } => {
+                        let role = Role::Unknown {
+                            retried: true,
+                            early,
+                        };
+                        (self.ask(None, early), role)
+                    }
+                    Role::Follower { follows, .. } => {
+                        let role = Role::Follower {
+                            follows,
+                            ambiguous: true,
+                        };
+                        (self.ask(Some(follows), false), role)
+                    }
+                    _ => unreachable!("only idle nodes, retries and followers acquire"),
+                };
+                if cut {
+                    node.role = role;
                 }
                 let tok = node.tok;
-                if stale {
-                    node.role = Role::Unknown { retried };
-                }
-                return self.call(s, n, Call::Acquire(tok), stale);
+                return self.call(s, n, Call::Acquire(tok, ask), cut);
             }
             Action::GiveUp(n) => give_up(s, n),
-            Action::Heartbeat(n, stale) => {
+            Action::Heartbeat(n, cut) => {
                 let node = &s.nodes[usize::from(n)];
                 let Role::Owner(gen) = node.role else {
                     unreachable!("only owners heartbeat")
                 };
                 let tok = node.tok;
-                return self.call(s, n, Call::Heartbeat(tok, gen), stale);
+                return self.call(s, n, Call::Heartbeat(tok, gen), cut);
             }
-            Action::Commit(n, stale) | Action::Abandon(n, _, stale) => {
+            Action::Commit(n, cut) | Action::Abandon(n, _, cut) => {
                 let node = &mut s.nodes[usize::from(n)];
                 let gen = match node.role {
                     Role::Owner(gen) | Role::Ending { gen, .. } => gen,
@@ -733,7 +1091,7 @@ impl ProtocolModel {
                     Action::Abandon(_, fail, _) => Some(fail),
                     _ => None,
                 };
-                if stale {
+                if cut {
                     node.role = Role::Ending { gen, abandon };
                 }
                 let tok = node.tok;
@@ -741,17 +1099,17 @@ impl ProtocolModel {
                     None => Call::Commit(tok, gen),
                     Some(fail) => Call::Abandon(tok, gen, fail),
                 };
-                return self.call(s, n, call, stale);
+                return self.call(s, n, call, cut);
             }
-            Action::Release(n, stale) => {
+            Action::Release(n, cut) => {
                 let node = &mut s.nodes[usize::from(n)];
                 let (tok, confirmed) = node.orphans[0];
-                if stale {
+                if cut {
                     // Unknown: released again later.
                     node.orphans.remove(0);
                     node.orphans.push((tok, confirmed));
                 }
-                return self.call(s, n, Call::Release(tok), stale);
+                return self.call(s, n, Call::Release(tok), cut);
             }
             Action::Invalidate(n) => {
                 s.invalidations += 1;
@@ -776,6 +1134,16 @@ impl ProtocolModel {
             Action::Run(req) => {
                 take(s, &req);
                 let (answer, notices) = self.run(s, req);
+                if let (Call::Acquire(tok, _), Answer::Owner(..)) = (req.call, answer) {
+                    // Nobody works on a lease granted to a token its node
+                    // no longer waits with (docs/guarantees.md, "Known
+                    // limits").
+                    let node = &s.nodes[usize::from(req.node)];
+                    let waits = matches!(node.role, Role::Unknown { .. } | Role::Follower { .. });
+                    if node.tok != tok || !waits {
+                        s.ghost.reached.seen |= c.witness & Seen::ORPHAN_GRANT;
+                    }
+                }
                 return Some(ServerStep::Run {
                     node: req.node,
                     call: req.call,
@@ -804,6 +1172,25 @@ impl ProtocolModel {
                     s.primary.inv.map(|(g, _)| g),
                 ];
                 s.ghost.kept = kept.into_iter().flatten().max().unwrap_or(0);
+                if s.ghost.purged > s.ghost.kept {
+                    // The invalidation was not copied: an older result
+                    // may answer again (the documented failover limit).
+                    s.ghost.purged = s.primary.inv.map_or(0, |(g, _)| g);
+                }
+                // What the server keeps now is what the replica had.
+                let rec = s.primary.record.as_ref();
+                let res = rec.and_then(|r| Some((r.rg?, r.s?, r.b?, r.ra)));
+                s.ghost.latest = res.and_then(|(rg, status, body, _)| {
+                    let at = stored_at(&s.ghost, rg, status, body)?;
+                    let keep = match status {
+                        Status::Ok => c.terms.keep(),
+                        Status::Err => c.terms.failure_ttl,
+                    };
+                    Some((rg, status, at + keep))
+                });
+                s.ghost.throttle = res
+                    .filter(|&(_, status, _, ra)| status == Status::Ok && ra > 0)
+                    .map(|(rg, _, _, ra)| (rg, ra));
                 record_lost(&mut s.ghost);
                 for node in &mut s.nodes {
                     node.inbox = false;
@@ -827,7 +1214,14 @@ impl ProtocolModel {
 /// stops (its lease runs out).
 fn give_up(s: &mut State, n: NodeId) {
     let node = &mut s.nodes[usize::from(n)];
-    let suspect = matches!(node.role, Role::Unknown { .. });
+    let suspect = matches!(
+        node.role,
+        Role::Unknown { .. }
+            | Role::Follower {
+                ambiguous: true,
+                ..
+            }
+    );
     if suspect && !node.orphans.iter().any(|&(t, _)| t == node.tok) {
         node.orphans.push((node.tok, false));
     }

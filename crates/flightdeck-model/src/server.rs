@@ -42,10 +42,25 @@ pub struct Terms {
     pub state_ttl: Tick,
     /// `LeaseTerms::allow_takeover`.
     pub takeover: bool,
-    /// `CommitArgs::ttl`: how long a result is replayed.
+    /// `CommitArgs::ttl`: how long a result is fresh (replayed to new
+    /// acquires).
     pub result_ttl: Tick,
+    /// `CommitArgs::retain`: how long a result is kept for the followers
+    /// already waiting (a re-check naming its generation or an older one).
+    pub retain: Tick,
+    /// `CommitArgs::stale_for`: how long past `result_ttl` a success is
+    /// kept to answer an ACQUIRE that asks for stale results (the stage's
+    /// longest stale window; 0: none).
+    pub stale_for: Tick,
     /// `AbandonArgs::failure_ttl` of an abandon that caches its failure.
     pub failure_ttl: Tick,
+    /// `AbandonArgs::retry_after` of a failed attempt's abandon: while a
+    /// success is kept to answer stale, nothing is granted to an ACQUIRE
+    /// asking for stale results for so long (0: no throttle).
+    pub retry_after: Tick,
+    /// `CommitArgs::work_time`: how long the work took, carried with the
+    /// result for early refreshes.
+    pub work_time: Tick,
 }
 
 impl Terms {
@@ -57,9 +72,17 @@ impl Terms {
             .min(self.state_ttl)
             .max(self.lease)
     }
+
+    /// How long a commit keeps its result (`ku`, the record's expiry):
+    /// the longest of its freshness and stale window and its retention
+    /// for waiters, at least a tick (the Lua's 1 ms).
+    pub fn keep(&self) -> Tick {
+        (self.result_ttl + self.stale_for).max(self.retain).max(1)
+    }
 }
 
-/// How a stored result ended (`s`).
+/// How a result ended: `s` of a stored result, `ok`; a failure an
+/// abandon cached (`eg`, `eb`: beside the stored result) answers `err`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Status {
     /// `ok`: committed.
@@ -78,7 +101,7 @@ pub enum Body {
     Failure(Tok),
 }
 
-/// The record `{prefix}:{h}:f3` (see `flightdeck_redis::scripts`).
+/// The record `{prefix}:{h}:f5` (see `flightdeck_redis::scripts`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Record {
     /// `g`.
@@ -87,10 +110,36 @@ pub struct Record {
     pub t: Option<Tok>,
     /// `d`: the lease deadline; `Some(0)` once the grant ended.
     pub d: Option<Tick>,
-    /// `s`.
+    /// `s`: `ok` once a commit stored a result (kept through later
+    /// grants until a commit replaces it or an invalidation drops it).
     pub s: Option<Status>,
     /// `b`.
     pub b: Option<Body>,
+    /// `rg`: the generation that stored the result.
+    pub rg: Option<Gen>,
+    /// `ct`: when the result was stored.
+    pub ct: Tick,
+    /// `fu`: the result is fresh until then.
+    pub fu: Tick,
+    /// `su`: a success is answered stale (to an ACQUIRE asking for it)
+    /// until then.
+    pub su: Tick,
+    /// `ku`: the result is kept (for the waiters, and the record lives)
+    /// until then; 0 with no result.
+    pub ku: Tick,
+    /// `wt`: the result's work time.
+    pub wt: Tick,
+    /// `ra`: a failed refresh's throttle ends then (absent and `0` alike:
+    /// none).
+    pub ra: Tick,
+    /// `eg`, `eb`: a failure cached by an abandon (its generation and
+    /// body), beside the stored result, which it never replaces.
+    pub failure: Option<(Gen, Body)>,
+    /// `ec`: when the failure was cached.
+    pub ec: Tick,
+    /// `eu`: the failure is replayed until then (absent and `0` alike:
+    /// none).
+    pub eu: Tick,
     /// `x`, newest first (never more than [`RELEASED_KEPT`]): tokens
     /// released, or whose attempt ended here (committed, abandoned,
     /// released).
@@ -109,7 +158,7 @@ pub const RELEASED_KEPT: usize = 8;
 pub struct Store {
     /// The record, while it lives.
     pub record: Option<Record>,
-    /// `{prefix}:{h}:f3:i`: the last invalidation's generation and the
+    /// `{prefix}:{h}:f5:i`: the last invalidation's generation and the
     /// key's expiry.
     pub inv: Option<(Gen, Tick)>,
 }
@@ -132,18 +181,33 @@ impl Store {
     }
 }
 
+/// What an ACQUIRE asks besides the lease (`Ask` of the L2 layer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ask {
+    /// A follower's re-check: the generation it first followed (`None`:
+    /// an acquire, or the retry of one).
+    pub follows: Option<Gen>,
+    /// The stage has stale windows: a success kept past its freshness
+    /// goes beside the answer.
+    pub stale: bool,
+    /// An early refresh: granted although the result is still fresh.
+    pub early: bool,
+}
+
 /// A script call, as a node sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Call {
-    /// `ACQUIRE(tok, lease, takeover, record_ttl, inbox)`; the inbox is
-    /// the sending node's.
-    Acquire(Tok),
+    /// `ACQUIRE(tok, lease, takeover, record_ttl, inbox, follows, stale,
+    /// early)`; the inbox is the sending node's.
+    Acquire(Tok, Ask),
     /// `HEARTBEAT(tok, gen, lease, record_ttl)`.
     Heartbeat(Tok, Gen),
-    /// `COMMIT(tok, gen, value(tok), result_ttl, inline=1)`.
+    /// `COMMIT(tok, gen, value(tok), result_ttl, inline=1, retain,
+    /// stale_for, work_time)`.
     Commit(Tok, Gen),
-    /// `ABANDON(tok, gen, failure, failure_ttl)`; `true`: caches the
-    /// failure.
+    /// `ABANDON(tok, gen, failure, failure_ttl, retry_after)`; `true`:
+    /// the work failed (its failure cached when `failure_ttl` > 0, a
+    /// throttle for `retry_after`), `false`: no failure, no throttle.
     Abandon(Tok, Gen, bool),
     /// `RELEASE(tok, state_ttl)`.
     Release(Tok),
@@ -151,16 +215,37 @@ pub enum Call {
     Invalidate,
 }
 
+/// A stored result as an answer carries it (`StoredResult`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Res {
+    /// The generation that stored it (`rg`).
+    pub gen: Gen,
+    /// `s`.
+    pub status: Status,
+    /// `b`.
+    pub body: Body,
+    /// Its age by the server's clock (`now - ct`, never below 0).
+    pub age: Tick,
+    /// How long it was fresh (`fu - ct`).
+    pub ttl: Tick,
+    /// Its work time (`wt`).
+    pub work: Tick,
+}
+
 /// A script's answer, as the client parses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Answer {
-    /// `{HIT, gen, st, body}`; a missing generation is a protocol error
-    /// for the client (`None`).
-    Hit(Option<Gen>, Status, Body),
-    /// `{OWNER, gen, takeover}`.
-    Owner(Gen, bool),
-    /// `{FOLLOWER, gen, remaining}` (remaining: ticks, rounded up).
-    Follower(Gen, Tick),
+    /// `{HIT, <result>}`.
+    Hit(Res),
+    /// `{OWNER, gen, takeover[, <result>]}`: with the result kept past
+    /// its freshness (asked `stale`) or still fresh (asked `early`).
+    Owner(Gen, bool, Option<Res>),
+    /// `{FOLLOWER, gen, remaining[, <result>]}` (remaining: ticks,
+    /// rounded up), with the result kept past its freshness (asked
+    /// `stale`).
+    Follower(Gen, Tick, Option<Res>),
+    /// `{STALE, <result>}`: a failed refresh's throttle runs.
+    Stale(Res),
     /// `{EXPIRED, gen}` (0 when the record has none).
     Expired(Gen),
     /// `RENEWED`.
@@ -177,6 +262,17 @@ pub enum Answer {
     NotOwner,
     /// INVALIDATE's new generation.
     Invalidated(Gen),
+}
+
+impl Answer {
+    /// The stored result the answer carries, if any.
+    pub fn result(&self) -> Option<Res> {
+        match *self {
+            Self::Hit(r) | Self::Stale(r) => Some(r),
+            Self::Owner(_, _, r) | Self::Follower(_, _, r) => r,
+            _ => None,
+        }
+    }
 }
 
 /// A message published to a node's inbox: `<record>|<gen>|c|<payload>`
@@ -239,7 +335,7 @@ pub fn run(
     call: Call,
 ) -> (Answer, Vec<Notice>) {
     match call {
-        Call::Acquire(tok) => (acquire(store, now, terms, node, tok), Vec::new()),
+        Call::Acquire(tok, ask) => (acquire(store, now, terms, node, tok, ask), Vec::new()),
         Call::Heartbeat(tok, gen) => (heartbeat(store, now, terms, tok, gen), Vec::new()),
         Call::Commit(tok, gen) => commit(store, now, terms, tok, gen),
         Call::Abandon(tok, gen, fail) => abandon(store, now, terms, tok, gen, fail),
@@ -248,45 +344,99 @@ pub fn run(
     }
 }
 
+/// The record's expiry from a grant or a heartbeat at `now`: the record
+/// TTL, never before the stored result's `ku` or the cached failure's
+/// `eu`.
+fn grant_expiry(rec: &Record, now: Tick, terms: &Terms) -> Tick {
+    (now + terms.record_ttl()).max(rec.ku).max(rec.eu)
+}
+
 /// ACQUIRE.
-pub fn acquire(store: &mut Store, now: Tick, terms: &Terms, node: NodeId, tok: Tok) -> Answer {
+pub fn acquire(
+    store: &mut Store,
+    now: Tick,
+    terms: &Terms,
+    node: NodeId,
+    tok: Tok,
+    ask: Ask,
+) -> Answer {
     let r = store.record.clone().unwrap_or_default();
-    if let Some(s) = r.s {
-        // `r[5] or ''`: the model never stores a status without a body.
-        return Answer::Hit(r.g, s, r.b.unwrap_or(Body::Value(EMPTY)));
-    }
     let d = r.d.unwrap_or(0);
+    let g = r.g.unwrap_or(0);
+    let live = d > now;
+    let mine = r.t == Some(tok);
+    let mut beside = None;
+    if let Some(s) = r.s {
+        let res = Res {
+            // The model never stores a status without `rg` and `b`.
+            gen: r.rg.unwrap_or(0),
+            status: s,
+            body: r.b.unwrap_or(Body::Value(EMPTY)),
+            age: now.saturating_sub(r.ct),
+            ttl: r.fu - r.ct,
+            work: r.wt,
+        };
+        if now < r.fu || (ask.follows.is_some_and(|f| f <= res.gen) && now < r.ku) {
+            if !ask.early
+                || ask.follows.is_some()
+                || now >= r.fu
+                || s != Status::Ok
+                || now < r.ra
+                || now < r.eu
+                || (live && !mine)
+            {
+                return Answer::Hit(res);
+            }
+            beside = Some(res);
+        } else if ask.stale && s == Status::Ok && now < r.su {
+            beside = Some(res);
+        }
+    }
+    if let (true, None, Some((gen, body))) = (now < r.eu, beside, r.failure) {
+        return Answer::Hit(Res {
+            gen,
+            status: Status::Err,
+            body,
+            age: now.saturating_sub(r.ec),
+            ttl: r.eu - r.ec,
+            work: 0,
+        });
+    }
+    if let (true, Some(res)) = (now < r.ra, beside) {
+        return Answer::Stale(res);
+    }
     let mut takeover = false;
-    if r.t == Some(tok) {
-        if d > now {
-            return Answer::Owner(r.g.unwrap_or(0), false);
+    if mine {
+        if live {
+            return Answer::Owner(g, false, beside);
         }
         if d == 0 {
-            return Answer::Expired(r.g.unwrap_or(0));
+            return Answer::Expired(g);
         }
-    } else if d > now {
+    } else if live {
         let rec = store.record.as_mut().expect("a live lease has a record");
         if !rec.w.contains(&node) {
             rec.w.push(node);
         }
-        return Answer::Follower(r.g.unwrap_or(0), d - now);
+        return Answer::Follower(g, d - now, beside);
     }
     if d > 0 {
         if !terms.takeover {
-            return Answer::Expired(r.g.unwrap_or(0));
+            return Answer::Expired(g);
         }
         takeover = true;
     }
     if r.x.contains(&tok) {
-        return Answer::Expired(r.g.unwrap_or(0));
+        return Answer::Expired(g);
     }
     let gen = next_gen(r.g, now);
     let rec = store.record.get_or_insert_with(Record::default);
     rec.g = Some(gen);
     rec.t = Some(tok);
     rec.d = Some(now + terms.lease);
-    rec.exp = Some(now + terms.record_ttl());
-    Answer::Owner(gen, takeover)
+    rec.ra = 0;
+    rec.exp = Some(grant_expiry(rec, now, terms));
+    Answer::Owner(gen, takeover, beside)
 }
 
 /// HEARTBEAT.
@@ -302,7 +452,7 @@ pub fn heartbeat(store: &mut Store, now: Tick, terms: &Terms, tok: Tok, gen: Gen
         return Answer::Lost;
     }
     rec.d = Some(now + terms.lease);
-    rec.exp = Some(now + terms.record_ttl());
+    rec.exp = Some(grant_expiry(rec, now, terms));
     Answer::Renewed
 }
 
@@ -320,7 +470,7 @@ pub fn commit(
     if rec.t != Some(tok) || rec.g != Some(gen) {
         return (Answer::Fenced, Vec::new());
     }
-    if let Some(s) = rec.s {
+    if let (Some(s), true) = (rec.s, rec.rg == Some(gen)) {
         let answer = if s == Status::Ok {
             Answer::Committed
         } else {
@@ -335,7 +485,19 @@ pub fn commit(
     rec.d = Some(0);
     rec.s = Some(Status::Ok);
     rec.b = Some(Body::Value(tok));
-    rec.exp = Some(now + terms.result_ttl);
+    rec.rg = Some(gen);
+    rec.ct = now;
+    rec.fu = now + terms.result_ttl;
+    rec.su = rec.fu + terms.stale_for;
+    rec.ku = now + terms.keep();
+    rec.wt = terms.work_time;
+    // `eu = 0`: the failure no longer answers (`eg`, `ec` stay in Redis,
+    // unread; cleared here so that equal records are one state). `ra`
+    // stays: a grant, always between an abandon and a commit, ended it.
+    rec.failure = None;
+    rec.ec = 0;
+    rec.eu = 0;
+    rec.exp = Some(now + terms.keep());
     remember(rec, tok);
     (Answer::Committed, publish(&w, gen, Some(Body::Value(tok))))
 }
@@ -358,10 +520,15 @@ pub fn abandon(
     let w = std::mem::take(&mut rec.w);
     rec.d = Some(0);
     remember(rec, tok);
+    if fail && terms.retry_after > 0 && rec.s == Some(Status::Ok) && now < rec.su {
+        rec.ra = now + terms.retry_after;
+    }
     if fail && terms.failure_ttl > 0 {
-        rec.s = Some(Status::Err);
-        rec.b = Some(Body::Failure(tok));
-        rec.exp = Some(now + terms.failure_ttl);
+        rec.failure = Some((gen, Body::Failure(tok)));
+        rec.ec = now;
+        rec.eu = now + terms.failure_ttl;
+        // Never shortens the stored result's life.
+        rec.exp = Some(rec.eu.max(rec.ku));
     }
     (Answer::Released, publish(&w, gen, None))
 }
@@ -402,6 +569,16 @@ pub fn invalidate(store: &mut Store, now: Tick, terms: &Terms) -> (Answer, Vec<N
     rec.d = Some(0);
     rec.s = None;
     rec.b = None;
+    rec.rg = None;
+    rec.ct = 0;
+    rec.fu = 0;
+    rec.su = 0;
+    rec.ku = 0;
+    rec.wt = 0;
+    rec.ra = 0;
+    rec.failure = None;
+    rec.ec = 0;
+    rec.eu = 0;
     rec.w.clear();
     rec.exp = Some(now + terms.state_ttl);
     store.inv = Some((gen, now + terms.state_ttl));

@@ -7,6 +7,7 @@
 
 use std::time::Instant;
 
+use flightdeck_model::model::Seen;
 use flightdeck_model::{Config, ProtocolModel};
 use stateright::{Checker, Model};
 
@@ -52,7 +53,7 @@ fn base() -> Config {
         crashes: 0,
         reconnects: 0,
         clock_steps_back: false,
-        stale: 1,
+        cut_off: 1,
         horizon: 4,
         ..Config::small()
     }
@@ -60,15 +61,21 @@ fn base() -> Config {
 
 #[test]
 fn calls_cut_off_run_late_or_lost() {
-    check("network", base());
+    check(
+        "network",
+        Config {
+            witness: Seen::KEPT_RECHECK | Seen::ORPHAN_GRANT,
+            ..base()
+        },
+    );
 }
 
 #[test]
 fn two_calls_on_their_way() {
     check(
-        "two stale calls",
+        "two calls cut off",
         Config {
-            stale: 2,
+            cut_off: 2,
             horizon: 3,
             ..base()
         },
@@ -116,6 +123,65 @@ fn a_crash_and_a_subscriber_reconnect() {
             reconnects: 1,
             horizon: 3,
             ..base()
+        },
+    );
+}
+
+#[test]
+fn results_kept_for_waiters_but_not_replayed() {
+    let mut config = base();
+    config.terms.result_ttl = 0;
+    // Longer than a grant keeps the record: a grant must not shorten it.
+    config.terms.retain = 3;
+    config.witness = Seen::KEPT_RECHECK;
+    check("ttl 0, retain 3", config);
+}
+
+#[test]
+fn results_fresh_longer_than_kept_for_waiters() {
+    let mut config = base();
+    config.terms.result_ttl = 2;
+    config.terms.retain = 1;
+    check("ttl 2, retain 1", config);
+}
+
+/// A stage with stale windows: results answered stale past their TTL
+/// while one refresh runs, a failed refresh's throttle (its failure
+/// cached beside the kept result), an early refresh.
+fn stale() -> Config {
+    let mut config = Config {
+        stale_windows: true,
+        early: 2,
+        ..base()
+    };
+    config.terms.result_ttl = 1;
+    config.terms.retain = 1;
+    config.terms.stale_for = 2;
+    config.terms.retry_after = 1;
+    config
+}
+
+#[test]
+fn stale_answers_refreshes_and_throttles() {
+    check(
+        "stale windows",
+        Config {
+            witness: Seen::STALE_OWNER | Seen::STALE_FOLLOWER | Seen::THROTTLED | Seen::EARLY,
+            ..stale()
+        },
+    );
+}
+
+#[test]
+fn stale_windows_and_an_invalidation_during_a_refresh() {
+    check(
+        "stale windows, invalidation",
+        Config {
+            invalidations: 1,
+            early: 0,
+            horizon: 3,
+            witness: Seen::PURGE_FENCED,
+            ..stale()
         },
     );
 }

@@ -4,9 +4,12 @@
 //!
 //! The server's time is the model's: a lease of one tick is a lease of
 //! `MS_PER_TICK` ms, far longer than a replay takes, and a tick of the
-//! model moves every deadline (`d`) and every key's expiry of the flight
-//! one tick closer, in one script; a record due at that tick is deleted,
-//! as the model's is. A failover copies the replica's keys over the
+//! model moves every time the record holds (the lease deadline `d`, the
+//! result's commit time, freshness, stale window and retention, a
+//! throttle's end, a cached failure's time and end) and every key's
+//! expiry of the flight one tick closer,
+//! in one script; a record due at that tick is deleted, as the model's
+//! is. A failover copies the replica's keys over the
 //! flight's (the replica is a copy the model's replication step made),
 //! then moves the clock a tick on, less the ticks the new primary's clock
 //! is behind. Generations are the server's own (`TIME` in µs): they must
@@ -18,13 +21,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Backend, BackendErrorKind, CommitArgs, Committed, LeaseTerms, Released,
-    Renewal, ResultStatus,
+    AbandonArgs, Acquired, Ask, Backend, CommitArgs, Committed, LeaseTerms, Released, Renewal,
+    ResultStatus, StoredResult,
 };
 use flightdeck_distributed::{FlightId, OwnerToken};
 use flightdeck_harness::RedisServer;
 use flightdeck_model::model::{server_steps, Action, Config, ProtocolModel, ServerStep};
-use flightdeck_model::server::{Answer, Body, Call, Gen, Notice, Status, Tick, Tok};
+use flightdeck_model::server::{Answer, Body, Call, Gen, Notice, Res, Status, Tick, Tok};
 use flightdeck_redis::{RedisBackend, RedisConfig};
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
@@ -35,8 +38,10 @@ use stateright::Model;
 /// One tick of the model on the real server.
 const MS_PER_TICK: u64 = 100_000;
 
-/// Moves the flight's deadlines and expiries `ARGV[1]` ms closer (a
-/// negative shift moves them away); deletes what falls due.
+/// Moves the flight's deadlines, times and expiries `ARGV[1]` ms closer
+/// (a negative shift moves them away); deletes what falls due. A field
+/// that is absent, or `0` where `0` means "none" (`d`, `ra`, `eu`),
+/// stays.
 const SHIFT: &str = r"
 local by = tonumber(ARGV[1])
 for i = 1, #KEYS do
@@ -50,9 +55,11 @@ for i = 1, #KEYS do
         redis.call('PEXPIRE', k, pttl - by)
       end
       if redis.call('TYPE', k).ok == 'hash' then
-        local d = redis.call('HGET', k, 'd')
-        if d and d ~= '0' then
-          redis.call('HSET', k, 'd', string.format('%.0f', tonumber(d) - by))
+        for _, f in ipairs({'d', 'ra', 'eu', 'ct', 'fu', 'su', 'ku', 'ec'}) do
+          local v = redis.call('HGET', k, f)
+          if v and not ((f == 'd' or f == 'ra' or f == 'eu') and v == '0') then
+            redis.call('HSET', k, f, string.format('%.0f', tonumber(v) - by))
+          end
         end
       end
     end
@@ -283,11 +290,18 @@ impl Replay {
         let terms = self.terms();
         let fail = |e: flightdeck_distributed::backend::BackendError| format!("{call:?}: {e}");
         Ok(match call {
-            Call::Acquire(tok) => match b.acquire(flight, &token(tok), &terms).await {
-                Ok(a) => Real::Acquired(a),
-                Err(e) if e.kind() == BackendErrorKind::Protocol => Real::Refused,
-                Err(e) => return Err(fail(e)),
-            },
+            Call::Acquire(tok, ask) => {
+                let ask = Ask {
+                    follows: ask.follows.map(|f| gens.real(f)),
+                    recheck: ask.follows.is_some(),
+                    stale: ask.stale,
+                    early: ask.early,
+                };
+                match b.acquire_with(flight, &token(tok), ask, &terms).await {
+                    Ok(a) => Real::Acquired(a),
+                    Err(e) => return Err(fail(e)),
+                }
+            }
             Call::Heartbeat(tok, gen) => Real::Renewal(
                 b.heartbeat(flight, &token(tok), gens.real(gen), &terms)
                     .await
@@ -297,11 +311,11 @@ impl Replay {
                 let args = CommitArgs {
                     payload: body_bytes(Body::Value(tok)),
                     ttl: ms(t.result_ttl),
-                    retain: ms(t.result_ttl),
+                    retain: ms(t.retain),
                     inline_below: 1024,
                     state_ttl: ms(t.state_ttl),
-                    stale_for: Duration::ZERO,
-                    work_time: Duration::ZERO,
+                    stale_for: ms(t.stale_for),
+                    work_time: ms(t.work_time),
                 };
                 Real::Committed(
                     b.commit(flight, &token(tok), gens.real(gen), &args)
@@ -309,16 +323,20 @@ impl Replay {
                         .map_err(fail)?,
                 )
             }
-            Call::Abandon(tok, gen, caches) => {
+            Call::Abandon(tok, gen, failed) => {
                 let args = AbandonArgs {
-                    failure: caches.then(|| body_bytes(Body::Failure(tok))),
-                    failure_ttl: if caches {
+                    failure: failed.then(|| body_bytes(Body::Failure(tok))),
+                    failure_ttl: if failed {
                         ms(t.failure_ttl)
                     } else {
                         Duration::ZERO
                     },
+                    retry_after: if failed {
+                        ms(t.retry_after)
+                    } else {
+                        Duration::ZERO
+                    },
                     state_ttl: ms(t.state_ttl),
-                    retry_after: Duration::ZERO,
                 };
                 Real::Released(
                     b.abandon(flight, &token(tok), gens.real(gen), &args)
@@ -340,39 +358,34 @@ impl Replay {
     fn same(&self, gens: &mut Gens, model: Answer, real: Real) -> Result<(), String> {
         let differ = || format!("answer {real:?}, the model's {model:?}");
         let ok = match (model, &real) {
-            (Answer::Hit(None, ..), Real::Refused) => true,
-            (Answer::Hit(Some(g), status, body), Real::Acquired(Acquired::Hit(r))) => {
-                gens.pair(g, r.generation)?;
-                let st = match r.status {
-                    ResultStatus::Ok => Status::Ok,
-                    ResultStatus::Failed => Status::Err,
-                };
-                st == status && body_of(&r.payload) == body
+            (Answer::Hit(res), Real::Acquired(Acquired::Hit(r)))
+            | (Answer::Stale(res), Real::Acquired(Acquired::Stale(r))) => {
+                same_result(gens, res, r)?
             }
             (
-                Answer::Owner(g, takeover),
+                Answer::Owner(g, takeover, res),
                 Real::Acquired(Acquired::Owner {
                     generation,
                     takeover: t,
-                    ..
+                    stale,
                 }),
             ) => {
                 gens.pair(g, *generation)?;
-                takeover == *t
+                takeover == *t && same_beside(gens, res, stale.as_ref())?
             }
             (
-                Answer::Follower(g, left),
+                Answer::Follower(g, left, res),
                 Real::Acquired(Acquired::Follower {
                     generation,
                     lease_remaining,
-                    ..
+                    stale,
                 }),
             ) => {
                 gens.pair(g, *generation)?;
                 let ticks = lease_remaining
                     .as_millis()
                     .div_ceil(u128::from(MS_PER_TICK));
-                ticks == u128::from(left)
+                ticks == u128::from(left) && same_beside(gens, res, stale.as_ref())?
             }
             (Answer::Expired(g), Real::Acquired(Acquired::Expired { generation })) => {
                 gens.pair(g, *generation)?;
@@ -449,10 +462,39 @@ impl Replay {
     }
 }
 
+/// Whether the real result is the model's: generation, status, body, and
+/// its age (whole ticks: the replay takes far less than one), TTL and
+/// work time by the server's clock.
+fn same_result(gens: &mut Gens, model: Res, real: &StoredResult) -> Result<bool, String> {
+    gens.pair(model.gen, real.generation)?;
+    let status = match real.status {
+        ResultStatus::Ok => Status::Ok,
+        ResultStatus::Failed => Status::Err,
+    };
+    let age = real.age.as_millis() / u128::from(MS_PER_TICK);
+    Ok(status == model.status
+        && body_of(&real.payload) == model.body
+        && age == u128::from(model.age)
+        && real.ttl == ms(model.ttl)
+        && real.work_time == ms(model.work))
+}
+
+/// Whether the result beside an OWNER or FOLLOWER answer is the model's.
+fn same_beside(
+    gens: &mut Gens,
+    model: Option<Res>,
+    real: Option<&StoredResult>,
+) -> Result<bool, String> {
+    match (model, real) {
+        (None, None) => Ok(true),
+        (Some(m), Some(r)) => same_result(gens, m, r),
+        _ => Ok(false),
+    }
+}
+
 #[derive(Debug)]
 enum Real {
     Acquired(Acquired),
-    Refused,
     Renewal(Renewal),
     Committed(Committed),
     Released(Released),
@@ -496,16 +538,32 @@ async fn replay_walks(config: Config, seed: u64, walks: usize) {
     let stage = StageName::new("model").unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut steps_run = 0;
+    // Answers with a result beside a grant or FOLLOWER, or STALE.
+    let mut kept = 0;
     for i in 0..walks {
         let actions = walk(&model, &mut rng, 80);
         let steps = server_steps(&model, &actions);
         steps_run += steps.len();
+        kept += steps
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s,
+                    ServerStep::Run {
+                        answer: Answer::Owner(_, _, Some(_))
+                            | Answer::Follower(_, _, Some(_))
+                            | Answer::Stale(_),
+                        ..
+                    }
+                )
+            })
+            .count();
         let flight = FlightId::of(&FlightKey::from_bytes(stage.clone(), format!("{seed}-{i}")));
         if let Err(e) = replay.run(&flight, &steps).await {
             panic!("walk {i} of seed {seed} differs from the model: {e}\nactions: {actions:?}");
         }
     }
-    println!("{walks} walks, {steps_run} server steps replayed");
+    println!("{walks} walks, {steps_run} server steps replayed, {kept} answers with a kept result");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -520,4 +578,25 @@ async fn model_runs_without_takeover_give_the_scripts_answers() {
     config.terms.lease = 2;
     config.terms.state_ttl = 4;
     replay_walks(config, 2, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_runs_kept_for_waiters_give_the_scripts_answers() {
+    let mut config = Config::small();
+    config.terms.result_ttl = 0;
+    config.terms.retain = 3;
+    replay_walks(config, 3, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_runs_with_stale_windows_give_the_scripts_answers() {
+    let mut config = Config {
+        stale_windows: true,
+        early: 2,
+        ..Config::small()
+    };
+    config.terms.retain = 1;
+    config.terms.stale_for = 2;
+    config.terms.retry_after = 1;
+    replay_walks(config, 4, 4000).await;
 }
