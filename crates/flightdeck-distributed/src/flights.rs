@@ -250,7 +250,6 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 Start::Flight(Box::pin(async move {
                     st.fly(&key, flight, req, exec, &fallback, call_timeout)
                         .await
-                        .map(|(out, _)| out)
                 }))
             }
         }
