@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flightdeck_core::error::{BoxError, LeaseLost};
+use flightdeck_core::error::{BoxError, LeaseLost, WorkPanicked};
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::Shareable;
 use tokio::time::Instant;
@@ -295,7 +295,20 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let stage = cx.stage.clone();
         let cx = cx.clone();
         let task = async move {
-            let how = match tokio::time::timeout(bound, work).await {
+            // A panic of the work ends the refresh as a failure (counted as
+            // one): its lease is dropped with it, which abandons it.
+            let mut work = work;
+            let caught = std::future::poll_fn(move |ctx| {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    work.as_mut().poll(ctx)
+                })) {
+                    Ok(polled) => polled,
+                    Err(_) => {
+                        std::task::Poll::Ready(Err(Box::new(WorkPanicked::new(None)) as BoxError))
+                    }
+                }
+            });
+            let how = match tokio::time::timeout(bound, caught).await {
                 Err(_) => Refresh::Abandoned,
                 Ok(out) if failed(&*judge, &out) => Refresh::Failed,
                 Ok(Ok(Shareable::Shared(_))) => Refresh::Committed,

@@ -45,11 +45,13 @@ fn key(stage: &str) -> FlightKey {
 
 /// The work of every node: answers `v<n>` (its `n`th run) after `delay`,
 /// or, while `failing`, fails as an execution timeout does.
+/// With `panicking`, it panics instead.
 #[derive(Clone)]
 struct Work {
     runs: Arc<AtomicUsize>,
     delay: Duration,
     failing: Arc<AtomicBool>,
+    panicking: Arc<AtomicBool>,
 }
 
 impl Work {
@@ -58,6 +60,7 @@ impl Work {
             runs: Arc::default(),
             delay,
             failing: Arc::default(),
+            panicking: Arc::default(),
         }
     }
 
@@ -73,6 +76,9 @@ impl Execute<()> for Work {
     async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
         let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         sleep(self.delay).await;
+        if self.panicking.load(Ordering::SeqCst) {
+            panic!("the work panics");
+        }
         if self.failing.load(Ordering::SeqCst) {
             return Err(Box::new(DeadlineExceeded::new("execution")));
         }
@@ -386,4 +392,35 @@ async fn a_late_commit_does_not_stretch_the_window() {
     tokio::time::sleep_until(ended + FRESH + window + SEC / 2).await;
     let (v, how, _) = call(&b, &k, &work).await;
     assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
+}
+
+/// A refresh whose work panics is counted (`outcome="failed"`), like any
+/// other refresh.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_refresh_is_counted() {
+    recorded::install();
+    let (a, _b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("panicking-refresh");
+    let work = Work::new(SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.panicking.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    a.idle().await;
+    assert_eq!(work.runs(), 2, "the refresh ran");
+    assert_eq!(
+        counter_where(
+            metric::REFRESH_TOTAL,
+            "panicking-refresh",
+            Some(("outcome", "failed"))
+        ),
+        1
+    );
 }

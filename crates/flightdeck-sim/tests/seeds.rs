@@ -138,3 +138,12 @@ fn seed_5097118_a_failed_wait_run_here_is_attributed() {
     let report = run(5_097_118);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 1000391 found it: a refresh granted by the store panicked in the
+/// background, and `singleflight_refresh_total` never counted it (the
+/// simulation saw one refresh execution, the metric none).
+#[test]
+fn seed_1000391_a_panicking_refresh_is_counted() {
+    let report = run(1_000_391);
+    assert!(report.passed(), "{report}");
+}
