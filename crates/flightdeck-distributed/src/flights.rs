@@ -26,7 +26,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::stale::{Answered, Reply};
+use crate::stale::{Answered, PurgeMark, Purges, Reply};
 use crate::start::Start;
 use crate::work::{Execute, Role};
 
@@ -96,6 +96,9 @@ pub(crate) struct State<B, C> {
     pub(crate) releases: LeaseReleases,
     /// Results this node saw committed, to tell when one was lost.
     pub(crate) seen_commits: SeenCommits,
+    /// This node's purges, which no stale result fetched before answers
+    /// after.
+    pub(crate) purges: Purges,
     /// Background work (commits, abandons, releases), for [`DistributedFlights::idle`].
     pub(crate) tasks: TaskTracker,
 }
@@ -128,6 +131,9 @@ pub(crate) struct Cx {
     pub(crate) metrics: Arc<StageMetrics>,
     /// When the flight's first call was sent.
     pub(crate) started: Instant,
+    /// Where the flight stood among this node's purges of its key when it
+    /// first asked the store.
+    pub(crate) purge_mark: PurgeMark,
 }
 
 impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
@@ -148,6 +154,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 metrics: Registry::default(),
                 releases: LeaseReleases::default(),
                 seen_commits: SeenCommits::default(),
+                purges: Purges::default(),
                 tasks: TaskTracker::new(),
             }),
         })
@@ -313,6 +320,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
         let limit = self.st.policy.call_timeout_duration();
         let flight = FlightId::of(key);
+        // From now on, no stale result fetched before this purge reached
+        // the store answers on this node.
+        let _purging = self.st.purges.begin(&flight);
         self.st.seen_commits.forget(&flight);
         let call = self
             .st
@@ -408,6 +418,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             }),
             metrics: st.metrics.get(key.stage()),
             started: Instant::now(),
+            purge_mark: st.purges.mark(&flight),
         };
         // Until the token is known to hold no lease (or the owner's lease
         // takes it over), dropping this flight releases it.

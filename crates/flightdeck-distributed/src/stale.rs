@@ -13,9 +13,11 @@
 //! timeout (the longest anyone waits for a result): a refresh cut there
 //! drops its lease, which abandons it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, LeaseLost, WorkPanicked};
@@ -23,7 +25,7 @@ use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::Shareable;
 use tokio::time::Instant;
 
-use crate::backend::{Acquired, Ask, Backend, StoredResult};
+use crate::backend::{Acquired, Ask, Backend, FlightId, StoredResult};
 use crate::codec::ResultCodec;
 use crate::flights::{Cx, Judge, State};
 use crate::lease_release::TokenGuard;
@@ -82,6 +84,95 @@ fn aged(r: &StoredResult, since: Instant) -> StoredResult {
     }
 }
 
+/// How many keys [`Purges`] remembers at most.
+const REMEMBERED: usize = 4096;
+
+/// This node's purges ([`DistributedFlights::invalidate`]), so that a
+/// stale result fetched from the store before a purge (or while one is on
+/// its way to the store) never answers after it began.
+///
+/// A flight takes a [`mark`](Self::mark) as it sends its first acquire; a
+/// stale result it got answers only if no purge of its key began since
+/// (nor was running then). At most [`REMEMBERED`] keys are remembered;
+/// past that, the finished ones are forgotten and every mark taken before
+/// counts as purged (a stale answer the fewer, never one too many).
+///
+/// [`DistributedFlights::invalidate`]: crate::DistributedFlights::invalidate
+#[derive(Default)]
+pub(crate) struct Purges {
+    /// Counts purge starts on this node.
+    count: AtomicU64,
+    inner: Mutex<PurgesInner>,
+}
+
+#[derive(Default)]
+struct PurgesInner {
+    /// Per key: the count at its last purge's start, and how many of its
+    /// purges run now.
+    keys: HashMap<FlightId, (u64, u32)>,
+    /// Marks below this count as purged (keys were forgotten).
+    floor: u64,
+}
+
+/// Where a flight stands among this node's purges: `None` when a purge of
+/// its key was running as it asked (what it gets may predate it).
+pub(crate) type PurgeMark = Option<u64>;
+
+impl Purges {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PurgesInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The mark of a flight of `flight` asking the store now.
+    pub(crate) fn mark(&self, flight: &FlightId) -> PurgeMark {
+        let inner = self.lock();
+        match inner.keys.get(flight) {
+            Some((_, running)) if *running > 0 => None,
+            _ => Some(self.count.load(Ordering::SeqCst)),
+        }
+    }
+
+    /// Whether a purge of `flight` began since `mark` was taken.
+    pub(crate) fn since(&self, flight: &FlightId, mark: PurgeMark) -> bool {
+        let Some(mark) = mark else {
+            return true;
+        };
+        let inner = self.lock();
+        mark < inner.floor || inner.keys.get(flight).is_some_and(|(at, _)| *at > mark)
+    }
+
+    /// A purge of `flight` begins; it ends when the guard drops.
+    pub(crate) fn begin<'a>(&'a self, flight: &FlightId) -> PurgeGuard<'a> {
+        let mut inner = self.lock();
+        let at = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        if inner.keys.len() >= REMEMBERED && !inner.keys.contains_key(flight) {
+            inner.keys.retain(|_, (_, running)| *running > 0);
+            inner.floor = at;
+        }
+        let entry = inner.keys.entry(*flight).or_insert((at, 0));
+        *entry = (at, entry.1 + 1);
+        PurgeGuard {
+            purges: self,
+            flight: *flight,
+        }
+    }
+}
+
+/// A purge running (see [`Purges::begin`]).
+pub(crate) struct PurgeGuard<'a> {
+    purges: &'a Purges,
+    flight: FlightId,
+}
+
+impl Drop for PurgeGuard<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.purges.lock();
+        if let Some((_, running)) = inner.keys.get_mut(&self.flight) {
+            *running = running.saturating_sub(1);
+        }
+    }
+}
+
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// What a stage with stale windows asks of its first acquire.
     pub(crate) fn ask(&self) -> Ask {
@@ -105,8 +196,17 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         E: Execute<Req>,
     {
         let kept = kept?;
+        if self.purged(cx) {
+            // Fetched before (or while) this node purged the key.
+            return None;
+        }
         let value = self.replay::<E::Shared>(cx, &kept).ok()??;
         exec.serves(&value, req).then_some((value, kept))
+    }
+
+    /// Whether this node purged the flight's key since it asked the store.
+    fn purged(&self, cx: &Cx) -> bool {
+        self.purges.since(&cx.flight, cx.purge_mark)
     }
 
     /// The answer from `kept`, counted.
@@ -204,7 +304,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 Ok(out) => out,
                 Err(_) => {
                     let now = aged(&kept, received);
-                    if within(now.stale_for(), windows.keep_stale()) {
+                    if within(now.stale_for(), windows.keep_stale()) && !self.purged(cx) {
                         on_soft(work);
                         return Ok(self.stale_answer(cx, value, &now, StaleReason::SoftTimeout));
                     }
@@ -214,7 +314,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             }
         };
         let now = aged(&kept, received);
-        if within(now.stale_for(), windows.if_error) && failed(&**judge, &out) {
+        if within(now.stale_for(), windows.if_error) && failed(&**judge, &out) && !self.purged(cx) {
             return Ok(self.stale_answer(cx, value, &now, StaleReason::Error));
         }
         out.map(|s| (s, Answered::Ran))

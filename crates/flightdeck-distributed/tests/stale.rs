@@ -424,3 +424,42 @@ async fn a_panicking_refresh_is_counted() {
         1
     );
 }
+
+/// A follower on the node that purges: the stale result it fetched before
+/// the purge never answers after it began (not at the soft timeout); it
+/// waits for the work instead.
+#[tokio::test(start_paused = true)]
+async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before() {
+    let soft = SEC;
+    let (a, b) = nodes(StaleWindows {
+        if_error: 60 * SEC,
+        soft_timeout: soft,
+        ..StaleWindows::OFF
+    });
+    let k = key("purge-soft");
+    let work = Work::new(3 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    let follower = tokio::spawn({
+        let (b, k, work) = (b.clone(), k.clone(), work.clone());
+        async move { call(&b, &k, &work).await }
+    });
+    sleep(SEC / 2).await;
+    b.invalidate(&k).await.unwrap();
+    let (v, how, took) = follower.await.unwrap();
+    assert_ne!(v, "v1", "the purged result answered at the soft timeout");
+    assert!(how.stale().is_none(), "{how:?}");
+    assert!(took > soft);
+    // The owner's node did not purge: its caller was answered at its soft
+    // timeout.
+    let (v, how, _) = owner.await.unwrap();
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::SoftTimeout))
+    );
+}

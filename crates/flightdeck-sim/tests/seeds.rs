@@ -147,3 +147,12 @@ fn seed_1000391_a_panicking_refresh_is_counted() {
     let report = run(1_000_391);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 7002686 found it: a follower that fetched the kept result before
+/// its node purged the key answered it at its soft timeout, after the
+/// purge.
+#[test]
+fn seed_7002686_a_purge_keeps_a_fetched_stale_result_from_answering() {
+    let report = run(7_002_686);
+    assert!(report.passed(), "{report}");
+}
