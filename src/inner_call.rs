@@ -148,6 +148,14 @@ where
             None => Arc::new(ErrorFailures),
         }
     }
+
+    /// This node's copy of the key, when the stage keeps results: a stale
+    /// answer from the store never goes back past it.
+    fn kept_here(&self) -> Option<(Sh::Shared, Duration, Duration)> {
+        let (key, setup) = (self.key.as_ref()?, self.stage.stale.as_ref()?);
+        let look = setup.kept.look(key)?;
+        Some((look.value, look.done.elapsed(), look.took))
+    }
 }
 
 /// The inner service, counted and timed when the bulkhead lets a call

@@ -200,6 +200,17 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             // Fetched before (or while) this node purged the key.
             return None;
         }
+        // This node's own copy, of work that started later, answers
+        // instead: it gave that one already (the copy is the latest-started
+        // work whose result it gave). The store's result started its work
+        // time before its commit, by the store's age.
+        if let Some((value, age, took)) = exec.kept_here() {
+            let started_ago = age.saturating_add(took);
+            if started_ago < kept.age.saturating_add(kept.work_time) && exec.serves(&value, req) {
+                let ttl = self.policy.replay_ttl_duration();
+                return Some((value, StoredResult { age, ttl, ..kept }));
+            }
+        }
         let value = self.replay::<E::Shared>(cx, &kept).ok()??;
         exec.serves(&value, req).then_some((value, kept))
     }

@@ -6,7 +6,7 @@
 //! than its freshness plus its window.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
@@ -45,13 +45,15 @@ fn key(stage: &str) -> FlightKey {
 
 /// The work of every node: answers `v<n>` (its `n`th run) after `delay`,
 /// or, while `failing`, fails as an execution timeout does.
-/// With `panicking`, it panics instead.
+/// With `panicking`, it panics instead; `kept` is the node's own copy
+/// ([`Execute::kept_here`]) and when its work ended.
 #[derive(Clone)]
 struct Work {
     runs: Arc<AtomicUsize>,
     delay: Duration,
     failing: Arc<AtomicBool>,
     panicking: Arc<AtomicBool>,
+    kept: Arc<Mutex<Option<(String, Instant)>>>,
 }
 
 impl Work {
@@ -61,6 +63,7 @@ impl Work {
             delay,
             failing: Arc::default(),
             panicking: Arc::default(),
+            kept: Arc::default(),
         }
     }
 
@@ -83,6 +86,11 @@ impl Execute<()> for Work {
             return Err(Box::new(DeadlineExceeded::new("execution")));
         }
         Ok(Shareable::Shared(format!("v{n}")))
+    }
+
+    fn kept_here(&self) -> Option<(String, Duration, Duration)> {
+        let kept = self.kept.lock().unwrap().clone();
+        kept.map(|(v, ended)| (v, ended.elapsed(), Duration::ZERO))
     }
 }
 
@@ -461,5 +469,52 @@ async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before(
     assert_eq!(
         (v.as_str(), reason(how)),
         ("v1", Some(StaleReason::SoftTimeout))
+    );
+}
+
+/// A node whose own copy is of work that started later than the store's
+/// kept result answers its copy, never the older result.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_later_work_on_the_node_answers_instead_of_the_stores() {
+    let (a, b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("younger");
+    let work = Work::new(Duration::ZERO);
+    prime(&a, &k, &work).await;
+    sleep(SEC + SEC / 2).await;
+    // b ran it on its own meanwhile (say, the store was unreachable).
+    let on_b = Work {
+        kept: Arc::new(Mutex::new(Some(("v9".to_owned(), Instant::now())))),
+        ..work.clone()
+    };
+    sleep(FRESH + SEC / 2).await;
+    let (v, how, _) = call(&b, &k, &on_b).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v9", Some(StaleReason::Revalidate))
+    );
+    assert_eq!(how.stale().unwrap().age, FRESH + SEC / 2, "the copy's age");
+    // Without a younger copy, the store's answers.
+    b.idle().await;
+    let (a2, b2) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let work = Work::new(Duration::ZERO);
+    prime(&a2, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let older = Work {
+        kept: Arc::new(Mutex::new(Some((
+            "v0".to_owned(),
+            Instant::now() - FRESH - 2 * SEC,
+        )))),
+        ..work.clone()
+    };
+    let (v, how, _) = call(&b2, &k, &older).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
     );
 }

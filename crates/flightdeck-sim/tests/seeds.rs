@@ -156,3 +156,21 @@ fn seed_7002686_a_purge_keeps_a_fetched_stale_result_from_answering() {
     let report = run(7_002_686);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 1001064 found it: a node that had run the work itself (the store
+/// refused it a moment) and given that result answered the store's older
+/// kept result stale afterwards.
+#[test]
+fn seed_1001064_a_node_never_answers_older_than_its_own_copy() {
+    let report = run(1_001_064);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 1001600 found it: the node's copy was of work that started after
+/// the store's kept result's but ended before it; the store's result was
+/// answered, older than one the node had given.
+#[test]
+fn seed_1001600_the_copy_of_later_started_work_answers() {
+    let report = run(1_001_600);
+    assert!(report.passed(), "{report}");
+}
