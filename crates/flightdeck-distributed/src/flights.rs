@@ -26,7 +26,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::stale::{Answered, PurgeMark, Purges, Reply};
+use crate::stale::{Answered, EndedHere, PurgeMark, Purges, Reply};
 use crate::start::Start;
 use crate::work::{Execute, Role};
 
@@ -99,6 +99,9 @@ pub(crate) struct State<B, C> {
     /// This node's purges, which no stale result fetched before answers
     /// after.
     pub(crate) purges: Purges,
+    /// The results this node's owners committed with stale windows on,
+    /// and when their work ended.
+    pub(crate) ended_here: EndedHere,
     /// Background work (commits, abandons, releases), for [`DistributedFlights::idle`].
     pub(crate) tasks: TaskTracker,
 }
@@ -155,6 +158,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 releases: LeaseReleases::default(),
                 seen_commits: SeenCommits::default(),
                 purges: Purges::default(),
+                ended_here: EndedHere::default(),
                 tasks: TaskTracker::new(),
             }),
         })
@@ -477,9 +481,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 match st.replay(&cx, &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
                         st.refresh_early(&cx, &mut guard, &stored, req, exec).await;
+                        // As old as the store says, or, when it ran here,
+                        // since its work ended (a commit may land late).
+                        let age = st.age_here(&cx, stored.generation, stored.age);
                         let hit = Answered::Hit {
-                            age: stored.age,
-                            fresh_for: stored.fresh_for(),
+                            age,
+                            fresh_for: stored.fresh_for().min(stored.ttl.saturating_sub(age)),
                         };
                         Ok((Shareable::Shared(v), hit))
                     }
@@ -494,9 +501,13 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             // one and answers the kept result.
             Acquired::Stale(stored) => {
                 guard.settled();
+                let windows = st.policy.stale();
                 match st.usable(&cx, Some(stored), &exec, &req) {
-                    Some((v, kept)) => Ok(st.stale_answer(&cx, v, &kept, StaleReason::Error)),
-                    None => ran(exec.execute(req, Role::Unserved).await),
+                    // Within `stale-if-error` as this node counts it too.
+                    Some((v, kept)) if crate::stale::within(kept.stale_for(), windows.if_error) => {
+                        Ok(st.stale_answer(&cx, v, &kept, StaleReason::Error))
+                    }
+                    _ => ran(exec.execute(req, Role::Unserved).await),
                 }
             }
             Acquired::Owner {

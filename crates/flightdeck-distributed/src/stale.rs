@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, LeaseLost, WorkPanicked};
+use flightdeck_core::expiring::ExpiringMap;
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::Shareable;
 use tokio::time::Instant;
@@ -84,7 +85,7 @@ fn aged(r: &StoredResult, since: Instant) -> StoredResult {
     }
 }
 
-/// How many keys [`Purges`] remembers at most.
+/// How many flights [`Purges`] and [`EndedHere`] remember at most.
 const REMEMBERED: usize = 4096;
 
 /// This node's purges ([`DistributedFlights::invalidate`]), so that a
@@ -173,6 +174,48 @@ impl Drop for PurgeGuard<'_> {
     }
 }
 
+/// The results this node's owners committed with stale windows on: per
+/// flight, the generation and when its work ended (by this node's clock),
+/// until two leases and a call past its windows (a commit held up on its
+/// way longer than that counts from its arrival at the store). The store dates a result from its commit's
+/// arrival; on this node a stale answer of it counts from the work's end,
+/// which a commit delayed on its way (a slow or stalled store) would
+/// otherwise stretch. At most [`REMEMBERED`] flights, the oldest go first.
+pub(crate) struct EndedHere {
+    flights: ExpiringMap<FlightId, (u64, Instant)>,
+}
+
+impl Default for EndedHere {
+    fn default() -> Self {
+        Self {
+            flights: ExpiringMap::new(REMEMBERED),
+        }
+    }
+}
+
+impl EndedHere {
+    /// The work of `generation` of `flight` ended at `ended`; its result
+    /// is kept (and may answer) until `until`.
+    pub(crate) fn remember(
+        &self,
+        flight: FlightId,
+        generation: u64,
+        ended: Instant,
+        until: Instant,
+    ) {
+        if until > Instant::now() {
+            self.flights.insert(flight, (generation, ended), until);
+        }
+    }
+
+    /// When the work of `generation` of `flight` ended, if it ran here.
+    fn ended(&self, flight: &FlightId, generation: u64) -> Option<Instant> {
+        self.flights
+            .get(flight)
+            .and_then(|(g, ended)| (g == generation).then_some(ended))
+    }
+}
+
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// What a stage with stale windows asks of its first acquire.
     pub(crate) fn ask(&self) -> Ask {
@@ -195,7 +238,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         C: ResultCodec<E::Shared>,
         E: Execute<Req>,
     {
-        let kept = kept?;
+        let kept = self.honest(cx, kept?);
         if self.purged(cx) {
             // Fetched before (or while) this node purged the key.
             return None;
@@ -213,6 +256,31 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }
         let value = self.replay::<E::Shared>(cx, &kept).ok()??;
         exec.serves(&value, req).then_some((value, kept))
+    }
+
+    /// `kept` with its age since its work ended, as far as this node
+    /// knows. The store counts from the commit's arrival, and the owner's
+    /// commit asked for a `ttl` shortened by how long after the work's end
+    /// it was sent: the age adds back what was taken off `replay-ttl`.
+    /// When the work ran here, its age is by this node's clock since it
+    /// ended, if that is longer (the commit's trip to the store).
+    fn honest(&self, cx: &Cx, kept: StoredResult) -> StoredResult {
+        let fresh = self.policy.replay_ttl_duration();
+        let age = kept.age.saturating_add(fresh.saturating_sub(kept.ttl));
+        StoredResult {
+            age: self.age_here(cx, kept.generation, age),
+            ttl: fresh.max(kept.ttl),
+            ..kept
+        }
+    }
+
+    /// `age` of `generation`'s result, or, when its work ran here, how long
+    /// ago it ended by this node's clock if that is longer.
+    pub(crate) fn age_here(&self, cx: &Cx, generation: u64, age: Duration) -> Duration {
+        match self.ended_here.ended(&cx.flight, generation) {
+            Some(ended) => age.max(ended.elapsed()),
+            None => age,
+        }
     }
 
     /// Whether this node purged the flight's key since it asked the store.

@@ -12,8 +12,10 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::stale::{StaleReason, StaleWindows};
 use flightdeck_core::{metric, FlightKey, Shareable, StageName};
+use flightdeck_distributed::backend::{Backend, BackendFuture, CommitArgs, Committed};
 use flightdeck_distributed::{
-    Answered, DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
+    forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId,
+    OwnerToken, PostcardCodec, Propagate, Role,
 };
 use flightdeck_test::recorded::{self, counter_where};
 use flightdeck_test::MemoryBackend;
@@ -95,7 +97,11 @@ impl Execute<()> for Work {
 }
 
 /// One call on `node`: its value, how it was answered, how long it took.
-async fn call(node: &Node, k: &FlightKey, work: &Work) -> (String, Answered, Duration) {
+async fn call<B: Backend>(
+    node: &DistributedFlights<B, PostcardCodec<String>>,
+    k: &FlightKey,
+    work: &Work,
+) -> (String, Answered, Duration) {
     let started = Instant::now();
     let (out, how) = node
         .run_answered(k, (), work.clone(), &Propagate, None)
@@ -517,4 +523,80 @@ async fn a_copy_of_later_work_on_the_node_answers_instead_of_the_stores() {
         (v.as_str(), reason(how)),
         ("v1", Some(StaleReason::Revalidate))
     );
+}
+
+/// A store whose commits take `transit` to arrive (a slow or stalled
+/// server): applied late, though sent as the work ended.
+#[derive(Clone)]
+struct Transit {
+    inner: MemoryBackend,
+    transit: Duration,
+}
+
+impl Backend for Transit {
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        Box::pin(async move {
+            sleep(self.transit).await;
+            self.inner.commit(flight, token, generation, args).await
+        })
+    }
+
+    forward_backend!(inner => acquire_with, heartbeat, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+}
+
+/// A commit 0.5 s on its way: the store dates the result from its
+/// arrival, but the node that ran the work counts its stale answers from
+/// the work's end, so past freshness + window by its clock it runs the
+/// work instead; another node counts from the result's arrival at the
+/// store.
+#[tokio::test(start_paused = true)]
+async fn the_node_that_ran_the_work_counts_from_its_end_despite_a_slow_commit() {
+    let window = 5 * SEC;
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .call_timeout(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            revalidate: window,
+            ..StaleWindows::OFF
+        });
+    let slow = Transit {
+        inner: store.clone(),
+        transit: SEC / 2,
+    };
+    let a = DistributedFlights::new(slow, policy.clone(), PostcardCodec::new()).unwrap();
+    let b = DistributedFlights::new(store, policy, PostcardCodec::new()).unwrap();
+    let k = key("transit");
+    let work = Work::new(Duration::ZERO);
+    let ended = Instant::now();
+    let (v, _, _) = call(&a, &k, &work).await;
+    assert_eq!(v, "v1");
+    a.idle().await;
+    tokio::time::sleep_until(ended + FRESH + window + SEC / 4).await;
+    // The store still keeps v1 (0.25 s left by its clock), but the node
+    // that ran it knows it ended 15.25 s ago: nothing stale answers, the
+    // work runs.
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
+    // Another node counts from the result's arrival: the store's age.
+    let k = key("transit-other");
+    let (v, _, _) = call(&a, &k, &work).await;
+    assert_eq!(v, "v3");
+    a.idle().await;
+    let arrived = Instant::now();
+    tokio::time::sleep_until(arrived + FRESH + window - SEC / 4).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v3", Some(StaleReason::Revalidate))
+    );
+    assert_eq!(how.stale().unwrap().age, FRESH + window - SEC / 4);
 }

@@ -174,3 +174,12 @@ fn seed_1001600_the_copy_of_later_started_work_answers() {
     let report = run(1_001_600);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 7000686 found it: a commit held up by a stalled store landed
+/// 0.4 s after the work ended, and the node that ran the work answered it
+/// stale 0.26 s past freshness + window by its own clock.
+#[test]
+fn seed_7000686_the_node_that_ran_the_work_counts_from_its_end() {
+    let report = run(7_000_686);
+    assert!(report.passed(), "{report}");
+}
