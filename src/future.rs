@@ -14,6 +14,10 @@ use tokio::time::Instant;
 use crate::stage::Control;
 use crate::stale::{Answered, MarkAnswer, Served};
 
+/// How the store answered a caller's flight, if it answered it itself
+/// (asked once the flight has ended).
+pub(crate) type Marks = Box<dyn Fn() -> Option<Served> + Send + Sync>;
+
 /// A caller's output from its answer: the leader's own copy (its own
 /// cookies, say); everybody else gets what strangers may get.
 fn restore<T, Sh: Share<T>>(share: &Sh, answer: Answer<Sh::Shared, Sh::Output>) -> Sh::Output {
@@ -44,8 +48,9 @@ pin_project! {
     enum Kind<B, F, P> {
         // BYPASS (timed: a real execution), or no key (not ours to count).
         Bypass { #[pin] fut: B, timed: Option<(Arc<Control>, Instant)> },
-        // `headers`: the stage's `cache-status`.
-        Flight { #[pin] run: F, headers: bool },
+        // `headers`: the stage's `cache-status`; `marks`: how the store
+        // answered the flight, when it answered it itself.
+        Flight { #[pin] run: F, headers: bool, marks: Option<Marks> },
         // The stale paths: their answers say how they were served.
         Stale { #[pin] fut: P, headers: bool },
         Failed { err: Option<BoxError> },
@@ -65,7 +70,24 @@ impl<B, F, P, Sh> ResponseFuture<B, F, P, Sh> {
 
     pub(crate) fn flight(run: F, headers: bool, share: Sh) -> Self {
         Self {
-            kind: Kind::Flight { run, headers },
+            kind: Kind::Flight {
+                run,
+                headers,
+                marks: None,
+            },
+            share,
+        }
+    }
+
+    /// A flight whose answer the store may have given itself (a stale
+    /// result, a hit): `marks` says so once it has ended.
+    pub(crate) fn flight_marked(run: F, headers: bool, share: Sh, marks: Marks) -> Self {
+        Self {
+            kind: Kind::Flight {
+                run,
+                headers,
+                marks: Some(marks),
+            },
             share,
         }
     }
@@ -119,16 +141,21 @@ where
                 }
                 Poll::Ready(res.map(|v| this.share.passthrough(v)).map_err(Into::into))
             }
-            KindProj::Flight { run, headers } => {
+            KindProj::Flight {
+                run,
+                headers,
+                marks,
+            } => {
                 let headers = *headers;
                 Poll::Ready(ready!(run.poll(cx)).map(|answer| {
-                    let served = match &answer {
+                    let stored = marks.as_ref().and_then(|m| m());
+                    let served = stored.unwrap_or(match &answer {
                         Answer::Shared(_) => Served::Collapsed,
                         _ => Served::Miss,
-                    };
+                    });
                     let mut out = restore(this.share, answer);
-                    if headers {
-                        this.share.mark(&mut out, served, true);
+                    if headers || served.stale().is_some() {
+                        this.share.mark(&mut out, served, headers);
                     }
                     out
                 }))

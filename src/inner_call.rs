@@ -11,7 +11,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
-use flightdeck_core::{Serves, Share, Shareable};
+use flightdeck_core::stale::{ErrorFailures, Failures};
+use flightdeck_core::{FlightKey, Serves, Share, Shareable};
 use flightdeck_distributed::{Execute, FlightId, Role};
 use pin_project_lite::pin_project;
 use tokio::time::timeout;
@@ -20,6 +21,8 @@ use tower::util::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::layer::StageShare;
+use crate::leader::{Lead, Record, Recorded};
 use crate::readers::RequestReaders;
 use crate::stage::{Control, Path, Stage};
 
@@ -36,6 +39,11 @@ pub(crate) struct InnerCall<S, R, Sh: flightdeck_core::SharedForm> {
     /// The flight, when it is coordinated over a sharded backend: while
     /// its shard is degraded, it runs through the bulkhead's degraded lane.
     pub(crate) flight: Option<FlightId>,
+    /// The key of a coordinated flight of a stage that keeps its results:
+    /// what it runs as the owner becomes this node's copy, also when L2
+    /// runs it in the background (a refresh, the work past a soft
+    /// timeout) while its caller was answered a stale result.
+    pub(crate) key: Option<FlightKey>,
 }
 
 impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
@@ -96,7 +104,7 @@ where
     S: Service<Req> + Clone + Send,
     S::Error: Into<BoxError>,
     S::Future: Send,
-    Sh: Share<S::Response> + Serves<Req>,
+    Sh: Share<S::Response> + Serves<Req> + StageShare,
     R: RequestReaders<Req>,
     Req: Send,
 {
@@ -116,11 +124,37 @@ where
             Role::Fallback => Path::Fallback,
             _ => Path::Local,
         };
-        self.run(req, path)
+        let record = match (&self.key, path) {
+            (Some(key), Path::Owner) => Record::start(&self.stage, key),
+            _ => None,
+        };
+        Recorded {
+            fut: Lead::Here {
+                fut: self.run(req, path),
+            },
+            record,
+        }
     }
 
     fn serves(&self, shared: &Sh::Shared, req: &Req) -> bool {
         self.share.serves(shared, req)
+    }
+
+    /// The stage's judge of failures (`stale-if-error`), when it keeps
+    /// results.
+    fn failures(&self) -> Arc<dyn Failures<Sh::Shared>> {
+        match &self.stage.stale {
+            Some(setup) => Arc::clone(&setup.failures),
+            None => Arc::new(ErrorFailures),
+        }
+    }
+
+    /// This node's copy of the key, when the stage keeps results: a stale
+    /// answer from the store never goes back past it.
+    fn kept_here(&self) -> Option<(Sh::Shared, Duration, Duration)> {
+        let (key, setup) = (self.key.as_ref()?, self.stage.stale.as_ref()?);
+        let look = setup.kept.look(key)?;
+        Some((look.value, look.done.elapsed(), look.took))
     }
 }
 

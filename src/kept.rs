@@ -19,6 +19,8 @@ use std::time::Duration;
 use flightdeck_core::FlightKey;
 use tokio::time::Instant;
 
+use crate::stale::Served;
+
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Where a work starts: the generation its result is tagged with. A purge
@@ -87,6 +89,10 @@ struct Inner<V> {
     /// (hit-for-pass), at most `max_entries`, oldest first.
     passes: Map<FlightKey, Instant>,
     pass_order: VecDeque<(Instant, FlightKey)>,
+    /// How the store answered each key's last coordinated flight that it
+    /// answered itself (a hit, a stale result), in the order they ended:
+    /// what its callers are told. At most `max_entries`.
+    answers: Map<FlightKey, (u64, Served)>,
 }
 
 /// One stage's kept results on this node.
@@ -114,6 +120,7 @@ impl<V: Clone> Kept<V> {
                 purge_floor: 0,
                 passes: Map::default(),
                 pass_order: VecDeque::new(),
+                answers: Map::default(),
             }),
             next: AtomicU64::new(0),
             max_entries,
@@ -136,6 +143,31 @@ impl<V: Clone> Kept<V> {
             gen: self.next(),
             at: Instant::now(),
         }
+    }
+
+    /// Where a caller of `key` stands among the flights that end: a flight
+    /// that ends after this answered it, or a later caller.
+    pub(crate) fn arrival(&self) -> u64 {
+        self.next()
+    }
+
+    /// Notes how the store answered `key`'s flight that ends now.
+    pub(crate) fn note_answer(&self, key: &FlightKey, served: Served) {
+        let seq = self.next();
+        let mut inner = self.lock();
+        if inner.answers.len() >= self.max_entries && !inner.answers.contains_key(key) {
+            // Bounded: forgetting only costs a caller its Cache-Status.
+            inner.answers.clear();
+        }
+        inner.answers.insert(key.clone(), (seq, served));
+    }
+
+    /// How the store answered the flight of `key` that ended after a
+    /// caller's `arrival`, if it answered it itself.
+    pub(crate) fn answer_since(&self, key: &FlightKey, arrival: u64) -> Option<Served> {
+        let inner = self.lock();
+        let (seq, served) = inner.answers.get(key)?;
+        (*seq > arrival).then_some(*served)
     }
 
     /// Whether `key`'s callers run their own requests now (hit-for-pass),
@@ -162,9 +194,19 @@ impl<V: Clone> Kept<V> {
         self.look(key).is_some_and(|l| l.gen == gen)
     }
 
-    /// Offers the result of the work that took `ticket`.
-    pub(crate) fn put(&self, key: &FlightKey, ticket: Ticket, value: V, size: usize) -> Put {
+    /// Offers the result of the work that took `ticket`, `age` old when
+    /// it came (zero: done now; a result another node stored: as old as
+    /// the store says).
+    pub(crate) fn put(
+        &self,
+        key: &FlightKey,
+        ticket: Ticket,
+        value: V,
+        size: usize,
+        age: Duration,
+    ) -> Put {
         let now = Instant::now();
+        let done = now.checked_sub(age).unwrap_or(now);
         let mut inner = self.lock();
         let purged = inner.purged.get(key).copied().unwrap_or(0);
         if ticket.gen < inner.purge_floor || purged > ticket.gen {
@@ -190,7 +232,7 @@ impl<V: Clone> Kept<V> {
             Entry {
                 value,
                 size,
-                done: now,
+                done,
                 took: now.saturating_duration_since(ticket.at),
                 gen: ticket.gen,
                 seq,
@@ -354,7 +396,10 @@ mod tests {
         for i in 0..10_000 {
             let size = 10 + i % 90;
             let t = kept.ticket();
-            assert_eq!(kept.put(&key(i), t, vec![0; size], size), Put::Kept);
+            assert_eq!(
+                kept.put(&key(i), t, vec![0; size], size, Duration::ZERO),
+                Put::Kept
+            );
             let (n, bytes) = kept.usage();
             assert!(n <= 100 && bytes <= 5_000, "{n} copies, {bytes} bytes");
             tokio::time::advance(Duration::from_millis(1)).await;
@@ -363,7 +408,10 @@ mod tests {
         assert!(kept.look(&key(9_999)).is_some());
         assert!(kept.look(&key(0)).is_none());
         let t = kept.ticket();
-        assert_eq!(kept.put(&key(1), t, vec![0; 6_000], 6_000), Put::TooLarge);
+        assert_eq!(
+            kept.put(&key(1), t, vec![0; 6_000], 6_000, Duration::ZERO),
+            Put::TooLarge
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -371,15 +419,18 @@ mod tests {
         let kept = Kept::<u32>::new(10, 1_000, Duration::from_secs(10));
         let early = kept.ticket();
         let t = kept.ticket();
-        assert_eq!(kept.put(&key(1), t, 1, 4), Put::Kept);
+        assert_eq!(kept.put(&key(1), t, 1, 4, Duration::ZERO), Put::Kept);
         // An older work's result never replaces a newer one.
-        assert_eq!(kept.put(&key(1), early, 0, 4), Put::Fenced);
+        assert_eq!(kept.put(&key(1), early, 0, 4, Duration::ZERO), Put::Fenced);
         let running = kept.ticket();
         kept.purge(&key(1));
         assert!(kept.look(&key(1)).is_none());
-        assert_eq!(kept.put(&key(1), running, 2, 4), Put::Fenced);
+        assert_eq!(
+            kept.put(&key(1), running, 2, 4, Duration::ZERO),
+            Put::Fenced
+        );
         let after = kept.ticket();
-        assert_eq!(kept.put(&key(1), after, 3, 4), Put::Kept);
+        assert_eq!(kept.put(&key(1), after, 3, 4, Duration::ZERO), Put::Kept);
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(kept.look(&key(1)).is_none(), "past its windows");
     }

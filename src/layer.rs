@@ -471,16 +471,6 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
             let bulkhead = BulkheadLayer::from_config(bulkhead_cfg);
             let lane = bulkhead.handle().degraded_lane();
             let local = LocalFlights::new(cfg.local_policy());
-            if cfg.stale_windows().any() && cfg.distributed_replay() {
-                // True, and a trap otherwise: with its store up, a
-                // distributed stage answers as if no window were set.
-                tracing::warn!(
-                    stage = %stage,
-                    "stale windows answer only from this node's copy, while the store is \
-                     unavailable: the store keeps no stale results yet, so with it up this \
-                     stage answers as if no window were set"
-                );
-            }
             let stale = cfg.keeps_results().then(|| StaleSetup {
                 kept: Arc::new(Kept::new(
                     cfg.stale_max_entries,

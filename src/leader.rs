@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
-use flightdeck_distributed::{FlightFuture, FlightId, Start, Verdict};
+use flightdeck_distributed::{Answered, FlightFuture, FlightId, Start, Verdict};
 use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -23,7 +23,7 @@ use crate::layer::StageShare;
 use crate::mode::Mode;
 use crate::readers::RequestReaders;
 use crate::stage::{Path, Stage};
-use crate::stale::StaleSetup;
+use crate::stale::{Served, StaleSetup};
 
 pin_project! {
     /// A leader's work, as small as the path it takes: a local execution
@@ -45,11 +45,12 @@ impl<L, T, O> Future for Lead<L, T, O>
 where
     L: Future<Output = Result<Shareable<T, O>, BoxError>>,
 {
-    type Output = L::Output;
+    /// With how L2 answered (a stale answer, a hit's age, by the store).
+    type Output = Result<(Shareable<T, O>, Answered), BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            LeadProj::Here { fut } => fut.poll(cx),
+            LeadProj::Here { fut } => fut.poll(cx).map_ok(|out| (out, Answered::Ran)),
             LeadProj::Failed { error } => {
                 Poll::Ready(Err(error.take().expect("a refused lead is polled once")))
             }
@@ -65,8 +66,8 @@ pin_project! {
     /// unshared one starts the key's hit-for-pass.
     pub(crate) struct Recorded<F, Sh: SharedForm> {
         #[pin]
-        fut: F,
-        record: Option<Record<Sh>>,
+        pub(crate) fut: F,
+        pub(crate) record: Option<Record<Sh>>,
     }
 }
 
@@ -76,10 +77,12 @@ pub(crate) struct Record<Sh: SharedForm> {
     ticket: Ticket,
     share: Sh,
     pass_for: Duration,
+    /// The stage's `replay-ttl`: how far past freshness a stale answer is.
+    fresh: Duration,
 }
 
 impl<Sh: StageShare> Record<Sh> {
-    fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Self> {
+    pub(crate) fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Self> {
         let setup = stage.stale.clone()?;
         let ticket = setup.kept.ticket();
         Some(Self {
@@ -88,28 +91,61 @@ impl<Sh: StageShare> Record<Sh> {
             ticket,
             share: stage.share.clone(),
             pass_for: stage.ctl.cfg.hit_for_pass,
+            fresh: stage.ctl.cfg.replay_ttl,
         })
     }
 }
 
 impl<F, Sh, O> Future for Recorded<F, Sh>
 where
-    F: Future<Output = Result<Shareable<Sh::Shared, O>, BoxError>>,
+    F: Future<Output = Result<(Shareable<Sh::Shared, O>, Answered), BoxError>>,
     Sh: StageShare,
 {
-    type Output = F::Output;
+    type Output = Result<Shareable<Sh::Shared, O>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let out = ready!(this.fut.poll(cx));
-        if let Some(r) = this.record.take() {
+        let (out, answered) = match ready!(this.fut.poll(cx)) {
+            Ok((out, answered)) => (Ok(out), answered),
+            Err(e) => (Err(e), Answered::Ran),
+        };
+        // How the store answered, for every caller of this flight.
+        if let Some(r) = this.record.as_ref() {
+            let served = match answered {
+                Answered::Hit { age, fresh_for } => Some(Served::Hit {
+                    age,
+                    ttl: fresh_for,
+                }),
+                Answered::Stale(stale) => Some(Served::Stale {
+                    stale,
+                    past: stale.age.saturating_sub(r.fresh),
+                }),
+                _ => None,
+            };
+            if let Some(served) = served {
+                r.setup.kept.note_answer(&r.key, served);
+            }
+        }
+        // A stale answer is not recorded: the node keeps a copy at least as
+        // new already, or the refresh that runs meanwhile (whose result
+        // becomes the copy, see `InnerCall`) must not be fenced by it.
+        let record = this
+            .record
+            .take()
+            .filter(|_| !matches!(answered, Answered::Stale(_)));
+        if let Some(r) = record {
+            // A hit is as old as the store says: never a fresh copy here.
+            let age = match answered {
+                Answered::Hit { age, .. } => age,
+                _ => Duration::ZERO,
+            };
             match &out {
                 Ok(Shareable::Shared(v)) if !r.setup.failures.failed(Ok(v)) => {
                     let size = match &r.setup.weigh {
                         Some(weigh) => weigh(v),
                         None => r.share.kept_size(v),
                     };
-                    r.setup.kept.put(&r.key, r.ticket, v.clone(), size);
+                    r.setup.kept.put(&r.key, r.ticket, v.clone(), size, age);
                 }
                 Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
                     let until = tokio::time::Instant::now() + r.pass_for;
@@ -161,6 +197,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
             share,
             bound,
             flight,
+            key: None,
         }
     }
 
@@ -208,6 +245,13 @@ where
             };
             return Recorded { fut, record };
         };
+        // What it runs as the owner becomes this node's copy, also in the
+        // background (a refresh L2 runs while its caller was answered a
+        // stale result).
+        let mut exec = exec;
+        if stage.stale.is_some() {
+            exec.key = Some(key.clone());
+        }
         // The breaker is asked once, by L2, before anything else is built:
         // a refusal (open, or held back by a ramp after closing, which
         // only HYBRID takes) is decided by the stage's failure matrix.
@@ -245,7 +289,9 @@ where
         let flight = Self::sharded_flight(&self.stage, self.mode, &self.key);
         let exec = Self::exec(self.stage, self.inner, self.share, self.bound, flight);
         Recorded {
-            fut: exec.run(self.req, Path::Local),
+            fut: Lead::Here {
+                fut: exec.run(self.req, Path::Local),
+            },
             record,
         }
     }

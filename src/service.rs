@@ -235,6 +235,22 @@ where
             return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
         };
         let kept = &setup.kept;
+        // A distributed flight may be answered by the store itself (a
+        // stale result, a hit): its callers are told how.
+        let flight = |leader: Self, caller: Caller, share: Sh| {
+            if !leader.mode.is_distributed() {
+                return ResponseFuture::flight(
+                    stage.local.run(&key, caller, leader),
+                    headers,
+                    share,
+                );
+            }
+            let (kept, key) = (Arc::clone(&setup.kept), key.clone());
+            let arrival = kept.arrival();
+            let run = stage.local.run(&key, caller, leader);
+            let marks = Box::new(move || kept.answer_since(&key, arrival));
+            ResponseFuture::flight_marked(run, headers, share, marks)
+        };
         let found = kept.find(&key);
         if found.is_err() {
             ctl.count_hit_for_pass();
@@ -261,7 +277,7 @@ where
         let now = Instant::now();
         let look = found.ok().flatten().filter(|l| leader.serves(&l.value));
         let Some(look) = look else {
-            return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
+            return flight(leader, caller, share);
         };
         let age = now.saturating_duration_since(look.done);
         let fresh = cfg.replay_ttl;
@@ -299,7 +315,7 @@ where
             ResponseFuture::stale(Box::pin(fut) as Answering<_, _>, headers, share.clone())
         };
         if !answers {
-            return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
+            return flight(leader, caller, share);
         }
         // Throttled after a failure: the copy answers, the work waits.
         if within(past, windows.if_error) && look.retry_until.is_some_and(|t| now < t) {
@@ -312,7 +328,7 @@ where
             return stale_answer(StaleReason::Revalidate, look.value);
         }
         if !within(past, windows.keep_stale()) {
-            return ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share);
+            return flight(leader, caller, share);
         }
         // The flight runs; the copy stands by for a failure (within
         // `stale-if-error`) and for callers still waiting at the soft

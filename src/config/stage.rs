@@ -530,12 +530,6 @@ impl StageConfig {
             || (self.cache_status && !self.replay_ttl.is_zero())
     }
 
-    /// Whether the stage is built to coordinate through its store (a
-    /// distributed mode with a backend), whose flights it replays.
-    pub(crate) fn distributed_replay(&self) -> bool {
-        self.mode.is_distributed() && !self.local_for_want_of_a_backend()
-    }
-
     /// The L2 policy these settings describe.
     pub fn distributed_policy(&self) -> DistributedPolicy {
         DistributedPolicy::new()
@@ -557,6 +551,7 @@ impl StageConfig {
             .commit_attempts(self.commit_attempts)
             .commit_replicas(self.commit_replicas)
             .commit_replicas_timeout(self.commit_replicas_timeout)
+            .stale_windows(self.stale_windows())
     }
 
     /// The L1 policy these settings describe. The local wait covers the

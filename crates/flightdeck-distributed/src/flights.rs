@@ -26,7 +26,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::stale::{Answered, Reply};
+use crate::stale::{Answered, EndedHere, PurgeMark, Purges, Reply};
 use crate::start::Start;
 use crate::work::{Execute, Role};
 
@@ -96,6 +96,12 @@ pub(crate) struct State<B, C> {
     pub(crate) releases: LeaseReleases,
     /// Results this node saw committed, to tell when one was lost.
     pub(crate) seen_commits: SeenCommits,
+    /// This node's purges, which no stale result fetched before answers
+    /// after.
+    pub(crate) purges: Purges,
+    /// The results this node's owners committed with stale windows on,
+    /// and when their work ended.
+    pub(crate) ended_here: EndedHere,
     /// Background work (commits, abandons, releases), for [`DistributedFlights::idle`].
     pub(crate) tasks: TaskTracker,
 }
@@ -128,6 +134,9 @@ pub(crate) struct Cx {
     pub(crate) metrics: Arc<StageMetrics>,
     /// When the flight's first call was sent.
     pub(crate) started: Instant,
+    /// Where the flight stood among this node's purges of its key when it
+    /// first asked the store.
+    pub(crate) purge_mark: PurgeMark,
 }
 
 impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
@@ -148,6 +157,8 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 metrics: Registry::default(),
                 releases: LeaseReleases::default(),
                 seen_commits: SeenCommits::default(),
+                purges: Purges::default(),
+                ended_here: EndedHere::default(),
                 tasks: TaskTracker::new(),
             }),
         })
@@ -250,7 +261,6 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 Start::Flight(Box::pin(async move {
                     st.fly(&key, flight, req, exec, &fallback, call_timeout)
                         .await
-                        .map(|(out, _)| out)
                 }))
             }
         }
@@ -314,6 +324,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     pub async fn invalidate(&self, key: &FlightKey) -> Result<u64, BoxError> {
         let limit = self.st.policy.call_timeout_duration();
         let flight = FlightId::of(key);
+        // From now on, no stale result fetched before this purge reached
+        // the store answers on this node.
+        let _purging = self.st.purges.begin(&flight);
         self.st.seen_commits.forget(&flight);
         let call = self
             .st
@@ -409,6 +422,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             }),
             metrics: st.metrics.get(key.stage()),
             started: Instant::now(),
+            purge_mark: st.purges.mark(&flight),
         };
         // Until the token is known to hold no lease (or the owner's lease
         // takes it over), dropping this flight releases it.
@@ -467,9 +481,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 match st.replay(&cx, &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
                         st.refresh_early(&cx, &mut guard, &stored, req, exec).await;
+                        // As old as the store says, or, when it ran here,
+                        // since its work ended (a commit may land late).
+                        let age = st.age_here(&cx, stored.generation, stored.age);
                         let hit = Answered::Hit {
-                            age: stored.age,
-                            fresh_for: stored.fresh_for(),
+                            age,
+                            fresh_for: stored.fresh_for().min(stored.ttl.saturating_sub(age)),
                         };
                         Ok((Shareable::Shared(v), hit))
                     }
@@ -484,9 +501,13 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             // one and answers the kept result.
             Acquired::Stale(stored) => {
                 guard.settled();
+                let windows = st.policy.stale();
                 match st.usable(&cx, Some(stored), &exec, &req) {
-                    Some((v, kept)) => Ok(st.stale_answer(&cx, v, &kept, StaleReason::Error)),
-                    None => ran(exec.execute(req, Role::Unserved).await),
+                    // Within `stale-if-error` as this node counts it too.
+                    Some((v, kept)) if crate::stale::within(kept.stale_for(), windows.if_error) => {
+                        Ok(st.stale_answer(&cx, v, &kept, StaleReason::Error))
+                    }
+                    _ => ran(exec.execute(req, Role::Unserved).await),
                 }
             }
             Acquired::Owner {

@@ -460,6 +460,16 @@ where
             let ended = Instant::now();
             let keep_stale = st.policy.stale().keep_stale();
             let replay_ttl = st.policy.replay_ttl_duration();
+            // A commit delayed on its way lands later than sent: this node
+            // counts its stale answers of it from the work's end. Remembered
+            // past its windows for as long as the settling may retry (a
+            // lease) plus a lease and a call: a commit held up on its way
+            // longer than that counts from its arrival there.
+            if !keep_stale.is_zero() {
+                let landed = 2 * st.policy.lease_duration() + cx.call_timeout;
+                let until = ended + replay_ttl.saturating_add(keep_stale) + landed;
+                st.ended_here.remember(cx.flight, generation, ended, until);
+            }
             let mut args = CommitArgs {
                 payload,
                 ttl: st.policy.replay_ttl_duration(),

@@ -13,17 +13,20 @@
 //! timeout (the longest anyone waits for a result): a refresh cut there
 //! drops its lease, which abandons it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flightdeck_core::error::{BoxError, LeaseLost};
+use flightdeck_core::error::{BoxError, LeaseLost, WorkPanicked};
+use flightdeck_core::expiring::ExpiringMap;
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::Shareable;
 use tokio::time::Instant;
 
-use crate::backend::{Acquired, Ask, Backend, StoredResult};
+use crate::backend::{Acquired, Ask, Backend, FlightId, StoredResult};
 use crate::codec::ResultCodec;
 use crate::flights::{Cx, Judge, State};
 use crate::lease_release::TokenGuard;
@@ -82,6 +85,137 @@ fn aged(r: &StoredResult, since: Instant) -> StoredResult {
     }
 }
 
+/// How many flights [`Purges`] and [`EndedHere`] remember at most.
+const REMEMBERED: usize = 4096;
+
+/// This node's purges ([`DistributedFlights::invalidate`]), so that a
+/// stale result fetched from the store before a purge (or while one is on
+/// its way to the store) never answers after it began.
+///
+/// A flight takes a [`mark`](Self::mark) as it sends its first acquire; a
+/// stale result it got answers only if no purge of its key began since
+/// (nor was running then). At most [`REMEMBERED`] keys are remembered;
+/// past that, the finished ones are forgotten and every mark taken before
+/// counts as purged (a stale answer the fewer, never one too many).
+///
+/// [`DistributedFlights::invalidate`]: crate::DistributedFlights::invalidate
+#[derive(Default)]
+pub(crate) struct Purges {
+    /// Counts purge starts on this node.
+    count: AtomicU64,
+    inner: Mutex<PurgesInner>,
+}
+
+#[derive(Default)]
+struct PurgesInner {
+    /// Per key: the count at its last purge's start, and how many of its
+    /// purges run now.
+    keys: HashMap<FlightId, (u64, u32)>,
+    /// Marks below this count as purged (keys were forgotten).
+    floor: u64,
+}
+
+/// Where a flight stands among this node's purges: `None` when a purge of
+/// its key was running as it asked (what it gets may predate it).
+pub(crate) type PurgeMark = Option<u64>;
+
+impl Purges {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PurgesInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The mark of a flight of `flight` asking the store now.
+    pub(crate) fn mark(&self, flight: &FlightId) -> PurgeMark {
+        let inner = self.lock();
+        match inner.keys.get(flight) {
+            Some((_, running)) if *running > 0 => None,
+            _ => Some(self.count.load(Ordering::SeqCst)),
+        }
+    }
+
+    /// Whether a purge of `flight` began since `mark` was taken.
+    pub(crate) fn since(&self, flight: &FlightId, mark: PurgeMark) -> bool {
+        let Some(mark) = mark else {
+            return true;
+        };
+        let inner = self.lock();
+        mark < inner.floor || inner.keys.get(flight).is_some_and(|(at, _)| *at > mark)
+    }
+
+    /// A purge of `flight` begins; it ends when the guard drops.
+    pub(crate) fn begin<'a>(&'a self, flight: &FlightId) -> PurgeGuard<'a> {
+        let mut inner = self.lock();
+        let at = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        if inner.keys.len() >= REMEMBERED && !inner.keys.contains_key(flight) {
+            inner.keys.retain(|_, (_, running)| *running > 0);
+            inner.floor = at;
+        }
+        let entry = inner.keys.entry(*flight).or_insert((at, 0));
+        *entry = (at, entry.1 + 1);
+        PurgeGuard {
+            purges: self,
+            flight: *flight,
+        }
+    }
+}
+
+/// A purge running (see [`Purges::begin`]).
+pub(crate) struct PurgeGuard<'a> {
+    purges: &'a Purges,
+    flight: FlightId,
+}
+
+impl Drop for PurgeGuard<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.purges.lock();
+        if let Some((_, running)) = inner.keys.get_mut(&self.flight) {
+            *running = running.saturating_sub(1);
+        }
+    }
+}
+
+/// The results this node's owners committed with stale windows on: per
+/// flight, the generation and when its work ended (by this node's clock),
+/// until two leases and a call past its windows (a commit held up on its
+/// way longer than that counts from its arrival at the store). The store dates a result from its commit's
+/// arrival; on this node a stale answer of it counts from the work's end,
+/// which a commit delayed on its way (a slow or stalled store) would
+/// otherwise stretch. At most [`REMEMBERED`] flights, the oldest go first.
+pub(crate) struct EndedHere {
+    flights: ExpiringMap<FlightId, (u64, Instant)>,
+}
+
+impl Default for EndedHere {
+    fn default() -> Self {
+        Self {
+            flights: ExpiringMap::new(REMEMBERED),
+        }
+    }
+}
+
+impl EndedHere {
+    /// The work of `generation` of `flight` ended at `ended`; its result
+    /// is kept (and may answer) until `until`.
+    pub(crate) fn remember(
+        &self,
+        flight: FlightId,
+        generation: u64,
+        ended: Instant,
+        until: Instant,
+    ) {
+        if until > Instant::now() {
+            self.flights.insert(flight, (generation, ended), until);
+        }
+    }
+
+    /// When the work of `generation` of `flight` ended, if it ran here.
+    fn ended(&self, flight: &FlightId, generation: u64) -> Option<Instant> {
+        self.flights
+            .get(flight)
+            .and_then(|(g, ended)| (g == generation).then_some(ended))
+    }
+}
+
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// What a stage with stale windows asks of its first acquire.
     pub(crate) fn ask(&self) -> Ask {
@@ -104,9 +238,54 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         C: ResultCodec<E::Shared>,
         E: Execute<Req>,
     {
-        let kept = kept?;
+        let kept = self.honest(cx, kept?);
+        if self.purged(cx) {
+            // Fetched before (or while) this node purged the key.
+            return None;
+        }
+        // This node's own copy, of work that started later, answers
+        // instead: it gave that one already (the copy is the latest-started
+        // work whose result it gave). The store's result started its work
+        // time before its commit, by the store's age.
+        if let Some((value, age, took)) = exec.kept_here() {
+            let started_ago = age.saturating_add(took);
+            if started_ago < kept.age.saturating_add(kept.work_time) && exec.serves(&value, req) {
+                let ttl = self.policy.replay_ttl_duration();
+                return Some((value, StoredResult { age, ttl, ..kept }));
+            }
+        }
         let value = self.replay::<E::Shared>(cx, &kept).ok()??;
         exec.serves(&value, req).then_some((value, kept))
+    }
+
+    /// `kept` with its age since its work ended, as far as this node
+    /// knows. The store counts from the commit's arrival, and the owner's
+    /// commit asked for a `ttl` shortened by how long after the work's end
+    /// it was sent: the age adds back what was taken off `replay-ttl`.
+    /// When the work ran here, its age is by this node's clock since it
+    /// ended, if that is longer (the commit's trip to the store).
+    fn honest(&self, cx: &Cx, kept: StoredResult) -> StoredResult {
+        let fresh = self.policy.replay_ttl_duration();
+        let age = kept.age.saturating_add(fresh.saturating_sub(kept.ttl));
+        StoredResult {
+            age: self.age_here(cx, kept.generation, age),
+            ttl: fresh.max(kept.ttl),
+            ..kept
+        }
+    }
+
+    /// `age` of `generation`'s result, or, when its work ran here, how long
+    /// ago it ended by this node's clock if that is longer.
+    pub(crate) fn age_here(&self, cx: &Cx, generation: u64, age: Duration) -> Duration {
+        match self.ended_here.ended(&cx.flight, generation) {
+            Some(ended) => age.max(ended.elapsed()),
+            None => age,
+        }
+    }
+
+    /// Whether this node purged the flight's key since it asked the store.
+    fn purged(&self, cx: &Cx) -> bool {
+        self.purges.since(&cx.flight, cx.purge_mark)
     }
 
     /// The answer from `kept`, counted.
@@ -204,7 +383,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 Ok(out) => out,
                 Err(_) => {
                     let now = aged(&kept, received);
-                    if within(now.stale_for(), windows.keep_stale()) {
+                    if within(now.stale_for(), windows.keep_stale()) && !self.purged(cx) {
                         on_soft(work);
                         return Ok(self.stale_answer(cx, value, &now, StaleReason::SoftTimeout));
                     }
@@ -214,7 +393,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             }
         };
         let now = aged(&kept, received);
-        if within(now.stale_for(), windows.if_error) && failed(&**judge, &out) {
+        if within(now.stale_for(), windows.if_error) && failed(&**judge, &out) && !self.purged(cx) {
             return Ok(self.stale_answer(cx, value, &now, StaleReason::Error));
         }
         out.map(|s| (s, Answered::Ran))
@@ -295,7 +474,20 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let stage = cx.stage.clone();
         let cx = cx.clone();
         let task = async move {
-            let how = match tokio::time::timeout(bound, work).await {
+            // A panic of the work ends the refresh as a failure (counted as
+            // one): its lease is dropped with it, which abandons it.
+            let mut work = work;
+            let caught = std::future::poll_fn(move |ctx| {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    work.as_mut().poll(ctx)
+                })) {
+                    Ok(polled) => polled,
+                    Err(_) => {
+                        std::task::Poll::Ready(Err(Box::new(WorkPanicked::new(None)) as BoxError))
+                    }
+                }
+            });
+            let how = match tokio::time::timeout(bound, caught).await {
                 Err(_) => Refresh::Abandoned,
                 Ok(out) if failed(&*judge, &out) => Refresh::Failed,
                 Ok(Ok(Shareable::Shared(_))) => Refresh::Committed,

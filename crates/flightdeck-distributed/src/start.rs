@@ -11,10 +11,12 @@ use flightdeck_core::error::BoxError;
 use flightdeck_core::Shareable;
 
 use crate::fallback::Verdict;
+use crate::stale::Answered;
 
-/// A coordinated flight's future: boxed, it owns everything it needs.
+/// A coordinated flight's future: boxed, it owns everything it needs. It
+/// says how the caller was answered (a stale answer, a hit's age).
 pub type FlightFuture<T, O> =
-    Pin<Box<dyn Future<Output = Result<Shareable<T, O>, BoxError>> + Send>>;
+    Pin<Box<dyn Future<Output = Result<(Shareable<T, O>, Answered), BoxError>> + Send>>;
 
 /// What [`DistributedFlights::start`](crate::DistributedFlights::start)
 /// decided for one request.

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::stale::{ErrorFailures, Failures};
@@ -60,6 +61,16 @@ pub trait Execute<Req>: Send {
     /// [`DistributedPolicy::stale_windows`]: crate::DistributedPolicy::stale_windows
     fn failures(&self) -> Arc<dyn Failures<Self::Shared>> {
         Arc::new(ErrorFailures)
+    }
+
+    /// This node's own copy of the key's result, if it keeps one: the
+    /// value, how long ago the work that produced it ended (by this node's
+    /// clock) and how long that work took. When a stale result would
+    /// answer, a copy of work that started later than the store's kept
+    /// result's answers instead: a node never answers a result older than
+    /// one it gave already. By default none.
+    fn kept_here(&self) -> Option<(Self::Shared, Duration, Duration)> {
+        None
     }
 }
 

@@ -6,14 +6,16 @@
 //! than its freshness plus its window.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::stale::{StaleReason, StaleWindows};
 use flightdeck_core::{metric, FlightKey, Shareable, StageName};
+use flightdeck_distributed::backend::{Backend, BackendFuture, CommitArgs, Committed};
 use flightdeck_distributed::{
-    Answered, DistributedFlights, DistributedPolicy, Execute, PostcardCodec, Propagate, Role,
+    forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId,
+    OwnerToken, PostcardCodec, Propagate, Role,
 };
 use flightdeck_test::recorded::{self, counter_where};
 use flightdeck_test::MemoryBackend;
@@ -45,11 +47,15 @@ fn key(stage: &str) -> FlightKey {
 
 /// The work of every node: answers `v<n>` (its `n`th run) after `delay`,
 /// or, while `failing`, fails as an execution timeout does.
+/// With `panicking`, it panics instead; `kept` is the node's own copy
+/// ([`Execute::kept_here`]) and when its work ended.
 #[derive(Clone)]
 struct Work {
     runs: Arc<AtomicUsize>,
     delay: Duration,
     failing: Arc<AtomicBool>,
+    panicking: Arc<AtomicBool>,
+    kept: Arc<Mutex<Option<(String, Instant)>>>,
 }
 
 impl Work {
@@ -58,6 +64,8 @@ impl Work {
             runs: Arc::default(),
             delay,
             failing: Arc::default(),
+            panicking: Arc::default(),
+            kept: Arc::default(),
         }
     }
 
@@ -73,15 +81,27 @@ impl Execute<()> for Work {
     async fn execute(self, _req: (), _role: Role) -> Result<Shareable<String, String>, BoxError> {
         let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         sleep(self.delay).await;
+        if self.panicking.load(Ordering::SeqCst) {
+            panic!("the work panics");
+        }
         if self.failing.load(Ordering::SeqCst) {
             return Err(Box::new(DeadlineExceeded::new("execution")));
         }
         Ok(Shareable::Shared(format!("v{n}")))
     }
+
+    fn kept_here(&self) -> Option<(String, Duration, Duration)> {
+        let kept = self.kept.lock().unwrap().clone();
+        kept.map(|(v, ended)| (v, ended.elapsed(), Duration::ZERO))
+    }
 }
 
 /// One call on `node`: its value, how it was answered, how long it took.
-async fn call(node: &Node, k: &FlightKey, work: &Work) -> (String, Answered, Duration) {
+async fn call<B: Backend>(
+    node: &DistributedFlights<B, PostcardCodec<String>>,
+    k: &FlightKey,
+    work: &Work,
+) -> (String, Answered, Duration) {
     let started = Instant::now();
     let (out, how) = node
         .run_answered(k, (), work.clone(), &Propagate, None)
@@ -386,4 +406,197 @@ async fn a_late_commit_does_not_stretch_the_window() {
     tokio::time::sleep_until(ended + FRESH + window + SEC / 2).await;
     let (v, how, _) = call(&b, &k, &work).await;
     assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
+}
+
+/// A refresh whose work panics is counted (`outcome="failed"`), like any
+/// other refresh.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_refresh_is_counted() {
+    recorded::install();
+    let (a, _b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("panicking-refresh");
+    let work = Work::new(SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.panicking.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    a.idle().await;
+    assert_eq!(work.runs(), 2, "the refresh ran");
+    assert_eq!(
+        counter_where(
+            metric::REFRESH_TOTAL,
+            "panicking-refresh",
+            Some(("outcome", "failed"))
+        ),
+        1
+    );
+}
+
+/// A follower on the node that purges: the stale result it fetched before
+/// the purge never answers after it began (not at the soft timeout); it
+/// waits for the work instead.
+#[tokio::test(start_paused = true)]
+async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before() {
+    let soft = SEC;
+    let (a, b) = nodes(StaleWindows {
+        if_error: 60 * SEC,
+        soft_timeout: soft,
+        ..StaleWindows::OFF
+    });
+    let k = key("purge-soft");
+    let work = Work::new(3 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    let follower = tokio::spawn({
+        let (b, k, work) = (b.clone(), k.clone(), work.clone());
+        async move { call(&b, &k, &work).await }
+    });
+    sleep(SEC / 2).await;
+    b.invalidate(&k).await.unwrap();
+    let (v, how, took) = follower.await.unwrap();
+    assert_ne!(v, "v1", "the purged result answered at the soft timeout");
+    assert!(how.stale().is_none(), "{how:?}");
+    assert!(took > soft);
+    // The owner's node did not purge: its caller was answered at its soft
+    // timeout.
+    let (v, how, _) = owner.await.unwrap();
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::SoftTimeout))
+    );
+}
+
+/// A node whose own copy is of work that started later than the store's
+/// kept result answers its copy, never the older result.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_later_work_on_the_node_answers_instead_of_the_stores() {
+    let (a, b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("younger");
+    let work = Work::new(Duration::ZERO);
+    prime(&a, &k, &work).await;
+    sleep(SEC + SEC / 2).await;
+    // b ran it on its own meanwhile (say, the store was unreachable).
+    let on_b = Work {
+        kept: Arc::new(Mutex::new(Some(("v9".to_owned(), Instant::now())))),
+        ..work.clone()
+    };
+    sleep(FRESH + SEC / 2).await;
+    let (v, how, _) = call(&b, &k, &on_b).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v9", Some(StaleReason::Revalidate))
+    );
+    assert_eq!(how.stale().unwrap().age, FRESH + SEC / 2, "the copy's age");
+    // Without a younger copy, the store's answers.
+    b.idle().await;
+    let (a2, b2) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let work = Work::new(Duration::ZERO);
+    prime(&a2, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let older = Work {
+        kept: Arc::new(Mutex::new(Some((
+            "v0".to_owned(),
+            Instant::now() - FRESH - 2 * SEC,
+        )))),
+        ..work.clone()
+    };
+    let (v, how, _) = call(&b2, &k, &older).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+}
+
+/// A store whose commits take `transit` to arrive (a slow or stalled
+/// server): applied late, though sent as the work ended.
+#[derive(Clone)]
+struct Transit {
+    inner: MemoryBackend,
+    transit: Duration,
+}
+
+impl Backend for Transit {
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a CommitArgs,
+    ) -> BackendFuture<'a, Committed> {
+        Box::pin(async move {
+            sleep(self.transit).await;
+            self.inner.commit(flight, token, generation, args).await
+        })
+    }
+
+    forward_backend!(inner => acquire_with, heartbeat, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+}
+
+/// A commit 0.5 s on its way: the store dates the result from its
+/// arrival, but the node that ran the work counts its stale answers from
+/// the work's end, so past freshness + window by its clock it runs the
+/// work instead; another node counts from the result's arrival at the
+/// store.
+#[tokio::test(start_paused = true)]
+async fn the_node_that_ran_the_work_counts_from_its_end_despite_a_slow_commit() {
+    let window = 5 * SEC;
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .call_timeout(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            revalidate: window,
+            ..StaleWindows::OFF
+        });
+    let slow = Transit {
+        inner: store.clone(),
+        transit: SEC / 2,
+    };
+    let a = DistributedFlights::new(slow, policy.clone(), PostcardCodec::new()).unwrap();
+    let b = DistributedFlights::new(store, policy, PostcardCodec::new()).unwrap();
+    let k = key("transit");
+    let work = Work::new(Duration::ZERO);
+    let ended = Instant::now();
+    let (v, _, _) = call(&a, &k, &work).await;
+    assert_eq!(v, "v1");
+    a.idle().await;
+    tokio::time::sleep_until(ended + FRESH + window + SEC / 4).await;
+    // The store still keeps v1 (0.25 s left by its clock), but the node
+    // that ran it knows it ended 15.25 s ago: nothing stale answers, the
+    // work runs.
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
+    // Another node counts from the result's arrival: the store's age.
+    let k = key("transit-other");
+    let (v, _, _) = call(&a, &k, &work).await;
+    assert_eq!(v, "v3");
+    a.idle().await;
+    let arrived = Instant::now();
+    tokio::time::sleep_until(arrived + FRESH + window - SEC / 4).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v3", Some(StaleReason::Revalidate))
+    );
+    assert_eq!(how.stale().unwrap().age, FRESH + window - SEC / 4);
 }

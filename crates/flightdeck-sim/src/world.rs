@@ -292,14 +292,17 @@ impl World {
             who.1,
             short(token)
         ));
-        let &Acquired::Owner {
+        let Acquired::Owner {
             generation,
             takeover,
-            ..
+            stale,
         } = answer
         else {
             return;
         };
+        let (generation, takeover) = (*generation, *takeover);
+        // An early refresh is granted while the result is still fresh.
+        let early = stale.as_ref().is_some_and(|r| !r.fresh_for().is_zero());
         let now = Instant::now();
         if st.ended.contains_key(token.as_str()) {
             if !remembered {
@@ -338,6 +341,8 @@ impl World {
         }
         let cause = if log.grants.is_empty() {
             "first"
+        } else if early {
+            "an early refresh of a fresh result (early-refresh)"
         } else if takeover {
             "takeover: the owner's lease ran out (cut off, crashed or frozen)"
         } else {

@@ -138,3 +138,48 @@ fn seed_5097118_a_failed_wait_run_here_is_attributed() {
     let report = run(5_097_118);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 1000391 found it: a refresh granted by the store panicked in the
+/// background, and `singleflight_refresh_total` never counted it (the
+/// simulation saw one refresh execution, the metric none).
+#[test]
+fn seed_1000391_a_panicking_refresh_is_counted() {
+    let report = run(1_000_391);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 7002686 found it: a follower that fetched the kept result before
+/// its node purged the key answered it at its soft timeout, after the
+/// purge.
+#[test]
+fn seed_7002686_a_purge_keeps_a_fetched_stale_result_from_answering() {
+    let report = run(7_002_686);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 1001064 found it: a node that had run the work itself (the store
+/// refused it a moment) and given that result answered the store's older
+/// kept result stale afterwards.
+#[test]
+fn seed_1001064_a_node_never_answers_older_than_its_own_copy() {
+    let report = run(1_001_064);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 1001600 found it: the node's copy was of work that started after
+/// the store's kept result's but ended before it; the store's result was
+/// answered, older than one the node had given.
+#[test]
+fn seed_1001600_the_copy_of_later_started_work_answers() {
+    let report = run(1_001_600);
+    assert!(report.passed(), "{report}");
+}
+
+/// Seed 7000686 found it: a commit held up by a stalled store landed
+/// 0.4 s after the work ended, and the node that ran the work answered it
+/// stale 0.26 s past freshness + window by its own clock.
+#[test]
+fn seed_7000686_the_node_that_ran_the_work_counts_from_its_end() {
+    let report = run(7_000_686);
+    assert!(report.passed(), "{report}");
+}

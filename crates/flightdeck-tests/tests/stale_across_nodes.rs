@@ -1,0 +1,226 @@
+//! Answering anyway across nodes through the facade: two HYBRID layers
+//! (two nodes) on one in-memory store, paused time, an axum origin. The
+//! stage's windows reach L2, so with the store up a stale result answers
+//! on every node while one refresh runs for the deployment, a failing
+//! origin runs at most once per `stale-retry-after` across both nodes,
+//! and a refresh's result becomes the refreshing node's copy (what it
+//! answers from if the store goes down).
+
+#![cfg(feature = "http")]
+
+mod common;
+
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use flightdeck::core::metric;
+use flightdeck::core::stale::{Stale, StaleReason};
+use flightdeck::{HttpKeyExtractor, Mode, Route, SingleFlightLayer, StageConfig};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+/// The origin every node calls: answers `v<n>` after 200 ms with the
+/// status it is told, counting its executions.
+struct Origin {
+    calls: AtomicUsize,
+    status: AtomicU16,
+}
+
+impl Origin {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            calls: AtomicUsize::new(0),
+            status: AtomicU16::new(200),
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+async fn page(State(origin): State<Arc<Origin>>) -> Response<Body> {
+    let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Response::builder()
+        .status(origin.status.load(Ordering::SeqCst))
+        .body(Body::from(format!("v{n}")))
+        .unwrap()
+}
+
+struct Node {
+    router: Router,
+    layer: SingleFlightLayer,
+}
+
+/// Two nodes of stage `stage` (HYBRID, fresh for 1 s) on one store.
+fn nodes(stage: &'static str, origin: &Arc<Origin>, cfg: impl Fn(&mut StageConfig)) -> [Node; 2] {
+    let store = flightdeck_test::MemoryBackend::new();
+    let node = || {
+        let mut c = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+        c.replay_ttl = Duration::from_secs(1);
+        cfg(&mut c);
+        let keys = HttpKeyExtractor::builder()
+            .route(Route::get("/p", stage))
+            .build()
+            .unwrap();
+        let layer = SingleFlightLayer::builder()
+            .keys(keys)
+            .backend("mem", store.clone())
+            .stage(stage, c)
+            .build()
+            .unwrap();
+        let router = Router::new()
+            .route("/p", get(page))
+            .with_state(Arc::clone(origin))
+            .layer(layer.clone());
+        Node { router, layer }
+    };
+    [node(), node()]
+}
+
+/// One call on `node`: its status and body.
+fn call(node: &Node) -> impl std::future::Future<Output = (StatusCode, String)> + Send + 'static {
+    let got = answer(node);
+    async move {
+        let got = got.await;
+        (got.status, got.body)
+    }
+}
+
+struct Got {
+    status: StatusCode,
+    body: String,
+    stale: Option<Stale>,
+    headers: HeaderMap,
+}
+
+/// One call on `node`, with what its answer says of itself.
+fn answer(node: &Node) -> impl std::future::Future<Output = Got> + Send + 'static {
+    let router = node.router.clone();
+    async move {
+        let req = Request::get("http://svc/p").body(Body::empty()).unwrap();
+        let res = router.oneshot(req).await.unwrap();
+        let stale = res.extensions().get::<Stale>().copied();
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Got {
+            status: parts.status,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+            stale,
+            headers: parts.headers,
+        }
+    }
+}
+
+fn stale_served(stage: &str, reason: StaleReason) -> u64 {
+    common::counter_with(metric::STALE_SERVED_TOTAL, stage, "reason", reason.as_str())
+}
+
+/// Grace across nodes: past freshness, 50 callers on two nodes are all
+/// answered at once with the stale value, and the origin runs once more
+/// for the whole deployment; the refresh's result answers next, and is
+/// the refreshing node's copy (it answers from it with the store down).
+#[tokio::test(start_paused = true)]
+async fn grace_answers_both_nodes_at_once_and_refreshes_once() {
+    common::metrics_on();
+    let origin = Origin::new();
+    let [a, b] = nodes("x-grace", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.cache_status = true;
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // The first caller is granted the refresh: node a runs it.
+    assert_eq!(call(&a).await.1, "v1");
+    let started = Instant::now();
+    let calls = (0..50).map(|i| answer(if i % 2 == 0 { &a } else { &b }));
+    let mut set = tokio::task::JoinSet::new();
+    for c in calls {
+        set.spawn(c);
+    }
+    for got in set.join_all().await {
+        assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+        let stale = got.stale.expect("marked stale");
+        assert_eq!(stale.reason, StaleReason::Revalidate);
+        assert_eq!(stale.age, Duration::from_secs(2), "the store's age");
+        assert_eq!(
+            got.headers.get("cache-status").unwrap(),
+            "flightdeck; fwd=stale; ttl=-1; detail=revalidate"
+        );
+        assert_eq!(got.headers.get("age").unwrap(), "2");
+    }
+    assert_eq!(started.elapsed(), Duration::ZERO, "nobody waited");
+    assert_eq!(stale_served("x-grace", StaleReason::Revalidate), 51);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.calls(), 2, "one refresh for both nodes");
+    let next = answer(&b).await;
+    assert_eq!(next.body, "v2", "the refresh's result answers next");
+    assert!(next.stale.is_none());
+    assert_eq!(origin.calls(), 2);
+
+    // Node a kept the refresh's result: with its store down and the
+    // result past freshness, its copy answers, and it is v2.
+    a.layer.stage("x-grace").unwrap().breaker().force_open();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&a).await.1, "v2");
+    assert_eq!(stale_served("x-grace", StaleReason::RedisDown), 1);
+}
+
+/// Stale-if-error across nodes: while the origin fails, both nodes answer
+/// the stale value, and the origin runs at most once per
+/// `stale-retry-after` for the whole deployment.
+#[tokio::test(start_paused = true)]
+async fn a_failing_origin_runs_once_per_retry_after_across_nodes() {
+    common::metrics_on();
+    let origin = Origin::new();
+    let [a, b] = nodes("x-if-error", &origin, |c| {
+        c.stale_if_error = Duration::from_secs(120);
+        c.stale_retry_after = Duration::from_secs(10);
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        for node in [&a, &b] {
+            let (status, body) = call(node).await;
+            assert_eq!((status, body.as_str()), (StatusCode::OK, "v1"));
+        }
+        tokio::time::advance(Duration::from_millis(500)).await;
+    }
+    let tries = origin.calls() - 1;
+    assert!(
+        (5..=7).contains(&tries),
+        "{tries} executions in 60 s across both nodes: one per 10 s"
+    );
+    assert!(stale_served("x-if-error", StaleReason::Error) >= 200);
+}
+
+/// A hit another node stored says how old it is by the store's clock
+/// (`Age`, `Cache-Status`), not since it reached this node.
+#[tokio::test(start_paused = true)]
+async fn a_hit_from_the_store_carries_the_stores_age() {
+    let origin = Origin::new();
+    let [a, b] = nodes("x-age", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(10);
+        c.cache_status = true;
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let got = answer(&b).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v1", None));
+    assert_eq!(got.headers.get("age").unwrap(), "3");
+    assert_eq!(
+        got.headers.get("cache-status").unwrap(),
+        "flightdeck; hit; ttl=7"
+    );
+    assert_eq!(origin.calls(), 1);
+}
