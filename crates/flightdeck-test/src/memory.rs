@@ -161,7 +161,8 @@ struct Kept {
     work_time: Duration,
     /// Replayed to new acquires until then.
     fresh_until: Instant,
-    /// Replayed to re-checks of followers of `gen` or older until then.
+    /// Replayed to re-checks of followers of `gen` or older until then
+    /// (the later of `retain` and the stale window's end).
     keep_until: Instant,
     /// Answered stale (to acquires that ask for it) until then, from
     /// `fresh_until` on.
@@ -529,8 +530,9 @@ impl MemoryBackend {
         }
         r.deadline = None;
         let fresh_until = now + args.ttl;
-        let keep_until = fresh_until.max(now + args.retain);
         let stale_until = fresh_until + args.stale_for;
+        // As the scripts' `ku`: the waiters get it as long as it is kept.
+        let keep_until = stale_until.max(now + args.retain);
         r.failure = None;
         r.retry_until = None;
         r.result = Some(Kept {

@@ -178,6 +178,21 @@ pub async fn stale_results_need_ask_stale<B: Backend>(b: &B) {
     );
 }
 
+/// A follower's re-check (naming the generation it followed) is replayed
+/// the result as long as the record keeps it (`ku`: the later of
+/// `retain` and `ttl + stale_for`), stale or not, as the Redis scripts
+/// do: the follower waited for that very result.
+pub async fn rechecks_are_replayed_what_the_record_keeps<B: Backend>(b: &B) {
+    let (f, g1) = stale_flight(b).await;
+    expect_hit(
+        b.recheck(&f, &OwnerToken::random(), Some(g1), &long_terms())
+            .await
+            .unwrap(),
+        g1,
+        b"v1",
+    );
+}
+
 /// A result is answered stale for `stale_for` past its ttl, no longer;
 /// and the flight's record lives that long (past `retain`).
 pub async fn stale_results_end_with_their_window<B: Backend>(b: &B) {
@@ -437,6 +452,7 @@ pub async fn stale_checks<B: Backend>(b: &B) {
     tokio::join!(
         stale_results_are_answered_beside_the_refresh(b),
         stale_results_need_ask_stale(b),
+        rechecks_are_replayed_what_the_record_keeps(b),
         stale_results_end_with_their_window(b),
         a_fenced_refresh_does_not_replace_the_kept_result(b),
         invalidate_drops_the_kept_result(b),
