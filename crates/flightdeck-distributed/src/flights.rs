@@ -26,7 +26,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::stale::{Answered, Reply};
+use crate::stale::{within, Answered, Reply};
 use crate::start::Start;
 use crate::work::{Execute, Role};
 
@@ -481,11 +481,19 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 }
             }
             // A refresh failed a moment ago: the store throttles the next
-            // one and answers the kept result.
+            // one and answers the kept result, as `error` within
+            // `stale-if-error` (the store keeps it for the longest window).
             Acquired::Stale(stored) => {
                 guard.settled();
                 match st.usable(&cx, Some(stored), &exec, &req) {
-                    Some((v, kept)) => Ok(st.stale_answer(&cx, v, &kept, StaleReason::Error)),
+                    Some((v, kept)) => {
+                        let reason = if within(kept.stale_for(), st.policy.stale().if_error) {
+                            StaleReason::Error
+                        } else {
+                            StaleReason::Revalidate
+                        };
+                        Ok(st.stale_answer(&cx, v, &kept, reason))
+                    }
                     None => ran(exec.execute(req, Role::Unserved).await),
                 }
             }

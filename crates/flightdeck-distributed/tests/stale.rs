@@ -387,3 +387,44 @@ async fn a_late_commit_does_not_stretch_the_window() {
     let (v, how, _) = call(&b, &k, &work).await;
     assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
 }
+
+/// The store's throttle after a failed refresh answers the kept result
+/// as `error` only within `stale-if-error`: with that window off, a
+/// result inside `stale-while-revalidate` answers as `revalidate`, and is
+/// counted so.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_answer_names_the_window_it_is_in() {
+    recorded::install();
+    let (a, b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        retry_after: 30 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("throttled-revalidate");
+    let work = Work::new(SEC / 10);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    a.idle().await;
+    assert_eq!(work.runs(), 2, "the refresh ran and failed");
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(work.runs(), 2, "throttled: nothing runs");
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate)),
+        "stale-if-error is off: {how:?}"
+    );
+    assert_eq!(
+        counter_where(
+            metric::STALE_SERVED_TOTAL,
+            "throttled-revalidate",
+            Some(("reason", "error"))
+        ),
+        0
+    );
+}
