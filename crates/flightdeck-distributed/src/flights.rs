@@ -531,12 +531,14 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     } => (Some(lease_remaining), stale),
                     _ => (None, None),
                 };
+                let kept = st.usable(&cx, stale, &exec, &req);
                 let first = follow::Following {
                     generation,
                     lease_remaining,
                     joined,
+                    stale: kept.is_some(),
                 };
-                match st.usable(&cx, stale, &exec, &req) {
+                match kept {
                     Some(kept) => {
                         let judge = exec.failures();
                         let following = follow::follow(st, &cx, guard, first, req, exec, fallback);

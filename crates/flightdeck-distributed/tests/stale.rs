@@ -428,3 +428,88 @@ async fn a_throttled_answer_names_the_window_it_is_in() {
         0
     );
 }
+
+/// A refresh that fails while another node follows it: the follower is
+/// answered the kept result and runs nothing, so the failing work runs
+/// once per `stale-retry-after` for the whole deployment (no failure is
+/// cached: the follower's re-check must not be granted the flight the
+/// throttle holds).
+#[tokio::test(start_paused = true)]
+async fn a_follower_of_a_failed_refresh_runs_nothing_while_throttled() {
+    let (a, b) = nodes(StaleWindows {
+        if_error: 120 * SEC,
+        retry_after: 30 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("throttled-follower");
+    let work = Work::new(2 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Error)),
+        "the follower: {how:?}"
+    );
+    let (v, how, _) = owner.await.unwrap();
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    a.idle().await;
+    b.idle().await;
+    assert_eq!(
+        work.runs(),
+        2,
+        "one refresh, failed; the follower ran nothing"
+    );
+    for node in [&a, &b] {
+        let (v, how, _) = call(node, &k, &work).await;
+        assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    }
+    assert_eq!(work.runs(), 2, "still throttled");
+}
+
+/// A follower standing by with the kept result that is granted the
+/// flight after the throttle (it polls: notices are lost) runs a refresh:
+/// its failure throttles the next one as the first owner's did.
+#[tokio::test(start_paused = true)]
+async fn a_follower_granted_after_the_throttle_throttles_on_failure() {
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .poll_interval(2 * SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            if_error: 120 * SEC,
+            retry_after: SEC / 5,
+            ..StaleWindows::OFF
+        });
+    let node =
+        || DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    let (a, b) = (node(), node());
+    let k = key("follower-refresh");
+    let work = Work::new(SEC / 2);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    store.set_drop_notices(true);
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    // Polls at least a second later, past the owner's failure and its
+    // throttle: granted, it refreshes and fails too.
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    assert_eq!(owner.await.unwrap().0, "v1");
+    assert_eq!(work.runs(), 3, "the owner's refresh, then the follower's");
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    assert_eq!(work.runs(), 3, "the follower's failed refresh throttles");
+}
