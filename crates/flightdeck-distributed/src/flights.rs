@@ -466,7 +466,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(&cx, &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
-                        st.refresh_early(&cx, &mut guard, &stored, req, exec).await;
+                        st.refresh_early(&cx, &stored, req, exec);
                         let hit = Answered::Hit {
                             age: stored.age,
                             fresh_for: stored.fresh_for(),

@@ -513,3 +513,50 @@ async fn a_follower_granted_after_the_throttle_throttles_on_failure() {
     assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
     assert_eq!(work.runs(), 3, "the follower's failed refresh throttles");
 }
+
+/// A hit that starts an early refresh is answered after its own store
+/// call only: the early refresh's grant is asked in the background, so
+/// no hit waits a second round trip (nor a stalled store's call timeout).
+#[tokio::test(start_paused = true)]
+async fn a_hit_never_waits_for_its_early_refresh_grant() {
+    flightdeck_core::random::seed_this_thread(Some(7));
+    let trip = SEC / 10;
+    let store = flightdeck_test::Hooked::new(MemoryBackend::new())
+        .after_acquire(move |_| tokio::time::sleep(trip));
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            early_refresh: FRESH,
+            ..StaleWindows::OFF
+        });
+    let node = DistributedFlights::new(store, policy, PostcardCodec::new()).unwrap();
+    let k = key("early-latency");
+    let work = Work::new(SEC);
+    let started = Instant::now();
+    let v = node
+        .run_answered(&k, (), work.clone(), &Propagate, None)
+        .await
+        .unwrap();
+    assert!(matches!(v.1, Answered::Ran));
+    node.idle().await;
+    assert!(started.elapsed() >= trip);
+    loop {
+        let started = Instant::now();
+        let (out, how) = node
+            .run_answered(&k, (), work.clone(), &Propagate, None)
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+        assert_eq!(took, trip, "one store call per hit");
+        if work.runs() == 2 {
+            break;
+        }
+        assert!(matches!(out, Shareable::Shared(ref v) if v == "v1"));
+        sleep(SEC / 10).await;
+    }
+    flightdeck_core::random::seed_this_thread(None);
+    node.idle().await;
+}
