@@ -50,7 +50,7 @@ use bytes::Bytes;
 use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
     FlightId, LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult,
-    Subscription,
+    Subscription, MAX_DURATION,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -226,6 +226,20 @@ impl Flight {
     }
 }
 
+/// `d`, at most [`MAX_DURATION`] (as the Redis backend sends it).
+fn cap(d: Duration) -> Duration {
+    d.min(MAX_DURATION)
+}
+
+/// `terms` with every duration at most [`MAX_DURATION`].
+fn capped(terms: &LeaseTerms) -> LeaseTerms {
+    LeaseTerms {
+        lease: cap(terms.lease),
+        state_ttl: cap(terms.state_ttl),
+        ..*terms
+    }
+}
+
 /// Redis keeps a key at least a millisecond (`PEXPIRE` of 0 deletes it).
 fn key_ttl(d: Duration) -> Duration {
     d.max(Duration::from_millis(1))
@@ -373,6 +387,7 @@ impl MemoryBackend {
         terms: &LeaseTerms,
     ) -> Acquired {
         let now = Instant::now();
+        let terms = &capped(terms);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let mut takeover = false;
@@ -492,6 +507,7 @@ impl MemoryBackend {
         terms: &LeaseTerms,
     ) -> Renewal {
         let now = Instant::now();
+        let terms = &capped(terms);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         match Self::open_grant(f, now, token, gen) {
@@ -516,6 +532,13 @@ impl MemoryBackend {
         args: &CommitArgs,
     ) -> Committed {
         let now = Instant::now();
+        let args = &CommitArgs {
+            ttl: cap(args.ttl),
+            retain: cap(args.retain),
+            stale_for: cap(args.stale_for),
+            work_time: cap(args.work_time),
+            ..args.clone()
+        };
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let Some(r) = Self::open_grant(f, now, token, gen) else {
@@ -568,6 +591,11 @@ impl MemoryBackend {
         args: &AbandonArgs,
     ) -> Released {
         let now = Instant::now();
+        let args = &AbandonArgs {
+            failure_ttl: cap(args.failure_ttl),
+            retry_after: cap(args.retry_after),
+            ..args.clone()
+        };
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let Some(r) = Self::open_grant(f, now, token, gen).filter(|r| r.deadline.is_some()) else {
@@ -608,6 +636,7 @@ impl MemoryBackend {
 
     fn release_now(&self, flight: &FlightId, token: &OwnerToken, state_ttl: Duration) -> Released {
         let now = Instant::now();
+        let state_ttl = cap(state_ttl);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         match f.record(now) {
@@ -759,6 +788,7 @@ impl Backend for MemoryBackend {
     ) -> BackendFuture<'a, u64> {
         let res = self.check().map(|()| {
             let now = Instant::now();
+            let state_ttl = cap(state_ttl);
             let mut flights = self.flights();
             let f = flights.entry(*flight).or_default();
             let released = f

@@ -7,6 +7,13 @@ use bytes::Bytes;
 #[allow(unused_imports)] // doc links
 use super::{Acquired, Backend, StoredResult};
 
+/// The longest duration a backend keeps anything for: a longer one in
+/// [`LeaseTerms`], [`CommitArgs`] or [`AbandonArgs`] is taken as this
+/// (10^13 ms, about 317 years), so that no backend's clock arithmetic
+/// overflows (the Redis scripts count server milliseconds in Lua's
+/// doubles, exact below 2^53, and Redis refuses larger expiries).
+pub const MAX_DURATION: Duration = Duration::from_millis(10_000_000_000_000);
+
 /// What an acquire asks, besides the flight and the lease terms (see
 /// [`Backend::acquire_with`]). The default is a flight's first acquire
 /// that takes no stale result: exactly [`Backend::acquire`].

@@ -149,7 +149,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use answers::{Acquired, Committed, Released, Renewal, ResultStatus, StoredResult};
-pub use args::{AbandonArgs, Ask, CommitArgs, LeaseTerms};
+pub use args::{AbandonArgs, Ask, CommitArgs, LeaseTerms, MAX_DURATION};
 pub use connection::{Connection, ConnectionWatch};
 pub use error::{BackendError, BackendErrorKind};
 pub use ids::{FencingToken, FlightId, OwnerToken};

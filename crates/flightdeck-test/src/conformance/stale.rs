@@ -447,6 +447,51 @@ pub async fn stored_results_carry_age_ttl_and_work_time<B: Backend>(b: &B) {
     }
 }
 
+/// Durations past any deployment's (`Duration::MAX`) are taken as
+/// [`MAX_DURATION`]: a commit, an early refresh's grant and an abandon
+/// caching a failure with a throttle all take effect, none panics nor is
+/// refused, and the result is kept.
+pub async fn huge_durations_are_capped<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, early) = (OwnerToken::random(), OwnerToken::random());
+    let t = long_terms();
+    let g1 = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let args = CommitArgs {
+        ttl: Duration::MAX,
+        retain: Duration::MAX,
+        stale_for: Duration::MAX,
+        work_time: Duration::MAX,
+        state_ttl: Duration::MAX,
+        ..commit_args(b"v1", 1024)
+    };
+    assert_eq!(
+        b.commit(&f, &a, g1, &args).await.unwrap(),
+        Committed::Committed
+    );
+    let g2 = match b.acquire_with(&f, &early, EARLY, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            stale: Some(r),
+            ..
+        } => {
+            assert_eq!((r.ttl, r.work_time), (MAX_DURATION, MAX_DURATION), "{r:?}");
+            generation
+        }
+        other => panic!("an early refresh: expected OWNER with the fresh result, got {other:?}"),
+    };
+    let args = AbandonArgs {
+        failure: Some(Bytes::from_static(b"boom")),
+        failure_ttl: Duration::MAX,
+        retry_after: Duration::MAX,
+        state_ttl: Duration::MAX,
+    };
+    assert_eq!(
+        b.abandon(&f, &early, g2, &args).await.unwrap(),
+        Released::Released
+    );
+    expect_hit(ask_stale(b, &f).await, g1, b"v1");
+}
+
 /// Every check of this file, side by side (independent flights).
 pub async fn stale_checks<B: Backend>(b: &B) {
     tokio::join!(
@@ -459,5 +504,6 @@ pub async fn stale_checks<B: Backend>(b: &B) {
         a_failed_refresh_throttles_the_next(b),
         early_refreshes_are_granted_once(b),
         stored_results_carry_age_ttl_and_work_time(b),
+        huge_durations_are_capped(b),
     );
 }
