@@ -482,18 +482,24 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             }
             // A refresh failed a moment ago: the store throttles the next
             // one and answers the kept result, as `error` within
-            // `stale-if-error` (the store keeps it for the longest window).
+            // `stale-if-error`, else as `revalidate` within that window
+            // (the store keeps it for the longest window of the node that
+            // committed it); past this stage's windows it is no answer.
             Acquired::Stale(stored) => {
                 guard.settled();
-                match st.usable(&cx, Some(stored), &exec, &req) {
-                    Some((v, kept)) => {
-                        let reason = if within(kept.stale_for(), st.policy.stale().if_error) {
-                            StaleReason::Error
-                        } else {
-                            StaleReason::Revalidate
-                        };
-                        Ok(st.stale_answer(&cx, v, &kept, reason))
+                let windows = st.policy.stale();
+                let reason = |kept: &StoredResult| {
+                    if within(kept.stale_for(), windows.if_error) {
+                        Some(StaleReason::Error)
+                    } else if within(kept.stale_for(), windows.revalidate) {
+                        Some(StaleReason::Revalidate)
+                    } else {
+                        None
                     }
+                };
+                let usable = st.usable(&cx, Some(stored), &exec, &req);
+                match usable.and_then(|(v, kept)| Some((v, reason(&kept)?, kept))) {
+                    Some((v, reason, kept)) => Ok(st.stale_answer(&cx, v, &kept, reason)),
                     None => ran(exec.execute(req, Role::Unserved).await),
                 }
             }

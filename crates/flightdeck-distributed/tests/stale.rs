@@ -560,3 +560,44 @@ async fn a_hit_never_waits_for_its_early_refresh_grant() {
     flightdeck_core::random::seed_this_thread(None);
     node.idle().await;
 }
+
+/// A node whose windows are shorter than those the result was committed
+/// with (a configuration rolling out) never answers the store's throttled
+/// result past its own freshness plus window: it runs the work for its
+/// caller instead.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_answer_stays_within_this_nodes_windows() {
+    let store = MemoryBackend::new();
+    let node = |windows| {
+        let policy = DistributedPolicy::new()
+            .lease(3 * SEC)
+            .heartbeat(SEC)
+            .replay_ttl(FRESH)
+            .stale_windows(windows);
+        DistributedFlights::new(store.clone(), policy, PostcardCodec::new()).unwrap()
+    };
+    let a = node(StaleWindows {
+        if_error: 120 * SEC,
+        retry_after: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let b = node(StaleWindows {
+        revalidate: 2 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("shorter-windows");
+    let work = Work::new(SEC / 10);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    work.failing.store(false, Ordering::SeqCst);
+    sleep(10 * SEC).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), how),
+        ("v3", Answered::Ran),
+        "21 s past freshness, b's window is 2 s"
+    );
+}
