@@ -26,7 +26,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::stale::{Answered, EndedHere, PurgeMark, Purges, Reply};
+use crate::stale::{within, Answered, EndedHere, PurgeMark, Purges, Reply};
 use crate::start::Start;
 use crate::work::{Execute, Role};
 
@@ -480,10 +480,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(&cx, &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
-                        st.refresh_early(&cx, &mut guard, &stored, req, exec).await;
                         // As old as the store says, or, when it ran here,
                         // since its work ended (a commit may land late).
                         let age = st.age_here(&cx, stored.generation, stored.age);
+                        st.refresh_early(&cx, &stored, req, exec);
                         let hit = Answered::Hit {
                             age,
                             fresh_for: stored.fresh_for().min(stored.ttl.saturating_sub(age)),
@@ -498,16 +498,26 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 }
             }
             // A refresh failed a moment ago: the store throttles the next
-            // one and answers the kept result.
+            // one and answers the kept result, as `error` within
+            // `stale-if-error`, else as `revalidate` within that window
+            // (the store keeps it for the longest window of the node that
+            // committed it); past this stage's windows it is no answer.
             Acquired::Stale(stored) => {
                 guard.settled();
                 let windows = st.policy.stale();
-                match st.usable(&cx, Some(stored), &exec, &req) {
-                    // Within `stale-if-error` as this node counts it too.
-                    Some((v, kept)) if crate::stale::within(kept.stale_for(), windows.if_error) => {
-                        Ok(st.stale_answer(&cx, v, &kept, StaleReason::Error))
+                let reason = |kept: &StoredResult| {
+                    if within(kept.stale_for(), windows.if_error) {
+                        Some(StaleReason::Error)
+                    } else if within(kept.stale_for(), windows.revalidate) {
+                        Some(StaleReason::Revalidate)
+                    } else {
+                        None
                     }
-                    _ => ran(exec.execute(req, Role::Unserved).await),
+                };
+                let usable = st.usable(&cx, Some(stored), &exec, &req);
+                match usable.and_then(|(v, kept)| Some((v, reason(&kept)?, kept))) {
+                    Some((v, reason, kept)) => Ok(st.stale_answer(&cx, v, &kept, reason)),
+                    None => ran(exec.execute(req, Role::Unserved).await),
                 }
             }
             Acquired::Owner {
@@ -544,12 +554,14 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     } => (Some(lease_remaining), stale),
                     _ => (None, None),
                 };
+                let kept = st.usable(&cx, stale, &exec, &req);
                 let first = follow::Following {
                     generation,
                     lease_remaining,
                     joined,
+                    stale: kept.is_some(),
                 };
-                match st.usable(&cx, stale, &exec, &req) {
+                match kept {
                     Some(kept) => {
                         let judge = exec.failures();
                         let following = follow::follow(st, &cx, guard, first, req, exec, fallback);

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightdeck_core::error::{BoxError, WaitTimeout};
+use flightdeck_core::error::{BoxError, ErrorClass, RemoteFailure, WaitTimeout};
 use flightdeck_core::time::jittered;
 use flightdeck_core::Shareable;
 use tokio::time::{sleep_until, Instant};
 
-use crate::backend::{Acquired, Backend, BackendErrorKind, Notice, Subscription};
+use crate::backend::{Acquired, Ask, Backend, BackendErrorKind, Notice, Subscription};
 use crate::codec::ResultCodec;
 use flightdeck_core::error::OwnerGone;
 
@@ -44,6 +44,12 @@ pub(crate) struct Following {
     /// ([`Backend::join_subscription`]): no notice sent after that call
     /// ran can be missed, so no re-check is needed.
     pub(crate) joined: Option<Subscription>,
+    /// A kept result stands by for this follower (it was answered beside
+    /// the first call): its re-checks ask for stale results, so that the
+    /// store's throttle after the followed refresh failed holds for it
+    /// too (it is answered STALE, runs nothing), and a grant after the
+    /// throttle is a refresh whose failure throttles the next.
+    pub(crate) stale: bool,
 }
 
 pub(crate) async fn follow<B, C, Req, E, P>(
@@ -75,6 +81,7 @@ where
         generation,
         lease_remaining: first_lease,
         joined,
+        stale,
     } = first;
     let Some(first_lease) = first_lease else {
         // The owner's lease ran out without a result, and takeover is not
@@ -163,12 +170,25 @@ where
             }
         }
         recheck_now = false;
+        let ask = Ask {
+            stale,
+            ..Ask::rechecking(Some(follows))
+        };
         let answer = st
             .call(cx, Op::Recheck, &mut guard, |b| {
-                b.recheck(&cx.flight, &cx.token, Some(follows), &cx.terms)
+                b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
             })
             .await;
         match answer {
+            // The refresh followed failed and the store throttles the
+            // next one: a failure, answered by the result standing by.
+            Ok(Acquired::Stale(_)) if stale => {
+                record_wait();
+                return Err(Box::new(RemoteFailure::new(
+                    ErrorClass::Unavailable,
+                    "the refresh failed; the store throttles the next one",
+                )));
+            }
             // Not asked for stale results: a backend answers no Stale.
             Ok(Acquired::Hit(stored) | Acquired::Stale(stored)) => {
                 record_wait();
@@ -206,6 +226,11 @@ where
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, takeover, role = "owner", "took the flight over");
                 guard.owned();
                 drop(sub);
+                if stale {
+                    // A refresh: its failure throttles the next one.
+                    let judge = exec.failures();
+                    return st.own_judged(cx, generation, req, exec, Some(&judge)).await;
+                }
                 return st.own(cx, generation, req, exec).await;
             }
             Ok(Acquired::Follower {

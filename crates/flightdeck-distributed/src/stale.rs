@@ -402,12 +402,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// A hit near the end of its freshness: with `early-refresh` on, XFetch
     /// decides whether this caller refreshes it, and the store grants one
     /// such refresh (a lease: the others keep their hit). The caller is
-    /// answered the hit either way; a granted refresh runs in the
-    /// background.
-    pub(crate) async fn refresh_early<Req, E>(
+    /// answered the hit at once: the grant is asked, and a granted refresh
+    /// runs, in the background.
+    pub(crate) fn refresh_early<Req, E>(
         self: &Arc<Self>,
         cx: &Cx,
-        guard: &mut TokenGuard<'_, B, C>,
         hit: &StoredResult,
         req: Req,
         exec: E,
@@ -425,18 +424,29 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             early: true,
             ..self.ask()
         };
-        let granted = self
-            .call(cx, Op::Acquire, guard, |b| {
-                b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
-            })
-            .await;
-        if let Ok(Acquired::Owner { generation, .. }) = granted {
-            guard.owned();
-            cx.metrics.with(|m| m.owner.increment(1));
-            tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "refreshing a hit early");
-            let judge = exec.failures();
-            let work = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
-            self.detach(cx, work, judge);
+        let stage = cx.stage.clone();
+        let (st, cx) = (Arc::clone(self), cx.clone());
+        let task = async move {
+            // Dropped mid-call (a runtime shutting down), it releases what
+            // the token may hold.
+            let mut guard = TokenGuard::new(&st, &cx);
+            let granted = st
+                .call(&cx, Op::Acquire, &mut guard, |b| {
+                    b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
+                })
+                .await;
+            if let Ok(Acquired::Owner { generation, .. }) = granted {
+                guard.owned();
+                cx.metrics.with(|m| m.owner.increment(1));
+                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "refreshing a hit early");
+                let judge = exec.failures();
+                let work = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
+                st.detach(&cx, work, judge);
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(self.tasks.spawn_on(task, &rt)),
+            Err(_) => tracing::debug!(%stage, "no runtime for an early refresh"),
         }
     }
 

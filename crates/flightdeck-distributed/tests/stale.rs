@@ -600,3 +600,217 @@ async fn the_node_that_ran_the_work_counts_from_its_end_despite_a_slow_commit() 
     );
     assert_eq!(how.stale().unwrap().age, FRESH + window - SEC / 4);
 }
+
+/// The store's throttle after a failed refresh answers the kept result
+/// as `error` only within `stale-if-error`: with that window off, a
+/// result inside `stale-while-revalidate` answers as `revalidate`, and is
+/// counted so.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_answer_names_the_window_it_is_in() {
+    recorded::install();
+    let (a, b) = nodes(StaleWindows {
+        revalidate: 60 * SEC,
+        retry_after: 30 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("throttled-revalidate");
+    let work = Work::new(SEC / 10);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    a.idle().await;
+    assert_eq!(work.runs(), 2, "the refresh ran and failed");
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(work.runs(), 2, "throttled: nothing runs");
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate)),
+        "stale-if-error is off: {how:?}"
+    );
+    assert_eq!(
+        counter_where(
+            metric::STALE_SERVED_TOTAL,
+            "throttled-revalidate",
+            Some(("reason", "error"))
+        ),
+        0
+    );
+}
+
+/// A refresh that fails while another node follows it: the follower is
+/// answered the kept result and runs nothing, so the failing work runs
+/// once per `stale-retry-after` for the whole deployment (no failure is
+/// cached: the follower's re-check must not be granted the flight the
+/// throttle holds).
+#[tokio::test(start_paused = true)]
+async fn a_follower_of_a_failed_refresh_runs_nothing_while_throttled() {
+    let (a, b) = nodes(StaleWindows {
+        if_error: 120 * SEC,
+        retry_after: 30 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("throttled-follower");
+    let work = Work::new(2 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Error)),
+        "the follower: {how:?}"
+    );
+    let (v, how, _) = owner.await.unwrap();
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    a.idle().await;
+    b.idle().await;
+    assert_eq!(
+        work.runs(),
+        2,
+        "one refresh, failed; the follower ran nothing"
+    );
+    for node in [&a, &b] {
+        let (v, how, _) = call(node, &k, &work).await;
+        assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    }
+    assert_eq!(work.runs(), 2, "still throttled");
+}
+
+/// A follower standing by with the kept result that is granted the
+/// flight after the throttle (it polls: notices are lost) runs a refresh:
+/// its failure throttles the next one as the first owner's did.
+#[tokio::test(start_paused = true)]
+async fn a_follower_granted_after_the_throttle_throttles_on_failure() {
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .poll_interval(2 * SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            if_error: 120 * SEC,
+            retry_after: SEC / 5,
+            ..StaleWindows::OFF
+        });
+    let node =
+        || DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    let (a, b) = (node(), node());
+    let k = key("follower-refresh");
+    let work = Work::new(SEC / 2);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    store.set_drop_notices(true);
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    // Polls at least a second later, past the owner's failure and its
+    // throttle: granted, it refreshes and fails too.
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    assert_eq!(owner.await.unwrap().0, "v1");
+    assert_eq!(work.runs(), 3, "the owner's refresh, then the follower's");
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    assert_eq!(work.runs(), 3, "the follower's failed refresh throttles");
+}
+
+/// A hit that starts an early refresh is answered after its own store
+/// call only: the early refresh's grant is asked in the background, so
+/// no hit waits a second round trip (nor a stalled store's call timeout).
+#[tokio::test(start_paused = true)]
+async fn a_hit_never_waits_for_its_early_refresh_grant() {
+    flightdeck_core::random::seed_this_thread(Some(7));
+    let trip = SEC / 10;
+    let store = flightdeck_test::Hooked::new(MemoryBackend::new())
+        .after_acquire(move |_| tokio::time::sleep(trip));
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            early_refresh: FRESH,
+            ..StaleWindows::OFF
+        });
+    let node = DistributedFlights::new(store, policy, PostcardCodec::new()).unwrap();
+    let k = key("early-latency");
+    let work = Work::new(SEC);
+    let started = Instant::now();
+    let v = node
+        .run_answered(&k, (), work.clone(), &Propagate, None)
+        .await
+        .unwrap();
+    assert!(matches!(v.1, Answered::Ran));
+    node.idle().await;
+    assert!(started.elapsed() >= trip);
+    loop {
+        let started = Instant::now();
+        let (out, how) = node
+            .run_answered(&k, (), work.clone(), &Propagate, None)
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+        assert_eq!(took, trip, "one store call per hit");
+        if work.runs() == 2 {
+            break;
+        }
+        assert!(matches!(out, Shareable::Shared(ref v) if v == "v1"));
+        sleep(SEC / 10).await;
+    }
+    flightdeck_core::random::seed_this_thread(None);
+    node.idle().await;
+}
+
+/// A node whose windows are shorter than those the result was committed
+/// with (a configuration rolling out) never answers the store's throttled
+/// result past its own freshness plus window: it runs the work for its
+/// caller instead.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_answer_stays_within_this_nodes_windows() {
+    let store = MemoryBackend::new();
+    let node = |windows| {
+        let policy = DistributedPolicy::new()
+            .lease(3 * SEC)
+            .heartbeat(SEC)
+            .replay_ttl(FRESH)
+            .stale_windows(windows);
+        DistributedFlights::new(store.clone(), policy, PostcardCodec::new()).unwrap()
+    };
+    let a = node(StaleWindows {
+        if_error: 120 * SEC,
+        retry_after: 60 * SEC,
+        ..StaleWindows::OFF
+    });
+    let b = node(StaleWindows {
+        revalidate: 2 * SEC,
+        ..StaleWindows::OFF
+    });
+    let k = key("shorter-windows");
+    let work = Work::new(SEC / 10);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.failing.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!((v.as_str(), reason(how)), ("v1", Some(StaleReason::Error)));
+    work.failing.store(false, Ordering::SeqCst);
+    sleep(10 * SEC).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), how),
+        ("v3", Answered::Ran),
+        "21 s past freshness, b's window is 2 s"
+    );
+}

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use flightdeck_distributed::backend::FlightId;
+use flightdeck_distributed::backend::{FlightId, MAX_DURATION};
 use fred::prelude::Value;
 
 use crate::backend::LAYOUT;
@@ -97,11 +97,12 @@ impl ScriptArgs {
         self.millis_or_zero(d.max(Duration::from_millis(1)))
     }
 
-    /// An argument: `d` in whole milliseconds, at most Redis's largest
-    /// integer.
+    /// An argument: `d` in whole milliseconds, at most [`MAX_DURATION`]
+    /// (the scripts add durations to the server's clock: the sums stay
+    /// exact in Lua and valid expiries for Redis).
     pub(crate) fn millis_or_zero(self, d: Duration) -> Self {
-        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        self.uint(ms.unsigned_abs())
+        let ms = d.min(MAX_DURATION).as_millis();
+        self.uint(u64::try_from(ms).unwrap_or(u64::MAX))
     }
 
     /// An argument: `n` in decimal.
@@ -198,7 +199,7 @@ mod tests {
                 "pay\0load".to_owned(),
                 "2".to_owned(),
                 "1".to_owned(),
-                i64::MAX.to_string(),
+                MAX_DURATION.as_millis().to_string(),
                 "1".to_owned(),
             ]
         );

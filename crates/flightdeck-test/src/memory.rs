@@ -50,7 +50,7 @@ use bytes::Bytes;
 use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed,
     FlightId, LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult,
-    Subscription,
+    Subscription, MAX_DURATION,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -161,7 +161,8 @@ struct Kept {
     work_time: Duration,
     /// Replayed to new acquires until then.
     fresh_until: Instant,
-    /// Replayed to re-checks of followers of `gen` or older until then.
+    /// Replayed to re-checks of followers of `gen` or older until then
+    /// (the later of `retain` and the stale window's end).
     keep_until: Instant,
     /// Answered stale (to acquires that ask for it) until then, from
     /// `fresh_until` on.
@@ -222,6 +223,20 @@ impl Flight {
     fn next_gen(&mut self) -> u64 {
         self.high += 1;
         self.high
+    }
+}
+
+/// `d`, at most [`MAX_DURATION`] (as the Redis backend sends it).
+fn cap(d: Duration) -> Duration {
+    d.min(MAX_DURATION)
+}
+
+/// `terms` with every duration at most [`MAX_DURATION`].
+fn capped(terms: &LeaseTerms) -> LeaseTerms {
+    LeaseTerms {
+        lease: cap(terms.lease),
+        state_ttl: cap(terms.state_ttl),
+        ..*terms
     }
 }
 
@@ -372,6 +387,7 @@ impl MemoryBackend {
         terms: &LeaseTerms,
     ) -> Acquired {
         let now = Instant::now();
+        let terms = &capped(terms);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let mut takeover = false;
@@ -491,6 +507,7 @@ impl MemoryBackend {
         terms: &LeaseTerms,
     ) -> Renewal {
         let now = Instant::now();
+        let terms = &capped(terms);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         match Self::open_grant(f, now, token, gen) {
@@ -515,6 +532,13 @@ impl MemoryBackend {
         args: &CommitArgs,
     ) -> Committed {
         let now = Instant::now();
+        let args = &CommitArgs {
+            ttl: cap(args.ttl),
+            retain: cap(args.retain),
+            stale_for: cap(args.stale_for),
+            work_time: cap(args.work_time),
+            ..args.clone()
+        };
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let Some(r) = Self::open_grant(f, now, token, gen) else {
@@ -529,8 +553,9 @@ impl MemoryBackend {
         }
         r.deadline = None;
         let fresh_until = now + args.ttl;
-        let keep_until = fresh_until.max(now + args.retain);
         let stale_until = fresh_until + args.stale_for;
+        // As the scripts' `ku`: the waiters get it as long as it is kept.
+        let keep_until = stale_until.max(now + args.retain);
         r.failure = None;
         r.retry_until = None;
         r.result = Some(Kept {
@@ -566,6 +591,11 @@ impl MemoryBackend {
         args: &AbandonArgs,
     ) -> Released {
         let now = Instant::now();
+        let args = &AbandonArgs {
+            failure_ttl: cap(args.failure_ttl),
+            retry_after: cap(args.retry_after),
+            ..args.clone()
+        };
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         let Some(r) = Self::open_grant(f, now, token, gen).filter(|r| r.deadline.is_some()) else {
@@ -606,6 +636,7 @@ impl MemoryBackend {
 
     fn release_now(&self, flight: &FlightId, token: &OwnerToken, state_ttl: Duration) -> Released {
         let now = Instant::now();
+        let state_ttl = cap(state_ttl);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
         match f.record(now) {
@@ -757,6 +788,7 @@ impl Backend for MemoryBackend {
     ) -> BackendFuture<'a, u64> {
         let res = self.check().map(|()| {
             let now = Instant::now();
+            let state_ttl = cap(state_ttl);
             let mut flights = self.flights();
             let f = flights.entry(*flight).or_default();
             let released = f

@@ -7,6 +7,13 @@ use bytes::Bytes;
 #[allow(unused_imports)] // doc links
 use super::{Acquired, Backend, StoredResult};
 
+/// The longest duration a backend keeps anything for: a longer one in
+/// [`LeaseTerms`], [`CommitArgs`] or [`AbandonArgs`] is taken as this
+/// (10^13 ms, about 317 years), so that no backend's clock arithmetic
+/// overflows (the Redis scripts count server milliseconds in Lua's
+/// doubles, exact below 2^53, and Redis refuses larger expiries).
+pub const MAX_DURATION: Duration = Duration::from_millis(10_000_000_000_000);
+
 /// What an acquire asks, besides the flight and the lease terms (see
 /// [`Backend::acquire_with`]). The default is a flight's first acquire
 /// that takes no stale result: exactly [`Backend::acquire`].
@@ -14,8 +21,8 @@ use super::{Acquired, Backend, StoredResult};
 pub struct Ask {
     /// The generation a follower first followed: a result committed by
     /// it or a later one is a [`Acquired::Hit`] while the store keeps it
-    /// for waiters ([`CommitArgs::retain`]), fresh or not (see
-    /// [`Backend::recheck`]).
+    /// (the later of [`CommitArgs::retain`] and `ttl + stale_for`), fresh
+    /// or not (see [`Backend::recheck`]).
     pub follows: Option<u64>,
     /// A re-check (a follower's poll, or the retry of an ambiguous first
     /// acquire), not a flight's first acquire: answered the same, but a
@@ -107,7 +114,8 @@ pub struct CommitArgs {
     /// (their [`Backend::recheck`] naming this generation or an older
     /// one), fresh or not: what the protocol needs to hand it over, at
     /// least two poll intervals; never replayed to new acquires past
-    /// `ttl`.
+    /// `ttl`. A result kept longer to answer stale (`ttl + stale_for`)
+    /// is replayed to those re-checks as long.
     pub retain: Duration,
     /// How long past `ttl` the result is kept to answer stale (an acquire
     /// with [`Ask::stale`]): the stage's longest stale window; zero: not

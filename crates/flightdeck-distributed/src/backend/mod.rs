@@ -149,7 +149,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use answers::{Acquired, Committed, Released, Renewal, ResultStatus, StoredResult};
-pub use args::{AbandonArgs, Ask, CommitArgs, LeaseTerms};
+pub use args::{AbandonArgs, Ask, CommitArgs, LeaseTerms, MAX_DURATION};
 pub use connection::{Connection, ConnectionWatch};
 pub use error::{BackendError, BackendErrorKind};
 pub use ids::{FencingToken, FlightId, OwnerToken};
@@ -384,8 +384,9 @@ pub trait Backend: Send + Sync + 'static {
     /// takes the flight over when the owner's lease expired), but it names
     /// the generation the follower first followed (`follows`): a result
     /// committed by that generation or a later one is a
-    /// [`Acquired::Hit`] while the store keeps it for waiters
-    /// ([`CommitArgs::retain`]), fresh or not, since this caller was
+    /// [`Acquired::Hit`] while the store keeps it (the later of
+    /// [`CommitArgs::retain`] and its stale window's end), fresh or not,
+    /// since this caller was
     /// waiting before it was committed. `None` (a retry of a first
     /// acquire) answers as [`acquire`](Self::acquire).
     /// [`acquire_with`](Self::acquire_with) with [`Ask::rechecking`]:

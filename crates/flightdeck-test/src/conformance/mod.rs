@@ -54,7 +54,7 @@ use bytes::Bytes;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{
     AbandonArgs, Acquired, Ask, Backend, CommitArgs, Committed, FlightId, LeaseTerms, Notice,
-    OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
+    OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription, MAX_DURATION,
 };
 use tokio::time::Instant;
 

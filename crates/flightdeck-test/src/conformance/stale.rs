@@ -178,6 +178,21 @@ pub async fn stale_results_need_ask_stale<B: Backend>(b: &B) {
     );
 }
 
+/// A follower's re-check (naming the generation it followed) is replayed
+/// the result as long as the record keeps it (`ku`: the later of
+/// `retain` and `ttl + stale_for`), stale or not, as the Redis scripts
+/// do: the follower waited for that very result.
+pub async fn rechecks_are_replayed_what_the_record_keeps<B: Backend>(b: &B) {
+    let (f, g1) = stale_flight(b).await;
+    expect_hit(
+        b.recheck(&f, &OwnerToken::random(), Some(g1), &long_terms())
+            .await
+            .unwrap(),
+        g1,
+        b"v1",
+    );
+}
+
 /// A result is answered stale for `stale_for` past its ttl, no longer;
 /// and the flight's record lives that long (past `retain`).
 pub async fn stale_results_end_with_their_window<B: Backend>(b: &B) {
@@ -432,16 +447,63 @@ pub async fn stored_results_carry_age_ttl_and_work_time<B: Backend>(b: &B) {
     }
 }
 
+/// Durations past any deployment's (`Duration::MAX`) are taken as
+/// [`MAX_DURATION`]: a commit, an early refresh's grant and an abandon
+/// caching a failure with a throttle all take effect, none panics nor is
+/// refused, and the result is kept.
+pub async fn huge_durations_are_capped<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, early) = (OwnerToken::random(), OwnerToken::random());
+    let t = long_terms();
+    let g1 = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let args = CommitArgs {
+        ttl: Duration::MAX,
+        retain: Duration::MAX,
+        stale_for: Duration::MAX,
+        work_time: Duration::MAX,
+        state_ttl: Duration::MAX,
+        ..commit_args(b"v1", 1024)
+    };
+    assert_eq!(
+        b.commit(&f, &a, g1, &args).await.unwrap(),
+        Committed::Committed
+    );
+    let g2 = match b.acquire_with(&f, &early, EARLY, &t).await.unwrap() {
+        Acquired::Owner {
+            generation,
+            stale: Some(r),
+            ..
+        } => {
+            assert_eq!((r.ttl, r.work_time), (MAX_DURATION, MAX_DURATION), "{r:?}");
+            generation
+        }
+        other => panic!("an early refresh: expected OWNER with the fresh result, got {other:?}"),
+    };
+    let args = AbandonArgs {
+        failure: Some(Bytes::from_static(b"boom")),
+        failure_ttl: Duration::MAX,
+        retry_after: Duration::MAX,
+        state_ttl: Duration::MAX,
+    };
+    assert_eq!(
+        b.abandon(&f, &early, g2, &args).await.unwrap(),
+        Released::Released
+    );
+    expect_hit(ask_stale(b, &f).await, g1, b"v1");
+}
+
 /// Every check of this file, side by side (independent flights).
 pub async fn stale_checks<B: Backend>(b: &B) {
     tokio::join!(
         stale_results_are_answered_beside_the_refresh(b),
         stale_results_need_ask_stale(b),
+        rechecks_are_replayed_what_the_record_keeps(b),
         stale_results_end_with_their_window(b),
         a_fenced_refresh_does_not_replace_the_kept_result(b),
         invalidate_drops_the_kept_result(b),
         a_failed_refresh_throttles_the_next(b),
         early_refreshes_are_granted_once(b),
         stored_results_carry_age_ttl_and_work_time(b),
+        huge_durations_are_capped(b),
     );
 }
