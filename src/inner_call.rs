@@ -4,7 +4,7 @@
 //! execution the bulkhead admitted (`singleflight_execution_total{path}`,
 //! `singleflight_execution_duration`).
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -81,10 +81,17 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
                 Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
             }
         } else {
-            let call = bulkhead.oneshot(req);
             match self.bound {
-                None => call.await?,
-                Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
+                None => {
+                    // Readied and called here rather than through `oneshot`:
+                    // the bulkhead's `call` is inlined into this future.
+                    let mut bulkhead = bulkhead;
+                    poll_fn(|cx| bulkhead.poll_ready(cx)).await?;
+                    bulkhead.call(req).await?
+                }
+                Some(bound) => timeout(bound, bulkhead.oneshot(req))
+                    .await
+                    .map_err(|_| out_of_time())??,
             }
         };
         Ok(match self.share.share(resp).await? {

@@ -543,6 +543,14 @@ impl<R, Sh: SharedForm> fmt::Debug for GenericSingleFlightLayerBuilder<R, Sh> {
 /// its own copy of the layer's adapter, configured here. Adapters with
 /// nothing to configure keep themselves.
 pub trait StageShare: SharedForm + Sized {
+    /// Whether the layer's `call` inlines L1's lookup of the flight
+    /// ([`LocalFlights::run_inlined`](flightdeck_local::LocalFlights::run_inlined)):
+    /// code layout only, no behaviour depends on it. On for
+    /// [`CloneShare`](flightdeck_core::CloneShare), whose path is short
+    /// (one call less per request); off by default and for HTTP, whose
+    /// longer path it made slower.
+    const INLINE_LOOKUP: bool = false;
+
     /// The adapter of a stage with these settings.
     fn for_stage(&self, sharing: &SharingSettings) -> Self;
 
@@ -572,6 +580,8 @@ pub trait StageShare: SharedForm + Sized {
 
 /// Values have no cookies or cache headers: the settings mean nothing.
 impl<T: Clone + Send + Sync + 'static> StageShare for flightdeck_core::CloneShare<T> {
+    const INLINE_LOOKUP: bool = true;
+
     fn for_stage(&self, _sharing: &SharingSettings) -> Self {
         *self
     }

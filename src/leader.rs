@@ -63,11 +63,13 @@ pin_project! {
     /// A leader's (or a lone caller's) work, whose result the stage keeps
     /// when it keeps results: a shared result that is no failure becomes
     /// the key's copy (unless a purge came after the work started), an
-    /// unshared one starts the key's hit-for-pass.
+    /// unshared one starts the key's hit-for-pass. What it records with is
+    /// boxed: a stage that keeps nothing (the common case) carries a null
+    /// pointer, not the record's room, in every leader's future.
     pub(crate) struct Recorded<F, Sh: SharedForm> {
         #[pin]
         pub(crate) fut: F,
-        pub(crate) record: Option<Record<Sh>>,
+        pub(crate) record: Option<Box<Record<Sh>>>,
     }
 }
 
@@ -82,17 +84,17 @@ pub(crate) struct Record<Sh: SharedForm> {
 }
 
 impl<Sh: StageShare> Record<Sh> {
-    pub(crate) fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Self> {
+    pub(crate) fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Box<Self>> {
         let setup = stage.stale.clone()?;
         let ticket = setup.kept.ticket();
-        Some(Self {
+        Some(Box::new(Self {
             setup,
             key: key.clone(),
             ticket,
             share: stage.share.clone(),
             pass_for: stage.ctl.cfg.hit_for_pass,
             fresh: stage.ctl.cfg.replay_ttl,
-        })
+        }))
     }
 }
 

@@ -185,7 +185,12 @@ where
         if stage.stale.is_some() {
             return leader.stale_paths(caller, at, share);
         }
-        ResponseFuture::flight(stage.local.run(&key, caller, leader), headers, share)
+        let run = if Sh::INLINE_LOOKUP {
+            stage.local.run_inlined(&key, caller, leader)
+        } else {
+            stage.local.run(&key, caller, leader)
+        };
+        ResponseFuture::flight(run, headers, share)
     }
 }
 

@@ -180,7 +180,25 @@ impl<V: Clone + Send + Sync + 'static> LocalFlights<V> {
         if caller.deadline.is_some_and(|at| at <= Instant::now()) {
             return Run::ready(Err(Box::new(DeadlineExceeded::new("request"))));
         }
-        Run::start(&self.group, key, caller, work)
+        Run::start::<false>(&self.group, key, caller, work)
+    }
+
+    /// [`run`](Self::run), with the map's lookup inlined into the caller's
+    /// code: a call less per request, for more code where it is used. The
+    /// same behaviour; a choice of code layout for a caller whose own path
+    /// is short (the facade's, for services other than HTTP: inlined into
+    /// HTTP's longer path, it cost more than it saved).
+    #[inline]
+    pub fn run_inlined<W: FlightWork<V>>(
+        &self,
+        key: &FlightKey,
+        caller: Caller,
+        work: W,
+    ) -> Run<V, W> {
+        if caller.deadline.is_some_and(|at| at <= Instant::now()) {
+            return Run::ready(Err(Box::new(DeadlineExceeded::new("request"))));
+        }
+        Run::start::<true>(&self.group, key, caller, work)
     }
 
     /// Forgets `key` (a purge): its result kept for replay goes, and a

@@ -133,8 +133,10 @@ where
         }
     }
 
+    /// `INLINED`: the map's lookup inlined here (see
+    /// [`LocalFlights::run_inlined`](crate::LocalFlights::run_inlined)).
     #[inline]
-    pub(crate) fn start(
+    pub(crate) fn start<const INLINED: bool>(
         group: &Arc<Group<V>>,
         key: &FlightKey,
         caller: Caller,
@@ -149,7 +151,12 @@ where
                 key = %key.digest().short(),
             )
         };
-        let state = match group.join(key, caller) {
+        let joined = if INLINED {
+            group.join_inlined(key, caller)
+        } else {
+            group.join(key, caller)
+        };
+        let state = match joined {
             Join::Replay(value) => {
                 if work.serves(&value) {
                     State::Ready {

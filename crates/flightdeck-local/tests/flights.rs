@@ -426,3 +426,39 @@ async fn the_leader_decides_whether_its_result_is_replayed_here() {
     assert_eq!(value(call(false).await), "here:false", "the replay ended");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
+
+/// `run_inlined` is `run` with another code layout: its callers and
+/// `run`'s join one flight, which runs once, and a caller whose time is up
+/// is refused before the map as by `run`.
+#[tokio::test(start_paused = true)]
+async fn run_inlined_joins_the_same_flights_as_run() {
+    let flights = LocalFlights::<String>::new(FlightPolicy::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let k = key("q");
+    let leader = tokio::spawn(flights.run_inlined(
+        &k,
+        Caller::new(),
+        slow(&runs, Duration::from_secs(1), "a"),
+    ));
+    tokio::task::yield_now().await;
+    let by_run = tokio::spawn(flights.run(&k, Caller::new(), slow(&runs, Duration::ZERO, "b")));
+    let inlined =
+        tokio::spawn(flights.run_inlined(&k, Caller::new(), slow(&runs, Duration::ZERO, "c")));
+    assert_eq!(value(leader.await.unwrap()), "a");
+    assert_eq!(value(by_run.await.unwrap()), "a");
+    assert_eq!(value(inlined.await.unwrap()), "a");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let late = flights
+        .run_inlined(
+            &key("late"),
+            Caller::new().deadline(Some(Instant::now())),
+            slow(&runs, Duration::ZERO, "d"),
+        )
+        .await;
+    let err = late.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<DeadlineExceeded>().unwrap().phase(),
+        "request"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a late caller runs nothing");
+}

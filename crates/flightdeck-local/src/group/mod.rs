@@ -126,6 +126,13 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// flight's (see `Running::deadline`), and its abandon rule is the
     /// flight's if it starts one (the policy's when `None`).
     pub(crate) fn join(&self, key: &FlightKey, caller: Caller) -> Join<V> {
+        self.join_inlined(key, caller)
+    }
+
+    /// [`join`](Self::join), its code inlined into the caller's (see
+    /// [`LocalFlights::run_inlined`](crate::LocalFlights::run_inlined)).
+    #[inline(always)]
+    pub(crate) fn join_inlined(&self, key: &FlightKey, caller: Caller) -> Join<V> {
         // Looked up before the lock: the first use of a stage registers its
         // handles with the recorder, which is not the shard's business (the
         // first stage's handles are borrowed, not reference-counted).
