@@ -549,6 +549,9 @@ pub trait StageShare: SharedForm + Sized {
     /// [`CloneShare`](flightdeck_core::CloneShare), whose path is short
     /// (one call less per request); off by default and for HTTP, whose
     /// longer path it made slower.
+    // Hidden: a code-layout knob of our own shared forms, not a setting
+    // an implementor should have to weigh.
+    #[doc(hidden)]
     const INLINE_LOOKUP: bool = false;
 
     /// The adapter of a stage with these settings.

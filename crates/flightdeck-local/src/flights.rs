@@ -188,6 +188,9 @@ impl<V: Clone + Send + Sync + 'static> LocalFlights<V> {
     /// same behaviour; a choice of code layout for a caller whose own path
     /// is short (the facade's, for services other than HTTP: inlined into
     /// HTTP's longer path, it cost more than it saved).
+    // Hidden: a code-layout variant for the facade, not a choice users
+    // should have to make; `run` is the API.
+    #[doc(hidden)]
     #[inline]
     pub fn run_inlined<W: FlightWork<V>>(
         &self,
