@@ -15,8 +15,10 @@ use crate::stage::Control;
 use crate::stale::{Answered, MarkAnswer, Served};
 
 /// How the store answered a caller's flight, if it answered it itself
-/// (asked once the flight has ended).
-pub(crate) type Marks = Box<dyn Fn() -> Option<Served> + Send + Sync>;
+/// (asked once the flight has ended), told whether this caller joined
+/// another's flight (L2 counted the flight's own answer; a joiner's is
+/// counted here).
+pub(crate) type Marks = Box<dyn Fn(bool) -> Option<Served> + Send + Sync>;
 
 /// A caller's output from its answer: the leader's own copy (its own
 /// cookies, say); everybody else gets what strangers may get.
@@ -148,7 +150,8 @@ where
             } => {
                 let headers = *headers;
                 Poll::Ready(ready!(run.poll(cx)).map(|answer| {
-                    let stored = marks.as_ref().and_then(|m| m());
+                    let joined = matches!(answer, Answer::Shared(_));
+                    let stored = marks.as_ref().and_then(|m| m(joined));
                     let served = stored.unwrap_or(match &answer {
                         Answer::Shared(_) => Served::Collapsed,
                         _ => Served::Miss,

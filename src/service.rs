@@ -250,10 +250,18 @@ where
                     share,
                 );
             }
-            let (kept, key) = (Arc::clone(&setup.kept), key.clone());
+            let (kept, key, ctl) = (Arc::clone(&setup.kept), key.clone(), Arc::clone(ctl));
             let arrival = kept.arrival();
             let run = stage.local.run(&key, caller, leader);
-            let marks = Box::new(move || kept.answer_since(&key, arrival));
+            let marks = Box::new(move |joined| {
+                let served = kept.answer_since(&key, arrival);
+                // Every caller answered stale is counted: L2 counted the
+                // flight's leader, a caller that joined it is counted here.
+                if let (true, Some(stale)) = (joined, served.and_then(|s| s.stale())) {
+                    ctl.count_stale(stale);
+                }
+                served
+            });
             ResponseFuture::flight_marked(run, headers, share, marks)
         };
         let found = kept.find(&key);

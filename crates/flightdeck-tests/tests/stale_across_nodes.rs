@@ -62,7 +62,16 @@ struct Node {
 
 /// Two nodes of stage `stage` (HYBRID, fresh for 1 s) on one store.
 fn nodes(stage: &'static str, origin: &Arc<Origin>, cfg: impl Fn(&mut StageConfig)) -> [Node; 2] {
-    let store = flightdeck_test::MemoryBackend::new();
+    nodes_on(flightdeck_test::MemoryBackend::new(), stage, origin, cfg)
+}
+
+/// [`nodes`] on `store`.
+fn nodes_on<B: flightdeck::distributed::Backend + Clone>(
+    store: B,
+    stage: &'static str,
+    origin: &Arc<Origin>,
+    cfg: impl Fn(&mut StageConfig),
+) -> [Node; 2] {
     let node = || {
         let mut c = StageConfig::new().mode(Mode::Hybrid).backend("mem");
         c.replay_ttl = Duration::from_secs(1);
@@ -172,6 +181,31 @@ async fn grace_answers_both_nodes_at_once_and_refreshes_once() {
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(call(&a).await.1, "v2");
     assert_eq!(stale_served("x-grace", StaleReason::RedisDown), 1);
+}
+
+/// Every caller answered with the store's stale result is counted, those
+/// that joined another caller's flight on their node too (the store
+/// answers slowly here, so the callers of one node share one flight).
+#[tokio::test(start_paused = true)]
+async fn every_caller_answered_stale_is_counted_joiners_too() {
+    common::metrics_on();
+    let origin = Origin::new();
+    let slow = flightdeck_test::Hooked::new(flightdeck_test::MemoryBackend::new())
+        .after_acquire(|_| tokio::time::sleep(Duration::from_millis(50)));
+    let [a, _] = nodes_on(slow, "x-count", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        set.spawn(answer(&a));
+    }
+    for got in set.join_all().await {
+        assert_eq!(got.body, "v1");
+        assert_eq!(got.stale.map(|s| s.reason), Some(StaleReason::Revalidate));
+    }
+    assert_eq!(stale_served("x-count", StaleReason::Revalidate), 10);
 }
 
 /// Stale-if-error across nodes: while the origin fails, both nodes answer
