@@ -258,3 +258,38 @@ async fn a_hit_from_the_store_carries_the_stores_age() {
     );
     assert_eq!(origin.calls(), 1);
 }
+
+/// A node's copy of a result the store replayed to it is as old as the
+/// store said: replayed from the copy only within `replay-ttl` of the
+/// work's end, never a replay of a replay (the store is cut off from
+/// node b, so only its copy can answer).
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_store_replay_is_not_replayed_past_the_replay_ttl() {
+    let origin = Origin::new();
+    let [a, b] = nodes("x-replay-copy", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(2);
+        c.cache_status = true;
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    // Node b is replayed the store's result, 1.5 s old, and keeps a copy.
+    let hit = answer(&b).await;
+    assert_eq!(hit.body, "v1");
+    assert_eq!(hit.headers.get("age").unwrap(), "1");
+    b.layer
+        .stage("x-replay-copy")
+        .unwrap()
+        .breaker()
+        .force_open();
+    tokio::time::advance(Duration::from_millis(400)).await;
+    let copy = answer(&b).await;
+    assert_eq!(copy.body, "v1", "the copy replays within replay-ttl");
+    assert_eq!(copy.headers.get("age").unwrap(), "1");
+    assert_eq!(origin.calls(), 1);
+    // 3 s after the work's end (1.5 s after the copy reached node b):
+    // past replay-ttl, the work runs again.
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    let next = answer(&b).await;
+    assert_eq!(next.body, "v2", "replayed from a copy past replay-ttl");
+    assert_eq!(origin.calls(), 2);
+}
