@@ -170,7 +170,8 @@ impl<S> Failures<S> for ErrorFailures {
 /// XFetch (Vattani, Chierichetti and Lowenstein, VLDB 2015): whether a
 /// caller `left` before its copy's freshness ends refreshes it now, for
 /// work that takes `took`: with probability `exp(-left / took)`, drawn
-/// from [`crate::random`] so that a simulation replays it.
+/// from the crate's one source of randomness, so that a simulation
+/// replays it.
 pub fn xfetch(left: Duration, took: Duration) -> bool {
     if took.is_zero() {
         return left.is_zero();
