@@ -36,19 +36,8 @@ const PAST_TTL: Duration = Duration::from_millis(250);
 /// The owner's work time every commit here carries.
 const WORK: Duration = Duration::from_millis(170);
 
-const STALE: Ask = Ask {
-    follows: None,
-    recheck: false,
-    stale: true,
-    early: false,
-};
-
-const EARLY: Ask = Ask {
-    follows: None,
-    recheck: false,
-    stale: false,
-    early: true,
-};
+const STALE: Ask = Ask::STALE;
+const EARLY: Ask = Ask::EARLY;
 
 async fn backend(redis: &RedisServer) -> RedisBackend {
     RedisBackend::connect(

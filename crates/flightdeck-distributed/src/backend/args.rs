@@ -44,6 +44,23 @@ pub struct Ask {
 }
 
 impl Ask {
+    /// A flight's first acquire that also takes a result kept past its
+    /// freshness (a stage with stale windows).
+    pub const STALE: Self = Self {
+        follows: None,
+        recheck: false,
+        stale: true,
+        early: false,
+    };
+
+    /// The acquire of an early refresh of a result still fresh.
+    pub const EARLY: Self = Self {
+        follows: None,
+        recheck: false,
+        stale: false,
+        early: true,
+    };
+
     /// A re-check naming the generation followed (`None`: the retry of a
     /// first acquire), asking nothing else.
     pub const fn rechecking(follows: Option<u64>) -> Self {

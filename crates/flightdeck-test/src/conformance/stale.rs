@@ -45,19 +45,8 @@ fn stale_commit(payload: &'static [u8], ttl: Duration, stale_for: Duration) -> C
     }
 }
 
-const STALE: Ask = Ask {
-    follows: None,
-    recheck: false,
-    stale: true,
-    early: false,
-};
-
-const EARLY: Ask = Ask {
-    follows: None,
-    recheck: false,
-    stale: false,
-    early: true,
-};
+const STALE: Ask = Ask::STALE;
+const EARLY: Ask = Ask::EARLY;
 
 /// An acquire asking for stale results, with a fresh token.
 async fn ask_stale<B: Backend>(b: &B, f: &FlightId) -> Acquired {
