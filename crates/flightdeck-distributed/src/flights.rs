@@ -497,8 +497,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     Err(e) => ran(st.before_acquire(e, req, exec, fallback).await),
                 }
             }
-            // A refresh failed a moment ago: the store throttles the next
-            // one and answers the kept result, as `error` within
+            // A refresh failed a moment ago (the store throttles the next
+            // one) or the store refuses writes: it grants no refresh and
+            // answers the kept result, as `error` within
             // `stale-if-error`, else as `revalidate` within that window
             // (the store keeps it for the longest window of the node that
             // committed it); past this stage's windows it is no answer.

@@ -323,7 +323,7 @@ impl Backend for RedisBackend {
                 Err(e) => match writes_refused(&e) {
                     // The server refuses writes (ACQUIRE may write), not
                     // reads: a stored result is still replayed.
-                    Some(reason) => self.replay_refused(flight, e, reason).await,
+                    Some(reason) => self.replay_refused(flight, ask.stale, e, reason).await,
                     None => Err(e),
                 },
             }

@@ -442,22 +442,24 @@ end
 return gen
 ";
 
-/// `READ()` → `{gen, st, body, invalidated, age_ms, ttl_ms, work_ms}`:
-/// what ACQUIRE would replay to an acquire that asks for nothing stale:
-/// the stored result (its generation `rg`, status `s`, body `b`, age,
-/// TTL and work time) while it is fresh, else the cached failure (`eg`,
-/// `err`, `eb`, ...) while it lasts, else nothing (all nil but `rg`); and
-/// the last invalidation's generation (`KEYS[2]`, nil when absent).
-/// Writes nothing (`no-writes`), so a primary that refuses writes
-/// (`NOREPLICAS`) or a replica (`READONLY`) still runs it; an expired
-/// record reads as absent.
+/// `READ(stale)` → `{gen, st, body, invalidated, age_ms, ttl_ms, work_ms}`:
+/// what ACQUIRE would replay when it grants nothing: the stored result
+/// (its generation `rg`, status `s`, body `b`, age, TTL and work time)
+/// while it is fresh; with `stale` (`1`: the stage answers stale
+/// results), else the success kept past its freshness while it may be
+/// answered stale (`su`; its age then is at least its TTL); else the
+/// cached failure (`eg`, `err`, `eb`, ...) while it lasts; else nothing
+/// (all nil but `rg`); and the last invalidation's generation (`KEYS[2]`,
+/// nil when absent). Writes nothing (`no-writes`), so a primary that
+/// refuses writes (`NOREPLICAS`) or a replica (`READONLY`) still runs it;
+/// an expired record reads as absent.
 pub const READ: &str = r"#!lua flags=no-writes
-local r = redis.call('HMGET', KEYS[1], 'rg', 's', 'b', 'fu', 'ct', 'wt', 'eg', 'eb', 'ec', 'eu')
+local r = redis.call('HMGET', KEYS[1], 'rg', 's', 'b', 'fu', 'ct', 'wt', 'eg', 'eb', 'ec', 'eu', 'su')
 local tm = redis.call('TIME')
 local now = tm[1] * 1000 + tm[2] / 1000
 local inv = redis.call('GET', KEYS[2])
-local fu, ct = tonumber(r[4] or 0) or 0, tonumber(r[5] or '')
-if fu > now and ct then
+local fu, ct, su = tonumber(r[4] or 0) or 0, tonumber(r[5] or ''), tonumber(r[11] or 0) or 0
+if ct and (fu > now or (ARGV[1] == '1' and r[2] == 'ok' and su > now)) then
   return {r[1], r[2], r[3], inv, math.max(0, math.floor(now - ct)), fu - ct, r[6] or false}
 end
 local eu, ec = tonumber(r[10] or 0) or 0, tonumber(r[9] or '')

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use flightdeck_core::metric;
-use flightdeck_distributed::backend::{Acquired, BackendError, FlightId};
+use flightdeck_distributed::backend::{Acquired, BackendError, FlightId, ResultStatus};
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
@@ -60,23 +60,29 @@ pub(crate) fn writes_refused(e: &BackendError) -> Option<&'static str> {
 
 impl RedisBackend {
     /// The record's `rg`, `s`, `b`, the last invalidation, and the
-    /// result's age, TTL and work time (see
-    /// [`scripts::READ`](crate::scripts::READ)).
-    async fn read(&self, flight: &FlightId) -> Result<[Value; 7], BackendError> {
-        read_items(
-            self.eval(READ, self.script_args(flight, Names::WithInvalidation, 0))
-                .await?,
-        )
+    /// result's age, TTL and work time; with `stale`, a success kept past
+    /// its freshness too (see [`scripts::READ`](crate::scripts::READ)).
+    async fn read(&self, flight: &FlightId, stale: bool) -> Result<[Value; 7], BackendError> {
+        let args = self
+            .script_args(flight, Names::WithInvalidation, 1)
+            .text(if stale { "1" } else { "0" });
+        read_items(self.eval(READ, args).await?)
     }
 
     /// ACQUIRE was refused with `refused` because the server takes no
     /// writes now (`reason`): the stored result, read without writing, is
     /// the answer ([`Acquired::Hit`], under the checks of ACQUIRE's hit
-    /// path); without one (or when the read fails: counted `failed`, not
-    /// `miss`) the refusal stands.
+    /// path). When the acquire asked for stale results (`stale`), a
+    /// success kept past its freshness within its stale window answers as
+    /// [`Acquired::Stale`]: no refresh can be granted while writes are
+    /// refused, so the kept result answers and nothing runs, as during a
+    /// failed refresh's throttle (counted `stale`). Without either (or
+    /// when the read fails: counted `failed`, not `miss`) the refusal
+    /// stands.
     pub(crate) async fn replay_refused(
         &self,
         flight: &FlightId,
+        stale: bool,
         refused: BackendError,
         reason: &'static str,
     ) -> Result<Acquired, BackendError> {
@@ -84,7 +90,7 @@ impl RedisBackend {
             metrics::counter!(metric::READONLY_REPLAY_TOTAL, "reason" => reason, "result" => result)
                 .increment(1);
         };
-        let items = match self.read(flight).await {
+        let items = match self.read(flight, stale).await {
             Ok(items) => items,
             Err(e) => {
                 tracing::debug!(error = %e, "read-only lookup after a refused write failed");
@@ -96,8 +102,16 @@ impl RedisBackend {
             count("miss");
             return Err(refused);
         };
-        let replay = replay?;
-        count("hit");
+        let replay = match replay? {
+            Acquired::Hit(kept) if kept.status == ResultStatus::Ok && kept.age >= kept.ttl => {
+                count("stale");
+                Acquired::Stale(kept)
+            }
+            hit => {
+                count("hit");
+                hit
+            }
+        };
         tracing::debug!(
             reason,
             "server refuses writes; replaying the stored result read-only"
@@ -112,7 +126,7 @@ impl RedisBackend {
         flight: &FlightId,
         generation: u64,
     ) -> Result<bool, BackendError> {
-        let items = self.read(flight).await?;
+        let items = self.read(flight, false).await?;
         Ok(gen(&items[3]).is_some_and(|i| i > generation))
     }
 

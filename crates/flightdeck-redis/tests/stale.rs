@@ -612,3 +612,38 @@ async fn grace_over_redis_runs_one_refresh_for_both_nodes() {
     assert_eq!(v, "v2");
     assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
 }
+
+/// A server that refuses writes (`min-replicas-to-write` without a
+/// replica: every ACQUIRE is refused `NOREPLICAS`) still answers a stage
+/// with stale windows: the result kept past its freshness, read without
+/// writing, comes as STALE (no refresh can be granted, so nothing runs).
+/// An ACQUIRE that does not ask for stale results keeps the refusal, and
+/// past the stale window nothing is answered.
+#[tokio::test]
+async fn refused_writes_answer_the_kept_result_stale() {
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let f = fresh_flight();
+    let g = gone_stale(&b, &f, Duration::from_millis(700)).await;
+    redis
+        .cmd(&["CONFIG", "SET", "min-replicas-to-write", "1"])
+        .unwrap();
+
+    match ask(&b, &f, STALE).await {
+        Acquired::Stale(r) => is_result(&r, g, b"old", TTL, TTL),
+        other => panic!("expected the kept result as STALE, got {other:?}"),
+    }
+    let refused = b
+        .acquire_with(&f, &OwnerToken::random(), Ask::default(), &TERMS)
+        .await
+        .unwrap_err();
+    assert!(format!("{refused:?}").contains("NOREPLICAS"), "{refused:?}");
+
+    // Past freshness + the stale window: the refusal stands for both.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let refused = b
+        .acquire_with(&f, &OwnerToken::random(), STALE, &TERMS)
+        .await
+        .unwrap_err();
+    assert!(format!("{refused:?}").contains("NOREPLICAS"), "{refused:?}");
+}

@@ -72,7 +72,8 @@ pub const COMMIT_REPLICAS_TOTAL: &str = "singleflight_commit_replicas_total";
 /// Counter: Redis ACQUIREs refused because the server takes no writes
 /// (`reason` = `noreplicas` | `readonly`) that were answered by a
 /// read-only lookup of the stored result instead (`result` = `hit`: it was
-/// replayed; `miss`: none stored, the refusal stands; `failed`: the lookup
+/// replayed; `stale`: a stage with stale windows got the result kept past
+/// its freshness; `miss`: none stored, the refusal stands; `failed`: the lookup
 /// failed too, the refusal stands). Per node, without
 /// a stage label (the backend serves every stage).
 pub const READONLY_REPLAY_TOTAL: &str = "singleflight_readonly_replay_total";

@@ -94,9 +94,11 @@ pub enum Acquired {
         /// while the owner refreshes it.
         stale: Option<StoredResult>,
     },
-    /// With [`Ask::stale`] only: the last refresh failed and the store
-    /// throttles the next one ([`AbandonArgs::retry_after`]); answer this
-    /// kept result and run nothing.
+    /// With [`Ask::stale`] only: the store grants no refresh now (the last
+    /// refresh failed and the store throttles the next one,
+    /// [`AbandonArgs::retry_after`]; or the store refuses writes, e.g.
+    /// Redis's `NOREPLICAS`), and the result is kept past its freshness
+    /// within its stale window: answer this kept result and run nothing.
     Stale(StoredResult),
     /// The owner's lease expired without a commit and takeover was not
     /// allowed (for at most [`LeaseTerms::record_ttl`] after the dead
