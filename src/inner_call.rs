@@ -25,6 +25,7 @@ use crate::layer::StageShare;
 use crate::leader::{Lead, Record, Recorded};
 use crate::readers::RequestReaders;
 use crate::stage::{Control, Path, Stage};
+use crate::stale::Served;
 
 /// A request's execution: the stage (whose readers hand the owner's token
 /// to the request), the inner service, how responses are shared, and the
@@ -94,10 +95,20 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
                     .map_err(|_| out_of_time())??,
             }
         };
-        Ok(match self.share.share(resp).await? {
+        let out = match self.share.share(resp).await? {
             Shareable::Shared(v) => Shareable::Shared(self.share.record(v, leader)),
             unshared => unshared,
-        })
+        };
+        if path == Path::Fallback {
+            // Its callers (all arrived by now: the flight ends with this
+            // answer) are told it was coordinated here alone.
+            if let (Some(key), Some(setup)) = (&self.key, &self.stage.stale) {
+                setup
+                    .kept
+                    .note_answer(key, Served::Fallback { collapsed: false });
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -254,7 +254,10 @@ where
             let arrival = kept.arrival();
             let run = stage.local.run(&key, caller, leader);
             let marks = Box::new(move |joined| {
-                let served = kept.answer_since(&key, arrival);
+                let served = match kept.answer_since(&key, arrival) {
+                    Some(Served::Fallback { .. }) => Some(Served::Fallback { collapsed: joined }),
+                    served => served,
+                };
                 // Every caller answered stale is counted: L2 counted the
                 // flight's leader, a caller that joined it is counted here.
                 if let (true, Some(stale)) = (joined, served.and_then(|s| s.stale())) {

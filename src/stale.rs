@@ -40,6 +40,15 @@ pub enum Served {
     /// By its own run, at once, because its key's last response could
     /// not be shared (hit-for-pass).
     Pass,
+    /// By a flight this node coordinated alone although the stage is
+    /// distributed: its backend failed or its breaker is open (HYBRID's
+    /// local fallback), so another node may run the same work. Told only
+    /// on a stage that keeps its results (a `replay-ttl` with
+    /// `cache-status`, a stale window or hit-for-pass).
+    Fallback {
+        /// The caller joined the flight another caller led.
+        collapsed: bool,
+    },
 }
 
 impl Served {
@@ -59,6 +68,12 @@ impl Served {
             Served::Miss => "flightdeck; fwd=miss".to_owned(),
             Served::Collapsed => "flightdeck; fwd=miss; collapsed".to_owned(),
             Served::Pass => "flightdeck; fwd=bypass; detail=hit-for-pass".to_owned(),
+            Served::Fallback { collapsed: false } => {
+                "flightdeck; fwd=miss; detail=local-fallback".to_owned()
+            }
+            Served::Fallback { collapsed: true } => {
+                "flightdeck; fwd=miss; collapsed; detail=local-fallback".to_owned()
+            }
         }
     }
 

@@ -497,6 +497,44 @@ async fn cache_status_and_age_only_when_asked_for() {
     assert!(!stale.headers.contains_key("age"));
 }
 
+/// A distributed stage whose breaker is open coordinates its flights on
+/// this node alone: `Cache-Status` says so (`detail=local-fallback`), to
+/// the caller that led the flight and to the one that joined it; once
+/// the breaker closes, answers say nothing of it again.
+#[tokio::test(start_paused = true)]
+async fn a_flight_coordinated_alone_says_local_fallback() {
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = hybrid_app("status-fallback", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.cache_status = true;
+    });
+    let healthy = call(&app).await;
+    assert_eq!(healthy.headers["cache-status"], "flightdeck; fwd=miss");
+
+    let handle = app.layer.stage(app.stage).unwrap();
+    let breaker = handle.breaker();
+    breaker.force_open();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let (led, joined) = tokio::join!(tokio::spawn(call(&app)), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        call(&app).await
+    });
+    assert_eq!(origin.calls(), 2, "one run for both callers");
+    assert_eq!(
+        led.unwrap().headers["cache-status"],
+        "flightdeck; fwd=miss; detail=local-fallback"
+    );
+    assert_eq!(
+        joined.headers["cache-status"],
+        "flightdeck; fwd=miss; collapsed; detail=local-fallback"
+    );
+
+    breaker.force_closed();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let again = call(&app).await;
+    assert_eq!(again.headers["cache-status"], "flightdeck; fwd=miss");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hybrid_node_whose_store_is_down_answers_from_its_copy() {
     common::metrics_on();
