@@ -9,6 +9,7 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, LeaseLost};
 use flightdeck_core::stale::StaleReason;
 use flightdeck_core::{FlightKey, Shareable, StageName};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
@@ -24,7 +25,7 @@ use crate::follow;
 use crate::lease_release::{LeaseReleases, TokenGuard};
 use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
-use crate::owner::{Finish, Lease};
+use crate::owner::{Finish, Lease, Settled};
 use crate::policy::{DistributedPolicy, PolicyError};
 use crate::stale::{within, Answered, EndedHere, PurgeMark, Purges, Reply};
 use crate::start::Start;
@@ -733,13 +734,15 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         C: ResultCodec<E::Shared> + Send + Sync + 'static,
         E: Execute<Req>,
     {
-        self.own_judged(cx, generation, req, exec, None).await
+        self.own_judged(cx, generation, req, exec, None, None).await
     }
 
     /// [`own`](Self::own), refreshing a kept result: with `judge`, an
     /// outcome it calls failed is neither committed nor replayed by the
     /// store, which answers the kept result stale instead and throttles
-    /// the next refresh for `stale-retry-after`.
+    /// the next refresh for `stale-retry-after`. With `told`, it is told
+    /// how the flight's settling ended (a refresh counts its outcome by
+    /// it: a fenced commit replaced nothing).
     pub(crate) async fn own_judged<Req, E>(
         self: &Arc<Self>,
         cx: &Cx,
@@ -747,6 +750,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         req: Req,
         exec: E,
         judge: Option<&Judge<E::Shared>>,
+        told: Option<oneshot::Sender<Settled>>,
     ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
     where
         B: Backend,
@@ -754,6 +758,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         E: Execute<Req>,
     {
         let mut lease = Lease::new(self, cx, generation);
+        if let Some(to) = told {
+            lease.tell(to);
+        }
         let token = crate::backend::FencingToken {
             generation,
             owner: cx.token.clone(),

@@ -229,7 +229,9 @@ where
                 if stale {
                     // A refresh: its failure throttles the next one.
                     let judge = exec.failures();
-                    return st.own_judged(cx, generation, req, exec, Some(&judge)).await;
+                    return st
+                        .own_judged(cx, generation, req, exec, Some(&judge), None)
+                        .await;
                 }
                 return st.own(cx, generation, req, exec).await;
             }

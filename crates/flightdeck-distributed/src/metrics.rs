@@ -124,13 +124,13 @@ const STALE_REASONS: [StaleReason; 3] = [
 /// of `singleflight_refresh_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refresh {
-    /// Its result was sent to the store (a fenced commit counts in
-    /// `singleflight_fenced_total` too).
+    /// Its result was sent to the store, and not fenced there.
     Committed,
     /// The work failed (as the stage's judge of failures says).
     Failed,
     /// Its lease was lost (another node took the flight over, or it was
-    /// invalidated).
+    /// invalidated), or the store fenced its commit (counted in
+    /// `singleflight_fenced_total` too).
     Fenced,
     /// Cut by its bound, or it answered nothing to store.
     Abandoned,

@@ -40,6 +40,7 @@ use bytes::Bytes;
 use flightdeck_core::time::Backoff;
 use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
+use tokio::sync::oneshot;
 use tokio::time::{sleep, sleep_until, Instant, Sleep};
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
@@ -69,6 +70,18 @@ pub(crate) enum Finish {
     Throttle(Option<Bytes>, Duration),
 }
 
+/// How a flight's settling ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Its result is in the store.
+    Stored,
+    /// Its commit was fenced: a newer owner (or a purge) holds the
+    /// flight, the result replaced nothing.
+    Fenced,
+    /// Nothing was stored: it abandoned, or its commit never got through.
+    Unstored,
+}
+
 /// The owner's hold on its lease, from the grant until
 /// [`finish`](Self::finish) hands the flight's settling to the background
 /// (dropped unfinished, it abandons the lease there).
@@ -88,6 +101,9 @@ where
     ///
     /// [`DistributedFlights::idle`]: crate::DistributedFlights::idle
     tracked: Option<TaskTrackerToken>,
+    /// Told how the settling ended, if anyone asked
+    /// ([`tell`](Self::tell)).
+    told: Option<oneshot::Sender<Settled>>,
 }
 
 impl<'a, B, C> Lease<'a, B, C>
@@ -104,7 +120,14 @@ where
             generation,
             beats: Some(Heartbeats::new(generation, st.policy.heartbeat_interval())),
             tracked: Some(st.tasks.token()),
+            told: None,
         }
+    }
+
+    /// Has `to` told how the settling ends (a refresh counts its outcome
+    /// by it). Dropped untold when the lease never settles.
+    pub(crate) fn tell(&mut self, to: oneshot::Sender<Settled>) {
+        self.told = Some(to);
     }
 
     /// Runs the owner's `work` under the lease (see [`Working`]).
@@ -154,6 +177,7 @@ where
             generation: self.generation,
             beats,
             _tracked: tracked,
+            told: self.told.take(),
         };
         Some((settling, rt))
     }
@@ -397,6 +421,7 @@ struct Settling<B, C> {
     cx: Cx,
     generation: u64,
     beats: Heartbeats,
+    told: Option<oneshot::Sender<Settled>>,
 }
 
 impl<B, C> Settling<B, C>
@@ -407,10 +432,15 @@ where
     /// Settles the flight (with heartbeats until the settling call has
     /// returned), then waits for the replicas a commit needs.
     async fn run(mut self, how: Finish) {
-        let committed = settle(&self.st, &self.cx, self.generation, how, &mut self.beats).await;
+        let settled = settle(&self.st, &self.cx, self.generation, how, &mut self.beats).await;
         // A settled flight needs no more heartbeats (and must not count a
         // heartbeat answered after its commit as a lost lease).
         drop(self.beats);
+        if let Some(to) = self.told.take() {
+            // Nobody listening any more is fine: it was only asked.
+            let _ = to.send(settled);
+        }
+        let committed = settled == Settled::Stored;
         let (st, cx, generation) = (&self.st, &self.cx, self.generation);
         // Remembered as a result the store must keep (its later absence
         // counts as lost) once it is as durable as the stage asks.
@@ -433,14 +463,14 @@ where
 /// meantime reaches them instead. Safe to repeat: a commit is idempotent
 /// for (token, generation), and fenced once a newer owner holds the flight.
 /// An abandon is retried the same way, so followers race again as soon as
-/// the backend answers. Whether the result was stored.
+/// the backend answers. How it ended.
 async fn settle<B, C>(
     st: &Arc<State<B, C>>,
     cx: &Cx,
     generation: u64,
     how: Finish,
     beats: &mut Heartbeats,
-) -> bool
+) -> Settled
 where
     B: Backend,
     C: Send + Sync + 'static,
@@ -498,12 +528,12 @@ where
                         if attempt > attempts {
                             tracing::info!(stage = %cx.stage, flight = %cx.flight, generation, "commit settled in the background");
                         }
-                        return true;
+                        return Settled::Stored;
                     }
                     Ok(Committed::Fenced) => {
                         cx.metrics.with(|m| m.fenced.increment(1));
                         tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "commit fenced: a newer owner holds the flight; the value served this node's callers");
-                        return false;
+                        return Settled::Fenced;
                     }
                     Err(e) => e,
                 };
@@ -513,7 +543,7 @@ where
                 }
                 if !retry(st, cx, beats, &err, &mut pause, until).await {
                     tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "result never stored; the lease ends and followers take over");
-                    return false;
+                    return Settled::Unstored;
                 }
             }
         }
@@ -534,13 +564,13 @@ where
                 );
                 let res = beats.during(st, cx, cx.call_timeout, call).await;
                 match res {
-                    Ok(_) => return false,
+                    Ok(_) => return Settled::Unstored,
                     Err(e) => {
                         if !retry(st, cx, beats, &e, &mut pause, until).await {
                             // The lease expires on its own; followers then
                             // take over.
                             tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "abandon failed");
-                            return false;
+                            return Settled::Unstored;
                         }
                     }
                 }

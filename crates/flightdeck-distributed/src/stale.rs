@@ -24,6 +24,7 @@ use flightdeck_core::error::{BoxError, LeaseLost, WorkPanicked};
 use flightdeck_core::expiring::ExpiringMap;
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::Shareable;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::{Acquired, Ask, Backend, FlightId, StoredResult};
@@ -31,6 +32,7 @@ use crate::codec::ResultCodec;
 use crate::flights::{Cx, Judge, State};
 use crate::lease_release::TokenGuard;
 use crate::metrics::{Op, Refresh};
+use crate::owner::Settled;
 use crate::work::Execute;
 
 /// How a caller of [`DistributedFlights::run_answered`] was answered.
@@ -70,6 +72,9 @@ pub(crate) type Reply<T, O> = Result<(Shareable<T, O>, Answered), BoxError>;
 
 /// A refresh's work, owning all it needs, to finish in the background.
 type Refreshing<T, O> = Pin<Box<dyn Future<Output = Result<Shareable<T, O>, BoxError>> + Send>>;
+
+/// How a refresh's settling ended, told once it has.
+type Told = oneshot::Receiver<Settled>;
 
 /// Whether `past` is within `window` (a zero window is off).
 pub(crate) fn within(past: Duration, window: Duration) -> bool {
@@ -327,13 +332,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     {
         let windows = self.policy.stale();
         let judge = exec.failures();
+        let (work, told) = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
         if within(kept.stale_for(), windows.revalidate) {
-            let work = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
-            self.detach(cx, work, judge);
+            self.detach(cx, work, told, judge);
             return Ok(self.stale_answer(cx, value, &kept, StaleReason::Revalidate));
         }
-        let work = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
-        let detach = |work| self.detach(cx, work, Arc::clone(&judge));
+        let detach = |work| self.detach(cx, work, told, Arc::clone(&judge));
         self.stand_by(cx, &judge, (value, kept), work, detach).await
     }
 
@@ -440,8 +444,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 cx.metrics.with(|m| m.owner.increment(1));
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "refreshing a hit early");
                 let judge = exec.failures();
-                let work = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
-                st.detach(&cx, work, judge);
+                let (work, told) = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
+                st.detach(&cx, work, told, judge);
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -451,7 +455,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     }
 
     /// The refresh of `generation` (granted to this caller), owning all it
-    /// needs; its lease lives from now on.
+    /// needs, and how its settling ends; its lease lives from now on.
     fn refreshing<Req, E>(
         self: &Arc<Self>,
         cx: &Cx,
@@ -459,23 +463,27 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         req: Req,
         exec: E,
         judge: Judge<E::Shared>,
-    ) -> Refreshing<E::Shared, E::Output>
+    ) -> (Refreshing<E::Shared, E::Output>, Told)
     where
         C: ResultCodec<E::Shared>,
         Req: Send + 'static,
         E: Execute<Req> + 'static,
     {
         let (st, cx) = (Arc::clone(self), cx.clone());
-        Box::pin(async move {
-            st.own_judged(&cx, generation, req, exec, Some(&judge))
+        let (tell, told) = oneshot::channel();
+        let work = Box::pin(async move {
+            st.own_judged(&cx, generation, req, exec, Some(&judge), Some(tell))
                 .await
-        })
+        });
+        (work, told)
     }
 
     /// Finishes a refresh in the background (see the module docs), and
-    /// counts how it ended. Without a runtime (it is shutting down), it
-    /// is dropped: its lease is abandoned.
-    fn detach<T, O>(&self, cx: &Cx, work: Refreshing<T, O>, judge: Judge<T>)
+    /// counts how it ended: a result its commit (`told`) got into the
+    /// store as `committed`, one the store fenced (a purge came after the
+    /// refresh began) as `fenced`. Without a runtime (it is shutting
+    /// down), it is dropped: its lease is abandoned.
+    fn detach<T, O>(&self, cx: &Cx, work: Refreshing<T, O>, told: Told, judge: Judge<T>)
     where
         T: Send + 'static,
         O: Send + 'static,
@@ -500,7 +508,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             let how = match tokio::time::timeout(bound, caught).await {
                 Err(_) => Refresh::Abandoned,
                 Ok(out) if failed(&*judge, &out) => Refresh::Failed,
-                Ok(Ok(Shareable::Shared(_))) => Refresh::Committed,
+                // The settling is bounded (a lease of retries at most).
+                Ok(Ok(Shareable::Shared(_))) => match told.await {
+                    Ok(Settled::Fenced) => Refresh::Fenced,
+                    _ => Refresh::Committed,
+                },
                 Ok(Ok(Shareable::Unshared(..))) => Refresh::Abandoned,
                 Ok(Err(e)) if e.is::<LeaseLost>() => Refresh::Fenced,
                 Ok(Err(_)) => Refresh::Failed,

@@ -290,9 +290,11 @@ async fn an_early_refresh_runs_once_across_nodes() {
 }
 
 /// A purge during a refresh, from the other node: the refresh's result
-/// never answers, nor does the purged one.
+/// never answers, nor does the purged one. Its commit, fenced, counts the
+/// refresh `outcome="fenced"`, not `committed`: it replaced nothing.
 #[tokio::test(start_paused = true)]
 async fn a_purge_during_a_refresh_fences_it_on_every_node() {
+    recorded::install();
     let (a, b) = nodes(StaleWindows {
         revalidate: 60 * SEC,
         ..StaleWindows::OFF
@@ -318,6 +320,9 @@ async fn a_purge_during_a_refresh_fences_it_on_every_node() {
         assert_eq!(v, "v3", "the fenced refresh's v2 never answers");
         assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
     }
+    let outcome = |o| counter_where(metric::REFRESH_TOTAL, "purge", Some(("outcome", o)));
+    assert_eq!((outcome("fenced"), outcome("committed")), (1, 0));
+    assert_eq!(counter_where(metric::FENCED_TOTAL, "purge", None), 1);
 }
 
 /// A stale answer is never older than freshness plus its window: within
