@@ -7,9 +7,10 @@ use std::time::Duration;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::FlightId;
 use flightdeck_harness::chaos::{
-    duplicates, log_exec_end, log_exec_start, NodeLog, AFTER_KILLED, AFTER_UNCOMMITTED,
+    duplicates, log_exec_end, log_exec_start, Exec, NodeLog, AFTER_COMMITTED, AFTER_KILLED,
+    AFTER_UNCOMMITTED, REFRESHED,
 };
-use flightdeck_harness::recorder::{EventLog, SharedBuffer, WallClock};
+use flightdeck_harness::recorder::{CommitRecord, EventLog, SharedBuffer, WallClock};
 use flightdeck_harness::{Journal, Recorder};
 use flightdeck_test::{conformance, MemoryBackend};
 use tokio::time::Instant;
@@ -152,9 +153,43 @@ async fn a_killed_process_ends_its_executions_and_duplicates_name_what_they_repl
 
     let mut all = dead.executions;
     all.extend(alive.executions);
-    let dups = duplicates(&all, &Journal::default(), flight_of);
+    let dups = duplicates(&all, &Journal::default(), flight_of, Duration::MAX);
     assert_eq!(dups.by_cause.get(AFTER_KILLED), Some(&1), "{dups:?}");
     assert_eq!(dups.by_cause.get(AFTER_UNCOMMITTED), Some(&1), "{dups:?}");
+    assert_eq!(dups.by_cause.values().sum::<u64>(), 2);
+}
+
+/// A run after a committed result is a refresh once the newest committed
+/// result is past its freshness (counted from its work's end), and a
+/// result lost before: with 1 s of freshness, generation 2 starting 1 s
+/// after generation 1 ended refreshes it, generation 3 starting 0.5 s
+/// after generation 2 ended means generation 2's result was lost.
+#[test]
+fn a_run_past_the_committed_results_freshness_is_a_refresh() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let exec = |generation, start, end| Exec {
+        key: "k".into(),
+        generation,
+        node: 0,
+        start: t0 + ms(start),
+        end: Some(t0 + ms(end)),
+        killed: false,
+    };
+    let mut journal = Journal::default();
+    for generation in [1, 2] {
+        journal.commits.push(CommitRecord {
+            flight: flight_of("k"),
+            generation,
+            token: format!("t{generation}"),
+            sent: t0,
+            committed: Some(true),
+        });
+    }
+    let all = [exec(1, 0, 100), exec(2, 1100, 1200), exec(3, 1700, 1800)];
+    let dups = duplicates(&all, &journal, flight_of, Duration::from_secs(1));
+    assert_eq!(dups.by_cause.get(REFRESHED), Some(&1), "{dups:?}");
+    assert_eq!(dups.by_cause.get(AFTER_COMMITTED), Some(&1), "{dups:?}");
     assert_eq!(dups.by_cause.values().sum::<u64>(), 2);
 }
 

@@ -359,6 +359,7 @@ async fn chaos_node_processes() {
         applied: &applied,
         journal: &journal,
         executions: &executions,
+        fresh: chaos::distributed_policy().replay_ttl_duration(),
         drained,
         drained_what: "every node's /stats: L1 running and entries, subscriptions",
         leases: &leases,

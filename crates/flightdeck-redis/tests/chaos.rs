@@ -353,6 +353,7 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
         applied: &applied,
         journal: &j,
         executions: &execs,
+        fresh: chaos::distributed_policy().replay_ttl_duration(),
         drained,
         drained_what: "L1 running and entries, subscriptions",
         leases: &leases,

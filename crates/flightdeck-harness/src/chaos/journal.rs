@@ -134,13 +134,25 @@ pub const AFTER_KILLED: &str =
     "takeover after the earlier owner's process was killed mid-work (its lease expired)";
 /// Cause: a committed result was lost.
 pub const AFTER_COMMITTED: &str = "re-run after a committed result (result lost)";
+/// Cause: the latest committed result was past its freshness (a refresh).
+pub const REFRESHED: &str = "refresh of a committed result past its freshness";
+
+/// How much earlier than its work's end plus its freshness a stored
+/// result may stop being fresh: Redis keeps time in whole milliseconds.
+const STORE_CLOCK_SLACK: Duration = Duration::from_millis(5);
 
 /// Every execution of a key after its first, with its cause. `flight_of`
-/// maps a request key to its flight (for the journal's commits).
+/// maps a request key to its flight (for the journal's commits); `fresh`:
+/// how long a committed result is fresh from its work's end (the store
+/// counts from the commit's arrival, with the freshness shortened by the
+/// time since the work ended when it was sent, so never less than that).
+/// A run that starts once the latest committed result is past it is a
+/// refresh, not a lost result.
 pub fn duplicates(
     executions: &[Exec],
     journal: &Journal,
     flight_of: impl Fn(&str) -> FlightId,
+    fresh: Duration,
 ) -> Duplicates {
     let mut by_key: BTreeMap<&str, Vec<&Exec>> = BTreeMap::new();
     for e in executions {
@@ -158,10 +170,21 @@ pub fn duplicates(
             let overlapping = earlier
                 .iter()
                 .find(|p| p.end.is_none_or(|end| end > e.start));
+            // The store keeps the newest committed generation's result.
+            let committed = earlier
+                .iter()
+                .filter(|p| done.contains(&p.generation))
+                .max_by_key(|p| p.generation)
+                .and_then(|p| p.end);
+            let expired = committed.is_some_and(|end| {
+                end.checked_add(fresh)
+                    .is_some_and(|stale| e.start + STORE_CLOCK_SLACK >= stale)
+            });
             let cause = match overlapping {
                 Some(p) if p.generation == e.generation => SAME_GEN,
                 Some(_) => TAKEOVER,
-                None if earlier.iter().any(|p| done.contains(&p.generation)) => AFTER_COMMITTED,
+                None if expired => REFRESHED,
+                None if committed.is_some() => AFTER_COMMITTED,
                 // The latest earlier run is the one this run replaced.
                 None if earlier.last().is_some_and(|p| p.killed) => AFTER_KILLED,
                 None => AFTER_UNCOMMITTED,

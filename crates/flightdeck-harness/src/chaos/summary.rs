@@ -81,6 +81,9 @@ pub struct Summary<'a> {
     pub journal: &'a Journal,
     /// Every execution, every node.
     pub executions: &'a [Exec],
+    /// How long a committed result is fresh (the nodes' `replay-ttl`): a
+    /// run after that is a refresh, not a duplicate of a lost result.
+    pub fresh: Duration,
     /// How long the in-flight maps took to empty after the load stopped.
     pub drained: Duration,
     /// What the drained maps are.
@@ -101,7 +104,7 @@ impl Summary<'_> {
     /// per process; with `strict`, also no stale commit, at most one
     /// committed result per (key, generation), generations per flight
     /// strictly increasing, no generation run twice at once, no committed
-    /// result re-run, no lease left held once every node was idle (an
+    /// result re-run while fresh, no lease left held once every node was idle (an
     /// orphan), no follower seeing a lease with no live owner for longer
     /// than the lease plus slack ([`ownerless_waits`]); and the lease scan
     /// saw the run's flight records.
@@ -109,7 +112,7 @@ impl Summary<'_> {
     pub fn print_and_check(&self, strict: bool, flight_of: impl Fn(&str) -> FlightId) {
         let j = self.journal;
         let execs = self.executions;
-        let dups = duplicates(execs, j, flight_of);
+        let dups = duplicates(execs, j, flight_of, self.fresh);
         let stale = j.stale_commits();
         let per_gen = j.max_committed_per_generation();
         let order = j.generation_order_violations();
