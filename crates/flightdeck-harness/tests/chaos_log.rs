@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
+use flightdeck_core::stale::{Stale, StaleReason};
 use flightdeck_core::{FlightKey, StageName};
+use flightdeck_distributed::Answered;
 use flightdeck_distributed::FlightId;
 use flightdeck_harness::chaos::{
-    duplicates, log_exec_end, log_exec_start, Exec, NodeLog, AFTER_COMMITTED, AFTER_KILLED,
-    AFTER_UNCOMMITTED, REFRESHED,
+    check_answers, duplicates, log_exec_end, log_exec_start, Answer, Exec, NodeLog,
+    AFTER_COMMITTED, AFTER_KILLED, AFTER_UNCOMMITTED, REFRESHED, STALE_WINDOWS,
 };
 use flightdeck_harness::recorder::{CommitRecord, EventLog, SharedBuffer, WallClock};
 use flightdeck_harness::{Journal, Recorder};
@@ -191,6 +193,69 @@ fn a_run_past_the_committed_results_freshness_is_a_refresh() {
     assert_eq!(dups.by_cause.get(REFRESHED), Some(&1), "{dups:?}");
     assert_eq!(dups.by_cause.get(AFTER_COMMITTED), Some(&1), "{dups:?}");
     assert_eq!(dups.by_cause.values().sum::<u64>(), 2);
+}
+
+/// The checks of a stale run's answers: a stale answer older than its
+/// freshness plus the window of its reason (by its marker, or on the node
+/// that ran its work by that work's end), and an answer of a generation
+/// older than one its node had from the store before it began, are each
+/// found; the same answers within their bounds, and an older generation
+/// answered by the node's own work or to a request that began before the
+/// newer one came, are not.
+#[test]
+fn stale_answers_past_their_bound_or_going_back_are_found() {
+    let t0 = Instant::now();
+    let (fresh, ms) = (Duration::from_secs(1), Duration::from_millis);
+    let stale = |reason, age| Answered::Stale(Stale { reason, age });
+    let answer = |generation, from, at, how| Answer {
+        node: 0,
+        key: "k".into(),
+        generation,
+        from,
+        began: t0 + ms(at),
+        received: t0 + ms(at + 10),
+        how,
+    };
+    let revalidate = fresh + STALE_WINDOWS.revalidate;
+    let error = fresh + STALE_WINDOWS.if_error;
+    let fine = [
+        answer(1, 1, 0, Answered::Ran),
+        answer(1, 1, 100, stale(StaleReason::Revalidate, revalidate)),
+        answer(1, 1, 200, stale(StaleReason::Error, error)),
+        // Began before generation 2's answer came back.
+        answer(2, 1, 300, stale(StaleReason::Revalidate, ms(1100))),
+        answer(1, 1, 305, stale(StaleReason::Revalidate, ms(1500))),
+        // This node's own work of an older generation: not from the store.
+        answer(3, 0, 400, Answered::Ran),
+        answer(2, 1, 500, Answered::Ran),
+        answer(3, 0, 1000, stale(StaleReason::Revalidate, ms(1500))),
+    ];
+    let executions = [Exec {
+        key: "k".into(),
+        generation: 3,
+        node: 0,
+        start: t0 + ms(400),
+        end: Some(t0 + ms(410)),
+        killed: false,
+    }];
+    let checked = check_answers(&fine, &executions, fresh, &STALE_WINDOWS);
+    assert!(checked.too_old.is_empty(), "{checked:?}");
+    assert!(checked.backwards.is_empty(), "{checked:?}");
+
+    let mut bad = fine.to_vec();
+    bad.push(answer(
+        3,
+        1,
+        600,
+        stale(StaleReason::Revalidate, revalidate + ms(1)),
+    ));
+    bad.push(answer(2, 1, 700, stale(StaleReason::Error, ms(1500))));
+    // Its marker is within the bound, but its work ended here longer ago.
+    let late = 410 + revalidate.as_millis() as u64 + 100;
+    bad.push(answer(3, 0, late, stale(StaleReason::Revalidate, ms(2000))));
+    let checked = check_answers(&bad, &executions, fresh, &STALE_WINDOWS);
+    assert_eq!(checked.too_old.len(), 2, "{checked:?}");
+    assert_eq!(checked.backwards.len(), 1, "{checked:?}");
 }
 
 /// "No follower waits longer than the lease on a lease no live owner

@@ -30,9 +30,15 @@
 //! A third run goes over a Redis Cluster of three primaries, whose faults
 //! are live slot migrations of the keys under load (see `chaos_cluster`).
 //!
-//! Short form (CI): 60 s standalone, 30 s Sentinel, 30 s cluster. Long
+//! A fourth runs the standalone faults with the stage's stale windows on
+//! (grace, stale-if-error with phases where the work fails, its throttle,
+//! a soft timeout) and checks every answer besides (see `chaos_stale`).
+//!
+//! Short form (CI): 60 s standalone, 30 s Sentinel, 30 s cluster, 30 s
+//! stale. Long
 //! form: `FLIGHTDECK_CHAOS_SECS=600 cargo test -p flightdeck-redis --test
-//! chaos -- --nocapture --test-threads 1` (Sentinel and cluster get half);
+//! chaos -- --nocapture --test-threads 1` (Sentinel, cluster and stale get
+//! half);
 //! `FLIGHTDECK_CHAOS_SEED` picks another schedule.
 //!
 //! The schedule, its faults, the load and the printed and checked summary
@@ -45,14 +51,15 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flightdeck_core::error::{BoxError, ErrorClass};
-use flightdeck_core::{CloneShare, FlightKey, StageName};
+use flightdeck_core::error::{BoxError, DeadlineExceeded, ErrorClass};
+use flightdeck_core::{CloneShare, FlightKey, Shareable, StageName};
 use flightdeck_distributed::{
-    Backend, DistributedFlightLayer, DistributedFlights, FencingToken, FlightId, PostcardCodec,
+    Backend, DistributedFlightLayer, DistributedFlights, DistributedPolicy, Execute, FencingToken,
+    FlightId, PostcardCodec, Propagate, Role,
 };
 use flightdeck_harness::chaos::{
-    self, blocking, lock, within, Attempt, Chaos, Exec, Executions, Memory, Settings, Summary,
-    Topology,
+    self, blocking, lock, within, Answer, Answers, Attempt, Chaos, Exec, Executions, Memory,
+    Settings, Summary, Topology,
 };
 use flightdeck_harness::{FaultProxy, Recorder, RedisCluster, RedisSentinel};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
@@ -89,10 +96,12 @@ fn flight_of(key: &str) -> FlightId {
     ))
 }
 
+type Flights = DistributedFlights<Recorder<RedisBackend>, PostcardCodec<String>>;
+
 struct Node {
     svc: Svc,
     l1: L1,
-    flights: DistributedFlights<Recorder<RedisBackend>, PostcardCodec<String>>,
+    flights: Flights,
     backend: RedisBackend,
     proxy: Option<FaultProxy>,
 }
@@ -123,10 +132,41 @@ fn work(node: usize, executions: Executions) -> impl Fn(Req) -> BoxFut + Clone {
     }
 }
 
+/// The work of a stale run, run through L2 alone (its answers say how
+/// they were given): [`work`], failing as an execution timeout while
+/// [`chaos::work_down`] since `began`.
+#[derive(Clone)]
+struct StaleWork {
+    node: usize,
+    executions: Executions,
+    began: Instant,
+}
+
+impl Execute<Req> for StaleWork {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(
+        self,
+        mut req: Req,
+        role: Role,
+    ) -> Result<Shareable<String, String>, BoxError> {
+        if let Role::Owner(token) = role {
+            req.fence = Some(token);
+        }
+        let value = work(self.node, self.executions)(req).await?;
+        if chaos::work_down(self.began.elapsed()) {
+            return Err(Box::new(DeadlineExceeded::new("execution")));
+        }
+        Ok(Shareable::Shared(value))
+    }
+}
+
 async fn start_node(
     i: usize,
     url: String,
     proxy: Option<FaultProxy>,
+    policy: DistributedPolicy,
     journal: &Recorder<()>,
     executions: &Executions,
 ) -> Node {
@@ -144,7 +184,7 @@ async fn start_node(
     .unwrap();
     let l2 = DistributedFlightLayer::new(
         Recorder::sharing(backend.clone(), journal),
-        chaos::distributed_policy(),
+        policy,
         CloneShare::<String>::new(),
         PostcardCodec::<String>::new(),
         key_of,
@@ -175,21 +215,36 @@ struct Run {
     name: &'static str,
     secs: u64,
     strict: bool,
+    /// With the stale windows on ([`chaos::stale_policy`]): requests go
+    /// to L2 alone, and every answer is checked.
+    stale: bool,
 }
 
 async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: Run) {
+    let defaults = Settings::from_env(spec.secs);
     let settings = Settings {
         secs: spec.secs,
         nodes: urls.len(),
-        ..Settings::from_env(spec.secs)
+        window: if spec.stale {
+            chaos::STALE_KEY_WINDOW
+        } else {
+            defaults.window
+        },
+        ..defaults
     };
     let (seed, n_nodes) = (settings.seed, settings.nodes);
+    let policy = if spec.stale {
+        chaos::stale_policy()
+    } else {
+        chaos::distributed_policy()
+    };
 
     let journal = Recorder::new(());
     let executions = Executions::default();
     let mut nodes = Vec::new();
     for (i, (url, proxy)) in urls.into_iter().enumerate() {
-        nodes.push(start_node(i, url, proxy, &journal, &executions).await);
+        let policy = policy.clone();
+        nodes.push(start_node(i, url, proxy, policy, &journal, &executions).await);
     }
     let total = settings.total();
     let plan = chaos::schedule(seed, total, |rng| match topology {
@@ -214,18 +269,32 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
     // (start, end) of every failed request and of every slot migration.
     let failures = Spans::default();
     let migrations = Spans::default();
+    let answers = Answers::default();
     let mut tasks = Vec::new();
     for (n, node) in nodes.iter().enumerate() {
         for w in 0..settings.workers {
             let (svc, failures) = (node.svc.clone(), failures.clone());
+            let stale = spec.stale.then(|| {
+                let work = StaleWork {
+                    node: n,
+                    executions: executions.clone(),
+                    began: load.started,
+                };
+                (node.flights.clone(), work, answers.clone())
+            });
             tasks.push(tokio::spawn(chaos::worker(
                 load.clone(),
                 settings.worker_seed(n, w),
                 move |key| {
-                    let (svc, failures) = (svc.clone(), failures.clone());
+                    let (svc, failures, stale) = (svc.clone(), failures.clone(), stale.clone());
                     async move {
                         let began = Instant::now();
-                        let attempt = call(svc, key).await;
+                        let attempt = match stale {
+                            Some((flights, work, answers)) => {
+                                call_answered(&flights, work, key, &answers).await
+                            }
+                            None => call(svc, key).await,
+                        };
                         if matches!(attempt, Attempt::Error(_)) {
                             lock(&failures).push((began, Instant::now()));
                         }
@@ -344,6 +413,15 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
             lock(&failures).len()
         ));
     }
+    let answered = spec.stale.then(|| {
+        chaos::check_answers(
+            &lock(&answers),
+            &execs,
+            policy.replay_ttl_duration(),
+            &policy.stale(),
+        )
+    });
+    extra.extend(answered.iter().flat_map(|a| a.lines()));
     Summary {
         name: spec.name,
         seed,
@@ -353,7 +431,7 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
         applied: &applied,
         journal: &j,
         executions: &execs,
-        fresh: chaos::distributed_policy().replay_ttl_duration(),
+        fresh: policy.replay_ttl_duration(),
         drained,
         drained_what: "L1 running and entries, subscriptions",
         leases: &leases,
@@ -361,6 +439,9 @@ async fn run(topology: Topology, urls: Vec<(String, Option<FaultProxy>)>, spec: 
         extra,
     }
     .print_and_check(spec.strict, flight_of);
+    if let Some(answered) = answered {
+        answered.assert();
+    }
     if cluster {
         assert_eq!(
             stray_failures, 0,
@@ -375,6 +456,46 @@ type Spans = Arc<Mutex<Vec<(Instant, Instant)>>>;
 /// How long after a slot migration a request may still fail because of it
 /// (it joined a flight whose acquire met the migration).
 const MIGRATION_GRACE: Duration = Duration::from_secs(2);
+
+/// A request of a stale run, through L2 alone: its answer, recorded with
+/// how it was given.
+async fn call_answered(
+    flights: &Flights,
+    work: StaleWork,
+    key: String,
+    answers: &Answers,
+) -> Attempt {
+    let node = work.node;
+    let req = Req {
+        key: key.clone(),
+        fence: None,
+    };
+    let flight = key_of(&req).expect("every request is keyed");
+    let began = Instant::now();
+    match flights
+        .run_answered(&flight, req, work, &Propagate, None)
+        .await
+    {
+        Ok((Shareable::Shared(value), how)) => {
+            // `key|generation|node`
+            let mut parts = value.split('|').skip(1).map(|p| p.parse::<u64>().ok());
+            if let (Some(Some(generation)), Some(Some(from))) = (parts.next(), parts.next()) {
+                lock(answers).push(Answer {
+                    node,
+                    key,
+                    generation,
+                    from: usize::try_from(from).unwrap_or(usize::MAX),
+                    began,
+                    received: Instant::now(),
+                    how,
+                });
+            }
+            Attempt::Value(value)
+        }
+        Ok((Shareable::Unshared(value, _), _)) => Attempt::Value(value),
+        Err(e) => Attempt::Error(format!("{:?}", ErrorClass::of(&*e))),
+    }
+}
 
 async fn call(svc: Svc, key: String) -> Attempt {
     let req = Req { key, fence: None };
@@ -399,6 +520,7 @@ async fn chaos_standalone() {
             name: "standalone",
             secs: settings.secs,
             strict: true,
+            stale: false,
         },
     )
     .await;
@@ -439,6 +561,7 @@ async fn chaos_sentinel() {
             },
             secs,
             strict: guarded,
+            stale: false,
         },
     )
     .await;
@@ -475,6 +598,7 @@ async fn chaos_cluster() {
             name: "cluster, live slot migrations",
             secs,
             strict: true,
+            stale: false,
         },
     )
     .await;
@@ -496,6 +620,33 @@ async fn chaos_cluster() {
         ask > 0,
         "no client met ASK: no live migration was exercised"
     );
+}
+
+/// Issue 34: the standalone chaos run (Redis killed and frozen, nodes cut
+/// off, reset, slowed) with the stage's stale windows on: results fresh
+/// for 1 s, kept for grace and stale-if-error, work failing 2 s of every
+/// 5 s, its throttle, a soft timeout. Besides the invariants of every
+/// run (a refresh of a result past its freshness is no duplicate), every
+/// answer is checked: none older than its freshness plus the window of
+/// its reason, none of a generation older than one its node had already
+/// answered from the store (a superseded refresh never replaces a newer
+/// result). 30 s by default, half of `FLIGHTDECK_CHAOS_SECS` when set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_stale() {
+    let secs = half_run_secs();
+    let (topology, proxies) = chaos::start_standalone(Settings::from_env(secs).nodes).unwrap();
+    let urls = proxies.into_iter().map(|p| (p.url(), Some(p))).collect();
+    run(
+        topology,
+        urls,
+        Run {
+            name: "standalone, stale windows on",
+            secs,
+            strict: true,
+            stale: true,
+        },
+    )
+    .await;
 }
 
 /// The end-of-run lease scan: a lease granted to a token nobody runs is

@@ -12,7 +12,10 @@
 //! - `journal`: what the journals and executions say afterwards
 //!   (duplicates by cause, followers waiting on a lease nobody holds);
 //! - `leases`: the scan of Redis for leases still held at the end;
-//! - `summary`: memory samples and the printed, checked summary.
+//! - `summary`: memory samples and the printed, checked summary;
+//! - `answers`: a run with the stale windows on, what each request was
+//!   answered and the checks over every answer (the age bound, no
+//!   generation going back on a node).
 //!
 //! Two suites use it: `flightdeck-redis/tests/chaos.rs` (N L1 + L2 stacks
 //! in one test process) and `flightdeck-harness/tests/chaos_nodes.rs` (N
@@ -34,6 +37,7 @@
 //! assert!(plan.iter().all(|(at, _)| *at < Duration::from_secs(55)));
 //! ```
 
+mod answers;
 mod faults;
 mod journal;
 mod leases;
@@ -46,6 +50,7 @@ use std::time::Duration;
 
 use tokio::time::timeout;
 
+pub use answers::*;
 pub use faults::*;
 pub use journal::*;
 pub use leases::*;
