@@ -447,6 +447,13 @@ impl<const N: usize> KeyEncoder<N> {
         }
     }
 
+    /// Appends fields encoded ahead of time ([`EncodedFields`]) in one
+    /// write: the same digest as pushing each of them in turn.
+    #[inline]
+    pub fn push_encoded(&mut self, fields: &EncodedFields) {
+        self.write(&fields.0);
+    }
+
     /// The digest of everything written so far.
     #[inline]
     pub fn finish(&self) -> Digest {
@@ -466,6 +473,50 @@ impl<const N: usize> KeyEncoder<N> {
     #[inline]
     pub fn finish_key(&self, stage: StageName, scope: Option<Digest>) -> FlightKey {
         FlightKey::new(stage, scope, self.finish())
+    }
+}
+
+/// A run of fields in [`KeyEncoder`]'s encoding (each its length, then
+/// its bytes), made once and appended to many keys with
+/// [`KeyEncoder::push_encoded`] in one write: for fields most keys share,
+/// such as the names of key headers a request does not carry and their
+/// zero counts. Only whole fields go in, so the encoding stays
+/// length-prefixed.
+///
+/// ```
+/// use flightdeck_core::key::EncodedFields;
+/// use flightdeck_core::KeyEncoder;
+///
+/// let mut fields = EncodedFields::new();
+/// fields.push(b"accept");
+/// fields.push(&0u64.to_le_bytes());
+/// let mut enc = KeyEncoder::new();
+/// enc.push_encoded(&fields);
+/// let one_by_one = KeyEncoder::new().field(b"accept").field(&0u64.to_le_bytes());
+/// assert_eq!(enc.finish(), one_by_one.finish());
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EncodedFields(Vec<u8>);
+
+impl EncodedFields {
+    /// No fields.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one length-prefixed field.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.0
+            .extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+impl fmt::Debug for EncodedFields {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncodedFields")
+            .field("bytes", &self.0.len())
+            .finish()
     }
 }
 
@@ -598,6 +649,29 @@ mod tests {
                 key.flight_digest().as_bytes(),
                 blake3::hash(&raw).as_bytes()
             );
+        }
+    }
+
+    /// Fields appended in one write give the digest of the same fields
+    /// pushed one by one, in a small buffer and across its end.
+    #[test]
+    fn encoded_fields_give_the_digest_of_their_fields() {
+        for n in [0usize, 10, 150, 400] {
+            let head = vec![b'h'; n];
+            let mut fields = EncodedFields::new();
+            fields.push(b"content-type");
+            fields.push(&0u64.to_le_bytes());
+            fields.push(b"");
+            let mut enc = KeyEncoder::new().field(&head);
+            enc.push_encoded(&fields);
+            enc.push(b"tail");
+            let one_by_one = KeyEncoder::new()
+                .field(&head)
+                .field(b"content-type")
+                .field(&0u64.to_le_bytes())
+                .field(b"")
+                .field(b"tail");
+            assert_eq!(enc.finish(), one_by_one.finish(), "{n}");
         }
     }
 

@@ -137,4 +137,6 @@ pub use self::failures::HttpFailures;
 pub use self::policy::{CacheControl, SetCookie};
 pub use self::response::{SharedResponse, VaryMismatch};
 pub use self::share::{HttpShare, DEFAULT_MAX_BODY};
-pub use self::vary::{normalized_values, push_header_values, LeaderHeaders, VaryValues};
+pub use self::vary::{
+    normalized_values, push_header_values, push_values, LeaderHeaders, VaryValues,
+};

@@ -12,6 +12,7 @@
 
 use std::fmt;
 
+use http::header::GetAll;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::key::{Digest, KeyEncoder};
@@ -67,8 +68,14 @@ pub fn push_header_values<const N: usize>(
     headers: &HeaderMap,
     name: &HeaderName,
 ) {
+    push_values(enc, headers.get_all(name));
+}
+
+/// [`push_header_values`] of values already looked up
+/// (`headers.get_all(name)`): for a caller that looked first whether there
+/// are any.
+pub fn push_values<const N: usize>(enc: &mut KeyEncoder<N>, values: GetAll<'_, HeaderValue>) {
     // One lookup of the name, walked twice: the count, then the values.
-    let values = headers.get_all(name);
     enc.push(&(values.iter().count() as u64).to_le_bytes());
     for v in values {
         enc.push(v.as_bytes());

@@ -104,7 +104,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightdeck_core::http::push_header_values;
+use flightdeck_core::http::{push_header_values, push_values};
+use flightdeck_core::key::EncodedFields;
 use flightdeck_core::{BoxError, KeyEncoder, StageName};
 use http::header::{
     ACCEPT, ACCEPT_ENCODING, ACCEPT_LANGUAGE, CONTENT_ENCODING, CONTENT_TYPE, HOST,
@@ -165,12 +166,35 @@ struct Config {
     default_stage: Option<StageName>,
     ignore_query: Vec<Box<[u8]>>,
     headers: Vec<HeaderName>,
+    /// The headers written into every key, in order: the body's, then
+    /// `headers`; each with its field and zero count as written when the
+    /// request carries none (see [`KeyHeader`]).
+    key_headers: Vec<KeyHeader>,
     body_cap: Option<usize>,
     idempotency_body_cap: usize,
     idempotency: Arc<IdempotencyTable>,
     scope: ScopeConfig,
     authority: bool,
     unkeyed: Arc<Unkeyed>,
+}
+
+/// A header written into every key. Most requests carry few of them, so
+/// the field of an absent one (its name, then its count of values, zero) is
+/// encoded once, when the rules are built, and written in one go: the same
+/// bytes as written field by field, so the same digest.
+#[derive(Clone)]
+struct KeyHeader {
+    name: HeaderName,
+    absent: EncodedFields,
+}
+
+impl KeyHeader {
+    fn new(name: HeaderName) -> Self {
+        let mut absent = EncodedFields::new();
+        absent.push(name.as_str().as_bytes());
+        absent.push(&0u64.to_le_bytes());
+        Self { name, absent }
+    }
 }
 
 #[derive(Clone)]
@@ -507,6 +531,12 @@ impl HttpKeyExtractorBuilder {
                     .iter()
                     .map(|s| query::decode(s).into_owned().into_boxed_slice())
                     .collect(),
+                key_headers: BODY_HEADERS
+                    .iter()
+                    .chain(&headers)
+                    .cloned()
+                    .map(KeyHeader::new)
+                    .collect(),
                 headers,
                 body_cap: self.body_cap,
                 authority: self.authority,
@@ -541,6 +571,20 @@ pub(crate) fn write_headers<const N: usize>(
     for name in names {
         enc.push(name.as_str().as_bytes());
         push_header_values(enc, headers, name);
+    }
+}
+
+/// [`write_headers`] of the rules' key headers: one lookup each, and an
+/// absent one written in one go.
+fn write_key_headers(enc: &mut HeadEncoder, headers: &HeaderMap, names: &[KeyHeader]) {
+    for h in names {
+        let values = headers.get_all(&h.name);
+        if values.iter().next().is_none() {
+            enc.push_encoded(&h.absent);
+        } else {
+            enc.push(h.name.as_str().as_bytes());
+            push_values(enc, values);
+        }
     }
 }
 
@@ -606,8 +650,7 @@ impl Config {
         enc.push(path.as_bytes());
         query::write_query(enc, parts.uri.query(), &self.ignore_query);
         // How the body is to be read is part of what it means.
-        write_headers(enc, &parts.headers, &BODY_HEADERS);
-        write_headers(enc, &parts.headers, &self.headers);
+        write_key_headers(enc, &parts.headers, &self.key_headers);
         let idempotency = match idem {
             Some(key) => {
                 enc.push(b"idempotency-key");
