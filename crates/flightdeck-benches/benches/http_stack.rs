@@ -27,7 +27,8 @@
 //! `hybrid` and `floor` over a `redis-server` started for the row) and
 //! `HTTP_ITERS=<n>` it instead runs `n` requests of that row in process,
 //! one after another, through `tower::Service::call` on the same axum
-//! `Router` (no socket), each response body read to its end, on one
+//! `Router` (its routes made once, as `axum::serve` makes them; no
+//! socket), each response body read to its end, on one
 //! thread: what `scripts/http-instructions` counts under callgrind (the
 //! client's side only: Redis is another process).
 
@@ -227,6 +228,10 @@ async fn in_process(row: &str, n: u64) {
             std::process::exit(2);
         }
     };
+    // Its routes made once, as `axum::serve` makes them for each
+    // connection: called as it is, a `Router<()>` builds each handler's
+    // route, the layer's services included, again for every request.
+    let router: Router = router.with_state(());
     let mut path = String::with_capacity(32);
     for i in 0..n {
         path.clear();
