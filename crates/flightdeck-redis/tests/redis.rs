@@ -623,6 +623,26 @@ async fn commit_failure_still_returns_the_value() {
     );
 }
 
+/// An ACQUIRE right after Redis thawed, sent again while the connection
+/// recovers (at most 5 s).
+async fn acquire_after_thaw(
+    b: &RedisBackend,
+    flight: &FlightId,
+    tok: &OwnerToken,
+    terms: &LeaseTerms,
+) -> Acquired {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match b.acquire(flight, tok, terms).await {
+            Ok(a) => return a,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "never recovered: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// Issue 5 / invariant 8: an ambiguous acquire (timed out while Redis was
 /// frozen, executed when it thawed) retried with the same token answers
 /// OWNER with the same generation.
@@ -642,16 +662,7 @@ async fn ambiguous_acquire_retry_is_owner_same_generation() {
     let err = b.acquire(&flight, &tok, &terms).await.unwrap_err();
     assert_eq!(err.kind(), BackendErrorKind::OutcomeUnknown);
     redis.resume().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let retried = loop {
-        match b.acquire(&flight, &tok, &terms).await {
-            Ok(a) => break a,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "never recovered: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let retried = acquire_after_thaw(&b, &flight, &tok, &terms).await;
     let Acquired::Owner {
         generation,
         takeover: false,
