@@ -114,6 +114,20 @@ fuzz_target!(|data: &[u8]| {
     let Ok(Some((frame, _))) = decode(data) else { return };
     let Some(v) = value(frame) else { return };
     check_acquire(&v, fuzzing::acquire(&v));
+    // As the script sends it: the answer, then the server's time in ms;
+    // `LATE` alone before it.
+    match fuzzing::timed_acquire(&v) {
+        Ok((answer, now)) => {
+            let Value::Array(items) = &v else { panic!("a non-array ACQUIRE reply accepted") };
+            let (last, head) = items.split_last().expect("an empty ACQUIRE reply accepted");
+            assert_eq!(Some(now), int(last).and_then(|t| u64::try_from(t).ok()));
+            match answer {
+                Some(a) => check_acquire(&Value::Array(head.to_vec()), Ok(a)),
+                None => assert!(matches!(head, [w] if w.as_str().as_deref() == Some("LATE"))),
+            }
+        }
+        Err(e) => assert_eq!(e.kind(), BackendErrorKind::Protocol),
+    }
     let word = v.as_str().map(|s| s.to_string());
     match fuzzing::heartbeat(&v) {
         Ok(_) => assert!(matches!(word.as_deref(), Some("RENEWED" | "LOST"))),

@@ -296,6 +296,7 @@ impl Replay {
                     recheck: ask.follows.is_some(),
                     stale: ask.stale,
                     early: ask.early,
+                    not_after: None,
                 };
                 match b.acquire_with(flight, &token(tok), ask, &terms).await {
                     Ok(a) => Real::Acquired(a),

@@ -14,10 +14,11 @@ use tokio::task::JoinHandle;
 
 use crate::args::{Names, ScriptArgs};
 use crate::classify::classify;
+use crate::clock::ServerClocks;
 use crate::connect::timed_out;
 use crate::eval::{ABANDON, ACQUIRE, COMMIT, HEARTBEAT, INVALIDATE, RELEASE, SCRIPTS};
 use crate::inbox::Inboxes;
-use crate::reply::{bytes, committed, invalidated, parse_acquire, released, renewal};
+use crate::reply::{bytes, committed, invalidated, parse_timed_acquire, released, renewal};
 use crate::routing::{not_connected, Topology};
 use crate::stored::writes_refused;
 
@@ -40,6 +41,9 @@ pub(crate) struct Inner {
     /// (`Backend::call_timeout_hint`), in nanoseconds; `u64::MAX` until
     /// one is told.
     pub(crate) cut_after: AtomicU64,
+    /// The servers' clocks as the ACQUIRE replies show them, for the
+    /// not-after deadline of the next ACQUIRE.
+    pub(crate) clocks: ServerClocks,
     pub(crate) sources: Arc<[String]>,
     /// The scripts' SHAs, shared with every call that names them.
     pub(crate) shas: [Str; SCRIPTS],
@@ -59,6 +63,28 @@ impl Inner {
         let margin = (told / 10).max(Duration::from_millis(20));
         now + self.timeout.min(told.saturating_sub(margin))
     }
+
+    /// When a call started `now` is given up, as outcome unknown: after
+    /// one command timeout, or the shortest call timeout told, or the
+    /// caller's own deadline `not_after`, whichever comes first.
+    pub(crate) fn given_up_at(
+        &self,
+        now: tokio::time::Instant,
+        not_after: Option<tokio::time::Instant>,
+    ) -> tokio::time::Instant {
+        let told = Duration::from_nanos(self.cut_after.load(Ordering::Relaxed));
+        let at = now + self.timeout.min(told);
+        not_after.map_or(at, |t| t.min(at))
+    }
+}
+
+/// What an ACQUIRE that ran past its not-after answers: nothing granted,
+/// nothing changed; the server was slow (frozen, or the call resent after
+/// its caller gave up), so retry as after an unavailable server.
+fn too_late() -> BackendError {
+    BackendError::unavailable(
+        "ACQUIRE reached redis after its caller gave it up (LATE): nothing granted",
+    )
 }
 
 impl RedisBackend {
@@ -295,9 +321,14 @@ impl Backend for RedisBackend {
         self.inner.topology.shard(self.slot(flight))
     }
 
-    /// ACQUIRE, naming the generation followed (`''` for none) and
+    /// ACQUIRE, naming the generation followed (`''` for none),
     /// whether it asks for stale results and for an early refresh (`1`
-    /// or `0` each).
+    /// or `0` each), and its not-after: when this call is given up (one
+    /// command timeout, the shortest call timeout told, or
+    /// [`Ask::not_after`], whichever is first) in the server's time as
+    /// the last reply from the flight's node showed it (`''` before the
+    /// first). Past it the script grants nothing and answers `LATE`,
+    /// returned as *unavailable*.
     fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -306,20 +337,33 @@ impl Backend for RedisBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         Box::pin(async move {
+            let now = tokio::time::Instant::now();
+            let slot = self.slot_of(flight);
+            let give_up = self.inner.given_up_at(now, ask.not_after);
+            let not_after = self.inner.clocks.not_after(slot, now, give_up);
             let args = self
-                .script_args(flight, Names::Record, 8)
+                .script_args(flight, Names::Record, 9)
                 .text(token.as_str())
                 .millis(terms.lease)
                 .text(flag(terms.allow_takeover))
                 .millis(terms.record_ttl());
-            let args = self.inner.inboxes.name_in(self.slot_of(flight), args);
+            let args = self.inner.inboxes.name_in(slot, args);
             let args = match ask.follows {
                 Some(g) => args.uint(g),
                 None => args.text(""),
             };
             let args = args.text(flag(ask.stale)).text(flag(ask.early));
+            let args = match not_after {
+                Some(ms) => args.uint(ms),
+                None => args.text(""),
+            };
             match self.eval(ACQUIRE, args).await {
-                Ok(v) => parse_acquire(&v),
+                Ok(v) => {
+                    let (answer, server_ms) = parse_timed_acquire(&v)?;
+                    let at = tokio::time::Instant::now();
+                    self.inner.clocks.saw(slot, server_ms, at);
+                    answer.ok_or_else(too_late)
+                }
                 Err(e) => match writes_refused(&e) {
                     // The server refuses writes (ACQUIRE may write), not
                     // reads: a stored result is still replayed.

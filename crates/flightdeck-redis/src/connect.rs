@@ -2,6 +2,7 @@
 //! primaries), connected lazily and reconnected in the background, and
 //! waiting for them ([`RedisBackend::ready`]).
 
+use crate::clock::ServerClocks;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,6 +109,7 @@ impl RedisBackend {
                 timeout: cmd,
                 migration_retry: config.migration_retry.min(cmd),
                 cut_after: AtomicU64::new(u64::MAX),
+                clocks: ServerClocks::default(),
                 sources,
                 shas,
                 inboxes,

@@ -39,6 +39,12 @@
 //! a protocol error, so the layer answers as for any protocol failure and
 //! nothing is replayed.
 //!
+//! Within `f5`, the ACQUIRE that carries a not-after deadline (and ends
+//! its answers with the server's time) is a new script with a new SHA and
+//! reads and writes the same record: nodes from before it keep running
+//! their own ACQUIRE and coordinate with newer ones as before; only their
+//! late ACQUIREs may still grant a lease nobody works on.
+//!
 //! One [`RedisBackend`] holds one command connection and one subscriber
 //! connection per server (per primary in a cluster). On its subscriber it
 //! keeps an **inbox**, a channel of its own ([`RedisBackend::inbox`]),
@@ -164,6 +170,7 @@
 mod args;
 mod backend;
 pub mod classify;
+mod clock;
 mod cluster;
 mod config;
 mod connect;
@@ -187,9 +194,16 @@ pub mod fuzzing {
     };
     use fred::prelude::Value;
 
-    /// An ACQUIRE answer.
+    /// An ACQUIRE answer without the server's time (as READ's hit is
+    /// checked).
     pub fn acquire(v: &Value) -> Result<Acquired, BackendError> {
         crate::reply::parse_acquire(v)
+    }
+
+    /// An ACQUIRE answer as the script sends it: the answer (`None`:
+    /// `LATE`) and the server's time it ends with.
+    pub fn timed_acquire(v: &Value) -> Result<(Option<Acquired>, u64), BackendError> {
+        crate::reply::parse_timed_acquire(v)
     }
 
     /// A HEARTBEAT answer.

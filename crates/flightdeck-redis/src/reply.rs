@@ -109,6 +109,26 @@ pub(crate) fn parse_acquire(v: &Value) -> Result<Acquired, BackendError> {
     })
 }
 
+/// An ACQUIRE answer as the script sends it: the answer (`None` for
+/// `LATE`: it ran past its not-after and changed nothing), then the
+/// server's `TIME` in ms as its last item.
+pub(crate) fn parse_timed_acquire(v: &Value) -> Result<(Option<Acquired>, u64), BackendError> {
+    let Value::Array(items) = v else {
+        return Err(bad_reply("ACQUIRE", v));
+    };
+    let Some((now, answer)) = items.split_last() else {
+        return Err(bad_reply("ACQUIRE", v));
+    };
+    let now = gen(now).ok_or_else(|| {
+        BackendError::protocol("ACQUIRE reply without the server's time as its last item")
+    })?;
+    let late = matches!(answer, [word] if word.as_str().as_deref() == Some("LATE"));
+    if late {
+        return Ok((None, now));
+    }
+    Ok((Some(parse_acquire(&Value::Array(answer.to_vec()))?), now))
+}
+
 /// Maps a one-word script answer through `table`; anything else is a
 /// protocol error.
 pub(crate) fn answer<T: Copy>(
@@ -232,6 +252,46 @@ mod tests {
                 stale: None
             }
         );
+    }
+
+    #[test]
+    fn acquire_replies_end_with_the_server_time() {
+        let owner = Value::Array(vec![text("OWNER"), int(3), int(1), text("1700000000123")]);
+        let (got, now) = parse_timed_acquire(&owner).unwrap();
+        assert_eq!(
+            got,
+            Some(Acquired::Owner {
+                generation: 3,
+                takeover: true,
+                stale: None
+            })
+        );
+        assert_eq!(now, 1_700_000_000_123);
+        let hit = answer(&[text("HIT")], &[result(), vec![int(5)]].concat());
+        assert_eq!(
+            parse_timed_acquire(&hit).unwrap(),
+            (Some(Acquired::Hit(kept())), 5)
+        );
+        let late = Value::Array(vec![text("LATE"), int(42)]);
+        assert_eq!(parse_timed_acquire(&late).unwrap(), (None, 42));
+        for bad in [
+            Value::Null,
+            Value::Array(vec![]),
+            // An answer without the time, or a time that is not one.
+            Value::Array(vec![text("LATE")]),
+            Value::Array(vec![text("EXPIRED"), int(4)]),
+            Value::Array(vec![text("LATE"), int(-1)]),
+            Value::Array(vec![text("LATE"), text("soon")]),
+            Value::Array(vec![text("LATE"), int(1), int(2)]),
+            Value::Array(vec![text("OWNER"), int(3), int(1), Value::Null]),
+        ] {
+            let e = parse_timed_acquire(&bad).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                flightdeck_distributed::BackendErrorKind::Protocol,
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

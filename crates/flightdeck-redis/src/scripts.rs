@@ -100,7 +100,7 @@
 //!
 //! | script and answer | `redis.call`s |
 //! |---|---|
-//! | ACQUIRE → HIT, STALE | 2: `HMGET`, `TIME` |
+//! | ACQUIRE → HIT, STALE, LATE | 2: `HMGET`, `TIME` |
 //! | ACQUIRE → FOLLOWER, EXPIRED, OWNER (retry) | 2: `HMGET`, `TIME` |
 //! | ACQUIRE → FOLLOWER, this node's first | 3: `HMGET`, `TIME`, `HSET` |
 //! | ACQUIRE → OWNER (grant) | 4: `HMGET`, `TIME`, `HSET`, `PEXPIRE` |
@@ -154,12 +154,21 @@ end
     };
 }
 
-/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows, stale, early)`
-/// → `{HIT, <result>}` | `{OWNER, gen, takeover[, <result>]}` |
-/// `{FOLLOWER, gen, remaining_ms[, <result>]}` | `{STALE, <result>}` |
-/// `{EXPIRED, gen}`, where `<result>` is a stored result's six items
-/// `gen, status, body, age_ms, ttl_ms, work_ms` (its age by the server's
-/// clock).
+/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows, stale, early, not_after)`
+/// → `{HIT, <result>, now}` | `{OWNER, gen, takeover[, <result>], now}` |
+/// `{FOLLOWER, gen, remaining_ms[, <result>], now}` | `{STALE, <result>, now}` |
+/// `{EXPIRED, gen, now}` | `{LATE, now}`, where `<result>` is a stored
+/// result's six items `gen, status, body, age_ms, ttl_ms, work_ms` (its
+/// age by the server's clock) and `now` the server's `TIME` in ms, from
+/// which the client estimates the server's clock for its next ACQUIRE.
+///
+/// `not_after` (server time in ms; `''`: none) is when the client gives
+/// the call up: an ACQUIRE that runs later (queued on a frozen server,
+/// resent after its caller walked away) answers `LATE` and changes
+/// nothing, so it never grants a lease nobody works on. The client sends
+/// its estimate of the server's clock plus its call timeout; the estimate
+/// lags the server by the last reply's transit, so the deadline errs
+/// early.
 ///
 /// HIT when the stored result is fresh (`fu`), or when `follows` (a
 /// follower's re-check: the generation it first followed; `''` for an
@@ -188,13 +197,24 @@ local d, ra, eu = tonumber(r[3] or 0), tonumber(r[14] or 0), tonumber(r[18] or 0
 if not d or not ra or not eu then
   return redis.error_reply('FDPROTO unreadable flight record')
 end
+local stamp = string.format('%.0f', math.floor(now))
 local function with(a, res)
   if res then
     for i = 1, 6 do
       a[#a + 1] = res[i]
     end
   end
+  a[#a + 1] = stamp
   return a
+end
+if ARGV[9] ~= '' then
+  local late = tonumber(ARGV[9])
+  if not late then
+    return redis.error_reply('FDPROTO unreadable not-after')
+  end
+  if now > late then
+    return with({'LATE'}, nil)
+  end
 end
 local live, mine, ku, beside = d > now, r[2] == ARGV[1], 0, nil
 if r[4] then
@@ -219,7 +239,7 @@ if now < eu and not beside then
   if not ec or not r[16] then
     return redis.error_reply('FDPROTO unreadable flight record')
   end
-  return {'HIT', r[16], 'err', r[15] or '', math.max(0, math.floor(now - ec)), eu - ec, 0}
+  return with({'HIT'}, {r[16], 'err', r[15] or '', math.max(0, math.floor(now - ec)), eu - ec, 0})
 end
 if beside and now < ra then
   return with({'STALE'}, beside)
@@ -230,7 +250,7 @@ if mine then
     return with({'OWNER', r[1], 0}, beside)
   end
   if d == 0 then
-    return {'EXPIRED', r[1]}
+    return with({'EXPIRED', r[1]}, nil)
   end
 elseif live then
   local w = r[7] or ''
@@ -244,12 +264,12 @@ elseif live then
 end
 if d > 0 then
   if ARGV[3] ~= '1' then
-    return {'EXPIRED', r[1]}
+    return with({'EXPIRED', r[1]}, nil)
   end
   takeover = 1
 end
 if r[6] and string.find(' ' .. r[6] .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
-  return {'EXPIRED', r[1] or '0'}
+  return with({'EXPIRED', r[1] or '0'}, nil)
 end
 local gen = tm[1] .. string.sub('00000' .. tm[2], -6)
 if r[1] then

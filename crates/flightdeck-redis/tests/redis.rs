@@ -678,6 +678,46 @@ async fn ambiguous_acquire_retry_is_owner_same_generation() {
     ));
 }
 
+/// Issue 35: an ACQUIRE that reaches Redis after its caller gave it up
+/// (queued on a frozen server past the command timeout, run when it
+/// thaws) grants nothing, so no lease nobody works on blocks the flight:
+/// the next caller is granted it at once, not told to follow a ghost.
+#[tokio::test]
+async fn a_late_acquire_grants_no_lease() {
+    let mut redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let terms = LeaseTerms {
+        lease: Duration::from_secs(30),
+        ..conformance::terms(true)
+    };
+    // The node has heard from the server: ACQUIRE replies carry its clock.
+    let warm = flight_of("late", "warm");
+    let first = b.acquire(&warm, &OwnerToken::random(), &terms).await;
+    assert!(matches!(first, Ok(Acquired::Owner { .. })), "{first:?}");
+    let flight = flight_of("late", "k");
+    redis.pause().unwrap();
+    let err = b
+        .acquire(&flight, &OwnerToken::random(), &terms)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::OutcomeUnknown);
+    // Still frozen well past the call's deadline; the ACQUIRE waits in the
+    // server's socket and runs when it thaws.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.resume().unwrap();
+    let answer = acquire_after_thaw(&b, &flight, &OwnerToken::random(), &terms).await;
+    assert!(
+        matches!(
+            answer,
+            Acquired::Owner {
+                takeover: false,
+                ..
+            }
+        ),
+        "the late ACQUIRE left a lease nobody works on: {answer:?}"
+    );
+}
+
 /// Failure table, "before acquire": Redis killed or frozen -> a typed
 /// coordination error within the call deadlines; nothing hangs.
 #[tokio::test]

@@ -41,6 +41,14 @@ pub struct Ask {
     /// result beside), unless a lease runs already ([`Acquired::Hit`]:
     /// someone refreshes it).
     pub early: bool,
+    /// When the caller gives the call up (its call timeout, in tokio
+    /// time): an acquire that reaches the store after it grants nothing
+    /// and answers *unavailable* (a late acquire, queued on a frozen
+    /// server or resent after its caller walked away, would otherwise
+    /// grant a lease nobody works on). `None`: no deadline of the
+    /// caller's; a backend may still bound the call by its own timeout
+    /// (the Redis backend does).
+    pub not_after: Option<tokio::time::Instant>,
 }
 
 impl Ask {
@@ -51,6 +59,7 @@ impl Ask {
         recheck: false,
         stale: true,
         early: false,
+        not_after: None,
     };
 
     /// The acquire of an early refresh of a result still fresh.
@@ -59,6 +68,7 @@ impl Ask {
         recheck: false,
         stale: false,
         early: true,
+        not_after: None,
     };
 
     /// A re-check naming the generation followed (`None`: the retry of a
@@ -69,6 +79,7 @@ impl Ask {
             recheck: true,
             stale: false,
             early: false,
+            not_after: None,
         }
     }
 }

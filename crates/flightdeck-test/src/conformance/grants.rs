@@ -288,3 +288,48 @@ async fn exactly_one_takeover_once<B: Backend>(b: Arc<B>, n: usize) -> Result<()
     );
     Ok(())
 }
+
+/// An ACQUIRE that reaches the store after its caller gave it up
+/// ([`Ask::not_after`] past) grants nothing and answers *unavailable*: a
+/// late ACQUIRE (queued on a frozen server, resent after its caller
+/// walked away) leaves no lease nobody works on. One whose caller still
+/// waits is answered as always. The flight is granted and ended first,
+/// so that a backend that learns the store's clock from its answers (the
+/// Redis backend) has heard from the flight's node.
+pub async fn an_acquire_past_its_not_after_grants_nothing<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let (a, late, c) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    let g = owned(b.acquire(&f, &a, &terms(true)).await.unwrap(), "fresh");
+    let ended = b.abandon(&f, &a, g, &abandon_args(None)).await.unwrap();
+    assert_eq!(ended, Released::Released);
+    let gave_up = Instant::now();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let past = Ask {
+        not_after: Some(gave_up),
+        ..Ask::default()
+    };
+    match b.acquire_with(&f, &late, past, &terms(true)).await {
+        Err(e) => assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}"),
+        Ok(a) => panic!("an acquire past its not-after was answered {a:?}"),
+    }
+    let waiting = Ask {
+        not_after: Some(Instant::now() + Duration::from_secs(30)),
+        ..Ask::default()
+    };
+    match b
+        .acquire_with(&f, &c, waiting, &terms(false))
+        .await
+        .unwrap()
+    {
+        Acquired::Owner {
+            generation,
+            takeover: false,
+            ..
+        } => assert!(generation > g),
+        other => panic!("the late acquire left a grant behind: {other:?}"),
+    }
+}

@@ -53,8 +53,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Ask, Backend, CommitArgs, Committed, FlightId, LeaseTerms, Notice,
-    OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription, MAX_DURATION,
+    AbandonArgs, Acquired, Ask, Backend, BackendErrorKind, CommitArgs, Committed, FlightId,
+    LeaseTerms, Notice, OwnerToken, Released, Renewal, ResultStatus, StoredResult, Subscription,
+    MAX_DURATION,
 };
 use tokio::time::Instant;
 
@@ -292,6 +293,7 @@ pub async fn run_all<B: Backend>(backend: Arc<B>) {
     takeover_fences_the_stale_owner(b).await;
     expired_without_takeover(b).await;
     late_commit_without_rival_succeeds(b).await;
+    an_acquire_past_its_not_after_grants_nothing(b).await;
     abandon_wakes_followers(b).await;
     notices_carry_small_payloads_inline(b).await;
     failures_can_be_cached(b).await;
