@@ -34,7 +34,9 @@
 //! on its way, to run at any later moment (after calls sent after it: a
 //! new connection's call can reach the server before an old one's) or to
 //! be lost. [`Config::cut_off`] bounds how many calls are cut off in a
-//! run.
+//! run. An ACQUIRE carries its not-after, the tick it was sent (and cut
+//! off) in: run in a later tick by the server's clock, it answers `LATE`
+//! and changes nothing.
 //!
 //! **The server** runs one call at a time ([`server::run`]); its clock
 //! ticks; its replica copies it at any moment (asynchronous replication:
@@ -248,6 +250,10 @@ impl Broken {
     /// its freshness within its stale window (and no throttle runs), got
     /// an answer without it.
     pub const STALE_KEPT: u16 = 1 << 13;
+    /// An ACQUIRE was granted after its node gave it up (by real time,
+    /// not the server's clock), to a token its node no longer waits with:
+    /// a lease nobody works on.
+    pub const LATE_GRANT: u16 = 1 << 14;
 }
 
 /// What the model remembers of a run (not the system's state).
@@ -284,6 +290,9 @@ pub struct Ghost {
     pub reached: Reached,
     /// Promises broken.
     pub broken: Broken,
+    /// Ticks the failovers set the server's clock back, in all: real
+    /// time is the server's clock plus these.
+    pub set_back: Tick,
 }
 
 /// What a run reached, for the "sometimes" properties: only what
@@ -315,7 +324,10 @@ impl Seen {
     pub const EARLY: u8 = 1 << 4;
     /// An invalidation fenced a refresh's commit.
     pub const PURGE_FENCED: u8 = 1 << 5;
-    /// A late ACQUIRE was granted a lease nobody works on.
+    /// A late ACQUIRE was granted a lease nobody works on: after a
+    /// failover to a clock behind ([`Config::clock_steps_back`]), the
+    /// server's clock had not passed the ACQUIRE's not-after when real
+    /// time had (see [`Broken::LATE_GRANT`] for the other runs).
     pub const ORPHAN_GRANT: u8 = 1 << 6;
 }
 
@@ -423,12 +435,17 @@ impl ProtocolModel {
         s.cut_off < self.config.cut_off
     }
 
-    /// What a node's ACQUIRE asks besides the lease.
-    fn ask(&self, follows: Option<Gen>, early: bool) -> Ask {
+    /// What a node's ACQUIRE sent at `now` asks besides the lease. Its
+    /// not-after is `now`: a call is given up when it is cut off, in the
+    /// step that sends it (the model's call timeout is shorter than a
+    /// tick), so one that runs in a later tick runs after its node gave it
+    /// up.
+    fn ask(&self, now: Tick, follows: Option<Gen>, early: bool) -> Ask {
         Ask {
             follows,
             stale: self.config.stale_windows,
             early,
+            not_after: Some(now),
         }
     }
 }
@@ -630,6 +647,10 @@ impl ProtocolModel {
     /// The promises about what an ACQUIRE answered with `ask` at `now`
     /// carries, checked against what the run stored.
     fn check_answer(&self, g: &mut Ghost, now: Tick, ask: Ask, answer: Answer) {
+        if answer == Answer::Late {
+            // Nothing answered, nothing changed: its caller gave it up.
+            return;
+        }
         let terms = &self.config.terms;
         if let Some(res) = answer.result() {
             match stored_at(g, res.gen, res.status, res.body) {
@@ -957,6 +978,9 @@ impl Model for ProtocolModel {
                 "a kept success answers stale within its window",
                 |_, s: &State| holds(s, Broken::STALE_KEPT),
             ),
+            Property::always("no late ACQUIRE is granted", |_, s: &State| {
+                holds(s, Broken::LATE_GRANT)
+            }),
         ];
         let c = &self.config;
         let mut reach = |bit: u8, name: &'static str, seen: fn(&Self, &State) -> bool| {
@@ -996,7 +1020,7 @@ impl Model for ProtocolModel {
         // docs/guarantees.md's "Known limits" must change with it.
         reach(
             Seen::ORPHAN_GRANT,
-            "a late ACQUIRE is granted a lease nobody works on (known limit)",
+            "a late ACQUIRE is granted after a failover to a clock behind (known limit)",
             |_, s| s.ghost.reached.seen & Seen::ORPHAN_GRANT != 0,
         );
         if self.config.failovers > 0 {
@@ -1035,6 +1059,7 @@ impl ProtocolModel {
         let c = &self.config;
         match action {
             Action::Acquire(n, cut) | Action::Early(n, cut) => {
+                let now = s.now;
                 let node = &mut s.nodes[usize::from(n)];
                 let (ask, role) = match node.role {
                     Role::Idle => {
@@ -1048,21 +1073,21 @@ impl ProtocolModel {
                             retried: false,
                             early,
                         };
-                        (self.ask(None, early), role)
+                        (self.ask(now, None, early), role)
                     }
                     Role::Unknown { early, .. } => {
                         let role = Role::Unknown {
                             retried: true,
                             early,
                         };
-                        (self.ask(None, early), role)
+                        (self.ask(now, None, early), role)
                     }
                     Role::Follower { follows, .. } => {
                         let role = Role::Follower {
                             follows,
                             ambiguous: true,
                         };
-                        (self.ask(Some(follows), false), role)
+                        (self.ask(now, Some(follows), false), role)
                     }
                     _ => unreachable!("only idle nodes, retries and followers acquire"),
                 };
@@ -1134,14 +1159,23 @@ impl ProtocolModel {
             Action::Run(req) => {
                 take(s, &req);
                 let (answer, notices) = self.run(s, req);
-                if let (Call::Acquire(tok, _), Answer::Owner(..)) = (req.call, answer) {
+                if let (Call::Acquire(tok, ask), Answer::Owner(..)) = (req.call, answer) {
                     // Nobody works on a lease granted to a token its node
-                    // no longer waits with (docs/guarantees.md, "Known
-                    // limits").
+                    // no longer waits with, after the tick it gave the
+                    // call up (in real time: the server's clock plus the
+                    // ticks a failover set it back). In the tick it gave
+                    // it up the grant is one that ran before its deadline
+                    // and whose answer was lost: its node releases it.
                     let node = &s.nodes[usize::from(req.node)];
                     let waits = matches!(node.role, Role::Unknown { .. } | Role::Follower { .. });
-                    if node.tok != tok || !waits {
-                        s.ghost.reached.seen |= c.witness & Seen::ORPHAN_GRANT;
+                    let late = ask.not_after.is_some_and(|t| s.now + s.ghost.set_back > t);
+                    if late && (node.tok != tok || !waits) {
+                        if c.clock_steps_back {
+                            // docs/guarantees.md, "Known limits".
+                            s.ghost.reached.seen |= c.witness & Seen::ORPHAN_GRANT;
+                        } else {
+                            s.ghost.broken.0 |= Broken::LATE_GRANT;
+                        }
                     }
                 }
                 return Some(ServerStep::Run {
@@ -1156,6 +1190,7 @@ impl ProtocolModel {
             }
             Action::Tick => {
                 s.now += 1;
+                past_due(s);
                 expire(s);
                 return Some(ServerStep::Tick);
             }
@@ -1167,6 +1202,7 @@ impl ProtocolModel {
                 s.failovers += 1;
                 s.primary = s.replica.clone();
                 s.now = s.now + 1 - behind;
+                s.ghost.set_back += behind;
                 let kept = [
                     s.primary.record.as_ref().and_then(|r| r.g),
                     s.primary.inv.map(|(g, _)| g),
@@ -1206,6 +1242,26 @@ impl ProtocolModel {
             }
         }
         None
+    }
+}
+
+/// The not-afters of the ACQUIREs on their way that the server's clock
+/// passed are all alike (the clock never goes back past a tick: they
+/// stay past, by it and by real time): one value for them, `now - 1`, so
+/// that states differing only there are one.
+fn past_due(s: &mut State) {
+    let due = s.now.saturating_sub(1);
+    let mut changed = false;
+    for req in &mut s.net {
+        if let Call::Acquire(_, ask) = &mut req.call {
+            if ask.not_after.is_some_and(|t| t < due) {
+                ask.not_after = Some(due);
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        s.net.sort();
     }
 }
 

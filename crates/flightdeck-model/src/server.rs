@@ -192,13 +192,17 @@ pub struct Ask {
     pub stale: bool,
     /// An early refresh: granted although the result is still fresh.
     pub early: bool,
+    /// When its node gives the call up, in the server's ticks (`None`:
+    /// never): run after it, the ACQUIRE answers `LATE` and changes
+    /// nothing.
+    pub not_after: Option<Tick>,
 }
 
 /// A script call, as a node sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Call {
     /// `ACQUIRE(tok, lease, takeover, record_ttl, inbox, follows, stale,
-    /// early)`; the inbox is the sending node's.
+    /// early, not_after)`; the inbox is the sending node's.
     Acquire(Tok, Ask),
     /// `HEARTBEAT(tok, gen, lease, record_ttl)`.
     Heartbeat(Tok, Gen),
@@ -248,6 +252,8 @@ pub enum Answer {
     Stale(Res),
     /// `{EXPIRED, gen}` (0 when the record has none).
     Expired(Gen),
+    /// `{LATE}`: run past its not-after, nothing changed.
+    Late,
     /// `RENEWED`.
     Renewed,
     /// `LOST`.
@@ -360,6 +366,9 @@ pub fn acquire(
     tok: Tok,
     ask: Ask,
 ) -> Answer {
+    if ask.not_after.is_some_and(|t| now > t) {
+        return Answer::Late;
+    }
     let r = store.record.clone().unwrap_or_default();
     let d = r.d.unwrap_or(0);
     let g = r.g.unwrap_or(0);

@@ -44,8 +44,9 @@ fn config_property_fails<C: Checker<ProtocolModel>>(checker: &C, property: &str)
         .any(|p| p.name == property && p.expectation != stateright::Expectation::Sometimes)
 }
 
-/// Only the network's faults: calls cut off, run late or lost, leases
-/// running out and taken over, orphans released.
+/// Only the network's faults: calls cut off, run late (an ACQUIRE past
+/// its not-after is refused) or lost, leases running out and taken over,
+/// orphans released.
 fn base() -> Config {
     Config {
         invalidations: 0,
@@ -64,7 +65,7 @@ fn calls_cut_off_run_late_or_lost() {
     check(
         "network",
         Config {
-            witness: Seen::KEPT_RECHECK | Seen::ORPHAN_GRANT,
+            witness: Seen::KEPT_RECHECK,
             ..base()
         },
     );
@@ -97,6 +98,9 @@ fn a_failover_with_a_clock_behind() {
             failovers: 1,
             clock_steps_back: true,
             horizon: 3,
+            // The known limit left: a late ACQUIRE run on a new primary
+            // whose clock is behind, before its not-after by that clock.
+            witness: Seen::ORPHAN_GRANT,
             ..base()
         },
     );

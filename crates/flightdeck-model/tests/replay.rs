@@ -21,8 +21,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::backend::{
-    AbandonArgs, Acquired, Ask, Backend, CommitArgs, Committed, LeaseTerms, Released, Renewal,
-    ResultStatus, StoredResult,
+    AbandonArgs, Acquired, Ask, Backend, BackendErrorKind, CommitArgs, Committed, LeaseTerms,
+    Released, Renewal, ResultStatus, StoredResult,
 };
 use flightdeck_distributed::{FlightId, OwnerToken};
 use flightdeck_harness::RedisServer;
@@ -77,6 +77,21 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 return 1
 ";
+
+/// The model's not-after `tick`, at the model's `now`, as an instant:
+/// the end of that tick's first half (the server's clock now is `now`'s
+/// start), so a not-after of this tick is not reached and one of an
+/// earlier tick is past.
+fn not_after(tick: Tick, now: Tick) -> tokio::time::Instant {
+    let half = MS_PER_TICK / 2;
+    let at = tokio::time::Instant::now();
+    if tick >= now {
+        at + Duration::from_millis((u64::from(tick - now)) * MS_PER_TICK + half)
+    } else {
+        let back = Duration::from_millis(u64::from(now - tick) * MS_PER_TICK - half);
+        at.checked_sub(back).unwrap_or(at)
+    }
+}
 
 fn ms(ticks: Tick) -> Duration {
     Duration::from_millis(u64::from(ticks) * MS_PER_TICK)
@@ -165,6 +180,19 @@ impl Replay {
             StageName::new("model").unwrap(),
             "any",
         ));
+        // Each backend hears the server's clock once (an ACQUIRE's answer
+        // carries it), so its ACQUIREs carry their not-after from the
+        // first the replay sends.
+        for b in &backends {
+            let terms = LeaseTerms {
+                lease: Duration::from_millis(1),
+                state_ttl: Duration::from_millis(1),
+                allow_takeover: true,
+            };
+            b.acquire(&probe, &OwnerToken::random(), &terms)
+                .await
+                .expect("the first ACQUIRE is answered");
+        }
         let inboxes: Vec<String> = backends.iter().map(|b| b.inbox(&probe)).collect();
         let subscriber =
             Builder::from_config(fred::types::config::Config::from_url(&server.url()).unwrap())
@@ -216,6 +244,8 @@ impl Replay {
         ];
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mut gens = Gens::default();
+        // The model's clock (its first state's is 1).
+        let mut now: Tick = 1;
         for (i, step) in steps.iter().enumerate() {
             let at = || {
                 steps[..=i]
@@ -231,7 +261,7 @@ impl Replay {
                     answer,
                     notices,
                 } => {
-                    let real = self.call(flight, *node, *call, &gens).await;
+                    let real = self.call(flight, *node, *call, now, &gens).await;
                     let real = match real {
                         Ok(r) => r,
                         Err(e) => return Err(format!("{e}\nafter:\n{}", at())),
@@ -259,6 +289,7 @@ impl Replay {
                     }
                 }
                 ServerStep::Tick => {
+                    now += 1;
                     self.eval(SHIFT, &keys, &[&MS_PER_TICK.to_string()]);
                 }
                 ServerStep::Replicate => {
@@ -268,6 +299,7 @@ impl Replay {
                 ServerStep::Failover { behind } => {
                     self.eval(COPY, &[keys[2], keys[0]], &[]);
                     self.eval(COPY, &[keys[3], keys[1]], &[]);
+                    now = now + 1 - *behind;
                     let by = (1 - i64::from(*behind)) * MS_PER_TICK as i64;
                     self.eval(SHIFT, &keys, &[&by.to_string()]);
                 }
@@ -283,6 +315,7 @@ impl Replay {
         flight: &FlightId,
         node: u8,
         call: Call,
+        now: Tick,
         gens: &Gens,
     ) -> Result<Real, String> {
         let b = &self.backends[usize::from(node)];
@@ -296,10 +329,11 @@ impl Replay {
                     recheck: ask.follows.is_some(),
                     stale: ask.stale,
                     early: ask.early,
-                    not_after: None,
+                    not_after: ask.not_after.map(|t| not_after(t, now)),
                 };
                 match b.acquire_with(flight, &token(tok), ask, &terms).await {
                     Ok(a) => Real::Acquired(a),
+                    Err(e) if e.kind() == BackendErrorKind::Unavailable => Real::Late,
                     Err(e) => return Err(fail(e)),
                 }
             }
@@ -392,6 +426,7 @@ impl Replay {
                 gens.pair(g, *generation)?;
                 true
             }
+            (Answer::Late, Real::Late) => true,
             (Answer::Renewed, Real::Renewal(Renewal::Renewed))
             | (Answer::Lost, Real::Renewal(Renewal::Lost))
             | (Answer::Committed, Real::Committed(Committed::Committed))
@@ -496,6 +531,8 @@ fn same_beside(
 #[derive(Debug)]
 enum Real {
     Acquired(Acquired),
+    /// An ACQUIRE refused as run past its not-after (`LATE`).
+    Late,
     Renewal(Renewal),
     Committed(Committed),
     Released(Released),
