@@ -81,6 +81,10 @@ pub(crate) struct Args {
     pub(crate) churn: Option<u64>,
     /// Bytes of padding in every answer (a bigger result to keep).
     pub(crate) payload: usize,
+    /// Split the answers of keys answered before by how each was answered
+    /// (the store's answer to its own acquire, its time in store calls),
+    /// and list the failures of keys a node had answered.
+    pub(crate) split: bool,
     pub(crate) out: String,
 }
 
@@ -103,6 +107,7 @@ impl Default for Args {
             local_only: false,
             churn: None,
             payload: 0,
+            split: false,
             out: "target/loadgen-report.svg".to_owned(),
         }
     }
@@ -111,7 +116,7 @@ impl Default for Args {
 const USAGE: &str = "usage: loadgen [--nodes N] [--concurrency C] [--keys K] [--zipf S] \
 [--duration SECS] [--work DUR] [--replay-ttl DUR] [--fault] [--fault-at SECS] [--fault-for SECS] \
 [--fail-at DUR] [--fail-for DUR] [--stage KEY=VALUE]... [--local-only] [--churn N] [--payload BYTES] \
-[--out FILE.svg]
+[--split] [--out FILE.svg]
   DUR: 200ms, 2s, 1m (a bare number: milliseconds for --work/--replay-ttl, seconds for --fail-*)
   --stage: any key of the stage's TOML table, e.g. --stage stale-while-revalidate=5s";
 
@@ -166,6 +171,10 @@ fn parse_args() -> Result<Args, BoxError> {
         }
         if flag == "--local-only" {
             a.local_only = true;
+            continue;
+        }
+        if flag == "--split" {
+            a.split = true;
             continue;
         }
         if flag == "-h" || flag == "--help" {
@@ -662,6 +671,9 @@ pub(crate) struct Summary {
     pub(crate) window: Duration,
     /// Resident set before and after the load, KiB.
     pub(crate) rss_kib: (u64, u64),
+    /// With `--split`: the p99 of stale answers, and the p99 of hits in the
+    /// same slices of the run weighted by the stale answers in each, µs.
+    pub(crate) split: Option<(u64, u64)>,
 }
 
 impl PhaseSummary {
@@ -725,6 +737,13 @@ impl Summary {
             self.rss_kib.0,
             self.rss_kib.1,
         );
+        if let Some((stale, hits)) = self.split {
+            out.push_str(&format!(
+                " stale_p99_ms={} hit_p99_same_slices_ms={}",
+                ms(stale),
+                ms(hits)
+            ));
+        }
         for p in &self.phases {
             for (k, v) in p.columns() {
                 out.push_str(&format!(" {}_{k}={v}", p.name));
@@ -858,10 +877,14 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
         .stale_weigher(|s: &String| std::mem::size_of::<String>() + s.capacity())
         .config(config.clone());
         builder = match &redis {
-            Some(r) => builder.backend(
-                "redis",
-                RedisBackend::connect(RedisConfig::new(r.url())).await?,
-            ),
+            Some(r) => {
+                let redis = RedisBackend::connect(RedisConfig::new(r.url())).await?;
+                if args.split {
+                    builder.backend("redis", probe::Probing { inner: redis })
+                } else {
+                    builder.backend("redis", redis)
+                }
+            }
             None => builder.local_only(),
         };
         let layer = builder.build()?;
@@ -925,6 +948,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
         args.skew,
     ));
     let churn = args.churn;
+    let split = args.split;
     let mut callers = Vec::new();
     for (n, node) in nodes.iter().enumerate() {
         for c in 0..args.concurrency {
@@ -944,6 +968,8 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                 let mut phases: Vec<Phase> = (0..3).map(|_| Phase::new()).collect();
                 let mut by_role: BTreeMap<Role, Histogram<u64>> = BTreeMap::new();
                 let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+                let mut samples: Vec<Sample> = Vec::new();
+                let mut failures: Vec<Failure> = Vec::new();
                 let mut id = (n as u64) << 48 | (c as u64) << 32;
                 while started.elapsed() < duration {
                     id += 1;
@@ -966,7 +992,16 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                         id,
                         token: None,
                     };
-                    let res = node.clone().oneshot(req).await;
+                    let (res, probed) = if split {
+                        let fut = Box::pin(node.clone().oneshot(req));
+                        probe::Probed {
+                            fut,
+                            probe: probe::Probe::default(),
+                        }
+                        .await
+                    } else {
+                        (node.clone().oneshot(req).await, probe::Probe::default())
+                    };
                     let us = t0.elapsed().as_micros().max(1) as u64;
                     let phase = &mut phases[win.phase(t0.duration_since(started))];
                     phase.requests += 1;
@@ -975,6 +1010,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                         phase.warm_latency.saturating_record(us);
                     }
                     let mut stale = false;
+                    let mut answer = Answer::Ran;
                     let role = match &res {
                         Ok(v) => {
                             let mut parts = v.split(':');
@@ -989,9 +1025,11 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                                 if age > ttl + STALE_SLACK {
                                     phase.stale += 1;
                                     stale = true;
+                                    answer = Answer::Stale;
                                 } else {
                                     phase.hits += 1;
                                     phase.hit_latency.saturating_record(us);
+                                    answer = Answer::Hit;
                                 }
                             }
                             if from_id == id {
@@ -1007,8 +1045,21 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                             if keys.had_result(None, key, t0_us, window) {
                                 phase.failed_had_result += 1;
                             }
+                            answer = Answer::Failed;
                             if keys.had_result(Some(n), key, t0_us, window) {
                                 phase.failed_node_had_result += 1;
+                                if split && failures.len() < MAX_FAILURES {
+                                    failures.push(Failure {
+                                        node: n as u32,
+                                        key,
+                                        t0_us,
+                                        last_us: keys.last_good_on[n][key as usize]
+                                            .load(Ordering::Relaxed)
+                                            .saturating_sub(1),
+                                        error: e.to_string(),
+                                        store: probed.first.unwrap_or(probe::Store::NoCall),
+                                    });
+                                }
                             }
                             *errors
                                 .entry(format!("{:?}", ErrorClass::of(&**e)))
@@ -1029,9 +1080,19 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                             Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds")
                         })
                         .saturating_record(us);
+                    if split && warm {
+                        samples.push(Sample {
+                            t0_us,
+                            us,
+                            store_us: probed.in_store_us,
+                            answer,
+                            store: probed.first.unwrap_or(probe::Store::NoCall),
+                            calls: probed.acquires.saturating_add(probed.others),
+                        });
+                    }
                     sent.fetch_add(1, Ordering::Relaxed);
                 }
-                (secs, phases, by_role, errors)
+                (secs, phases, by_role, errors, samples, failures)
             }));
         }
     }
@@ -1105,10 +1166,14 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
         errors: BTreeMap::new(),
     };
     let mut phases: Vec<Phase> = (0..3).map(|_| Phase::new()).collect();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut failures: Vec<Failure> = Vec::new();
     for c in callers {
         // Callers finish their last request; bounded by the wait timeout.
-        let (secs, caller_phases, by_role, errors) =
+        let (secs, caller_phases, by_role, errors, caller_samples, caller_failures) =
             tokio::time::timeout(Duration::from_secs(30), c).await??;
+        samples.extend(caller_samples);
+        failures.extend(caller_failures);
         for (t, s) in totals
             .seconds
             .iter_mut()
@@ -1199,7 +1264,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
 
     let degraded = degraded.lock().expect("not poisoned").clone();
     let fault_how = if redis.is_some() { fault_how } else { "" };
-    report(
+    let mut summary = report(
         &args,
         &totals,
         &execs,
@@ -1210,7 +1275,15 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
         fault_how,
         &degraded,
         summary,
-    )
+    )?;
+    if args.split {
+        let from = args
+            .fail_at
+            .or(fault_window.map(|(a, _)| Duration::from_secs(a)));
+        let hit_p99 = summary.hit_p99_us;
+        split_report(&samples, &failures, hit_p99, window, from, &mut summary);
+    }
+    Ok(summary)
 }
 
 fn ms(us: u64) -> String {
@@ -1606,4 +1679,373 @@ fn draw_panel(
         .border_style(BLACK)
         .draw()?;
     Ok(())
+}
+
+/// `--split`: how the store answered each request's own acquire, read by
+/// a wrapper of the Redis backend while the request's future is polled
+/// (a flight's leader runs its acquire inline, in its caller's task; a
+/// caller that joined a flight, or was answered by this node's copy,
+/// made no call).
+mod probe {
+    use std::cell::Cell;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use flightdeck::distributed::backend::{
+        Acquired, Ask, Backend, BackendError, BackendFuture, CommitArgs, Committed, LeaseTerms,
+        Subscription,
+    };
+    use flightdeck::distributed::{forward_backend, FlightId, OwnerToken};
+    use tokio::time::Instant;
+
+    /// The store's answer to a request's first acquire.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub(crate) enum Store {
+        /// No acquire: it joined a flight of its node (or its node's copy
+        /// answered).
+        NoCall,
+        /// A fresh stored result.
+        Hit,
+        /// Granted the refresh of a result past its freshness.
+        GrantedStale,
+        /// Granted the flight, nothing kept.
+        Granted,
+        /// Another caller refreshes; the kept result came along.
+        FollowerStale,
+        /// Another caller runs the flight, nothing kept.
+        Follower,
+        /// A failed refresh is throttled: the kept result.
+        Throttled,
+        /// The owner's lease expired.
+        Expired,
+        /// The call failed.
+        Failed,
+    }
+
+    impl Store {
+        pub(crate) fn name(self) -> &'static str {
+            match self {
+                Store::NoCall => "joined a flight of its node (no store call)",
+                Store::Hit => "store hit",
+                Store::GrantedStale => "granted the refresh, kept result beside",
+                Store::Granted => "granted the flight",
+                Store::FollowerStale => "follower, kept result beside",
+                Store::Follower => "follower",
+                Store::Throttled => "throttled refresh, kept result",
+                Store::Expired => "expired lease",
+                Store::Failed => "acquire failed",
+            }
+        }
+        fn of(r: &Result<Acquired, BackendError>) -> Self {
+            match r {
+                Ok(Acquired::Hit(_)) => Store::Hit,
+                Ok(Acquired::Owner { stale: Some(_), .. }) => Store::GrantedStale,
+                Ok(Acquired::Owner { .. }) => Store::Granted,
+                Ok(Acquired::Follower { stale: Some(_), .. }) => Store::FollowerStale,
+                Ok(Acquired::Follower { .. }) => Store::Follower,
+                Ok(Acquired::Stale(_)) => Store::Throttled,
+                Ok(Acquired::Expired { .. }) => Store::Expired,
+                Err(_) => Store::Failed,
+            }
+        }
+    }
+
+    /// What one request's calls to the store were.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub(crate) struct Probe {
+        /// Acquires (a re-check after an ambiguous one, a follower's
+        /// re-check).
+        pub(crate) acquires: u8,
+        /// Other calls made in the request's task (subscribe, commit).
+        pub(crate) others: u8,
+        /// The first acquire's answer.
+        pub(crate) first: Option<Store>,
+        /// Time from each call's start to its answer, summed.
+        pub(crate) in_store_us: u64,
+    }
+
+    thread_local! {
+        static CURRENT: Cell<Option<Probe>> = const { Cell::new(None) };
+    }
+
+    /// Notes a call that ended `started` ago, in the request polled now.
+    fn note(started: Instant, first: Option<Store>) {
+        CURRENT.with(|c| {
+            if let Some(mut p) = c.get() {
+                p.in_store_us += started.elapsed().as_micros() as u64;
+                match first {
+                    Some(s) => {
+                        p.acquires = p.acquires.saturating_add(1);
+                        p.first.get_or_insert(s);
+                    }
+                    None => p.others = p.others.saturating_add(1),
+                }
+                c.set(Some(p));
+            }
+        });
+    }
+
+    /// A request's future, with its probe in place while it is polled.
+    pub(crate) struct Probed<F> {
+        pub(crate) fut: F,
+        pub(crate) probe: Probe,
+    }
+
+    impl<F: Future + Unpin> Future for Probed<F> {
+        type Output = (F::Output, Probe);
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = &mut *self;
+            let outer = CURRENT.with(|c| c.replace(Some(this.probe)));
+            let polled = Pin::new(&mut this.fut).poll(cx);
+            this.probe = CURRENT.with(|c| c.replace(outer)).unwrap_or(this.probe);
+            polled.map(|out| (out, this.probe))
+        }
+    }
+
+    /// The Redis backend, noting each call made in a probed request.
+    pub(crate) struct Probing<B> {
+        pub(crate) inner: B,
+    }
+
+    /// `call`, noted when it answers: `first` names an acquire's answer
+    /// (`None`: another call).
+    fn noted<'a, T: Send + 'a>(
+        call: BackendFuture<'a, T>,
+        first: fn(&Result<T, BackendError>) -> Option<Store>,
+    ) -> BackendFuture<'a, T> {
+        let started = Instant::now();
+        Box::pin(async move {
+            let r = call.await;
+            note(started, first(&r));
+            r
+        })
+    }
+
+    impl<B: Backend> Backend for Probing<B> {
+        fn acquire_with<'a>(
+            &'a self,
+            flight: &'a FlightId,
+            token: &'a OwnerToken,
+            ask: Ask,
+            terms: &'a LeaseTerms,
+        ) -> BackendFuture<'a, Acquired> {
+            let call = self.inner.acquire_with(flight, token, ask, terms);
+            noted(call, |r| Some(Store::of(r)))
+        }
+        fn commit<'a>(
+            &'a self,
+            flight: &'a FlightId,
+            token: &'a OwnerToken,
+            generation: u64,
+            args: &'a CommitArgs,
+        ) -> BackendFuture<'a, Committed> {
+            noted(self.inner.commit(flight, token, generation, args), |_| None)
+        }
+        fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
+            noted(self.inner.subscribe(flight), |_| None)
+        }
+        forward_backend!(inner => heartbeat, abandon, invalidate, join_subscription, release,
+            reject_early, held_back, shard, sharded, shards, unreachable, connection,
+            invalidated_since, wait_replicas, call_timeout_hint);
+    }
+}
+
+/// What answered a request (`--split`), by the age of the answer's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Answer {
+    /// Work that finished within the replay TTL (+ slack) before.
+    Hit,
+    /// Work that finished longer ago.
+    Stale,
+    /// Work that finished after the request started (it waited for it).
+    Ran,
+    /// An error.
+    Failed,
+}
+
+impl Answer {
+    fn name(self) -> &'static str {
+        match self {
+            Answer::Hit => "hit",
+            Answer::Stale => "stale",
+            Answer::Ran => "waited for work",
+            Answer::Failed => "failed",
+        }
+    }
+}
+
+/// One request for a key answered before (`--split`).
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    t0_us: u64,
+    us: u64,
+    store_us: u64,
+    answer: Answer,
+    store: probe::Store,
+    calls: u8,
+}
+
+/// A failure of a key its node had answered within the window
+/// (`--split`).
+#[derive(Debug, Clone)]
+struct Failure {
+    node: u32,
+    key: u32,
+    t0_us: u64,
+    /// When the work of the node's newest answer of the key finished.
+    last_us: u64,
+    error: String,
+    /// The store's answer to the request's own acquire.
+    store: probe::Store,
+}
+
+/// The most failures one caller lists.
+const MAX_FAILURES: usize = 10_000;
+
+/// The slices of the run in which hits and stale answers are compared
+/// (their timeline: both measured in the same moments).
+const SLICE_US: u64 = 100_000;
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds")
+}
+
+/// `--split`'s tables: the answers of keys answered before by how each
+/// was answered and what it waited on; hits and stale answers on the
+/// same timeline; the failures of keys a node had answered.
+fn split_report(
+    samples: &[Sample],
+    failures: &[Failure],
+    hit_p99_us: u64,
+    window: Duration,
+    started_failing: Option<Duration>,
+    summary: &mut Summary,
+) {
+    let mut groups: BTreeMap<(probe::Store, Answer), Vec<&Sample>> = BTreeMap::new();
+    for s in samples {
+        groups.entry((s.store, s.answer)).or_default().push(s);
+    }
+    let total = samples.len().max(1) as f64;
+    let above_all = samples.iter().filter(|s| s.us > hit_p99_us).count().max(1) as f64;
+    println!();
+    println!(
+        "Keys answered before, by the store's answer to the request's own acquire and by the age of what answered it (hit p99 {} ms; \"in store\": from each call's start to its answer, the calls made in the request's task):",
+        ms(hit_p99_us)
+    );
+    println!();
+    println!("| store's answer | answered | requests | share % | p50 ms | p99 ms | max ms | above hit p99 (share of all above) | store calls per request | in store p50 ms | in store p99 ms | p99 less store ms |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for ((store, answer), v) in &groups {
+        let (mut lat, mut st, mut rest) = (hist(), hist(), hist());
+        let mut calls = 0u64;
+        for s in v {
+            lat.saturating_record(s.us);
+            st.saturating_record(s.store_us.max(1));
+            rest.saturating_record(s.us.saturating_sub(s.store_us).max(1));
+            calls += u64::from(s.calls);
+        }
+        let above = v.iter().filter(|s| s.us > hit_p99_us).count();
+        println!(
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {} ({:.1} %) | {:.2} | {} | {} | {} |",
+            store.name(),
+            answer.name(),
+            v.len(),
+            100.0 * v.len() as f64 / total,
+            ms(lat.value_at_quantile(0.5)),
+            ms(lat.value_at_quantile(0.99)),
+            ms(lat.max()),
+            above,
+            100.0 * above as f64 / above_all,
+            calls as f64 / v.len() as f64,
+            ms(st.value_at_quantile(0.5)),
+            ms(st.value_at_quantile(0.99)),
+            ms(rest.value_at_quantile(0.99)),
+        );
+    }
+    // Hits and stale answers on the same timeline: the hits of each
+    // slice of the run weighted by the stale answers in it.
+    let mut hits_in: HashMap<u64, (Histogram<u64>, u64)> = HashMap::new();
+    let mut stale_in: HashMap<u64, u64> = HashMap::new();
+    let (mut stale, mut hits) = (hist(), hist());
+    for s in samples {
+        let slice = s.t0_us / SLICE_US;
+        match s.answer {
+            Answer::Hit => {
+                let (h, n) = hits_in.entry(slice).or_insert_with(|| (hist(), 0));
+                h.saturating_record(s.us);
+                *n += 1;
+                hits.saturating_record(s.us);
+            }
+            Answer::Stale => {
+                *stale_in.entry(slice).or_default() += 1;
+                stale.saturating_record(s.us);
+            }
+            _ => {}
+        }
+    }
+    let mut matched = hist();
+    for (slice, n_stale) in &stale_in {
+        let Some((h, n)) = hits_in.get(slice) else {
+            continue;
+        };
+        for v in h.iter_recorded() {
+            let w = v.count_at_value() as f64 * *n_stale as f64 / *n as f64 * 1000.0;
+            let _ = matched.record_n(v.value_iterated_to(), w.round() as u64);
+        }
+    }
+    summary.split = Some((
+        stale.value_at_quantile(0.99),
+        matched.value_at_quantile(0.99),
+    ));
+    println!();
+    println!(
+        "Same timeline ({} ms slices): stale answers' p99 {} ms ({} answers); hits' p99 in the slices of the stale answers, weighted by them, {} ms; hits' p99 over the run {} ms ({} hits)",
+        SLICE_US / 1000,
+        ms(stale.value_at_quantile(0.99)),
+        stale.len(),
+        ms(matched.value_at_quantile(0.99)),
+        ms(hits.value_at_quantile(0.99)),
+        hits.len(),
+    );
+    if failures.is_empty() {
+        return;
+    }
+    // The failures of keys a node had answered: by error, and by when
+    // (seconds from the start of the model's failure window, or of the
+    // run), with the age of the node's answer against the window.
+    let from = started_failing.unwrap_or_default().as_micros() as i64;
+    let mut by: BTreeMap<(String, probe::Store, i64), (u64, u64)> = BTreeMap::new();
+    for f in failures {
+        let at_ms = (f.t0_us as i64 - from) / 1000;
+        let at = at_ms.div_euclid(250) * 250;
+        let e = by.entry((f.error.clone(), f.store, at)).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(f.t0_us.saturating_sub(f.last_us));
+    }
+    println!();
+    println!(
+        "Failures of keys their node had answered within {:.0} s (the window): by error and by when, in 250 ms steps from the model's failure (the age is of the node's newest answer of the key):",
+        window.as_secs_f64()
+    );
+    println!();
+    println!("| error | store's answer | from ms | failures | oldest age ms |");
+    println!("|---|---|---|---|---|");
+    for ((error, store, at), (n, age)) in &by {
+        println!("| {error} | {} | {at} | {n} | {} |", store.name(), ms(*age));
+    }
+    println!();
+    let mut first: Vec<&Failure> = failures.iter().collect();
+    first.sort_by_key(|f| f.t0_us);
+    for f in first.iter().take(10) {
+        println!(
+            "failure: node {} key {} at {} ms into the run, the node's answer {} ms old, {}: {}",
+            f.node,
+            f.key,
+            ms(f.t0_us),
+            ms(f.t0_us.saturating_sub(f.last_us)),
+            f.store.name(),
+            f.error
+        );
+    }
 }

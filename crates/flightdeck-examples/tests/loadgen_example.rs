@@ -168,3 +168,31 @@ fn durations_and_stage_keys_are_read_or_refused_by_name() {
     };
     loadgen::stage_config(&args).unwrap();
 }
+
+/// `--split` with grace on: expiries are answered stale, and the summary
+/// carries the stale answers' p99 and the hits' on the same timeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_run_reports_stale_answers_against_hits() {
+    let out = out("split");
+    let args = loadgen::Args {
+        nodes: 2,
+        concurrency: 4,
+        keys: 20,
+        duration: 3,
+        // Longer than the slack within which an answer still counts as
+        // a hit: expiries are answered stale while it runs.
+        latency_ms: 200,
+        result_ttl_ms: 300,
+        stage: vec![("stale-while-revalidate".to_owned(), "\"10s\"".to_owned())],
+        split: true,
+        out: out.to_string_lossy().into_owned(),
+        ..loadgen::Args::default()
+    };
+    let s = run(args).await;
+    let stale: u64 = s.phases.iter().map(|p| p.stale).sum();
+    assert!(stale > 0, "expiries answered stale: {s:?}");
+    let (stale_p99, hit_p99) = s.split.expect("--split measures");
+    assert!(stale_p99 > 0 && hit_p99 > 0, "{s:?}");
+    assert!(s.line().contains(" stale_p99_ms="), "{}", s.line());
+    let _ = std::fs::remove_file(&out);
+}
