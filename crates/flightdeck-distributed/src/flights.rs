@@ -27,7 +27,7 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease, Settled};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::stale::{within, Answered, EndedHere, PurgeMark, Purges, Reply};
+use crate::stale::{within, Answered, EndedHere, PurgeMark, Purges, RefreshesElsewhere, Reply};
 use crate::start::Start;
 use crate::work::{Execute, Role};
 
@@ -103,6 +103,9 @@ pub(crate) struct State<B, C> {
     /// The results this node's owners committed with stale windows on,
     /// and when their work ended.
     pub(crate) ended_here: EndedHere,
+    /// Refreshes running elsewhere that this node was told of, whose kept
+    /// result answers its callers meanwhile.
+    pub(crate) elsewhere: RefreshesElsewhere,
     /// Background work (commits, abandons, releases), for [`DistributedFlights::idle`].
     pub(crate) tasks: TaskTracker,
 }
@@ -160,6 +163,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
                 seen_commits: SeenCommits::default(),
                 purges: Purges::default(),
                 ended_here: EndedHere::default(),
+                elsewhere: RefreshesElsewhere::default(),
                 tasks: TaskTracker::new(),
             }),
         })
@@ -425,6 +429,13 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             started: Instant::now(),
             purge_mark: st.purges.mark(&flight),
         };
+        // A refresh of the key runs elsewhere, as the store told this node:
+        // its kept result answers without asking again.
+        if !policy.stale().revalidate.is_zero() {
+            if let Some(answered) = st.during_refresh(&cx, &exec, &req) {
+                return answered;
+            }
+        }
         // Until the token is known to hold no lease (or the owner's lease
         // takes it over), dropping this flight releases it.
         let mut guard = TokenGuard::new(st, &cx);
@@ -481,6 +492,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(&cx, &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
+                        st.hit_here(&cx, stored.generation);
                         // As old as the store says, or, when it ran here,
                         // since its work ended (a commit may land late).
                         let age = st.age_here(&cx, stored.generation, stored.age);
@@ -556,7 +568,22 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     } => (Some(lease_remaining), stale),
                     _ => (None, None),
                 };
+                // Kept, for this node's next callers while the refresh runs.
+                let watch = match (&stale, lease_remaining, &joined) {
+                    (Some(raw), Some(lease), Some(_)) => Some((raw.clone(), lease)),
+                    _ => None,
+                };
                 let kept = st.usable(&cx, stale, &exec, &req);
+                let revalidate = st.policy.stale().revalidate;
+                let kept = match kept {
+                    Some((value, kept)) if within(kept.stale_for(), revalidate) => {
+                        if let (Some((raw, lease)), Some(notices)) = (watch, joined) {
+                            st.watch_refresh(&cx, raw, lease, notices);
+                        }
+                        return Ok(st.stale_answer(&cx, value, &kept, StaleReason::Revalidate));
+                    }
+                    other => other,
+                };
                 let first = follow::Following {
                     generation,
                     lease_remaining,

@@ -27,7 +27,7 @@ use flightdeck_core::Shareable;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backend::{Acquired, Ask, Backend, FlightId, StoredResult};
+use crate::backend::{Acquired, Ask, Backend, FlightId, StoredResult, Subscription};
 use crate::codec::ResultCodec;
 use crate::flights::{Cx, Judge, State};
 use crate::lease_release::TokenGuard;
@@ -221,7 +221,135 @@ impl EndedHere {
     }
 }
 
+/// Refreshes that another caller runs, known to this node from the store's
+/// answer (FOLLOWER, with the kept result beside): until the store tells
+/// this node the refresh ended (a commit, an abandon, a purge: a notice to
+/// its inbox, which that answer subscribed to the flight) or the lease the
+/// store gave runs out, this node's callers of the key are answered the
+/// kept result within `stale-while-revalidate` without asking the store
+/// again. One round trip per node per expiry, not one per caller: an
+/// expiry answers at a hit's cost. At most [`REMEMBERED`] flights.
+///
+/// A hit answered on this node since is newer: from then on the kept
+/// result never answers (a node never goes back to an older generation
+/// than one it answered from the store).
+pub(crate) struct RefreshesElsewhere {
+    flights: ExpiringMap<FlightId, Arc<Watched>>,
+    /// Per flight, the newest generation a hit answered on this node, for
+    /// a lease.
+    hits: ExpiringMap<FlightId, u64>,
+}
+
+impl Default for RefreshesElsewhere {
+    fn default() -> Self {
+        Self {
+            flights: ExpiringMap::new(REMEMBERED),
+            hits: ExpiringMap::new(REMEMBERED),
+        }
+    }
+}
+
+impl RefreshesElsewhere {
+    /// Whether a hit newer than `generation` answered on this node.
+    fn superseded(&self, flight: &FlightId, generation: u64) -> bool {
+        self.hits.get(flight).is_some_and(|g| g > generation)
+    }
+}
+
+/// A refresh running elsewhere: the kept result as the store answered it,
+/// when, and this node's purges then.
+struct Watched {
+    kept: StoredResult,
+    at: Instant,
+    purge_mark: PurgeMark,
+}
+
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
+    /// A caller of a key whose refresh this node knows runs elsewhere: the
+    /// kept result the store answered (as old as it is now), within
+    /// `stale-while-revalidate` and unless this node purged the key since.
+    pub(crate) fn during_refresh<Req, E>(
+        &self,
+        cx: &Cx,
+        exec: &E,
+        req: &Req,
+    ) -> Option<Reply<E::Shared, E::Output>>
+    where
+        C: ResultCodec<E::Shared>,
+        E: Execute<Req>,
+    {
+        let watched = self.elsewhere.flights.get(&cx.flight)?;
+        if self.purges.since(&cx.flight, watched.purge_mark)
+            || self
+                .elsewhere
+                .superseded(&cx.flight, watched.kept.generation)
+        {
+            return None;
+        }
+        let (value, kept) = self.usable(cx, Some(aged(&watched.kept, watched.at)), exec, req)?;
+        within(kept.stale_for(), self.policy.stale().revalidate)
+            .then(|| Ok(self.stale_answer(cx, value, &kept, StaleReason::Revalidate)))
+    }
+
+    /// The store answered FOLLOWER with `kept` beside: its refresh runs
+    /// elsewhere for `lease_remaining` at most. Remembered until a notice
+    /// about the flight comes through `notices` (any: a commit, an
+    /// abandon, a purge, or a lost message) or that lease runs out.
+    pub(crate) fn watch_refresh(
+        self: &Arc<Self>,
+        cx: &Cx,
+        kept: StoredResult,
+        lease_remaining: Duration,
+        mut notices: Subscription,
+    ) {
+        if self.elsewhere.flights.contains_key(&cx.flight)
+            || self.elsewhere.superseded(&cx.flight, kept.generation)
+        {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let bound = lease_remaining.min(self.policy.lease_duration());
+        let now = Instant::now();
+        let watched = Arc::new(Watched {
+            kept,
+            at: now,
+            purge_mark: cx.purge_mark,
+        });
+        let flights = &self.elsewhere.flights;
+        flights.insert(cx.flight, Arc::clone(&watched), now + bound);
+        let (st, flight) = (Arc::clone(self), cx.flight);
+        // Not on the flights' tracker: nothing is left to finish when it
+        // is cut, and `idle` need not wait for it.
+        drop(rt.spawn(async move {
+            let _ = tokio::time::timeout(bound, notices.recv()).await;
+            st.elsewhere
+                .flights
+                .remove_if(&flight, |w| Arc::ptr_eq(w, &watched));
+        }));
+    }
+
+    /// A hit of `generation` answers on this node: what it knows of a
+    /// refresh of an older result ends (see [`RefreshesElsewhere`]).
+    pub(crate) fn hit_here(&self, cx: &Cx, generation: u64) {
+        if self.policy.stale().revalidate.is_zero() {
+            return;
+        }
+        let elsewhere = &self.elsewhere;
+        let until = Instant::now() + self.policy.lease_duration();
+        if elsewhere
+            .hits
+            .get(&cx.flight)
+            .is_none_or(|g| g < generation)
+        {
+            elsewhere.hits.insert(cx.flight, generation, until);
+        }
+        elsewhere
+            .flights
+            .remove_if(&cx.flight, |w| w.kept.generation < generation);
+    }
+
     /// What a stage with stale windows asks of its first acquire.
     pub(crate) fn ask(&self) -> Ask {
         Ask {

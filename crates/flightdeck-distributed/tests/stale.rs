@@ -12,7 +12,9 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::stale::{StaleReason, StaleWindows};
 use flightdeck_core::{metric, FlightKey, Shareable, StageName};
-use flightdeck_distributed::backend::{Backend, BackendFuture, CommitArgs, Committed};
+use flightdeck_distributed::backend::{
+    Acquired, Ask, Backend, BackendFuture, CommitArgs, Committed, LeaseTerms,
+};
 use flightdeck_distributed::{
     forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId,
     OwnerToken, PostcardCodec, Propagate, Role,
@@ -818,4 +820,131 @@ async fn a_throttled_answer_stays_within_this_nodes_windows() {
         ("v3", Answered::Ran),
         "21 s past freshness, b's window is 2 s"
     );
+}
+
+/// A store that counts the acquires sent to it.
+#[derive(Clone)]
+struct Counted {
+    inner: MemoryBackend,
+    acquires: Arc<AtomicUsize>,
+}
+
+impl Backend for Counted {
+    fn acquire_with<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        ask: Ask,
+        terms: &'a LeaseTerms,
+    ) -> BackendFuture<'a, Acquired> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire_with(flight, token, ask, terms)
+    }
+
+    forward_backend!(inner => heartbeat, commit, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+}
+
+/// Node `a` on the store, node `b` on it through [`Counted`], within a
+/// 60 s grace window; `v1` stored by `a` and past its freshness.
+async fn grace_elsewhere(
+    stage: &str,
+) -> (
+    Node,
+    DistributedFlights<Counted, PostcardCodec<String>>,
+    Arc<AtomicUsize>,
+    FlightKey,
+    Work,
+) {
+    let store = MemoryBackend::new();
+    let policy = DistributedPolicy::new()
+        .lease(3 * SEC)
+        .heartbeat(SEC)
+        .replay_ttl(FRESH)
+        .stale_windows(StaleWindows {
+            revalidate: 60 * SEC,
+            ..StaleWindows::OFF
+        });
+    let a = DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    let acquires = Arc::new(AtomicUsize::new(0));
+    let counted = Counted {
+        inner: store,
+        acquires: Arc::clone(&acquires),
+    };
+    let b = DistributedFlights::new(counted, policy, PostcardCodec::new()).unwrap();
+    let k = key(stage);
+    let work = Work::new(2 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    (a, b, acquires, k, work)
+}
+
+/// Grace while another node refreshes: the store tells this node once
+/// (FOLLOWER, the kept result beside) and its next callers are answered
+/// the kept result at a hit's cost, without a store call each; the
+/// refresh's commit reaches the node (a notice), and the next caller
+/// asks the store again and gets the new result.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_running_elsewhere_costs_each_node_one_store_call() {
+    let (a, b, acquires, k, work) = grace_elsewhere("elsewhere").await;
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    for i in 0..5u32 {
+        let (v, how, took) = call(&b, &k, &work).await;
+        assert_eq!(
+            (v.as_str(), reason(how)),
+            ("v1", Some(StaleReason::Revalidate))
+        );
+        assert_eq!(took, Duration::ZERO);
+        let aged = FRESH + SEC + Duration::from_millis(100) * i;
+        assert_eq!(
+            how.stale().unwrap().age,
+            aged,
+            "call {i}: the store's age, and since"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        acquires.load(Ordering::SeqCst),
+        1,
+        "one store call for five callers"
+    );
+    a.idle().await;
+    sleep(2 * SEC).await;
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v2", "the refresh's commit ended what b knew of it");
+    assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+    assert_eq!(acquires.load(Ordering::SeqCst), 2);
+    assert_eq!(work.runs(), 2, "one refresh");
+}
+
+/// What a node knows of a refresh running elsewhere ends with a purge:
+/// from another node (its notice), or from this one (at once).
+#[tokio::test(start_paused = true)]
+async fn a_purge_ends_what_a_node_knows_of_a_refresh_elsewhere() {
+    for purge_here in [false, true] {
+        let (a, b, _, k, work) = grace_elsewhere(if purge_here { "here" } else { "there" }).await;
+        let (v, _, _) = call(&a, &k, &work).await;
+        assert_eq!(v, "v1");
+        let (v, how, _) = call(&b, &k, &work).await;
+        assert_eq!(
+            (v.as_str(), reason(how)),
+            ("v1", Some(StaleReason::Revalidate))
+        );
+        if purge_here {
+            b.invalidate(&k).await.unwrap();
+        } else {
+            a.invalidate(&k).await.unwrap();
+        }
+        tokio::task::yield_now().await;
+        sleep(Duration::from_millis(1)).await;
+        let (v, how, _) = call(&b, &k, &work).await;
+        assert_eq!(
+            (v.as_str(), how),
+            ("v3", Answered::Ran),
+            "purged {purge_here}"
+        );
+    }
 }
