@@ -21,6 +21,7 @@ use tower::util::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::kept::Kept;
 use crate::layer::StageShare;
 use crate::leader::{Lead, Record, Recorded};
 use crate::readers::RequestReaders;
@@ -64,6 +65,14 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
         Req: Send,
     {
         let leader = self.share.leader(&req);
+        // A stage that keeps its results notes a fallback run's end: its
+        // callers' copy may answer its failure, as while the store is
+        // degraded.
+        let fell_back = match (&self.key, &self.stage.stale, path) {
+            (Some(key), Some(setup), Path::Fallback) => Some((key.clone(), setup.kept.clone())),
+            _ => None,
+        };
+        let _noted = fell_back.map(|(key, kept)| NoteFallback { key, kept });
         let timed = Timed {
             inner: self.inner,
             ctl: Arc::clone(&self.stage.ctl),
@@ -109,6 +118,19 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
             }
         }
         Ok(out)
+    }
+}
+
+/// Notes a fallback run's end (see [`Kept::note_fallback`]) when dropped:
+/// done, failed or cancelled.
+struct NoteFallback<V: Clone> {
+    key: FlightKey,
+    kept: Arc<Kept<V>>,
+}
+
+impl<V: Clone> Drop for NoteFallback<V> {
+    fn drop(&mut self) {
+        self.kept.note_fallback(&self.key);
     }
 }
 

@@ -93,6 +93,10 @@ struct Inner<V> {
     /// answered itself (a hit, a stale result), in the order they ended:
     /// what its callers are told. At most `max_entries`.
     answers: Map<FlightKey, (u64, Served)>,
+    /// When each key's last run in the local fallback (its coordination
+    /// failed: the store was unreachable) ended, in the same order. At
+    /// most `max_entries`.
+    fallbacks: Map<FlightKey, u64>,
 }
 
 /// One stage's kept results on this node.
@@ -121,6 +125,7 @@ impl<V: Clone> Kept<V> {
                 passes: Map::default(),
                 pass_order: VecDeque::new(),
                 answers: Map::default(),
+                fallbacks: Map::default(),
             }),
             next: AtomicU64::new(0),
             max_entries,
@@ -168,6 +173,26 @@ impl<V: Clone> Kept<V> {
         let inner = self.lock();
         let (seq, served) = inner.answers.get(key)?;
         (*seq > arrival).then_some(*served)
+    }
+
+    /// A run of `key` in the local fallback ends now: its flight could not
+    /// reach the store.
+    pub(crate) fn note_fallback(&self, key: &FlightKey) {
+        let seq = self.next();
+        let mut inner = self.lock();
+        if inner.fallbacks.len() >= self.max_entries && !inner.fallbacks.contains_key(key) {
+            // Bounded: forgetting only costs a copy's answer (a failure
+            // the copy could have answered is the caller's).
+            inner.fallbacks.clear();
+        }
+        inner.fallbacks.insert(key.clone(), seq);
+    }
+
+    /// Whether a run of `key` in the local fallback ended after a caller's
+    /// `arrival` (the flight it was answered by could not reach the store).
+    pub(crate) fn fell_back_since(&self, key: &FlightKey, arrival: u64) -> bool {
+        let inner = self.lock();
+        inner.fallbacks.get(key).is_some_and(|seq| *seq > arrival)
     }
 
     /// Whether `key`'s callers run their own requests now (hit-for-pass),

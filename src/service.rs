@@ -39,7 +39,7 @@ use flightdeck_budget::{Phase, Slices};
 use flightdeck_core::error::BoxError;
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
-use flightdeck_core::{ErrorClass, Serves, Share, Shareable, SharedForm, StageName};
+use flightdeck_core::{ErrorClass, FlightKey, Serves, Share, Shareable, SharedForm, StageName};
 use flightdeck_local::future::Run;
 use flightdeck_local::{Answer, Caller, FlightWork, OnAbandon};
 use tokio::time::Instant;
@@ -48,12 +48,13 @@ use tower_service::Service;
 
 use crate::error::UnknownStage;
 use crate::future::ResponseFuture;
+use crate::kept::Kept;
 use crate::layer::Shared;
 use crate::layer::StageShare;
 use crate::leader::Leader;
 use crate::mode::Mode;
 use crate::readers::RequestReaders;
-use crate::stage::{Path, RefreshOutcome};
+use crate::stage::{Control, Path, RefreshOutcome};
 use crate::stale::{Answering, MarkAnswer, Served};
 
 /// The service built by
@@ -253,18 +254,7 @@ where
             let (kept, key, ctl) = (Arc::clone(&setup.kept), key.clone(), Arc::clone(ctl));
             let arrival = kept.arrival();
             let run = stage.local.run(&key, caller, leader);
-            let marks = Box::new(move |joined| {
-                let served = match kept.answer_since(&key, arrival) {
-                    Some(Served::Fallback { .. }) => Some(Served::Fallback { collapsed: joined }),
-                    served => served,
-                };
-                // Every caller answered stale is counted: L2 counted the
-                // flight's leader, a caller that joined it is counted here.
-                if let (true, Some(stale)) = (joined, served.and_then(|s| s.stale())) {
-                    ctl.count_stale(stale);
-                }
-                served
-            });
+            let marks = Box::new(move |joined| stored_answer(&kept, &key, arrival, &ctl, joined));
             ResponseFuture::flight_marked(run, headers, share, marks)
         };
         let found = kept.find(&key);
@@ -330,26 +320,39 @@ where
                 std::future::ready(Ok((Answer::Shared(value), Served::Stale { stale, past })));
             ResponseFuture::stale(Box::pin(fut) as Answering<_, _>, headers, share.clone())
         };
-        if !answers {
-            return flight(leader, caller, share);
-        }
-        // Throttled after a failure: the copy answers, the work waits.
-        if within(past, windows.if_error) && look.retry_until.is_some_and(|t| now < t) {
-            return stale_answer(StaleReason::Error, look.value);
-        }
-        if within(past, windows.revalidate) {
-            if kept.claim_refresh(&key) {
-                leader.refresh();
+        // While the store is reachable it answers (across nodes); a flight
+        // that could not reach it runs in the local fallback, and the copy
+        // stands by for that run's failure (within `stale-if-error`), as
+        // while the store is degraded: the breaker opens only after a few
+        // such flights.
+        let fallback_only = !answers;
+        if fallback_only {
+            if !(mode.is_distributed() && within(past, windows.if_error)) {
+                return flight(leader, caller, share);
             }
-            return stale_answer(StaleReason::Revalidate, look.value);
-        }
-        if !within(past, windows.keep_stale()) {
-            return flight(leader, caller, share);
+        } else {
+            // Throttled after a failure: the copy answers, the work waits.
+            if within(past, windows.if_error) && look.retry_until.is_some_and(|t| now < t) {
+                return stale_answer(StaleReason::Error, look.value);
+            }
+            if within(past, windows.revalidate) {
+                if kept.claim_refresh(&key) {
+                    leader.refresh();
+                }
+                return stale_answer(StaleReason::Revalidate, look.value);
+            }
+            if !within(past, windows.keep_stale()) {
+                return flight(leader, caller, share);
+            }
         }
         // The flight runs; the copy stands by for a failure (within
         // `stale-if-error`) and for callers still waiting at the soft
         // timeout, whose leaving must not cancel the work.
-        let soft = windows.soft_timeout;
+        let soft = if fallback_only {
+            Duration::ZERO
+        } else {
+            windows.soft_timeout
+        };
         let caller = if soft.is_zero() {
             caller
         } else {
@@ -358,6 +361,7 @@ where
             leader.bound = leader.bound.or(Some(cfg.wait_timeout));
             caller.on_abandon(OnAbandon::Finish)
         };
+        let arrival = kept.arrival();
         let run = stage.local.run(&key, caller, leader);
         let retry_after = windows.retry_after;
         let ctl = Arc::clone(ctl);
@@ -406,7 +410,10 @@ where
                 Ok(Answer::Own(_)) => false,
                 Err(e) => setup.failures.failed(Err(e)),
             };
-            let if_error = past_within(windows.if_error).filter(|_| failed);
+            // While the store is reachable, only a run in the local
+            // fallback (its flight could not reach the store).
+            let fell_back = !fallback_only || setup.kept.fell_back_since(&key, arrival);
+            let if_error = past_within(windows.if_error).filter(|_| failed && fell_back);
             if let Some(at) = if_error {
                 // A caller's own deadline says nothing of the work: it
                 // throttles nobody else.
@@ -416,10 +423,15 @@ where
                 return Ok((Answer::Shared(copy), stale_of(StaleReason::Error, at)));
             }
             let out = out?;
-            let served = match &out {
-                Answer::Shared(_) => Served::Collapsed,
-                _ => Served::Miss,
-            };
+            let joined = matches!(out, Answer::Shared(_));
+            let stored = fallback_only
+                .then(|| stored_answer(&setup.kept, &key, arrival, &ctl, joined))
+                .flatten();
+            let served = stored.unwrap_or(if joined {
+                Served::Collapsed
+            } else {
+                Served::Miss
+            });
             Ok((out, served))
         };
         ResponseFuture::stale(Box::pin(fut), headers, share)
@@ -497,6 +509,29 @@ where
             ctl.count_refresh(outcome);
         }));
     }
+}
+
+/// How the flight of `key` that ended after a caller's `arrival` was
+/// answered, if the store answered it itself (a hit, a stale result) or it
+/// ran in the local fallback; a stale answer to a caller that joined the
+/// flight is counted here (L2 counted the flight's own).
+fn stored_answer<V: Clone>(
+    kept: &Kept<V>,
+    key: &FlightKey,
+    arrival: u64,
+    ctl: &Control,
+    joined: bool,
+) -> Option<Served> {
+    let served = match kept.answer_since(key, arrival) {
+        Some(Served::Fallback { .. }) => Some(Served::Fallback { collapsed: joined }),
+        served => served,
+    };
+    // Every caller answered stale is counted: L2 counted the flight's
+    // leader, a caller that joined it is counted here.
+    if let (true, Some(stale)) = (joined, served.and_then(|s| s.stale())) {
+        ctl.count_stale(stale);
+    }
+    served
 }
 
 /// Whether `e` is a caller's own deadline (its wait timeout, its

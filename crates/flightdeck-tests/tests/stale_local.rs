@@ -90,13 +90,23 @@ fn hybrid_app(
 }
 
 fn app_with(stage: &'static str, origin: &Arc<Origin>, cfg: StageConfig) -> App {
+    app_on(stage, origin, cfg, flightdeck_test::MemoryBackend::new())
+}
+
+/// [`app_with`] over `store`.
+fn app_on(
+    stage: &'static str,
+    origin: &Arc<Origin>,
+    cfg: StageConfig,
+    store: flightdeck_test::MemoryBackend,
+) -> App {
     let keys = HttpKeyExtractor::builder()
         .route(Route::get("/p", stage))
         .build()
         .unwrap();
     let layer = SingleFlightLayer::builder()
         .keys(keys)
-        .backend("mem", flightdeck_test::MemoryBackend::new())
+        .backend("mem", store)
         .stage(stage, cfg)
         .build()
         .unwrap();
@@ -561,6 +571,47 @@ async fn a_hybrid_node_whose_store_is_down_answers_from_its_copy() {
     assert_eq!(origin.calls(), 2, "one refresh, here");
     let got = call(&app).await;
     assert_eq!(got.body, "v2");
+}
+
+/// The store turns unreachable as the origin starts failing: the first
+/// flights run in the local fallback before the breaker opens, and the
+/// node's copy answers their failure (`redis_down`, within
+/// `stale-if-error`) as it does once the stage is degraded. While the
+/// store is reachable, the store answers: a failure with nothing kept
+/// there is the caller's, whatever the node's copy.
+#[tokio::test(start_paused = true)]
+async fn a_failing_fallback_run_is_answered_by_the_copy_before_the_breaker_opens() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+    cfg.replay_ttl = Duration::from_secs(1);
+    cfg.stale_if_error = Duration::from_secs(30);
+    let app = app_on("fallback-copy", &origin, cfg.clone(), store.clone());
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    // Reachable, and nothing kept in the store (purged by another node):
+    // the origin's failure is the caller's.
+    let other = app_on("fallback-copy", &origin, cfg, store.clone());
+    assert!(other.layer.invalidate_request(req()).await.unwrap());
+    origin.status.store(503, Ordering::SeqCst);
+    let got = call(&app).await;
+    assert_eq!(
+        (got.status, got.body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "v2")
+    );
+    assert!(got.stale.is_none());
+
+    store.set_unavailable(true);
+    let got = call(&app).await;
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::RedisDown);
+    assert_eq!(origin.calls(), 3, "the fallback ran");
+    let handle = app.layer.stage(app.stage).unwrap();
+    assert!(!handle.is_degraded(), "before the breaker opened");
+    assert_eq!(stale_served("fallback-copy", StaleReason::RedisDown), 1);
 }
 
 #[tokio::test(start_paused = true)]
