@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::BoxError;
 use flightdeck_core::{FlightKey, Serves, Share, Shareable, SharedForm};
-use flightdeck_distributed::{Answered, FlightFuture, FlightId, Start, Verdict};
+use flightdeck_distributed::{Admitted, Answered, FlightFuture, FlightId, Verdict};
 use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -21,9 +21,20 @@ use crate::inner_call::InnerCall;
 use crate::kept::Ticket;
 use crate::layer::StageShare;
 use crate::mode::Mode;
+use crate::readers::DynCodec;
 use crate::readers::RequestReaders;
-use crate::stage::{Path, Stage};
+use crate::stage::{Coordination, Path, Stage};
 use crate::stale::{Served, StaleSetup};
+
+/// What L2's breaker said of a leader's flight.
+enum Route {
+    /// Run it here, on the local fallback path.
+    Here,
+    /// Fail it.
+    Failed(BoxError),
+    /// Launch it, coordinated.
+    Launch(Admitted, ModeFallback),
+}
 
 pin_project! {
     /// A leader's work, as small as the path it takes: a local execution
@@ -203,6 +214,37 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
         }
     }
 
+    /// Asks L2 whether the flight goes to the backend. The breaker is
+    /// asked once, with the request and key borrowed: nothing moves until
+    /// the answer is known, and a refusal (open, or held back by a ramp
+    /// after closing, which only HYBRID takes) is decided by the stage's
+    /// failure matrix. (Out of line, as measured with `mode_overhead`.)
+    #[inline(never)]
+    fn admit(
+        l2: &Coordination<DynCodec<Sh::Shared>>,
+        stage: &Stage<R, Sh>,
+        mode: Mode,
+        key: &FlightKey,
+        req: &Req,
+        flight: Option<FlightId>,
+    ) -> Route {
+        let fallback = ModeFallback {
+            ctl: Arc::clone(&stage.ctl),
+            mode,
+        };
+        let admitted = l2.admit(key, req, &fallback);
+        if flight.is_some() {
+            // A shard seen for the first time has a breaker now: its
+            // gauge is shown at once.
+            stage.ctl.sync();
+        }
+        match admitted {
+            Err(Verdict::RunHere) => Route::Here,
+            Err(Verdict::Fail(error)) => Route::Failed(error),
+            Ok(admitted) => Route::Launch(admitted, fallback),
+        }
+    }
+
     /// The flight's id when it is coordinated over a sharded backend (the
     /// points that judge it by shard need it); `None` otherwise, which
     /// costs nothing.
@@ -239,48 +281,45 @@ where
             bound,
         } = self;
         let flight = Self::sharded_flight(&stage, mode, &key);
-        let exec = Self::exec(Arc::clone(&stage), inner, share, bound, flight);
-        let Some(l2) = stage.distributed.as_ref().filter(|_| mode.is_distributed()) else {
+        let path = match stage.distributed.as_ref().filter(|_| mode.is_distributed()) {
             // LOCAL_ONLY, or a stage without backend.
-            let fut = Lead::Here {
-                fut: exec.run(req, Path::Local),
-            };
-            return Recorded { fut, record };
+            None => Path::Local,
+            Some(l2) => match Self::admit(l2, &stage, mode, &key, &req, flight) {
+                Route::Here => Path::Fallback,
+                Route::Failed(error) => {
+                    let fut = Lead::Failed { error: Some(error) };
+                    return Recorded { fut, record };
+                }
+                Route::Launch(admitted, fallback) => {
+                    // What it runs as the owner becomes this node's copy,
+                    // also in the background (a refresh L2 runs while its
+                    // caller was answered a stale result).
+                    let mut exec = Self::exec(Arc::clone(&stage), inner, share, bound, flight);
+                    if stage.stale.is_some() {
+                        exec.key = Some(key.clone());
+                    }
+                    let fut = l2.launch(admitted, key, req, exec, fallback, coordination);
+                    let fut = Lead::Flight { fut };
+                    return Recorded { fut, record };
+                }
+            },
         };
-        // What it runs as the owner becomes this node's copy, also in the
-        // background (a refresh L2 runs while its caller was answered a
-        // stale result).
-        let mut exec = exec;
-        if stage.stale.is_some() {
+        // One place builds the future of a request that runs here, and its
+        // execution only now: built before the breaker's answer, it was
+        // copied into that future twice on every path, LOCAL_ONLY's too
+        // (callgrind, `mode_overhead`).
+        let mut exec = Self::exec(Arc::clone(&stage), inner, share, bound, flight);
+        if path == Path::Fallback && stage.stale.is_some() {
+            // The local fallback path answers from, and keeps, this node's
+            // copy of the key (see `InnerCall`).
             exec.key = Some(key.clone());
         }
-        // The breaker is asked once, by L2, before anything else is built:
-        // a refusal (open, or held back by a ramp after closing, which
-        // only HYBRID takes) is decided by the stage's failure matrix.
-        let fallback = ModeFallback {
-            ctl: Arc::clone(&stage.ctl),
-            mode,
-        };
-        let lead = match l2.start(key, req, exec, fallback, coordination) {
-            Start::Decided {
-                verdict: Verdict::RunHere,
-                req,
-                exec,
-            } => Lead::Here {
-                fut: exec.run(req, Path::Fallback),
+        Recorded {
+            fut: Lead::Here {
+                fut: exec.run(req, path),
             },
-            Start::Decided {
-                verdict: Verdict::Fail(error),
-                ..
-            } => Lead::Failed { error: Some(error) },
-            Start::Flight(fut) => Lead::Flight { fut },
-        };
-        if flight.is_some() {
-            // A shard seen for the first time has a breaker now: its
-            // gauge is shown at once.
-            stage.ctl.sync();
+            record,
         }
-        Recorded { fut: lead, record }
     }
 
     fn alone(

@@ -28,7 +28,7 @@ use crate::metrics::{Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease, Settled};
 use crate::policy::{DistributedPolicy, PolicyError};
 use crate::stale::{within, Answered, EndedHere, PurgeMark, Purges, RefreshesElsewhere, Reply};
-use crate::start::Start;
+use crate::start::{Admitted, FlightFuture};
 use crate::work::{Execute, Role};
 
 /// An answer the work (or another node's) gave, not a kept one.
@@ -232,43 +232,51 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         self.run_within(key, req, exec, fallback, None).await
     }
 
-    /// [`run_within`](Self::run_within), decided as soon as it is known
-    /// whether the flight goes to the backend: the backend's breaker is
-    /// asked here, once, before anything else is built. A flight it
-    /// refuses is decided by `fallback` at once, and the request and its
-    /// work come back ([`Start::Decided`]: the caller runs the request
-    /// itself, not boxed, or fails); any other goes to the backend, boxed
-    /// with what it needs (a copy of the state, the key, the fallback), so
-    /// it outlives this call ([`Start::Flight`]). For callers that keep
-    /// the degraded path as cheap as a local one (the facade's HYBRID
-    /// stages).
-    // Always inlined: the caller's future is built in place, not moved
-    // out of this call (the degraded path is measured in instructions).
-    #[inline(always)]
-    pub fn start<Req, E, P>(
+    /// Asks the backend's breaker, once, whether `key`'s flight goes to
+    /// the backend, with the request borrowed: before the caller builds or
+    /// moves anything for it. A flight the breaker refuses (open, or held
+    /// back by a ramp after closing when [`Fallback::ramped`]) is decided by
+    /// `fallback` at once, and the caller acts on the [`Verdict`] itself
+    /// (on [`Verdict::RunHere`], its request's own execution as
+    /// [`Role::Fallback`], not boxed); any other is [`Admitted`], for
+    /// [`launch`](Self::launch). For callers that keep the degraded path as
+    /// cheap as a local one (the facade's HYBRID stages); [`run`](Self::run)
+    /// does both steps.
+    #[inline]
+    pub fn admit<Req, P: Fallback<Req>>(
         &self,
+        key: &FlightKey,
+        req: &Req,
+        fallback: &P,
+    ) -> Result<Admitted, Verdict> {
+        self.st
+            .admit(key, req, fallback)
+            .map(|flight| Admitted { flight })
+    }
+
+    /// The flight `admit` let through, boxed with what it needs (a copy of
+    /// the state, the key, the fallback) so that it outlives this call.
+    /// `key` is the one `admitted` was asked for.
+    pub fn launch<Req, E, P>(
+        &self,
+        admitted: Admitted,
         key: FlightKey,
         req: Req,
         exec: E,
         fallback: P,
         call_timeout: Option<Duration>,
-    ) -> Start<Req, E, E::Shared, E::Output>
+    ) -> FlightFuture<E::Shared, E::Output>
     where
         Req: Send + 'static,
         C: ResultCodec<E::Shared>,
         E: Execute<Req> + 'static,
         P: Fallback<Req> + 'static,
     {
-        match self.st.admit(&key, &req, &fallback) {
-            Err(verdict) => Start::Decided { verdict, req, exec },
-            Ok(flight) => {
-                let st = Arc::clone(&self.st);
-                Start::Flight(Box::pin(async move {
-                    st.fly(&key, flight, req, exec, &fallback, call_timeout)
-                        .await
-                }))
-            }
-        }
+        let st = Arc::clone(&self.st);
+        Box::pin(async move {
+            st.fly(&key, admitted.flight, req, exec, &fallback, call_timeout)
+                .await
+        })
     }
 
     /// [`run`](Self::run), with each backend call of this flight bounded by

@@ -129,7 +129,7 @@ pub use layer::DistributedFlightLayer;
 pub use policy::{DistributedPolicy, PolicyError};
 pub use service::DistributedFlight;
 pub use stale::Answered;
-pub use start::{FlightFuture, Start};
+pub use start::{Admitted, FlightFuture};
 #[cfg(feature = "http")]
 pub use work::ExtensionFence;
 pub use work::{Execute, Fence, NoFence, Role};
