@@ -141,7 +141,10 @@ where
                         );
                     }
                     return match st.decode::<E::Shared>(cx, &payload) {
-                        Ok(v) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
+                        Ok(v) if exec.serves(&v, &req) => {
+                            st.hit_here(cx, committed);
+                            Ok(Shareable::Shared(v))
+                        }
                         Ok(_) => exec.execute(req, Role::Unserved).await,
                         Err(e) => {
                             drop(guard);
@@ -194,7 +197,10 @@ where
                 record_wait();
                 cx.metrics.with(|m| m.hit.increment(1));
                 return match st.replay::<E::Shared>(cx, &stored) {
-                    Ok(Some(v)) if exec.serves(&v, &req) => Ok(Shareable::Shared(v)),
+                    Ok(Some(v)) if exec.serves(&v, &req) => {
+                        st.hit_here(cx, stored.generation);
+                        Ok(Shareable::Shared(v))
+                    }
                     Ok(Some(_)) => exec.execute(req, Role::Unserved).await,
                     // The owner's failure, cached: an answer, not a wait
                     // failure.

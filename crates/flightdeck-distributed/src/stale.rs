@@ -230,8 +230,8 @@ impl EndedHere {
 /// again. One round trip per node per expiry, not one per caller: an
 /// expiry answers at a hit's cost. At most [`REMEMBERED`] flights.
 ///
-/// A hit answered on this node since is newer: from then on the kept
-/// result never answers (a node never goes back to an older generation
+/// A hit (or a follower's result) answered on this node since is newer:
+/// from then on the kept result never answers (a node never goes back to an older generation
 /// than one it answered from the store).
 pub(crate) struct RefreshesElsewhere {
     flights: ExpiringMap<FlightId, Arc<Watched>>,
@@ -330,8 +330,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }));
     }
 
-    /// A hit of `generation` answers on this node: what it knows of a
-    /// refresh of an older result ends (see [`RefreshesElsewhere`]).
+    /// A result of `generation` from the store answers on this node (a
+    /// hit, or a follower's): what it knows of a refresh of an older
+    /// result ends (see [`RefreshesElsewhere`]).
     pub(crate) fn hit_here(&self, cx: &Cx, generation: u64) {
         if self.policy.stale().revalidate.is_zero() {
             return;

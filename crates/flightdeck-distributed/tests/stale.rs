@@ -878,6 +878,23 @@ async fn grace_elsewhere(
     (a, b, acquires, k, work)
 }
 
+/// `a` refreshes `k`, past its freshness, and answers `v1`; `b` is told
+/// so by the store (FOLLOWER, `v1` beside) and answers `v1` too.
+async fn refreshing_on<B: Backend>(
+    a: &Node,
+    b: &DistributedFlights<B, PostcardCodec<String>>,
+    k: &FlightKey,
+    work: &Work,
+) {
+    let (v, _, _) = call(a, k, work).await;
+    assert_eq!(v, "v1");
+    let (v, how, _) = call(b, k, work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+}
+
 /// Grace while another node refreshes: the store tells this node once
 /// (FOLLOWER, the kept result beside) and its next callers are answered
 /// the kept result at a hit's cost, without a store call each; the
@@ -926,13 +943,7 @@ async fn a_refresh_running_elsewhere_costs_each_node_one_store_call() {
 async fn a_purge_ends_what_a_node_knows_of_a_refresh_elsewhere() {
     for purge_here in [false, true] {
         let (a, b, _, k, work) = grace_elsewhere(if purge_here { "here" } else { "there" }).await;
-        let (v, _, _) = call(&a, &k, &work).await;
-        assert_eq!(v, "v1");
-        let (v, how, _) = call(&b, &k, &work).await;
-        assert_eq!(
-            (v.as_str(), reason(how)),
-            ("v1", Some(StaleReason::Revalidate))
-        );
+        refreshing_on(&a, &b, &k, &work).await;
         if purge_here {
             b.invalidate(&k).await.unwrap();
         } else {
@@ -947,4 +958,60 @@ async fn a_purge_ends_what_a_node_knows_of_a_refresh_elsewhere() {
             "purged {purge_here}"
         );
     }
+}
+
+/// The work of [`Work`] for a request that a stored `v1` does not serve
+/// when it is fussy (HTTP's `Vary`): it follows the refresh instead.
+#[derive(Clone)]
+struct Fussy(Work);
+
+impl Execute<bool> for Fussy {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, _req: bool, role: Role) -> Result<Shareable<String, String>, BoxError> {
+        self.0.execute((), role).await
+    }
+
+    fn serves(&self, shared: &String, fussy: &bool) -> bool {
+        !*fussy || shared != "v1"
+    }
+}
+
+/// A node that answered a refresh's result to a follower never answers
+/// the older result it remembered the refresh by: the follower's answer
+/// (here by polling, the notices lost) ends what the node knew of it, as
+/// a hit does.
+#[tokio::test(start_paused = true)]
+async fn a_followers_newer_answer_ends_what_a_node_knows_of_a_refresh() {
+    let store = MemoryBackend::new();
+    let windows = StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    };
+    let policy = DistributedPolicy::new().lease(3 * SEC).heartbeat(SEC);
+    let policy = policy.poll_interval(SEC / 10).replay_ttl(FRESH);
+    let policy = policy.stale_windows(windows);
+    let node =
+        || DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    let (a, b) = (node(), node());
+    let k = key("fussy");
+    let work = Work::new(2 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    store.set_drop_notices(true);
+    // `a` refreshes (2 s); `b` is told so and remembers it.
+    refreshing_on(&a, &b, &k, &work).await;
+    let fussy = Fussy(work.clone());
+    let (out, _) = b
+        .run_answered(&k, true, fussy, &Propagate, None)
+        .await
+        .unwrap();
+    let Shareable::Shared(v) = out else {
+        panic!("every answer is shared");
+    };
+    assert_eq!(v, "v2", "the refresh's result, followed");
+    let (v, _, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v2", "b answered v2 already: never v1 again");
+    a.idle().await;
 }
