@@ -10,6 +10,7 @@
 //! | re-check failed while following | `in-progress` / `fail`: answer now; `wait` / `local`: keep following | same |
 //! | following ended (wait timed out, owner gone, garbage) | `local`: run here; otherwise the policy's answer | the policy's answer (`local` is refused by validation) |
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use flightdeck_core::error::{BoxError, CoordinationUnavailable, InProgress};
@@ -22,6 +23,9 @@ use crate::stage::{Control, FallbackReason, WaitAction};
 pub(crate) struct ModeFallback {
     pub(crate) ctl: Arc<Control>,
     pub(crate) mode: Mode,
+    /// Set when a failed wait runs the flight here: the store answered it
+    /// (see [`InnerCall`](crate::inner_call::InnerCall)).
+    pub(crate) store_answered: Arc<AtomicBool>,
 }
 
 impl<Req> Fallback<Req> for ModeFallback {
@@ -84,6 +88,7 @@ impl<Req> Fallback<Req> for ModeFallback {
         match action {
             WaitAction::Local => {
                 ctl.count_fallback(FallbackReason::WaitFailure);
+                self.store_answered.store(true, Ordering::Relaxed);
                 Verdict::RunHere
             }
             WaitAction::InProgress => {

@@ -6,6 +6,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -46,6 +47,10 @@ pub(crate) struct InnerCall<S, R, Sh: flightdeck_core::SharedForm> {
     /// runs it in the background (a refresh, the work past a soft
     /// timeout) while its caller was answered a stale result.
     pub(crate) key: Option<FlightKey>,
+    /// Set when the store answered the flight and a failed wait sent it
+    /// to the local fallback (`on-wait-failure = local`): the store was
+    /// reached, so the run is no note for the copy (the store judges).
+    pub(crate) store_answered: Arc<AtomicBool>,
 }
 
 impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
@@ -69,7 +74,11 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
         // callers' copy may answer its failure, as while the store is
         // degraded.
         let fell_back = match (&self.key, &self.stage.stale, path) {
-            (Some(key), Some(setup), Path::Fallback) => Some((key.clone(), setup.kept.clone())),
+            (Some(key), Some(setup), Path::Fallback)
+                if !self.store_answered.load(Ordering::Relaxed) =>
+            {
+                Some((key.clone(), setup.kept.clone()))
+            }
             _ => None,
         };
         let _noted = fell_back.map(|(key, kept)| NoteFallback { key, kept });

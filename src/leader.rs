@@ -211,6 +211,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
             bound,
             flight,
             key: None,
+            store_answered: Arc::default(),
         }
     }
 
@@ -231,6 +232,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
         let fallback = ModeFallback {
             ctl: Arc::clone(&stage.ctl),
             mode,
+            store_answered: Arc::default(),
         };
         let admitted = l2.admit(key, req, &fallback);
         if flight.is_some() {
@@ -298,6 +300,7 @@ where
                     if stage.stale.is_some() {
                         exec.key = Some(key.clone());
                     }
+                    exec.store_answered = Arc::clone(&fallback.store_answered);
                     let fut = l2.launch(admitted, key, req, exec, fallback, coordination);
                     let fut = Lead::Flight { fut };
                     return Recorded { fut, record };

@@ -614,6 +614,43 @@ async fn a_failing_fallback_run_is_answered_by_the_copy_before_the_breaker_opens
     assert_eq!(stale_served("fallback-copy", StaleReason::RedisDown), 1);
 }
 
+/// A follower whose wait fails runs in the local fallback
+/// (`on-wait-failure = local`) while the store is up: the store stays
+/// the judge, so a result another node purged there never answers its
+/// failure from this node's copy.
+#[tokio::test(start_paused = true)]
+async fn a_followers_fallback_run_leaves_a_purged_copy_unanswered() {
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+    cfg.replay_ttl = Duration::from_secs(1);
+    cfg.stale_if_error = Duration::from_secs(600);
+    cfg.on_wait_failure = flightdeck::OnWaitFailure::Local;
+    let app = app_on("follow-purged", &origin, cfg.clone(), store.clone());
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    // Another node purges the key and runs it, slowly: this node follows.
+    let slow = Origin::new(Duration::from_secs(300));
+    let other = app_on("follow-purged", &slow, cfg, store.clone());
+    assert!(other.layer.invalidate_request(req()).await.unwrap());
+    let running = tokio::spawn(call(&other));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    origin.status.store(503, Ordering::SeqCst);
+    let got = call(&app).await;
+    assert_eq!(origin.calls(), 2, "the follower ran in the fallback");
+    assert!(
+        got.stale.is_none(),
+        "the purged copy answered: {}",
+        got.body
+    );
+    assert_eq!(
+        (got.status, got.body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "v2")
+    );
+    running.abort();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_purge_reaches_the_store_of_a_distributed_stage() {
     let origin = Origin::new(Duration::from_millis(10));
