@@ -33,9 +33,20 @@ fn ms(d: Duration) -> i128 {
 
 impl ServerClocks {
     /// A reply from `slot`'s node carried `server_ms`; it arrived `at`.
+    /// Kept unless an earlier reply gives a later estimate of the server's
+    /// clock: every estimate lags (by its reply's transit, and by however
+    /// long the reply waited to be read: a busy runtime polls it late), so
+    /// the latest one is the closest.
     pub(crate) fn saw(&self, slot: u16, server_ms: u64, at: Instant) {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.insert(slot, (server_ms, at));
+        let newer = seen.get(&slot).is_none_or(|&(before_ms, before_at)| {
+            let before_now = i128::from(before_ms) + ms(at.saturating_duration_since(before_at))
+                - ms(before_at.saturating_duration_since(at));
+            i128::from(server_ms) >= before_now
+        });
+        if newer {
+            seen.insert(slot, (server_ms, at));
+        }
     }
 
     /// The server time in ms at which a call to `slot` that its caller
@@ -81,5 +92,22 @@ mod tests {
         // Before the server's epoch: clamped, never wrapped.
         clocks.saw(1, 10, now);
         assert_eq!(clocks.not_after(1, now, gone), Some(0));
+    }
+
+    /// A reply read late (its task polled after a busy spell) gives an
+    /// older estimate than the one already kept: it does not replace it.
+    #[tokio::test(start_paused = true)]
+    async fn the_latest_estimate_is_kept() {
+        let clocks = ServerClocks::default();
+        let t0 = Instant::now();
+        let second = Duration::from_secs(1);
+        clocks.saw(0, 5_000, t0);
+        // Read 400 ms after it, a reply the server sent at 5_100: it lags.
+        let late = t0 + Duration::from_millis(400);
+        clocks.saw(0, 5_100, late);
+        assert_eq!(clocks.not_after(0, late, late + second), Some(6_400));
+        // A reply ahead of the estimate (the one before lagged) replaces it.
+        clocks.saw(0, 5_900, late);
+        assert_eq!(clocks.not_after(0, late, late + second), Some(6_900));
     }
 }
