@@ -88,6 +88,54 @@ fn too_late() -> BackendError {
 }
 
 impl RedisBackend {
+    /// One ACQUIRE (see [`Backend::acquire_with`]) with the not-after of a
+    /// call given up at `give_up`; `None` when the script answered `LATE`.
+    async fn acquire_once(
+        &self,
+        flight: &FlightId,
+        token: &OwnerToken,
+        ask: Ask,
+        terms: &LeaseTerms,
+        slot: u16,
+        give_up: tokio::time::Instant,
+    ) -> Result<Option<Acquired>, BackendError> {
+        let now = tokio::time::Instant::now();
+        let not_after = self.inner.clocks.not_after(slot, now, give_up);
+        let args = self
+            .script_args(flight, Names::Record, 9)
+            .text(token.as_str())
+            .millis(terms.lease)
+            .text(flag(terms.allow_takeover))
+            .millis(terms.record_ttl());
+        let args = self.inner.inboxes.name_in(slot, args);
+        let args = match ask.follows {
+            Some(g) => args.uint(g),
+            None => args.text(""),
+        };
+        let args = args.text(flag(ask.stale)).text(flag(ask.early));
+        let args = match not_after {
+            Some(ms) => args.uint(ms),
+            None => args.text(""),
+        };
+        match self.eval(ACQUIRE, args).await {
+            Ok(v) => {
+                let (answer, server_ms) = parse_timed_acquire(&v)?;
+                let at = tokio::time::Instant::now();
+                self.inner.clocks.saw(slot, server_ms, at);
+                Ok(answer)
+            }
+            Err(e) => match writes_refused(&e) {
+                // The server refuses writes (ACQUIRE may write), not
+                // reads: a stored result is still replayed.
+                Some(reason) => self
+                    .replay_refused(flight, ask.stale, e, reason)
+                    .await
+                    .map(Some),
+                None => Err(e),
+            },
+        }
+    }
+
     /// The Redis name of a flight's record, the one key it stores. It
     /// carries the layout's version ([`LAYOUT`]), so nodes of another
     /// layout never read it.
@@ -327,8 +375,10 @@ impl Backend for RedisBackend {
     /// command timeout, the shortest call timeout told, or
     /// [`Ask::not_after`], whichever is first) in the server's time as
     /// the last reply from the flight's node showed it (`''` before the
-    /// first). Past it the script grants nothing and answers `LATE`,
-    /// returned as *unavailable*.
+    /// first). Past it the script grants nothing and answers `LATE`:
+    /// read while this call still waits (the estimate lagged: the reply it
+    /// came from was read late), it is asked once more with the clock the
+    /// `LATE` answer carried; otherwise it is returned as *unavailable*.
     fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -340,37 +390,18 @@ impl Backend for RedisBackend {
             let now = tokio::time::Instant::now();
             let slot = self.slot_of(flight);
             let give_up = self.inner.given_up_at(now, ask.not_after);
-            let not_after = self.inner.clocks.not_after(slot, now, give_up);
-            let args = self
-                .script_args(flight, Names::Record, 9)
-                .text(token.as_str())
-                .millis(terms.lease)
-                .text(flag(terms.allow_takeover))
-                .millis(terms.record_ttl());
-            let args = self.inner.inboxes.name_in(slot, args);
-            let args = match ask.follows {
-                Some(g) => args.uint(g),
-                None => args.text(""),
-            };
-            let args = args.text(flag(ask.stale)).text(flag(ask.early));
-            let args = match not_after {
-                Some(ms) => args.uint(ms),
-                None => args.text(""),
-            };
-            match self.eval(ACQUIRE, args).await {
-                Ok(v) => {
-                    let (answer, server_ms) = parse_timed_acquire(&v)?;
-                    let at = tokio::time::Instant::now();
-                    self.inner.clocks.saw(slot, server_ms, at);
-                    answer.ok_or_else(too_late)
+            // A LATE answer read while this call still waits means the
+            // estimate of the server's clock lagged (the answer corrects
+            // it): asked once more, with the same give-up time.
+            let first = self.acquire_once(flight, token, ask, terms, slot, give_up);
+            let answer = match first.await? {
+                None if tokio::time::Instant::now() < give_up => {
+                    self.acquire_once(flight, token, ask, terms, slot, give_up)
+                        .await?
                 }
-                Err(e) => match writes_refused(&e) {
-                    // The server refuses writes (ACQUIRE may write), not
-                    // reads: a stored result is still replayed.
-                    Some(reason) => self.replay_refused(flight, ask.stale, e, reason).await,
-                    None => Err(e),
-                },
-            }
+                answer => answer,
+            };
+            answer.ok_or_else(too_late)
         })
     }
 

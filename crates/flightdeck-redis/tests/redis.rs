@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use flightdeck_core::error::{find, BoxError, ErrorClass, ProtocolError};
 use flightdeck_core::{metric, CloneShare, FlightKey, StageName};
-use flightdeck_distributed::backend::{Acquired, Backend, CommitArgs, Committed, LeaseTerms};
+use flightdeck_distributed::backend::{Acquired, Ask, Backend, CommitArgs, Committed, LeaseTerms};
 use flightdeck_distributed::{
     BackendErrorKind, DistributedFlightLayer, DistributedPolicy, Envelope, FlightId, OwnerToken,
     PostcardCodec,
@@ -716,6 +716,60 @@ async fn a_late_acquire_grants_no_lease() {
         ),
         "the late ACQUIRE left a lease nobody works on: {answer:?}"
     );
+}
+
+/// An ACQUIRE answered `LATE` while its caller still waits (the client's
+/// estimate of the server's clock lagged: the last reply was read long
+/// after the server sent it, as on a busy runtime) is asked once more,
+/// with the clock the `LATE` answer carried, and granted.
+#[tokio::test]
+async fn a_late_answer_to_a_caller_still_waiting_is_asked_again() {
+    let redis = RedisServer::start().unwrap();
+    let b = RedisBackend::connect(
+        RedisConfig::new(redis.url()).command_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect("connects to the test redis");
+    let terms = LeaseTerms {
+        lease: Duration::from_secs(30),
+        ..conformance::terms(true)
+    };
+    // The first reply is read 800 ms after the server sent it (this
+    // thread busy meanwhile): the estimate of the server's clock lags so.
+    let warm = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.acquire(
+                &flight_of("late-wait", "warm"),
+                &OwnerToken::random(),
+                &terms,
+            )
+            .await
+        })
+    };
+    // Polled until the command is written (the reply is read only once
+    // the runtime polls its socket, every 61 tasks or when idle).
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    let first = warm.await.unwrap();
+    assert!(matches!(first, Ok(Acquired::Owner { .. })), "{first:?}");
+    // A caller that gives up in 300 ms: its deadline, by the lagging
+    // estimate, has passed on the server when the ACQUIRE arrives.
+    let ask = Ask {
+        not_after: Some(tokio::time::Instant::now() + Duration::from_millis(300)),
+        ..Ask::default()
+    };
+    let answer = b
+        .acquire_with(
+            &flight_of("late-wait", "k"),
+            &OwnerToken::random(),
+            ask,
+            &terms,
+        )
+        .await;
+    assert!(matches!(answer, Ok(Acquired::Owner { .. })), "{answer:?}");
 }
 
 /// Failure table, "before acquire": Redis killed or frozen -> a typed
