@@ -12,9 +12,7 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::stale::{StaleReason, StaleWindows};
 use flightdeck_core::{metric, FlightKey, Shareable, StageName};
-use flightdeck_distributed::backend::{
-    Acquired, Ask, Backend, BackendFuture, CommitArgs, Committed, LeaseTerms,
-};
+use flightdeck_distributed::backend::{Backend, BackendFuture, CommitArgs, Committed};
 use flightdeck_distributed::{
     forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId,
     OwnerToken, PostcardCodec, Propagate, Role,
@@ -822,27 +820,8 @@ async fn a_throttled_answer_stays_within_this_nodes_windows() {
     );
 }
 
-/// A store that counts the acquires sent to it.
-#[derive(Clone)]
-struct Counted {
-    inner: MemoryBackend,
-    acquires: Arc<AtomicUsize>,
-}
-
-impl Backend for Counted {
-    fn acquire_with<'a>(
-        &'a self,
-        flight: &'a FlightId,
-        token: &'a OwnerToken,
-        ask: Ask,
-        terms: &'a LeaseTerms,
-    ) -> BackendFuture<'a, Acquired> {
-        self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire_with(flight, token, ask, terms)
-    }
-
-    forward_backend!(inner => heartbeat, commit, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
-}
+/// A store that counts the acquires that reached it.
+type Counted = flightdeck_test::Hooked<MemoryBackend>;
 
 /// Node `a` on the store, node `b` on it through [`Counted`], within a
 /// 60 s grace window; `v1` stored by `a` and past its freshness.
@@ -866,10 +845,13 @@ async fn grace_elsewhere(
         });
     let a = DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
     let acquires = Arc::new(AtomicUsize::new(0));
-    let counted = Counted {
-        inner: store,
-        acquires: Arc::clone(&acquires),
-    };
+    let counted = Counted::new(store).after_acquire({
+        let acquires = Arc::clone(&acquires);
+        move |_| {
+            acquires.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(())
+        }
+    });
     let b = DistributedFlights::new(counted, policy, PostcardCodec::new()).unwrap();
     let k = key(stage);
     let work = Work::new(2 * SEC);
