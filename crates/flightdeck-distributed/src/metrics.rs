@@ -124,7 +124,8 @@ const STALE_REASONS: [StaleReason; 3] = [
 /// of `singleflight_refresh_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refresh {
-    /// Its result was sent to the store, and not fenced there.
+    /// Its result got into the store (its commit was answered, not
+    /// fenced).
     Committed,
     /// The work failed (as the stage's judge of failures says).
     Failed,
@@ -134,14 +135,19 @@ pub(crate) enum Refresh {
     Fenced,
     /// Cut by its bound, or it answered nothing to store.
     Abandoned,
+    /// Its result never got into the store: the commit's attempts ran out
+    /// (counted in `singleflight_result_write_failure_total` too), or it
+    /// could not be stored at all (too large, or it did not encode).
+    WriteFailed,
 }
 
 impl Refresh {
-    const ALL: [Refresh; 4] = [
+    const ALL: [Refresh; 5] = [
         Refresh::Committed,
         Refresh::Failed,
         Refresh::Fenced,
         Refresh::Abandoned,
+        Refresh::WriteFailed,
     ];
 
     const fn as_str(self) -> &'static str {
@@ -150,6 +156,7 @@ impl Refresh {
             Refresh::Failed => "failed",
             Refresh::Fenced => "fenced",
             Refresh::Abandoned => "abandoned",
+            Refresh::WriteFailed => "write_failed",
         }
     }
 }

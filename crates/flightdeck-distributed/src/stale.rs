@@ -610,8 +610,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// Finishes a refresh in the background (see the module docs), and
     /// counts how it ended: a result its commit (`told`) got into the
     /// store as `committed`, one the store fenced (a purge came after the
-    /// refresh began) as `fenced`. Without a runtime (it is shutting
-    /// down), it is dropped: its lease is abandoned.
+    /// refresh began) as `fenced`, one that never got into the store (the
+    /// commit's attempts ran out) as `write_failed`. Without a runtime
+    /// (it is shutting down), it is dropped: its lease is abandoned.
     fn detach<T, O>(&self, cx: &Cx, work: Refreshing<T, O>, told: Told, judge: Judge<T>)
     where
         T: Send + 'static,
@@ -639,8 +640,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 Ok(out) if failed(&*judge, &out) => Refresh::Failed,
                 // The settling is bounded (a lease of retries at most).
                 Ok(Ok(Shareable::Shared(_))) => match told.await {
+                    Ok(Settled::Stored) => Refresh::Committed,
                     Ok(Settled::Fenced) => Refresh::Fenced,
-                    _ => Refresh::Committed,
+                    // Its commit never got through (or was never sent:
+                    // the result could not be stored, or the settling
+                    // could not run): it replaced nothing.
+                    Ok(Settled::Unstored) | Err(_) => Refresh::WriteFailed,
                 },
                 Ok(Ok(Shareable::Unshared(..))) => Refresh::Abandoned,
                 Ok(Err(e)) if e.is::<LeaseLost>() => Refresh::Fenced,

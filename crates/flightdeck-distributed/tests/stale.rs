@@ -28,14 +28,27 @@ const FRESH: Duration = Duration::from_secs(10);
 
 type Node = DistributedFlights<MemoryBackend, PostcardCodec<String>>;
 
-/// Two nodes of one deployment on one store, with `windows`.
-fn nodes(windows: StaleWindows) -> (Node, Node) {
-    let store = MemoryBackend::new();
-    let policy = DistributedPolicy::new()
+/// The policy of a node of these tests, with `windows`.
+fn policy(windows: StaleWindows) -> DistributedPolicy {
+    DistributedPolicy::new()
         .lease(3 * SEC)
         .heartbeat(SEC)
         .replay_ttl(FRESH)
-        .stale_windows(windows);
+        .stale_windows(windows)
+}
+
+/// A grace window of a minute.
+fn grace() -> StaleWindows {
+    StaleWindows {
+        revalidate: 60 * SEC,
+        ..StaleWindows::OFF
+    }
+}
+
+/// Two nodes of one deployment on one store, with `windows`.
+fn nodes(windows: StaleWindows) -> (Node, Node) {
+    let store = MemoryBackend::new();
+    let policy = policy(windows);
     let node =
         || DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
     (node(), node())
@@ -835,14 +848,7 @@ async fn grace_elsewhere(
     Work,
 ) {
     let store = MemoryBackend::new();
-    let policy = DistributedPolicy::new()
-        .lease(3 * SEC)
-        .heartbeat(SEC)
-        .replay_ttl(FRESH)
-        .stale_windows(StaleWindows {
-            revalidate: 60 * SEC,
-            ..StaleWindows::OFF
-        });
+    let policy = policy(grace());
     let a = DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
     let acquires = Arc::new(AtomicUsize::new(0));
     let counted = Counted::new(store).after_acquire({
@@ -996,4 +1002,48 @@ async fn a_followers_newer_answer_ends_what_a_node_knows_of_a_refresh() {
     let (v, _, _) = call(&b, &k, &work).await;
     assert_eq!(v, "v2", "b answered v2 already: never v1 again");
     a.idle().await;
+}
+
+/// A second past `k`'s freshness, `node` is granted its refresh and
+/// answers `v1` (how, returned) while the refresh runs (`v2`) with
+/// `store` refusing every commit: its commit never gets through.
+async fn refresh_never_stored<B: Backend>(
+    node: &DistributedFlights<B, PostcardCodec<String>>,
+    store: &MemoryBackend,
+    k: &FlightKey,
+    work: &Work,
+) -> Answered {
+    sleep(FRESH + SEC).await;
+    store.set_fail_commits(true);
+    let (v, how, _) = call(node, k, work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    node.idle().await;
+    store.set_fail_commits(false);
+    assert_eq!(work.runs(), 2, "the refresh ran");
+    how
+}
+
+/// A refresh whose commit never gets through (the store refuses commits
+/// for longer than the retries last) replaced nothing: it counts as
+/// `outcome="write_failed"`, beside the result write failure, never as
+/// `committed`.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_whose_commit_never_got_through_is_not_counted_committed() {
+    recorded::install();
+    let store = MemoryBackend::new();
+    let a = DistributedFlights::new(store.clone(), policy(grace()), PostcardCodec::new()).unwrap();
+    let stage = "unwritten-refresh";
+    let k = key(stage);
+    let work = Work::new(SEC);
+    prime(&a, &k, &work).await;
+    refresh_never_stored(&a, &store, &k, &work).await;
+    let outcome = |o| counter_where(metric::REFRESH_TOTAL, stage, Some(("outcome", o)));
+    assert_eq!((outcome("committed"), outcome("write_failed")), (0, 1));
+    assert_eq!(
+        counter_where(metric::RESULT_WRITE_FAILURE_TOTAL, stage, None),
+        1
+    );
 }
