@@ -180,27 +180,43 @@ impl Drop for PurgeGuard<'_> {
 }
 
 /// The results this node's owners committed with stale windows on: per
-/// flight, the generation and when its work ended (by this node's clock),
-/// until two leases and a call past its windows (a commit held up on its
-/// way longer than that counts from its arrival at the store). The store dates a result from its commit's
-/// arrival; on this node a stale answer of it counts from the work's end,
-/// which a commit delayed on its way (a slow or stalled store) would
-/// otherwise stretch. At most [`REMEMBERED`] flights, the oldest go first.
+/// flight, the last two generations whose work ended here and when (by
+/// this node's clock), each until two leases and a call past its windows
+/// (a commit held up on its way longer than that counts from its arrival
+/// at the store). The store dates a result from its commit's arrival; on
+/// this node a stale answer of it counts from the work's end, which a
+/// commit delayed on its way (a slow or stalled store) would otherwise
+/// stretch. Two, not one: the commit of a later run here may never get
+/// through, and the store then keeps answering the earlier one. At most
+/// [`REMEMBERED`] flights, the oldest go first.
 pub(crate) struct EndedHere {
-    flights: ExpiringMap<FlightId, (u64, Instant)>,
+    flights: ExpiringMap<FlightId, [Option<Ended>; 2]>,
+    /// Makes each flight's read and write one step.
+    writing: Mutex<()>,
+}
+
+/// When the work of one generation ended here, and until when that is
+/// remembered.
+#[derive(Clone, Copy)]
+struct Ended {
+    generation: u64,
+    at: Instant,
+    until: Instant,
 }
 
 impl Default for EndedHere {
     fn default() -> Self {
         Self {
             flights: ExpiringMap::new(REMEMBERED),
+            writing: Mutex::new(()),
         }
     }
 }
 
 impl EndedHere {
     /// The work of `generation` of `flight` ended at `ended`; its result
-    /// is kept (and may answer) until `until`.
+    /// is kept (and may answer) until `until`. The newest other
+    /// generation remembered stays beside it.
     pub(crate) fn remember(
         &self,
         flight: FlightId,
@@ -208,16 +224,35 @@ impl EndedHere {
         ended: Instant,
         until: Instant,
     ) {
-        if until > Instant::now() {
-            self.flights.insert(flight, (generation, ended), until);
+        let now = Instant::now();
+        if until <= now {
+            return;
         }
+        let this = Ended {
+            generation,
+            at: ended,
+            until,
+        };
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let other = self.flights.get(&flight).and_then(|held| {
+            held.into_iter()
+                .flatten()
+                .filter(|e| e.generation != generation && e.until > now)
+                .max_by_key(|e| e.generation)
+        });
+        let until = other.map_or(until, |o| o.until.max(until));
+        self.flights.insert(flight, [Some(this), other], until);
     }
 
     /// When the work of `generation` of `flight` ended, if it ran here.
     fn ended(&self, flight: &FlightId, generation: u64) -> Option<Instant> {
+        let now = Instant::now();
         self.flights
-            .get(flight)
-            .and_then(|(g, ended)| (g == generation).then_some(ended))
+            .get(flight)?
+            .into_iter()
+            .flatten()
+            .find(|e| e.generation == generation && e.until > now)
+            .map(|e| e.at)
     }
 }
 

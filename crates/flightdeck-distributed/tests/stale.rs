@@ -568,6 +568,26 @@ impl Backend for Transit {
     forward_backend!(inner => acquire_with, heartbeat, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
 }
 
+/// A node on `store` under `policy` whose commits take 0.5 s to arrive
+/// ([`Transit`]), which ran `k` (`v1`, stored), and when that work ended.
+async fn slow_node_ran(
+    store: &MemoryBackend,
+    policy: DistributedPolicy,
+    k: &FlightKey,
+    work: &Work,
+) -> (DistributedFlights<Transit, PostcardCodec<String>>, Instant) {
+    let slow = Transit {
+        inner: store.clone(),
+        transit: SEC / 2,
+    };
+    let node = DistributedFlights::new(slow, policy, PostcardCodec::new()).unwrap();
+    let ended = Instant::now();
+    let (v, _, _) = call(&node, k, work).await;
+    assert_eq!(v, "v1");
+    node.idle().await;
+    (node, ended)
+}
+
 /// A commit 0.5 s on its way: the store dates the result from its
 /// arrival, but the node that ran the work counts its stale answers from
 /// the work's end, so past freshness + window by its clock it runs the
@@ -586,18 +606,10 @@ async fn the_node_that_ran_the_work_counts_from_its_end_despite_a_slow_commit() 
             revalidate: window,
             ..StaleWindows::OFF
         });
-    let slow = Transit {
-        inner: store.clone(),
-        transit: SEC / 2,
-    };
-    let a = DistributedFlights::new(slow, policy.clone(), PostcardCodec::new()).unwrap();
-    let b = DistributedFlights::new(store, policy, PostcardCodec::new()).unwrap();
     let k = key("transit");
     let work = Work::new(Duration::ZERO);
-    let ended = Instant::now();
-    let (v, _, _) = call(&a, &k, &work).await;
-    assert_eq!(v, "v1");
-    a.idle().await;
+    let (a, ended) = slow_node_ran(&store, policy.clone(), &k, &work).await;
+    let b = DistributedFlights::new(store, policy, PostcardCodec::new()).unwrap();
     tokio::time::sleep_until(ended + FRESH + window + SEC / 4).await;
     // The store still keeps v1 (0.25 s left by its clock), but the node
     // that ran it knows it ended 15.25 s ago: nothing stale answers, the
@@ -1046,4 +1058,32 @@ async fn a_refresh_whose_commit_never_got_through_is_not_counted_committed() {
         counter_where(metric::RESULT_WRITE_FAILURE_TOTAL, stage, None),
         1
     );
+}
+
+/// The node that ran a result's work keeps dating its stale answers from
+/// that work's end after a later run of its own (a refresh) failed to
+/// commit: the store still answers the earlier result, whose commit took
+/// 0.5 s to arrive, and the node still knows when that work ended.
+#[tokio::test(start_paused = true)]
+async fn a_later_runs_failed_commit_leaves_the_earlier_results_age_right() {
+    let store = MemoryBackend::new();
+    let k = key("ended-twice");
+    let work = Work::new(Duration::ZERO);
+    let policy = policy(grace()).call_timeout(SEC);
+    let (a, ended) = slow_node_ran(&store, policy, &k, &work).await;
+    let how = refresh_never_stored(&a, &store, &k, &work).await;
+    // The commit's 0.5 s trip, then a second past freshness.
+    let since_end = FRESH + SEC + SEC / 2;
+    assert_eq!(how.stale().unwrap().age, since_end, "since v1's end");
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    assert_eq!(
+        how.stale().unwrap().age,
+        ended.elapsed(),
+        "still since v1's end, not since its commit's arrival"
+    );
+    a.idle().await;
 }
