@@ -538,7 +538,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 };
                 let usable = st.usable(&cx, Some(stored), &exec, &req);
                 match usable.and_then(|(v, kept)| Some((v, reason(&kept)?, kept))) {
-                    Some((v, reason, kept)) => Ok(st.stale_answer(&cx, v, &kept, reason)),
+                    Some((v, reason, kept)) => Ok(st.kept_answer(&cx, v, &kept, reason)),
                     None => ran(exec.execute(req, Role::Unserved).await),
                 }
             }
@@ -588,7 +588,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                         if let (Some((raw, lease)), Some(notices)) = (watch, joined) {
                             st.watch_refresh(&cx, raw, lease, notices);
                         }
-                        return Ok(st.stale_answer(&cx, value, &kept, StaleReason::Revalidate));
+                        return Ok(st.kept_answer(&cx, value, &kept, StaleReason::Revalidate));
                     }
                     other => other,
                 };

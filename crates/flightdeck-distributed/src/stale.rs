@@ -45,7 +45,9 @@ pub enum Answered {
     /// for.
     Ran,
     /// By a stored result, fresh: `age` old by the store's clock, fresh
-    /// for `fresh_for` more.
+    /// for `fresh_for` more (or by this node's own copy of later work,
+    /// standing in for the store's kept result while it is fresh: as old
+    /// as the copy).
     Hit {
         /// How old the result is (since its commit, by the store's clock).
         age: Duration,
@@ -323,7 +325,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }
         let (value, kept) = self.usable(cx, Some(aged(&watched.kept, watched.at)), exec, req)?;
         within(kept.stale_for(), self.policy.stale().revalidate)
-            .then(|| Ok(self.stale_answer(cx, value, &kept, StaleReason::Revalidate)))
+            .then(|| Ok(self.kept_answer(cx, value, &kept, StaleReason::Revalidate)))
     }
 
     /// The store answered FOLLOWER with `kept` beside: its refresh runs
@@ -457,6 +459,28 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         self.purges.since(&cx.flight, cx.purge_mark)
     }
 
+    /// The answer from `kept` where the store's result, past its
+    /// freshness, answers without waiting for the work (a refresh runs, or
+    /// the store throttles one): a stale answer, counted; but when this
+    /// node's own copy stands in for it (see [`usable`](Self::usable)) and
+    /// is still fresh, a hit, which is no stale answer.
+    pub(crate) fn kept_answer<T, O>(
+        &self,
+        cx: &Cx,
+        value: T,
+        kept: &StoredResult,
+        reason: StaleReason,
+    ) -> (Shareable<T, O>, Answered) {
+        if kept.age < kept.ttl {
+            let hit = Answered::Hit {
+                age: kept.age,
+                fresh_for: kept.fresh_for(),
+            };
+            return (Shareable::Shared(value), hit);
+        }
+        self.stale_answer(cx, value, kept, reason)
+    }
+
     /// The answer from `kept`, counted.
     pub(crate) fn stale_answer<T, O>(
         &self,
@@ -499,7 +523,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let (work, told) = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
         if within(kept.stale_for(), windows.revalidate) {
             self.detach(cx, work, told, judge);
-            return Ok(self.stale_answer(cx, value, &kept, StaleReason::Revalidate));
+            return Ok(self.kept_answer(cx, value, &kept, StaleReason::Revalidate));
         }
         let detach = |work| self.detach(cx, work, told, Arc::clone(&judge));
         self.stand_by(cx, &judge, (value, kept), work, detach).await
@@ -520,7 +544,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         F: Future<Output = Result<Shareable<T, O>, BoxError>>,
     {
         if within(kept.stale_for(), self.policy.stale().revalidate) {
-            return Ok(self.stale_answer(cx, value, &kept, StaleReason::Revalidate));
+            return Ok(self.kept_answer(cx, value, &kept, StaleReason::Revalidate));
         }
         let following = std::pin::pin!(following);
         self.stand_by(cx, &judge, (value, kept), following, drop)

@@ -1087,3 +1087,39 @@ async fn a_later_runs_failed_commit_leaves_the_earlier_results_age_right() {
     );
     a.idle().await;
 }
+
+/// A node whose own copy, of later work, is still fresh answers it while
+/// it remembers a refresh running elsewhere: a hit, never counted as a
+/// stale answer.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_copy_standing_in_for_a_remembered_result_is_no_stale_answer() {
+    recorded::install();
+    let stage = "fresh-copy";
+    let (a, b, _, k, work) = grace_elsewhere(stage).await;
+    refreshing_on(&a, &b, &k, &work).await;
+    let revalidated = || {
+        counter_where(
+            metric::STALE_SERVED_TOTAL,
+            stage,
+            Some(("reason", "revalidate")),
+        )
+    };
+    let before = revalidated();
+    // b ran the work on its own since (say, in the local fallback): v9,
+    // a second old.
+    let on_b = Work {
+        kept: Arc::new(Mutex::new(Some(("v9".to_owned(), Instant::now() - SEC)))),
+        ..work.clone()
+    };
+    let (v, how, _) = call(&b, &k, &on_b).await;
+    assert_eq!(v, "v9");
+    assert_eq!(
+        how,
+        Answered::Hit {
+            age: SEC,
+            fresh_for: FRESH - SEC
+        }
+    );
+    assert_eq!(revalidated(), before, "a fresh answer is no stale one");
+    a.idle().await;
+}
