@@ -6,11 +6,11 @@
 //! | failure | HYBRID | DISTRIBUTED_ONLY |
 //! |---|---|---|
 //! | before acquire (unavailable, outcome unknown, protocol, circuit open) | run here, counted and logged | fail fast with the typed error |
-//! | held back by a breaker's ramp after closing | run here, counted | never held back |
+//! | held back by a breaker's ramp after closing | run here, counted (as `circuit_open`) | never held back |
 //! | re-check failed while following | `in-progress` / `fail`: answer now; `wait` / `local`: keep following | same |
 //! | following ended (wait timed out, owner gone, garbage) | `local`: run here; otherwise the policy's answer | the policy's answer (`local` is refused by validation) |
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use flightdeck_core::error::{BoxError, CoordinationUnavailable, InProgress};
@@ -19,17 +19,63 @@ use flightdeck_distributed::{BackendError, FailureClass, Fallback, Verdict, Wait
 use crate::mode::{Mode, OnWaitFailure};
 use crate::stage::{Control, FallbackReason, WaitAction};
 
+/// Why a flight runs on the local fallback path, as its fallback decided:
+/// what its run ([`InnerCall`](crate::inner_call::InnerCall)) notes for
+/// the key's copy, which may answer the run's failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Here {
+    /// The store is failing: a call to it failed (or it knew it could
+    /// not send one), or a breaker is open (or probing) for it. The copy
+    /// answers the run's failure as `redis_down`.
+    StoreDown,
+    /// The store is not known to fail, but was not asked: a breaker's
+    /// ramp after closing held the flight back, or a local guard other
+    /// than a breaker refused it. The copy answers the run's failure as
+    /// any failure (`error`).
+    NotAsked,
+    /// The store answered the flight and a failed wait ran it here
+    /// (`on-wait-failure = local`): the store judges, the copy answers
+    /// nothing.
+    StoreAnswered,
+}
+
+/// [`Here`], told by the flight's fallback to its run, which may already
+/// be on its way (a failed wait decides late).
+#[derive(Debug, Default)]
+pub(crate) struct WhyHere(AtomicU8);
+
+impl WhyHere {
+    pub(crate) fn set(&self, why: Here) {
+        let v = match why {
+            Here::StoreDown => 0,
+            Here::NotAsked => 1,
+            Here::StoreAnswered => 2,
+        };
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    /// Why the flight runs here (the store down, until told otherwise).
+    pub(crate) fn get(&self) -> Here {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Here::NotAsked,
+            2 => Here::StoreAnswered,
+            _ => Here::StoreDown,
+        }
+    }
+}
+
 /// A stage's failure matrix in the mode its leader found on arrival.
 pub(crate) struct ModeFallback {
     pub(crate) ctl: Arc<Control>,
     pub(crate) mode: Mode,
-    /// Set when a failed wait runs the flight here: the store answered it
-    /// (see [`InnerCall`](crate::inner_call::InnerCall)).
-    pub(crate) store_answered: Arc<AtomicBool>,
+    /// Why the flight runs here, when it does (see [`Here`]).
+    pub(crate) why: Arc<WhyHere>,
 }
 
-impl<Req> Fallback<Req> for ModeFallback {
-    fn before_acquire(&self, class: FailureClass, error: BackendError, _req: &Req) -> Verdict {
+impl ModeFallback {
+    /// Coordination failed (or was refused) before acquiring: HYBRID runs
+    /// the flight here, for `why`; DISTRIBUTED_ONLY fails fast.
+    fn refused(&self, class: FailureClass, error: BackendError, why: Here) -> Verdict {
         let ctl = &self.ctl;
         if class == FailureClass::CircuitOpen {
             // A refusal may be the first news of a breaker that opened:
@@ -43,11 +89,31 @@ impl<Req> Fallback<Req> for ModeFallback {
             if class != FailureClass::CircuitOpen {
                 tracing::warn!(stage = %ctl.name, kind = class.as_str(), error = %error, "coordination failed before acquiring: running locally");
             }
+            self.why.set(why);
             Verdict::RunHere
         } else {
             ctl.count_fail_fast(class);
             Verdict::Fail(error.into_core())
         }
+    }
+}
+
+impl<Req> Fallback<Req> for ModeFallback {
+    fn before_acquire(&self, class: FailureClass, error: BackendError, _req: &Req) -> Verdict {
+        // A call that failed, or an open breaker: the store is failing. A
+        // refusal by another local guard says nothing of the store.
+        let why = if !error.is_rejected() || error.is_circuit_open() {
+            Here::StoreDown
+        } else {
+            Here::NotAsked
+        };
+        self.refused(class, error, why)
+    }
+
+    /// Counted as a refusal by an open breaker (`circuit_open`), but the
+    /// store is up: its copy answers the run's failure as any failure.
+    fn held_back(&self, error: BackendError, _req: &Req) -> Verdict {
+        self.refused(FailureClass::CircuitOpen, error, Here::NotAsked)
     }
 
     fn while_following(
@@ -88,7 +154,7 @@ impl<Req> Fallback<Req> for ModeFallback {
         match action {
             WaitAction::Local => {
                 ctl.count_fallback(FallbackReason::WaitFailure);
-                self.store_answered.store(true, Ordering::Relaxed);
+                self.why.set(Here::StoreAnswered);
                 Verdict::RunHere
             }
             WaitAction::InProgress => {

@@ -6,7 +6,6 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,6 +21,7 @@ use tower::util::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::fallback::{Here, WhyHere};
 use crate::kept::Kept;
 use crate::layer::StageShare;
 use crate::leader::{Lead, Record, Recorded};
@@ -47,10 +47,13 @@ pub(crate) struct InnerCall<S, R, Sh: flightdeck_core::SharedForm> {
     /// runs it in the background (a refresh, the work past a soft
     /// timeout) while its caller was answered a stale result.
     pub(crate) key: Option<FlightKey>,
-    /// Set when the store answered the flight and a failed wait sent it
-    /// to the local fallback (`on-wait-failure = local`): the store was
-    /// reached, so the run is no note for the copy (the store judges).
-    pub(crate) store_answered: Arc<AtomicBool>,
+    /// Why a run on the local fallback path runs here, as the flight's
+    /// fallback decided: the store down (the copy may answer its failure
+    /// as `redis_down`), not asked (a ramp held it back: as any failure),
+    /// or the store answered the flight and a failed wait sent it here
+    /// (`on-wait-failure = local`): no note for the copy (the store
+    /// judges).
+    pub(crate) why: Arc<WhyHere>,
 }
 
 impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
@@ -70,18 +73,17 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
         Req: Send,
     {
         let leader = self.share.leader(&req);
-        // A stage that keeps its results notes a fallback run's end: its
-        // callers' copy may answer its failure, as while the store is
-        // degraded.
+        // A stage that keeps its results notes a fallback run's end, and
+        // whether the store was down: its callers' copy may answer its
+        // failure, as while the store is degraded.
         let fell_back = match (&self.key, &self.stage.stale, path) {
-            (Some(key), Some(setup), Path::Fallback)
-                if !self.store_answered.load(Ordering::Relaxed) =>
-            {
-                Some((key.clone(), setup.kept.clone()))
-            }
+            (Some(key), Some(setup), Path::Fallback) => match self.why.get() {
+                Here::StoreAnswered => None,
+                why => Some((key.clone(), setup.kept.clone(), why == Here::StoreDown)),
+            },
             _ => None,
         };
-        let _noted = fell_back.map(|(key, kept)| NoteFallback { key, kept });
+        let _noted = fell_back.map(|(key, kept, down)| NoteFallback { key, kept, down });
         let timed = Timed {
             inner: self.inner,
             ctl: Arc::clone(&self.stage.ctl),
@@ -135,11 +137,13 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
 struct NoteFallback<V: Clone> {
     key: FlightKey,
     kept: Arc<Kept<V>>,
+    /// The store was down (not only unasked).
+    down: bool,
 }
 
 impl<V: Clone> Drop for NoteFallback<V> {
     fn drop(&mut self) {
-        self.kept.note_fallback(&self.key);
+        self.kept.note_fallback(&self.key, self.down);
     }
 }
 

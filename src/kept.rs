@@ -93,10 +93,11 @@ struct Inner<V> {
     /// answered itself (a hit, a stale result), in the order they ended:
     /// what its callers are told. At most `max_entries`.
     answers: Map<FlightKey, (u64, Served)>,
-    /// When each key's last run in the local fallback (its coordination
-    /// failed: the store was unreachable) ended, in the same order. At
-    /// most `max_entries`.
-    fallbacks: Map<FlightKey, u64>,
+    /// When each key's last run in the local fallback ended (its
+    /// coordination failed: the store was unreachable; or it was not
+    /// asked), in the same order, and whether the store was down. At most
+    /// `max_entries`.
+    fallbacks: Map<FlightKey, (u64, bool)>,
 }
 
 /// One stage's kept results on this node.
@@ -176,8 +177,9 @@ impl<V: Clone> Kept<V> {
     }
 
     /// A run of `key` in the local fallback ends now: its flight could not
-    /// reach the store.
-    pub(crate) fn note_fallback(&self, key: &FlightKey) {
+    /// reach the store (`down`), or was not sent there (a breaker's ramp
+    /// held it back).
+    pub(crate) fn note_fallback(&self, key: &FlightKey, down: bool) {
         let seq = self.next();
         let mut inner = self.lock();
         if inner.fallbacks.len() >= self.max_entries && !inner.fallbacks.contains_key(key) {
@@ -185,14 +187,16 @@ impl<V: Clone> Kept<V> {
             // the copy could have answered is the caller's).
             inner.fallbacks.clear();
         }
-        inner.fallbacks.insert(key.clone(), seq);
+        inner.fallbacks.insert(key.clone(), (seq, down));
     }
 
     /// Whether a run of `key` in the local fallback ended after a caller's
-    /// `arrival` (the flight it was answered by could not reach the store).
-    pub(crate) fn fell_back_since(&self, key: &FlightKey, arrival: u64) -> bool {
+    /// `arrival` (the flight it was answered by did not reach the store),
+    /// and if so whether the store was down.
+    pub(crate) fn fell_back_since(&self, key: &FlightKey, arrival: u64) -> Option<bool> {
         let inner = self.lock();
-        inner.fallbacks.get(key).is_some_and(|seq| *seq > arrival)
+        let (seq, down) = inner.fallbacks.get(key)?;
+        (*seq > arrival).then_some(*down)
     }
 
     /// Whether `key`'s callers run their own requests now (hit-for-pass),

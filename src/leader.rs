@@ -16,7 +16,7 @@ use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::fallback::ModeFallback;
+use crate::fallback::{ModeFallback, WhyHere};
 use crate::inner_call::InnerCall;
 use crate::kept::Ticket;
 use crate::layer::StageShare;
@@ -28,8 +28,8 @@ use crate::stale::{Served, StaleSetup};
 
 /// What L2's breaker said of a leader's flight.
 enum Route {
-    /// Run it here, on the local fallback path.
-    Here,
+    /// Run it here, on the local fallback path, for the reason told.
+    Here(Arc<WhyHere>),
     /// Fail it.
     Failed(BoxError),
     /// Launch it, coordinated.
@@ -211,7 +211,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
             bound,
             flight,
             key: None,
-            store_answered: Arc::default(),
+            why: Arc::default(),
         }
     }
 
@@ -232,7 +232,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
         let fallback = ModeFallback {
             ctl: Arc::clone(&stage.ctl),
             mode,
-            store_answered: Arc::default(),
+            why: Arc::default(),
         };
         let admitted = l2.admit(key, req, &fallback);
         if flight.is_some() {
@@ -241,7 +241,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
             stage.ctl.sync();
         }
         match admitted {
-            Err(Verdict::RunHere) => Route::Here,
+            Err(Verdict::RunHere) => Route::Here(fallback.why),
             Err(Verdict::Fail(error)) => Route::Failed(error),
             Ok(admitted) => Route::Launch(admitted, fallback),
         }
@@ -283,11 +283,15 @@ where
             bound,
         } = self;
         let flight = Self::sharded_flight(&stage, mode, &key);
+        let mut why = None;
         let path = match stage.distributed.as_ref().filter(|_| mode.is_distributed()) {
             // LOCAL_ONLY, or a stage without backend.
             None => Path::Local,
             Some(l2) => match Self::admit(l2, &stage, mode, &key, &req, flight) {
-                Route::Here => Path::Fallback,
+                Route::Here(here) => {
+                    why = Some(here);
+                    Path::Fallback
+                }
                 Route::Failed(error) => {
                     let fut = Lead::Failed { error: Some(error) };
                     return Recorded { fut, record };
@@ -300,7 +304,7 @@ where
                     if stage.stale.is_some() {
                         exec.key = Some(key.clone());
                     }
-                    exec.store_answered = Arc::clone(&fallback.store_answered);
+                    exec.why = Arc::clone(&fallback.why);
                     let fut = l2.launch(admitted, key, req, exec, fallback, coordination);
                     let fut = Lead::Flight { fut };
                     return Recorded { fut, record };
@@ -314,8 +318,11 @@ where
         let mut exec = Self::exec(Arc::clone(&stage), inner, share, bound, flight);
         if path == Path::Fallback && stage.stale.is_some() {
             // The local fallback path answers from, and keeps, this node's
-            // copy of the key (see `InnerCall`).
+            // copy of the key (see `InnerCall`), as why it runs here allows.
             exec.key = Some(key.clone());
+            if let Some(why) = why {
+                exec.why = why;
+            }
         }
         Recorded {
             fut: Lead::Here {

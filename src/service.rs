@@ -381,9 +381,10 @@ where
                 let past = age.saturating_sub(fresh);
                 within(past, window).then_some((age, past))
             };
-            let stale_of = |r: StaleReason, (age, past): (Duration, Duration)| {
+            // `r` as it is, when `as_is` (not mapped to `redis_down`).
+            let stale_as = |r: StaleReason, as_is: bool, (age, past): (Duration, Duration)| {
                 let stale = Stale {
-                    reason: reason(r),
+                    reason: if as_is { r } else { reason(r) },
                     age,
                 };
                 ctl.count_stale(stale);
@@ -397,7 +398,7 @@ where
                     Ok(out) => out,
                     Err(_) => match past_within(windows.keep_stale()) {
                         Some(at) => {
-                            let served = stale_of(StaleReason::SoftTimeout, at);
+                            let served = stale_as(StaleReason::SoftTimeout, false, at);
                             return Ok((Answer::Shared(copy), served));
                         }
                         // Too old by now: the caller waits on.
@@ -411,16 +412,24 @@ where
                 Err(e) => setup.failures.failed(Err(e)),
             };
             // While the store is reachable, only a run in the local
-            // fallback (its flight could not reach the store).
-            let fell_back = !fallback_only || setup.kept.fell_back_since(&key, arrival);
-            let if_error = past_within(windows.if_error).filter(|_| failed && fell_back);
+            // fallback (its flight could not reach the store: `redis_down`;
+            // or a ramp held it back: the failure's own reason).
+            let fell_back = match fallback_only {
+                true => setup.kept.fell_back_since(&key, arrival),
+                false => Some(true),
+            };
+            let if_error = past_within(windows.if_error).filter(|_| failed && fell_back.is_some());
             if let Some(at) = if_error {
                 // A caller's own deadline says nothing of the work: it
                 // throttles nobody else.
                 if !retry_after.is_zero() && !out.as_ref().is_err_and(own_deadline) {
                     setup.kept.throttle(&key, Instant::now() + retry_after);
                 }
-                return Ok((Answer::Shared(copy), stale_of(StaleReason::Error, at)));
+                let store_up = fell_back == Some(false);
+                return Ok((
+                    Answer::Shared(copy),
+                    stale_as(StaleReason::Error, store_up, at),
+                ));
             }
             let out = out?;
             let joined = matches!(out, Answer::Shared(_));

@@ -7,6 +7,10 @@
 //!   backend (or a breaker refused the call): nobody else is known to run
 //!   the work, so it may run here ([`Verdict::RunHere`], HYBRID's local
 //!   fallback) or fail ([`Verdict::Fail`], DISTRIBUTED_ONLY's fail fast).
+//! - [`held_back`](Fallback::held_back): a breaker's ramp after closing
+//!   held the flight back (only for a fallback that is
+//!   [`ramped`](Fallback::ramped)): the backend is not known to fail. By
+//!   default decided as a refusal by an open breaker.
 //! - [`while_following`](Fallback::while_following): a re-check failed
 //!   while another node owns the flight. L2 never runs the work while
 //!   another node may hold the lease: the hook can only answer the caller
@@ -140,12 +144,21 @@ pub trait Fallback<Req>: Send + Sync {
     /// Whether a breaker's ramp after closing (it lets only a share of the
     /// flights back to the backend for a while) may hold this caller's
     /// flight back: `true` for a caller with somewhere else to run it (the
-    /// flight held back then comes to [`before_acquire`](Self::before_acquire)
-    /// as [`FailureClass::CircuitOpen`], like one an open breaker
-    /// refused). `false` by default: a caller whose only other answer is
-    /// an error is never held back while the backend is healthy.
+    /// flight held back then comes to [`held_back`](Self::held_back)).
+    /// `false` by default: a caller whose only other answer is an error is
+    /// never held back while the backend is healthy.
     fn ramped(&self) -> bool {
         false
+    }
+
+    /// A breaker's ramp after closing held this flight back (asked only
+    /// when [`ramped`](Self::ramped) says so): the backend is not known to
+    /// fail, the breaker just lets a share of the flights back at first.
+    /// `error` is the breaker's refusal ([`FailureClass::CircuitOpen`]).
+    /// By default, decided as [`before_acquire`](Self::before_acquire)
+    /// decides a refusal by an open breaker.
+    fn held_back(&self, error: BackendError, req: &Req) -> Verdict {
+        self.before_acquire(FailureClass::CircuitOpen, error, req)
     }
 }
 
@@ -164,6 +177,10 @@ impl<Req, P: Fallback<Req> + ?Sized> Fallback<Req> for &P {
 
     fn ramped(&self) -> bool {
         (**self).ramped()
+    }
+
+    fn held_back(&self, error: BackendError, req: &Req) -> Verdict {
+        (**self).held_back(error, req)
     }
 }
 

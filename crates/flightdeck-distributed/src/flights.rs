@@ -357,7 +357,8 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// The one question a flight asks before anything is built: whether
     /// the backend refuses it ([`Backend::reject_early`] for its shard,
-    /// and [`Backend::held_back`] when the fallback can run it elsewhere).
+    /// and [`Backend::held_back`] when the fallback can run it elsewhere:
+    /// then [`Fallback::held_back`] decides).
     /// `Err`: the fallback's verdict on the refusal; `Ok`: the flight goes
     /// on, with its id when naming its shard needed it (a backend that is
     /// not sharded is asked without: the degraded path hashes nothing
@@ -379,7 +380,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let refused = match self.backend.reject_early(&shard) {
             Some(refused) => refused,
             None if fallback.ramped() => match self.backend.held_back(&shard) {
-                Some(held) => held,
+                Some(held) => return Err(fallback.held_back(held, req)),
                 None => return Ok(flight),
             },
             None => return Ok(flight),

@@ -98,7 +98,7 @@ fn app_on(
     stage: &'static str,
     origin: &Arc<Origin>,
     cfg: StageConfig,
-    store: flightdeck_test::MemoryBackend,
+    store: impl flightdeck::distributed::backend::Backend,
 ) -> App {
     let keys = HttpKeyExtractor::builder()
         .route(Route::get("/p", stage))
@@ -649,6 +649,100 @@ async fn a_followers_fallback_run_leaves_a_purged_copy_unanswered() {
         (StatusCode::SERVICE_UNAVAILABLE, "v2")
     );
     running.abort();
+}
+
+/// A breaker's ramp after closing holds a flight back while the store is
+/// up: the flight runs in the local fallback, and the node's copy answers
+/// its failure as any failure (`error`, within `stale-if-error`), never as
+/// `redis_down`, which says the store is down.
+#[tokio::test(start_paused = true)]
+async fn a_flight_a_ramp_held_back_fails_over_to_the_copy_as_an_error() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = hybrid_app("ramp-held", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(600);
+        c.breaker.ramp = vec![0.01];
+        c.breaker.ramp_step = Duration::from_secs(600);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let handle = app.layer.stage(app.stage).unwrap();
+    handle.breaker().trip();
+    assert!(handle.breaker().recover(), "closed, through its ramp");
+    assert_eq!(handle.breaker().ramp_share(), Some(0.01));
+
+    origin.status.store(503, Ordering::SeqCst);
+    let got = call(&app).await;
+    assert_eq!(origin.calls(), 2, "held back: it ran here");
+    assert!(!handle.is_degraded());
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::Error, "the store is up");
+    assert_eq!(stale_served("ramp-held", StaleReason::RedisDown), 0);
+    assert_eq!(stale_served("ramp-held", StaleReason::Error), 1);
+}
+
+/// A store behind a local guard that is not a breaker (a quota, say): it
+/// refuses every flight before any call while `refusing`.
+#[derive(Clone)]
+struct Quota {
+    inner: flightdeck_test::MemoryBackend,
+    refusing: Arc<AtomicBool>,
+}
+
+impl flightdeck::distributed::backend::Backend for Quota {
+    fn reject_early(
+        &self,
+        shard: &flightdeck::distributed::backend::Shard,
+    ) -> Option<flightdeck::distributed::BackendError> {
+        if self.refusing.load(Ordering::SeqCst) {
+            let over = flightdeck::distributed::BackendError::rejected("over this node's quota");
+            return Some(over);
+        }
+        self.inner.reject_early(shard)
+    }
+
+    flightdeck::distributed::forward_backend!(inner => acquire_with, heartbeat, commit, abandon, subscribe, join_subscription, invalidate, release, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+}
+
+/// A local guard's refusal says nothing of the store: the failure of the
+/// flight it sent to the local fallback is answered by the copy as any
+/// failure (`error`); the same failure with the store unreachable is
+/// `redis_down`.
+#[tokio::test(start_paused = true)]
+async fn a_guards_refusal_fails_over_to_the_copy_as_an_error() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let refusing = Arc::new(AtomicBool::new(false));
+    let quota = Quota {
+        inner: store.clone(),
+        refusing: Arc::clone(&refusing),
+    };
+    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+    cfg.replay_ttl = Duration::from_secs(1);
+    cfg.stale_if_error = Duration::from_secs(600);
+    let app = app_on("guard-refused", &origin, cfg, quota);
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    origin.status.store(503, Ordering::SeqCst);
+    refusing.store(true, Ordering::SeqCst);
+    let got = call(&app).await;
+    assert_eq!(origin.calls(), 2, "refused: it ran here");
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::Error, "the store is up");
+
+    refusing.store(false, Ordering::SeqCst);
+    store.set_unavailable(true);
+    let got = call(&app).await;
+    assert_eq!(origin.calls(), 3, "unreachable: it ran here");
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::RedisDown, "the store is down");
+    assert_eq!(stale_served("guard-refused", StaleReason::Error), 1);
+    assert_eq!(stale_served("guard-refused", StaleReason::RedisDown), 1);
 }
 
 #[tokio::test(start_paused = true)]

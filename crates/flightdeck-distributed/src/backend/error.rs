@@ -84,6 +84,18 @@ impl BackendError {
         self.rejected
     }
 
+    /// Whether a circuit breaker refused the call before it was sent (a
+    /// [`rejected`](Self::rejected) call whose guard's error is a
+    /// `CircuitOpen`): the breaker judges the backend failing. Any other
+    /// guard's refusal says nothing of the backend.
+    pub fn is_circuit_open(&self) -> bool {
+        self.rejected
+            && match &self.source {
+                Source::Circuit(_) => true,
+                Source::Boxed(e) => e.is::<CircuitOpen>(),
+            }
+    }
+
     /// The backend could not be reached.
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
         Self::new(BackendErrorKind::Unavailable, source)
@@ -172,7 +184,12 @@ mod tests {
             .into_core()
             .is::<OutcomeUnknown>());
         let open = BackendError::circuit_open(CircuitOpen::new("b"));
-        assert!(open.is_rejected());
+        assert!(open.is_rejected() && open.is_circuit_open());
+        let boxed = BackendError::rejected(CircuitOpen::new("b"));
+        assert!(boxed.is_circuit_open());
+        let quota = BackendError::rejected("over quota");
+        assert!(quota.is_rejected() && !quota.is_circuit_open());
+        assert!(!BackendError::unavailable("down").is_circuit_open());
         assert_eq!(open.kind(), BackendErrorKind::Unavailable);
         assert!(open.to_string().contains("circuit"), "{open}");
         assert!(open.into_core().is::<CircuitOpen>(), "handed on as it is");
