@@ -74,14 +74,26 @@ impl RedisBackend {
         loop {
             let refreshes = self.refreshes();
             let node = inner.topology.route_within(slot, unsent).await?;
-            let with = node.client.with_options(&inner.opts);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                // fred reads a zero timeout as none; nothing was sent yet
+                // to call it otherwise than timed out.
+                return Err(timed_out(cmd, t));
+            }
+            // Bounded by fred's own timer (what is left of the deadline),
+            // not by one more of ours around it: a timer per call fewer.
+            let opts = Options {
+                timeout: Some(left),
+                ..inner.opts.clone()
+            };
             let command = CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
-            let call = with.custom::<Value, Value>(command, argv.to_vec());
-            let reply = tokio::time::timeout(left, call)
-                .await
-                .map_err(|_| timed_out(cmd, t))?;
+            let reply = node
+                .client
+                .with_options(&opts)
+                .custom::<Value, Value>(command, argv.to_vec())
+                .await;
             match reply {
+                Err(e) if *e.kind() == ErrorKind::Timeout => return Err(timed_out(cmd, t)),
                 Err(e)
                     if self
                         .retry_after(&e, (slot, &node.addr), refreshes, retry_until)
