@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use flightdeck_distributed::backend::{FlightId, MAX_DURATION};
 use fred::prelude::Value;
 
@@ -60,7 +60,7 @@ impl ScriptArgs {
             argv: Vec::with_capacity(2 + keys + args),
         };
         s.argv.push(Value::Null);
-        s = s.uint(keys as u64);
+        s = s.fixed(if keys == 1 { "1" } else { "2" });
         s.buf.put_slice(prefix.as_bytes());
         s.buf.put_slice(b":{");
         s.buf.put_slice(&flight.digest().hex());
@@ -124,8 +124,15 @@ impl ScriptArgs {
 
     /// An argument of its own (a payload: not copied).
     pub(crate) fn value(mut self, v: Value) -> Self {
+        debug_assert!(self.buf.is_empty(), "an argument is being written");
         self.argv.push(v);
         self
+    }
+
+    /// A constant argument (a flag, an empty one): neither copied nor
+    /// counted, where [`text`](Self::text) would write and split it off.
+    pub(crate) fn fixed(self, text: &'static str) -> Self {
+        self.value(Value::Bytes(Bytes::from_static(text.as_bytes())))
     }
 
     /// The flight's record name (its slot is the flight's).
@@ -184,6 +191,8 @@ mod tests {
             .millis(Duration::from_micros(2_500))
             .millis(Duration::ZERO)
             .millis(Duration::MAX)
+            .fixed("")
+            .fixed("0")
             .text("1");
         assert_eq!(args.record(), format!("fd:x:{{{h}}}:f5").as_bytes());
         assert_eq!(
@@ -200,6 +209,8 @@ mod tests {
                 "2".to_owned(),
                 "1".to_owned(),
                 MAX_DURATION.as_millis().to_string(),
+                String::new(),
+                "0".to_owned(),
                 "1".to_owned(),
             ]
         );

@@ -105,17 +105,17 @@ impl RedisBackend {
             .script_args(flight, Names::Record, 9)
             .text(token.as_str())
             .millis(terms.lease)
-            .text(flag(terms.allow_takeover))
+            .fixed(flag(terms.allow_takeover))
             .millis(terms.record_ttl());
         let args = self.inner.inboxes.name_in(slot, args);
         let args = match ask.follows {
             Some(g) => args.uint(g),
-            None => args.text(""),
+            None => args.fixed(""),
         };
-        let args = args.text(flag(ask.stale)).text(flag(ask.early));
+        let args = args.fixed(flag(ask.stale)).fixed(flag(ask.early));
         let args = match not_after {
             Some(ms) => args.uint(ms),
-            None => args.text(""),
+            None => args.fixed(""),
         };
         match self.eval(ACQUIRE, args).await {
             Ok(v) => {
@@ -459,7 +459,7 @@ impl Backend for RedisBackend {
                 .uint(generation)
                 .value(bytes(&args.payload))
                 .millis_or_zero(args.ttl)
-                .text(flag(args.payload.len() <= args.inline_below))
+                .fixed(flag(args.payload.len() <= args.inline_below))
                 .millis(args.retain)
                 .millis_or_zero(args.stale_for)
                 .millis_or_zero(args.work_time);
