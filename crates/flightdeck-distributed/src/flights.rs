@@ -558,7 +558,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, takeover, role = "owner", "owning flight");
                 guard.owned();
                 match st.usable(&cx, stale, &exec, &req) {
-                    Some(kept) => st.refresh_stale(&cx, generation, req, exec, kept).await,
+                    // Boxed, as the follower's paths below: this future
+                    // is as large as its largest path, and its caller
+                    // moves it (a boxed launch copies all of it).
+                    Some(kept) => {
+                        Box::pin(st.refresh_stale(&cx, generation, req, exec, kept)).await
+                    }
                     None => ran(st.own(&cx, generation, req, exec).await),
                 }
             }
@@ -603,9 +608,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     Some(kept) => {
                         let judge = exec.failures();
                         let following = follow::follow(st, &cx, guard, first, req, exec, fallback);
-                        st.follow_stale(&cx, judge, kept, following).await
+                        Box::pin(st.follow_stale(&cx, judge, kept, following)).await
                     }
-                    None => ran(follow::follow(st, &cx, guard, first, req, exec, fallback).await),
+                    None => ran(Box::pin(follow::follow(
+                        st, &cx, guard, first, req, exec, fallback,
+                    ))
+                    .await),
                 }
             }
         }
