@@ -706,7 +706,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     // could not run): it replaced nothing.
                     Ok(Settled::Unstored) | Err(_) => Refresh::WriteFailed,
                 },
-                Ok(Ok(Shareable::Unshared(..))) => Refresh::Abandoned,
+                // Not shareable: nothing replaced the kept result.
+                Ok(Ok(Shareable::Unshared(..))) => Refresh::Failed,
                 Ok(Err(e)) if e.is::<LeaseLost>() => Refresh::Fenced,
                 Ok(Err(_)) => Refresh::Failed,
             };

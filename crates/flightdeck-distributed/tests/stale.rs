@@ -68,6 +68,7 @@ struct Work {
     delay: Duration,
     failing: Arc<AtomicBool>,
     panicking: Arc<AtomicBool>,
+    unshared: Arc<AtomicBool>,
     kept: Arc<Mutex<Option<(String, Instant)>>>,
 }
 
@@ -78,6 +79,7 @@ impl Work {
             delay,
             failing: Arc::default(),
             panicking: Arc::default(),
+            unshared: Arc::default(),
             kept: Arc::default(),
         }
     }
@@ -99,6 +101,12 @@ impl Execute<()> for Work {
         }
         if self.failing.load(Ordering::SeqCst) {
             return Err(Box::new(DeadlineExceeded::new("execution")));
+        }
+        if self.unshared.load(Ordering::SeqCst) {
+            return Ok(Shareable::Unshared(
+                format!("v{n}, this caller's alone"),
+                flightdeck_core::Unshareable::Other("test"),
+            ));
         }
         Ok(Shareable::Shared(format!("v{n}")))
     }
@@ -1058,6 +1066,31 @@ async fn a_refresh_whose_commit_never_got_through_is_not_counted_committed() {
         counter_where(metric::RESULT_WRITE_FAILURE_TOTAL, stage, None),
         1
     );
+}
+
+/// A refresh whose response may not be shared replaced nothing: it counts
+/// as `outcome="failed"`, as the local copy's refresh does, never as
+/// `abandoned` (which says the execution timeout or the wait cut it).
+#[tokio::test(start_paused = true)]
+async fn a_refresh_whose_response_may_not_be_shared_counts_failed() {
+    recorded::install();
+    let store = MemoryBackend::new();
+    let a = DistributedFlights::new(store, policy(grace()), PostcardCodec::new()).unwrap();
+    let stage = "unshared-refresh";
+    let k = key(stage);
+    let work = Work::new(SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    work.unshared.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(&a, &k, &work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    a.idle().await;
+    assert_eq!(work.runs(), 2, "the refresh ran");
+    let outcome = |o| counter_where(metric::REFRESH_TOTAL, stage, Some(("outcome", o)));
+    assert_eq!((outcome("failed"), outcome("abandoned")), (1, 0));
 }
 
 /// The node that ran a result's work keeps dating its stale answers from
