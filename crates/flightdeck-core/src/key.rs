@@ -6,8 +6,11 @@
 //! optional tenant [`Digest`] (the scope: requests of different tenants never
 //! share) and the [`Digest`] of the request's meaningful fields.
 //!
-//! Keys never hold raw user input: both scope and request are 32-byte BLAKE3
-//! digests, so a key is safe to put into Redis key names, logs and metrics.
+//! Keys never show raw user input: scope and request are named by 32-byte
+//! BLAKE3 digests, so a key is safe to put into Redis key names, logs and
+//! metrics. (A key made with [`KeyEncoder::finish_key_lazy`] keeps the
+//! encoded fields in memory until its digest is asked for, and compares
+//! them in the process; it shows and sends only the digest.)
 //! [`KeyEncoder`] builds digests from fields with a length-prefixed, versioned
 //! encoding, so that `("ab", "c")` and `("a", "bc")` never collide and a future
 //! change of the encoding never collides with today's keys.
@@ -27,6 +30,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 /// Maximum length of a stage name, in bytes.
 pub const MAX_STAGE_NAME_LEN: usize = 64;
@@ -257,16 +261,66 @@ impl fmt::Debug for ShortDigest {
 
 /// The identity of one unit of coalescable work.
 ///
-/// Equal keys share one execution. Cheap to clone (a pointer and two
-/// 32-byte arrays, no reference count) and to hash: `Hash` feeds only 8 bytes of the digest
-/// (a BLAKE3 output, already uniform) to the hasher; `Eq` compares
-/// everything.
+/// Equal keys share one execution. A key is a stage, an optional scope
+/// and the request's identity, which is one of:
+///
+/// - the [`Digest`] of the request's fields ([`FlightKey::new`],
+///   [`KeyEncoder::finish_key`]);
+/// - the encoded fields themselves ([`KeyEncoder::finish_key_lazy`]): the
+///   digest is computed on the first call of [`digest`](Self::digest) (or
+///   [`flight_digest`](Self::flight_digest), `Display`, `Debug`), which a
+///   flight that never leaves the process (LOCAL_ONLY) never makes. The
+///   bytes, at most the encoder's buffer, are shared by the key's clones
+///   (behind an `Arc`), and so is the digest once computed.
+///
+/// Either way cloning touches no raw input. `Eq` compares everything: the
+/// digests of two digest keys, the bytes of two keys of fields (so two
+/// different requests never share, whatever their digests). A key of
+/// fields never equals a digest key, even over the same fields: make the
+/// keys of one stage one way (their [`digest`](Self::digest)s, and so their
+/// flights in shared stores, are the same either way). `Hash` feeds 8
+/// bytes of a digest (a BLAKE3 output, already uniform), or the fields'
+/// bytes, to the hasher.
 #[derive(Clone, PartialEq, Eq)]
 pub struct FlightKey {
     stage: StageName,
     scope: Option<Digest>,
-    digest: Digest,
+    id: Id,
 }
+
+/// What identifies the request within its stage and scope.
+#[derive(Clone)]
+enum Id {
+    /// The digest of the fields.
+    Digest(Digest),
+    /// The fields, their digest computed when first asked for.
+    Fields(Arc<Fields>),
+}
+
+struct Fields {
+    /// The encoding the digest is the BLAKE3 hash of.
+    bytes: Box<[u8]>,
+    digest: OnceLock<Digest>,
+}
+
+impl Fields {
+    fn digest(&self) -> &Digest {
+        self.digest
+            .get_or_init(|| Digest(*blake3::hash(&self.bytes).as_bytes()))
+    }
+}
+
+impl PartialEq for Id {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Digest(a), Self::Digest(b)) => a == b,
+            (Self::Fields(a), Self::Fields(b)) => Arc::ptr_eq(a, b) || a.bytes == b.bytes,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Id {}
 
 impl FlightKey {
     /// Builds a key from its parts.
@@ -274,7 +328,7 @@ impl FlightKey {
         Self {
             stage,
             scope,
-            digest,
+            id: Id::Digest(digest),
         }
     }
 
@@ -296,9 +350,22 @@ impl FlightKey {
         self.scope.as_ref()
     }
 
-    /// The digest of the request's fields.
+    /// The digest of the request's fields (of a key of fields, computed on
+    /// the first call).
     pub fn digest(&self) -> &Digest {
-        &self.digest
+        match &self.id {
+            Id::Digest(d) => d,
+            Id::Fields(f) => f.digest(),
+        }
+    }
+
+    /// Whether the digest is known without hashing: a digest key, or a key
+    /// of fields whose digest was asked for already.
+    pub fn has_digest(&self) -> bool {
+        match &self.id {
+            Id::Digest(_) => true,
+            Id::Fields(f) => f.digest.get().is_some(),
+        }
     }
 
     /// One digest over stage, scope and request digest: the name of this
@@ -313,23 +380,30 @@ impl FlightKey {
             }
             None => enc.push(b"-"),
         }
-        enc.push(self.digest.as_bytes());
+        enc.push(self.digest().as_bytes());
         enc.finish()
     }
 }
 
 impl std::hash::Hash for FlightKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let d = &self.digest.0;
-        state.write_u64(u64::from_le_bytes([
-            d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
-        ]));
+        match &self.id {
+            Id::Digest(d) => {
+                let d = &d.0;
+                state.write_u64(u64::from_le_bytes([
+                    d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+                ]));
+            }
+            // The map's hasher over every byte: requests (attacker's
+            // input) cannot be made to collide without its seed.
+            Id::Fields(f) => state.write(&f.bytes),
+        }
     }
 }
 
 impl fmt::Display for FlightKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.stage, self.digest.short())
+        write!(f, "{}/{}", self.stage, self.digest().short())
     }
 }
 
@@ -338,7 +412,7 @@ impl fmt::Debug for FlightKey {
         f.debug_struct("FlightKey")
             .field("stage", &self.stage)
             .field("scope", &self.scope.map(|s| s.short()))
-            .field("digest", &self.digest.short())
+            .field("digest", &self.digest().short())
             .finish()
     }
 }
@@ -473,6 +547,40 @@ impl<const N: usize> KeyEncoder<N> {
     #[inline]
     pub fn finish_key(&self, stage: StageName, scope: Option<Digest>) -> FlightKey {
         FlightKey::new(stage, scope, self.finish())
+    }
+
+    /// Finishes into a [`FlightKey`] of fields: the key keeps what was
+    /// written (at most `N` bytes) and hashes it only when its
+    /// [`digest`](FlightKey::digest) is first asked for, which a flight
+    /// that stays in the process never does. Written past the buffer (the
+    /// input was being hashed already), it is [`finish_key`](Self::finish_key).
+    ///
+    /// Such a key never equals a key made by `finish_key`, even over the
+    /// same fields (see [`FlightKey`]), and its digest is the same:
+    ///
+    /// ```
+    /// use flightdeck_core::{KeyEncoder, StageName};
+    ///
+    /// let stage = StageName::new("score").unwrap();
+    /// let enc = KeyEncoder::new().field(b"GET").field(b"/v1/score");
+    /// let lazy = enc.finish_key_lazy(stage.clone(), None);
+    /// assert!(!lazy.has_digest());
+    /// assert_eq!(lazy, enc.finish_key_lazy(stage.clone(), None));
+    /// assert_eq!(lazy.digest(), enc.finish_key(stage, None).digest());
+    /// ```
+    #[inline]
+    pub fn finish_key_lazy(&self, stage: StageName, scope: Option<Digest>) -> FlightKey {
+        if self.hasher.is_some() {
+            return self.finish_key(stage, scope);
+        }
+        FlightKey {
+            stage,
+            scope,
+            id: Id::Fields(Arc::new(Fields {
+                bytes: self.buf[..self.len].into(),
+                digest: OnceLock::new(),
+            })),
+        }
     }
 }
 
@@ -673,6 +781,82 @@ mod tests {
                 .field(b"tail");
             assert_eq!(enc.finish(), one_by_one.finish(), "{n}");
         }
+    }
+
+    fn hash_of(key: &FlightKey) -> u64 {
+        use std::hash::BuildHasher;
+        // One seed for the process: only the keys vary.
+        static SEED: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+        SEED.get_or_init(Default::default).hash_one(key)
+    }
+
+    /// A key of fields is hashed only when its digest is asked for, and
+    /// that digest is the one `finish_key` computes, and `flight_digest`
+    /// the same; its clones share it.
+    #[test]
+    fn a_lazy_key_hashes_when_asked_and_agrees_with_the_digest_key() {
+        let scope = KeyEncoder::new().field(b"tenant").finish();
+        for scope in [None, Some(scope)] {
+            let enc = KeyEncoder::new().field(b"GET").field(b"/v1/score");
+            let eager = enc.finish_key(stage(), scope);
+            let lazy = enc.finish_key_lazy(stage(), scope);
+            let copy = lazy.clone();
+            assert!(eager.has_digest());
+            assert!(!lazy.has_digest());
+            assert_eq!(lazy.scope(), eager.scope());
+            assert_eq!(lazy.digest(), eager.digest());
+            assert!(lazy.has_digest() && copy.has_digest(), "clones share it");
+            assert_eq!(lazy.flight_digest(), eager.flight_digest());
+            assert_eq!(lazy.to_string(), eager.to_string());
+        }
+    }
+
+    /// Keys of fields are equal exactly when stage, scope and every byte
+    /// are; equal ones hash alike; and a key of fields never equals a
+    /// digest key (their `Hash`es could not agree).
+    #[test]
+    fn lazy_keys_are_equal_by_their_bytes() {
+        let t = Some(KeyEncoder::new().field(b"tenant").finish());
+        let key = |fields: &[&[u8]], scope: Option<Digest>| {
+            let mut enc = KeyEncoder::new();
+            for f in fields {
+                enc.push(f);
+            }
+            enc.finish_key_lazy(stage(), scope)
+        };
+        let a = key(&[b"ab", b"c"], None);
+        let a2 = key(&[b"ab", b"c"], None);
+        assert_eq!(a, a2);
+        assert_eq!(hash_of(&a), hash_of(&a2));
+        assert_ne!(a, key(&[b"a", b"bc"], None));
+        assert_ne!(a, key(&[b"ab", b"d"], None));
+        assert_ne!(a, key(&[b"ab", b"c"], t));
+        let report = StageName::new("report").unwrap();
+        assert_ne!(
+            a,
+            KeyEncoder::new()
+                .field(b"ab")
+                .field(b"c")
+                .finish_key_lazy(report, None)
+        );
+        let eager = KeyEncoder::new()
+            .field(b"ab")
+            .field(b"c")
+            .finish_key(stage(), None);
+        assert_eq!(a.digest(), eager.digest());
+        assert_ne!(a, eager);
+        assert_ne!(eager, a);
+    }
+
+    /// Past the buffer the input is being hashed already: the key is a
+    /// digest key, with the specified digest.
+    #[test]
+    fn a_spilled_lazy_key_is_a_digest_key() {
+        let big = vec![b'b'; 300];
+        let enc = KeyEncoder::new().field(&big);
+        let key = enc.finish_key_lazy(stage(), None);
+        assert!(key.has_digest());
+        assert_eq!(key, enc.finish_key(stage(), None));
     }
 
     #[test]

@@ -19,10 +19,13 @@
 //! - [`grpc::GrpcKeyExtractor`] (feature `grpc`): allowlisted unary
 //!   methods, message bytes, `grpc-encoding`, selected metadata.
 //!
-//! Keys never contain raw input: stage names are validated identifiers,
-//! everything else is a BLAKE3 digest built with
+//! Keys never show raw input: stage names are validated identifiers,
+//! everything else is named by a BLAKE3 digest built with
 //! [`KeyEncoder`](flightdeck_core::KeyEncoder) (versioned, domain-separated,
-//! length-prefixed), so keys are safe in Redis key names and logs.
+//! length-prefixed), so keys are safe in Redis key names and logs. The HTTP
+//! and gRPC extractors hash a request's fields only when the digest is
+//! first needed ([`KeyEncoder::finish_key_lazy`](flightdeck_core::KeyEncoder::finish_key_lazy)):
+//! a flight that stays in the process compares the fields themselves.
 //!
 //! Errors (a body that fails to read, a conflicting `Idempotency-Key`) are
 //! returned as `BoxError`s of the types in [`error`]; for HTTP and gRPC,

@@ -73,6 +73,38 @@ fn keys_never_show_raw_input() {
     assert!(!shown.contains("secret"), "{shown}");
 }
 
+/// The digest of a request's fields is computed when asked for (by L2,
+/// the wire, a log line), not on extraction; a key over a long body (past
+/// the encoder's buffer, hashed while it was read) has it already. Keys
+/// compare equal by their fields either way.
+#[test]
+fn a_key_is_hashed_only_when_its_digest_is_asked_for() {
+    let ex = HttpKeyExtractor::builder()
+        .default_stage("http")
+        .route(Route::post("/render", "render").hash_body(4096))
+        .build()
+        .unwrap();
+    let a = key(&ex, get_req("/v1/items?id=1")).unwrap();
+    let b = key(&ex, get_req("/v1/items?id=1")).unwrap();
+    assert!(!a.has_digest() && !b.has_digest());
+    assert_eq!(a, b);
+    assert_ne!(a, key(&ex, get_req("/v1/items?id=2")).unwrap());
+    assert!(!a.has_digest(), "compared by their fields");
+    assert_eq!(a.digest(), b.digest());
+    assert!(a.has_digest());
+    let post = |body: Vec<u8>| {
+        key_of(
+            &ex,
+            Request::post("/render").body(Full::from(body)).unwrap(),
+        )
+    };
+    assert!(!post(vec![b'x'; 16]).has_digest());
+    let long = post(vec![b'x'; 1000]);
+    assert!(long.has_digest());
+    assert_eq!(long, post(vec![b'x'; 1000]));
+    assert_ne!(long, post(vec![b'y'; 1000]));
+}
+
 #[test]
 fn empty_query_forms_are_one_key() {
     let ex = basic();

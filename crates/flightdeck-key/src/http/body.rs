@@ -36,15 +36,15 @@ impl Plan {
     /// Writes the body as the last field of `encoder` and decides.
     fn finish(self, encoder: &mut HeadEncoder, body: &[u8]) -> Result<Decision, BoxError> {
         encoder.push(body);
-        let digest = encoder.finish();
+        // Hashed only if the digest is needed: by the idempotency check
+        // here, or later by a flight that leaves the process.
+        let key = encoder.finish_key_lazy(self.stage, self.scope);
         if let Some((table, slot)) = &self.idempotency {
-            if !table.check(*slot, digest) {
-                return Err(IdempotencyConflict::new(Some(self.stage)).into());
+            if !table.check(*slot, *key.digest()) {
+                return Err(IdempotencyConflict::new(Some(key.stage().clone())).into());
             }
         }
-        Ok(Decision::Key(flightdeck_core::FlightKey::new(
-            self.stage, self.scope, digest,
-        )))
+        Ok(Decision::Key(key))
     }
 }
 

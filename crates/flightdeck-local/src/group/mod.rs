@@ -500,14 +500,15 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
                 slot.state = SlotState::Replay(Arc::new(Replay { value, until }));
                 Some(until)
             }
-            // Nothing left in the slot owns anything (its key holds no
-            // reference, its waiters' board and the leader's waker were
-            // taken above): it is forgotten, not dropped, so that the
-            // removal does not copy the whole slot out of the table only
-            // to drop nothing.
+            // Nothing left in the running state owns anything (its
+            // waiters' board and the leader's waker were taken above): it
+            // is forgotten, not dropped. The key is dropped: a key of
+            // fields owns them (`FlightKey`).
             _ => {
                 debug_assert!(r.owns_nothing());
-                std::mem::forget(e.remove().0);
+                let Slot { key, state, .. } = e.remove().0;
+                drop(key);
+                std::mem::forget(state);
                 None
             }
         };
