@@ -26,6 +26,11 @@ pub(crate) fn write_query<const N: usize>(
     query: Option<&str>,
     ignore: &[Box<[u8]>],
 ) {
+    // No query: no parameters, without splitting anything.
+    if query.is_none_or(str::is_empty) {
+        enc.push(&0u64.to_le_bytes());
+        return;
+    }
     let mut params: Vec<Param<'_>> = Vec::new();
     for piece in query.unwrap_or("").split('&') {
         if piece.is_empty() {

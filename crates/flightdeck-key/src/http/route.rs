@@ -46,20 +46,33 @@ impl Pattern {
 
     /// Whether the (raw) request path matches.
     pub(crate) fn matches(&self, path: &str) -> bool {
-        let Some(rest) = path.strip_prefix('/') else {
+        // The pieces of `path` after its leading '/', split on '/' (one
+        // empty piece for "/"), one byte search each.
+        let Some(mut rest) = path.as_bytes().strip_prefix(b"/") else {
             return false;
         };
-        let mut pieces = rest.split('/');
+        let mut more = true;
         for seg in &self.segments {
-            let Some(piece) = pieces.next() else {
+            if !more {
                 return false;
+            }
+            let piece = match rest.iter().position(|&b| b == b'/') {
+                Some(end) => {
+                    let piece = &rest[..end];
+                    rest = &rest[end + 1..];
+                    piece
+                }
+                None => {
+                    more = false;
+                    rest
+                }
             };
             match seg {
-                Segment::Literal(lit) if **lit != *piece => return false,
+                Segment::Literal(lit) if lit.as_bytes() != piece => return false,
                 _ => {}
             }
         }
-        self.tail || pieces.next().is_none()
+        self.tail || !more
     }
 }
 
@@ -82,6 +95,54 @@ mod tests {
         assert!(p.matches("/files"));
         assert!(Pattern::parse("/").unwrap().matches("/"));
         assert!(!Pattern::parse("/").unwrap().matches("/a"));
+        assert!(!Pattern::parse("/").unwrap().matches(""));
+        let p = Pattern::parse("/v1/items/{id}").unwrap();
+        assert!(!p.matches("/v1/items/42/"));
+        assert!(p.matches("/v1/items/"), "an empty segment is a segment");
+        assert!(!p.matches("//items/42"));
+        assert!(!p.matches("/v1/items"));
+        let p = Pattern::parse("/v1/{*rest}").unwrap();
+        assert!(p.matches("/v1/"));
+        assert!(p.matches("/v1"));
+        assert!(!p.matches("/v2/a"));
+    }
+
+    /// The matcher agrees with a plain split on '/' for every path over a
+    /// small alphabet (the form it replaced).
+    #[test]
+    fn matching_agrees_with_splitting() {
+        fn by_split(p: &Pattern, path: &str) -> bool {
+            let Some(rest) = path.strip_prefix('/') else {
+                return false;
+            };
+            let mut pieces = rest.split('/');
+            for seg in &p.segments {
+                let Some(piece) = pieces.next() else {
+                    return false;
+                };
+                if let Segment::Literal(lit) = seg {
+                    if **lit != *piece {
+                        return false;
+                    }
+                }
+            }
+            p.tail || pieces.next().is_none()
+        }
+        let patterns = ["/", "/a", "/a/{x}", "/{x}/a", "/a/{*r}", "/{x}/{x}", "/a/b"];
+        let mut paths = vec![String::new()];
+        for _ in 0..5 {
+            let longer: Vec<String> = paths
+                .iter()
+                .flat_map(|p| ["a", "b", "/"].map(|c| format!("{p}{c}")))
+                .collect();
+            paths.extend(longer);
+        }
+        for pattern in patterns {
+            let p = Pattern::parse(pattern).unwrap();
+            for path in &paths {
+                assert_eq!(p.matches(path), by_split(&p, path), "{pattern} {path:?}");
+            }
+        }
     }
 
     #[test]

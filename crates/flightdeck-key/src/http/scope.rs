@@ -241,14 +241,19 @@ impl Scope {
     /// The scope digest, unkeyed: `Ok(None)` = no scope, `Err(())` = a rule
     /// is configured and found nothing.
     fn compute(&self, parts: &Parts) -> Result<Option<Digest>, ()> {
+        // The usual unscoped requests return before an encoder is made.
+        match &self.kind {
+            Kind::Shared | Kind::Invalid(_) => return Ok(None),
+            Kind::Credentials(names) if !names.iter().any(|n| parts.headers.contains_key(n)) => {
+                return Ok(None)
+            }
+            _ => {}
+        }
         let mut enc = KeyEncoder::with_domain(b"flightdeck-key/scope");
         enc.push(&[SCOPE_ENCODING_VERSION]);
         match &self.kind {
             Kind::Shared | Kind::Invalid(_) => return Ok(None),
             Kind::Credentials(names) => {
-                if !names.iter().any(|n| parts.headers.contains_key(n)) {
-                    return Ok(None);
-                }
                 enc.push(b"credentials");
                 super::write_headers(&mut enc, &parts.headers, names);
             }
