@@ -36,7 +36,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use flightdeck_budget::{Phase, Slices};
-use flightdeck_core::error::BoxError;
+use flightdeck_core::error::{find, BoxError};
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::{ErrorClass, FlightKey, Serves, Share, Shareable, SharedForm, StageName};
@@ -411,25 +411,43 @@ where
                 Ok(Answer::Own(_)) => false,
                 Err(e) => setup.failures.failed(Err(e)),
             };
+            // The caller's own wait ran out (`wait-timeout`): a timeout,
+            // as an execution timeout is, whatever the judge of failures
+            // says; not a failure of the work.
+            let waited_out = out
+                .as_ref()
+                .is_err_and(|e| find::<WaitTimeout>(e.as_ref()).is_some());
             // While the store is reachable, only a run in the local
             // fallback (its flight could not reach the store: `redis_down`;
-            // or a ramp held it back: the failure's own reason).
+            // or a ramp held it back: the failure's own reason), or a
+            // caller whose wait ran out while the stage's store is down
+            // (it waited on a flight that could not reach it).
             let fell_back = match fallback_only {
                 true => setup.kept.fell_back_since(&key, arrival),
                 false => Some(true),
             };
-            let if_error = past_within(windows.if_error).filter(|_| failed && fell_back.is_some());
+            let fell_back = fell_back.or_else(|| {
+                let down = waited_out && {
+                    ctl.sync();
+                    ctl.whole_degraded()
+                };
+                down.then_some(true)
+            });
+            let if_error = past_within(windows.if_error)
+                .filter(|_| (failed || waited_out) && fell_back.is_some());
             if let Some(at) = if_error {
                 // A caller's own deadline says nothing of the work: it
                 // throttles nobody else.
-                if !retry_after.is_zero() && !out.as_ref().is_err_and(own_deadline) {
+                if !retry_after.is_zero() && !waited_out && !out.as_ref().is_err_and(own_deadline) {
                     setup.kept.throttle(&key, Instant::now() + retry_after);
                 }
                 let store_up = fell_back == Some(false);
-                return Ok((
-                    Answer::Shared(copy),
-                    stale_as(StaleReason::Error, store_up, at),
-                ));
+                let why = if waited_out {
+                    StaleReason::WaitTimeout
+                } else {
+                    StaleReason::Error
+                };
+                return Ok((Answer::Shared(copy), stale_as(why, store_up, at)));
             }
             let out = out?;
             let joined = matches!(out, Answer::Shared(_));

@@ -88,11 +88,12 @@ impl WaitAction {
 }
 
 /// Why a stale result answered, in label order.
-pub(crate) const STALE_REASONS: [StaleReason; 4] = [
+pub(crate) const STALE_REASONS: [StaleReason; 5] = [
     StaleReason::Revalidate,
     StaleReason::Error,
     StaleReason::SoftTimeout,
     StaleReason::RedisDown,
+    StaleReason::WaitTimeout,
 ];
 
 /// How a background refresh of a kept result ended (the `outcome` label

@@ -87,17 +87,21 @@ pub enum StaleReason {
     SoftTimeout,
     /// The coordination backend is unavailable and this node kept a copy.
     RedisDown,
+    /// The caller's wait for the flight ran past `wait-timeout`, within
+    /// `stale-if-error` (the work did not fail: nothing is throttled).
+    WaitTimeout,
 }
 
 impl StaleReason {
     /// The label value (`revalidate` | `error` | `soft_timeout` |
-    /// `redis_down`).
+    /// `redis_down` | `wait_timeout`).
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Revalidate => "revalidate",
             Self::Error => "error",
             Self::SoftTimeout => "soft_timeout",
             Self::RedisDown => "redis_down",
+            Self::WaitTimeout => "wait_timeout",
         }
     }
 }
@@ -195,6 +199,7 @@ mod tests {
         assert!(w.any());
         assert_eq!(w.keep_stale(), Duration::from_secs(60));
         assert_eq!(StaleReason::SoftTimeout.to_string(), "soft_timeout");
+        assert_eq!(StaleReason::WaitTimeout.to_string(), "wait_timeout");
     }
 
     #[test]

@@ -614,6 +614,97 @@ async fn a_failing_fallback_run_is_answered_by_the_copy_before_the_breaker_opens
     assert_eq!(stale_served("fallback-copy", StaleReason::RedisDown), 1);
 }
 
+/// A caller follows another node's flight when the store goes down: its
+/// wait cannot end before the wait timeout (the other node may hold the
+/// lease and finish), and at the wait timeout, the stage's store being
+/// down, the node's copy answers (`redis_down`, within `stale-if-error`)
+/// instead of the timeout.
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_runs_out_while_the_store_is_down_is_answered_by_the_copy() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+    cfg.replay_ttl = Duration::from_secs(1);
+    cfg.stale_if_error = Duration::from_secs(600);
+    cfg.lease_timeout = Duration::from_secs(2);
+    cfg.heartbeat_interval = Duration::from_millis(500);
+    cfg.wait_timeout = Duration::from_secs(3);
+    let app = app_on("wait-down", &origin, cfg.clone(), store.clone());
+    // This node's copy comes from a run the store never saw (its breaker
+    // was open).
+    let handle = app.layer.stage(app.stage).unwrap();
+    let breaker = handle.breaker();
+    breaker.force_open();
+    assert_eq!(call(&app).await.body, "v1");
+    breaker.force_closed();
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    // Another node runs the key, slowly: this node follows, nothing kept
+    // in the store beside the flight.
+    let slow = Origin::new(Duration::from_secs(300));
+    let other = app_on("wait-down", &slow, cfg, store.clone());
+    let running = tokio::spawn(call(&other));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(slow.calls(), 1, "the other node runs it");
+    let waiting = tokio::spawn(call(&app));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The store goes down; the breaker opens on other callers' failures.
+    store.set_unavailable(true);
+    breaker.force_open();
+    let got = waiting.await.unwrap();
+    assert_eq!(
+        (got.status, got.body.as_str()),
+        (StatusCode::OK, "v1"),
+        "{got:?}"
+    );
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::RedisDown);
+    assert_eq!(origin.calls(), 1, "nothing ran here");
+    assert_eq!(stale_served("wait-down", StaleReason::RedisDown), 1);
+    running.abort();
+}
+
+/// A LOCAL_ONLY caller whose wait runs out is answered by the copy within
+/// `stale-if-error`, counted as `wait_timeout`: the work did not fail,
+/// so nothing is throttled.
+#[tokio::test(start_paused = true)]
+async fn a_callers_wait_timeout_is_answered_by_the_copy() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = app("wait-copy", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_if_error = Duration::from_secs(600);
+        c.stale_retry_after = Duration::from_secs(30);
+        c.lease_timeout = Duration::from_secs(2);
+        c.heartbeat_interval = Duration::from_millis(500);
+        c.wait_timeout = Duration::from_secs(3);
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    origin.work.store(10_000, Ordering::SeqCst);
+    let started = Instant::now();
+    let got = call(&app).await;
+    assert_eq!(
+        (got.status, got.body.as_str()),
+        (StatusCode::OK, "v1"),
+        "{got:?}"
+    );
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::WaitTimeout);
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "at the wait timeout"
+    );
+    assert_eq!(stale_served("wait-copy", StaleReason::WaitTimeout), 1);
+    assert_eq!(stale_served("wait-copy", StaleReason::Error), 0);
+    // Not a failure of the work: nothing is throttled, the next caller
+    // runs it.
+    origin.work.store(100, Ordering::SeqCst);
+    let next = call(&app).await;
+    assert_eq!((next.body.as_str(), next.stale), ("v3", None));
+}
+
 /// A follower whose wait fails runs in the local fallback
 /// (`on-wait-failure = local`) while the store is up: the store stays
 /// the judge, so a result another node purged there never answers its

@@ -139,7 +139,7 @@ pub const MODE: &str = "singleflight_mode";
 
 /// Counter: answers given from a stale result (`reason` =
 /// [`StaleReason::as_str`](crate::StaleReason::as_str): `revalidate` |
-/// `error` | `soft_timeout` | `redis_down`).
+/// `error` | `soft_timeout` | `redis_down` | `wait_timeout`).
 pub const STALE_SERVED_TOTAL: &str = "singleflight_stale_served_total";
 /// Counter: refreshes of a kept result that ran in the background (grace,
 /// early refresh, a soft timeout's work), by how they ended (`outcome` =
