@@ -18,10 +18,20 @@
 //! whose process was killed; the in-flight maps come from each node's
 //! `/stats`, memory from each node's `VmRSS`.
 //!
-//! Short form (CI): 40 s. Long form:
+//! A second run, after the first, turns the stage's stale windows on
+//! (`flightdeck-node --stale`: grace, stale-if-error with phases where the
+//! work fails, its throttle, a soft timeout; each request answered by L2
+//! alone, which says how) under the same kind of schedule, and checks
+//! every answer besides, as `chaos_stale` does in one process
+//! ([`chaos::check_answers`]): no stale answer older than its freshness
+//! plus its reason's window, no node answering a generation older than
+//! one it had answered from the store.
+//!
+//! Short form (CI): 25 s, then 20 s with the windows on. Long form:
 //! `FLIGHTDECK_CHAOS_SECS=300 cargo test -p flightdeck-harness --all-features
-//! --test chaos_nodes -- --nocapture`; `FLIGHTDECK_CHAOS_SEED` picks another
-//! schedule, `FLIGHTDECK_CHAOS_VERBOSE=1` prints each fault.
+//! --test chaos_nodes -- --nocapture` (the stale run takes half of it);
+//! `FLIGHTDECK_CHAOS_SEED` picks another schedule,
+//! `FLIGHTDECK_CHAOS_VERBOSE=1` prints each fault.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,7 +42,8 @@ use std::time::Duration;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_distributed::FlightId;
 use flightdeck_harness::chaos::{
-    self, blocking, lock, within, Attempt, Chaos, Memory, NodeLog, Settings, Summary,
+    self, blocking, lock, within, Answer, Answers, Attempt, Chaos, Memory, NodeLog, Settings,
+    Summary,
 };
 use flightdeck_harness::node::{get_async, NodeProcess, NodeStats};
 use flightdeck_harness::recorder::{wall_us, WallClock};
@@ -76,6 +87,9 @@ struct Nodes {
     addrs: Vec<Mutex<Option<SocketAddr>>>,
     kills: AtomicU64,
     kills_mid_work: AtomicU64,
+    /// A stale run: the wall-clock microseconds its work's failing phases
+    /// count from (`--stale`).
+    stale: Option<u64>,
 }
 
 impl Nodes {
@@ -85,12 +99,13 @@ impl Nodes {
         let n = lock(&self.slots)[i].lives.len();
         let log = self.dir.join(format!("node{i}.{n}.jsonl"));
         let journal = log.to_str().expect("utf-8 temp path").to_owned();
-        let process = NodeProcess::start(
-            binary(),
-            &self.redis_urls[i],
-            &["--chaos", "1", "--journal", &journal],
-        )
-        .unwrap_or_else(|e| panic!("node {i} starts: {e}"));
+        let epoch = self.stale.map(|us| us.to_string());
+        let mut args = vec!["--chaos", "1", "--journal", &journal];
+        if let Some(epoch) = &epoch {
+            args.extend(["--stale", epoch]);
+        }
+        let process = NodeProcess::start(binary(), &self.redis_urls[i], &args)
+            .unwrap_or_else(|e| panic!("node {i} starts: {e}"));
         let addr = process.addr();
         let mut slots = lock(&self.slots);
         slots[i].lives.push(Life {
@@ -109,6 +124,13 @@ impl Nodes {
 
     fn addr(&self, i: usize) -> Option<SocketAddr> {
         *lock(&self.addrs[i])
+    }
+
+    /// The node whose process (alive or dead) had `pid`.
+    fn node_of(&self, pid: u32) -> Option<usize> {
+        lock(&self.slots)
+            .iter()
+            .position(|slot| slot.lives.iter().any(|l| l.pid == pid))
     }
 
     /// Node `i`'s stats, `None` if it is down or does not answer in 2 s.
@@ -172,13 +194,24 @@ impl Nodes {
 
 /// One request over HTTP to node `i`: skipped while it is down; a lost
 /// connection is put down to a kill when the node's address changed
-/// meanwhile.
-async fn call(nodes: Arc<Nodes>, i: usize, key: String) -> Attempt {
+/// meanwhile. In a stale run, its answer (`key|generation|pid|how`) is
+/// recorded in `answers`.
+async fn call(nodes: Arc<Nodes>, i: usize, key: String, answers: Option<Answers>) -> Attempt {
     let Some(addr) = nodes.addr(i) else {
         return Attempt::Skipped;
     };
+    let began = Instant::now();
     match get_async(addr, &format!("/flight/{key}")).await {
-        Ok((200, body)) => Attempt::Value(body),
+        Ok((200, body)) => {
+            if let Some(answers) = answers {
+                let received = Instant::now();
+                let answer = parse_answer(&nodes, i, &key, &body, began, received);
+                lock(&answers).push(answer.unwrap_or_else(|| {
+                    panic!("node {i} answered {body:?} for {key}: not key|generation|pid|how")
+                }));
+            }
+            Attempt::Value(body)
+        }
         Ok((status, body)) => Attempt::Error(format!(
             "{status} {}",
             body.split_whitespace().next().unwrap_or("(empty)")
@@ -190,11 +223,55 @@ async fn call(nodes: Arc<Nodes>, i: usize, key: String) -> Attempt {
     }
 }
 
+/// A stale run's answer, `key|generation|pid|how`, of a request to node
+/// `i` (`None`: not of that form).
+fn parse_answer(
+    nodes: &Nodes,
+    i: usize,
+    key: &str,
+    body: &str,
+    began: Instant,
+    received: Instant,
+) -> Option<Answer> {
+    let mut parts = body.split('|').skip(1);
+    let generation = parts.next()?.parse().ok()?;
+    let pid = parts.next()?.parse().ok()?;
+    let how = chaos::answered_from_text(parts.next()?)?;
+    Some(Answer {
+        node: i,
+        key: key.to_owned(),
+        generation,
+        from: nodes.node_of(pid).unwrap_or(usize::MAX),
+        began,
+        received,
+        how,
+    })
+}
+
 /// Issue 7: the chaos suite over `flightdeck-node` processes, with node
-/// processes killed mid-work and restarted (see the module docs).
+/// processes killed mid-work and restarted; then issue 34's stale windows
+/// over them (see the module docs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_node_processes() {
-    let settings = Settings::from_env(40);
+    let (plain, stale) = match std::env::var("FLIGHTDECK_CHAOS_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(secs) => (secs, (secs / 2).max(20)),
+        None => (25, 20),
+    };
+    run_nodes("node processes", Settings::from_env(plain), false).await;
+    let settings = Settings {
+        secs: stale,
+        window: chaos::STALE_KEY_WINDOW,
+        ..Settings::from_env(stale)
+    };
+    run_nodes("node processes, stale windows on", settings, true).await;
+}
+
+/// One run over node processes (`stale`: with the stage's stale windows
+/// on, every answer checked).
+async fn run_nodes(name: &'static str, settings: Settings, stale: bool) {
     let total = settings.total();
     let (topology, proxies) = blocking("redis and proxies", move || {
         chaos::start_standalone(settings.nodes)
@@ -214,6 +291,7 @@ async fn chaos_node_processes() {
         addrs: (0..settings.nodes).map(|_| Mutex::new(None)).collect(),
         kills: AtomicU64::new(0),
         kills_mid_work: AtomicU64::new(0),
+        stale: stale.then(wall_us),
     });
     for i in 0..settings.nodes {
         let n = nodes.clone();
@@ -230,17 +308,18 @@ async fn chaos_node_processes() {
             Chaos::standalone(rng, settings.nodes)
         }
     });
-    settings.announce("node processes", plan.len());
+    settings.announce(name, plan.len());
 
     let load = settings.load();
+    let answers = stale.then(Answers::default);
     let mut tasks = Vec::new();
     for i in 0..settings.nodes {
         for w in 0..settings.workers {
-            let nodes = nodes.clone();
+            let (nodes, answers) = (nodes.clone(), answers.clone());
             tasks.push(tokio::spawn(chaos::worker(
                 load.clone(),
                 settings.worker_seed(i, w),
-                move |key| call(nodes.clone(), i, key),
+                move |key| call(nodes.clone(), i, key, answers.clone()),
             )));
         }
     }
@@ -350,8 +429,22 @@ async fn chaos_node_processes() {
         "node processes killed: {kills} ({kills_mid_work} while running a flight); journal lines unreadable: {malformed}"
     ));
     extra.extend(lives);
+    let policy = if stale {
+        chaos::stale_policy()
+    } else {
+        chaos::distributed_policy()
+    };
+    let answered = answers.map(|answers| {
+        chaos::check_answers(
+            &lock(&answers),
+            &executions,
+            policy.replay_ttl_duration(),
+            &policy.stale(),
+        )
+    });
+    extra.extend(answered.iter().flat_map(|a| a.lines()));
     Summary {
-        name: "node processes",
+        name,
         seed: settings.seed,
         secs: settings.secs,
         nodes: settings.nodes,
@@ -359,7 +452,7 @@ async fn chaos_node_processes() {
         applied: &applied,
         journal: &journal,
         executions: &executions,
-        fresh: chaos::distributed_policy().replay_ttl_duration(),
+        fresh: policy.replay_ttl_duration(),
         drained,
         drained_what: "every node's /stats: L1 running and entries, subscriptions",
         leases: &leases,
@@ -367,6 +460,9 @@ async fn chaos_node_processes() {
         extra,
     }
     .print_and_check(true, flight_of);
+    if let Some(answered) = answered {
+        answered.assert();
+    }
 
     let scheduled_kills = applied.get(Chaos::KILL_NODE).copied().unwrap_or(0);
     assert_eq!(kills, scheduled_kills);

@@ -7,8 +7,9 @@
 //!
 //! ```text
 //! flightdeck-node --redis redis://127.0.0.1:6390 [--work-ms 200] [--lease-ms 1500]
-//!                 [--chaos 1] [--journal PATH]
-//! GET /flight/{key}  -> 200 "{key}|{generation}|{pid}" or 503 "{ErrorClass:?} {error}"
+//!                 [--chaos 1] [--journal PATH] [--stale EPOCH_US]
+//! GET /flight/{key}  -> 200 "{key}|{generation}|{pid}" or 503 "{ErrorClass:?} {error}";
+//!                       with --stale, 200 "{key}|{generation}|{pid}|{how}"
 //! GET /stats         -> 200 "executions N\nworking N\nrunning N\nentries N\nsubscriptions N\n"
 //! GET /idle          -> 200 "idle" once the L2 background work (commits,
 //!                       abandons, lease releases) is done, 503 "busy" after 10 s
@@ -21,6 +22,13 @@
 //! heartbeat and execution start and end to PATH as JSON lines, flushed one
 //! by one (a `Recorder` logging to an `EventLog`), for the test to merge
 //! after the run, also from killed processes.
+//!
+//! `--stale EPOCH_US` (with `--chaos 1`) turns the stage's stale windows
+//! on (`chaos::stale_policy`) and sends each request to L2 alone, whose
+//! answer says how it was given (`how`: `chaos::answered_to_text`); the
+//! work fails (as an execution timeout) while `chaos::work_down` of the
+//! time since EPOCH_US (wall clock, microseconds since the Unix epoch),
+//! so every node's failing phases are the same.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,13 +39,14 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use flightdeck_core::error::{BoxError, ErrorClass};
-use flightdeck_core::{CloneShare, FlightKey, StageName};
+use flightdeck_core::error::{BoxError, DeadlineExceeded, ErrorClass};
+use flightdeck_core::{CloneShare, FlightKey, Shareable, StageName};
 use flightdeck_distributed::{
-    DistributedFlightLayer, DistributedFlights, DistributedPolicy, FencingToken, PostcardCodec,
+    DistributedFlightLayer, DistributedFlights, DistributedPolicy, Execute, FencingToken,
+    PostcardCodec, Propagate, Role,
 };
 use flightdeck_harness::chaos;
-use flightdeck_harness::recorder::EventLog;
+use flightdeck_harness::recorder::{wall_us, EventLog};
 use flightdeck_harness::Recorder;
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use flightdeck_redis::{RedisBackend, RedisConfig};
@@ -68,6 +77,9 @@ struct Args {
     lease: Duration,
     chaos: bool,
     journal: Option<PathBuf>,
+    /// `--stale`: the wall-clock microseconds the work's failing phases
+    /// count from.
+    stale: Option<u64>,
 }
 
 fn args() -> Result<Args, String> {
@@ -77,6 +89,7 @@ fn args() -> Result<Args, String> {
         lease: Duration::from_millis(1500),
         chaos: false,
         journal: None,
+        stale: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -93,14 +106,20 @@ fn args() -> Result<Args, String> {
             "--lease-ms" => out.lease = ms()?,
             "--chaos" => out.chaos = value == "1",
             "--journal" => out.journal = Some(PathBuf::from(&value)),
+            "--stale" => {
+                out.stale = Some(value.parse().map_err(|e| format!("{flag}: {e}"))?);
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
     if out.redis.is_empty() {
         return Err(
-            "usage: flightdeck-node --redis URL [--work-ms N] [--lease-ms N] [--chaos 1] [--journal PATH]"
+            "usage: flightdeck-node --redis URL [--work-ms N] [--lease-ms N] [--chaos 1] [--journal PATH] [--stale EPOCH_US]"
                 .into(),
         );
+    }
+    if out.stale.is_some() && !out.chaos {
+        return Err("--stale needs --chaos 1".into());
     }
     Ok(out)
 }
@@ -139,7 +158,9 @@ async fn main() -> Result<(), BoxError> {
     if let Some(log) = &log {
         recorder = recorder.logging_to(log.clone());
     }
-    let policy = if args.chaos {
+    let policy = if args.stale.is_some() {
+        chaos::stale_policy()
+    } else if args.chaos {
         chaos::distributed_policy()
     } else {
         DistributedPolicy::new()
@@ -192,6 +213,10 @@ async fn main() -> Result<(), BoxError> {
         })
     };
     let flights = l2.flights().clone();
+    let stale = args.stale.map(|epoch_us| StaleWork {
+        work: BoxCloneSyncService::new(work.clone()),
+        epoch_us,
+    });
     let svc: Svc = BoxCloneSyncService::new(l1.clone().layer(l2.layer(work)));
 
     let node = Node {
@@ -201,6 +226,7 @@ async fn main() -> Result<(), BoxError> {
         flights,
         executions,
         working,
+        stale,
     };
     let app = Router::new()
         .route("/flight/{key}", get(flight))
@@ -222,12 +248,63 @@ struct Node {
     flights: DistributedFlights<Recorder<RedisBackend>, PostcardCodec<String>>,
     executions: Arc<AtomicU64>,
     working: Arc<AtomicU64>,
+    /// `--stale`: requests go to L2 alone, with this work.
+    stale: Option<StaleWork>,
+}
+
+/// The work of a stale run: the node's work, failing as an execution
+/// timeout while [`chaos::work_down`] since the run's epoch.
+#[derive(Clone)]
+struct StaleWork {
+    work: Svc,
+    epoch_us: u64,
+}
+
+impl Execute<Req> for StaleWork {
+    type Shared = String;
+    type Output = String;
+
+    async fn execute(self, req: Req, role: Role) -> Result<Shareable<String, String>, BoxError> {
+        // The owner's fencing token names the generation it runs.
+        let fence = match role {
+            Role::Owner(token) => Some(token),
+            _ => None,
+        };
+        let value = self.work.oneshot(Req { fence, ..req }).await?;
+        let since = Duration::from_micros(wall_us().saturating_sub(self.epoch_us));
+        if chaos::work_down(since) {
+            return Err(Box::new(DeadlineExceeded::new("execution")));
+        }
+        Ok(Shareable::Shared(value))
+    }
 }
 
 /// `GET /flight/{key}`. The request runs in a task of its own, to its
 /// end, whether or not the client waits for the answer.
 async fn flight(State(node): State<Node>, Path(key): Path<String>) -> (StatusCode, String) {
     let req = Req { key, fence: None };
+    if let Some(work) = node.stale.clone() {
+        let Some(flight) = key_of(&req) else {
+            return (StatusCode::BAD_REQUEST, "no key".into());
+        };
+        let flights = node.flights.clone();
+        let run = async move {
+            flights
+                .run_answered(&flight, req, work, &Propagate, None)
+                .await
+        };
+        return match tokio::spawn(run).await {
+            Ok(Ok((Shareable::Shared(v) | Shareable::Unshared(v, _), how))) => (
+                StatusCode::OK,
+                format!("{v}|{}", chaos::answered_to_text(&how)),
+            ),
+            Ok(Err(e)) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{:?} {e}", ErrorClass::of(&*e)),
+            ),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        };
+    }
     match tokio::spawn(node.svc.oneshot(req)).await {
         Ok(Ok(v)) => (StatusCode::OK, v),
         Ok(Err(e)) => (

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flightdeck_core::stale::{StaleReason, StaleWindows};
+use flightdeck_core::stale::{Stale, StaleReason, StaleWindows};
 use flightdeck_distributed::{Answered, DistributedPolicy};
 use tokio::time::Instant;
 
@@ -52,6 +52,44 @@ pub fn work_down(since: Duration) -> bool {
     since.as_millis() % 5000 >= 3000
 }
 
+/// How a node process says it answered a request, after its value
+/// (`flightdeck-node --stale`): `ran`, `hit` or `stale:REASON:AGE_US`.
+pub fn answered_to_text(how: &Answered) -> String {
+    match how {
+        Answered::Hit { .. } => "hit".to_owned(),
+        Answered::Stale(s) => format!("stale:{}:{}", s.reason.as_str(), s.age.as_micros()),
+        _ => "ran".to_owned(),
+    }
+}
+
+/// [`answered_to_text`] read back (`None`: not one of its forms). A hit's
+/// age is not carried: the checks bound stale answers alone.
+pub fn answered_from_text(text: &str) -> Option<Answered> {
+    match text {
+        "ran" => return Some(Answered::Ran),
+        "hit" => {
+            return Some(Answered::Hit {
+                age: Duration::ZERO,
+                fresh_for: Duration::ZERO,
+            })
+        }
+        _ => {}
+    }
+    let mut parts = text.strip_prefix("stale:")?.split(':');
+    let reason = parts.next()?;
+    let reason = [
+        StaleReason::Revalidate,
+        StaleReason::Error,
+        StaleReason::SoftTimeout,
+        StaleReason::RedisDown,
+        StaleReason::WaitTimeout,
+    ]
+    .into_iter()
+    .find(|r| r.as_str() == reason)?;
+    let age = Duration::from_micros(parts.next()?.parse().ok()?);
+    Some(Answered::Stale(Stale { reason, age }))
+}
+
 /// What one request was answered.
 #[derive(Clone, Debug)]
 pub struct Answer {
@@ -87,7 +125,7 @@ pub type Answers = Arc<Mutex<Vec<Answer>>>;
 pub fn stale_bound(fresh: Duration, windows: &StaleWindows, reason: StaleReason) -> Duration {
     let window = match reason {
         StaleReason::Revalidate => windows.revalidate,
-        StaleReason::Error => windows.if_error,
+        StaleReason::Error | StaleReason::WaitTimeout => windows.if_error,
         _ => windows.keep_stale(),
     };
     fresh + window
