@@ -24,7 +24,7 @@ use tower_service::Service;
 use crate::fallback::{Here, WhyHere};
 use crate::kept::Kept;
 use crate::layer::StageShare;
-use crate::leader::{Lead, Record, Recorded};
+use crate::leader::{Lead, Record};
 use crate::readers::RequestReaders;
 use crate::stage::{Control, Path, Stage};
 use crate::stale::Served;
@@ -181,10 +181,8 @@ where
             (Some(key), Path::Owner) => Record::start(&self.stage, key),
             _ => None,
         };
-        Recorded {
-            fut: Lead::Here {
-                fut: self.run(req, path),
-            },
+        Lead::Here {
+            fut: self.run(req, path),
             record,
         }
     }

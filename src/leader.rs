@@ -37,53 +37,38 @@ enum Route {
 }
 
 pin_project! {
-    /// A leader's work, as small as the path it takes: a local execution
-    /// carries nothing of L2, and only a flight that goes to the backend
-    /// carries (boxed) the flight's coordination state.
+    /// A leader's (or a lone caller's) work, as small as the path it
+    /// takes: a local execution carries nothing of L2, and only a flight
+    /// that goes to the backend carries (boxed) the flight's coordination
+    /// state. When the stage keeps results, what the work produced is
+    /// recorded (see [`Record`]); what it records with is boxed: a stage
+    /// that keeps nothing (the common case) carries a null pointer, not
+    /// the record's room, in every leader's future.
     #[project = LeadProj]
-    pub(crate) enum Lead<L, T, O> {
+    pub(crate) enum Lead<L, T, O, Sh: SharedForm> {
         /// Runs here (LOCAL_ONLY, a stage without backend, or the local
-        /// fallback path of a flight the breaker refused).
-        Here { #[pin] fut: L },
-        /// Refused before the flight was named.
+        /// fallback path of a flight the breaker refused). Its output is
+        /// handed on as it is: nothing to say of how the store answered.
+        Here {
+            #[pin]
+            fut: L,
+            record: Option<Box<Record<Sh>>>,
+        },
+        /// Refused before the flight was named: nothing to record.
         Failed { error: Option<BoxError> },
-        /// Coordinated through L2.
-        Flight { fut: FlightFuture<T, O> },
+        /// Coordinated through L2, which says how it answered (a stale
+        /// answer, a hit's age, by the store).
+        Flight {
+            fut: FlightFuture<T, O>,
+            record: Option<Box<Record<Sh>>>,
+        },
     }
 }
 
-impl<L, T, O> Future for Lead<L, T, O>
-where
-    L: Future<Output = Result<Shareable<T, O>, BoxError>>,
-{
-    /// With how L2 answered (a stale answer, a hit's age, by the store).
-    type Output = Result<(Shareable<T, O>, Answered), BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            LeadProj::Here { fut } => fut.poll(cx).map_ok(|out| (out, Answered::Ran)),
-            LeadProj::Failed { error } => {
-                Poll::Ready(Err(error.take().expect("a refused lead is polled once")))
-            }
-            LeadProj::Flight { fut } => fut.as_mut().poll(cx),
-        }
-    }
-}
-
-pin_project! {
-    /// A leader's (or a lone caller's) work, whose result the stage keeps
-    /// when it keeps results: a shared result that is no failure becomes
-    /// the key's copy (unless a purge came after the work started), an
-    /// unshared one starts the key's hit-for-pass. What it records with is
-    /// boxed: a stage that keeps nothing (the common case) carries a null
-    /// pointer, not the record's room, in every leader's future.
-    pub(crate) struct Recorded<F, Sh: SharedForm> {
-        #[pin]
-        pub(crate) fut: F,
-        pub(crate) record: Option<Box<Record<Sh>>>,
-    }
-}
-
+/// What a stage that keeps its results records of a leader's work: a
+/// shared result that is no failure becomes the key's copy (unless a purge
+/// came after the work started), an unshared one starts the key's
+/// hit-for-pass.
 pub(crate) struct Record<Sh: SharedForm> {
     setup: StaleSetup<Sh::Shared>,
     key: FlightKey,
@@ -107,67 +92,87 @@ impl<Sh: StageShare> Record<Sh> {
             fresh: stage.ctl.cfg.replay_ttl,
         }))
     }
+
+    /// Notes how the store answered, for every caller of this flight.
+    #[inline(never)]
+    fn note(&self, answered: Answered) {
+        let served = match answered {
+            Answered::Hit { age, fresh_for } => Served::Hit {
+                age,
+                ttl: fresh_for,
+            },
+            Answered::Stale(stale) => Served::Stale {
+                stale,
+                past: stale.age.saturating_sub(self.fresh),
+            },
+            _ => return,
+        };
+        self.setup.kept.note_answer(&self.key, served);
+    }
+
+    /// Keeps what the work produced, `age` old (a hit is as old as the
+    /// store says: never a fresh copy here). Out of line: the common
+    /// leader records nothing.
+    #[inline(never)]
+    fn keep<O>(self: Box<Self>, out: &Result<Shareable<Sh::Shared, O>, BoxError>, age: Duration) {
+        let r = self;
+        match out {
+            Ok(Shareable::Shared(v)) if !r.setup.failures.failed(Ok(v)) => {
+                let size = match &r.setup.weigh {
+                    Some(weigh) => weigh(v),
+                    None => r.share.kept_size(v),
+                };
+                r.setup.kept.put(&r.key, r.ticket, v.clone(), size, age);
+            }
+            Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
+                let until = tokio::time::Instant::now() + r.pass_for;
+                r.setup.kept.pass(&r.key, r.ticket, until);
+            }
+            _ => {}
+        }
+    }
 }
 
-impl<F, Sh, O> Future for Recorded<F, Sh>
+impl<L, O, Sh> Future for Lead<L, Sh::Shared, O, Sh>
 where
-    F: Future<Output = Result<(Shareable<Sh::Shared, O>, Answered), BoxError>>,
+    L: Future<Output = Result<Shareable<Sh::Shared, O>, BoxError>>,
     Sh: StageShare,
 {
     type Output = Result<Shareable<Sh::Shared, O>, BoxError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let (out, answered) = match ready!(this.fut.poll(cx)) {
-            Ok((out, answered)) => (Ok(out), answered),
-            Err(e) => (Err(e), Answered::Ran),
-        };
-        // How the store answered, for every caller of this flight.
-        if let Some(r) = this.record.as_ref() {
-            let served = match answered {
-                Answered::Hit { age, fresh_for } => Some(Served::Hit {
-                    age,
-                    ttl: fresh_for,
-                }),
-                Answered::Stale(stale) => Some(Served::Stale {
-                    stale,
-                    past: stale.age.saturating_sub(r.fresh),
-                }),
-                _ => None,
-            };
-            if let Some(served) = served {
-                r.setup.kept.note_answer(&r.key, served);
+        match self.project() {
+            LeadProj::Here { fut, record } => {
+                let out = ready!(fut.poll(cx));
+                if let Some(r) = record.take() {
+                    r.keep(&out, Duration::ZERO);
+                }
+                Poll::Ready(out)
+            }
+            LeadProj::Failed { error } => {
+                Poll::Ready(Err(error.take().expect("a refused lead is polled once")))
+            }
+            LeadProj::Flight { fut, record } => {
+                let (out, answered) = match ready!(fut.as_mut().poll(cx)) {
+                    Ok((out, answered)) => (Ok(out), answered),
+                    Err(e) => (Err(e), Answered::Ran),
+                };
+                if let Some(r) = record.take() {
+                    r.note(answered);
+                    // A stale answer is not recorded: the node keeps a copy
+                    // at least as new already, or the refresh that runs
+                    // meanwhile (whose result becomes the copy, see
+                    // `InnerCall`) must not be fenced by it.
+                    match answered {
+                        Answered::Stale(_) => {}
+                        Answered::Hit { age, .. } => r.keep(&out, age),
+                        _ => r.keep(&out, Duration::ZERO),
+                    }
+                }
+                Poll::Ready(out)
             }
         }
-        // A stale answer is not recorded: the node keeps a copy at least as
-        // new already, or the refresh that runs meanwhile (whose result
-        // becomes the copy, see `InnerCall`) must not be fenced by it.
-        let record = this
-            .record
-            .take()
-            .filter(|_| !matches!(answered, Answered::Stale(_)));
-        if let Some(r) = record {
-            // A hit is as old as the store says: never a fresh copy here.
-            let age = match answered {
-                Answered::Hit { age, .. } => age,
-                _ => Duration::ZERO,
-            };
-            match &out {
-                Ok(Shareable::Shared(v)) if !r.setup.failures.failed(Ok(v)) => {
-                    let size = match &r.setup.weigh {
-                        Some(weigh) => weigh(v),
-                        None => r.share.kept_size(v),
-                    };
-                    r.setup.kept.put(&r.key, r.ticket, v.clone(), size, age);
-                }
-                Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
-                    let until = tokio::time::Instant::now() + r.pass_for;
-                    r.setup.kept.pass(&r.key, r.ticket, until);
-                }
-                _ => {}
-            }
-        }
-        Poll::Ready(out)
     }
 }
 
@@ -293,8 +298,9 @@ where
                     Path::Fallback
                 }
                 Route::Failed(error) => {
-                    let fut = Lead::Failed { error: Some(error) };
-                    return Recorded { fut, record };
+                    // Nothing to record.
+                    drop(record);
+                    return Lead::Failed { error: Some(error) };
                 }
                 Route::Launch(admitted, fallback) => {
                     // What it runs as the owner becomes this node's copy,
@@ -306,8 +312,7 @@ where
                     }
                     exec.why = Arc::clone(&fallback.why);
                     let fut = l2.launch(admitted, key, req, exec, fallback, coordination);
-                    let fut = Lead::Flight { fut };
-                    return Recorded { fut, record };
+                    return Lead::Flight { fut, record };
                 }
             },
         };
@@ -315,19 +320,18 @@ where
         // execution only now: built before the breaker's answer, it was
         // copied into that future twice on every path, LOCAL_ONLY's too
         // (callgrind, `mode_overhead`).
-        let mut exec = Self::exec(Arc::clone(&stage), inner, share, bound, flight);
-        if path == Path::Fallback && stage.stale.is_some() {
-            // The local fallback path answers from, and keeps, this node's
-            // copy of the key (see `InnerCall`), as why it runs here allows.
-            exec.key = Some(key.clone());
+        // The local fallback path answers from, and keeps, this node's
+        // copy of the key (see `InnerCall`), as why it runs here allows.
+        let keeps = path == Path::Fallback && stage.stale.is_some();
+        let mut exec = Self::exec(stage, inner, share, bound, flight);
+        if keeps {
+            exec.key = Some(key);
             if let Some(why) = why {
                 exec.why = why;
             }
         }
-        Recorded {
-            fut: Lead::Here {
-                fut: exec.run(req, path),
-            },
+        Lead::Here {
+            fut: exec.run(req, path),
             record,
         }
     }
@@ -339,10 +343,8 @@ where
         let record = Record::start(&self.stage, &self.key);
         let flight = Self::sharded_flight(&self.stage, self.mode, &self.key);
         let exec = Self::exec(self.stage, self.inner, self.share, self.bound, flight);
-        Recorded {
-            fut: Lead::Here {
-                fut: exec.run(self.req, Path::Local),
-            },
+        Lead::Here {
+            fut: exec.run(self.req, Path::Local),
             record,
         }
     }
