@@ -53,7 +53,10 @@ pub(crate) struct InnerCall<S, R, Sh: flightdeck_core::SharedForm> {
     /// or the store answered the flight and a failed wait sent it here
     /// (`on-wait-failure = local`): no note for the copy (the store
     /// judges).
-    pub(crate) why: Arc<WhyHere>,
+    /// (`None`: not told, as for a run that is no fallback run; a
+    /// fallback run not told is taken as the store down. Allocated only
+    /// for flights that asked the store: LOCAL_ONLY allocates nothing.)
+    pub(crate) why: Option<Arc<WhyHere>>,
 }
 
 impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
@@ -77,10 +80,12 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
         // whether the store was down: its callers' copy may answer its
         // failure, as while the store is degraded.
         let fell_back = match (&self.key, &self.stage.stale, path) {
-            (Some(key), Some(setup), Path::Fallback) => match self.why.get() {
-                Here::StoreAnswered => None,
-                why => Some((key.clone(), setup.kept.clone(), why == Here::StoreDown)),
-            },
+            (Some(key), Some(setup), Path::Fallback) => {
+                match self.why.as_ref().map_or(Here::StoreDown, |w| w.get()) {
+                    Here::StoreAnswered => None,
+                    why => Some((key.clone(), setup.kept.clone(), why == Here::StoreDown)),
+                }
+            }
             _ => None,
         };
         let _noted = fell_back.map(|(key, kept, down)| NoteFallback { key, kept, down });

@@ -216,7 +216,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
             bound,
             flight,
             key: None,
-            why: Arc::default(),
+            why: None,
         }
     }
 
@@ -310,7 +310,7 @@ where
                     if stage.stale.is_some() {
                         exec.key = Some(key.clone());
                     }
-                    exec.why = Arc::clone(&fallback.why);
+                    exec.why = Some(Arc::clone(&fallback.why));
                     let fut = l2.launch(admitted, key, req, exec, fallback, coordination);
                     return Lead::Flight { fut, record };
                 }
@@ -326,9 +326,7 @@ where
         let mut exec = Self::exec(stage, inner, share, bound, flight);
         if keeps {
             exec.key = Some(key);
-            if let Some(why) = why {
-                exec.why = why;
-            }
+            exec.why = why;
         }
         Lead::Here {
             fut: exec.run(req, path),
