@@ -64,12 +64,82 @@ impl WhyHere {
     }
 }
 
+impl WhyHere {
+    fn new(why: Here) -> Self {
+        let told = Self::default();
+        told.set(why);
+        told
+    }
+}
+
+/// Why a run on the local fallback path runs here, as its run reads it
+/// when it starts: known already (a refusal at admission, or none told:
+/// the store down), or told later by a launched flight's fallback (a
+/// failed wait decides late), through the cell they share.
+#[derive(Debug)]
+pub(crate) enum Why {
+    Now(Here),
+    Later(Arc<WhyHere>),
+}
+
+impl Default for Why {
+    fn default() -> Self {
+        Self::Now(Here::StoreDown)
+    }
+}
+
+impl Why {
+    pub(crate) fn get(&self) -> Here {
+        match self {
+            Self::Now(why) => *why,
+            Self::Later(told) => told.get(),
+        }
+    }
+}
+
 /// A stage's failure matrix in the mode its leader found on arrival.
 pub(crate) struct ModeFallback {
     pub(crate) ctl: Arc<Control>,
     pub(crate) mode: Mode,
-    /// Why the flight runs here, when it does (see [`Here`]).
-    pub(crate) why: Arc<WhyHere>,
+    /// Why the flight runs here, when it does (see [`Here`]): a refusal
+    /// at admission is read at once from the fallback itself (nothing is
+    /// allocated on the breaker-open path) ...
+    why: WhyHere,
+    /// ... and, once the flight is launched, told to its run through the
+    /// cell they share ([`ModeFallback::launched`]).
+    told: Option<Arc<WhyHere>>,
+}
+
+impl ModeFallback {
+    /// The fallback of a flight L2 is about to admit.
+    pub(crate) fn admitting(ctl: Arc<Control>, mode: Mode) -> Self {
+        Self {
+            ctl,
+            mode,
+            why: WhyHere::default(),
+            told: None,
+        }
+    }
+
+    /// Why a refusal at admission runs the flight here.
+    pub(crate) fn refused_as(&self) -> Here {
+        self.why.get()
+    }
+
+    /// The flight was admitted: what the fallback decides from now on
+    /// reaches its run through the cell returned.
+    pub(crate) fn launched(&mut self) -> Why {
+        let told = Arc::new(WhyHere::new(self.why.get()));
+        self.told = Some(Arc::clone(&told));
+        Why::Later(told)
+    }
+
+    fn tell(&self, why: Here) {
+        self.why.set(why);
+        if let Some(told) = &self.told {
+            told.set(why);
+        }
+    }
 }
 
 impl ModeFallback {
@@ -89,7 +159,7 @@ impl ModeFallback {
             if class != FailureClass::CircuitOpen {
                 tracing::warn!(stage = %ctl.name, kind = class.as_str(), error = %error, "coordination failed before acquiring: running locally");
             }
-            self.why.set(why);
+            self.tell(why);
             Verdict::RunHere
         } else {
             ctl.count_fail_fast(class);
@@ -154,7 +224,7 @@ impl<Req> Fallback<Req> for ModeFallback {
         match action {
             WaitAction::Local => {
                 ctl.count_fallback(FallbackReason::WaitFailure);
-                self.why.set(Here::StoreAnswered);
+                self.tell(Here::StoreAnswered);
                 Verdict::RunHere
             }
             WaitAction::InProgress => {

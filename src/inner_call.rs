@@ -21,7 +21,7 @@ use tower::util::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::fallback::{Here, WhyHere};
+use crate::fallback::{Here, Why};
 use crate::kept::Kept;
 use crate::layer::StageShare;
 use crate::leader::{Lead, Record};
@@ -53,10 +53,9 @@ pub(crate) struct InnerCall<S, R, Sh: flightdeck_core::SharedForm> {
     /// or the store answered the flight and a failed wait sent it here
     /// (`on-wait-failure = local`): no note for the copy (the store
     /// judges).
-    /// (`None`: not told, as for a run that is no fallback run; a
-    /// fallback run not told is taken as the store down. Allocated only
-    /// for flights that asked the store: LOCAL_ONLY allocates nothing.)
-    pub(crate) why: Option<Arc<WhyHere>>,
+    /// (Not told: the store down. Shared with the fallback only for a
+    /// launched flight: LOCAL_ONLY and a refused flight allocate nothing.)
+    pub(crate) why: Why,
 }
 
 impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
@@ -80,12 +79,10 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
         // whether the store was down: its callers' copy may answer its
         // failure, as while the store is degraded.
         let fell_back = match (&self.key, &self.stage.stale, path) {
-            (Some(key), Some(setup), Path::Fallback) => {
-                match self.why.as_ref().map_or(Here::StoreDown, |w| w.get()) {
-                    Here::StoreAnswered => None,
-                    why => Some((key.clone(), setup.kept.clone(), why == Here::StoreDown)),
-                }
-            }
+            (Some(key), Some(setup), Path::Fallback) => match self.why.get() {
+                Here::StoreAnswered => None,
+                why => Some((key.clone(), setup.kept.clone(), why == Here::StoreDown)),
+            },
             _ => None,
         };
         let _noted = fell_back.map(|(key, kept, down)| NoteFallback { key, kept, down });

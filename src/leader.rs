@@ -16,7 +16,7 @@ use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::fallback::{ModeFallback, WhyHere};
+use crate::fallback::{Here, ModeFallback, Why};
 use crate::inner_call::InnerCall;
 use crate::kept::Ticket;
 use crate::layer::StageShare;
@@ -29,7 +29,7 @@ use crate::stale::{Served, StaleSetup};
 /// What L2's breaker said of a leader's flight.
 enum Route {
     /// Run it here, on the local fallback path, for the reason told.
-    Here(Arc<WhyHere>),
+    Here(Here),
     /// Fail it.
     Failed(BoxError),
     /// Launch it, coordinated.
@@ -216,7 +216,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
             bound,
             flight,
             key: None,
-            why: None,
+            why: Why::default(),
         }
     }
 
@@ -234,11 +234,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
         req: &Req,
         flight: Option<FlightId>,
     ) -> Route {
-        let fallback = ModeFallback {
-            ctl: Arc::clone(&stage.ctl),
-            mode,
-            why: Arc::default(),
-        };
+        let fallback = ModeFallback::admitting(Arc::clone(&stage.ctl), mode);
         let admitted = l2.admit(key, req, &fallback);
         if flight.is_some() {
             // A shard seen for the first time has a breaker now: its
@@ -246,7 +242,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
             stage.ctl.sync();
         }
         match admitted {
-            Err(Verdict::RunHere) => Route::Here(fallback.why),
+            Err(Verdict::RunHere) => Route::Here(fallback.refused_as()),
             Err(Verdict::Fail(error)) => Route::Failed(error),
             Ok(admitted) => Route::Launch(admitted, fallback),
         }
@@ -302,7 +298,7 @@ where
                     drop(record);
                     return Lead::Failed { error: Some(error) };
                 }
-                Route::Launch(admitted, fallback) => {
+                Route::Launch(admitted, mut fallback) => {
                     // What it runs as the owner becomes this node's copy,
                     // also in the background (a refresh L2 runs while its
                     // caller was answered a stale result).
@@ -310,7 +306,7 @@ where
                     if stage.stale.is_some() {
                         exec.key = Some(key.clone());
                     }
-                    exec.why = Some(Arc::clone(&fallback.why));
+                    exec.why = fallback.launched();
                     let fut = l2.launch(admitted, key, req, exec, fallback, coordination);
                     return Lead::Flight { fut, record };
                 }
@@ -326,7 +322,9 @@ where
         let mut exec = Self::exec(stage, inner, share, bound, flight);
         if keeps {
             exec.key = Some(key);
-            exec.why = why;
+            if let Some(why) = why {
+                exec.why = Why::Now(why);
+            }
         }
         Lead::Here {
             fut: exec.run(req, path),
