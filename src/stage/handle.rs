@@ -176,6 +176,13 @@ impl StageHandle {
     /// deployment (`Backend::invalidate`: a new generation fences a
     /// running owner's commit). The error is the backend's; this node's
     /// copies are gone either way.
+    ///
+    /// `key` must be made the way the stage's requests make theirs: the
+    /// HTTP and gRPC extractors make keys of fields, which equal no key
+    /// made from a digest (`FlightKey::new`, `KeyEncoder::finish_key`),
+    /// so for their stages build it from a request with the layer's
+    /// `invalidate_request`. (Across nodes the store purges by digest
+    /// either way; this node's copies are found by key.)
     pub async fn invalidate(&self, key: &FlightKey) -> Result<(), BoxError> {
         self.purge.purge(key).await
     }
