@@ -14,39 +14,19 @@
 //! [`scripts::ACQUIRE`]: crate::scripts::ACQUIRE
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use foldhash::fast::FixedState;
 use tokio::time::Instant;
 
 /// Per slot (`0` on one server, where no slot is worked out): the server
 /// time in ms the last ACQUIRE reply carried and when it arrived.
 #[derive(Debug, Default)]
 pub(crate) struct ServerClocks {
-    seen: Mutex<HashMap<u16, (u64, Instant), BuildHasherDefault<SlotHasher>>>,
-}
-
-/// Hashes a slot number (every ACQUIRE looks its slot up twice): a
-/// multiply spreads its bits, where SipHash costs more than the lookup.
-/// Slots are ours, not an attacker's keys.
-#[derive(Debug, Default)]
-pub(crate) struct SlotHasher(u64);
-
-impl Hasher for SlotHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u16(&mut self, n: u16) {
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
+    /// foldhash's fixed state, not SipHash (every ACQUIRE looks its slot
+    /// up twice): slots are ours, not an attacker's keys.
+    seen: Mutex<HashMap<u16, (u64, Instant), FixedState>>,
 }
 
 /// Whole milliseconds of `d`, saturating.
