@@ -145,6 +145,22 @@ fn reason(how: Answered) -> Option<StaleReason> {
     how.stale().map(|s| s.reason)
 }
 
+/// Primes `k` on `node`, lets it go stale, turns `on` (how the next run of
+/// the work ends), and calls once: the stale result answers at once while
+/// the refresh runs in the background, which has ended on return.
+async fn refresh_in_the_background(node: &Node, k: &FlightKey, work: &Work, on: &AtomicBool) {
+    prime(node, k, work).await;
+    sleep(FRESH + SEC).await;
+    on.store(true, Ordering::SeqCst);
+    let (v, how, _) = call(node, k, work).await;
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::Revalidate))
+    );
+    node.idle().await;
+    assert_eq!(work.runs(), 2, "the refresh ran");
+}
+
 /// Grace: past freshness, 50 callers on two nodes are all answered at
 /// once with the stale value, while one refresh runs for both nodes;
 /// its result answers next.
@@ -445,16 +461,7 @@ async fn a_panicking_refresh_is_counted() {
     });
     let k = key("panicking-refresh");
     let work = Work::new(SEC);
-    prime(&a, &k, &work).await;
-    sleep(FRESH + SEC).await;
-    work.panicking.store(true, Ordering::SeqCst);
-    let (v, how, _) = call(&a, &k, &work).await;
-    assert_eq!(
-        (v.as_str(), reason(how)),
-        ("v1", Some(StaleReason::Revalidate))
-    );
-    a.idle().await;
-    assert_eq!(work.runs(), 2, "the refresh ran");
+    refresh_in_the_background(&a, &k, &work, &work.panicking).await;
     assert_eq!(
         counter_where(
             metric::REFRESH_TOTAL,
@@ -1079,16 +1086,7 @@ async fn a_refresh_whose_response_may_not_be_shared_counts_failed() {
     let stage = "unshared-refresh";
     let k = key(stage);
     let work = Work::new(SEC);
-    prime(&a, &k, &work).await;
-    sleep(FRESH + SEC).await;
-    work.unshared.store(true, Ordering::SeqCst);
-    let (v, how, _) = call(&a, &k, &work).await;
-    assert_eq!(
-        (v.as_str(), reason(how)),
-        ("v1", Some(StaleReason::Revalidate))
-    );
-    a.idle().await;
-    assert_eq!(work.runs(), 2, "the refresh ran");
+    refresh_in_the_background(&a, &k, &work, &work.unshared).await;
     let outcome = |o| counter_where(metric::REFRESH_TOTAL, stage, Some(("outcome", o)));
     assert_eq!((outcome("failed"), outcome("abandoned")), (1, 0));
 }
