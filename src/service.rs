@@ -422,9 +422,12 @@ where
             // or a ramp held it back: the failure's own reason), or a
             // caller whose wait ran out while the stage's store is down
             // (it waited on a flight that could not reach it).
-            let fell_back = match fallback_only {
-                true => setup.kept.fell_back_since(&key, arrival),
-                false => Some(true),
+            // `Some(down)`: the copy may answer, and whether the store is
+            // down (else the failure keeps its own reason).
+            let fell_back = if fallback_only {
+                setup.kept.fell_back_since(&key, arrival)
+            } else {
+                Some(true)
             };
             let fell_back = fell_back.or_else(|| {
                 let down = waited_out && {
