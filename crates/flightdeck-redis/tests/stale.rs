@@ -608,9 +608,25 @@ async fn grace_over_redis_runs_one_refresh_for_both_nodes() {
         2,
         "one refresh for both nodes"
     );
-    let (v, how) = call(&b, &k, &work).await;
+    // b learns that the refresh ended from the commit's notice, in its
+    // inbox: until it arrives b answers the kept v1, stale, as it did
+    // while the refresh ran.
+    let heard_by = tokio::time::Instant::now() + Duration::from_secs(5);
+    let (v, how) = loop {
+        let (v, how) = call(&b, &k, &work).await;
+        if v != "v1" || tokio::time::Instant::now() >= heard_by {
+            break (v, how);
+        }
+        assert_eq!(
+            how.stale().map(|s| s.reason),
+            Some(StaleReason::Revalidate),
+            "{how:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     assert_eq!(v, "v2");
     assert!(matches!(how, Answered::Hit { .. }), "{how:?}");
+    assert_eq!(work.0.load(Ordering::SeqCst), 2, "no other refresh");
 }
 
 /// A server that refuses writes (`min-replicas-to-write` without a
