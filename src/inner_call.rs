@@ -85,7 +85,10 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
             },
             _ => None,
         };
-        let _noted = fell_back.map(|(key, kept, down)| NoteFallback { key, kept, down });
+        let _noted = fell_back.map(|(key, kept, down)| {
+            kept.begin_fallback(&key, down);
+            NoteFallback { key, kept, down }
+        });
         let timed = Timed {
             inner: self.inner,
             ctl: Arc::clone(&self.stage.ctl),
@@ -134,7 +137,7 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
     }
 }
 
-/// Notes a fallback run's end (see [`Kept::note_fallback`]) when dropped:
+/// Notes a fallback run's end (see [`Kept::end_fallback`]) when dropped:
 /// done, failed or cancelled.
 struct NoteFallback<V: Clone> {
     key: FlightKey,
@@ -145,7 +148,7 @@ struct NoteFallback<V: Clone> {
 
 impl<V: Clone> Drop for NoteFallback<V> {
     fn drop(&mut self) {
-        self.kept.note_fallback(&self.key, self.down);
+        self.kept.end_fallback(&self.key, self.down);
     }
 }
 

@@ -93,11 +93,22 @@ struct Inner<V> {
     /// answered itself (a hit, a stale result), in the order they ended:
     /// what its callers are told. At most `max_entries`.
     answers: Map<FlightKey, (u64, Served)>,
-    /// When each key's last run in the local fallback ended (its
-    /// coordination failed: the store was unreachable; or it was not
-    /// asked), in the same order, and whether the store was down. At most
+    /// Each key's runs in the local fallback (its coordination failed:
+    /// the store was unreachable; or it was not asked): when the last one
+    /// ended, in the same order, and whether the store was down. At most
     /// `max_entries`.
-    fallbacks: Map<FlightKey, (u64, bool)>,
+    fallbacks: Map<FlightKey, Fallbacks>,
+}
+
+/// A key's runs in the local fallback (see [`Kept::begin_fallback`]).
+#[derive(Clone, Copy, Default)]
+struct Fallbacks {
+    /// When the last one ended (0: none remembered).
+    ended: u64,
+    /// How many run now.
+    running: u32,
+    /// Whether the store was down for the last one to begin or end.
+    down: bool,
 }
 
 /// One stage's kept results on this node.
@@ -176,18 +187,37 @@ impl<V: Clone> Kept<V> {
         (*seq > arrival).then_some(*served)
     }
 
-    /// A run of `key` in the local fallback ends now: its flight could not
-    /// reach the store (`down`), or was not sent there (a breaker's ramp
-    /// held it back).
-    pub(crate) fn note_fallback(&self, key: &FlightKey, down: bool) {
+    /// A run of `key` in the local fallback begins now: its flight could
+    /// not reach the store (`down`), or was not sent there (a breaker's
+    /// ramp held it back, or a local guard refused it). It ends with
+    /// [`end_fallback`](Self::end_fallback).
+    pub(crate) fn begin_fallback(&self, key: &FlightKey, down: bool) {
+        self.with_fallbacks(key, |f| {
+            f.running += 1;
+            f.down = down;
+        });
+    }
+
+    /// A run of `key` in the local fallback (begun with
+    /// [`begin_fallback`](Self::begin_fallback)) ends now.
+    pub(crate) fn end_fallback(&self, key: &FlightKey, down: bool) {
         let seq = self.next();
+        self.with_fallbacks(key, |f| {
+            f.running = f.running.saturating_sub(1);
+            f.ended = seq;
+            f.down = down;
+        });
+    }
+
+    fn with_fallbacks(&self, key: &FlightKey, change: impl FnOnce(&mut Fallbacks)) {
         let mut inner = self.lock();
         if inner.fallbacks.len() >= self.max_entries && !inner.fallbacks.contains_key(key) {
             // Bounded: forgetting only costs a copy's answer (a failure
-            // the copy could have answered is the caller's).
+            // or a soft timeout the copy could have answered is the
+            // caller's).
             inner.fallbacks.clear();
         }
-        inner.fallbacks.insert(key.clone(), (seq, down));
+        change(inner.fallbacks.entry(key.clone()).or_default());
     }
 
     /// Whether a run of `key` in the local fallback ended after a caller's
@@ -195,8 +225,18 @@ impl<V: Clone> Kept<V> {
     /// and if so whether the store was down.
     pub(crate) fn fell_back_since(&self, key: &FlightKey, arrival: u64) -> Option<bool> {
         let inner = self.lock();
-        let (seq, down) = inner.fallbacks.get(key)?;
-        (*seq > arrival).then_some(*down)
+        let f = inner.fallbacks.get(key)?;
+        (f.ended > arrival).then_some(f.down)
+    }
+
+    /// Whether a run of `key` in the local fallback runs now or ended
+    /// after a caller's `arrival` (the flight it waits on did not reach
+    /// the store: on this node a key has one flight at a time), and if so
+    /// whether the store was down.
+    pub(crate) fn falling_back(&self, key: &FlightKey, arrival: u64) -> Option<bool> {
+        let inner = self.lock();
+        let f = inner.fallbacks.get(key)?;
+        (f.running > 0 || f.ended > arrival).then_some(f.down)
     }
 
     /// Whether `key`'s callers run their own requests now (hit-for-pass),

@@ -220,8 +220,9 @@ where
     ///
     /// LOCAL_ONLY uses every window; a distributed stage uses its copy only
     /// while its whole store is degraded (then every stale answer says
-    /// `redis_down`): otherwise the store keeps and answers results across
-    /// nodes.
+    /// `redis_down`), and for a flight that runs in the local fallback (its
+    /// failure, its callers still waiting at the soft timeout): otherwise
+    /// the store keeps and answers results across nodes.
     ///
     /// `at` is the caller's own deadline (also in `caller`): a run alone
     /// (hit-for-pass) ends by it, as a flight's callers do.
@@ -321,13 +322,17 @@ where
             ResponseFuture::stale(Box::pin(fut) as Answering<_, _>, headers, share.clone())
         };
         // While the store is reachable it answers (across nodes); a flight
-        // that could not reach it runs in the local fallback, and the copy
-        // stands by for that run's failure (within `stale-if-error`), as
-        // while the store is degraded: the breaker opens only after a few
-        // such flights.
+        // that could not reach it (or was not sent there) runs in the local
+        // fallback, and the copy stands by for that run's failure (within
+        // `stale-if-error`) and for its callers still waiting at the soft
+        // timeout, as while the store is degraded: the breaker opens only
+        // after a few such flights.
         let fallback_only = !answers;
         if fallback_only {
-            if !(mode.is_distributed() && within(past, windows.if_error)) {
+            let soft_on = !windows.soft_timeout.is_zero();
+            let stands_by =
+                within(past, windows.if_error) || (soft_on && within(past, windows.keep_stale()));
+            if !(mode.is_distributed() && stands_by) {
                 return flight(leader, caller, share);
             }
         } else {
@@ -348,11 +353,7 @@ where
         // The flight runs; the copy stands by for a failure (within
         // `stale-if-error`) and for callers still waiting at the soft
         // timeout, whose leaving must not cancel the work.
-        let soft = if fallback_only {
-            Duration::ZERO
-        } else {
-            windows.soft_timeout
-        };
+        let soft = windows.soft_timeout;
         let caller = if soft.is_zero() {
             caller
         } else {
@@ -396,14 +397,29 @@ where
             } else {
                 match tokio::time::timeout(soft, &mut run).await {
                     Ok(out) => out,
-                    Err(_) => match past_within(windows.keep_stale()) {
-                        Some(at) => {
-                            let served = stale_as(StaleReason::SoftTimeout, false, at);
-                            return Ok((Answer::Shared(copy), served));
+                    Err(_) => {
+                        // While the store is reachable, only while the
+                        // flight runs in the local fallback (the store
+                        // answers its own flights' soft timeouts, from its
+                        // kept result): `redis_down` when it could not
+                        // reach the store, else as it is. `Some(down)`:
+                        // the copy may answer (LOCAL_ONLY, a degraded
+                        // store: always, as `reason` maps it).
+                        let here = if fallback_only {
+                            setup.kept.falling_back(&key, arrival)
+                        } else {
+                            Some(true)
+                        };
+                        match here.zip(past_within(windows.keep_stale())) {
+                            Some((down, at)) => {
+                                let served = stale_as(StaleReason::SoftTimeout, !down, at);
+                                return Ok((Answer::Shared(copy), served));
+                            }
+                            // The store's to answer, or the copy too old
+                            // by now: the caller waits on.
+                            None => run.await,
                         }
-                        // Too old by now: the caller waits on.
-                        None => run.await,
-                    },
+                    }
                 }
             };
             let failed = match &out {

@@ -742,6 +742,61 @@ async fn a_followers_fallback_run_leaves_a_purged_copy_unanswered() {
     running.abort();
 }
 
+/// A HYBRID stage over `store` with stale-if-error, set up by `cfg`,
+/// whose copy (v1) is 1 s past its freshness.
+async fn primed_past_freshness(
+    stage: &'static str,
+    origin: &Arc<Origin>,
+    store: impl flightdeck::distributed::backend::Backend,
+    cfg: impl FnOnce(&mut StageConfig),
+) -> App {
+    let mut c = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+    c.replay_ttl = Duration::from_secs(1);
+    c.stale_if_error = Duration::from_secs(600);
+    cfg(&mut c);
+    let app = app_on(stage, origin, c, store);
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    app
+}
+
+/// [`primed_past_freshness`] over a memory backend, its breaker just
+/// closed through a ramp that lets 1% of its flights back.
+async fn ramp_holding_back(
+    stage: &'static str,
+    origin: &Arc<Origin>,
+    cfg: impl FnOnce(&mut StageConfig),
+) -> App {
+    let store = flightdeck_test::MemoryBackend::new();
+    let app = primed_past_freshness(stage, origin, store, |c| {
+        c.breaker.ramp = vec![0.01];
+        c.breaker.ramp_step = Duration::from_secs(600);
+        cfg(c);
+    })
+    .await;
+    let handle = app.layer.stage(app.stage).unwrap();
+    let breaker = handle.breaker();
+    breaker.trip();
+    assert!(breaker.recover(), "closed, through its ramp");
+    assert_eq!(breaker.ramp_share(), Some(0.01));
+    app
+}
+
+/// A soft timeout of 100 ms (the work bounded at 5 s).
+fn soft_after_100ms(c: &mut StageConfig) {
+    c.soft_timeout = Duration::from_millis(100);
+    c.execution_timeout = Some(Duration::from_secs(5));
+}
+
+/// A caller of `app` is answered v1 at its 100 ms soft timeout, stale.
+async fn answered_v1_at_the_soft_timeout(app: &App) -> Stale {
+    let started = Instant::now();
+    let got = call(app).await;
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    assert_eq!(got.body, "v1");
+    got.stale.expect("answered by the copy")
+}
+
 /// A breaker's ramp after closing holds a flight back while the store is
 /// up: the flight runs in the local fallback, and the node's copy answers
 /// its failure as any failure (`error`, within `stale-if-error`), never as
@@ -750,18 +805,8 @@ async fn a_followers_fallback_run_leaves_a_purged_copy_unanswered() {
 async fn a_flight_a_ramp_held_back_fails_over_to_the_copy_as_an_error() {
     common::metrics_on();
     let origin = Origin::new(Duration::from_millis(100));
-    let app = hybrid_app("ramp-held", &origin, |c| {
-        c.replay_ttl = Duration::from_secs(1);
-        c.stale_if_error = Duration::from_secs(600);
-        c.breaker.ramp = vec![0.01];
-        c.breaker.ramp_step = Duration::from_secs(600);
-    });
-    assert_eq!(call(&app).await.body, "v1");
-    tokio::time::advance(Duration::from_secs(2)).await;
+    let app = ramp_holding_back("ramp-held", &origin, |_| {}).await;
     let handle = app.layer.stage(app.stage).unwrap();
-    handle.breaker().trip();
-    assert!(handle.breaker().recover(), "closed, through its ramp");
-    assert_eq!(handle.breaker().ramp_share(), Some(0.01));
 
     origin.status.store(503, Ordering::SeqCst);
     let got = call(&app).await;
@@ -772,6 +817,49 @@ async fn a_flight_a_ramp_held_back_fails_over_to_the_copy_as_an_error() {
     assert_eq!(stale.reason, StaleReason::Error, "the store is up");
     assert_eq!(stale_served("ramp-held", StaleReason::RedisDown), 0);
     assert_eq!(stale_served("ramp-held", StaleReason::Error), 1);
+}
+
+/// A flight a breaker's ramp held back runs in the local fallback while
+/// the store is up: its callers still waiting at the soft timeout are
+/// answered the copy (`soft_timeout`, the store is up), and the work goes
+/// on: its result replaces the copy.
+#[tokio::test(start_paused = true)]
+async fn a_held_back_flight_answers_the_copy_at_the_soft_timeout() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = ramp_holding_back("ramp-soft", &origin, soft_after_100ms).await;
+    origin.work.store(1_000, Ordering::SeqCst);
+    let stale = answered_v1_at_the_soft_timeout(&app).await;
+    assert_eq!(origin.calls(), 2, "held back: it runs here");
+    assert_eq!(stale.reason, StaleReason::SoftTimeout, "the store is up");
+    assert_eq!(stale_served("ramp-soft", StaleReason::SoftTimeout), 1);
+    assert_eq!(stale_served("ramp-soft", StaleReason::RedisDown), 0);
+    // The work goes on without its caller, and its result replaces the
+    // copy.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    let got = call(&app).await;
+    assert_eq!((got.body.as_str(), got.stale), ("v2", None));
+    assert_eq!(origin.calls(), 2);
+}
+
+/// A flight that could not reach the store runs in the local fallback
+/// (before the breaker opens): its callers still waiting at the soft
+/// timeout are answered the copy, as `redis_down`.
+#[tokio::test(start_paused = true)]
+async fn a_fallback_run_answers_the_copy_at_the_soft_timeout() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let app =
+        primed_past_freshness("fallback-soft", &origin, store.clone(), soft_after_100ms).await;
+    store.set_unavailable(true);
+    origin.work.store(1_000, Ordering::SeqCst);
+    let stale = answered_v1_at_the_soft_timeout(&app).await;
+    assert_eq!(origin.calls(), 2, "unreachable: it runs here");
+    assert!(!app.layer.stage(app.stage).unwrap().is_degraded());
+    assert_eq!(stale.reason, StaleReason::RedisDown);
+    assert_eq!(stale_served("fallback-soft", StaleReason::RedisDown), 1);
 }
 
 /// A store behind a local guard that is not a breaker (a quota, say): it
