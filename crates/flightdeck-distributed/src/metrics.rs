@@ -114,10 +114,11 @@ impl Replicas {
 
 /// The reasons of stale answers L2 gives (the `reason` label of
 /// `singleflight_stale_served_total`).
-const STALE_REASONS: [StaleReason; 3] = [
+const STALE_REASONS: [StaleReason; 4] = [
     StaleReason::Revalidate,
     StaleReason::Error,
     StaleReason::SoftTimeout,
+    StaleReason::WaitTimeout,
 ];
 
 /// How a refresh that ran in the background ended (the `outcome` label

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flightdeck_core::error::{BoxError, LeaseLost, WorkPanicked};
+use flightdeck_core::error::{find, BoxError, LeaseLost, WaitTimeout, WorkPanicked};
 use flightdeck_core::expiring::ExpiringMap;
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::Shareable;
@@ -553,8 +553,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
 
     /// Waits for `work` with `kept` standing by: answered instead once the
     /// soft timeout passes (`work` then goes to `on_soft`), or when `work`
-    /// fails within `stale-if-error`; never past its freshness plus the
-    /// window that answers.
+    /// fails (or its wait runs past the wait timeout: `wait_timeout`)
+    /// within `stale-if-error`; never past its freshness plus the window
+    /// that answers.
     async fn stand_by<T: 'static, O, F>(
         &self,
         cx: &Cx,
@@ -585,8 +586,20 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             }
         };
         let now = aged(&kept, received);
-        if within(now.stale_for(), windows.if_error) && failed(&**judge, &out) && !self.purged(cx) {
-            return Ok(self.stale_answer(cx, value, &now, StaleReason::Error));
+        // A wait that ran past `wait-timeout` (this node's following of a
+        // refresh elsewhere) is answered the same way, whatever the judge
+        // says, as itself: the work did not fail.
+        let waited_out = out
+            .as_ref()
+            .is_err_and(|e| find::<WaitTimeout>(e.as_ref()).is_some());
+        let why = if waited_out {
+            StaleReason::WaitTimeout
+        } else {
+            StaleReason::Error
+        };
+        let answers = waited_out || failed(&**judge, &out);
+        if within(now.stale_for(), windows.if_error) && answers && !self.purged(cx) {
+            return Ok(self.stale_answer(cx, value, &now, why));
         }
         out.map(|s| (s, Answered::Ran))
     }

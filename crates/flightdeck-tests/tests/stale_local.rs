@@ -614,6 +614,33 @@ async fn a_failing_fallback_run_is_answered_by_the_copy_before_the_breaker_opens
     assert_eq!(stale_served("fallback-copy", StaleReason::RedisDown), 1);
 }
 
+/// A HYBRID stage over "mem" with stale-if-error, whose callers wait 3 s
+/// at most (leases of 2 s).
+fn waiting_cfg() -> StageConfig {
+    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("mem");
+    cfg.replay_ttl = Duration::from_secs(1);
+    cfg.stale_if_error = Duration::from_secs(600);
+    cfg.lease_timeout = Duration::from_secs(2);
+    cfg.heartbeat_interval = Duration::from_millis(500);
+    cfg.wait_timeout = Duration::from_secs(3);
+    cfg
+}
+
+/// Another node of `stage` on `store` runs the key, slowly (300 s): its
+/// caller, running.
+async fn another_node_runs_it(
+    stage: &'static str,
+    cfg: StageConfig,
+    store: &flightdeck_test::MemoryBackend,
+) -> tokio::task::JoinHandle<Got> {
+    let slow = Origin::new(Duration::from_secs(300));
+    let other = app_on(stage, &slow, cfg, store.clone());
+    let running = tokio::spawn(call(&other));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(slow.calls(), 1, "the other node runs it");
+    running
+}
+
 /// A caller follows another node's flight when the store goes down: its
 /// wait cannot end before the wait timeout (the other node may hold the
 /// lease and finish), and at the wait timeout, the stage's store being
@@ -624,12 +651,7 @@ async fn a_wait_that_runs_out_while_the_store_is_down_is_answered_by_the_copy() 
     common::metrics_on();
     let origin = Origin::new(Duration::from_millis(100));
     let store = flightdeck_test::MemoryBackend::new();
-    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("mem");
-    cfg.replay_ttl = Duration::from_secs(1);
-    cfg.stale_if_error = Duration::from_secs(600);
-    cfg.lease_timeout = Duration::from_secs(2);
-    cfg.heartbeat_interval = Duration::from_millis(500);
-    cfg.wait_timeout = Duration::from_secs(3);
+    let cfg = waiting_cfg();
     let app = app_on("wait-down", &origin, cfg.clone(), store.clone());
     // This node's copy comes from a run the store never saw (its breaker
     // was open).
@@ -642,11 +664,7 @@ async fn a_wait_that_runs_out_while_the_store_is_down_is_answered_by_the_copy() 
 
     // Another node runs the key, slowly: this node follows, nothing kept
     // in the store beside the flight.
-    let slow = Origin::new(Duration::from_secs(300));
-    let other = app_on("wait-down", &slow, cfg, store.clone());
-    let running = tokio::spawn(call(&other));
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(slow.calls(), 1, "the other node runs it");
+    let running = another_node_runs_it("wait-down", cfg, &store).await;
     let waiting = tokio::spawn(call(&app));
     tokio::time::sleep(Duration::from_millis(10)).await;
     // The store goes down; the breaker opens on other callers' failures.
@@ -663,6 +681,26 @@ async fn a_wait_that_runs_out_while_the_store_is_down_is_answered_by_the_copy() 
     assert_eq!(origin.calls(), 1, "nothing ran here");
     assert_eq!(stale_served("wait-down", StaleReason::RedisDown), 1);
     running.abort();
+}
+
+/// A caller of `app` waits 3 s (its wait timeout) and is answered v1,
+/// stale as `wait_timeout`, counted so and never as `error`.
+async fn answered_v1_at_the_wait_timeout(app: &App) {
+    let started = Instant::now();
+    let got = call(app).await;
+    assert_eq!(
+        (got.status, got.body.as_str()),
+        (StatusCode::OK, "v1"),
+        "{got:?}"
+    );
+    let stale = got.stale.expect("answered stale");
+    assert_eq!(stale.reason, StaleReason::WaitTimeout);
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "at the wait timeout"
+    );
+    assert_eq!(stale_served(app.stage, StaleReason::WaitTimeout), 1);
+    assert_eq!(stale_served(app.stage, StaleReason::Error), 0);
 }
 
 /// A LOCAL_ONLY caller whose wait runs out is answered by the copy within
@@ -683,26 +721,34 @@ async fn a_callers_wait_timeout_is_answered_by_the_copy() {
     assert_eq!(call(&app).await.body, "v1");
     tokio::time::advance(Duration::from_secs(2)).await;
     origin.work.store(10_000, Ordering::SeqCst);
-    let started = Instant::now();
-    let got = call(&app).await;
-    assert_eq!(
-        (got.status, got.body.as_str()),
-        (StatusCode::OK, "v1"),
-        "{got:?}"
-    );
-    let stale = got.stale.expect("answered by the copy");
-    assert_eq!(stale.reason, StaleReason::WaitTimeout);
-    assert!(
-        started.elapsed() >= Duration::from_secs(3),
-        "at the wait timeout"
-    );
-    assert_eq!(stale_served("wait-copy", StaleReason::WaitTimeout), 1);
-    assert_eq!(stale_served("wait-copy", StaleReason::Error), 0);
+    answered_v1_at_the_wait_timeout(&app).await;
     // Not a failure of the work: nothing is throttled, the next caller
     // runs it.
     origin.work.store(100, Ordering::SeqCst);
     let next = call(&app).await;
     assert_eq!((next.body.as_str(), next.stale), ("v3", None));
+}
+
+/// A caller following another node's refresh while the store is up, its
+/// store's kept result standing by: a wait that runs past `wait-timeout`
+/// is answered by that result as `wait_timeout`, as LOCAL_ONLY counts it
+/// (the work did not fail), never as `error`.
+#[tokio::test(start_paused = true)]
+async fn a_followers_wait_timeout_is_answered_by_the_stores_result() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let cfg = waiting_cfg();
+    let app = app_on("follow-wait", &origin, cfg.clone(), store.clone());
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    // Another node is granted the refresh and runs it, slowly: this node
+    // follows, the kept result beside.
+    let running = another_node_runs_it("follow-wait", cfg, &store).await;
+    answered_v1_at_the_wait_timeout(&app).await;
+    assert_eq!(origin.calls(), 1, "nothing ran here");
+    running.abort();
 }
 
 /// A follower whose wait fails runs in the local fallback
