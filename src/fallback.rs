@@ -28,11 +28,14 @@ pub(crate) enum Here {
     /// not send one), or a breaker is open (or probing) for it. The copy
     /// answers the run's failure as `redis_down`.
     StoreDown,
-    /// The store is not known to fail, but was not asked: a breaker's
-    /// ramp after closing held the flight back, or a local guard other
-    /// than a breaker refused it. The copy answers the run's failure as
-    /// any failure (`error`).
-    NotAsked,
+    /// The store is not known to be down, but gave this flight nothing
+    /// it can use: it was not asked (a breaker's ramp after closing held
+    /// the flight back, or a local guard other than a breaker refused
+    /// it), or it answered something this node cannot read (a protocol
+    /// error: a stored result that does not decode, a reply it does not
+    /// understand). The copy answers the run's failure as any failure
+    /// (`error`).
+    NotDown,
     /// The store answered the flight and a failed wait ran it here
     /// (`on-wait-failure = local`): the store judges, the copy answers
     /// nothing.
@@ -48,7 +51,7 @@ impl WhyHere {
     pub(crate) fn set(&self, why: Here) {
         let v = match why {
             Here::StoreDown => 0,
-            Here::NotAsked => 1,
+            Here::NotDown => 1,
             Here::StoreAnswered => 2,
         };
         self.0.store(v, Ordering::Relaxed);
@@ -57,7 +60,7 @@ impl WhyHere {
     /// Why the flight runs here (the store down, until told otherwise).
     pub(crate) fn get(&self) -> Here {
         match self.0.load(Ordering::Relaxed) {
-            1 => Here::NotAsked,
+            1 => Here::NotDown,
             2 => Here::StoreAnswered,
             _ => Here::StoreDown,
         }
@@ -171,19 +174,19 @@ impl ModeFallback {
 impl<Req> Fallback<Req> for ModeFallback {
     fn before_acquire(&self, class: FailureClass, error: BackendError, _req: &Req) -> Verdict {
         // A call that failed, or an open breaker: the store is failing. A
-        // refusal by another local guard says nothing of the store.
-        let why = if !error.is_rejected() || error.is_circuit_open() {
-            Here::StoreDown
-        } else {
-            Here::NotAsked
-        };
+        // refusal by another local guard says nothing of the store, and an
+        // answer this node cannot read (a protocol error, such as a stored
+        // result that does not decode) says it is up.
+        let down =
+            class != FailureClass::Protocol && (!error.is_rejected() || error.is_circuit_open());
+        let why = if down { Here::StoreDown } else { Here::NotDown };
         self.refused(class, error, why)
     }
 
     /// Counted as a refusal by an open breaker (`circuit_open`), but the
     /// store is up: its copy answers the run's failure as any failure.
     fn held_back(&self, error: BackendError, _req: &Req) -> Verdict {
-        self.refused(FailureClass::CircuitOpen, error, Here::NotAsked)
+        self.refused(FailureClass::CircuitOpen, error, Here::NotDown)
     }
 
     fn while_following(

@@ -49,8 +49,9 @@ pub(crate) struct InnerCall<S, R, Sh: flightdeck_core::SharedForm> {
     pub(crate) key: Option<FlightKey>,
     /// Why a run on the local fallback path runs here, as the flight's
     /// fallback decided: the store down (the copy may answer its failure
-    /// as `redis_down`), not asked (a ramp held it back: as any failure),
-    /// or the store answered the flight and a failed wait sent it here
+    /// as `redis_down`), up but of no use (a ramp held it back, or its
+    /// answer could not be read: as any failure), or the store answered
+    /// the flight and a failed wait sent it here
     /// (`on-wait-failure = local`): no note for the copy (the store
     /// judges).
     /// (Not told: the store down. Shared with the fallback only for a

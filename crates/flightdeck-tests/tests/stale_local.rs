@@ -945,12 +945,7 @@ async fn a_guards_refusal_fails_over_to_the_copy_as_an_error() {
         inner: store.clone(),
         refusing: Arc::clone(&refusing),
     };
-    let mut cfg = StageConfig::new().mode(Mode::Hybrid).backend("mem");
-    cfg.replay_ttl = Duration::from_secs(1);
-    cfg.stale_if_error = Duration::from_secs(600);
-    let app = app_on("guard-refused", &origin, cfg, quota);
-    assert_eq!(call(&app).await.body, "v1");
-    tokio::time::advance(Duration::from_secs(2)).await;
+    let app = primed_past_freshness("guard-refused", &origin, quota, |_| {}).await;
 
     origin.status.store(503, Ordering::SeqCst);
     refusing.store(true, Ordering::SeqCst);
@@ -968,6 +963,59 @@ async fn a_guards_refusal_fails_over_to_the_copy_as_an_error() {
     assert_eq!(stale.reason, StaleReason::RedisDown, "the store is down");
     assert_eq!(stale_served("guard-refused", StaleReason::Error), 1);
     assert_eq!(stale_served("guard-refused", StaleReason::RedisDown), 1);
+}
+
+/// A store that tells which flight it was last asked for.
+#[derive(Clone)]
+struct Asked {
+    inner: flightdeck_test::MemoryBackend,
+    flight: Arc<std::sync::Mutex<Option<flightdeck::distributed::FlightId>>>,
+}
+
+impl flightdeck::distributed::backend::Backend for Asked {
+    fn acquire_with<'a>(
+        &'a self,
+        flight: &'a flightdeck::distributed::FlightId,
+        token: &'a flightdeck::distributed::backend::OwnerToken,
+        ask: flightdeck::distributed::backend::Ask,
+        terms: &'a flightdeck::distributed::backend::LeaseTerms,
+    ) -> flightdeck::distributed::backend::BackendFuture<
+        'a,
+        flightdeck::distributed::backend::Acquired,
+    > {
+        *self.flight.lock().unwrap() = Some(*flight);
+        self.inner.acquire_with(flight, token, ask, terms)
+    }
+
+    flightdeck::distributed::forward_backend!(inner => heartbeat, commit, abandon, subscribe, join_subscription, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+}
+
+/// A stored result this node cannot decode is a protocol error of the
+/// store (docs/redis-errors.md), which is up and answered: the flight runs
+/// in the local fallback, and the copy answers its failure as any failure
+/// (`error`), never as `redis_down`.
+#[tokio::test(start_paused = true)]
+async fn a_stored_result_that_does_not_decode_fails_over_to_the_copy_as_an_error() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let asked = Asked {
+        inner: store.clone(),
+        flight: Arc::default(),
+    };
+    let app = primed_past_freshness("undecodable", &origin, asked.clone(), |_| {}).await;
+
+    let flight = asked.flight.lock().unwrap().expect("the store was asked");
+    let garbage = bytes::Bytes::from_static(b"not a result of ours");
+    store.put_raw_result(&flight, garbage, Duration::from_secs(60));
+    origin.status.store(503, Ordering::SeqCst);
+    let got = call(&app).await;
+    assert_eq!(origin.calls(), 2, "its result unreadable: it ran here");
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+    let stale = got.stale.expect("answered by the copy");
+    assert_eq!(stale.reason, StaleReason::Error, "the store is up");
+    assert_eq!(stale_served("undecodable", StaleReason::Error), 1);
+    assert_eq!(stale_served("undecodable", StaleReason::RedisDown), 0);
 }
 
 #[tokio::test(start_paused = true)]
