@@ -525,6 +525,9 @@ where
                 let res = beats.during(st, cx, cx.call_timeout, call).await;
                 let err = match res {
                     Ok(Committed::Committed) => {
+                        if !keep_stale.is_zero() {
+                            st.ended_here.stored(cx.flight, generation);
+                        }
                         if attempt > attempts {
                             tracing::info!(stage = %cx.stage, flight = %cx.flight, generation, "commit settled in the background");
                         }

@@ -182,17 +182,19 @@ impl Drop for PurgeGuard<'_> {
 }
 
 /// The results this node's owners committed with stale windows on: per
-/// flight, the last two generations whose work ended here and when (by
-/// this node's clock), each until two leases and a call past its windows
-/// (a commit held up on its way longer than that counts from its arrival
-/// at the store). The store dates a result from its commit's arrival; on
-/// this node a stale answer of it counts from the work's end, which a
-/// commit delayed on its way (a slow or stalled store) would otherwise
-/// stretch. Two, not one: the commit of a later run here may never get
-/// through, and the store then keeps answering the earlier one. At most
-/// [`REMEMBERED`] flights, the oldest go first.
+/// flight, when the work of a few generations ended here (by this node's
+/// clock), each until two leases and a call past its windows (a commit
+/// held up on its way longer than that counts from its arrival at the
+/// store). The store dates a result from its commit's arrival; on this
+/// node a stale answer of it counts from the work's end, which a commit
+/// delayed on its way (a slow or stalled store) would otherwise stretch.
+/// Kept per flight: the newest generation, the newest whose commit is
+/// known to have got into the store, and the newest other. The commits of
+/// later runs here may never get through, however many, and the store then
+/// keeps answering the last one that did. At most [`REMEMBERED`] flights,
+/// the oldest go first.
 pub(crate) struct EndedHere {
-    flights: ExpiringMap<FlightId, [Option<Ended>; 2]>,
+    flights: ExpiringMap<FlightId, [Option<Ended>; 3]>,
     /// Makes each flight's read and write one step.
     writing: Mutex<()>,
 }
@@ -204,6 +206,8 @@ struct Ended {
     generation: u64,
     at: Instant,
     until: Instant,
+    /// Its commit got into the store.
+    stored: bool,
 }
 
 impl Default for EndedHere {
@@ -216,9 +220,14 @@ impl Default for EndedHere {
 }
 
 impl EndedHere {
+    fn write(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The work of `generation` of `flight` ended at `ended`; its result
-    /// is kept (and may answer) until `until`. The newest other
-    /// generation remembered stays beside it.
+    /// is kept (and may answer) until `until`. Beside it stay the newest
+    /// other generation remembered whose commit got into the store, and
+    /// the newest other.
     pub(crate) fn remember(
         &self,
         flight: FlightId,
@@ -234,16 +243,45 @@ impl EndedHere {
             generation,
             at: ended,
             until,
+            stored: false,
         };
-        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let other = self.flights.get(&flight).and_then(|held| {
+        let _writing = self.write();
+        let held = self.flights.get(&flight).unwrap_or_default();
+        let others = || {
             held.into_iter()
                 .flatten()
                 .filter(|e| e.generation != generation && e.until > now)
-                .max_by_key(|e| e.generation)
-        });
-        let until = other.map_or(until, |o| o.until.max(until));
-        self.flights.insert(flight, [Some(this), other], until);
+        };
+        let stored = others().filter(|e| e.stored).max_by_key(|e| e.generation);
+        let other = others()
+            .filter(|e| Some(e.generation) != stored.map(|s| s.generation))
+            .max_by_key(|e| e.generation);
+        let until = [stored, other]
+            .into_iter()
+            .flatten()
+            .fold(until, |u, e| u.max(e.until));
+        self.flights
+            .insert(flight, [Some(this), stored, other], until);
+    }
+
+    /// The commit of `generation` of `flight` got into the store.
+    pub(crate) fn stored(&self, flight: FlightId, generation: u64) {
+        let _writing = self.write();
+        let Some(mut held) = self.flights.get(&flight) else {
+            return;
+        };
+        let Some(e) = held
+            .iter_mut()
+            .flatten()
+            .find(|e| e.generation == generation)
+        else {
+            return;
+        };
+        e.stored = true;
+        let until = held.iter().flatten().map(|e| e.until).max();
+        if let Some(until) = until {
+            self.flights.insert(flight, held, until);
+        }
     }
 
     /// When the work of `generation` of `flight` ended, if it ran here.

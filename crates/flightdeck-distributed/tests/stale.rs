@@ -1042,6 +1042,7 @@ async fn refresh_never_stored<B: Backend>(
 ) -> Answered {
     sleep(FRESH + SEC).await;
     store.set_fail_commits(true);
+    let runs = work.runs();
     let (v, how, _) = call(node, k, work).await;
     assert_eq!(
         (v.as_str(), reason(how)),
@@ -1049,7 +1050,7 @@ async fn refresh_never_stored<B: Backend>(
     );
     node.idle().await;
     store.set_fail_commits(false);
-    assert_eq!(work.runs(), 2, "the refresh ran");
+    assert_eq!(work.runs(), runs + 1, "the refresh ran");
     how
 }
 
@@ -1097,15 +1098,25 @@ async fn a_refresh_whose_response_may_not_be_shared_counts_failed() {
 /// 0.5 s to arrive, and the node still knows when that work ended.
 #[tokio::test(start_paused = true)]
 async fn a_later_runs_failed_commit_leaves_the_earlier_results_age_right() {
+    later_runs_fail_to_commit("ended-twice", 1).await;
+}
+
+/// `failed` later runs of the node that ran `stage`'s result (`v1`, its
+/// commit 0.5 s on its way) fail to commit, one after the other: the
+/// store still answers `v1`, and the node dates it from its work's end,
+/// never from its commit's arrival (younger by the commit's trip).
+async fn later_runs_fail_to_commit(stage: &str, failed: usize) {
     let store = MemoryBackend::new();
-    let k = key("ended-twice");
+    let k = key(stage);
     let work = Work::new(Duration::ZERO);
     let policy = policy(grace()).call_timeout(SEC);
     let (a, ended) = slow_node_ran(&store, policy, &k, &work).await;
-    let how = refresh_never_stored(&a, &store, &k, &work).await;
-    // The commit's 0.5 s trip, then a second past freshness.
-    let since_end = FRESH + SEC + SEC / 2;
-    assert_eq!(how.stale().unwrap().age, since_end, "since v1's end");
+    for _ in 0..failed {
+        // Answered a second past freshness, at once.
+        let asked = Instant::now() + FRESH + SEC;
+        let how = refresh_never_stored(&a, &store, &k, &work).await;
+        assert_eq!(how.stale().unwrap().age, asked - ended, "since v1's end");
+    }
     let (v, how, _) = call(&a, &k, &work).await;
     assert_eq!(
         (v.as_str(), reason(how)),
@@ -1117,6 +1128,15 @@ async fn a_later_runs_failed_commit_leaves_the_earlier_results_age_right() {
         "still since v1's end, not since its commit's arrival"
     );
     a.idle().await;
+}
+
+/// Two later runs of the node failing to commit, one after the other,
+/// leave the earlier result (the store still answers it) dated from its
+/// work's end on the node that ran it, never from its commit's arrival,
+/// which would make it look younger than it is by the commit's trip.
+#[tokio::test(start_paused = true)]
+async fn two_later_runs_failed_commits_leave_the_earlier_results_age_right() {
+    later_runs_fail_to_commit("ended-thrice", 2).await;
 }
 
 /// A node whose own copy, of later work, is still fresh answers it while
