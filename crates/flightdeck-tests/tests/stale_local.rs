@@ -751,6 +751,29 @@ async fn a_followers_wait_timeout_is_answered_by_the_stores_result() {
     running.abort();
 }
 
+/// A caller following another node's refresh while the store is up is
+/// answered the store's kept result at its soft timeout, as a caller of a
+/// run here is: the soft timeout holds on every path a caller waits on.
+#[tokio::test(start_paused = true)]
+async fn a_follower_is_answered_the_stores_result_at_the_soft_timeout() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let store = flightdeck_test::MemoryBackend::new();
+    let mut cfg = waiting_cfg();
+    soft_after_100ms(&mut cfg);
+    let app = app_on("follow-soft", &origin, cfg.clone(), store.clone());
+    assert_eq!(call(&app).await.body, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    let running = another_node_runs_it("follow-soft", cfg, &store).await;
+    let stale = answered_v1_at_the_soft_timeout(&app).await;
+    assert_eq!(stale.reason, StaleReason::SoftTimeout);
+    assert_eq!(origin.calls(), 1, "nothing ran here");
+    // The other node's caller was answered so too, at its own.
+    assert_eq!(stale_served("follow-soft", StaleReason::SoftTimeout), 2);
+    running.abort();
+}
+
 /// A follower whose wait fails runs in the local fallback
 /// (`on-wait-failure = local`) while the store is up: the store stays
 /// the judge, so a result another node purged there never answers its
