@@ -185,8 +185,9 @@ pub struct Report {
     pub causes: BTreeMap<String, u64>,
     /// Call faults injected, by kind.
     pub faults: BTreeMap<&'static str, u64>,
-    /// What the run's checks saw of answering anyway: stale answers,
-    /// purges that returned `Ok`, refresh executions.
+    /// What the run's checks saw of answering anyway (stale answers,
+    /// purges that returned `Ok`, refresh executions), and the leases
+    /// granted late to a token its node had given up on.
     pub exercised: BTreeMap<&'static str, u64>,
 }
 

@@ -443,6 +443,9 @@ pub(crate) async fn simulate(sc: Scenario, world: Arc<World>, kept: &Recorded) -
     exercised.insert("stale answers", st.stale_answers);
     exercised.insert("purges", st.purges.iter().filter(|p| p.ok).count() as u64);
     exercised.insert("refreshes", refresh_execs(&st).len() as u64);
+    // Leases granted by an ACQUIRE applied after its caller gave it up
+    // (allowed: released in the background, or they lapse by themselves).
+    exercised.insert("late grants", st.late_grants);
     Found {
         exercised,
         trace: std::mem::take(&mut st.trace),

@@ -97,6 +97,12 @@ pub(crate) struct State {
     pub(crate) arrived: HashMap<(Incarnation, usize), Instant>,
     /// Stale answers checked.
     pub(crate) stale_answers: u64,
+    /// Whether the command being applied granted a lease (read and reset
+    /// by [`World::unheard`] right after it).
+    granting: bool,
+    /// Leases granted by an ACQUIRE applied after its caller had given it
+    /// up (the leases nobody works on that a not-after prevents).
+    pub(crate) late_grants: u64,
 }
 
 /// A purge.
@@ -185,6 +191,8 @@ impl World {
                 ticks: 0,
                 arrived: HashMap::new(),
                 stale_answers: 0,
+                granting: false,
+                late_grants: 0,
             }),
             frozen: Mutex::new(None),
             in_flight: AtomicUsize::new(0),
@@ -274,6 +282,16 @@ impl World {
         log.lost = Some("the record expired");
     }
 
+    /// Right after a command was applied: whether its caller had already
+    /// given it up; a lease it granted then is counted as granted late.
+    fn applied(&self, caller_gone: bool) {
+        let mut st = self.lock();
+        if std::mem::take(&mut st.granting) && caller_gone {
+            st.late_grants += 1;
+            st.log("  (granted after its caller gave it up: nobody works on it)");
+        }
+    }
+
     /// Journals an applied ACQUIRE's answer and checks it.
     fn granted(
         &self,
@@ -292,6 +310,7 @@ impl World {
             who.1,
             short(token)
         ));
+        st.granting = matches!(answer, Acquired::Owner { .. });
         let Acquired::Owner {
             generation,
             takeover,
@@ -603,6 +622,7 @@ impl SimBackend {
             }
             world.thawed().await;
             let mut answer = apply(&world);
+            world.applied(tx.is_closed());
             if let CallFault::Duplicated(d) = fault {
                 // The connection dropped before the reply, and the client
                 // sent the command again on a new one: it runs twice, and
@@ -611,6 +631,7 @@ impl SimBackend {
                 world.thawed().await;
                 world.lock().log(format!("  {what} sent again and applied"));
                 answer = again(&world);
+                world.applied(tx.is_closed());
             }
             world.in_flight.fetch_sub(1, Ordering::SeqCst);
             let _ = tx.send(answer);
