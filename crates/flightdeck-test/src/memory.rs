@@ -699,10 +699,10 @@ impl Drop for Unsubscribe {
 }
 
 impl Backend for MemoryBackend {
-    /// Counted as an acquire, re-checks too. Past its
-    /// [`Ask::not_after`] (in tokio time, this store's clock) it grants
-    /// nothing, changes nothing and answers *unavailable*, as the Redis
-    /// script answers `LATE`.
+    /// Counted as an acquire, re-checks too. From its [`Ask::not_after`]
+    /// on (in tokio time, this store's clock; at that instant its caller's
+    /// timeout fires too) it grants nothing, changes nothing and answers
+    /// *unavailable*, as the Redis script answers `LATE`.
     fn acquire_with<'a>(
         &'a self,
         flight: &'a FlightId,
@@ -712,7 +712,7 @@ impl Backend for MemoryBackend {
     ) -> BackendFuture<'a, Acquired> {
         self.inner.calls.acquire.fetch_add(1, Ordering::Relaxed);
         let res = self.check().and_then(|()| match ask.not_after {
-            Some(t) if Instant::now() > t => Err(BackendError::unavailable(
+            Some(t) if Instant::now() >= t => Err(BackendError::unavailable(
                 "memory backend: acquire past its not-after, nothing granted",
             )),
             _ => Ok(self.acquire_now(flight, token, ask, terms)),
