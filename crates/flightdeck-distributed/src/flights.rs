@@ -454,11 +454,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         // A stage with stale windows also asks for a result kept past its
         // freshness.
         let ask = st.ask();
-        let mut first = st
-            .call(&cx, Op::Acquire, &mut guard, |b| {
-                b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
-            })
-            .await;
+        let mut first = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
         // Every flight whose first call went out is counted (a refusal by
         // a local guard sent nothing).
         if !matches!(&first, Err(e) if e.is_rejected()) {
@@ -468,15 +464,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         // token (the backend answers OWNER with the same generation if the
         // first one ran).
         if matches!(&first, Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown) {
-            first = st
-                .call(&cx, Op::Recheck, &mut guard, |b| {
-                    let ask = Ask {
-                        recheck: true,
-                        ..ask
-                    };
-                    b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
-                })
-                .await;
+            let ask = Ask {
+                recheck: true,
+                ..ask
+            };
+            first = st.acquire(&cx, Op::Recheck, &mut guard, ask).await;
         }
         let acquired = match first {
             Ok(a) => a,
@@ -669,6 +661,24 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             _ => guard.settled(),
         }
         res
+    }
+
+    /// One ACQUIRE (or re-check) of the flight under its call deadline,
+    /// carrying that deadline as its not-after: an ACQUIRE that reaches the
+    /// store after this node gave it up (queued on a frozen server, resent
+    /// after its reply was lost) grants nothing, whatever the backend.
+    pub(crate) async fn acquire(
+        &self,
+        cx: &Cx,
+        op: Op,
+        guard: &mut TokenGuard<'_, B, C>,
+        ask: Ask,
+    ) -> Result<Acquired, BackendError> {
+        self.call(cx, op, guard, |b| {
+            let not_after = Some(Instant::now() + cx.call_timeout);
+            b.acquire_with(&cx.flight, &cx.token, Ask { not_after, ..ask }, &cx.terms)
+        })
+        .await
     }
 
     /// One backend call under the flight's call deadline, counting failures

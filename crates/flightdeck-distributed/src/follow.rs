@@ -177,11 +177,7 @@ where
             stale,
             ..Ask::rechecking(Some(follows))
         };
-        let answer = st
-            .call(cx, Op::Recheck, &mut guard, |b| {
-                b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
-            })
-            .await;
+        let answer = st.acquire(cx, Op::Recheck, &mut guard, ask).await;
         match answer {
             // The refresh followed failed and the store throttles the
             // next one: a failure, answered by the result standing by.

@@ -673,11 +673,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             // Dropped mid-call (a runtime shutting down), it releases what
             // the token may hold.
             let mut guard = TokenGuard::new(&st, &cx);
-            let granted = st
-                .call(&cx, Op::Acquire, &mut guard, |b| {
-                    b.acquire_with(&cx.flight, &cx.token, ask, &cx.terms)
-                })
-                .await;
+            let granted = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
             if let Ok(Acquired::Owner { generation, .. }) = granted {
                 guard.owned();
                 cx.metrics.with(|m| m.owner.increment(1));

@@ -58,6 +58,17 @@ fn the_fixed_seeds_answer_stale_purge_and_refresh() {
     }
 }
 
+/// Seed 38 shows it: ACQUIREs queued on a frozen store were applied at
+/// the thaw, after their caller had given them up, and granted a lease
+/// nobody worked on. The layer now sends each ACQUIRE with its call
+/// deadline as its not-after, and the store refuses it from then on.
+#[test]
+fn seed_38_an_acquire_applied_after_its_caller_gave_up_grants_nothing() {
+    let report = run(38);
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.exercised.get("late grants"), Some(&0), "{report}");
+}
+
 /// Seed 34 found it: a waiter whose flight's response was not shareable
 /// ran its own request past its own deadline (the own run had no bound).
 #[test]

@@ -45,9 +45,11 @@ pub struct Ask {
     /// time): an acquire that reaches the store after it grants nothing
     /// and answers *unavailable* (a late acquire, queued on a frozen
     /// server or resent after its caller walked away, would otherwise
-    /// grant a lease nobody works on). `None`: no deadline of the
-    /// caller's; a backend may still bound the call by its own timeout
-    /// (the Redis backend does).
+    /// grant a lease nobody works on). The layer sets it on every
+    /// acquire it sends, to the time it gives that call up. `None` (a
+    /// backend called directly): no deadline of the caller's; a backend
+    /// may still bound the call by its own timeout (the Redis backend
+    /// does).
     pub not_after: Option<tokio::time::Instant>,
 }
 
