@@ -297,7 +297,7 @@ struct Second {
 impl Second {
     fn new() -> Self {
         Self {
-            latency: Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds"),
+            latency: hist(),
             roles: [0; 4],
             stale: 0,
         }
@@ -449,11 +449,10 @@ struct Phase {
 
 impl Phase {
     fn new() -> Self {
-        let h = || Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds");
         Self {
-            latency: h(),
-            hit_latency: h(),
-            warm_latency: h(),
+            latency: hist(),
+            hit_latency: hist(),
+            warm_latency: hist(),
             requests: 0,
             failed: 0,
             failed_had_result: 0,
@@ -656,10 +655,10 @@ pub(crate) struct Summary {
     pub(crate) executions: u64,
     /// Requests that ended in an error.
     pub(crate) errors: u64,
-    /// p99 of answers replayed from a fresh result, µs.
-    pub(crate) hit_p99_us: u64,
-    /// p99 of requests for keys answered before (expiries included), µs.
-    pub(crate) warm_p99_us: u64,
+    /// p99 of answers replayed from a fresh result, ns.
+    pub(crate) hit_p99_ns: u64,
+    /// p99 of requests for keys answered before (expiries included), ns.
+    pub(crate) warm_p99_ns: u64,
     /// Executions grouped by expiry, outside the failure window.
     pub(crate) refreshes: Refreshes,
     /// Per phase: requests, failed, failed for keys that had a result
@@ -672,7 +671,7 @@ pub(crate) struct Summary {
     /// Resident set before and after the load, KiB.
     pub(crate) rss_kib: (u64, u64),
     /// With `--split`: the p99 of stale answers, and the p99 of hits in the
-    /// same slices of the run weighted by the stale answers in each, µs.
+    /// same slices of the run weighted by the stale answers in each, ns.
     pub(crate) split: Option<(u64, u64)>,
 }
 
@@ -696,8 +695,8 @@ impl PhaseSummary {
                 "max_executions_per_key",
                 self.max_executions_per_key.to_string(),
             ),
-            ("p50_ms", ms(self.p50_us)),
-            ("p99_ms", ms(self.p99_us)),
+            ("p50_us", us(self.p50_ns)),
+            ("p99_us", us(self.p99_ns)),
         ]
     }
 }
@@ -716,20 +715,20 @@ pub(crate) struct PhaseSummary {
     pub(crate) executions: u64,
     pub(crate) keys_executed: u64,
     pub(crate) max_executions_per_key: u64,
-    pub(crate) p50_us: u64,
-    pub(crate) p99_us: u64,
+    pub(crate) p50_ns: u64,
+    pub(crate) p99_ns: u64,
 }
 
 impl Summary {
     /// `name=value` pairs on one line.
     pub(crate) fn line(&self) -> String {
         let mut out = format!(
-            "requests={} executions={} errors={} hit_p99_ms={} warm_p99_ms={} expiries={} executions_in_expiries={} max_executions_per_expiry={} window_s={} rss_before_kib={} rss_after_kib={}",
+            "requests={} executions={} errors={} hit_p99_us={} warm_p99_us={} expiries={} executions_in_expiries={} max_executions_per_expiry={} window_s={} rss_before_kib={} rss_after_kib={}",
             self.requests,
             self.executions,
             self.errors,
-            ms(self.hit_p99_us),
-            ms(self.warm_p99_us),
+            us(self.hit_p99_ns),
+            us(self.warm_p99_ns),
             self.refreshes.expiries,
             self.refreshes.executions,
             self.refreshes.max_per_expiry,
@@ -739,9 +738,9 @@ impl Summary {
         );
         if let Some((stale, hits)) = self.split {
             out.push_str(&format!(
-                " stale_p99_ms={} hit_p99_same_slices_ms={}",
-                ms(stale),
-                ms(hits)
+                " stale_p99_us={} hit_p99_same_slices_us={}",
+                us(stale),
+                us(hits)
             ));
         }
         for p in &self.phases {
@@ -1002,7 +1001,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                     } else {
                         (node.clone().oneshot(req).await, probe::Probe::default())
                     };
-                    let us = t0.elapsed().as_micros().max(1) as u64;
+                    let ns = t0.elapsed().as_nanos().max(1) as u64;
                     // An answer from a node's copy is ready at once: a
                     // caller that never waits must still hand its thread
                     // back now and then, or the runtime's timers and its
@@ -1011,9 +1010,9 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                     tokio::task::consume_budget().await;
                     let phase = &mut phases[win.phase(t0.duration_since(started))];
                     phase.requests += 1;
-                    phase.latency.saturating_record(us);
+                    phase.latency.saturating_record(ns);
                     if warm {
-                        phase.warm_latency.saturating_record(us);
+                        phase.warm_latency.saturating_record(ns);
                     }
                     let mut stale = false;
                     let mut answer = Answer::Ran;
@@ -1034,7 +1033,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                                     answer = Answer::Stale;
                                 } else {
                                     phase.hits += 1;
-                                    phase.hit_latency.saturating_record(us);
+                                    phase.hit_latency.saturating_record(ns);
                                     answer = Answer::Hit;
                                 }
                             }
@@ -1077,20 +1076,18 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                     };
                     let sec = (t0.duration_since(started).as_secs() as usize).min(seconds - 1);
                     let s = secs[sec].get_or_insert_with(Second::new);
-                    s.latency.saturating_record(us);
+                    s.latency.saturating_record(ns);
                     s.roles[role as usize] += 1;
                     s.stale += u64::from(stale);
                     by_role
                         .entry(role)
-                        .or_insert_with(|| {
-                            Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds")
-                        })
-                        .saturating_record(us);
+                        .or_insert_with(hist)
+                        .saturating_record(ns);
                     if split && warm {
                         samples.push(Sample {
                             t0_us,
-                            us,
-                            store_us: probed.in_store_us,
+                            ns,
+                            store_ns: probed.in_store_ns,
                             answer,
                             store: probed.first.unwrap_or(probe::Store::NoCall),
                             calls: probed.acquires.saturating_add(probed.others),
@@ -1196,13 +1193,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
             t.add(p)?;
         }
         for (role, h) in by_role {
-            totals
-                .by_role
-                .entry(role)
-                .or_insert_with(|| {
-                    Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds")
-                })
-                .add(&h)?;
+            totals.by_role.entry(role).or_insert_with(hist).add(&h)?;
         }
         for (k, v) in errors {
             *totals.errors.entry(k).or_default() += v;
@@ -1229,8 +1220,7 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
         refreshes: keys.epochs.lock().expect("not poisoned").1,
         ..Summary::default()
     };
-    let mut hits = Histogram::<u64>::new_with_bounds(1, 120_000_000, 2)?;
-    let mut warm = Histogram::<u64>::new_with_bounds(1, 120_000_000, 2)?;
+    let (mut hits, mut warm) = (hist(), hist());
     let bounds = match win.fail {
         Some((a, b)) => vec![(0, Duration::ZERO, a), (1, a, b), (2, b, ran.max(b))],
         None => vec![(0, Duration::ZERO, ran)],
@@ -1261,12 +1251,12 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
             executions: per_key.iter().sum(),
             keys_executed: per_key.len() as u64,
             max_executions_per_key: per_key.iter().copied().max().unwrap_or(0),
-            p50_us: p.latency.value_at_quantile(0.5),
-            p99_us: p.latency.value_at_quantile(0.99),
+            p50_ns: p.latency.value_at_quantile(0.5),
+            p99_ns: p.latency.value_at_quantile(0.99),
         });
     }
-    summary.hit_p99_us = hits.value_at_quantile(0.99);
-    summary.warm_p99_us = warm.value_at_quantile(0.99);
+    summary.hit_p99_ns = hits.value_at_quantile(0.99);
+    summary.warm_p99_ns = warm.value_at_quantile(0.99);
 
     let degraded = degraded.lock().expect("not poisoned").clone();
     let fault_how = if redis.is_some() { fault_how } else { "" };
@@ -1286,16 +1276,22 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
         let from = args
             .fail_at
             .or(fault_window.map(|(a, _)| Duration::from_secs(a)));
-        let hit_p99 = summary.hit_p99_us;
+        let hit_p99 = summary.hit_p99_ns;
         split_report(&samples, &failures, hit_p99, window, from, &mut summary);
     }
     Ok(summary)
 }
 
-/// Milliseconds to the microsecond: a p99 under 50 µs (the copy's hits)
-/// must not print as 0.0, nor a ratio of two of them be "n/a".
+/// Milliseconds to the microsecond, of a moment or an age in µs.
 fn ms(us: u64) -> String {
     format!("{:.3}", us as f64 / 1000.0)
+}
+
+/// Microseconds to 10 ns, of a latency in ns: a copy's hit of a few µs
+/// prints with its fraction, and a ratio of two of them is not one whole
+/// microsecond's step.
+fn us(ns: u64) -> String {
+    format!("{:.2}", ns as f64 / 1000.0)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1450,7 +1446,7 @@ fn report(
         println!("| {label} (`{name}`) | {} |", by_label(name));
     }
     println!();
-    println!("| role | requests | p50 ms | p99 ms | max ms |");
+    println!("| role | requests | p50 µs | p99 µs | max µs |");
     println!("|---|---|---|---|---|");
     for role in Role::ALL {
         if let Some(h) = t.by_role.get(&role) {
@@ -1458,9 +1454,9 @@ fn report(
                 "| {} | {} | {} | {} | {} |",
                 role.name(),
                 h.len(),
-                ms(h.value_at_quantile(0.5)),
-                ms(h.value_at_quantile(0.99)),
-                ms(h.max())
+                us(h.value_at_quantile(0.5)),
+                us(h.value_at_quantile(0.99)),
+                us(h.max())
             );
         }
     }
@@ -1491,9 +1487,9 @@ failures of keys with a good answer on any node (on this node) within {:.0} s be
     let r = summary.refreshes;
     println!();
     println!(
-        "hit p99 {} ms, p99 of keys answered before (expiries included) {} ms; executions per expiry per key: {:.3} mean, {} max ({} executions over {} expiries, first fills included, failure window left out)",
-        ms(summary.hit_p99_us),
-        ms(summary.warm_p99_us),
+        "hit p99 {} µs, p99 of keys answered before (expiries included) {} µs; executions per expiry per key: {:.3} mean, {} max ({} executions over {} expiries, first fills included, failure window left out)",
+        us(summary.hit_p99_ns),
+        us(summary.warm_p99_ns),
         r.executions as f64 / r.expiries.max(1) as f64,
         r.max_per_expiry,
         r.executions,
@@ -1547,7 +1543,7 @@ fn chart(
     let quantile = |q: f64| -> Box<dyn Fn(usize) -> Option<f64> + '_> {
         Box::new(move |s| {
             let h = &t.seconds[s].latency;
-            (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0)
+            (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1e6)
         })
     };
     let shaded = Shaded {
@@ -1769,8 +1765,8 @@ mod probe {
         pub(crate) others: u8,
         /// The first acquire's answer.
         pub(crate) first: Option<Store>,
-        /// Time from each call's start to its answer, summed.
-        pub(crate) in_store_us: u64,
+        /// Time from each call's start to its answer, summed, ns.
+        pub(crate) in_store_ns: u64,
     }
 
     thread_local! {
@@ -1781,7 +1777,7 @@ mod probe {
     fn note(started: Instant, first: Option<Store>) {
         CURRENT.with(|c| {
             if let Some(mut p) = c.get() {
-                p.in_store_us += started.elapsed().as_micros() as u64;
+                p.in_store_ns += started.elapsed().as_nanos() as u64;
                 match first {
                     Some(s) => {
                         p.acquires = p.acquires.saturating_add(1);
@@ -1887,8 +1883,9 @@ impl Answer {
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     t0_us: u64,
-    us: u64,
-    store_us: u64,
+    /// Its latency, and the part of it in store calls, ns.
+    ns: u64,
+    store_ns: u64,
     answer: Answer,
     store: probe::Store,
     calls: u8,
@@ -1915,8 +1912,10 @@ const MAX_FAILURES: usize = 10_000;
 /// (their timeline: both measured in the same moments).
 const SLICE_US: u64 = 100_000;
 
+/// A latency histogram, in nanoseconds: from 1 ns to 120 s, two
+/// significant digits (a hit's few microseconds are told apart to 1 %).
 fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds")
+    Histogram::new_with_bounds(1, 120_000_000_000, 2).expect("valid bounds")
 }
 
 /// `--split`'s tables: the answers of keys answered before by how each
@@ -1925,7 +1924,7 @@ fn hist() -> Histogram<u64> {
 fn split_report(
     samples: &[Sample],
     failures: &[Failure],
-    hit_p99_us: u64,
+    hit_p99_ns: u64,
     window: Duration,
     started_failing: Option<Duration>,
     summary: &mut Summary,
@@ -1935,40 +1934,40 @@ fn split_report(
         groups.entry((s.store, s.answer)).or_default().push(s);
     }
     let total = samples.len().max(1) as f64;
-    let above_all = samples.iter().filter(|s| s.us > hit_p99_us).count().max(1) as f64;
+    let above_all = samples.iter().filter(|s| s.ns > hit_p99_ns).count().max(1) as f64;
     println!();
     println!(
-        "Keys answered before, by the store's answer to the request's own acquire and by the age of what answered it (hit p99 {} ms; \"in store\": from each call's start to its answer, the calls made in the request's task):",
-        ms(hit_p99_us)
+        "Keys answered before, by the store's answer to the request's own acquire and by the age of what answered it (hit p99 {} µs; \"in store\": from each call's start to its answer, the calls made in the request's task):",
+        us(hit_p99_ns)
     );
     println!();
-    println!("| store's answer | answered | requests | share % | p50 ms | p99 ms | max ms | above hit p99 (share of all above) | store calls per request | in store p50 ms | in store p99 ms | p99 less store ms |");
+    println!("| store's answer | answered | requests | share % | p50 µs | p99 µs | max µs | above hit p99 (share of all above) | store calls per request | in store p50 µs | in store p99 µs | p99 less store µs |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for ((store, answer), v) in &groups {
         let (mut lat, mut st, mut rest) = (hist(), hist(), hist());
         let mut calls = 0u64;
         for s in v {
-            lat.saturating_record(s.us);
-            st.saturating_record(s.store_us.max(1));
-            rest.saturating_record(s.us.saturating_sub(s.store_us).max(1));
+            lat.saturating_record(s.ns);
+            st.saturating_record(s.store_ns.max(1));
+            rest.saturating_record(s.ns.saturating_sub(s.store_ns).max(1));
             calls += u64::from(s.calls);
         }
-        let above = v.iter().filter(|s| s.us > hit_p99_us).count();
+        let above = v.iter().filter(|s| s.ns > hit_p99_ns).count();
         println!(
             "| {} | {} | {} | {:.2} | {} | {} | {} | {} ({:.1} %) | {:.2} | {} | {} | {} |",
             store.name(),
             answer.name(),
             v.len(),
             100.0 * v.len() as f64 / total,
-            ms(lat.value_at_quantile(0.5)),
-            ms(lat.value_at_quantile(0.99)),
-            ms(lat.max()),
+            us(lat.value_at_quantile(0.5)),
+            us(lat.value_at_quantile(0.99)),
+            us(lat.max()),
             above,
             100.0 * above as f64 / above_all,
             calls as f64 / v.len() as f64,
-            ms(st.value_at_quantile(0.5)),
-            ms(st.value_at_quantile(0.99)),
-            ms(rest.value_at_quantile(0.99)),
+            us(st.value_at_quantile(0.5)),
+            us(st.value_at_quantile(0.99)),
+            us(rest.value_at_quantile(0.99)),
         );
     }
     // Hits and stale answers on the same timeline: the hits of each
@@ -1981,13 +1980,13 @@ fn split_report(
         match s.answer {
             Answer::Hit => {
                 let (h, n) = hits_in.entry(slice).or_insert_with(|| (hist(), 0));
-                h.saturating_record(s.us);
+                h.saturating_record(s.ns);
                 *n += 1;
-                hits.saturating_record(s.us);
+                hits.saturating_record(s.ns);
             }
             Answer::Stale => {
                 *stale_in.entry(slice).or_default() += 1;
-                stale.saturating_record(s.us);
+                stale.saturating_record(s.ns);
             }
             _ => {}
         }
@@ -2008,12 +2007,12 @@ fn split_report(
     ));
     println!();
     println!(
-        "Same timeline ({} ms slices): stale answers' p99 {} ms ({} answers); hits' p99 in the slices of the stale answers, weighted by them, {} ms; hits' p99 over the run {} ms ({} hits)",
+        "Same timeline ({} ms slices): stale answers' p99 {} µs ({} answers); hits' p99 in the slices of the stale answers, weighted by them, {} µs; hits' p99 over the run {} µs ({} hits)",
         SLICE_US / 1000,
-        ms(stale.value_at_quantile(0.99)),
+        us(stale.value_at_quantile(0.99)),
         stale.len(),
-        ms(matched.value_at_quantile(0.99)),
-        ms(hits.value_at_quantile(0.99)),
+        us(matched.value_at_quantile(0.99)),
+        us(hits.value_at_quantile(0.99)),
         hits.len(),
     );
     if failures.is_empty() {

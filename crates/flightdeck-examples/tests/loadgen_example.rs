@@ -101,7 +101,7 @@ async fn a_failure_window_is_reported_per_phase() {
     assert_eq!(s.errors, before.failed + during.failed + after.failed);
     // The replay TTL (300 ms) expires keys during the run: they ran again.
     assert!(s.refreshes.expiries > 20, "{:?}", s.refreshes);
-    assert!(s.hit_p99_us > 0 && s.warm_p99_us > 0);
+    assert!(s.hit_p99_ns > 0 && s.warm_p99_ns > 0);
     let line = s.line();
     assert!(line.contains("during_failed_had_result="), "{line}");
     let svg = std::fs::read_to_string(&out).unwrap();
@@ -194,6 +194,6 @@ async fn a_split_run_reports_stale_answers_against_hits() {
     assert!(stale > 0, "expiries answered stale: {s:?}");
     let (stale_p99, hit_p99) = s.split.expect("--split measures");
     assert!(stale_p99 > 0 && hit_p99 > 0, "{s:?}");
-    assert!(s.line().contains(" stale_p99_ms="), "{}", s.line());
+    assert!(s.line().contains(" stale_p99_us="), "{}", s.line());
     let _ = std::fs::remove_file(&out);
 }
