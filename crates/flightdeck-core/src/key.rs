@@ -279,22 +279,22 @@ impl fmt::Debug for ShortDigest {
 /// fields never equals a digest key, even over the same fields: make the
 /// keys of one stage one way (their [`digest`](Self::digest)s, and so their
 /// flights in shared stores, are the same either way). `Hash` feeds 8
-/// bytes of a digest (a BLAKE3 output, already uniform), or the fields'
-/// bytes, to the hasher.
+/// bytes to the hasher: of a digest (a BLAKE3 output, already uniform),
+/// or the fields' hash, taken once when the key is made with a seed of
+/// the process (requests, the attacker's input, cannot be made to collide
+/// without it).
 #[derive(Clone, PartialEq, Eq)]
 pub struct FlightKey {
     stage: StageName,
     scope: Option<Digest>,
-    id: Id,
-}
-
-/// What identifies the request within its stage and scope.
-#[derive(Clone)]
-enum Id {
-    /// The digest of the fields.
-    Digest(Digest),
-    /// The fields, their digest computed when first asked for.
-    Fields(Arc<Fields>),
+    /// A digest key's digest. A key of fields keeps its fields' 64-bit
+    /// hash in the first 8 bytes (zeros after): hashing and comparing a
+    /// key reads this field alike for both kinds, with no branch on the
+    /// path of a digest key.
+    id: Digest,
+    /// A key of fields: its fields, their digest computed when first
+    /// asked for.
+    fields: Option<Arc<Fields>>,
 }
 
 struct Fields {
@@ -310,17 +310,21 @@ impl Fields {
     }
 }
 
-impl PartialEq for Id {
+// By their bytes (`Arc`'s `Eq` tries the pointer first).
+impl PartialEq for Fields {
     fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Self::Digest(a), Self::Digest(b)) => a == b,
-            (Self::Fields(a), Self::Fields(b)) => Arc::ptr_eq(a, b) || a.bytes == b.bytes,
-            _ => false,
-        }
+        self.bytes == other.bytes
     }
 }
 
-impl Eq for Id {}
+impl Eq for Fields {}
+
+/// The 64-bit hash of a key's fields, seeded once per process.
+fn fields_hash(bytes: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
+    SEED.get_or_init(Default::default).hash_one(bytes)
+}
 
 impl FlightKey {
     /// Builds a key from its parts.
@@ -328,7 +332,8 @@ impl FlightKey {
         Self {
             stage,
             scope,
-            id: Id::Digest(digest),
+            id: digest,
+            fields: None,
         }
     }
 
@@ -353,19 +358,18 @@ impl FlightKey {
     /// The digest of the request's fields (of a key of fields, computed on
     /// the first call).
     pub fn digest(&self) -> &Digest {
-        match &self.id {
-            Id::Digest(d) => d,
-            Id::Fields(f) => f.digest(),
+        match &self.fields {
+            None => &self.id,
+            Some(f) => f.digest(),
         }
     }
 
     /// Whether the digest is known without hashing: a digest key, or a key
     /// of fields whose digest was asked for already.
     pub fn has_digest(&self) -> bool {
-        match &self.id {
-            Id::Digest(_) => true,
-            Id::Fields(f) => f.digest.get().is_some(),
-        }
+        self.fields
+            .as_ref()
+            .is_none_or(|f| f.digest.get().is_some())
     }
 
     /// One digest over stage, scope and request digest: the name of this
@@ -387,17 +391,10 @@ impl FlightKey {
 
 impl std::hash::Hash for FlightKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        match &self.id {
-            Id::Digest(d) => {
-                let d = &d.0;
-                state.write_u64(u64::from_le_bytes([
-                    d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
-                ]));
-            }
-            // The map's hasher over every byte: requests (attacker's
-            // input) cannot be made to collide without its seed.
-            Id::Fields(f) => state.write(&f.bytes),
-        }
+        let d = &self.id.0;
+        state.write_u64(u64::from_le_bytes([
+            d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+        ]));
     }
 }
 
@@ -573,11 +570,15 @@ impl<const N: usize> KeyEncoder<N> {
         if self.hasher.is_some() {
             return self.finish_key(stage, scope);
         }
+        let bytes = &self.buf[..self.len];
+        let mut id = [0; 32];
+        id[..8].copy_from_slice(&fields_hash(bytes).to_le_bytes());
         FlightKey {
             stage,
             scope,
-            id: Id::Fields(Arc::new(Fields {
-                bytes: self.buf[..self.len].into(),
+            id: Digest(id),
+            fields: Some(Arc::new(Fields {
+                bytes: bytes.into(),
                 digest: OnceLock::new(),
             })),
         }
