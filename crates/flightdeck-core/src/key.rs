@@ -372,6 +372,13 @@ impl FlightKey {
             .is_none_or(|f| f.digest.get().is_some())
     }
 
+    /// Whether the key keeps the request's fields (made by
+    /// [`KeyEncoder::finish_key_lazy`]): it owns memory of its own, which a
+    /// digest key does not (dropping one frees nothing).
+    pub fn keeps_fields(&self) -> bool {
+        self.fields.is_some()
+    }
+
     /// One digest over stage, scope and request digest: the name of this
     /// flight in shared stores (e.g. the `{h}` of Redis key names).
     pub fn flight_digest(&self) -> Digest {

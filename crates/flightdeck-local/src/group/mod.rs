@@ -486,6 +486,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
         let slot = e.get_mut();
         // For the log line of a panic, read before the slot goes.
         let panicked = matches!(outcome, Outcome::Panicked).then(|| slot.key.digest().short());
+        let keeps_fields = slot.key.keeps_fields();
         let Some(r) = slot.running() else {
             return (None, None);
         };
@@ -502,13 +503,18 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             }
             // Nothing left in the running state owns anything (its
             // waiters' board and the leader's waker were taken above): it
-            // is forgotten, not dropped. The key is dropped: a key of
-            // fields owns them (`FlightKey`).
+            // is forgotten, not dropped, so that the removal does not copy
+            // the whole slot out of the table only to drop nothing. A key
+            // of fields owns them: that key is dropped.
             _ => {
                 debug_assert!(r.owns_nothing());
-                let Slot { key, state, .. } = e.remove().0;
-                drop(key);
-                std::mem::forget(state);
+                if keeps_fields {
+                    let Slot { key, state, .. } = e.remove().0;
+                    drop(key);
+                    std::mem::forget(state);
+                } else {
+                    std::mem::forget(e.remove().0);
+                }
                 None
             }
         };
