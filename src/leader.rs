@@ -182,7 +182,6 @@ where
 pub struct Leader<S, Req, R, Sh: SharedForm> {
     pub(crate) stage: Arc<Stage<R, Sh>>,
     pub(crate) mode: Mode,
-    pub(crate) key: FlightKey,
     pub(crate) req: Req,
     pub(crate) inner: S,
     pub(crate) share: Sh,
@@ -270,25 +269,25 @@ where
 
     fn lead(
         self,
+        key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
-        let record = Record::start(&self.stage, &self.key);
+        let record = Record::start(&self.stage, key);
         let Self {
             stage,
             mode,
-            key,
             req,
             inner,
             share,
             coordination,
             bound,
         } = self;
-        let flight = Self::sharded_flight(&stage, mode, &key);
+        let flight = Self::sharded_flight(&stage, mode, key);
         let mut why = None;
         let path = match stage.distributed.as_ref().filter(|_| mode.is_distributed()) {
             // LOCAL_ONLY, or a stage without backend.
             None => Path::Local,
-            Some(l2) => match Self::admit(l2, &stage, mode, &key, &req, flight) {
+            Some(l2) => match Self::admit(l2, &stage, mode, key, &req, flight) {
                 Route::Here(here) => {
                     why = Some(here);
                     Path::Fallback
@@ -307,7 +306,7 @@ where
                         exec.key = Some(key.clone());
                     }
                     exec.why = fallback.launched();
-                    let fut = l2.launch(admitted, key, req, exec, fallback, coordination);
+                    let fut = l2.launch(admitted, key.clone(), req, exec, fallback, coordination);
                     return Lead::Flight { fut, record };
                 }
             },
@@ -321,7 +320,7 @@ where
         let keeps = path == Path::Fallback && stage.stale.is_some();
         let mut exec = Self::exec(stage, inner, share, bound, flight);
         if keeps {
-            exec.key = Some(key);
+            exec.key = Some(key.clone());
             if let Some(why) = why {
                 exec.why = Why::Now(why);
             }
@@ -334,10 +333,11 @@ where
 
     fn alone(
         self,
+        key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
-        let record = Record::start(&self.stage, &self.key);
-        let flight = Self::sharded_flight(&self.stage, self.mode, &self.key);
+        let record = Record::start(&self.stage, key);
+        let flight = Self::sharded_flight(&self.stage, self.mode, key);
         let exec = Self::exec(self.stage, self.inner, self.share, self.bound, flight);
         Lead::Here {
             fut: exec.run(self.req, Path::Local),

@@ -174,7 +174,6 @@ where
         let leader = Leader {
             stage: Arc::clone(stage),
             mode,
-            key: key.clone(),
             req,
             inner: self.inner.clone(),
             share: share.clone(),
@@ -184,7 +183,7 @@ where
         let caller = Caller::new().deadline(at).on_abandon(on_abandon);
         let headers = ctl.cfg.cache_status;
         if stage.stale.is_some() {
-            return leader.stale_paths(caller, at, share);
+            return leader.stale_paths(key, caller, at, share);
         }
         let run = if Sh::INLINE_LOOKUP {
             stage.local.run_inlined(&key, caller, leader)
@@ -228,13 +227,13 @@ where
     /// (hit-for-pass) ends by it, as a flight's callers do.
     fn stale_paths(
         self,
+        key: FlightKey,
         caller: Caller,
         at: Option<Instant>,
         share: Sh,
     ) -> ServiceFuture<S, Req, R, Sh> {
         let mut leader = self;
         let stage = &Arc::clone(&leader.stage);
-        let key = leader.key.clone();
         let ctl = &stage.ctl;
         let cfg = &ctl.cfg;
         let headers = cfg.cache_status;
@@ -261,7 +260,7 @@ where
         let found = kept.find(&key);
         if found.is_err() {
             ctl.count_hit_for_pass();
-            let alone = leader.alone();
+            let alone = leader.alone(&key);
             let stage_name = key.stage().clone();
             let fut = async move {
                 let answer = match own_run(alone, at, stage_name).await? {
@@ -297,7 +296,7 @@ where
                 && xfetch(left, look.took)
                 && kept.claim_refresh(&key);
             if early {
-                leader.refresh();
+                leader.refresh(&key);
             }
             let served = Served::Hit { age, ttl: left };
             let fut = std::future::ready(Ok((Answer::Shared(look.value), served)));
@@ -342,7 +341,7 @@ where
             }
             if within(past, windows.revalidate) {
                 if kept.claim_refresh(&key) {
-                    leader.refresh();
+                    leader.refresh(&key);
                 }
                 return stale_answer(StaleReason::Revalidate, look.value);
             }
@@ -489,7 +488,7 @@ where
     /// wait timeout for this caller), never by the triggering caller's
     /// budget. Its result replaces the copy unless a purge came after it
     /// started.
-    fn refresh(self) {
+    fn refresh(self, key: &FlightKey) {
         let mut leader = self;
         // The refresh is every caller's: bounded by the stage's own
         // settings, not by the budget of the caller that started it.
@@ -499,7 +498,7 @@ where
         leader.bound = Some(cfg.execution_timeout.unwrap_or(cfg.wait_timeout));
         leader.coordination = None;
         let stage = Arc::clone(&leader.stage);
-        let key = leader.key.clone();
+        let key = key.clone();
         let Some(setup) = stage.stale.clone() else {
             return;
         };

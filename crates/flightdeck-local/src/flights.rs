@@ -60,15 +60,20 @@ pub trait FlightWork<V>: Send + 'static {
     type Output: Send + 'static;
 
     /// Runs the work as the flight's leader: a shared result goes to every
-    /// caller (and is kept for replay, if the policy says so).
+    /// caller (and is kept for replay, if the policy says so). `key` is
+    /// the flight's, lent: work that needs it past this call clones it,
+    /// and work that does not carries none.
     fn lead(
         self,
+        key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<V, Self::Output>, BoxError>> + Send + 'static;
 
     /// Runs the work for this caller alone: the leader's result could not
-    /// be shared, or does not [`serve`](Self::serves) this caller.
+    /// be shared, or does not [`serve`](Self::serves) this caller. `key`
+    /// is the caller's, lent as to [`lead`](Self::lead).
     fn alone(
         self,
+        key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<V, Self::Output>, BoxError>> + Send + 'static;
 
     /// This caller joined another caller's flight and is about to wait:
@@ -101,11 +106,17 @@ where
 {
     type Output = O;
 
-    fn lead(self) -> impl Future<Output = Result<Shareable<V, O>, BoxError>> + Send + 'static {
+    fn lead(
+        self,
+        _key: &FlightKey,
+    ) -> impl Future<Output = Result<Shareable<V, O>, BoxError>> + Send + 'static {
         self()
     }
 
-    fn alone(self) -> impl Future<Output = Result<Shareable<V, O>, BoxError>> + Send + 'static {
+    fn alone(
+        self,
+        _key: &FlightKey,
+    ) -> impl Future<Output = Result<Shareable<V, O>, BoxError>> + Send + 'static {
         self()
     }
 }

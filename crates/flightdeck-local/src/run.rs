@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
-use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, StageName, Unshareable};
+use flightdeck_core::{BoxError, FlightKey, Shareable, SharedError, Unshareable};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tracing::Instrument;
@@ -116,6 +116,8 @@ pin_project! {
         clock: Option<Pin<Box<Sleep>>>,
         guard: WaiterGuard<V>,
         work: Option<W>,
+        // Lent to its work, should it run its own.
+        key: FlightKey,
         since: Instant,
         deadline: Option<Instant>,
         span: tracing::Span,
@@ -168,7 +170,7 @@ where
                     // HYBRID through the store, which may hold a result
                     // that serves it), outside the local flight.
                     State::Alone {
-                        fut: alone(work, caller.deadline, key.stage(), Own::Lead),
+                        fut: alone(work, caller.deadline, key, Own::Lead),
                     }
                 }
             }
@@ -189,6 +191,7 @@ where
                             armed: true,
                         },
                         work: Some(work),
+                        key: key.clone(),
                         since,
                         deadline: caller.deadline,
                         span: span("waiter"),
@@ -208,9 +211,9 @@ where
                 // A disabled span is not worth a wrapper polled every time.
                 let span = span("leader");
                 let work = if span.is_disabled() {
-                    Work::new(completion, || outcome(work.lead()), caller.deadline)
+                    Work::new(completion, || outcome(work.lead(key)), caller.deadline)
                 } else {
-                    let fut = || outcome(work.lead()).instrument(span);
+                    let fut = || outcome(work.lead(key)).instrument(span);
                     Work::new(completion, fut, caller.deadline)
                 };
                 State::Lead {
@@ -239,7 +242,7 @@ enum Own {
 fn alone<V: 'static, W: FlightWork<V>>(
     work: W,
     deadline: Option<Instant>,
-    stage: &StageName,
+    key: &FlightKey,
     own: Own,
 ) -> Alone<V, W::Output> {
     let out_of_time = || Box::new(DeadlineExceeded::new("request")) as BoxError;
@@ -247,10 +250,10 @@ fn alone<V: 'static, W: FlightWork<V>>(
     let run = (!late).then(|| {
         type Run<V, O> = Pin<Box<dyn Future<Output = Result<Shareable<V, O>, BoxError>> + Send>>;
         let mut run: Run<V, W::Output> = match own {
-            Own::Alone => Box::pin(work.alone()),
-            Own::Lead => Box::pin(work.lead()),
+            Own::Alone => Box::pin(work.alone(key)),
+            Own::Lead => Box::pin(work.lead(key)),
         };
-        let stage = stage.clone();
+        let stage = key.stage().clone();
         std::future::poll_fn(move |cx| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.as_mut().poll(cx)))
                 .unwrap_or_else(|_panic| {
@@ -330,7 +333,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let (work, deadline, stage) =
+            let (work, deadline, key) =
                 match this.state.as_mut().project() {
                     StateProj::Alone { fut } => return fut.as_mut().poll(cx),
                     StateProj::Ready { out } => {
@@ -342,13 +345,11 @@ where
                     StateProj::Waiting { wait } => match wait.as_mut().poll_wait(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Ok(out)) => return Poll::Ready(out),
-                        Poll::Ready(Err(work)) => {
-                            (work, wait.deadline, wait.guard.metrics().stage.clone())
-                        }
+                        Poll::Ready(Err(work)) => (work, wait.deadline, wait.key.clone()),
                     },
                 };
             this.state.set(State::Alone {
-                fut: alone(work, deadline, &stage, Own::Alone),
+                fut: alone(work, deadline, &key, Own::Alone),
             });
         }
     }
@@ -366,6 +367,7 @@ where
             guard,
             work,
             since,
+            key: _,
             deadline,
             span,
         } = self.project();

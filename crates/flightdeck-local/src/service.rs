@@ -4,7 +4,9 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use flightdeck_core::{BoxError, KeySource, Serves, Share, Shareable, SharedForm, Unshareable};
+use flightdeck_core::{
+    BoxError, FlightKey, KeySource, Serves, Share, Shareable, SharedForm, Unshareable,
+};
 use pin_project_lite::pin_project;
 use tower::util::ServiceExt;
 use tower_service::Service;
@@ -135,6 +137,7 @@ where
 
     fn lead(
         self,
+        _key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
         let Self {
@@ -155,6 +158,7 @@ where
 
     fn alone(
         self,
+        _key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
         let Self { svc, req, share } = self;

@@ -2,6 +2,7 @@
 //! per-flight abandon rule, results that do not serve a waiter, and
 //! flights nobody waits for any more.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,21 +156,27 @@ struct Tagged {
     alone: Arc<AtomicUsize>,
 }
 
+// An `async fn` would hold the lent key: the work's future must not.
+#[allow(clippy::manual_async_fn)]
 impl FlightWork<String> for Tagged {
     type Output = String;
 
-    async fn lead(self) -> Answer {
-        self.runs.fetch_add(1, Ordering::SeqCst);
-        sleep(Duration::from_millis(100)).await;
-        Ok(Shareable::Shared(format!("for {}", self.tag)))
+    fn lead(self, _: &FlightKey) -> impl Future<Output = Answer> + Send + 'static {
+        async move {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            sleep(Duration::from_millis(100)).await;
+            Ok(Shareable::Shared(format!("for {}", self.tag)))
+        }
     }
 
-    async fn alone(self) -> Answer {
-        self.alone.fetch_add(1, Ordering::SeqCst);
-        Ok(Shareable::Unshared(
-            format!("for {}", self.tag),
-            flightdeck_core::Unshareable::Vary,
-        ))
+    fn alone(self, _: &FlightKey) -> impl Future<Output = Answer> + Send + 'static {
+        async move {
+            self.alone.fetch_add(1, Ordering::SeqCst);
+            Ok(Shareable::Unshared(
+                format!("for {}", self.tag),
+                flightdeck_core::Unshareable::Vary,
+            ))
+        }
     }
 
     fn serves(&self, shared: &String) -> bool {
@@ -209,6 +216,50 @@ async fn a_result_is_handed_only_to_the_callers_it_serves() {
         (runs.load(Ordering::SeqCst), alone.load(Ordering::SeqCst)),
         (2, 1)
     );
+}
+
+/// Work that answers with the key it was lent, and whose shared result
+/// serves nobody but its leader.
+struct Echo;
+
+impl FlightWork<String> for Echo {
+    type Output = String;
+
+    fn lead(self, key: &FlightKey) -> impl Future<Output = Answer> + Send + 'static {
+        let key = key.digest().to_hex();
+        async move {
+            sleep(Duration::from_millis(100)).await;
+            Ok(Shareable::Shared(format!("led {key}")))
+        }
+    }
+
+    fn alone(self, key: &FlightKey) -> impl Future<Output = Answer> + Send + 'static {
+        let own = format!("alone {}", key.digest().to_hex());
+        std::future::ready(Ok(Shareable::Unshared(
+            own,
+            flightdeck_core::Unshareable::Vary,
+        )))
+    }
+
+    fn serves(&self, _: &String) -> bool {
+        false
+    }
+}
+
+/// The leader's work is lent the flight's key, and so is the work of a
+/// waiter that runs its own (the result did not serve it), after the
+/// flight ended.
+#[tokio::test(start_paused = true)]
+async fn the_work_is_lent_the_key() {
+    let flights = LocalFlights::<String>::new(FlightPolicy::new());
+    let k = key("lent");
+    let hex = k.digest().to_hex();
+    let (a, b) = tokio::join!(
+        flights.run(&key("lent"), Caller::new(), Echo),
+        flights.run(&key("lent"), Caller::new(), Echo)
+    );
+    assert_eq!(value(a), format!("led {hex}"));
+    assert_eq!(value(b), format!("own:alone {hex}"));
 }
 
 /// Under the cancel rule, hung work whose callers all timed out is
@@ -373,17 +424,21 @@ struct Replayable {
     runs: Arc<AtomicUsize>,
 }
 
+// An `async fn` would hold the lent key: the work's future must not.
+#[allow(clippy::manual_async_fn)]
 impl FlightWork<String> for Replayable {
     type Output = String;
 
-    async fn lead(self) -> Answer {
-        self.runs.fetch_add(1, Ordering::SeqCst);
-        sleep(Duration::from_millis(100)).await;
-        Ok(Shareable::Shared(format!("here:{}", self.here)))
+    fn lead(self, _: &FlightKey) -> impl Future<Output = Answer> + Send + 'static {
+        async move {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            sleep(Duration::from_millis(100)).await;
+            Ok(Shareable::Shared(format!("here:{}", self.here)))
+        }
     }
 
-    async fn alone(self) -> Answer {
-        self.lead().await
+    fn alone(self, key: &FlightKey) -> impl Future<Output = Answer> + Send + 'static {
+        self.lead(key)
     }
 
     fn replay_here(&self) -> bool {
