@@ -123,6 +123,7 @@ mod body;
 mod error_response;
 mod failures;
 mod policy;
+mod present;
 mod response;
 mod share;
 #[cfg(test)]
@@ -135,6 +136,7 @@ pub use self::error_response::{
 };
 pub use self::failures::HttpFailures;
 pub use self::policy::{CacheControl, SetCookie};
+pub use self::present::Present;
 pub use self::response::{SharedResponse, VaryMismatch};
 pub use self::share::{HttpShare, DEFAULT_MAX_BODY};
 pub use self::vary::{

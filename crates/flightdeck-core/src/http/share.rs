@@ -5,8 +5,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, SET_COOKIE};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, SET_COOKIE, VARY};
+use http::response::Parts;
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::{Body, SizeHint};
 use http_body_util::BodyExt;
 
@@ -18,6 +19,22 @@ use super::*;
 
 /// Default cap on a shared response body: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+
+/// The response headers sharing reads from the head, found in one walk
+/// over its names ([`Present`]) before any is looked up: the usual head
+/// has few of them. Indexed by the `AT_*` constants.
+const HEAD_NAMES: [HeaderName; 5] = [
+    SET_COOKIE,
+    CACHE_CONTROL,
+    VARY,
+    CONTENT_TYPE,
+    CONTENT_LENGTH,
+];
+const AT_SET_COOKIE: usize = 0;
+const AT_CACHE_CONTROL: usize = 1;
+const AT_VARY: usize = 2;
+const AT_CONTENT_TYPE: usize = 3;
+const AT_CONTENT_LENGTH: usize = 4;
 
 /// Shares `http::Response`s by buffering them, following HTTP's rules on
 /// what may be handed to another caller (see the module docs).
@@ -73,11 +90,17 @@ impl HttpShare {
 
     /// Judges a response head: the `Vary` names to record, or why it is
     /// not shared.
-    pub(crate) fn judge(&self, head: &http::response::Parts) -> Result<Vary, Unshareable> {
-        if let Some(reason) = policy::refusal(&head.headers, self.set_cookie, self.cache_control) {
-            return Err(reason);
+    pub(crate) fn judge(&self, head: &Parts, seen: &Present) -> Result<Vary, Unshareable> {
+        let h = &head.headers;
+        if !(seen.known_absent(AT_SET_COOKIE) && seen.known_absent(AT_CACHE_CONTROL)) {
+            if let Some(reason) = policy::refusal(h, self.set_cookie, self.cache_control) {
+                return Err(reason);
+            }
         }
-        match Vary::of(&head.headers) {
+        if seen.known_absent(AT_VARY) {
+            return Ok(Vary::Nothing);
+        }
+        match Vary::of(h) {
             Vary::Everything => Err(Unshareable::VaryStar),
             vary => Ok(vary),
         }
@@ -97,10 +120,10 @@ impl HttpShare {
                 || !policy::forbids_sharing(shared.headers()))
     }
 
-    pub(crate) fn looks_streaming(&self, head: &http::response::Parts, hint: &SizeHint) -> bool {
-        let ctype = head
-            .headers
-            .get(CONTENT_TYPE)
+    pub(crate) fn looks_streaming(&self, head: &Parts, seen: &Present, hint: &SizeHint) -> bool {
+        let h = &head.headers;
+        let ctype = seen
+            .get(AT_CONTENT_TYPE, &CONTENT_TYPE, h)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if ctype.starts_with("text/event-stream") || head.status == StatusCode::PARTIAL_CONTENT {
@@ -111,14 +134,14 @@ impl HttpShare {
         if ctype.starts_with("application/grpc") {
             return false;
         }
-        let known = hint.exact().is_some() || head.headers.contains_key(CONTENT_LENGTH);
+        let known = hint.exact().is_some() || seen.has(AT_CONTENT_LENGTH, &CONTENT_LENGTH, h);
         !known && !self.buffer_unknown_length
     }
 
-    pub(crate) fn over_cap(&self, head: &http::response::Parts, hint: &SizeHint) -> bool {
-        let declared = head
-            .headers
-            .get(CONTENT_LENGTH)
+    pub(crate) fn over_cap(&self, head: &Parts, seen: &Present, hint: &SizeHint) -> bool {
+        let h = &head.headers;
+        let declared = seen
+            .get(AT_CONTENT_LENGTH, &CONTENT_LENGTH, h)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         let cap = self.max_body as u64;
@@ -173,7 +196,8 @@ where
             let (mut head, mut body) = value.into_parts();
             // The head alone decides first: nothing of an unshareable
             // response is buffered, handed out or stored.
-            let vary = match this.judge(&head) {
+            let seen = Present::of(&head.headers, &HEAD_NAMES);
+            let vary = match this.judge(&head, &seen) {
                 Ok(vary) => vary,
                 Err(reason) => {
                     return Ok(unshared(
@@ -183,9 +207,9 @@ where
                 }
             };
             let hint = body.size_hint();
-            let unshareable = if this.looks_streaming(&head, &hint) {
+            let unshareable = if this.looks_streaming(&head, &seen, &hint) {
                 Some(Unshareable::Stream)
-            } else if this.over_cap(&head, &hint) {
+            } else if this.over_cap(&head, &seen, &hint) {
                 Some(Unshareable::Oversize)
             } else {
                 None
