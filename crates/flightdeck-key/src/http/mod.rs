@@ -104,7 +104,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightdeck_core::http::{push_header_values, push_values};
+use flightdeck_core::http::{push_header_values, push_values, Present};
 use flightdeck_core::key::EncodedFields;
 use flightdeck_core::{BoxError, KeyEncoder, StageName};
 use http::header::{
@@ -168,8 +168,8 @@ struct Config {
     headers: Vec<HeaderName>,
     /// The headers written into every key, in order: the body's, then
     /// `headers`; each with its field and zero count as written when the
-    /// request carries none (see [`KeyHeader`]).
-    key_headers: Vec<KeyHeader>,
+    /// request carries none (see [`KeyHeaders`]).
+    key_headers: KeyHeaders,
     body_cap: Option<usize>,
     idempotency_body_cap: usize,
     idempotency: Arc<IdempotencyTable>,
@@ -178,22 +178,30 @@ struct Config {
     unkeyed: Arc<Unkeyed>,
 }
 
-/// A header written into every key. Most requests carry few of them, so
-/// the field of an absent one (its name, then its count of values, zero) is
-/// encoded once, when the rules are built, and written in one go: the same
-/// bytes as written field by field, so the same digest.
+/// The headers written into every key. Most requests carry few of them:
+/// which ones a request has is found in one walk over its header names
+/// ([`Present`]), and the field of an absent one (its name, then its count
+/// of values, zero) is encoded once, when the rules are built, and written
+/// in one go: the same bytes as written field by field, so the same digest.
 #[derive(Clone)]
-struct KeyHeader {
-    name: HeaderName,
-    absent: EncodedFields,
+struct KeyHeaders {
+    names: Vec<HeaderName>,
+    /// The field of each of `names` when absent, in the same order.
+    absent: Vec<EncodedFields>,
 }
 
-impl KeyHeader {
-    fn new(name: HeaderName) -> Self {
-        let mut absent = EncodedFields::new();
-        absent.push(name.as_str().as_bytes());
-        absent.push(&0u64.to_le_bytes());
-        Self { name, absent }
+impl KeyHeaders {
+    fn new(names: Vec<HeaderName>) -> Self {
+        let absent = names
+            .iter()
+            .map(|name| {
+                let mut absent = EncodedFields::new();
+                absent.push(name.as_str().as_bytes());
+                absent.push(&0u64.to_le_bytes());
+                absent
+            })
+            .collect();
+        Self { names, absent }
     }
 }
 
@@ -531,12 +539,9 @@ impl HttpKeyExtractorBuilder {
                     .iter()
                     .map(|s| query::decode(s).into_owned().into_boxed_slice())
                     .collect(),
-                key_headers: BODY_HEADERS
-                    .iter()
-                    .chain(&headers)
-                    .cloned()
-                    .map(KeyHeader::new)
-                    .collect(),
+                key_headers: KeyHeaders::new(
+                    BODY_HEADERS.iter().chain(&headers).cloned().collect(),
+                ),
                 headers,
                 body_cap: self.body_cap,
                 authority: self.authority,
@@ -574,15 +579,20 @@ pub(crate) fn write_headers<const N: usize>(
     }
 }
 
-/// [`write_headers`] of the rules' key headers: one lookup each, and an
-/// absent one written in one go.
-fn write_key_headers(enc: &mut HeadEncoder, headers: &HeaderMap, names: &[KeyHeader]) {
-    for h in names {
-        let values = headers.get_all(&h.name);
+/// [`write_headers`] of the rules' key headers: a lookup for each one the
+/// request has, and an absent one written in one go.
+fn write_key_headers(enc: &mut HeadEncoder, headers: &HeaderMap, keys: &KeyHeaders) {
+    let seen = Present::of(headers, &keys.names);
+    for (i, (name, absent)) in keys.names.iter().zip(&keys.absent).enumerate() {
+        if seen.known_absent(i) {
+            enc.push_encoded(absent);
+            continue;
+        }
+        let values = headers.get_all(name);
         if values.iter().next().is_none() {
-            enc.push_encoded(&h.absent);
+            enc.push_encoded(absent);
         } else {
-            enc.push(h.name.as_str().as_bytes());
+            enc.push(name.as_str().as_bytes());
             push_values(enc, values);
         }
     }

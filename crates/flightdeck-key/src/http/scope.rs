@@ -4,6 +4,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+use flightdeck_core::http::Present;
 use flightdeck_core::{Digest, KeyEncoder};
 use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::request::Parts;
@@ -244,7 +245,9 @@ impl Scope {
         // The usual unscoped requests return before an encoder is made.
         match &self.kind {
             Kind::Shared | Kind::Invalid(_) => return Ok(None),
-            Kind::Credentials(names) if !names.iter().any(|n| parts.headers.contains_key(n)) => {
+            Kind::Credentials(names)
+                if !Present::of(&parts.headers, names).any(names, &parts.headers) =>
+            {
                 return Ok(None)
             }
             _ => {}
