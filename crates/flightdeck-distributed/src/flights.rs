@@ -422,10 +422,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let st = self;
         let flight = flight.unwrap_or_else(|| FlightId::of(key));
         let policy = &st.policy;
-        let cx = Cx {
+        let mut cx = Cx {
             stage: key.stage().clone(),
             flight,
-            token: OwnerToken::random(),
+            // Drawn below, once the flight asks the store.
+            token: OwnerToken::unset(),
             terms: LeaseTerms {
                 lease: policy.lease_duration(),
                 state_ttl: policy.state_ttl(),
@@ -445,6 +446,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 return answered;
             }
         }
+        cx.token = OwnerToken::random();
         // Until the token is known to hold no lease (or the owner's lease
         // takes it over), dropping this flight releases it.
         let mut guard = TokenGuard::new(st, &cx);

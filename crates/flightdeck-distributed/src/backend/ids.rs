@@ -62,6 +62,12 @@ impl fmt::Display for FlightId {
 pub struct OwnerToken(String);
 
 impl OwnerToken {
+    /// No token yet (no allocation): the placeholder of a flight until it
+    /// asks the store, which a caller answered without asking never does.
+    pub(crate) const fn unset() -> Self {
+        Self(String::new())
+    }
+
     /// A fresh random token (128 bits, hex; drawn through
     /// `flightdeck_core::random`, seeded under simulation).
     pub fn random() -> Self {
