@@ -28,7 +28,7 @@
 //! assert!(key.to_string().starts_with("score/"));
 //! ```
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -53,11 +53,14 @@ const _: () = assert!(MAX_STAGE_NAMES == 4096);
 /// set, like metric names (they are metric label values), so a process may
 /// create at most [`MAX_STAGE_NAMES`] distinct ones; past that,
 /// [`StageName::new`] refuses new names (names already known still work).
+// A thin pointer (to the interned name's `&str`): one word, so a key that
+// holds a stage moves in one word less than with the `&str` itself.
 #[derive(Clone)]
-pub struct StageName(&'static str);
+pub struct StageName(&'static &'static str);
 
 /// The interned names.
-static NAMES: std::sync::RwLock<BTreeSet<&'static str>> = std::sync::RwLock::new(BTreeSet::new());
+static NAMES: std::sync::RwLock<BTreeMap<&'static str, &'static &'static str>> =
+    std::sync::RwLock::new(BTreeMap::new());
 
 impl StageName {
     /// Validates and creates a stage name.
@@ -95,8 +98,9 @@ impl StageName {
             ));
         }
         let interned: &'static str = Box::leak(name.into());
-        names.insert(interned);
-        Ok(Self(interned))
+        let thin: &'static &'static str = Box::leak(Box::new(interned));
+        names.insert(interned, thin);
+        Ok(Self(thin))
     }
 
     /// The name as a string slice.
@@ -119,7 +123,7 @@ impl Eq for StageName {}
 // are digests of the name's bytes.)
 impl std::hash::Hash for StageName {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_usize(self.0.as_ptr() as usize);
+        state.write_usize(std::ptr::from_ref(self.0) as usize);
     }
 }
 
@@ -131,19 +135,19 @@ impl PartialOrd for StageName {
 
 impl Ord for StageName {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.cmp(other.0)
+        self.as_str().cmp(other.as_str())
     }
 }
 
 impl fmt::Debug for StageName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl fmt::Display for StageName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -668,6 +672,27 @@ mod tests {
         assert!(StageName::new("x".repeat(65)).is_err());
         let err = StageName::new("bad\nname").unwrap_err().to_string();
         assert!(!err.contains('\n'), "error must be log-safe: {err}");
+    }
+
+    /// A stage is one thin pointer, so a key moves in 88 bytes: 8 for the
+    /// stage, 40 for the optional scope, 32 for the digest, 8 for the
+    /// fields. (The stage's `&str`, two words, made it 96.)
+    #[test]
+    fn a_stage_is_one_word_and_a_key_88_bytes() {
+        assert_eq!(std::mem::size_of::<StageName>(), 8);
+        assert_eq!(std::mem::size_of::<FlightKey>(), 88);
+    }
+
+    #[test]
+    fn stage_names_are_interned_and_ordered_by_name() {
+        let a = StageName::new("interned-b").unwrap();
+        let b = StageName::new(String::from("interned-b")).unwrap();
+        let c = StageName::new("interned-a").unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.as_str(), "interned-b");
+        assert_ne!(a, c);
+        assert!(c < a);
+        assert_eq!(format!("{a} {a:?}"), "interned-b \"interned-b\"");
     }
 
     #[test]
