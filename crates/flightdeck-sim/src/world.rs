@@ -98,7 +98,7 @@ pub(crate) struct State {
     /// Stale answers checked.
     pub(crate) stale_answers: u64,
     /// Whether the command being applied granted a lease (read and reset
-    /// by [`World::unheard`] right after it).
+    /// by [`World::applied`] right after it).
     granting: bool,
     /// Leases granted by an ACQUIRE applied after its caller had given it
     /// up (the leases nobody works on that a not-after prevents).

@@ -13,7 +13,7 @@ const WALK_AT_MOST: usize = 8;
 /// Which of `names` (at most 64) a header map has: asked by index into the
 /// names it was built with. Built once per map, it answers several
 /// questions for one walk over the map's names, where each
-/// [`HeaderMap::contains_key`] hashes and probes.
+/// `HeaderMap::contains_key` hashes and probes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Present {
     /// Bit `i` set when `names[i]` is in the map; `None` when the map was
