@@ -323,7 +323,9 @@ const PHASES: [&str; 3] = ["before", "during", "after"];
 
 /// An answer whose work finished longer than the replay TTL plus this
 /// before its request started counts as stale (the commit that follows
-/// the work takes a round trip; a fresh replay may be that much older).
+/// the work takes a round trip; a fresh replay may be that much older);
+/// one within the replay TTL counts as a hit; one between is neither (the
+/// hits' latency must not hold stale answers).
 const STALE_SLACK: Duration = Duration::from_millis(100);
 
 /// When the model fails, and the phase of a moment of the run.
@@ -442,8 +444,10 @@ struct Phase {
     failed_had_result: u64,
     /// Failed although this node's callers had such an answer.
     failed_node_had_result: u64,
-    /// Answers whose work finished more than the replay TTL before.
+    /// Answers whose work finished more than the replay TTL (+ slack)
+    /// before.
     stale: u64,
+    /// Answers whose work finished within the replay TTL before.
     hits: u64,
 }
 
@@ -1031,10 +1035,16 @@ pub(crate) async fn run(mut args: Args) -> Result<Summary, BoxError> {
                                     phase.stale += 1;
                                     stale = true;
                                     answer = Answer::Stale;
-                                } else {
+                                } else if age <= ttl {
                                     phase.hits += 1;
                                     phase.hit_latency.saturating_record(ns);
                                     answer = Answer::Hit;
+                                } else {
+                                    // Within the slack: a hit whose commit
+                                    // came late, or a stale answer. Neither
+                                    // count takes it, so that the hits'
+                                    // latency holds only sure hits.
+                                    answer = Answer::Edge;
                                 }
                             }
                             if from_id == id {
@@ -1858,10 +1868,13 @@ mod probe {
 /// What answered a request (`--split`), by the age of the answer's work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Answer {
-    /// Work that finished within the replay TTL (+ slack) before.
+    /// Work that finished within the replay TTL before.
     Hit,
     /// Work that finished longer ago.
     Stale,
+    /// Work that finished between the replay TTL and the slack before:
+    /// a hit or a stale answer, which this side cannot tell.
+    Edge,
     /// Work that finished after the request started (it waited for it).
     Ran,
     /// An error.
@@ -1873,6 +1886,7 @@ impl Answer {
         match self {
             Answer::Hit => "hit",
             Answer::Stale => "stale",
+            Answer::Edge => "hit or stale",
             Answer::Ran => "waited for work",
             Answer::Failed => "failed",
         }
