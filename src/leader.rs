@@ -96,18 +96,9 @@ impl<Sh: StageShare> Record<Sh> {
     /// Notes how the store answered, for every caller of this flight.
     #[inline(never)]
     fn note(&self, answered: Answered) {
-        let served = match answered {
-            Answered::Hit { age, fresh_for } => Served::Hit {
-                age,
-                ttl: fresh_for,
-            },
-            Answered::Stale(stale) => Served::Stale {
-                stale,
-                past: stale.age.saturating_sub(self.fresh),
-            },
-            _ => return,
-        };
-        self.setup.kept.note_answer(&self.key, served);
+        if let Some(served) = Served::by_store(answered, self.fresh) {
+            self.setup.kept.note_answer(&self.key, served);
+        }
     }
 
     /// Keeps what the work produced, `age` old (a hit is as old as the

@@ -48,14 +48,14 @@ use tower_service::Service;
 
 use crate::error::UnknownStage;
 use crate::future::ResponseFuture;
-use crate::kept::Kept;
+use crate::kept::{Kept, Look};
 use crate::layer::Shared;
 use crate::layer::StageShare;
 use crate::leader::Leader;
 use crate::mode::Mode;
 use crate::readers::RequestReaders;
 use crate::stage::{Control, Path, RefreshOutcome};
-use crate::stale::{Answering, MarkAnswer, Served};
+use crate::stale::{Answered as AnswerServed, Answering, MarkAnswer, Served};
 
 /// The service built by
 /// [`GenericSingleFlightLayer`](crate::GenericSingleFlightLayer) around
@@ -221,7 +221,9 @@ where
     /// while its whole store is degraded (then every stale answer says
     /// `redis_down`), and for a flight that runs in the local fallback (its
     /// failure, its callers still waiting at the soft timeout): otherwise
-    /// the store keeps and answers results across nodes.
+    /// the store keeps and answers results across nodes (a caller whose
+    /// flight it would answer at once, a refresh of the key running
+    /// elsewhere, is answered before any flight: `during_refresh`).
     ///
     /// `at` is the caller's own deadline (also in `caller`): a run alone
     /// (hit-for-pass) ends by it, as a flight's callers do.
@@ -282,12 +284,24 @@ where
         };
         let now = Instant::now();
         let look = found.ok().flatten().filter(|l| leader.serves(&l.value));
+        let fresh = cfg.replay_ttl;
+        let windows = cfg.stale_windows();
+        // With the store up, a refresh of the key that this node knows runs
+        // elsewhere answers past the copy's freshness as the flight would at
+        // once, without one.
+        let copy_fresh = look
+            .as_ref()
+            .is_some_and(|l| now.saturating_duration_since(l.done) < fresh);
+        if !answers && !copy_fresh && !windows.revalidate.is_zero() {
+            if let Some(served) = leader.during_refresh(&key, look.as_ref(), now) {
+                let fut = std::future::ready(Ok(served));
+                return ResponseFuture::stale(Box::pin(fut), headers, share);
+            }
+        }
         let Some(look) = look else {
             return flight(leader, caller, share);
         };
         let age = now.saturating_duration_since(look.done);
-        let fresh = cfg.replay_ttl;
-        let windows = cfg.stale_windows();
         if age < fresh {
             // The replay window. Near its end, one caller may refresh it early.
             let left = fresh - age;
@@ -480,6 +494,42 @@ where
             Ok((out, served))
         };
         ResponseFuture::stale(Box::pin(fut), headers, share)
+    }
+
+    /// The answer a distributed flight of `key` would give at once, without
+    /// asking the store, because this node knows that a refresh of the key
+    /// runs on another node ([`DistributedFlights::answer_during_refresh`]:
+    /// the store's kept result within `stale-while-revalidate`, or `look`,
+    /// this node's copy, when its work started later), given without the
+    /// flight, as a hit of the copy is: told as that flight's caller is
+    /// (the stale marker, `Cache-Status`, `Age`) and counted once, by L2,
+    /// as that flight's own answer is. Only while none of the stage's
+    /// breakers is open: a flight they refuse runs in the local fallback.
+    ///
+    /// [`DistributedFlights::answer_during_refresh`]: flightdeck_distributed::DistributedFlights::answer_during_refresh
+    fn during_refresh(
+        &self,
+        key: &FlightKey,
+        look: Option<&Look<Sh::Shared>>,
+        now: Instant,
+    ) -> Option<AnswerServed<Sh::Shared, Sh::Output>> {
+        let stage = &self.stage;
+        let l2 = stage.distributed.as_ref()?;
+        if !self.mode.is_distributed() || stage.ctl.breakers.any_degraded() {
+            return None;
+        }
+        let here = || {
+            look.map(|l| {
+                (
+                    l.value.clone(),
+                    now.saturating_duration_since(l.done),
+                    l.took,
+                )
+            })
+        };
+        let (value, answered) = l2.answer_during_refresh(key, here, |v| self.serves(v))?;
+        let served = Served::by_store(answered, stage.ctl.cfg.replay_ttl)?;
+        Some((Answer::Shared(value), served))
     }
 
     /// Runs one refresh of `key` in the background (grace, early refresh): a

@@ -94,6 +94,27 @@ impl Served {
             _ => None,
         }
     }
+
+    /// How a caller answered by the store itself (`answered`: a hit, a
+    /// result past its freshness) is told, `fresh` being the stage's
+    /// `replay-ttl`; `None` for an answer the work gave.
+    pub(crate) fn by_store(
+        answered: flightdeck_distributed::Answered,
+        fresh: Duration,
+    ) -> Option<Served> {
+        use flightdeck_distributed::Answered as By;
+        match answered {
+            By::Hit { age, fresh_for } => Some(Served::Hit {
+                age,
+                ttl: fresh_for,
+            }),
+            By::Stale(stale) => Some(Served::Stale {
+                stale,
+                past: stale.age.saturating_sub(fresh),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Tells a caller how it was answered: a share adapter puts the [`Stale`]

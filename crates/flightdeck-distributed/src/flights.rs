@@ -24,7 +24,7 @@ use crate::fallback::{FailureClass, Fallback, Verdict, WaitEnded};
 use crate::follow;
 use crate::lease_release::{LeaseReleases, TokenGuard};
 use crate::lost_results::SeenCommits;
-use crate::metrics::{Op, Registry, StageMetrics};
+use crate::metrics::{Bundle, Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease, Settled};
 use crate::policy::{DistributedPolicy, PolicyError};
 use crate::stale::{within, Answered, EndedHere, PurgeMark, Purges, RefreshesElsewhere, Reply};
@@ -34,6 +34,11 @@ use crate::work::{Execute, Role};
 /// An answer the work (or another node's) gave, not a kept one.
 fn ran<T, O>(out: Result<Shareable<T, O>, BoxError>) -> Reply<T, O> {
     out.map(|s| (s, Answered::Ran))
+}
+
+/// An answer from a kept result (a stale one, or this node's copy).
+pub(crate) fn kept_reply<T, O>((value, answered): (T, Answered)) -> Reply<T, O> {
+    Ok((Shareable::Shared(value), answered))
 }
 
 /// Which outcomes of the work a stale result answers for (see
@@ -141,6 +146,38 @@ pub(crate) struct Cx {
     /// Where the flight stood among this node's purges of its key when it
     /// first asked the store.
     pub(crate) purge_mark: PurgeMark,
+}
+
+/// What a flight's counts and logs name: its stage and id, and its
+/// metrics when they are at hand (else looked up when first counted: a
+/// caller answered without a flight looks up nothing for nothing).
+#[derive(Clone, Copy)]
+pub(crate) struct Named<'a> {
+    pub(crate) stage: &'a StageName,
+    pub(crate) flight: &'a FlightId,
+    metrics: Option<&'a StageMetrics>,
+}
+
+impl<'a> Named<'a> {
+    /// `flight` of `stage`, its metrics not at hand.
+    pub(crate) fn new(stage: &'a StageName, flight: &'a FlightId) -> Self {
+        Self {
+            stage,
+            flight,
+            metrics: None,
+        }
+    }
+}
+
+impl Cx {
+    /// What this flight's counts and logs name.
+    pub(crate) fn named(&self) -> Named<'_> {
+        Named {
+            stage: &self.stage,
+            flight: &self.flight,
+            metrics: Some(&self.metrics),
+        }
+    }
 }
 
 impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
@@ -331,6 +368,40 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         }
     }
 
+    /// The answer a flight of `key` would give at once, without asking
+    /// the store, because this node knows a refresh of `key` runs on
+    /// another node (the store answered a flight of it FOLLOWER with the
+    /// kept result beside, and the refresh has not ended since): that
+    /// kept result within `stale-while-revalidate` (as old as it is now),
+    /// unless this node purged `key` since or answered a newer result of
+    /// it; this node's own copy instead when its work started later.
+    /// Counted as [`run_answered`](Self::run_answered) counts it
+    /// (`singleflight_stale_served_total`, the age histogram). `None`
+    /// when a flight is needed: then [`run_answered`](Self::run_answered)
+    /// (which asks the same first) goes on from there.
+    ///
+    /// For callers that answer at a hit's cost what a flight would answer
+    /// without its cost (the facade, before it starts one): no flight, no
+    /// store call, and the kept result decoded once per refresh, not once
+    /// per caller. `kept_here` and `serves` are what the flight's
+    /// [`Execute::kept_here`] and [`Execute::serves`] (for the caller's
+    /// request) would say; `kept_here` is asked only when a refresh is
+    /// known.
+    pub fn answer_during_refresh<T>(
+        &self,
+        key: &FlightKey,
+        kept_here: impl FnOnce() -> Option<(T, Duration, Duration)>,
+        serves: impl Fn(&T) -> bool,
+    ) -> Option<(T, Answered)>
+    where
+        C: ResultCodec<T>,
+        T: Clone + Send + Sync + 'static,
+    {
+        let flight = FlightId::of(key);
+        self.st
+            .during_refresh(Named::new(key.stage(), &flight), kept_here, serves)
+    }
+
     /// Forgets `key`'s stored result and fences its running owner, if any
     /// (its commit will be rejected): the next request runs the work again.
     /// Returns the new generation.
@@ -421,6 +492,15 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     {
         let st = self;
         let flight = flight.unwrap_or_else(|| FlightId::of(key));
+        // A refresh of the key runs elsewhere, as the store told this node:
+        // its kept result answers without asking again (nothing of the
+        // flight is built for it).
+        let named = Named::new(key.stage(), &flight);
+        if let Some(answered) =
+            st.during_refresh(named, || exec.kept_here(), |v| exec.serves(v, &req))
+        {
+            return kept_reply(answered);
+        }
         let policy = &st.policy;
         let mut cx = Cx {
             stage: key.stage().clone(),
@@ -439,13 +519,6 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             started: Instant::now(),
             purge_mark: st.purges.mark(&flight),
         };
-        // A refresh of the key runs elsewhere, as the store told this node:
-        // its kept result answers without asking again.
-        if !policy.stale().revalidate.is_zero() {
-            if let Some(answered) = st.during_refresh(&cx, &exec, &req) {
-                return answered;
-            }
-        }
         cx.token = OwnerToken::random();
         // Until the token is known to hold no lease (or the owner's lease
         // takes it over), dropping this flight releases it.
@@ -493,12 +566,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 st.seen_commits.forget_other(&cx.flight, stored.generation);
                 cx.metrics.with(|m| m.hit.increment(1));
                 tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
-                match st.replay(&cx, &stored) {
+                match st.replay(cx.named(), &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
                         st.hit_here(&cx, stored.generation);
                         // As old as the store says, or, when it ran here,
                         // since its work ended (a commit may land late).
-                        let age = st.age_here(&cx, stored.generation, stored.age);
+                        let age = st.age_here(&cx.flight, stored.generation, stored.age);
                         st.refresh_early(&cx, &stored, req, exec);
                         let hit = Answered::Hit {
                             age,
@@ -533,7 +606,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 };
                 let usable = st.usable(&cx, Some(stored), &exec, &req);
                 match usable.and_then(|(v, kept)| Some((v, reason(&kept)?, kept))) {
-                    Some((v, reason, kept)) => Ok(st.kept_answer(&cx, v, &kept, reason)),
+                    Some((v, reason, kept)) => {
+                        kept_reply(st.kept_answer(cx.named(), v, &kept, reason))
+                    }
                     None => ran(exec.execute(req, Role::Unserved).await),
                 }
             }
@@ -588,7 +663,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                         if let (Some((raw, lease)), Some(notices)) = (watch, joined) {
                             st.watch_refresh(&cx, raw, lease, notices);
                         }
-                        return Ok(st.kept_answer(&cx, value, &kept, StaleReason::Revalidate));
+                        return kept_reply(st.kept_answer(
+                            cx.named(),
+                            value,
+                            &kept,
+                            StaleReason::Revalidate,
+                        ));
                     }
                     other => other,
                 };
@@ -745,31 +825,39 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }
     }
 
+    /// Counts for `named`'s stage (its metrics looked up if not at hand).
+    pub(crate) fn count(&self, named: Named<'_>, f: impl FnOnce(&Bundle)) {
+        match named.metrics {
+            Some(m) => m.with(f),
+            None => self.metrics.get(named.stage).with(f),
+        }
+    }
+
     /// A stored result, decoded: `Some` value, or `None` for a cached
     /// failure of the owner.
     pub(crate) fn replay<T>(
         &self,
-        cx: &Cx,
+        named: Named<'_>,
         stored: &StoredResult,
     ) -> Result<Option<T>, BackendError>
     where
         C: ResultCodec<T>,
     {
         match stored.status {
-            ResultStatus::Ok => self.decode(cx, &stored.payload).map(Some),
+            ResultStatus::Ok => self.decode(named, &stored.payload).map(Some),
             ResultStatus::Failed => Ok(None),
         }
     }
 
     /// Decodes a stored (or inline) result; one that does not decode is a
     /// protocol failure (a foreign or newer format), counted and logged.
-    pub(crate) fn decode<T>(&self, cx: &Cx, payload: &[u8]) -> Result<T, BackendError>
+    pub(crate) fn decode<T>(&self, named: Named<'_>, payload: &[u8]) -> Result<T, BackendError>
     where
         C: ResultCodec<T>,
     {
         self.envelope.open(&self.codec, payload).map_err(|e| {
-            cx.metrics.with(|m| m.undecodable());
-            tracing::warn!(stage = %cx.stage, error = %e, "stored result does not decode");
+            self.count(named, |m| m.undecodable());
+            tracing::warn!(stage = %named.stage, error = %e, "stored result does not decode");
             BackendError::protocol(e)
         })
     }

@@ -140,7 +140,7 @@ where
                             policy.replay_ttl_duration(),
                         );
                     }
-                    return match st.decode::<E::Shared>(cx, &payload) {
+                    return match st.decode::<E::Shared>(cx.named(), &payload) {
                         Ok(v) if exec.serves(&v, &req) => {
                             st.hit_here(cx, committed);
                             Ok(Shareable::Shared(v))
@@ -192,7 +192,7 @@ where
             Ok(Acquired::Hit(stored) | Acquired::Stale(stored)) => {
                 record_wait();
                 cx.metrics.with(|m| m.hit.increment(1));
-                return match st.replay::<E::Shared>(cx, &stored) {
+                return match st.replay::<E::Shared>(cx.named(), &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
                         st.hit_here(cx, stored.generation);
                         Ok(Shareable::Shared(v))

@@ -13,11 +13,12 @@
 //! timeout (the longest anyone waits for a result): a refresh cut there
 //! drops its lease, which abandons it.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use flightdeck_core::error::{find, BoxError, LeaseLost, WaitTimeout, WorkPanicked};
@@ -27,9 +28,9 @@ use flightdeck_core::Shareable;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backend::{Acquired, Ask, Backend, FlightId, StoredResult, Subscription};
+use crate::backend::{Acquired, Ask, Backend, BackendError, FlightId, StoredResult, Subscription};
 use crate::codec::ResultCodec;
-use crate::flights::{Cx, Judge, State};
+use crate::flights::{kept_reply, Cx, Judge, Named, State};
 use crate::lease_release::TokenGuard;
 use crate::metrics::{Op, Refresh};
 use crate::owner::Settled;
@@ -337,33 +338,76 @@ struct Watched {
     kept: StoredResult,
     at: Instant,
     purge_mark: PurgeMark,
+    /// The kept result's value, once a caller decoded it: the callers
+    /// answered it meanwhile share one decode. (`State` is not generic
+    /// over the value's type: held as `Any`, a value of another type is
+    /// decoded as it is asked for.)
+    decoded: OnceLock<Box<dyn Any + Send + Sync>>,
+}
+
+impl Watched {
+    /// The kept result's value: decoded once (with `decode`), and kept
+    /// for the next callers. A result that does not decode (or is a
+    /// cached failure) is not kept: each caller finds it so, as a flight
+    /// does.
+    fn value<T: Clone + Send + Sync + 'static>(
+        &self,
+        decode: impl FnOnce() -> Result<Option<T>, BackendError>,
+    ) -> Option<T> {
+        if let Some(v) = self.decoded.get().and_then(|d| d.downcast_ref::<T>()) {
+            return Some(v.clone());
+        }
+        let value = decode().ok()??;
+        let _ = self.decoded.set(Box::new(value.clone()));
+        Some(value)
+    }
 }
 
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
-    /// A caller of a key whose refresh this node knows runs elsewhere: the
-    /// kept result the store answered (as old as it is now), within
-    /// `stale-while-revalidate` and unless this node purged the key since.
-    pub(crate) fn during_refresh<Req, E>(
+    /// A caller of a key whose refresh this node knows runs elsewhere
+    /// (with `stale-while-revalidate` on): the kept result the store
+    /// answered (as old as it is now), within that window, unless this
+    /// node purged the key since the store answered (the watch's purge
+    /// mark: earlier than any flight's of the key since) or answered a
+    /// newer result of it; this node's own copy (`kept_here`, see
+    /// [`Execute::kept_here`]) instead when its work started later, as in
+    /// [`usable`](Self::usable). `serves`: whether a result serves the
+    /// caller's request. Counted as any kept answer. Nothing of a flight
+    /// is needed: a flight asks it first, and so does the facade before
+    /// it starts one ([`DistributedFlights::answer_during_refresh`]).
+    ///
+    /// [`DistributedFlights::answer_during_refresh`]: crate::DistributedFlights::answer_during_refresh
+    pub(crate) fn during_refresh<T>(
         &self,
-        cx: &Cx,
-        exec: &E,
-        req: &Req,
-    ) -> Option<Reply<E::Shared, E::Output>>
+        named: Named<'_>,
+        kept_here: impl FnOnce() -> Option<(T, Duration, Duration)>,
+        serves: impl Fn(&T) -> bool,
+    ) -> Option<(T, Answered)>
     where
-        C: ResultCodec<E::Shared>,
-        E: Execute<Req>,
+        C: ResultCodec<T>,
+        T: Clone + Send + Sync + 'static,
     {
-        let watched = self.elsewhere.flights.get(&cx.flight)?;
-        if self.purges.since(&cx.flight, watched.purge_mark)
-            || self
-                .elsewhere
-                .superseded(&cx.flight, watched.kept.generation)
+        let revalidate = self.policy.stale().revalidate;
+        if revalidate.is_zero() {
+            return None;
+        }
+        let flight = named.flight;
+        let watched = self.elsewhere.flights.get(flight)?;
+        if self.purges.since(flight, watched.purge_mark)
+            || self.elsewhere.superseded(flight, watched.kept.generation)
         {
             return None;
         }
-        let (value, kept) = self.usable(cx, Some(aged(&watched.kept, watched.at)), exec, req)?;
-        within(kept.stale_for(), self.policy.stale().revalidate)
-            .then(|| Ok(self.kept_answer(cx, value, &kept, StaleReason::Revalidate)))
+        let kept = self.honest(flight, aged(&watched.kept, watched.at));
+        let (value, kept) = match self.here_instead(&kept, kept_here(), &serves) {
+            Some(here) => here,
+            None => {
+                let value = watched.value(|| self.replay(named, &watched.kept))?;
+                (serves(&value).then_some(value)?, kept)
+            }
+        };
+        within(kept.stale_for(), revalidate)
+            .then(|| self.kept_answer(named, value, &kept, StaleReason::Revalidate))
     }
 
     /// The store answered FOLLOWER with `kept` beside: its refresh runs
@@ -391,6 +435,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             kept,
             at: now,
             purge_mark: cx.purge_mark,
+            decoded: OnceLock::new(),
         });
         let flights = &self.elsewhere.flights;
         flights.insert(cx.flight, Arc::clone(&watched), now + bound);
@@ -447,24 +492,44 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         C: ResultCodec<E::Shared>,
         E: Execute<Req>,
     {
-        let kept = self.honest(cx, kept?);
+        let kept = self.honest(&cx.flight, kept?);
         if self.purged(cx) {
             // Fetched before (or while) this node purged the key.
             return None;
         }
-        // This node's own copy, of work that started later, answers
-        // instead: it gave that one already (the copy is the latest-started
-        // work whose result it gave). The store's result started its work
-        // time before its commit, by the store's age.
-        if let Some((value, age, took)) = exec.kept_here() {
-            let started_ago = age.saturating_add(took);
-            if started_ago < kept.age.saturating_add(kept.work_time) && exec.serves(&value, req) {
-                let ttl = self.policy.replay_ttl_duration();
-                return Some((value, StoredResult { age, ttl, ..kept }));
-            }
+        let serves = |v: &E::Shared| exec.serves(v, req);
+        if let Some(here) = self.here_instead(&kept, exec.kept_here(), serves) {
+            return Some(here);
         }
-        let value = self.replay::<E::Shared>(cx, &kept).ok()??;
-        exec.serves(&value, req).then_some((value, kept))
+        let value = self.replay::<E::Shared>(cx.named(), &kept).ok()??;
+        serves(&value).then_some((value, kept))
+    }
+
+    /// This node's own copy (`here`: see [`Execute::kept_here`]), of work
+    /// that started later than `kept`'s, answers instead of it, when it
+    /// `serves` the caller: this node gave that one already (the copy is
+    /// the latest-started work whose result it gave). The store's result
+    /// started its work time before its commit, by the store's age.
+    fn here_instead<T>(
+        &self,
+        kept: &StoredResult,
+        here: Option<(T, Duration, Duration)>,
+        serves: impl Fn(&T) -> bool,
+    ) -> Option<(T, StoredResult)> {
+        let (value, age, took) = here?;
+        let started_ago = age.saturating_add(took);
+        if started_ago < kept.age.saturating_add(kept.work_time) && serves(&value) {
+            let ttl = self.policy.replay_ttl_duration();
+            return Some((
+                value,
+                StoredResult {
+                    age,
+                    ttl,
+                    ..kept.clone()
+                },
+            ));
+        }
+        None
     }
 
     /// `kept` with its age since its work ended, as far as this node
@@ -473,11 +538,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// it was sent: the age adds back what was taken off `replay-ttl`.
     /// When the work ran here, its age is by this node's clock since it
     /// ended, if that is longer (the commit's trip to the store).
-    fn honest(&self, cx: &Cx, kept: StoredResult) -> StoredResult {
+    fn honest(&self, flight: &FlightId, kept: StoredResult) -> StoredResult {
         let fresh = self.policy.replay_ttl_duration();
         let age = kept.age.saturating_add(fresh.saturating_sub(kept.ttl));
         StoredResult {
-            age: self.age_here(cx, kept.generation, age),
+            age: self.age_here(flight, kept.generation, age),
             ttl: fresh.max(kept.ttl),
             ..kept
         }
@@ -485,8 +550,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
 
     /// `age` of `generation`'s result, or, when its work ran here, how long
     /// ago it ended by this node's clock if that is longer.
-    pub(crate) fn age_here(&self, cx: &Cx, generation: u64, age: Duration) -> Duration {
-        match self.ended_here.ended(&cx.flight, generation) {
+    pub(crate) fn age_here(&self, flight: &FlightId, generation: u64, age: Duration) -> Duration {
+        match self.ended_here.ended(flight, generation) {
             Some(ended) => age.max(ended.elapsed()),
             None => age,
         }
@@ -502,38 +567,38 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// the store throttles one): a stale answer, counted; but when this
     /// node's own copy stands in for it (see [`usable`](Self::usable)) and
     /// is still fresh, a hit, which is no stale answer.
-    pub(crate) fn kept_answer<T, O>(
+    pub(crate) fn kept_answer<T>(
         &self,
-        cx: &Cx,
+        named: Named<'_>,
         value: T,
         kept: &StoredResult,
         reason: StaleReason,
-    ) -> (Shareable<T, O>, Answered) {
+    ) -> (T, Answered) {
         if kept.age < kept.ttl {
             let hit = Answered::Hit {
                 age: kept.age,
                 fresh_for: kept.fresh_for(),
             };
-            return (Shareable::Shared(value), hit);
+            return (value, hit);
         }
-        self.stale_answer(cx, value, kept, reason)
+        self.stale_answer(named, value, kept, reason)
     }
 
     /// The answer from `kept`, counted.
-    pub(crate) fn stale_answer<T, O>(
+    pub(crate) fn stale_answer<T>(
         &self,
-        cx: &Cx,
+        named: Named<'_>,
         value: T,
         kept: &StoredResult,
         reason: StaleReason,
-    ) -> (Shareable<T, O>, Answered) {
+    ) -> (T, Answered) {
         let stale = Stale {
             reason,
             age: kept.age,
         };
-        cx.metrics.with(|m| m.stale(stale));
-        tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = kept.generation, reason = reason.as_str(), "answering a stale result");
-        (Shareable::Shared(value), Answered::Stale(stale))
+        self.count(named, |m| m.stale(stale));
+        tracing::debug!(stage = %named.stage, flight = %named.flight, generation = kept.generation, reason = reason.as_str(), "answering a stale result");
+        (value, Answered::Stale(stale))
     }
 
     /// This caller was granted the refresh of `kept` (past its
@@ -561,7 +626,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let (work, told) = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
         if within(kept.stale_for(), windows.revalidate) {
             self.detach(cx, work, told, judge);
-            return Ok(self.kept_answer(cx, value, &kept, StaleReason::Revalidate));
+            return kept_reply(self.kept_answer(cx.named(), value, &kept, StaleReason::Revalidate));
         }
         let detach = |work| self.detach(cx, work, told, Arc::clone(&judge));
         self.stand_by(cx, &judge, (value, kept), work, detach).await
@@ -582,7 +647,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         F: Future<Output = Result<Shareable<T, O>, BoxError>>,
     {
         if within(kept.stale_for(), self.policy.stale().revalidate) {
-            return Ok(self.kept_answer(cx, value, &kept, StaleReason::Revalidate));
+            return kept_reply(self.kept_answer(cx.named(), value, &kept, StaleReason::Revalidate));
         }
         let following = std::pin::pin!(following);
         self.stand_by(cx, &judge, (value, kept), following, drop)
@@ -616,7 +681,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     let now = aged(&kept, received);
                     if within(now.stale_for(), windows.keep_stale()) && !self.purged(cx) {
                         on_soft(work);
-                        return Ok(self.stale_answer(cx, value, &now, StaleReason::SoftTimeout));
+                        let answer =
+                            self.stale_answer(cx.named(), value, &now, StaleReason::SoftTimeout);
+                        return kept_reply(answer);
                     }
                     // Too old by now: the caller waits on.
                     (&mut work).await
@@ -637,7 +704,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         };
         let answers = waited_out || failed(&**judge, &out);
         if within(now.stale_for(), windows.if_error) && answers && !self.purged(cx) {
-            return Ok(self.stale_answer(cx, value, &now, why));
+            return kept_reply(self.stale_answer(cx.named(), value, &now, why));
         }
         out.map(|s| (s, Answered::Ran))
     }

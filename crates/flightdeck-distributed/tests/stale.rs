@@ -15,7 +15,7 @@ use flightdeck_core::{metric, FlightKey, Shareable, StageName};
 use flightdeck_distributed::backend::{Backend, BackendFuture, CommitArgs, Committed};
 use flightdeck_distributed::{
     forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId,
-    OwnerToken, PostcardCodec, Propagate, Role,
+    OwnerToken, PostcardCodec, Propagate, ResultCodec, Role,
 };
 use flightdeck_test::recorded::{self, counter_where};
 use flightdeck_test::MemoryBackend;
@@ -1173,4 +1173,142 @@ async fn a_fresh_copy_standing_in_for_a_remembered_result_is_no_stale_answer() {
     );
     assert_eq!(revalidated(), before, "a fresh answer is no stale one");
     a.idle().await;
+}
+
+/// [`PostcardCodec`], counting the results it decodes.
+#[derive(Clone, Default)]
+struct CountingCodec {
+    decodes: Arc<AtomicUsize>,
+}
+
+impl CountingCodec {
+    fn decodes(&self) -> usize {
+        self.decodes.load(Ordering::SeqCst)
+    }
+}
+
+impl ResultCodec<String> for CountingCodec {
+    fn codec_id(&self) -> u8 {
+        ResultCodec::<String>::codec_id(&PostcardCodec::<String>::new())
+    }
+
+    fn encode(&self, value: &String) -> Result<Vec<u8>, BoxError> {
+        PostcardCodec::new().encode(value)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<String, BoxError> {
+        self.decodes.fetch_add(1, Ordering::SeqCst);
+        PostcardCodec::new().decode(bytes)
+    }
+}
+
+/// A refresh of `k` runs on `a` and node `b` (decoding with `codec`) was
+/// told so by the store: it answered `v1` once, through a flight.
+async fn watching(
+    stage: &str,
+    codec: &CountingCodec,
+) -> (
+    Node,
+    DistributedFlights<MemoryBackend, CountingCodec>,
+    FlightKey,
+    Work,
+) {
+    let store = MemoryBackend::new();
+    let policy = policy(grace());
+    let a = DistributedFlights::new(store.clone(), policy.clone(), PostcardCodec::new()).unwrap();
+    let b = DistributedFlights::new(store, policy, codec.clone()).unwrap();
+    let k = key(stage);
+    let work = Work::new(2 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let (v, _, _) = call(&a, &k, &work).await;
+    assert_eq!(v, "v1", "a refreshes");
+    let (out, how) = b
+        .run_answered(&k, (), work.clone(), &Propagate, None)
+        .await
+        .unwrap();
+    assert!(matches!(out, Shareable::Shared(v) if v == "v1"));
+    assert_eq!(reason(how), Some(StaleReason::Revalidate));
+    (a, b, k, work)
+}
+
+/// While a node knows a refresh runs elsewhere, its callers share one
+/// decode of the kept result, whether they come through a flight or
+/// are answered without one (`answer_during_refresh`), and both are
+/// answered and counted alike.
+#[tokio::test(start_paused = true)]
+async fn callers_during_a_refresh_elsewhere_share_one_decode() {
+    recorded::install();
+    let stage = "one-decode";
+    let codec = CountingCodec::default();
+    let (a, b, k, work) = watching(stage, &codec).await;
+    let revalidated = || {
+        counter_where(
+            metric::STALE_SERVED_TOTAL,
+            stage,
+            Some(("reason", "revalidate")),
+        )
+    };
+    let (decoded, counted) = (codec.decodes(), revalidated());
+    let aged = |i: u32| FRESH + SEC + Duration::from_millis(100) * i;
+    for i in 0..4u32 {
+        let (out, how) = b
+            .run_answered(&k, (), work.clone(), &Propagate, None)
+            .await
+            .unwrap();
+        assert!(matches!(out, Shareable::Shared(v) if v == "v1"));
+        assert_eq!(
+            how.stale().map(|s| (s.reason, s.age)),
+            Some((StaleReason::Revalidate, aged(2 * i)))
+        );
+        sleep(Duration::from_millis(100)).await;
+        let (v, how) = b
+            .answer_during_refresh(&k, || work.kept_here(), |_| true)
+            .expect("answered without a flight");
+        assert_eq!(v, "v1");
+        assert_eq!(
+            how.stale().map(|s| (s.reason, s.age)),
+            Some((StaleReason::Revalidate, aged(2 * i + 1)))
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(codec.decodes(), decoded + 1, "one decode for eight callers");
+    assert_eq!(revalidated(), counted + 8, "every caller counted");
+    // A request the kept result does not serve gets no answer here.
+    assert!(b.answer_during_refresh(&k, || None, |_| false).is_none());
+    assert_eq!(work.runs(), 2, "one refresh");
+    a.idle().await;
+    sleep(2 * SEC).await;
+    assert!(
+        b.answer_during_refresh(&k, || None, |_: &String| true)
+            .is_none(),
+        "the refresh's commit ended what b knew of it"
+    );
+}
+
+/// A purge on the node while it knows of a refresh elsewhere: its next
+/// caller is not answered the purged result without a flight, nor
+/// through one.
+#[tokio::test(start_paused = true)]
+async fn a_purge_here_ends_answers_without_a_flight() {
+    let codec = CountingCodec::default();
+    let (_a, b, k, work) = watching("purged-fast", &codec).await;
+    assert!(b
+        .answer_during_refresh(&k, || None, |_: &String| true)
+        .is_some());
+    b.invalidate(&k).await.unwrap();
+    assert!(
+        b.answer_during_refresh(&k, || None, |_: &String| true)
+            .is_none(),
+        "purged here"
+    );
+    let (out, how) = b
+        .run_answered(&k, (), work.clone(), &Propagate, None)
+        .await
+        .unwrap();
+    let Shareable::Shared(v) = out else {
+        panic!("every answer is shared");
+    };
+    assert_eq!(how, Answered::Ran, "runs anew");
+    assert_ne!(v, "v1", "the purged result never answers");
 }

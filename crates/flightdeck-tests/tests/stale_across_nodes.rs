@@ -293,3 +293,73 @@ async fn a_copy_of_a_store_replay_is_not_replayed_past_the_replay_ttl() {
     assert_eq!(next.body, "v2", "replayed from a copy past replay-ttl");
     assert_eq!(origin.calls(), 2);
 }
+
+fn local_flights(stage: &str) -> u64 {
+    common::counter(metric::LOCAL_OWNER_TOTAL, stage)
+}
+
+/// A node the store told that a refresh runs elsewhere answers its next
+/// callers the kept result without a flight (as it answers a hit: no L1
+/// flight, no store call), told and counted as the caller that went
+/// through the flight was: the same stale marker, `Cache-Status`, `Age`
+/// and counters.
+#[tokio::test(start_paused = true)]
+async fn callers_during_a_refresh_elsewhere_are_answered_without_a_flight() {
+    common::metrics_on();
+    let stage = "x-no-flight";
+    let origin = Origin::new();
+    let [a, b] = nodes(stage, &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.cache_status = true;
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // Node a refreshes; node b's flight is told so (FOLLOWER, v1 beside).
+    assert_eq!(call(&a).await.1, "v1");
+    let first = answer(&b).await;
+    assert_eq!(first.body, "v1");
+    let (flights, counted) = (
+        local_flights(stage),
+        stale_served(stage, StaleReason::Revalidate),
+    );
+    for _ in 0..5 {
+        let got = answer(&b).await;
+        assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+        assert_eq!(got.stale, first.stale);
+        assert_eq!(
+            got.headers.get("cache-status"),
+            first.headers.get("cache-status")
+        );
+        assert_eq!(got.headers.get("age"), first.headers.get("age"));
+    }
+    assert_eq!(
+        first.headers.get("cache-status").unwrap(),
+        "flightdeck; fwd=stale; ttl=-1; detail=revalidate"
+    );
+    assert_eq!(first.headers.get("age").unwrap(), "2");
+    assert_eq!(local_flights(stage), flights, "no flight for them");
+    assert_eq!(stale_served(stage, StaleReason::Revalidate), counted + 5);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.calls(), 2, "one refresh");
+    assert_eq!(call(&b).await.1, "v2", "the refresh's result answers next");
+}
+
+/// A purge on a node that knows of a refresh elsewhere: its next caller
+/// is not answered the purged result.
+#[tokio::test(start_paused = true)]
+async fn a_purge_here_ends_answers_of_a_refresh_elsewhere() {
+    let stage = "x-no-flight-purged";
+    let origin = Origin::new();
+    let [a, b] = nodes(stage, &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&a).await.1, "v1");
+    assert_eq!(call(&b).await.1, "v1");
+    let req = Request::get("http://svc/p").body(Body::empty()).unwrap();
+    assert!(b.layer.invalidate_request(req).await.unwrap());
+    let got = answer(&b).await;
+    assert_ne!(got.body, "v1", "the purged result never answers");
+    assert!(got.stale.is_none());
+}
