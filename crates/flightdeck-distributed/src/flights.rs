@@ -134,6 +134,9 @@ impl<B, C> fmt::Debug for DistributedFlights<B, C> {
 /// Everything one flight's coordination needs to name things.
 #[derive(Clone)]
 pub(crate) struct Cx {
+    /// The callers' key (what this node's watches of a refresh elsewhere
+    /// are found by).
+    pub(crate) key: FlightKey,
     pub(crate) stage: StageName,
     pub(crate) flight: FlightId,
     pub(crate) token: OwnerToken,
@@ -159,12 +162,16 @@ pub(crate) struct Named<'a> {
 }
 
 impl<'a> Named<'a> {
-    /// `flight` of `stage`, its metrics not at hand.
-    pub(crate) fn new(stage: &'a StageName, flight: &'a FlightId) -> Self {
+    /// `flight` of `stage`, with its metrics when they are at hand.
+    pub(crate) fn with(
+        stage: &'a StageName,
+        flight: &'a FlightId,
+        metrics: Option<&'a StageMetrics>,
+    ) -> Self {
         Self {
             stage,
             flight,
-            metrics: None,
+            metrics,
         }
     }
 }
@@ -382,7 +389,8 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     ///
     /// For callers that answer at a hit's cost what a flight would answer
     /// without its cost (the facade, before it starts one): no flight, no
-    /// store call, and the kept result decoded once per refresh, not once
+    /// flight id computed (the watches are found by `key`), no store
+    /// call, and the kept result decoded once per refresh, not once
     /// per caller. `kept_here` and `serves` are what the flight's
     /// [`Execute::kept_here`] and [`Execute::serves`] (for the caller's
     /// request) would say; `kept_here` is asked only when a refresh is
@@ -397,9 +405,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         C: ResultCodec<T>,
         T: Clone + Send + Sync + 'static,
     {
-        let flight = FlightId::of(key);
-        self.st
-            .during_refresh(Named::new(key.stage(), &flight), kept_here, serves)
+        self.st.during_refresh(key, None, kept_here, serves)
     }
 
     /// Forgets `key`'s stored result and fences its running owner, if any
@@ -491,18 +497,18 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         P: Fallback<Req>,
     {
         let st = self;
-        let flight = flight.unwrap_or_else(|| FlightId::of(key));
         // A refresh of the key runs elsewhere, as the store told this node:
         // its kept result answers without asking again (nothing of the
         // flight is built for it).
-        let named = Named::new(key.stage(), &flight);
         if let Some(answered) =
-            st.during_refresh(named, || exec.kept_here(), |v| exec.serves(v, &req))
+            st.during_refresh(key, None, || exec.kept_here(), |v| exec.serves(v, &req))
         {
             return kept_reply(answered);
         }
+        let flight = flight.unwrap_or_else(|| FlightId::of(key));
         let policy = &st.policy;
         let mut cx = Cx {
+            key: key.clone(),
             stage: key.stage().clone(),
             flight,
             // Drawn below, once the flight asks the store.

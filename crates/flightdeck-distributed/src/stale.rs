@@ -24,7 +24,7 @@ use std::time::Duration;
 use flightdeck_core::error::{find, BoxError, LeaseLost, WaitTimeout, WorkPanicked};
 use flightdeck_core::expiring::ExpiringMap;
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
-use flightdeck_core::Shareable;
+use flightdeck_core::{FlightKey, Shareable};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -32,7 +32,7 @@ use crate::backend::{Acquired, Ask, Backend, BackendError, FlightId, StoredResul
 use crate::codec::ResultCodec;
 use crate::flights::{kept_reply, Cx, Judge, Named, State};
 use crate::lease_release::TokenGuard;
-use crate::metrics::{Op, Refresh};
+use crate::metrics::{Op, Refresh, StageMetrics};
 use crate::owner::Settled;
 use crate::work::Execute;
 
@@ -310,7 +310,10 @@ impl EndedHere {
 /// from then on the kept result never answers (a node never goes back to an older generation
 /// than one it answered from the store).
 pub(crate) struct RefreshesElsewhere {
-    flights: ExpiringMap<FlightId, Arc<Watched>>,
+    /// By the callers' key, not the flight's id: a caller answered here
+    /// asks before anything of a flight is computed (the id is a digest
+    /// of the key), and the watch keeps the id.
+    flights: ExpiringMap<FlightKey, Arc<Watched>>,
     /// Per flight, the newest generation a hit answered on this node, for
     /// a lease.
     hits: ExpiringMap<FlightId, u64>,
@@ -335,6 +338,7 @@ impl RefreshesElsewhere {
 /// A refresh running elsewhere: the kept result as the store answered it,
 /// when, and this node's purges then.
 struct Watched {
+    flight: FlightId,
     kept: StoredResult,
     at: Instant,
     purge_mark: PurgeMark,
@@ -379,7 +383,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// [`DistributedFlights::answer_during_refresh`]: crate::DistributedFlights::answer_during_refresh
     pub(crate) fn during_refresh<T>(
         &self,
-        named: Named<'_>,
+        key: &FlightKey,
+        metrics: Option<&StageMetrics>,
         kept_here: impl FnOnce() -> Option<(T, Duration, Duration)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, Answered)>
@@ -391,8 +396,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         if revalidate.is_zero() {
             return None;
         }
-        let flight = named.flight;
-        let watched = self.elsewhere.flights.get(flight)?;
+        let watched = self.elsewhere.flights.get(key)?;
+        let flight = &watched.flight;
+        let named = Named::with(key.stage(), flight, metrics);
         if self.purges.since(flight, watched.purge_mark)
             || self.elsewhere.superseded(flight, watched.kept.generation)
         {
@@ -421,7 +427,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         lease_remaining: Duration,
         mut notices: Subscription,
     ) {
-        if self.elsewhere.flights.contains_key(&cx.flight)
+        if self.elsewhere.flights.contains_key(&cx.key)
             || self.elsewhere.superseded(&cx.flight, kept.generation)
         {
             return;
@@ -432,21 +438,22 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let bound = lease_remaining.min(self.policy.lease_duration());
         let now = Instant::now();
         let watched = Arc::new(Watched {
+            flight: cx.flight,
             kept,
             at: now,
             purge_mark: cx.purge_mark,
             decoded: OnceLock::new(),
         });
         let flights = &self.elsewhere.flights;
-        flights.insert(cx.flight, Arc::clone(&watched), now + bound);
-        let (st, flight) = (Arc::clone(self), cx.flight);
+        flights.insert(cx.key.clone(), Arc::clone(&watched), now + bound);
+        let (st, key) = (Arc::clone(self), cx.key.clone());
         // Not on the flights' tracker: nothing is left to finish when it
         // is cut, and `idle` need not wait for it.
         drop(rt.spawn(async move {
             let _ = tokio::time::timeout(bound, notices.recv()).await;
             st.elsewhere
                 .flights
-                .remove_if(&flight, |w| Arc::ptr_eq(w, &watched));
+                .remove_if(&key, |w| Arc::ptr_eq(w, &watched));
         }));
     }
 
@@ -468,7 +475,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }
         elsewhere
             .flights
-            .remove_if(&cx.flight, |w| w.kept.generation < generation);
+            .remove_if(&cx.key, |w| w.kept.generation < generation);
     }
 
     /// What a stage with stale windows asks of its first acquire.
