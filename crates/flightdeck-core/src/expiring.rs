@@ -8,7 +8,9 @@
 //! run; and past its capacity moka admits an entry by how often its key
 //! was seen (TinyLFU), where both memories need the oldest entry to go
 //! first, so that the newest is always kept. A `HashMap` and a queue in
-//! insertion order, under one lock, do all of that.
+//! insertion order, under one lock, do all of that. Hashed with foldhash,
+//! seeded per map: the keys are digests (or made of them), and a lookup
+//! sits on the path of a caller answered without a flight.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -43,7 +45,7 @@ pub struct ExpiringMap<K, V> {
 }
 
 struct Inner<K, V> {
-    map: HashMap<K, Entry<V>>,
+    map: HashMap<K, Entry<V>, foldhash::fast::RandomState>,
     /// Keys in insertion order, with the insert's number: an entry
     /// replaced or removed since leaves its old place stale.
     order: VecDeque<(K, u64)>,
@@ -62,7 +64,7 @@ impl<K: Hash + Eq + Clone, V> ExpiringMap<K, V> {
         Self {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner {
-                map: HashMap::new(),
+                map: HashMap::default(),
                 order: VecDeque::new(),
                 inserts: 0,
             }),
