@@ -565,6 +565,15 @@ pub trait StageShare: SharedForm + Sized {
         std::mem::size_of_val(shared)
     }
 
+    /// The form of `shared` a stage keeps as its key's copy (by default,
+    /// a clone). The copy answers callers other than the leader whose work
+    /// produced it, some as leaders of later flights (L2 may answer a
+    /// flight with this node's copy): it holds nothing only that leader
+    /// may get.
+    fn kept_form(&self, shared: &Self::Shared) -> Self::Shared {
+        shared.clone()
+    }
+
     /// Which outcomes a stage's stale copy answers for (`stale-if-error`)
     /// unless the builder was given a rule
     /// ([`stale_failures`](GenericSingleFlightLayerBuilder::stale_failures)):
@@ -604,6 +613,11 @@ impl StageShare for flightdeck_core::http::HttpShare {
                 .sum::<usize>()
         };
         64 + shared.body().len() + headers(shared.headers()) + shared.trailers().map_or(0, headers)
+    }
+
+    /// Without the leader's own cookies (`set-cookie = "strip"`).
+    fn kept_form(&self, shared: &Self::Shared) -> Self::Shared {
+        shared.without_leader_cookies()
     }
 
     /// HTTP 5xx and 429, gRPC `UNAVAILABLE`, `DEADLINE_EXCEEDED` and

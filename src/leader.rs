@@ -67,8 +67,9 @@ pin_project! {
 
 /// What a stage that keeps its results records of a leader's work: a
 /// shared result that is no failure becomes the key's copy (unless a purge
-/// came after the work started), an unshared one starts the key's
-/// hit-for-pass.
+/// came after the work started) in the form kept for others
+/// ([`StageShare::kept_form`]: never the leader's own cookies), an
+/// unshared one starts the key's hit-for-pass.
 pub(crate) struct Record<Sh: SharedForm> {
     setup: StaleSetup<Sh::Shared>,
     key: FlightKey,
@@ -113,7 +114,8 @@ impl<Sh: StageShare> Record<Sh> {
                     Some(weigh) => weigh(v),
                     None => r.share.kept_size(v),
                 };
-                r.setup.kept.put(&r.key, r.ticket, v.clone(), size, age);
+                let copy = r.share.kept_form(v);
+                r.setup.kept.put(&r.key, r.ticket, copy, size, age);
             }
             Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
                 let until = tokio::time::Instant::now() + r.pass_for;

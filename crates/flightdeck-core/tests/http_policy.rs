@@ -268,6 +268,17 @@ async fn strip_shares_without_cookies_and_the_leader_keeps_its_own() {
     // A stripped result serves waiters under the same policy.
     assert!(Serves::<Request<()>>::serves(&s, &sh, &req(&[])));
     assert!(format!("{sh:?}").contains("leader_cookies: true"));
+    // The copy kept for later callers restores no cookie, not even as
+    // the leader of another flight; the leader's own still has them.
+    let kept = sh.without_leader_cookies();
+    let l = leader::<Full<Bytes>>(&s, &kept);
+    assert!(
+        cookies(l.headers()).is_empty(),
+        "the kept copy has a cookie"
+    );
+    assert_eq!(l.headers()["x-other"], "kept");
+    assert_eq!(body_of(l).await.0, "page");
+    assert_eq!(cookies(leader::<Full<Bytes>>(&s, &sh).headers()).len(), 2);
 }
 
 #[tokio::test]

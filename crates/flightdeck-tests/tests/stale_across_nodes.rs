@@ -4,7 +4,7 @@
 //! on every node while one refresh runs for the deployment, a failing
 //! origin runs at most once per `stale-retry-after` across both nodes,
 //! and a refresh's result becomes the refreshing node's copy (what it
-//! answers from if the store goes down).
+//! answers from if the store goes down), without its caller's cookies.
 
 #![cfg(feature = "http")]
 
@@ -18,6 +18,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::routing::get;
 use axum::Router;
+use flightdeck::core::http::SetCookie;
 use flightdeck::core::metric;
 use flightdeck::core::stale::{Stale, StaleReason};
 use flightdeck::{HttpKeyExtractor, Mode, Route, SingleFlightLayer, StageConfig};
@@ -55,6 +56,16 @@ async fn page(State(origin): State<Arc<Origin>>) -> Response<Body> {
         .unwrap()
 }
 
+/// Like [`page`], and sets a session cookie for the caller its
+/// `x-user` names.
+async fn page_with_cookie(State(origin): State<Arc<Origin>>, req: Request<Body>) -> Response<Body> {
+    let user = req.headers()["x-user"].to_str().unwrap().to_owned();
+    let mut res = page(State(origin)).await;
+    let cookie = format!("sid={user}").parse().unwrap();
+    res.headers_mut().insert(http::header::SET_COOKIE, cookie);
+    res
+}
+
 struct Node {
     router: Router,
     layer: SingleFlightLayer,
@@ -78,6 +89,7 @@ fn nodes_on<B: flightdeck::distributed::Backend + Clone>(
         cfg(&mut c);
         let keys = HttpKeyExtractor::builder()
             .route(Route::get("/p", stage))
+            .route(Route::get("/c", stage))
             .build()
             .unwrap();
         let layer = SingleFlightLayer::builder()
@@ -88,6 +100,7 @@ fn nodes_on<B: flightdeck::distributed::Backend + Clone>(
             .unwrap();
         let router = Router::new()
             .route("/p", get(page))
+            .route("/c", get(page_with_cookie))
             .with_state(Arc::clone(origin))
             .layer(layer.clone());
         Node { router, layer }
@@ -113,9 +126,25 @@ struct Got {
 
 /// One call on `node`, with what its answer says of itself.
 fn answer(node: &Node) -> impl std::future::Future<Output = Got> + Send + 'static {
+    answer_to(
+        node,
+        Request::get("http://svc/p").body(Body::empty()).unwrap(),
+    )
+}
+
+/// A call of `user` on `node` to the page that sets its session cookie.
+fn answer_user(node: &Node, user: &str) -> impl std::future::Future<Output = Got> + Send + 'static {
+    let req = Request::get("http://svc/c").header("x-user", user);
+    answer_to(node, req.body(Body::empty()).unwrap())
+}
+
+/// `req` on `node`, with what its answer says of itself.
+fn answer_to(
+    node: &Node,
+    req: Request<Body>,
+) -> impl std::future::Future<Output = Got> + Send + 'static {
     let router = node.router.clone();
     async move {
-        let req = Request::get("http://svc/p").body(Body::empty()).unwrap();
         let res = router.oneshot(req).await.unwrap();
         let stale = res.extensions().get::<Stale>().copied();
         let (parts, body) = res.into_parts();
@@ -362,4 +391,53 @@ async fn a_purge_here_ends_answers_of_a_refresh_elsewhere() {
     let got = answer(&b).await;
     assert_ne!(got.body, "v1", "the purged result never answers");
     assert!(got.stale.is_none());
+}
+
+/// `set-cookie = "strip"`: a refresh's result becomes the refreshing
+/// node's copy without its caller's cookie. Its commit never got
+/// through, so the copy (of later work than the store's result) answers
+/// the next flight on that node in the store's stead: that flight's
+/// leader, another user, gets the page, never the session cookie of the
+/// caller whose request ran the refresh.
+#[tokio::test(start_paused = true)]
+async fn a_kept_copy_never_hands_its_leaders_cookie_to_another_leader() {
+    let origin = Origin::new();
+    let store = flightdeck_test::MemoryBackend::new();
+    let [a, _] = nodes_on(store.clone(), "x-cookie", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.sharing.set_cookie = Some(SetCookie::Strip);
+    });
+    let cookies = |got: &Got| -> Vec<String> {
+        let all = got.headers.get_all(http::header::SET_COOKIE);
+        all.iter().map(|v| v.to_str().unwrap().to_owned()).collect()
+    };
+    let first = answer_user(&a, "alice").await;
+    assert_eq!(first.body, "v1");
+    assert_eq!(cookies(&first), ["sid=alice"], "the leader's own cookie");
+    // Past freshness, bob is answered the store's v1 while his request
+    // refreshes it in the background: v2, with bob's cookie, whose
+    // commit the store refuses (it is tried on for a lease). Node a
+    // keeps v2.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    store.set_fail_commits(true);
+    let second = answer_user(&a, "bob").await;
+    assert_eq!(
+        second.stale.map(|s| s.reason),
+        Some(StaleReason::Revalidate)
+    );
+    assert_eq!(second.body, "v1");
+    // Past v2's freshness too: carol leads the next flight on node a,
+    // which the store answers with its stale v1, and node a's later v2
+    // in its stead.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(origin.calls(), 2, "bob's refresh ran");
+    let third = answer_user(&a, "carol").await;
+    assert_eq!(third.body, "v2", "node a's own copy answered");
+    assert!(
+        cookies(&third).is_empty(),
+        "bob's cookie went to carol: {:?}",
+        cookies(&third)
+    );
+    store.set_fail_commits(false);
+    a.layer.idle().await;
 }

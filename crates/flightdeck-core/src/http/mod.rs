@@ -49,7 +49,10 @@
 //! replay, [`SharedResponse::to_response`]) never includes them; result
 //! codecs never see them, so they are never stored. Only
 //! [`Share::restore_leader`](crate::Share::restore_leader) ([`SharedResponse::to_leader_response`]) puts
-//! them back, for the one caller whose request produced the response.
+//! them back, for the one caller whose request produced the response. A
+//! copy kept for later callers (a stage's stale copy) is made by
+//! [`SharedResponse::without_leader_cookies`]: it never restores them, not
+//! even for the leader of a later flight it answers.
 //!
 //! ```
 //! use bytes::Bytes;

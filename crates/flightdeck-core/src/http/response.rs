@@ -68,7 +68,9 @@ impl LeaderCookies {
 /// Under [`SetCookie::Strip`] it also holds its leader's `Set-Cookie`
 /// values, apart from its headers: only
 /// [`to_leader_response`](Self::to_leader_response) returns them; [`headers`](Self::headers),
-/// [`to_response`](Self::to_response) and result codecs never see them.
+/// [`to_response`](Self::to_response) and result codecs never see them,
+/// and [`without_leader_cookies`](Self::without_leader_cookies) is the
+/// copy without them that a stage keeps for later callers.
 #[derive(Clone)]
 pub struct SharedResponse {
     head: Arc<http::response::Parts>,
@@ -218,6 +220,17 @@ impl SharedResponse {
     /// The trailers, if the response had any.
     pub fn trailers(&self) -> Option<&HeaderMap> {
         self.trailers.as_deref()
+    }
+
+    /// This response without its leader's own cookies: the form to keep
+    /// for later callers (a stage's copy of its key), which may reach one
+    /// as the leader of another flight and must not restore them. Shares
+    /// the head, body and trailers.
+    pub fn without_leader_cookies(&self) -> Self {
+        Self {
+            leader_cookies: None,
+            ..self.clone()
+        }
     }
 
     /// Rebuilds a response for one receiver other than the leader: a
