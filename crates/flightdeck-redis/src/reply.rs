@@ -71,6 +71,12 @@ pub(crate) fn parse_acquire(v: &Value) -> Result<Acquired, BackendError> {
     let Value::Array(items) = v else {
         return Err(bad_reply("ACQUIRE", v));
     };
+    acquire_items(items, v)
+}
+
+/// An ACQUIRE answer's `items` (without the server's time), of the reply
+/// `v` (named in a protocol error).
+fn acquire_items(items: &[Value], v: &Value) -> Result<Acquired, BackendError> {
     let action = items.first().and_then(Value::as_str);
     let bad = || bad_reply("ACQUIRE", v);
     // The result from item `at` on, if the answer carries one there.
@@ -126,7 +132,7 @@ pub(crate) fn parse_timed_acquire(v: &Value) -> Result<(Option<Acquired>, u64), 
     if late {
         return Ok((None, now));
     }
-    Ok((Some(parse_acquire(&Value::Array(answer.to_vec()))?), now))
+    Ok((Some(acquire_items(answer, v)?), now))
 }
 
 /// Maps a one-word script answer through `table`; anything else is a
