@@ -144,8 +144,16 @@ impl ScriptArgs {
     }
 
     /// Every argument, the first (the script's) left for the caller.
+    #[cfg(test)]
     pub(crate) fn into_argv(self) -> Vec<Value> {
         self.argv
+    }
+
+    /// Every argument, the first `script` (its SHA, or its source).
+    pub(crate) fn into_argv_for(self, script: Value) -> Vec<Value> {
+        let mut argv = self.argv;
+        argv[0] = script;
+        argv
     }
 }
 

@@ -101,21 +101,23 @@ impl RedisBackend {
     ) -> Result<Option<Acquired>, BackendError> {
         let now = tokio::time::Instant::now();
         let not_after = self.inner.clocks.not_after(slot, now, give_up);
-        let args = self
-            .script_args(flight, Names::Record, 9)
-            .text(token.as_str())
-            .millis(terms.lease)
-            .fixed(flag(terms.allow_takeover))
-            .millis(terms.record_ttl());
-        let args = self.inner.inboxes.name_in(slot, args);
-        let args = match ask.follows {
-            Some(g) => args.uint(g),
-            None => args.fixed(""),
-        };
-        let args = args.fixed(flag(ask.stale)).fixed(flag(ask.early));
-        let args = match not_after {
-            Some(ms) => args.uint(ms),
-            None => args.fixed(""),
+        let args = || {
+            let args = self
+                .script_args(flight, Names::Record, 9)
+                .text(token.as_str())
+                .millis(terms.lease)
+                .fixed(flag(terms.allow_takeover))
+                .millis(terms.record_ttl());
+            let args = self.inner.inboxes.name_in(slot, args);
+            let args = match ask.follows {
+                Some(g) => args.uint(g),
+                None => args.fixed(""),
+            };
+            let args = args.fixed(flag(ask.stale)).fixed(flag(ask.early));
+            match not_after {
+                Some(ms) => args.uint(ms),
+                None => args.fixed(""),
+            }
         };
         match self.eval(ACQUIRE, args).await {
             Ok(v) => {
@@ -435,12 +437,13 @@ impl Backend for RedisBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Renewal> {
         Box::pin(async move {
-            let args = self
-                .script_args(flight, Names::Record, 4)
-                .text(token.as_str())
-                .uint(generation)
-                .millis(terms.lease)
-                .millis(terms.record_ttl());
+            let args = || {
+                self.script_args(flight, Names::Record, 4)
+                    .text(token.as_str())
+                    .uint(generation)
+                    .millis(terms.lease)
+                    .millis(terms.record_ttl())
+            };
             renewal(&self.eval(HEARTBEAT, args).await?)
         })
     }
@@ -453,16 +456,17 @@ impl Backend for RedisBackend {
         args: &'a CommitArgs,
     ) -> BackendFuture<'a, Committed> {
         Box::pin(async move {
-            let argv = self
-                .script_args(flight, Names::Record, 8)
-                .text(token.as_str())
-                .uint(generation)
-                .value(bytes(&args.payload))
-                .millis_or_zero(args.ttl)
-                .fixed(flag(args.payload.len() <= args.inline_below))
-                .millis(args.retain)
-                .millis_or_zero(args.stale_for)
-                .millis_or_zero(args.work_time);
+            let argv = || {
+                self.script_args(flight, Names::Record, 8)
+                    .text(token.as_str())
+                    .uint(generation)
+                    .value(bytes(&args.payload))
+                    .millis_or_zero(args.ttl)
+                    .fixed(flag(args.payload.len() <= args.inline_below))
+                    .millis(args.retain)
+                    .millis_or_zero(args.stale_for)
+                    .millis_or_zero(args.work_time)
+            };
             committed(&self.eval(COMMIT, argv).await?)
         })
     }
@@ -475,13 +479,14 @@ impl Backend for RedisBackend {
         args: &'a AbandonArgs,
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
-            let argv = self
-                .script_args(flight, Names::Record, 5)
-                .text(token.as_str())
-                .uint(generation)
-                .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
-                .millis_or_zero(args.failure_ttl)
-                .millis_or_zero(args.retry_after);
+            let argv = || {
+                self.script_args(flight, Names::Record, 5)
+                    .text(token.as_str())
+                    .uint(generation)
+                    .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
+                    .millis_or_zero(args.failure_ttl)
+                    .millis_or_zero(args.retry_after)
+            };
             let v = self.eval(ABANDON, argv).await?;
             released("ABANDON", &v)
         })
@@ -494,10 +499,11 @@ impl Backend for RedisBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, Released> {
         Box::pin(async move {
-            let argv = self
-                .script_args(flight, Names::Record, 2)
-                .text(token.as_str())
-                .millis(state_ttl);
+            let argv = || {
+                self.script_args(flight, Names::Record, 2)
+                    .text(token.as_str())
+                    .millis(state_ttl)
+            };
             let v = self.eval(RELEASE, argv).await?;
             released("RELEASE", &v)
         })
@@ -509,9 +515,10 @@ impl Backend for RedisBackend {
         state_ttl: Duration,
     ) -> BackendFuture<'a, u64> {
         Box::pin(async move {
-            let args = self
-                .script_args(flight, Names::WithInvalidation, 1)
-                .millis(state_ttl);
+            let args = || {
+                self.script_args(flight, Names::WithInvalidation, 1)
+                    .millis(state_ttl)
+            };
             invalidated(&self.eval(INVALIDATE, args).await?)
         })
     }

@@ -12,23 +12,29 @@ use crate::routing::{migrating, moved_to, slot_in_migration, Topology, MIGRATION
 use crate::scripts;
 
 impl RedisBackend {
-    /// Runs one script by SHA; on `NOSCRIPT` runs it once more by its
-    /// source.
+    /// Runs one script by SHA, its arguments built by `args`; on
+    /// `NOSCRIPT` runs it once more by its source. `args` builds the same
+    /// arguments each time it is called: the first call's go to fred as
+    /// they are, and only a call sent again (by source, or after a
+    /// migration's answer) builds them again, so that the common call
+    /// keeps no copy of its arguments.
     pub(crate) async fn eval(
         &self,
         script: usize,
-        args: ScriptArgs,
+        args: impl Fn() -> ScriptArgs,
     ) -> Result<Value, BackendError> {
         let inner = &*self.inner;
+        let first = args();
         // Routed by the flight's slot (every key of a flight shares it);
         // one server has no slots to route by.
         let slot = match inner.topology {
-            Topology::Cluster(_) => fred::util::redis_keyslot(args.record()),
+            Topology::Cluster(_) => fred::util::redis_keyslot(first.record()),
             Topology::Single(_) => 0,
         };
-        let mut argv = args.into_argv();
-        argv[0] = Value::String(inner.shas[script].clone());
-        match self.send("EVALSHA", slot, &argv).await? {
+        let by_sha =
+            |args: ScriptArgs| args.into_argv_for(Value::String(inner.shas[script].clone()));
+        let again = || by_sha(args());
+        match self.send("EVALSHA", slot, by_sha(first), again).await? {
             Ok(v) => Ok(v),
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 // This node lacks the script (first call since it started,
@@ -36,8 +42,11 @@ impl RedisBackend {
                 // node that owns the flight's slot, which runs it and keeps
                 // it for the next EVALSHA. Nothing else has to be reachable.
                 tracing::debug!("script not cached on this node; sending its source");
-                argv[0] = Value::String(inner.sources[script].as_str().into());
-                self.send("EVAL", slot, &argv).await?.map_err(migrating)
+                let by_source =
+                    || args().into_argv_for(Value::String(inner.sources[script].as_str().into()));
+                self.send("EVAL", slot, by_source(), by_source)
+                    .await?
+                    .map_err(migrating)
             }
             Err(e) => Err(migrating(e)),
         }
@@ -57,11 +66,15 @@ impl RedisBackend {
     /// options. Without `fail_fast` a script sent while fred reconnects
     /// waited in fred's queue until its timeout (outcome unknown) instead
     /// of failing at once (unavailable: never sent).
+    ///
+    /// `argv` is sent first; `again` builds the same arguments for each
+    /// next try.
     async fn send(
         &self,
         cmd: &'static str,
         slot: u16,
-        argv: &[Value],
+        argv: Vec<Value>,
+        again: impl Fn() -> Vec<Value>,
     ) -> Result<Result<Value, fred::error::Error>, BackendError> {
         let inner = &*self.inner;
         let t = inner.timeout;
@@ -71,6 +84,7 @@ impl RedisBackend {
         // answer (see `RedisConfig::migration_retry`) only until here.
         let unsent = inner.unsent_until(now);
         let retry_until = unsent.min(now + inner.migration_retry);
+        let mut argv = Some(argv);
         loop {
             let refreshes = self.refreshes();
             let node = inner.topology.route_within(slot, unsent).await?;
@@ -90,7 +104,7 @@ impl RedisBackend {
             let reply = node
                 .client
                 .with_options(&opts)
-                .custom::<Value, Value>(command, argv.to_vec())
+                .custom::<Value, Value>(command, argv.take().unwrap_or_else(&again))
                 .await;
             match reply {
                 Err(e) if *e.kind() == ErrorKind::Timeout => return Err(timed_out(cmd, t)),

@@ -63,9 +63,10 @@ impl RedisBackend {
     /// result's age, TTL and work time; with `stale`, a success kept past
     /// its freshness too (see [`scripts::READ`](crate::scripts::READ)).
     async fn read(&self, flight: &FlightId, stale: bool) -> Result<[Value; 7], BackendError> {
-        let args = self
-            .script_args(flight, Names::WithInvalidation, 1)
-            .text(if stale { "1" } else { "0" });
+        let args = || {
+            self.script_args(flight, Names::WithInvalidation, 1)
+                .text(if stale { "1" } else { "0" })
+        };
         read_items(self.eval(READ, args).await?)
     }
 
