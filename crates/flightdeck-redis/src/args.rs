@@ -84,8 +84,13 @@ impl ScriptArgs {
 
     /// Appends `text` (to what was written since the last argument) and
     /// ends the argument.
-    pub(crate) fn text(mut self, text: &str) -> Self {
-        self.buf.put_slice(text.as_bytes());
+    pub(crate) fn text(self, text: &str) -> Self {
+        self.bytes(text.as_bytes())
+    }
+
+    /// [`text`](Self::text), of bytes.
+    pub(crate) fn bytes(mut self, text: &[u8]) -> Self {
+        self.buf.put_slice(text);
         let arg = self.buf.split().freeze();
         self.argv.push(Value::Bytes(arg));
         self

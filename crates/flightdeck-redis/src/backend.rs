@@ -104,7 +104,7 @@ impl RedisBackend {
         let args = || {
             let args = self
                 .script_args(flight, Names::Record, 9)
-                .text(token.as_str())
+                .bytes(token.as_bytes())
                 .millis(terms.lease)
                 .fixed(flag(terms.allow_takeover))
                 .millis(terms.record_ttl());
@@ -439,7 +439,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let args = || {
                 self.script_args(flight, Names::Record, 4)
-                    .text(token.as_str())
+                    .bytes(token.as_bytes())
                     .uint(generation)
                     .millis(terms.lease)
                     .millis(terms.record_ttl())
@@ -458,7 +458,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let argv = || {
                 self.script_args(flight, Names::Record, 8)
-                    .text(token.as_str())
+                    .bytes(token.as_bytes())
                     .uint(generation)
                     .value(bytes(&args.payload))
                     .millis_or_zero(args.ttl)
@@ -481,7 +481,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let argv = || {
                 self.script_args(flight, Names::Record, 5)
-                    .text(token.as_str())
+                    .bytes(token.as_bytes())
                     .uint(generation)
                     .value(Value::Bytes(args.failure.clone().unwrap_or_default()))
                     .millis_or_zero(args.failure_ttl)
@@ -501,7 +501,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let argv = || {
                 self.script_args(flight, Names::Record, 2)
-                    .text(token.as_str())
+                    .bytes(token.as_bytes())
                     .millis(state_ttl)
             };
             let v = self.eval(RELEASE, argv).await?;

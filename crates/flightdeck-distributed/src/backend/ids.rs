@@ -58,23 +58,43 @@ impl fmt::Display for FlightId {
 
 /// A random token naming one attempt to own a flight. Retries of the same
 /// attempt reuse it, which is what makes acquire and commit idempotent.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct OwnerToken(String);
+///
+/// Two tokens are equal when their texts are.
+#[derive(Clone)]
+pub struct OwnerToken(Text);
+
+/// A token's text.
+#[derive(Clone)]
+enum Text {
+    /// Drawn here ([`OwnerToken::random`]): 32 lowercase hex digits, held
+    /// inline, so that drawing a token and copying it (into the owner's
+    /// fencing token, its settling) allocates nothing.
+    Drawn([u8; 32]),
+    /// Given ([`OwnerToken::from_string`]), or none yet (empty).
+    Given(String),
+}
+
+/// The hex digits, by value.
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl OwnerToken {
     /// No token yet (no allocation): the placeholder of a flight until it
     /// asks the store, which a caller answered without asking never does.
     pub(crate) const fn unset() -> Self {
-        Self(String::new())
+        Self(Text::Given(String::new()))
     }
 
     /// A fresh random token (128 bits, hex; drawn through
     /// `flightdeck_core::random`, seeded under simulation).
     pub fn random() -> Self {
         let v = flightdeck_core::random::u128();
-        // The same 32 lowercase digits as `hex::encode(v.to_be_bytes())`,
-        // without building the string char by char (one per owner flight).
-        Self(format!("{v:032x}"))
+        // The same 32 lowercase digits as `format!("{v:032x}")`, most
+        // significant first, written in place (one per owner flight).
+        let mut digits = [0u8; 32];
+        for (i, d) in digits.iter_mut().enumerate() {
+            *d = HEX[((v >> (124 - 4 * i)) & 0xf) as usize];
+        }
+        Self(Text::Drawn(digits))
     }
 
     /// A token from a string (tests, or callers with their own ids). Must be
@@ -84,18 +104,49 @@ impl OwnerToken {
         if s.is_empty() || s.len() > 128 || !s.bytes().all(|b| b.is_ascii_graphic() && b != b'|') {
             return Self::random();
         }
-        Self(s)
+        Self(Text::Given(s))
+    }
+
+    /// The token text's bytes, for a backend that writes them as they are
+    /// (no UTF-8 check of a drawn token's digits, which
+    /// [`as_str`](Self::as_str) makes).
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Text::Drawn(digits) => digits,
+            Text::Given(s) => s.as_bytes(),
+        }
     }
 
     /// The token text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            // Hex digits only: always UTF-8.
+            Text::Drawn(digits) => std::str::from_utf8(digits).unwrap_or_default(),
+            Text::Given(s) => s,
+        }
+    }
+}
+
+impl PartialEq for OwnerToken {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for OwnerToken {}
+
+impl Hash for OwnerToken {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As its text (a `str`) hashes: the bytes, then 0xff.
+        state.write(self.as_bytes());
+        state.write_u8(0xff);
     }
 }
 
 impl fmt::Debug for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnerToken({})", &self.0[..self.0.len().min(8)])
+        let s = self.as_str();
+        write!(f, "OwnerToken({})", &s[..s.len().min(8)])
     }
 }
 
@@ -112,6 +163,8 @@ pub struct FencingToken {
 
 #[cfg(test)]
 mod tests {
+    use std::hash::BuildHasher;
+
     use super::*;
 
     #[test]
@@ -124,6 +177,14 @@ mod tests {
             assert_eq!(t.as_str(), format!("{v:032x}"));
         }
         assert_eq!(OwnerToken::from_string("node-1").as_str(), "node-1");
+        // A drawn token equals (and hashes as) the same text given.
+        let drawn = OwnerToken::random();
+        let given = OwnerToken::from_string(drawn.as_str());
+        assert_eq!(drawn, given);
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(state.hash_one(&drawn), state.hash_one(&given));
+        assert_eq!(state.hash_one(&drawn), state.hash_one(drawn.as_str()));
+        assert_eq!(drawn.as_bytes(), drawn.as_str().as_bytes());
         assert_ne!(OwnerToken::from_string("a|b").as_str(), "a|b");
         assert_ne!(OwnerToken::from_string("").as_str(), "");
     }
