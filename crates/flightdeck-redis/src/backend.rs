@@ -88,8 +88,10 @@ fn too_late() -> BackendError {
 }
 
 impl RedisBackend {
-    /// One ACQUIRE (see [`Backend::acquire_with`]) with the not-after of a
-    /// call given up at `give_up`; `None` when the script answered `LATE`.
+    /// One ACQUIRE (see [`Backend::acquire_with`]), sent `now`, with the
+    /// not-after of a call given up at `give_up`; `None` when the script
+    /// answered `LATE`.
+    #[allow(clippy::too_many_arguments)]
     async fn acquire_once(
         &self,
         flight: &FlightId,
@@ -97,9 +99,9 @@ impl RedisBackend {
         ask: Ask,
         terms: &LeaseTerms,
         slot: u16,
+        now: tokio::time::Instant,
         give_up: tokio::time::Instant,
     ) -> Result<Option<Acquired>, BackendError> {
-        let now = tokio::time::Instant::now();
         let not_after = self.inner.clocks.not_after(slot, now, give_up);
         let args = || {
             let args = self
@@ -395,10 +397,11 @@ impl Backend for RedisBackend {
             // A LATE answer read while this call still waits means the
             // estimate of the server's clock lagged (the answer corrects
             // it): asked once more, with the same give-up time.
-            let first = self.acquire_once(flight, token, ask, terms, slot, give_up);
+            let first = self.acquire_once(flight, token, ask, terms, slot, now, give_up);
             let answer = match first.await? {
                 None if tokio::time::Instant::now() < give_up => {
-                    self.acquire_once(flight, token, ask, terms, slot, give_up)
+                    let now = tokio::time::Instant::now();
+                    self.acquire_once(flight, token, ask, terms, slot, now, give_up)
                         .await?
                 }
                 answer => answer,
