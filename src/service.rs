@@ -518,15 +518,7 @@ where
         if !self.mode.is_distributed() || stage.ctl.breakers.any_degraded() {
             return None;
         }
-        let here = || {
-            look.map(|l| {
-                (
-                    l.value.clone(),
-                    now.saturating_duration_since(l.done),
-                    l.took,
-                )
-            })
-        };
+        let here = look.map(|l| (&l.value, now.saturating_duration_since(l.done), l.took));
         let (value, answered) = l2.answer_during_refresh(key, here, |v| self.serves(v))?;
         let served = Served::by_store(answered, stage.ctl.cfg.replay_ttl)?;
         Some((Answer::Shared(value), served))

@@ -393,18 +393,18 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// call, and the kept result decoded once per refresh, not once
     /// per caller. `kept_here` and `serves` are what the flight's
     /// [`Execute::kept_here`] and [`Execute::serves`] (for the caller's
-    /// request) would say; `kept_here` is asked only when a refresh is
-    /// known.
+    /// request) would say, the copy lent (cloned only when it answers).
     pub fn answer_during_refresh<T>(
         &self,
         key: &FlightKey,
-        kept_here: impl FnOnce() -> Option<(T, Duration, Duration)>,
+        kept_here: Option<(&T, Duration, Duration)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, Answered)>
     where
         C: ResultCodec<T>,
         T: Clone + Send + Sync + 'static,
     {
+        let kept_here = || kept_here.map(|(v, age, took)| (age, took, || v.clone()));
         self.st.during_refresh(key, None, kept_here, serves)
     }
 
@@ -500,9 +500,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         // A refresh of the key runs elsewhere, as the store told this node:
         // its kept result answers without asking again (nothing of the
         // flight is built for it).
-        if let Some(answered) =
-            st.during_refresh(key, None, || exec.kept_here(), |v| exec.serves(v, &req))
-        {
+        let kept_here = || {
+            exec.kept_here()
+                .map(|(v, age, took)| (age, took, move || v))
+        };
+        if let Some(answered) = st.during_refresh(key, None, kept_here, |v| exec.serves(v, &req)) {
             return kept_reply(answered);
         }
         let flight = flight.unwrap_or_else(|| FlightId::of(key));

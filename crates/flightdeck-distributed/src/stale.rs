@@ -146,6 +146,11 @@ impl Purges {
         let Some(mark) = mark else {
             return true;
         };
+        // No purge began anywhere on this node since the mark (each
+        // begins by counting, under the lock): nothing to look up.
+        if self.count.load(Ordering::SeqCst) == mark {
+            return false;
+        }
         let inner = self.lock();
         mark < inner.floor || inner.keys.get(flight).is_some_and(|(at, _)| *at > mark)
     }
@@ -381,11 +386,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// it starts one ([`DistributedFlights::answer_during_refresh`]).
     ///
     /// [`DistributedFlights::answer_during_refresh`]: crate::DistributedFlights::answer_during_refresh
-    pub(crate) fn during_refresh<T>(
+    pub(crate) fn during_refresh<T, V: FnOnce() -> T>(
         &self,
         key: &FlightKey,
         metrics: Option<&StageMetrics>,
-        kept_here: impl FnOnce() -> Option<(T, Duration, Duration)>,
+        kept_here: impl FnOnce() -> Option<(Duration, Duration, V)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, Answered)>
     where
@@ -505,7 +510,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             return None;
         }
         let serves = |v: &E::Shared| exec.serves(v, req);
-        if let Some(here) = self.here_instead(&kept, exec.kept_here(), serves) {
+        let here = exec
+            .kept_here()
+            .map(|(v, age, took)| (age, took, move || v));
+        if let Some(here) = self.here_instead(&kept, here, serves) {
             return Some(here);
         }
         let value = self.replay::<E::Shared>(cx.named(), &kept).ok()??;
@@ -520,12 +528,16 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     fn here_instead<T>(
         &self,
         kept: &StoredResult,
-        here: Option<(T, Duration, Duration)>,
+        here: Option<(Duration, Duration, impl FnOnce() -> T)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, StoredResult)> {
-        let (value, age, took) = here?;
+        let (age, took, value) = here?;
         let started_ago = age.saturating_add(took);
-        if started_ago < kept.age.saturating_add(kept.work_time) && serves(&value) {
+        if started_ago >= kept.age.saturating_add(kept.work_time) {
+            return None;
+        }
+        let value = value();
+        if serves(&value) {
             let ttl = self.policy.replay_ttl_duration();
             return Some((
                 value,

@@ -1262,8 +1262,9 @@ async fn callers_during_a_refresh_elsewhere_share_one_decode() {
             Some((StaleReason::Revalidate, aged(2 * i)))
         );
         sleep(Duration::from_millis(100)).await;
+        let here = work.kept_here();
         let (v, how) = b
-            .answer_during_refresh(&k, || work.kept_here(), |_| true)
+            .answer_during_refresh(&k, here.as_ref().map(|(v, a, t)| (v, *a, *t)), |_| true)
             .expect("answered without a flight");
         assert_eq!(v, "v1");
         assert_eq!(
@@ -1275,12 +1276,14 @@ async fn callers_during_a_refresh_elsewhere_share_one_decode() {
     assert_eq!(codec.decodes(), decoded + 1, "one decode for eight callers");
     assert_eq!(revalidated(), counted + 8, "every caller counted");
     // A request the kept result does not serve gets no answer here.
-    assert!(b.answer_during_refresh(&k, || None, |_| false).is_none());
+    assert!(b
+        .answer_during_refresh(&k, None, |_: &String| false)
+        .is_none());
     assert_eq!(work.runs(), 2, "one refresh");
     a.idle().await;
     sleep(2 * SEC).await;
     assert!(
-        b.answer_during_refresh(&k, || None, |_: &String| true)
+        b.answer_during_refresh(&k, None, |_: &String| true)
             .is_none(),
         "the refresh's commit ended what b knew of it"
     );
@@ -1294,11 +1297,11 @@ async fn a_purge_here_ends_answers_without_a_flight() {
     let codec = CountingCodec::default();
     let (_a, b, k, work) = watching("purged-fast", &codec).await;
     assert!(b
-        .answer_during_refresh(&k, || None, |_: &String| true)
+        .answer_during_refresh(&k, None, |_: &String| true)
         .is_some());
     b.invalidate(&k).await.unwrap();
     assert!(
-        b.answer_during_refresh(&k, || None, |_: &String| true)
+        b.answer_during_refresh(&k, None, |_: &String| true)
             .is_none(),
         "purged here"
     );
