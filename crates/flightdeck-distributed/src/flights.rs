@@ -135,9 +135,8 @@ impl<B, C> fmt::Debug for DistributedFlights<B, C> {
 #[derive(Clone)]
 pub(crate) struct Cx {
     /// The callers' key (what this node's watches of a refresh elsewhere
-    /// are found by).
+    /// are found by), and so the flight's stage.
     pub(crate) key: FlightKey,
-    pub(crate) stage: StageName,
     pub(crate) flight: FlightId,
     pub(crate) token: OwnerToken,
     pub(crate) terms: LeaseTerms,
@@ -177,10 +176,15 @@ impl<'a> Named<'a> {
 }
 
 impl Cx {
+    /// The flight's stage.
+    pub(crate) fn stage(&self) -> &StageName {
+        self.key.stage()
+    }
+
     /// What this flight's counts and logs name.
     pub(crate) fn named(&self) -> Named<'_> {
         Named {
-            stage: &self.stage,
+            stage: self.key.stage(),
             flight: &self.flight,
             metrics: Some(&self.metrics),
         }
@@ -511,7 +515,6 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let policy = &st.policy;
         let mut cx = Cx {
             key: key.clone(),
-            stage: key.stage().clone(),
             flight,
             // Drawn below, once the flight asks the store.
             token: OwnerToken::unset(),
@@ -573,7 +576,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 guard.settled();
                 st.seen_commits.forget_other(&cx.flight, stored.generation);
                 cx.metrics.with(|m| m.hit.increment(1));
-                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
+                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
                 match st.replay(cx.named(), &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
                         st.hit_here(&cx, stored.generation);
@@ -632,7 +635,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                         m.takeover.increment(1);
                     }
                 });
-                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, takeover, role = "owner", "owning flight");
+                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, takeover, role = "owner", "owning flight");
                 guard.owned();
                 match st.usable(&cx, stale, &exec, &req) {
                     // Boxed, as the follower's paths below: this future
@@ -650,7 +653,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     m.follower.increment(1);
                     m.miss.increment(1);
                 });
-                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, role = "follower", "following flight");
+                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, role = "follower", "following flight");
                 let (lease_remaining, stale) = match acquired {
                     Acquired::Follower {
                         lease_remaining,
@@ -710,21 +713,21 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             return;
         };
         let st = Arc::clone(self);
-        let stage = cx.stage.clone();
+        let stage = cx.stage().clone();
         let cx = cx.clone();
         let check = async move {
             let asked = st.backend.invalidated_since(&cx.flight, generation);
             match tokio::time::timeout(cx.call_timeout, asked).await {
                 Ok(Ok(Some(false))) => {
                     cx.metrics.with(|m| m.result_lost.increment(1));
-                    tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "a committed result is gone before its TTL ran out (the store lost writes: a failover, a flush); the flight runs again");
+                    tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, "a committed result is gone before its TTL ran out (the store lost writes: a failover, a flush); the flight runs again");
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
-                    tracing::debug!(stage = %cx.stage, flight = %cx.flight, error = %e, "could not tell whether a missing result was lost");
+                    tracing::debug!(stage = %cx.stage(), flight = %cx.flight, error = %e, "could not tell whether a missing result was lost");
                 }
                 Err(_) => {
-                    tracing::debug!(stage = %cx.stage, flight = %cx.flight, "could not tell whether a missing result was lost: timed out");
+                    tracing::debug!(stage = %cx.stage(), flight = %cx.flight, "could not tell whether a missing result was lost: timed out");
                 }
             }
         };
@@ -790,7 +793,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         if let Err(e) = &res {
             if !e.is_rejected() {
                 cx.metrics.with(|m| m.coordination_error(e.kind(), op));
-                tracing::debug!(stage = %cx.stage, op = op.as_str(), error = %e, "coordination call failed");
+                tracing::debug!(stage = %cx.stage(), op = op.as_str(), error = %e, "coordination call failed");
             }
         }
         res
@@ -921,7 +924,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let work = exec.execute(req, Role::Owner(token));
         let Some(result) = lease.run(work).await else {
             // Dropping the lease abandons it (it is gone anyway).
-            return Err(Box::new(LeaseLost::new(Some(cx.stage.clone()), generation)));
+            return Err(Box::new(LeaseLost::new(
+                Some(cx.stage().clone()),
+                generation,
+            )));
         };
         let took = started.elapsed();
         let failed = |outcome| judge.is_some_and(|j| j.failed(outcome));
@@ -964,12 +970,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 Finish::Commit(payload, took)
             }
             Ok(payload) => {
-                tracing::debug!(stage = %cx.stage, size = payload.len(), "result too large to store");
+                tracing::debug!(stage = %cx.stage(), size = payload.len(), "result too large to store");
                 Finish::Abandon(None)
             }
             Err(e) => {
                 cx.metrics.with(|m| m.result_write_failure.increment(1));
-                tracing::warn!(stage = %cx.stage, error = %e, "result does not encode; not stored");
+                tracing::warn!(stage = %cx.stage(), error = %e, "result does not encode; not stored");
                 Finish::Abandon(None)
             }
         }

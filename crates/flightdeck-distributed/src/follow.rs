@@ -76,7 +76,7 @@ where
         cx.metrics.with(|m| m.wait.record(waited));
     };
     let owner_gone =
-        |generation| -> BoxError { Box::new(OwnerGone::new(Some(cx.stage.clone()), generation)) };
+        |generation| -> BoxError { Box::new(OwnerGone::new(Some(cx.stage().clone()), generation)) };
     let Following {
         generation,
         lease_remaining: first_lease,
@@ -107,7 +107,7 @@ where
         {
             Ok(s) => Some(s),
             Err(e) => {
-                tracing::warn!(stage = %cx.stage, error = %e, "subscribe failed; following by polling");
+                tracing::warn!(stage = %cx.stage(), error = %e, "subscribe failed; following by polling");
                 None
             }
         },
@@ -128,7 +128,7 @@ where
             match wait(&mut sub, wake_at, observed).await {
                 Wake::Inline(committed, payload) => {
                     record_wait();
-                    tracing::debug!(stage = %cx.stage, flight = %cx.flight, role = "follower", "result arrived inline");
+                    tracing::debug!(stage = %cx.stage(), flight = %cx.flight, role = "follower", "result arrived inline");
                     // Committed after this follower's first call. With
                     // `commit_replicas`, only the owner learns whether
                     // the commit was acknowledged, so only it remembers.
@@ -162,7 +162,10 @@ where
                 Wake::Recheck => {}
                 Wake::Timer if Instant::now() >= deadline => {
                     cx.metrics.with(|m| m.wait_timeout.increment(1));
-                    let err = Box::new(WaitTimeout::new(Some(cx.stage.clone()), started.elapsed()));
+                    let err = Box::new(WaitTimeout::new(
+                        Some(cx.stage().clone()),
+                        started.elapsed(),
+                    ));
                     return {
                         drop(guard);
                         st.wait_ended(WaitEnded::TimedOut, err, req, exec, fallback)
@@ -225,7 +228,7 @@ where
                         m.takeover.increment(1);
                     }
                 });
-                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, takeover, role = "owner", "took the flight over");
+                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, takeover, role = "owner", "took the flight over");
                 guard.owned();
                 drop(sub);
                 if stale {
@@ -275,7 +278,10 @@ where
                 // keep polling until the wait deadline.
                 if Instant::now() >= deadline {
                     cx.metrics.with(|m| m.wait_timeout.increment(1));
-                    let err = Box::new(WaitTimeout::new(Some(cx.stage.clone()), started.elapsed()));
+                    let err = Box::new(WaitTimeout::new(
+                        Some(cx.stage().clone()),
+                        started.elapsed(),
+                    ));
                     return {
                         drop(guard);
                         st.wait_ended(WaitEnded::TimedOut, err, req, exec, fallback)

@@ -80,9 +80,9 @@ where
         };
         if let Some(old) = dropped {
             old.cx.metrics.with(|m| m.orphan(Orphan::Dropped));
-            tracing::warn!(stage = %old.cx.stage, flight = %old.cx.flight, "too many leases to release; the oldest expires on its own");
+            tracing::warn!(stage = %old.cx.stage(), flight = %old.cx.flight, "too many leases to release; the oldest expires on its own");
         }
-        tracing::debug!(stage = %cx.stage, flight = %cx.flight, "releasing a lease this node may hold but will not use");
+        tracing::debug!(stage = %cx.stage(), flight = %cx.flight, "releasing a lease this node may hold but will not use");
         if !self.releases.working.swap(true, Ordering::AcqRel) {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => drop(self.tasks.spawn_on(release_all(Arc::clone(self)), &rt)),
@@ -130,7 +130,7 @@ where
         let again = match res {
             Ok(Released::Released) => {
                 cx.metrics.with(|m| m.orphan(Orphan::Released));
-                tracing::info!(stage = %cx.stage, flight = %cx.flight, "released a lease this node held but would not use");
+                tracing::info!(stage = %cx.stage(), flight = %cx.flight, "released a lease this node held but would not use");
                 false
             }
             Ok(Released::NotOwner) if entry.confirmed => {

@@ -168,7 +168,7 @@ where
         let beats = self.beats.take()?;
         let tracked = self.tracked.take()?;
         let Ok(rt) = Handle::try_current() else {
-            tracing::debug!(stage = %self.cx.stage, "no runtime to settle the lease");
+            tracing::debug!(stage = %self.cx.stage(), "no runtime to settle the lease");
             return None;
         };
         let settling = Settling {
@@ -314,7 +314,7 @@ impl Heartbeats {
                 self.call = None;
                 if let Ok(Renewal::Lost) = res {
                     cx.metrics.with(|m| m.heartbeat_lost.increment(1));
-                    tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation = self.generation, "lease lost while the owner still holds its flight; its commit will be fenced");
+                    tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation = self.generation, "lease lost while the owner still holds its flight; its commit will be fenced");
                     self.lost = true;
                     continue;
                 }
@@ -529,23 +529,23 @@ where
                             st.ended_here.stored(cx.flight, generation);
                         }
                         if attempt > attempts {
-                            tracing::info!(stage = %cx.stage, flight = %cx.flight, generation, "commit settled in the background");
+                            tracing::info!(stage = %cx.stage(), flight = %cx.flight, generation, "commit settled in the background");
                         }
                         return Settled::Stored;
                     }
                     Ok(Committed::Fenced) => {
                         cx.metrics.with(|m| m.fenced.increment(1));
-                        tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, "commit fenced: a newer owner holds the flight; the value served this node's callers");
+                        tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, "commit fenced: a newer owner holds the flight; the value served this node's callers");
                         return Settled::Fenced;
                     }
                     Err(e) => e,
                 };
                 if attempt == attempts || err.kind() == BackendErrorKind::Protocol {
                     cx.metrics.with(|m| m.result_write_failure.increment(1));
-                    tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %err, "result write failed; the value served this node's callers");
+                    tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, error = %err, "result write failed; the value served this node's callers");
                 }
                 if !retry(st, cx, beats, &err, &mut pause, until).await {
-                    tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "result never stored; the lease ends and followers take over");
+                    tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "result never stored; the lease ends and followers take over");
                     return Settled::Unstored;
                 }
             }
@@ -572,7 +572,7 @@ where
                         if !retry(st, cx, beats, &e, &mut pause, until).await {
                             // The lease expires on its own; followers then
                             // take over.
-                            tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "abandon failed");
+                            tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, error = %e, "abandon failed");
                             return Settled::Unstored;
                         }
                     }
@@ -612,15 +612,15 @@ async fn wait_replicas<B: Backend, C: Send + Sync + 'static>(
         }
         Ok(Some(acked)) => {
             cx.metrics.with(|m| m.replicas(Replicas::Short));
-            tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, acked, wanted, "commit acknowledged by fewer replicas than asked; a failover now may lose it");
+            tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, acked, wanted, "commit acknowledged by fewer replicas than asked; a failover now may lose it");
         }
         Ok(None) => {
             cx.metrics.with(|m| m.replicas(Replicas::Failed));
-            tracing::debug!(stage = %cx.stage, "commit-replicas is set but the backend has no replicas to ask");
+            tracing::debug!(stage = %cx.stage(), "commit-replicas is set but the backend has no replicas to ask");
         }
         Err(e) => {
             cx.metrics.with(|m| m.replicas(Replicas::Failed));
-            tracing::warn!(stage = %cx.stage, flight = %cx.flight, generation, error = %e, "waiting for replicas after a commit failed");
+            tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, error = %e, "waiting for replicas after a commit failed");
         }
     }
     false

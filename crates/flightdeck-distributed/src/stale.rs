@@ -753,7 +753,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             early: true,
             ..self.ask()
         };
-        let stage = cx.stage.clone();
+        let stage = cx.stage().clone();
         let (st, cx) = (Arc::clone(self), cx.clone());
         let task = async move {
             // Dropped mid-call (a runtime shutting down), it releases what
@@ -763,7 +763,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             if let Ok(Acquired::Owner { generation, .. }) = granted {
                 guard.owned();
                 cx.metrics.with(|m| m.owner.increment(1));
-                tracing::debug!(stage = %cx.stage, flight = %cx.flight, generation, "refreshing a hit early");
+                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "refreshing a hit early");
                 let judge = exec.failures();
                 let (work, told) = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
                 st.detach(&cx, work, told, judge);
@@ -811,7 +811,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         O: Send + 'static,
     {
         let bound = self.policy.wait_timeout_duration();
-        let stage = cx.stage.clone();
+        let stage = cx.stage().clone();
         let cx = cx.clone();
         let task = async move {
             // A panic of the work ends the refresh as a failure (counted as
@@ -844,7 +844,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 Ok(Err(e)) if e.is::<LeaseLost>() => Refresh::Fenced,
                 Ok(Err(_)) => Refresh::Failed,
             };
-            tracing::debug!(stage = %cx.stage, flight = %cx.flight, outcome = ?how, "background refresh ended");
+            tracing::debug!(stage = %cx.stage(), flight = %cx.flight, outcome = ?how, "background refresh ended");
             cx.metrics.with(|m| m.refresh(how));
         };
         match tokio::runtime::Handle::try_current() {
