@@ -27,7 +27,9 @@ use crate::lost_results::SeenCommits;
 use crate::metrics::{Bundle, Op, Registry, StageMetrics};
 use crate::owner::{Finish, Lease, Settled};
 use crate::policy::{DistributedPolicy, PolicyError};
-use crate::stale::{within, Answered, EndedHere, PurgeMark, Purges, RefreshesElsewhere, Reply};
+use crate::stale::{
+    owned, within, Answered, EndedHere, PurgeMark, Purges, RefreshesElsewhere, Reply,
+};
 use crate::start::{Admitted, FlightFuture};
 use crate::work::{Execute, Role};
 
@@ -504,10 +506,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         // A refresh of the key runs elsewhere, as the store told this node:
         // its kept result answers without asking again (nothing of the
         // flight is built for it).
-        let kept_here = || {
-            exec.kept_here()
-                .map(|(v, age, took)| (age, took, move || v))
-        };
+        let kept_here = || owned(exec.kept_here());
         if let Some(answered) = st.during_refresh(key, None, kept_here, |v| exec.serves(v, &req)) {
             return kept_reply(answered);
         }

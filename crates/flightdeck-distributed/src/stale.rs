@@ -84,6 +84,15 @@ pub(crate) fn within(past: Duration, window: Duration) -> bool {
     !window.is_zero() && past <= window
 }
 
+/// A copy already owned ([`Execute::kept_here`]'s) as
+/// [`State::here_instead`] weighs one: its age and work time, then its
+/// value.
+pub(crate) fn owned<T>(
+    here: Option<(T, Duration, Duration)>,
+) -> Option<(Duration, Duration, impl FnOnce() -> T)> {
+    here.map(|(v, age, took)| (age, took, move || v))
+}
+
 /// `r` as it is `since` later (its age grows by this node's clock between
 /// the store's answer and now).
 fn aged(r: &StoredResult, since: Instant) -> StoredResult {
@@ -510,9 +519,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             return None;
         }
         let serves = |v: &E::Shared| exec.serves(v, req);
-        let here = exec
-            .kept_here()
-            .map(|(v, age, took)| (age, took, move || v));
+        let here = owned(exec.kept_here());
         if let Some(here) = self.here_instead(&kept, here, serves) {
             return Some(here);
         }
