@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use flightdeck_core::Digest;
 use flightdeck_distributed::backend::{FlightId, MAX_DURATION};
 use fred::prelude::Value;
 
@@ -46,28 +45,6 @@ impl Names {
 /// Longest a number's decimal digits get.
 const DIGITS: usize = 20;
 
-/// The two lowercase hex digits of every byte value.
-const HEX_PAIRS: [[u8; 2]; 256] = {
-    let digits = b"0123456789abcdef";
-    let mut pairs = [[0u8; 2]; 256];
-    let mut i = 0;
-    while i < 256 {
-        pairs[i] = [digits[i >> 4], digits[i & 0xf]];
-        i += 1;
-    }
-    pairs
-};
-
-/// The digest's 64 hex digits ([`Digest::hex`]'s), a byte's two at a time:
-/// every script call writes them into its record's name.
-fn hex(digest: &Digest) -> [u8; 64] {
-    let mut out = [0u8; 64];
-    for (pair, b) in out.chunks_exact_mut(2).zip(digest.as_bytes()) {
-        pair.copy_from_slice(&HEX_PAIRS[usize::from(*b)]);
-    }
-    out
-}
-
 impl ScriptArgs {
     /// Arguments whose keys are `names` of `flight` under `prefix` (see
     /// [`RedisBackend::record_key`](crate::RedisBackend::record_key)); room for `args`
@@ -86,7 +63,7 @@ impl ScriptArgs {
         s = s.fixed(if keys == 1 { "1" } else { "2" });
         s.buf.put_slice(prefix.as_bytes());
         s.buf.put_slice(b":{");
-        s.buf.put_slice(&hex(flight.digest()));
+        s.buf.put_slice(&flight.digest().hex());
         s.buf.put_slice(b"}:");
         s.buf.put_slice(LAYOUT.as_bytes());
         let record = s.buf.split().freeze();
@@ -250,18 +227,6 @@ mod tests {
                 "1".to_owned(),
             ]
         );
-    }
-
-    #[test]
-    fn a_digest_is_written_as_its_hex() {
-        for d in [
-            [0u8; 32],
-            [0xff; 32],
-            std::array::from_fn(|i| (i * 37) as u8),
-        ] {
-            let d = Digest::from_bytes(d);
-            assert_eq!(hex(&d), d.hex());
-        }
     }
 
     #[test]
