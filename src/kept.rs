@@ -156,9 +156,14 @@ impl<V: Clone> Kept<V> {
 
     /// A work starts now.
     pub(crate) fn ticket(&self) -> Ticket {
+        self.ticket_at(Instant::now())
+    }
+
+    /// A work starts at `at` (now, read already).
+    pub(crate) fn ticket_at(&self, at: Instant) -> Ticket {
         Ticket {
             gen: self.next(),
-            at: Instant::now(),
+            at,
         }
     }
 

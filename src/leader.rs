@@ -82,8 +82,17 @@ pub(crate) struct Record<Sh: SharedForm> {
 
 impl<Sh: StageShare> Record<Sh> {
     pub(crate) fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Box<Self>> {
+        let ticket = stage.stale.as_ref()?.kept.ticket();
+        Self::ticketed(stage, key, ticket)
+    }
+
+    /// The record of work that took `ticket`.
+    pub(crate) fn ticketed<R>(
+        stage: &Stage<R, Sh>,
+        key: &FlightKey,
+        ticket: Ticket,
+    ) -> Option<Box<Self>> {
         let setup = stage.stale.clone()?;
-        let ticket = setup.kept.ticket();
         Some(Box::new(Self {
             setup,
             key: key.clone(),
@@ -102,6 +111,19 @@ impl<Sh: StageShare> Record<Sh> {
         }
     }
 
+    /// Keeps a shared result `age` old, unless it is a failure.
+    pub(crate) fn keep_shared(&self, v: &Sh::Shared, age: Duration) {
+        if self.setup.failures.failed(Ok(v)) {
+            return;
+        }
+        let size = match &self.setup.weigh {
+            Some(weigh) => weigh(v),
+            None => self.share.kept_size(v),
+        };
+        let copy = self.share.kept_form(v);
+        self.setup.kept.put(&self.key, self.ticket, copy, size, age);
+    }
+
     /// Keeps what the work produced, `age` old (a hit is as old as the
     /// store says: never a fresh copy here). Out of line: the common
     /// leader records nothing.
@@ -109,14 +131,7 @@ impl<Sh: StageShare> Record<Sh> {
     fn keep<O>(self: Box<Self>, out: &Result<Shareable<Sh::Shared, O>, BoxError>, age: Duration) {
         let r = self;
         match out {
-            Ok(Shareable::Shared(v)) if !r.setup.failures.failed(Ok(v)) => {
-                let size = match &r.setup.weigh {
-                    Some(weigh) => weigh(v),
-                    None => r.share.kept_size(v),
-                };
-                let copy = r.share.kept_form(v);
-                r.setup.kept.put(&r.key, r.ticket, copy, size, age);
-            }
+            Ok(Shareable::Shared(v)) => r.keep_shared(v, age),
             Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
                 let until = tokio::time::Instant::now() + r.pass_for;
                 r.setup.kept.pass(&r.key, r.ticket, until);

@@ -51,7 +51,7 @@ use crate::future::ResponseFuture;
 use crate::kept::{Kept, Look};
 use crate::layer::Shared;
 use crate::layer::StageShare;
-use crate::leader::Leader;
+use crate::leader::{Leader, Record};
 use crate::mode::Mode;
 use crate::readers::RequestReaders;
 use crate::stage::{Control, Path, RefreshOutcome};
@@ -500,7 +500,9 @@ where
     /// asking the store, because this node knows that a refresh of the key
     /// runs on another node ([`DistributedFlights::answer_during_refresh`]:
     /// the store's kept result within `stale-while-revalidate`, or `look`,
-    /// this node's copy, when its work started later), given without the
+    /// this node's copy, when its work started later; once the refresh
+    /// committed with its result in the notice, that result, fresh, which
+    /// becomes this node's copy as a flight's hit would), given without the
     /// flight, as a hit of the copy is: told as that flight's caller is
     /// (the stale marker, `Cache-Status`, `Age`) and counted once, by L2,
     /// as that flight's own answer is. Only while none of the stage's
@@ -519,8 +521,17 @@ where
             return None;
         }
         let here = look.map(|l| (&l.value, now.saturating_duration_since(l.done), l.took));
+        // Taken before asking: a purge meanwhile fences what is kept.
+        let ticket = stage.stale.as_ref()?.kept.ticket_at(now);
         let (value, answered) = l2.answer_during_refresh(key, here, |v| self.serves(v))?;
         let served = Served::by_store(answered, stage.ctl.cfg.replay_ttl)?;
+        if let Served::Hit { age, .. } = served {
+            // The refresh's result, committed elsewhere: this node's copy
+            // from now on, as a flight's hit would make it.
+            if let Some(record) = Record::ticketed(stage, key, ticket) {
+                record.keep_shared(&value, age);
+            }
+        }
         Some((Answer::Shared(value), served))
     }
 

@@ -124,6 +124,23 @@ impl<K: Hash + Eq + Clone, V> ExpiringMap<K, V> {
         }
     }
 
+    /// Replaces `key`'s entry with `value` (expiring at `until`) if `pred`
+    /// holds for its value, in one step; whether it did.
+    pub fn replace_if(
+        &self,
+        key: &K,
+        pred: impl FnOnce(&V) -> bool,
+        value: V,
+        until: Instant,
+    ) -> bool {
+        let mut inner = self.lock();
+        if !inner.map.get(key).is_some_and(|e| pred(&e.value)) {
+            return false;
+        }
+        inner.insert(key.clone(), value, until, self.capacity, Instant::now());
+        true
+    }
+
     /// Entries held (expired ones not yet dropped included).
     pub fn len(&self) -> usize {
         self.lock().map.len()
@@ -226,5 +243,18 @@ mod tests {
         assert_eq!(map.remove(&2), None);
         assert_eq!(map.remove(&1), Some(2));
         assert!(map.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replace_if_replaces_only_the_value_it_was_told_of() {
+        let map = ExpiringMap::new(2);
+        let at = |s| Instant::now() + Duration::from_secs(s);
+        assert!(!map.replace_if(&1, |_| true, "a", at(10)), "nothing held");
+        assert_eq!(map.get(&1), None);
+        map.insert(1, "a", at(1));
+        assert!(!map.replace_if(&1, |v| *v == "b", "c", at(10)));
+        assert!(map.replace_if(&1, |v| *v == "a", "c", at(10)));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(map.get(&1), Some("c"), "with its own expiry");
     }
 }

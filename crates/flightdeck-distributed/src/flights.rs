@@ -387,7 +387,9 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// kept result beside, and the refresh has not ended since): that
     /// kept result within `stale-while-revalidate` (as old as it is now),
     /// unless this node purged `key` since or answered a newer result of
-    /// it; this node's own copy instead when its work started later.
+    /// it; this node's own copy instead when its work started later; once
+    /// the refresh committed and its notice brought the result inline,
+    /// that result, fresh ([`Answered::Hit`]), while it is.
     /// Counted as [`run_answered`](Self::run_answered) counts it
     /// (`singleflight_stale_served_total`, the age histogram). `None`
     /// when a flight is needed: then [`run_answered`](Self::run_answered)

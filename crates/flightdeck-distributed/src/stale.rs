@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use flightdeck_core::error::{find, BoxError, LeaseLost, WaitTimeout, WorkPanicked};
 use flightdeck_core::expiring::ExpiringMap;
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
@@ -28,7 +29,10 @@ use flightdeck_core::{FlightKey, Shareable};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backend::{Acquired, Ask, Backend, BackendError, FlightId, StoredResult, Subscription};
+use crate::backend::{
+    Acquired, Ask, Backend, BackendError, FlightId, Notice, ResultStatus, StoredResult,
+    Subscription,
+};
 use crate::codec::ResultCodec;
 use crate::flights::{kept_reply, Cx, Judge, Named, State};
 use crate::lease_release::TokenGuard;
@@ -318,7 +322,10 @@ impl EndedHere {
 /// store gave runs out, this node's callers of the key are answered the
 /// kept result within `stale-while-revalidate` without asking the store
 /// again. One round trip per node per expiry, not one per caller: an
-/// expiry answers at a hit's cost. At most [`REMEMBERED`] flights.
+/// expiry answers at a hit's cost. A commit whose notice brings the result
+/// (inline) answers that result next, fresh, without a round trip at the
+/// refresh's end either (see [`State::watch_refresh`]). At most
+/// [`REMEMBERED`] flights.
 ///
 /// A hit (or a follower's result) answered on this node since is newer:
 /// from then on the kept result never answers (a node never goes back to an older generation
@@ -355,6 +362,9 @@ struct Watched {
     flight: FlightId,
     kept: StoredResult,
     at: Instant,
+    /// The stage's `replay-ttl`: how long a result committed elsewhere is
+    /// fresh once its notice came.
+    fresh: Duration,
     purge_mark: PurgeMark,
     /// The kept result's value, once a caller decoded it: the callers
     /// answered it meanwhile share one decode. (`State` is not generic
@@ -364,6 +374,36 @@ struct Watched {
 }
 
 impl Watched {
+    /// The watch of the refresh's result, committed as `generation` with
+    /// `payload` (its notice's inline result), received now: fresh for
+    /// the stage's `replay-ttl` from now (the commit's trip and the
+    /// notice's make it that much younger, as for a follower), its work
+    /// at least as long as it ran since this node was told of it (a
+    /// later-started copy here still answers instead). `None` when it is
+    /// no newer than the result watched.
+    fn committed(&self, generation: u64, payload: Bytes) -> Option<Arc<Watched>> {
+        if generation <= self.kept.generation {
+            return None;
+        }
+        let now = Instant::now();
+        let kept = StoredResult {
+            generation,
+            status: ResultStatus::Ok,
+            payload,
+            age: Duration::ZERO,
+            ttl: self.fresh,
+            work_time: now.saturating_duration_since(self.at),
+        };
+        Some(Arc::new(Watched {
+            flight: self.flight,
+            kept,
+            at: now,
+            fresh: self.fresh,
+            purge_mark: self.purge_mark,
+            decoded: OnceLock::new(),
+        }))
+    }
+
     /// The kept result's value: decoded once (with `decode`), and kept
     /// for the next callers. A result that does not decode (or is a
     /// cached failure) is not kept: each caller finds it so, as a flight
@@ -432,8 +472,14 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
 
     /// The store answered FOLLOWER with `kept` beside: its refresh runs
     /// elsewhere for `lease_remaining` at most. Remembered until a notice
-    /// about the flight comes through `notices` (any: a commit, an
-    /// abandon, a purge, or a lost message) or that lease runs out.
+    /// about the flight comes through `notices` (an abandon, a purge, a
+    /// lost message) or that lease runs out. A commit whose result came
+    /// inline with its notice does not end it: that result answers this
+    /// node's next callers at once, fresh, as it answers the followers
+    /// that waited for it (see [`Watched::committed`]), so that no caller
+    /// waits for a store call at the end of a refresh; the watch then
+    /// lasts while that result is fresh (and the lease would have), and
+    /// any later notice ends it.
     pub(crate) fn watch_refresh(
         self: &Arc<Self>,
         cx: &Cx,
@@ -455,20 +501,65 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             flight: cx.flight,
             kept,
             at: now,
+            fresh: self.policy.replay_ttl_duration(),
             purge_mark: cx.purge_mark,
             decoded: OnceLock::new(),
         });
         let flights = &self.elsewhere.flights;
         flights.insert(cx.key.clone(), Arc::clone(&watched), now + bound);
-        let (st, key) = (Arc::clone(self), cx.key.clone());
+        let (st, key, started) = (Arc::clone(self), cx.key.clone(), cx.started);
         // Not on the flights' tracker: nothing is left to finish when it
         // is cut, and `idle` need not wait for it.
         drop(rt.spawn(async move {
-            let _ = tokio::time::timeout(bound, notices.recv()).await;
+            let mut watched = watched;
+            let mut until = now + bound;
+            loop {
+                let notice = tokio::time::timeout_at(until, notices.recv()).await;
+                let next = match notice {
+                    Ok(Some(Notice::Committed {
+                        generation,
+                        inline: Some(payload),
+                    })) => watched.committed(generation, payload),
+                    _ => None,
+                };
+                let Some(next) = next else { break };
+                let fresh_until = Instant::now() + next.kept.ttl;
+                let replaced = st.elsewhere.flights.replace_if(
+                    &key,
+                    |w| Arc::ptr_eq(w, &watched),
+                    Arc::clone(&next),
+                    fresh_until.min(until),
+                );
+                if !replaced {
+                    return;
+                }
+                st.committed_elsewhere(&next, started);
+                until = fresh_until.min(until);
+                watched = next;
+            }
             st.elsewhere
                 .flights
                 .remove_if(&key, |w| Arc::ptr_eq(w, &watched));
         }));
+    }
+
+    /// A watched refresh committed `next`'s result elsewhere, its notice
+    /// received here: remembered as a follower that received it remembers
+    /// it (the lost-result memory; a hit of that generation on this
+    /// node), before any caller is answered it.
+    fn committed_elsewhere(&self, next: &Watched, started: Instant) {
+        let (flight, generation) = (next.flight, next.kept.generation);
+        // With `commit_replicas`, only the owner learns whether the
+        // commit was acknowledged, so only it remembers.
+        if self.policy.commit_replica_count() == 0 {
+            self.seen_commits
+                .remember(flight, generation, started, next.kept.ttl);
+        }
+        let elsewhere = &self.elsewhere;
+        if elsewhere.hits.get(&flight).is_none_or(|g| g < generation) {
+            let until = Instant::now() + self.policy.lease_duration();
+            elsewhere.hits.insert(flight, generation, until);
+        }
     }
 
     /// A result of `generation` from the store answers on this node (a

@@ -373,6 +373,74 @@ async fn callers_during_a_refresh_elsewhere_are_answered_without_a_flight() {
     assert_eq!(call(&b).await.1, "v2", "the refresh's result answers next");
 }
 
+/// The refresh that ran elsewhere commits: its notice brings the result
+/// (small enough to come inline), and the next callers on the watching
+/// node are answered it at once, fresh, without a flight or a store
+/// call: nobody there waits at the end of a refresh. It is that node's
+/// copy from then on.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_committed_elsewhere_answers_without_a_flight() {
+    common::metrics_on();
+    let stage = "x-committed-elsewhere";
+    let origin = Origin::new();
+    let store = flightdeck_test::MemoryBackend::new();
+    let [a, b] = nodes_on(store.clone(), stage, &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.stale_if_error = Duration::from_secs(60);
+        c.cache_status = true;
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&a).await.1, "v1", "a refreshes in the background");
+    assert_eq!(answer(&b).await.body, "v1", "b is told of the refresh");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.calls(), 2, "the refresh committed");
+    let (flights, acquires) = (local_flights(stage), store.calls().acquire);
+    let got = answer(&b).await;
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v2"));
+    assert!(got.stale.is_none(), "fresh");
+    // Committed 100 ms ago (the work took 200 ms): fresh for 0.9 s more.
+    assert_eq!(
+        got.headers.get("cache-status").unwrap(),
+        "flightdeck; hit; ttl=0"
+    );
+    assert_eq!(local_flights(stage), flights, "no flight");
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let got = answer(&b).await;
+    assert_eq!(got.body, "v2", "b's copy");
+    assert_eq!(got.headers.get("age").unwrap(), "0");
+    assert_eq!(local_flights(stage), flights, "no flight");
+    assert_eq!(store.calls().acquire, acquires, "no store call");
+    assert_eq!(origin.calls(), 2);
+    // b kept it: with the store and the work down, its copy answers.
+    store.set_unavailable(true);
+    origin.status.store(503, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let got = answer(&b).await;
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v2"));
+    assert_eq!(got.stale.map(|s| s.reason), Some(StaleReason::RedisDown));
+}
+
+/// A purge on the node a refresh's result reached with its commit notice:
+/// the next caller there runs the work again, not answered that result.
+#[tokio::test(start_paused = true)]
+async fn a_purge_here_ends_answers_of_a_refresh_committed_elsewhere() {
+    let stage = "x-committed-purged";
+    let origin = Origin::new();
+    let [a, b] = nodes(stage, &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&a).await.1, "v1");
+    assert_eq!(call(&b).await.1, "v1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.calls(), 2, "the refresh committed");
+    let req = Request::get("http://svc/p").body(Body::empty()).unwrap();
+    assert!(b.layer.invalidate_request(req).await.unwrap());
+    assert_eq!(call(&b).await.1, "v3", "the purged result never answers");
+}
+
 /// A purge on a node that knows of a refresh elsewhere: its next caller
 /// is not answered the purged result.
 #[tokio::test(start_paused = true)]
