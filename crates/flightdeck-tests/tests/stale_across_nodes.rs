@@ -373,6 +373,15 @@ async fn callers_during_a_refresh_elsewhere_are_answered_without_a_flight() {
     assert_eq!(call(&b).await.1, "v2", "the refresh's result answers next");
 }
 
+/// v1 on `a`; past its freshness, `a` refreshes it in the background and
+/// `b` is told so (FOLLOWER, v1 beside), both answered v1.
+async fn refresh_on_a_known_to_b(a: &Node, b: &Node) {
+    assert_eq!(call(a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(a).await.1, "v1", "a refreshes in the background");
+    assert_eq!(call(b).await.1, "v1", "b is told of the refresh");
+}
+
 /// The refresh that ran elsewhere commits: its notice brings the result
 /// (small enough to come inline), and the next callers on the watching
 /// node are answered it at once, fresh, without a flight or a store
@@ -389,10 +398,7 @@ async fn a_refresh_committed_elsewhere_answers_without_a_flight() {
         c.stale_if_error = Duration::from_secs(60);
         c.cache_status = true;
     });
-    assert_eq!(call(&a).await.1, "v1");
-    tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(call(&a).await.1, "v1", "a refreshes in the background");
-    assert_eq!(answer(&b).await.body, "v1", "b is told of the refresh");
+    refresh_on_a_known_to_b(&a, &b).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(origin.calls(), 2, "the refresh committed");
     let (flights, acquires) = (local_flights(stage), store.calls().acquire);
@@ -430,10 +436,7 @@ async fn a_purge_here_ends_answers_of_a_refresh_committed_elsewhere() {
     let [a, b] = nodes(stage, &origin, |c| {
         c.stale_while_revalidate = Duration::from_secs(30);
     });
-    assert_eq!(call(&a).await.1, "v1");
-    tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(call(&a).await.1, "v1");
-    assert_eq!(call(&b).await.1, "v1");
+    refresh_on_a_known_to_b(&a, &b).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(origin.calls(), 2, "the refresh committed");
     let req = Request::get("http://svc/p").body(Body::empty()).unwrap();
@@ -450,10 +453,7 @@ async fn a_purge_here_ends_answers_of_a_refresh_elsewhere() {
     let [a, b] = nodes(stage, &origin, |c| {
         c.stale_while_revalidate = Duration::from_secs(30);
     });
-    assert_eq!(call(&a).await.1, "v1");
-    tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(call(&a).await.1, "v1");
-    assert_eq!(call(&b).await.1, "v1");
+    refresh_on_a_known_to_b(&a, &b).await;
     let req = Request::get("http://svc/p").body(Body::empty()).unwrap();
     assert!(b.layer.invalidate_request(req).await.unwrap());
     let got = answer(&b).await;
