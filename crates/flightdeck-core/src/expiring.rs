@@ -107,7 +107,15 @@ impl<K: Hash + Eq + Clone, V> ExpiringMap<K, V> {
     where
         V: Clone,
     {
-        self.lock().live(key, Instant::now()).cloned()
+        self.get_at(key, Instant::now())
+    }
+
+    /// [`get`](Self::get), `now` read already.
+    pub fn get_at(&self, key: &K, now: Instant) -> Option<V>
+    where
+        V: Clone,
+    {
+        self.lock().live(key, now).cloned()
     }
 
     /// Removes `key`'s entry; its value if it had not expired.

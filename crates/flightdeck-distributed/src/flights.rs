@@ -153,21 +153,20 @@ pub(crate) struct Cx {
 }
 
 /// What a flight's counts and logs name: its stage and id, and its
-/// metrics when they are at hand (else looked up when first counted: a
-/// caller answered without a flight looks up nothing for nothing).
+/// metrics.
 #[derive(Clone, Copy)]
 pub(crate) struct Named<'a> {
     pub(crate) stage: &'a StageName,
     pub(crate) flight: &'a FlightId,
-    metrics: Option<&'a StageMetrics>,
+    metrics: &'a StageMetrics,
 }
 
 impl<'a> Named<'a> {
-    /// `flight` of `stage`, with its metrics when they are at hand.
+    /// `flight` of `stage`, counted in `metrics`.
     pub(crate) fn with(
         stage: &'a StageName,
         flight: &'a FlightId,
-        metrics: Option<&'a StageMetrics>,
+        metrics: &'a StageMetrics,
     ) -> Self {
         Self {
             stage,
@@ -188,7 +187,7 @@ impl Cx {
         Named {
             stage: self.key.stage(),
             flight: &self.flight,
-            metrics: Some(&self.metrics),
+            metrics: &self.metrics,
         }
     }
 }
@@ -413,7 +412,7 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         T: Clone + Send + Sync + 'static,
     {
         let kept_here = || kept_here.map(|(v, age, took)| (age, took, || v.clone()));
-        self.st.during_refresh(key, None, kept_here, serves)
+        self.st.during_refresh(key, kept_here, serves)
     }
 
     /// Forgets `key`'s stored result and fences its running owner, if any
@@ -509,7 +508,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         // its kept result answers without asking again (nothing of the
         // flight is built for it).
         let kept_here = || owned(exec.kept_here());
-        if let Some(answered) = st.during_refresh(key, None, kept_here, |v| exec.serves(v, &req)) {
+        if let Some(answered) = st.during_refresh(key, kept_here, |v| exec.serves(v, &req)) {
             return kept_reply(answered);
         }
         let flight = flight.unwrap_or_else(|| FlightId::of(key));
@@ -837,12 +836,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }
     }
 
-    /// Counts for `named`'s stage (its metrics looked up if not at hand).
+    /// Counts for `named`'s stage.
     pub(crate) fn count(&self, named: Named<'_>, f: impl FnOnce(&Bundle)) {
-        match named.metrics {
-            Some(m) => m.with(f),
-            None => self.metrics.get(named.stage).with(f),
-        }
+        named.metrics.with(f);
     }
 
     /// A stored result, decoded: `Some` value, or `None` for a cached

@@ -97,11 +97,11 @@ pub(crate) fn owned<T>(
     here.map(|(v, age, took)| (age, took, move || v))
 }
 
-/// `r` as it is `since` later (its age grows by this node's clock between
+/// `r` as it is `by` later (its age grows by this node's clock between
 /// the store's answer and now).
-fn aged(r: &StoredResult, since: Instant) -> StoredResult {
+fn aged(r: &StoredResult, by: Duration) -> StoredResult {
     StoredResult {
-        age: r.age.saturating_add(since.elapsed()),
+        age: r.age.saturating_add(by),
         ..r.clone()
     }
 }
@@ -360,8 +360,13 @@ impl RefreshesElsewhere {
 /// when, and this node's purges then.
 struct Watched {
     flight: FlightId,
+    /// As old as this node judged it at `at` (see [`State::honest`]): a
+    /// caller's answer is that much older, by how long ago `at` was.
     kept: StoredResult,
     at: Instant,
+    /// The stage's counters: the callers answered meanwhile look up
+    /// nothing.
+    metrics: Arc<StageMetrics>,
     /// The stage's `replay-ttl`: how long a result committed elsewhere is
     /// fresh once its notice came.
     fresh: Duration,
@@ -398,6 +403,7 @@ impl Watched {
             flight: self.flight,
             kept,
             at: now,
+            metrics: Arc::clone(&self.metrics),
             fresh: self.fresh,
             purge_mark: self.purge_mark,
             decoded: OnceLock::new(),
@@ -438,7 +444,6 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     pub(crate) fn during_refresh<T, V: FnOnce() -> T>(
         &self,
         key: &FlightKey,
-        metrics: Option<&StageMetrics>,
         kept_here: impl FnOnce() -> Option<(Duration, Duration, V)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, Answered)>
@@ -450,15 +455,14 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         if revalidate.is_zero() {
             return None;
         }
-        let watched = self.elsewhere.flights.get(key)?;
+        let now = Instant::now();
+        let watched = self.elsewhere.flights.get_at(key, now)?;
         let flight = &watched.flight;
-        let named = Named::with(key.stage(), flight, metrics);
-        if self.purges.since(flight, watched.purge_mark)
-            || self.elsewhere.superseded(flight, watched.kept.generation)
-        {
+        let named = Named::with(key.stage(), flight, &watched.metrics);
+        if self.purges.since(flight, watched.purge_mark) {
             return None;
         }
-        let kept = self.honest(flight, aged(&watched.kept, watched.at));
+        let kept = aged(&watched.kept, now.saturating_duration_since(watched.at));
         let (value, kept) = match self.here_instead(&kept, kept_here(), &serves) {
             Some(here) => here,
             None => {
@@ -497,16 +501,26 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         };
         let bound = lease_remaining.min(self.policy.lease_duration());
         let now = Instant::now();
+        let generation = kept.generation;
         let watched = Arc::new(Watched {
             flight: cx.flight,
-            kept,
+            kept: self.honest(&cx.flight, kept),
             at: now,
+            metrics: Arc::clone(&cx.metrics),
             fresh: self.policy.replay_ttl_duration(),
             purge_mark: cx.purge_mark,
             decoded: OnceLock::new(),
         });
         let flights = &self.elsewhere.flights;
         flights.insert(cx.key.clone(), Arc::clone(&watched), now + bound);
+        // A newer hit may have answered since the check above, before the
+        // watch was in: then it goes. (`hit_here` records the hit, then
+        // drops older watches: one of the two sees the other, and a
+        // caller never has to ask.)
+        if self.elsewhere.superseded(&cx.flight, generation) {
+            flights.remove_if(&cx.key, |w| Arc::ptr_eq(w, &watched));
+            return;
+        }
         let (st, key, started) = (Arc::clone(self), cx.key.clone(), cx.started);
         // Not on the flights' tracker: nothing is left to finish when it
         // is cut, and `idle` need not wait for it.
@@ -795,7 +809,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             match tokio::time::timeout(windows.soft_timeout, &mut work).await {
                 Ok(out) => out,
                 Err(_) => {
-                    let now = aged(&kept, received);
+                    let now = aged(&kept, received.elapsed());
                     if within(now.stale_for(), windows.keep_stale()) && !self.purged(cx) {
                         on_soft(work);
                         let answer =
@@ -807,7 +821,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 }
             }
         };
-        let now = aged(&kept, received);
+        let now = aged(&kept, received.elapsed());
         // A wait that ran past `wait-timeout` (this node's following of a
         // refresh elsewhere) is answered the same way, whatever the judge
         // says, as itself: the work did not fail.
