@@ -209,7 +209,7 @@ impl<S, Req, R, Sh: SharedForm> std::fmt::Debug for Leader<S, Req, R, Sh> {
 }
 
 impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
-    fn exec(
+    pub(crate) fn exec(
         stage: Arc<Stage<R, Sh>>,
         inner: S,
         share: Sh,
@@ -258,7 +258,11 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
     /// The flight's id when it is coordinated over a sharded backend (the
     /// points that judge it by shard need it); `None` otherwise, which
     /// costs nothing.
-    fn sharded_flight(stage: &Stage<R, Sh>, mode: Mode, key: &FlightKey) -> Option<FlightId> {
+    pub(crate) fn sharded_flight(
+        stage: &Stage<R, Sh>,
+        mode: Mode,
+        key: &FlightKey,
+    ) -> Option<FlightId> {
         (mode.is_distributed() && stage.distributed.is_some() && stage.ctl.sharded())
             .then(|| FlightId::of(key))
     }

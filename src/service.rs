@@ -303,13 +303,17 @@ where
         };
         let age = now.saturating_duration_since(look.done);
         if age < fresh {
-            // The replay window. Near its end, one caller may refresh it early.
+            // The replay window. Near its end, one caller may refresh it
+            // early: here, or, while the store is up, across the nodes.
             let left = fresh - age;
-            let early = answers
+            let across = !answers && leader.during_store_up();
+            let early = (answers || across)
                 && within(left, windows.early_refresh)
                 && xfetch(left, look.took)
                 && kept.claim_refresh(&key);
-            if early {
+            if early && across {
+                leader.refresh_early(&key, left);
+            } else if early {
                 leader.refresh(&key);
             }
             let served = Served::Hit { age, ttl: left };
@@ -533,6 +537,47 @@ where
             }
         }
         Some((Answer::Shared(value), served))
+    }
+
+    /// Whether this caller's flight would ask the store: a distributed
+    /// mode, and none of the stage's breakers open (a flight they refuse
+    /// runs in the local fallback).
+    fn during_store_up(&self) -> bool {
+        self.mode.is_distributed()
+            && self.stage.distributed.is_some()
+            && !self.stage.ctl.breakers.any_degraded()
+    }
+
+    /// Asks the store for an early refresh of `key` (its copy here is
+    /// fresh for `left` more), in the background: granted, it runs as the
+    /// store's refreshes do ([`DistributedFlights::refresh_early`]), and
+    /// its result becomes this node's copy; not granted, another node's
+    /// runs, or ran. Either way this node asks once per freshness: the
+    /// key's refresh stays claimed here until the copy's end.
+    ///
+    /// [`DistributedFlights::refresh_early`]: flightdeck_distributed::DistributedFlights::refresh_early
+    fn refresh_early(self, key: &FlightKey, left: Duration) {
+        let stage = Arc::clone(&self.stage);
+        let (Some(l2), Some(setup)) = (stage.distributed.clone(), stage.stale.clone()) else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            setup.kept.end_refresh(key);
+            return;
+        };
+        // Bounded as every refresh is: by the stage's own settings.
+        let cfg = &stage.ctl.cfg;
+        let bound = Some(cfg.execution_timeout.unwrap_or(cfg.wait_timeout));
+        // What it runs becomes this node's copy.
+        let flight = Self::sharded_flight(&stage, self.mode, key);
+        let mut exec = Self::exec(Arc::clone(&stage), self.inner, self.share, bound, flight);
+        exec.key = Some(key.clone());
+        let (key, req) = (key.clone(), self.req);
+        drop(rt.spawn(async move {
+            l2.refresh_early(&key, req, exec).await;
+            tokio::time::sleep(left).await;
+            setup.kept.end_refresh(&key);
+        }));
     }
 
     /// Runs one refresh of `key` in the background (grace, early refresh): a

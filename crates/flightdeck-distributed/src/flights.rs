@@ -415,6 +415,25 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
         self.st.during_refresh(key, kept_here, serves)
     }
 
+    /// Asks the store for an early refresh of `key`'s result, which is
+    /// still fresh (`early-refresh`: a caller answered by this node's
+    /// fresh copy of it was chosen, by XFetch, to refresh it): the store
+    /// grants one when no lease of the key runs, and the granted refresh
+    /// runs `exec` for `req` in the background as any refresh does (a
+    /// fenced lease, its result committed in the fresh one's place,
+    /// counted in `singleflight_refresh_total`), while every caller keeps
+    /// its hit. Whether it was granted (and so runs); nothing runs
+    /// otherwise, nor when the store cannot be asked.
+    pub async fn refresh_early<Req, E>(&self, key: &FlightKey, req: Req, exec: E) -> bool
+    where
+        Req: Send + 'static,
+        C: ResultCodec<E::Shared>,
+        E: Execute<Req> + 'static,
+    {
+        let cx = self.st.cx(key, FlightId::of(key), None);
+        Arc::clone(&self.st).early_grant(cx, req, exec).await
+    }
+
     /// Forgets `key`'s stored result and fences its running owner, if any
     /// (its commit will be rejected): the next request runs the work again.
     /// Returns the new generation.
@@ -439,6 +458,29 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
 }
 
 impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
+    /// The context of a flight of `key` (its id `flight`) that asks the
+    /// store now: a fresh owner token, each call bounded by the policy's
+    /// call timeout (or `call_timeout`, when shorter).
+    fn cx(&self, key: &FlightKey, flight: FlightId, call_timeout: Option<Duration>) -> Cx {
+        let policy = &self.policy;
+        Cx {
+            key: key.clone(),
+            flight,
+            token: OwnerToken::random(),
+            terms: LeaseTerms {
+                lease: policy.lease_duration(),
+                state_ttl: policy.state_ttl(),
+                allow_takeover: policy.takeover_allowed(),
+            },
+            call_timeout: call_timeout.map_or(policy.call_timeout_duration(), |d| {
+                d.min(policy.call_timeout_duration())
+            }),
+            metrics: self.metrics.get(key.stage()),
+            started: Instant::now(),
+            purge_mark: self.purges.mark(&flight),
+        }
+    }
+
     /// The one question a flight asks before anything is built: whether
     /// the backend refuses it ([`Backend::reject_early`] for its shard,
     /// and [`Backend::held_back`] when the fallback can run it elsewhere:
@@ -512,25 +554,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             return kept_reply(answered);
         }
         let flight = flight.unwrap_or_else(|| FlightId::of(key));
-        let policy = &st.policy;
-        let mut cx = Cx {
-            key: key.clone(),
-            flight,
-            // Drawn below, once the flight asks the store.
-            token: OwnerToken::unset(),
-            terms: LeaseTerms {
-                lease: policy.lease_duration(),
-                state_ttl: policy.state_ttl(),
-                allow_takeover: policy.takeover_allowed(),
-            },
-            call_timeout: call_timeout.map_or(policy.call_timeout_duration(), |d| {
-                d.min(policy.call_timeout_duration())
-            }),
-            metrics: st.metrics.get(key.stage()),
-            started: Instant::now(),
-            purge_mark: st.purges.mark(&flight),
-        };
-        cx.token = OwnerToken::random();
+        let cx = st.cx(key, flight, call_timeout);
         // Until the token is known to hold no lease (or the owner's lease
         // takes it over), dropping this flight releases it.
         let mut guard = TokenGuard::new(st, &cx);

@@ -861,30 +861,42 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         if !within(left, early) || left.is_zero() || !xfetch(left, hit.work_time) {
             return;
         }
-        let ask = Ask {
-            early: true,
-            ..self.ask()
-        };
         let stage = cx.stage().clone();
-        let (st, cx) = (Arc::clone(self), cx.clone());
-        let task = async move {
-            // Dropped mid-call (a runtime shutting down), it releases what
-            // the token may hold.
-            let mut guard = TokenGuard::new(&st, &cx);
-            let granted = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
-            if let Ok(Acquired::Owner { generation, .. }) = granted {
-                guard.owned();
-                cx.metrics.with(|m| m.owner.increment(1));
-                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "refreshing a hit early");
-                let judge = exec.failures();
-                let (work, told) = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
-                st.detach(&cx, work, told, judge);
-            }
-        };
+        let task = Arc::clone(self).early_grant(cx.clone(), req, exec);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(self.tasks.spawn_on(task, &rt)),
             Err(_) => tracing::debug!(%stage, "no runtime for an early refresh"),
         }
+    }
+
+    /// Asks the store for the early refresh of `cx`'s fresh result, and
+    /// runs it in the background when granted (see
+    /// [`refresh_early`](Self::refresh_early)); whether it was.
+    pub(crate) async fn early_grant<Req, E>(self: Arc<Self>, cx: Cx, req: Req, exec: E) -> bool
+    where
+        C: ResultCodec<E::Shared>,
+        Req: Send + 'static,
+        E: Execute<Req> + 'static,
+    {
+        let st = self;
+        let ask = Ask {
+            early: true,
+            ..st.ask()
+        };
+        // Dropped mid-call (a runtime shutting down), it releases what
+        // the token may hold.
+        let mut guard = TokenGuard::new(&st, &cx);
+        let granted = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
+        let Ok(Acquired::Owner { generation, .. }) = granted else {
+            return false;
+        };
+        guard.owned();
+        cx.metrics.with(|m| m.owner.increment(1));
+        tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "refreshing a hit early");
+        let judge = exec.failures();
+        let (work, told) = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
+        st.detach(&cx, work, told, judge);
+        true
     }
 
     /// The refresh of `generation` (granted to this caller), owning all it

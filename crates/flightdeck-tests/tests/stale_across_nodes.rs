@@ -444,6 +444,49 @@ async fn a_purge_here_ends_answers_of_a_refresh_committed_elsewhere() {
     assert_eq!(call(&b).await.1, "v3", "the purged result never answers");
 }
 
+/// `early-refresh` on a distributed stage: a hot key whose callers every
+/// node answers from its fresh copy is still refreshed before it expires,
+/// once across the nodes, and nobody waits or is answered stale.
+#[tokio::test(start_paused = true)]
+async fn early_refresh_renews_a_hot_key_across_nodes_before_it_expires() {
+    flightdeck::core::random::seed_this_thread(Some(34));
+    let stage = "x-early";
+    let origin = Origin::new();
+    let [a, b] = nodes(stage, &origin, |c| {
+        c.replay_ttl = Duration::from_secs(10);
+        c.early_refresh = Duration::from_secs(5);
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    // v1 finished 200 ms in and is fresh until 10.2 s. A hot key: a
+    // caller every 10 ms until 10.19 s, on either node, each answered at
+    // once.
+    let start = Instant::now() - Duration::from_millis(200);
+    let mut refreshed_at = None;
+    for i in 0..999 {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let node = if i % 2 == 0 { &a } else { &b };
+        let started = Instant::now();
+        let got = answer(node).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "nobody waits");
+        assert!(got.body == "v1" || got.body == "v2", "{}", got.body);
+        assert!(got.stale.is_none(), "nobody is answered stale");
+        if origin.calls() == 2 && refreshed_at.is_none() {
+            refreshed_at = Some(Instant::now() - start);
+        }
+    }
+    flightdeck::core::random::seed_this_thread(None);
+    assert_eq!(origin.calls(), 2, "one refresh across the nodes");
+    let at = refreshed_at.expect("refreshed before v1 expired");
+    assert!(at >= Duration::from_secs(5), "within v1's last 5 s: {at:?}");
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    for node in [&a, &b] {
+        let got = answer(node).await;
+        assert_eq!(got.body, "v2", "the refresh's result answers past v1's end");
+        assert!(got.stale.is_none());
+    }
+    assert_eq!(origin.calls(), 2);
+}
+
 /// A purge on a node that knows of a refresh elsewhere: its next caller
 /// is not answered the purged result.
 #[tokio::test(start_paused = true)]

@@ -78,12 +78,6 @@ enum Text {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl OwnerToken {
-    /// No token yet (no allocation): the placeholder of a flight until it
-    /// asks the store, which a caller answered without asking never does.
-    pub(crate) const fn unset() -> Self {
-        Self(Text::Given(String::new()))
-    }
-
     /// A fresh random token (128 bits, hex; drawn through
     /// `flightdeck_core::random`, seeded under simulation).
     pub fn random() -> Self {
