@@ -312,7 +312,7 @@ where
                 && xfetch(left, look.took)
                 && kept.claim_refresh(&key);
             if early && across {
-                leader.refresh_early(&key, left);
+                leader.refresh_early(&key, age, left);
             } else if early {
                 leader.refresh(&key);
             }
@@ -549,14 +549,16 @@ where
     }
 
     /// Asks the store for an early refresh of `key` (its copy here is
-    /// fresh for `left` more), in the background: granted, it runs as the
-    /// store's refreshes do ([`DistributedFlights::refresh_early`]), and
-    /// its result becomes this node's copy; not granted, another node's
-    /// runs, or ran. Either way this node asks once per freshness: the
+    /// `age` old and fresh for `left` more), in the background: granted,
+    /// it runs as the store's refreshes do
+    /// ([`DistributedFlights::refresh_early`]), and its result becomes
+    /// this node's copy; not granted, another node's runs, or ran (the
+    /// node's next flight past the copy's end finds its result). Either
+    /// way this node asks once per freshness: the
     /// key's refresh stays claimed here until the copy's end.
     ///
     /// [`DistributedFlights::refresh_early`]: flightdeck_distributed::DistributedFlights::refresh_early
-    fn refresh_early(self, key: &FlightKey, left: Duration) {
+    fn refresh_early(self, key: &FlightKey, age: Duration, left: Duration) {
         let stage = Arc::clone(&self.stage);
         let (Some(l2), Some(setup)) = (stage.distributed.clone(), stage.stale.clone()) else {
             return;
@@ -574,7 +576,7 @@ where
         exec.key = Some(key.clone());
         let (key, req) = (key.clone(), self.req);
         drop(rt.spawn(async move {
-            l2.refresh_early(&key, req, exec).await;
+            l2.refresh_early(&key, req, exec, age).await;
             tokio::time::sleep(left).await;
             setup.kept.end_refresh(&key);
         }));

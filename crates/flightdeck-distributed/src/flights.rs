@@ -422,16 +422,26 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// runs `exec` for `req` in the background as any refresh does (a
     /// fenced lease, its result committed in the fresh one's place,
     /// counted in `singleflight_refresh_total`), while every caller keeps
-    /// its hit. Whether it was granted (and so runs); nothing runs
+    /// its hit. `copy_age`: how old the caller's copy is; when the store
+    /// holds a newer result (its work started after the copy's ended:
+    /// another node refreshed it already), the grant is given back and
+    /// nothing runs. Whether it was granted (and so runs); nothing runs
     /// otherwise, nor when the store cannot be asked.
-    pub async fn refresh_early<Req, E>(&self, key: &FlightKey, req: Req, exec: E) -> bool
+    pub async fn refresh_early<Req, E>(
+        &self,
+        key: &FlightKey,
+        req: Req,
+        exec: E,
+        copy_age: Duration,
+    ) -> bool
     where
         Req: Send + 'static,
         C: ResultCodec<E::Shared>,
         E: Execute<Req> + 'static,
     {
         let cx = self.st.cx(key, FlightId::of(key), None);
-        Arc::clone(&self.st).early_grant(cx, req, exec).await
+        let st = Arc::clone(&self.st);
+        st.early_grant(cx, req, exec, Some(copy_age)).await
     }
 
     /// Forgets `key`'s stored result and fences its running owner, if any

@@ -862,7 +862,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             return;
         }
         let stage = cx.stage().clone();
-        let task = Arc::clone(self).early_grant(cx.clone(), req, exec);
+        let task = Arc::clone(self).early_grant(cx.clone(), req, exec, None);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(self.tasks.spawn_on(task, &rt)),
             Err(_) => tracing::debug!(%stage, "no runtime for an early refresh"),
@@ -871,8 +871,18 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
 
     /// Asks the store for the early refresh of `cx`'s fresh result, and
     /// runs it in the background when granted (see
-    /// [`refresh_early`](Self::refresh_early)); whether it was.
-    pub(crate) async fn early_grant<Req, E>(self: Arc<Self>, cx: Cx, req: Req, exec: E) -> bool
+    /// [`refresh_early`](Self::refresh_early)); whether it was. `copy_age`:
+    /// how old the result is that the caller chose to refresh, when it
+    /// chose by its own copy, not by the store's answer: a grant beside a
+    /// result whose work started after that one ended (another node
+    /// refreshed it already) is given back, not run.
+    pub(crate) async fn early_grant<Req, E>(
+        self: Arc<Self>,
+        cx: Cx,
+        req: Req,
+        exec: E,
+        copy_age: Option<Duration>,
+    ) -> bool
     where
         C: ResultCodec<E::Shared>,
         Req: Send + 'static,
@@ -887,9 +897,21 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         // the token may hold.
         let mut guard = TokenGuard::new(&st, &cx);
         let granted = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
-        let Ok(Acquired::Owner { generation, .. }) = granted else {
+        let Ok(Acquired::Owner {
+            generation, stale, ..
+        }) = granted
+        else {
             return false;
         };
+        let newer = |kept: &StoredResult| {
+            copy_age.is_some_and(|age| kept.age.saturating_add(kept.work_time) < age)
+        };
+        if stale.as_ref().is_some_and(newer) {
+            tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "a newer result is stored: no early refresh");
+            // The token holds the grant: the guard releases it.
+            guard.suspect();
+            return false;
+        }
         guard.owned();
         cx.metrics.with(|m| m.owner.increment(1));
         tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "refreshing a hit early");

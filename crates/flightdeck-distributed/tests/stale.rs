@@ -326,6 +326,50 @@ async fn an_early_refresh_runs_once_across_nodes() {
     );
 }
 
+/// An early refresh asked for by a node's own copy (the facade's): the
+/// store grants one across the nodes; a node whose copy is older than the
+/// store's result (another node refreshed it already) gives the grant
+/// back and runs nothing; asked for by a copy of that newer result, it is
+/// granted again.
+#[tokio::test(start_paused = true)]
+async fn an_early_refresh_asked_by_a_stale_copy_runs_nothing() {
+    let (a, b) = nodes(StaleWindows {
+        early_refresh: FRESH,
+        ..StaleWindows::OFF
+    });
+    let k = key("early-copy");
+    let work = Work::new(SEC);
+    prime(&a, &k, &work).await;
+    sleep(8 * SEC).await;
+    // v1 ended 8 s ago on a, whose copy chose to refresh it.
+    assert!(a.refresh_early(&k, (), work.clone(), 8 * SEC).await);
+    assert!(
+        !b.refresh_early(&k, (), work.clone(), 8 * SEC).await,
+        "a lease runs: not granted"
+    );
+    sleep(2 * SEC).await;
+    assert_eq!(work.runs(), 2, "v2, committed");
+    // b's copy is v1, now 10 s old; the store's is v2, 1 s old.
+    assert!(
+        !b.refresh_early(&k, (), work.clone(), 10 * SEC).await,
+        "given back: v2 is newer than b's copy"
+    );
+    sleep(2 * SEC).await;
+    assert_eq!(work.runs(), 2, "nothing ran");
+    let (v, how, _) = call(&b, &k, &work).await;
+    assert_eq!(v, "v2");
+    assert!(
+        matches!(how, Answered::Hit { .. }),
+        "no lease left behind: {how:?}"
+    );
+    assert!(
+        a.refresh_early(&k, (), work.clone(), 3 * SEC).await,
+        "a copy of v2"
+    );
+    sleep(2 * SEC).await;
+    assert_eq!(work.runs(), 3);
+}
+
 /// A purge during a refresh, from the other node: the refresh's result
 /// never answers, nor does the purged one. Its commit, fenced, counts the
 /// refresh `outcome="fenced"`, not `committed`: it replaced nothing.
