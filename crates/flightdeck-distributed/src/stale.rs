@@ -632,20 +632,25 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         serves(&value).then_some((value, kept))
     }
 
-    /// This node's own copy (`here`: see [`Execute::kept_here`]), of work
-    /// that started later than `kept`'s, answers instead of it, when it
-    /// `serves` the caller: this node gave that one already (the copy is
-    /// the latest-started work whose result it gave). The store's result
-    /// started its work time before its commit, by the store's age.
+    /// This node's own copy (`here`: see [`Execute::kept_here`]) answers
+    /// instead of `kept`, when it `serves` the caller, unless `kept`'s
+    /// work started after the copy's ended: this node gave the copy
+    /// already (it is the latest-started work whose result the node
+    /// gave), and the store's result started its work time before its
+    /// commit, by the store's age. The copy is dated by its end, not by
+    /// the start its work time gives: that time is the copy's flight's
+    /// (a fallback run after a store call that failed includes the call),
+    /// which would date it too early and let an older-started result of
+    /// the store's answer in its place. Unsure, the copy answers: a
+    /// result the node gave is never older than one it gave.
     fn here_instead<T>(
         &self,
         kept: &StoredResult,
         here: Option<(Duration, Duration, impl FnOnce() -> T)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, StoredResult)> {
-        let (age, took, value) = here?;
-        let started_ago = age.saturating_add(took);
-        if started_ago >= kept.age.saturating_add(kept.work_time) {
+        let (age, _took, value) = here?;
+        if age >= kept.age.saturating_add(kept.work_time) {
             return None;
         }
         let value = value();

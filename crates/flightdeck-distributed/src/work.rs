@@ -66,9 +66,11 @@ pub trait Execute<Req>: Send {
     /// This node's own copy of the key's result, if it keeps one: the
     /// value, how long ago the work that produced it ended (by this node's
     /// clock) and how long that work took. When a stale result would
-    /// answer, a copy of work that started later than the store's kept
-    /// result's answers instead: a node never answers a result older than
-    /// one it gave already. By default none.
+    /// answer, the copy answers instead unless the store's kept result's
+    /// work started after the copy's ended: a node never answers a result
+    /// older than one it gave already. (The copy is dated by its end: the
+    /// time its work took, as a node measures it, may include its
+    /// flight's store calls.) By default none.
     fn kept_here(&self) -> Option<(Self::Shared, Duration, Duration)> {
         None
     }

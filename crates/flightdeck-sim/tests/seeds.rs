@@ -194,3 +194,16 @@ fn seed_7000686_the_node_that_ran_the_work_counts_from_its_end() {
     let report = run(7_000_686);
     assert!(report.passed(), "{report}");
 }
+
+/// Seeds 7011144, 7017003 and 7031719 found it: a node ran the work in
+/// the local fallback after its store call failed and gave that result;
+/// its copy was dated from its flight's start (the failed call included),
+/// before the store's kept result's work began, which then answered
+/// stale: older than one the node had given.
+#[test]
+fn seed_7017003_a_copy_is_dated_by_its_end_against_the_store() {
+    for seed in [7_011_144, 7_017_003, 7_031_719] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}
