@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use flightdeck_core::FlightKey;
@@ -358,6 +358,16 @@ impl<V: Clone> Kept<V> {
         }
     }
 
+    /// `key`'s refresh, claimed (see [`claim_refresh`](Self::claim_refresh)),
+    /// held until the returned guard is dropped: when the refresh's task
+    /// ends, or is dropped with a runtime shutting down.
+    pub(crate) fn hold_refresh(self: &Arc<Self>, key: &FlightKey) -> RefreshClaim<V> {
+        RefreshClaim {
+            kept: Arc::clone(self),
+            key: key.clone(),
+        }
+    }
+
     /// A failure was answered by `key`'s copy: it answers alone until
     /// `until` (`stale-retry-after`).
     pub(crate) fn throttle(&self, key: &FlightKey, until: Instant) {
@@ -442,6 +452,18 @@ impl<V> Inner<V> {
             self.order.remove(&e.seq);
             self.bytes -= e.size;
         }
+    }
+}
+
+/// A key's claimed refresh on this node: ended when dropped.
+pub(crate) struct RefreshClaim<V: Clone> {
+    kept: Arc<Kept<V>>,
+    key: FlightKey,
+}
+
+impl<V: Clone> Drop for RefreshClaim<V> {
+    fn drop(&mut self) {
+        self.kept.end_refresh(&self.key);
     }
 }
 

@@ -574,11 +574,15 @@ where
         let flight = Self::sharded_flight(&stage, self.mode, key);
         let mut exec = Self::exec(Arc::clone(&stage), self.inner, self.share, bound, flight);
         exec.key = Some(key.clone());
+        let claim = setup.kept.hold_refresh(key);
         let (key, req) = (key.clone(), self.req);
         drop(rt.spawn(async move {
-            l2.refresh_early(&key, req, exec, age).await;
-            tokio::time::sleep(left).await;
-            setup.kept.end_refresh(&key);
+            // Held until the granted refresh ends, or, when none was, the
+            // copy's end.
+            if !l2.refresh_early(&key, req, exec, age).await {
+                tokio::time::sleep(left).await;
+            }
+            drop(claim);
         }));
     }
 
@@ -614,6 +618,7 @@ where
         let started = Instant::now();
         let purged = setup.kept.purged(&key);
         let retry_after = stage.ctl.cfg.stale_retry_after;
+        let claim = setup.kept.hold_refresh(&key);
         drop(rt.spawn(async move {
             let out = run.await;
             // A failing refresh throttles the key as a failing flight does
@@ -650,7 +655,7 @@ where
                 }
                 Err(_) => RefreshOutcome::Failed,
             };
-            setup.kept.end_refresh(&key);
+            drop(claim);
             ctl.count_refresh(outcome);
         }));
     }

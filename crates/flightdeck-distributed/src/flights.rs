@@ -425,8 +425,10 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// its hit. `copy_age`: how old the caller's copy is; when the store
     /// holds a newer result (its work started after the copy's ended:
     /// another node refreshed it already), the grant is given back and
-    /// nothing runs. Whether it was granted (and so runs); nothing runs
-    /// otherwise, nor when the store cannot be asked.
+    /// nothing runs. Resolves once the granted refresh has ended (`true`),
+    /// or at once when none was granted (`false`): nothing runs then, nor
+    /// when the store cannot be asked. Dropping the future does not stop
+    /// a refresh that runs.
     pub async fn refresh_early<Req, E>(
         &self,
         key: &FlightKey,
@@ -441,7 +443,14 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     {
         let cx = self.st.cx(key, FlightId::of(key), None);
         let st = Arc::clone(&self.st);
-        st.early_grant(cx, req, exec, Some(copy_age)).await
+        match st.early_grant(cx, req, exec, Some(copy_age)).await {
+            Some(refresh) => {
+                // Its end, however it ended (counted by its task).
+                let _ = refresh.await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Forgets `key`'s stored result and fences its running owner, if any

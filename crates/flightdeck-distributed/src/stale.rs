@@ -27,6 +27,7 @@ use flightdeck_core::expiring::ExpiringMap;
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::{FlightKey, Shareable};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::{
@@ -761,10 +762,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         let judge = exec.failures();
         let (work, told) = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
         if within(kept.stale_for(), windows.revalidate) {
-            self.detach(cx, work, told, judge);
+            drop(self.detach(cx, work, told, judge));
             return kept_reply(self.kept_answer(cx.named(), value, &kept, StaleReason::Revalidate));
         }
-        let detach = |work| self.detach(cx, work, told, Arc::clone(&judge));
+        let detach = |work| drop(self.detach(cx, work, told, Arc::clone(&judge)));
         self.stand_by(cx, &judge, (value, kept), work, detach).await
     }
 
@@ -867,7 +868,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             return;
         }
         let stage = cx.stage().clone();
-        let task = Arc::clone(self).early_grant(cx.clone(), req, exec, None);
+        let grant = Arc::clone(self).early_grant(cx.clone(), req, exec, None);
+        // Granted, the refresh runs on its own task: nothing to wait for.
+        let task = async move { drop(grant.await) };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(self.tasks.spawn_on(task, &rt)),
             Err(_) => tracing::debug!(%stage, "no runtime for an early refresh"),
@@ -876,7 +879,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
 
     /// Asks the store for the early refresh of `cx`'s fresh result, and
     /// runs it in the background when granted (see
-    /// [`refresh_early`](Self::refresh_early)); whether it was. `copy_age`:
+    /// [`refresh_early`](Self::refresh_early)): its task then, which ends
+    /// with the refresh (`None` without a runtime). `copy_age`:
     /// how old the result is that the caller chose to refresh, when it
     /// chose by its own copy, not by the store's answer: a grant beside a
     /// result whose work started after that one ended (another node
@@ -887,7 +891,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         req: Req,
         exec: E,
         copy_age: Option<Duration>,
-    ) -> bool
+    ) -> Option<JoinHandle<()>>
     where
         C: ResultCodec<E::Shared>,
         Req: Send + 'static,
@@ -906,7 +910,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             generation, stale, ..
         }) = granted
         else {
-            return false;
+            return None;
         };
         let newer = |kept: &StoredResult| {
             copy_age.is_some_and(|age| kept.age.saturating_add(kept.work_time) < age)
@@ -915,15 +919,14 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "a newer result is stored: no early refresh");
             // The token holds the grant: the guard releases it.
             guard.suspect();
-            return false;
+            return None;
         }
         guard.owned();
         cx.metrics.with(|m| m.owner.increment(1));
         tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "refreshing a hit early");
         let judge = exec.failures();
         let (work, told) = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
-        st.detach(&cx, work, told, judge);
-        true
+        st.detach(&cx, work, told, judge)
     }
 
     /// The refresh of `generation` (granted to this caller), owning all it
@@ -956,7 +959,13 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// refresh began) as `fenced`, one that never got into the store (the
     /// commit's attempts ran out) as `write_failed`. Without a runtime
     /// (it is shutting down), it is dropped: its lease is abandoned.
-    fn detach<T, O>(&self, cx: &Cx, work: Refreshing<T, O>, told: Told, judge: Judge<T>)
+    fn detach<T, O>(
+        &self,
+        cx: &Cx,
+        work: Refreshing<T, O>,
+        told: Told,
+        judge: Judge<T>,
+    ) -> Option<JoinHandle<()>>
     where
         T: Send + 'static,
         O: Send + 'static,
@@ -999,8 +1008,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             cx.metrics.with(|m| m.refresh(how));
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(self.tasks.spawn_on(task, &rt)),
-            Err(_) => tracing::debug!(%stage, "no runtime for a background refresh"),
+            Ok(rt) => Some(self.tasks.spawn_on(task, &rt)),
+            Err(_) => {
+                tracing::debug!(%stage, "no runtime for a background refresh");
+                None
+            }
         }
     }
 }

@@ -552,3 +552,111 @@ async fn a_kept_copy_never_hands_its_leaders_cookie_to_another_leader() {
     store.set_fail_commits(false);
     a.layer.idle().await;
 }
+
+/// An early refresh granted across the nodes runs on this node; its
+/// claim must hold until that refresh ends. `Leader::refresh_early` ends
+/// it by time (the copy's `left` after the store's answer), so a slow
+/// work outlives it: once the copy expires, a node switched to
+/// LOCAL_ONLY starts a grace refresh of the key beside the early one
+/// still running here (two runs of the key on one node at a time).
+#[tokio::test(start_paused = true)]
+async fn an_early_refresh_across_nodes_holds_its_claim_until_it_ends() {
+    flightdeck::core::random::seed_this_thread(Some(34));
+    let stage = "x-early-claim";
+    let origin = Origin::new();
+    let [a, _b] = nodes(stage, &origin, |c| {
+        c.replay_ttl = Duration::from_secs(10);
+        c.early_refresh = Duration::from_secs(5);
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    let t0 = Instant::now();
+    assert_eq!(call(&a).await.1, "v1");
+    // Nobody calls until v1's last 120 ms (v1 ended at 0.2 s).
+    tokio::time::advance(Duration::from_millis(9_880)).await;
+    let mut refresh_started = None;
+    for _ in 0..11 {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let _ = answer(&a).await;
+        if origin.calls() == 2 {
+            refresh_started = Some(Instant::now());
+            break;
+        }
+    }
+    flightdeck::core::random::seed_this_thread(None);
+    let started = refresh_started.expect("an early refresh started");
+    assert!(
+        started - t0 < Duration::from_millis(10_200),
+        "early: v1 still fresh"
+    );
+    // The early refresh (200 ms of work) runs on a; a switches to
+    // LOCAL_ONLY meanwhile, its copy expires before that work ends.
+    let handle = a.layer.stage(stage).unwrap();
+    handle.set_mode(Mode::LocalOnly).unwrap();
+    while started.elapsed() < Duration::from_millis(180) {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let _ = answer(&a).await;
+        assert_eq!(
+            origin.calls(),
+            2,
+            "a second refresh on a while its early refresh runs ({:?} in)",
+            started.elapsed()
+        );
+    }
+}
+
+/// The claim `Leader::refresh_early` holds for the copy's `left` is
+/// ended by a task that sleeps that long: a runtime shut down meanwhile
+/// drops it, and the claim stays (a copy that replaces the key's keeps
+/// it), so the key is never refreshed on that node again: here, a node
+/// switched to LOCAL_ONLY never runs its grace refresh.
+#[test]
+fn a_runtime_shutdown_does_not_leave_an_early_refresh_claim_behind() {
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let stage = "x-early-shutdown";
+    let origin = Origin::new();
+    let first = rt();
+    let [a, _b] = first.block_on(async {
+        nodes(stage, &origin, |c| {
+            c.replay_ttl = Duration::from_secs(10);
+            c.early_refresh = Duration::from_secs(5);
+            c.stale_while_revalidate = Duration::from_secs(30);
+        })
+    });
+    first.block_on(async {
+        flightdeck::core::random::seed_this_thread(Some(34));
+        assert_eq!(call(&a).await.1, "v1");
+        tokio::time::advance(Duration::from_millis(9_880)).await;
+        for _ in 0..11 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            let _ = answer(&a).await;
+            if origin.calls() == 2 {
+                break;
+            }
+        }
+        flightdeck::core::random::seed_this_thread(None);
+        assert_eq!(origin.calls(), 2, "an early refresh started");
+    });
+    // The early refresh's claim-holding task sleeps; the runtime ends.
+    drop(first);
+    let second = rt();
+    second.block_on(async {
+        a.layer
+            .stage(stage)
+            .unwrap()
+            .set_mode(Mode::LocalOnly)
+            .unwrap();
+        // Well past v1's freshness (whatever this runtime's clock), within
+        // its grace window.
+        tokio::time::advance(Duration::from_secs(12)).await;
+        let got = answer(&a).await;
+        assert_eq!(got.stale.map(|s| s.reason), Some(StaleReason::Revalidate));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(origin.calls(), 3, "the grace refresh ran");
+    });
+}
