@@ -917,8 +917,13 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         };
         if stale.as_ref().is_some_and(newer) {
             tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "a newer result is stored: no early refresh");
-            // The token holds the grant: the guard releases it.
-            guard.suspect();
+            // Given back at once; a release that fails is left to the
+            // guard, which lists the token for release in the background.
+            let terms = cx.terms.state_ttl;
+            let release = st.backend.release(&cx.flight, &cx.token, terms);
+            if st.timed(&cx, Op::Release, release).await.is_err() {
+                guard.suspect();
+            }
             return None;
         }
         guard.owned();

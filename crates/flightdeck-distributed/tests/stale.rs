@@ -1359,3 +1359,48 @@ async fn a_purge_here_ends_answers_without_a_flight() {
     assert_eq!(how, Answered::Ran, "runs anew");
     assert_ne!(v, "v1", "the purged result never answers");
 }
+
+/// An early grant given back beside a newer stored result (df732fc) is a
+/// decision, not a token this node lost track of: it must not count in
+/// `singleflight_orphan_release_total` (whose every `released` means an
+/// acquire of unknown outcome or a flight cut mid-acquire), nor take a
+/// place on the orphan list that real orphans are dropped from.
+#[tokio::test(start_paused = true)]
+async fn a_given_back_early_grant_is_no_orphan() {
+    recorded::install();
+    let (a, b) = nodes(StaleWindows {
+        early_refresh: FRESH,
+        ..StaleWindows::OFF
+    });
+    let k = key("early-give-back");
+    let work = Work::new(SEC);
+    prime(&a, &k, &work).await;
+    sleep(8 * SEC).await;
+    assert!(a.refresh_early(&k, (), work.clone(), 8 * SEC).await);
+    sleep(2 * SEC).await;
+    assert_eq!(work.runs(), 2, "v2, committed");
+    assert!(
+        !b.refresh_early(&k, (), work.clone(), 10 * SEC).await,
+        "given back"
+    );
+    sleep(SEC).await;
+    a.idle().await;
+    b.idle().await;
+    assert_eq!(work.runs(), 2);
+    let orphans = |r| {
+        counter_where(
+            metric::ORPHAN_RELEASE_TOTAL,
+            "early-give-back",
+            Some(("result", r)),
+        )
+    };
+    assert_eq!(
+        (
+            orphans("released"),
+            orphans("not_owner"),
+            orphans("dropped")
+        ),
+        (0, 0, 0),
+        "a grant given back is counted as an orphan lease"
+    );
+}
