@@ -538,6 +538,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     _ => None,
                 };
                 let Some(next) = next else { break };
+                st.committed_elsewhere(&next, started);
                 let fresh_until = Instant::now() + next.kept.ttl;
                 let replaced = st.elsewhere.flights.replace_if(
                     &key,
@@ -548,7 +549,6 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 if !replaced {
                     return;
                 }
-                st.committed_elsewhere(&next, started);
                 until = fresh_until.min(until);
                 watched = next;
             }
