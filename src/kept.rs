@@ -339,32 +339,25 @@ impl<V: Clone> Kept<V> {
             .max(inner.purge_floor)
     }
 
-    /// Claims the one refresh of `key`'s copy: false when one runs.
-    pub(crate) fn claim_refresh(&self, key: &FlightKey) -> bool {
+    /// Claims the one refresh of `key`'s copy (`None` when one runs),
+    /// until the returned claim is dropped: when the refresh's task ends,
+    /// or is dropped with a runtime shutting down.
+    pub(crate) fn claim_refresh(self: &Arc<Self>, key: &FlightKey) -> Option<RefreshClaim<V>> {
         let mut inner = self.lock();
         match inner.map.get_mut(key) {
-            Some(e) if !e.refreshing => {
-                e.refreshing = true;
-                true
-            }
-            _ => false,
+            Some(e) if !e.refreshing => e.refreshing = true,
+            _ => return None,
         }
+        Some(RefreshClaim {
+            kept: Arc::clone(self),
+            key: key.clone(),
+        })
     }
 
     /// The refresh of `key` ended (whatever became of it).
-    pub(crate) fn end_refresh(&self, key: &FlightKey) {
+    fn end_refresh(&self, key: &FlightKey) {
         if let Some(e) = self.lock().map.get_mut(key) {
             e.refreshing = false;
-        }
-    }
-
-    /// `key`'s refresh, claimed (see [`claim_refresh`](Self::claim_refresh)),
-    /// held until the returned guard is dropped: when the refresh's task
-    /// ends, or is dropped with a runtime shutting down.
-    pub(crate) fn hold_refresh(self: &Arc<Self>, key: &FlightKey) -> RefreshClaim<V> {
-        RefreshClaim {
-            kept: Arc::clone(self),
-            key: key.clone(),
         }
     }
 

@@ -48,7 +48,7 @@ use tower_service::Service;
 
 use crate::error::UnknownStage;
 use crate::future::ResponseFuture;
-use crate::kept::{Kept, Look};
+use crate::kept::{Kept, Look, RefreshClaim};
 use crate::layer::Shared;
 use crate::layer::StageShare;
 use crate::leader::{Leader, Record};
@@ -306,15 +306,13 @@ where
             // The replay window. Near its end, one caller may refresh it
             // early: here, or, while the store is up, across the nodes.
             let left = fresh - age;
-            let across = !answers && leader.during_store_up();
-            let early = (answers || across)
-                && within(left, windows.early_refresh)
-                && xfetch(left, look.took)
-                && kept.claim_refresh(&key);
-            if early && across {
-                leader.refresh_early(&key, age, left);
-            } else if early {
-                leader.refresh(&key);
+            let window = within(left, windows.early_refresh);
+            let across = window && !answers && leader.during_store_up();
+            let early = window && (answers || across) && xfetch(left, look.took);
+            match early.then(|| kept.claim_refresh(&key)).flatten() {
+                Some(claim) if across => leader.refresh_early(&key, claim, age, left),
+                Some(claim) => leader.refresh(&key, claim),
+                None => {}
             }
             let served = Served::Hit { age, ttl: left };
             let fut = std::future::ready(Ok((Answer::Shared(look.value), served)));
@@ -358,8 +356,8 @@ where
                 return stale_answer(StaleReason::Error, look.value);
             }
             if within(past, windows.revalidate) {
-                if kept.claim_refresh(&key) {
-                    leader.refresh(&key);
+                if let Some(claim) = kept.claim_refresh(&key) {
+                    leader.refresh(&key, claim);
                 }
                 return stale_answer(StaleReason::Revalidate, look.value);
             }
@@ -553,18 +551,24 @@ where
     /// it runs as the store's refreshes do
     /// ([`DistributedFlights::refresh_early`]), and its result becomes
     /// this node's copy; not granted, another node's runs, or ran (the
-    /// node's next flight past the copy's end finds its result). Either
-    /// way this node asks once per freshness: the
-    /// key's refresh stays claimed here until the copy's end.
+    /// node's next flight past the copy's end finds its result). `claim`,
+    /// the key's refresh on this node, is held until the granted refresh
+    /// ends, or, when none was granted, until the copy's end: this node
+    /// asks once per freshness.
     ///
     /// [`DistributedFlights::refresh_early`]: flightdeck_distributed::DistributedFlights::refresh_early
-    fn refresh_early(self, key: &FlightKey, age: Duration, left: Duration) {
+    fn refresh_early(
+        self,
+        key: &FlightKey,
+        claim: RefreshClaim<Sh::Shared>,
+        age: Duration,
+        left: Duration,
+    ) {
         let stage = Arc::clone(&self.stage);
-        let (Some(l2), Some(setup)) = (stage.distributed.clone(), stage.stale.clone()) else {
+        let Some(l2) = stage.distributed.clone() else {
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            setup.kept.end_refresh(key);
             return;
         };
         // Bounded as every refresh is: by the stage's own settings.
@@ -574,7 +578,6 @@ where
         let flight = Self::sharded_flight(&stage, self.mode, key);
         let mut exec = Self::exec(Arc::clone(&stage), self.inner, self.share, bound, flight);
         exec.key = Some(key.clone());
-        let claim = setup.kept.hold_refresh(key);
         let (key, req) = (key.clone(), self.req);
         drop(rt.spawn(async move {
             // Held until the granted refresh ends, or, when none was, the
@@ -591,8 +594,9 @@ where
     /// even when nobody waits, bounded by the execution timeout (and L1's
     /// wait timeout for this caller), never by the triggering caller's
     /// budget. Its result replaces the copy unless a purge came after it
-    /// started.
-    fn refresh(self, key: &FlightKey) {
+    /// started. `claim`, the key's refresh on this node, is held until it
+    /// ends.
+    fn refresh(self, key: &FlightKey, claim: RefreshClaim<Sh::Shared>) {
         let mut leader = self;
         // The refresh is every caller's: bounded by the stage's own
         // settings, not by the budget of the caller that started it.
@@ -609,7 +613,6 @@ where
         // A request made outside a runtime (and polled in one later) has
         // its copy, and no refresh: nothing panics for want of a runtime.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            setup.kept.end_refresh(&key);
             return;
         };
         let caller = Caller::new().on_abandon(OnAbandon::Finish);
@@ -618,7 +621,6 @@ where
         let started = Instant::now();
         let purged = setup.kept.purged(&key);
         let retry_after = stage.ctl.cfg.stale_retry_after;
-        let claim = setup.kept.hold_refresh(&key);
         drop(rt.spawn(async move {
             let out = run.await;
             // A failing refresh throttles the key as a failing flight does
