@@ -57,7 +57,13 @@
 //! lease released in the background, as docs/guarantees.md says); and a
 //! result read back from the store was as old, in a node's copy, as its
 //! arrival, even on the node whose work produced it (2001736; that node
-//! now dates it from its work's end).
+//! now dates it from its work's end). Seeds 7011144, 7017003 and 7031719
+//! found a node's copy of a local-fallback run dated from its flight's
+//! start (the failed store call included), so the store's older result
+//! answered in its place; the copy is now dated by its end. Seeds 7028086
+//! and 7058018 still fail the same check by the documented limit: a
+//! commit held up on its way (a frozen store) makes the store's result
+//! look younger by the hold-up (docs/guarantees.md).
 //!
 //! # The fault model
 //!
