@@ -3,6 +3,7 @@
 //! [`Fallback`], what happens when coordination fails.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -425,17 +426,19 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     /// its hit. `copy_age`: how old the caller's copy is; when the store
     /// holds a newer result (its work started after the copy's ended:
     /// another node refreshed it already), the grant is given back and
-    /// nothing runs. Resolves once the granted refresh has ended (`true`),
-    /// or at once when none was granted (`false`): nothing runs then, nor
-    /// when the store cannot be asked. Dropping the future does not stop
-    /// a refresh that runs.
-    pub async fn refresh_early<Req, E>(
+    /// nothing runs. The ask and the refresh run on their own, in the
+    /// background ([`idle`](Self::idle) waits for them); the returned
+    /// future resolves once the granted refresh has ended (`true`), or
+    /// once none was granted (`false`): nothing runs then, nor when the
+    /// store cannot be asked (or there is no runtime). Dropping it stops
+    /// nothing.
+    pub fn refresh_early<Req, E>(
         &self,
         key: &FlightKey,
         req: Req,
         exec: E,
         copy_age: Duration,
-    ) -> bool
+    ) -> impl Future<Output = bool> + Send + 'static
     where
         Req: Send + 'static,
         C: ResultCodec<E::Shared>,
@@ -443,13 +446,24 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     {
         let cx = self.st.cx(key, FlightId::of(key), None);
         let st = Arc::clone(&self.st);
-        match st.early_grant(cx, req, exec, Some(copy_age)).await {
-            Some(refresh) => {
-                // Its end, however it ended (counted by its task).
-                let _ = refresh.await;
-                true
+        let task = async move {
+            match st.early_grant(cx, req, exec, Some(copy_age)).await {
+                Some(refresh) => {
+                    // Its end, however it ended (counted by its task).
+                    let _ = refresh.await;
+                    true
+                }
+                None => false,
             }
-            None => false,
+        };
+        let asked = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|rt| self.st.tasks.spawn_on(task, &rt));
+        async move {
+            match asked {
+                Some(asked) => asked.await.unwrap_or(false),
+                None => false,
+            }
         }
     }
 

@@ -63,7 +63,10 @@
 //! answered in its place; the copy is now dated by its end. Seeds 7028086
 //! and 7058018 still fail the same check by the documented limit: a
 //! commit held up on its way (a frozen store) makes the store's result
-//! look younger by the hold-up (docs/guarantees.md).
+//! look younger by the hold-up (docs/guarantees.md). Seed 7051418 found
+//! an early refresh across nodes asking the store from a task the
+//! stage's `idle` did not wait for: a lease it was granted, its answer
+//! lost, was still held when the node was idle.
 //!
 //! # The fault model
 //!

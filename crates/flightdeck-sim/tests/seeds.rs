@@ -207,3 +207,12 @@ fn seed_7017003_a_copy_is_dated_by_its_end_against_the_store() {
         assert!(report.passed(), "{report}");
     }
 }
+
+/// Seed 7051418 found it: an early refresh across nodes asked the store
+/// from a task `idle` did not wait for; its ACQUIRE, applied and its
+/// answer lost, still held a lease when the node was idle.
+#[test]
+fn seed_7051418_an_early_refresh_ask_is_waited_for_by_idle() {
+    let report = run(7_051_418);
+    assert!(report.passed(), "{report}");
+}
