@@ -183,8 +183,11 @@ where
             Role::Fallback => Path::Fallback,
             _ => Path::Local,
         };
+        // What it runs is kept from its work's start (the copy orders
+        // results so), not from its flight's: a follower's run in the
+        // local fallback may start after the owner's on this node.
         let record = match (&self.key, path) {
-            (Some(key), Path::Owner) => Record::start(&self.stage, key),
+            (Some(key), Path::Owner | Path::Fallback) => Record::start(&self.stage, key),
             _ => None,
         };
         Lead::Here {

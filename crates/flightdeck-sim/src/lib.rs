@@ -66,7 +66,13 @@
 //! look younger by the hold-up (docs/guarantees.md). Seed 7051418 found
 //! an early refresh across nodes asking the store from a task the
 //! stage's `idle` did not wait for: a lease it was granted, its answer
-//! lost, was still held when the node was idle.
+//! lost, was still held when the node was idle. Seed 9021986 found a
+//! follower's run in the local fallback kept from its flight's start, so
+//! the owner's older-started result on the same node stayed the copy;
+//! both are now kept from their work's start. Still failing the
+//! "had given" check, on the session's start too: 1046349, 9022866,
+//! 9023623, 9032838, 9036686, 9041767, 9044177, 9052612 and 9056798
+//! (outside the range CI runs).
 //!
 //! # The fault model
 //!

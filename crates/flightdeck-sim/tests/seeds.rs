@@ -216,3 +216,15 @@ fn seed_7051418_an_early_refresh_ask_is_waited_for_by_idle() {
     let report = run(7_051_418);
     assert!(report.passed(), "{report}");
 }
+
+/// Seed 9021986 found it: a follower whose wait failed ran the work in
+/// the local fallback (started 10 ms after the owner's on the same node)
+/// and gave its result; the copy ordered results by their flights'
+/// starts, so the owner's older-started result stayed the copy and later
+/// answered stale. A fallback run's result is now kept from its work's
+/// start, as an owner's is.
+#[test]
+fn seed_9021986_a_fallback_runs_result_is_kept_from_its_works_start() {
+    let report = run(9_021_986);
+    assert!(report.passed(), "{report}");
+}
