@@ -13,7 +13,7 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::stale::{ErrorFailures, Failures};
 use flightdeck_core::{FlightKey, Serves, Share, Shareable};
-use flightdeck_distributed::{Execute, FlightId, Role};
+use flightdeck_distributed::{Execute, FlightId, KeptHere, Role};
 use pin_project_lite::pin_project;
 use tokio::time::timeout;
 use tokio::time::Instant;
@@ -211,10 +211,12 @@ where
 
     /// This node's copy of the key, when the stage keeps results: a stale
     /// answer from the store never goes back past it.
-    fn kept_here(&self) -> Option<(Sh::Shared, Duration, Duration)> {
+    fn kept_here(&self) -> Option<KeptHere<Sh::Shared>> {
         let (key, setup) = (self.key.as_ref()?, self.stage.stale.as_ref()?);
-        let look = setup.kept.look(key)?;
-        Some((look.value, look.done.elapsed(), look.took))
+        match setup.kept.look(key) {
+            Some(look) => Some(KeptHere::copy(look.value, look.done.elapsed())),
+            None => Some(KeptHere::gone(setup.kept.floor(key)?.elapsed())),
+        }
     }
 }
 

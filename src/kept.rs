@@ -2,7 +2,10 @@
 //! a window on, for its local replay): one copy per key, bounded by count
 //! and bytes, the oldest evicted first, each tagged with the generation of
 //! the work that produced it so that a purge fences the work running when
-//! it happened.
+//! it happened. A copy that goes (expired, evicted, too large to keep)
+//! leaves a floor behind while a result of older work could still answer
+//! elsewhere (the store's kept result): when the work the node gave ended,
+//! so that nothing older answers or becomes the copy.
 //!
 //! Written by hand rather than taken from a cache crate: moka, mini-moka
 //! and quick_cache read `std::time::Instant` (moka its own clock), so a
@@ -43,6 +46,18 @@ pub(crate) struct Look<V> {
     pub(crate) retry_until: Option<Instant>,
     /// The generation of the work that produced it: which copy this is.
     pub(crate) gen: u64,
+}
+
+/// What remains of a key's copy once it went: the result of the work that
+/// took `gen`, which ended at `done`, was given on this node. Until
+/// `until`, no result of work that started before it becomes the copy,
+/// and no kept result of the store's whose work started before `done`
+/// answers in its place.
+#[derive(Clone, Copy)]
+struct Floor {
+    gen: u64,
+    done: Instant,
+    until: Instant,
 }
 
 /// `key`'s last response could not be shared: its callers run their own.
@@ -98,6 +113,10 @@ struct Inner<V> {
     /// ended, in the same order, and whether the store was down. At most
     /// `max_entries`.
     fallbacks: Map<FlightKey, Fallbacks>,
+    /// What remains of copies that went (see [`Floor`]), at most
+    /// `max_entries`, in the order they were left.
+    floors: Map<FlightKey, Floor>,
+    floor_order: VecDeque<(Instant, FlightKey)>,
 }
 
 /// A key's runs in the local fallback (see [`Kept::begin_fallback`]).
@@ -122,10 +141,22 @@ pub(crate) struct Kept<V> {
     /// Past a copy's `done`, how long it may still answer at all (its
     /// freshness plus the longest window): then it is dropped.
     keep_for: Duration,
+    /// Past a copy's `done`, how long what remains of it (its floor)
+    /// still keeps older work from answering: `keep_for` plus how long
+    /// after the copy's end a result of work that started before it may
+    /// reach the store.
+    floor_for: Duration,
 }
 
 impl<V: Clone> Kept<V> {
-    pub(crate) fn new(max_entries: usize, max_bytes: usize, keep_for: Duration) -> Self {
+    /// `settle`: how long after a work's start its result may still reach
+    /// the store (its floor outlives a copy's `keep_for` by that).
+    pub(crate) fn new(
+        max_entries: usize,
+        max_bytes: usize,
+        keep_for: Duration,
+        settle: Duration,
+    ) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 map: Map::default(),
@@ -138,11 +169,14 @@ impl<V: Clone> Kept<V> {
                 pass_order: VecDeque::new(),
                 answers: Map::default(),
                 fallbacks: Map::default(),
+                floors: Map::default(),
+                floor_order: VecDeque::new(),
             }),
             next: AtomicU64::new(0),
             max_entries,
             max_bytes,
             keep_for,
+            floor_for: keep_for.saturating_add(settle),
         }
     }
 
@@ -252,13 +286,31 @@ impl<V: Clone> Kept<V> {
         if !inner.passes.is_empty() && inner.passes.get(key).is_some_and(|until| now < *until) {
             return Err(Pass);
         }
-        Ok(inner.look(key, now, self.keep_for))
+        Ok(inner.look(key, now, self.bounds()))
     }
 
     /// The copy of `key`, if it may still answer.
     pub(crate) fn look(&self, key: &FlightKey) -> Option<Look<V>> {
         let now = Instant::now();
-        self.lock().look(key, now, self.keep_for)
+        self.lock().look(key, now, self.bounds())
+    }
+
+    /// When the work of the result last given of `key` ended, once its
+    /// copy went (see [`Floor`]): no stale result of work that started
+    /// before then answers.
+    pub(crate) fn floor(&self, key: &FlightKey) -> Option<Instant> {
+        let now = Instant::now();
+        let inner = self.lock();
+        let f = inner.floors.get(key)?;
+        (now < f.until).then_some(f.done)
+    }
+
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            keep_for: self.keep_for,
+            floor_for: self.floor_for,
+            max_entries: self.max_entries,
+        }
     }
 
     /// Whether the copy of generation `gen` is still `key`'s and may
@@ -281,9 +333,15 @@ impl<V: Clone> Kept<V> {
     ) -> Put {
         let now = Instant::now();
         let done = now.checked_sub(age).unwrap_or(now);
+        let bounds = self.bounds();
         let mut inner = self.lock();
         let purged = inner.purged.get(key).copied().unwrap_or(0);
         if ticket.gen < inner.purge_floor || purged > ticket.gen {
+            // Not kept, but given: nothing older answers after it.
+            inner.leave_floor(key, ticket.gen, done, now, bounds);
+            return Put::Fenced;
+        }
+        if inner.floors.get(key).is_some_and(|f| f.gen > ticket.gen) {
             return Put::Fenced;
         }
         let (refreshing, seq) = match inner.map.get(key) {
@@ -293,11 +351,13 @@ impl<V: Clone> Kept<V> {
         };
         if size > self.max_bytes {
             inner.remove(key);
+            inner.leave_floor(key, ticket.gen, done, now, bounds);
             return Put::TooLarge;
         }
         if seq != 0 {
             inner.remove(key);
         }
+        inner.floors.remove(key);
         let seq = self.next();
         inner.order.insert(seq, key.clone());
         inner.bytes += size;
@@ -322,7 +382,7 @@ impl<V: Clone> Kept<V> {
                 break;
             }
             let oldest = oldest.clone();
-            inner.remove(&oldest);
+            inner.retire(&oldest, now, bounds);
         }
         Put::Kept
     }
@@ -370,13 +430,20 @@ impl<V: Clone> Kept<V> {
     }
 
     /// Purges `key`: its copy goes, and every work that started before
-    /// now is fenced from bringing it back.
+    /// now is fenced from bringing it back (as the copy's, or as a stale
+    /// answer of the store's: see [`Floor`]).
     pub(crate) fn purge(&self, key: &FlightKey) {
+        let now = Instant::now();
+        let bounds = self.bounds();
         let mut inner = self.lock();
         inner.remove(key);
         // Its hit-for-pass goes too: the next response decides anew.
         inner.passes.remove(key);
         let gen = self.next();
+        // What remains of it is the purge: no stale result of the store's
+        // whose work started before now answers here, even one a failover
+        // brought back after the store acknowledged the purge.
+        inner.leave_floor(key, gen, now, now, bounds);
         inner.purged.insert(key.clone(), gen);
         inner.purge_order.push_back((gen, key.clone()));
         while inner.purge_order.len() > self.max_entries {
@@ -402,16 +469,12 @@ impl<V: Clone> Kept<V> {
         }
         inner.passes.insert(key.clone(), until);
         inner.pass_order.push_back((until, key.clone()));
-        while let Some((at, k)) = inner.pass_order.front() {
-            if *at > now && inner.pass_order.len() <= self.max_entries {
-                break;
-            }
-            let (at, k) = (*at, k.clone());
-            inner.pass_order.pop_front();
+        let inner = &mut *inner;
+        trim(&mut inner.pass_order, now, self.max_entries, |k, at| {
             if inner.passes.get(&k) == Some(&at) {
                 inner.passes.remove(&k);
             }
-        }
+        });
     }
 
     /// Copies kept, and their bytes.
@@ -422,11 +485,19 @@ impl<V: Clone> Kept<V> {
     }
 }
 
+/// What a copy's lifetime is measured by (see [`Kept`]).
+#[derive(Clone, Copy)]
+struct Bounds {
+    keep_for: Duration,
+    floor_for: Duration,
+    max_entries: usize,
+}
+
 impl<V: Clone> Inner<V> {
-    fn look(&mut self, key: &FlightKey, now: Instant, keep_for: Duration) -> Option<Look<V>> {
+    fn look(&mut self, key: &FlightKey, now: Instant, bounds: Bounds) -> Option<Look<V>> {
         let e = self.map.get(key)?;
-        if now.saturating_duration_since(e.done) > keep_for {
-            self.remove(key);
+        if now.saturating_duration_since(e.done) > bounds.keep_for {
+            self.retire(key, now, bounds);
             return None;
         }
         Some(Look {
@@ -444,6 +515,51 @@ impl<V> Inner<V> {
         if let Some(e) = self.map.remove(key) {
             self.order.remove(&e.seq);
             self.bytes -= e.size;
+        }
+    }
+
+    /// `key`'s copy goes (expired or evicted), leaving its floor.
+    fn retire(&mut self, key: &FlightKey, now: Instant, bounds: Bounds) {
+        if let Some(e) = self.map.remove(key) {
+            self.order.remove(&e.seq);
+            self.bytes -= e.size;
+            self.leave_floor(key, e.gen, e.done, now, bounds);
+        }
+    }
+
+    /// The result of the work that took `gen`, done at `done`, was given
+    /// but is not (or no longer) `key`'s copy: see [`Floor`]. The newest
+    /// started stays; the oldest go first past their time or the count.
+    fn leave_floor(&mut self, key: &FlightKey, gen: u64, done: Instant, now: Instant, b: Bounds) {
+        let until = done + b.floor_for;
+        let newer = self.floors.get(key).is_some_and(|f| f.gen > gen);
+        if until > now && !newer {
+            self.floors.insert(key.clone(), Floor { gen, done, until });
+            self.floor_order.push_back((until, key.clone()));
+        }
+        trim(&mut self.floor_order, now, b.max_entries, |k, at| {
+            if self.floors.get(&k).is_some_and(|f| f.until == at) {
+                self.floors.remove(&k);
+            }
+        });
+    }
+}
+
+/// Pops from `order` (when each entry ends, in the order they were left)
+/// what has ended by `now`, and the oldest past `max`, handing each to
+/// `drop` (which keeps an entry left again since, ending at another time).
+fn trim(
+    order: &mut VecDeque<(Instant, FlightKey)>,
+    now: Instant,
+    max: usize,
+    mut drop: impl FnMut(FlightKey, Instant),
+) {
+    while let Some((at, _)) = order.front() {
+        if *at > now && order.len() <= max {
+            break;
+        }
+        if let Some((at, k)) = order.pop_front() {
+            drop(k, at);
         }
     }
 }
@@ -481,7 +597,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn churn_stays_within_count_and_bytes() {
-        let kept = Kept::<Vec<u8>>::new(100, 5_000, Duration::from_secs(3600));
+        let kept = Kept::<Vec<u8>>::new(100, 5_000, Duration::from_secs(3600), Duration::ZERO);
         for i in 0..10_000 {
             let size = 10 + i % 90;
             let t = kept.ticket();
@@ -505,7 +621,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn expired_copies_go_and_purges_fence_older_work() {
-        let kept = Kept::<u32>::new(10, 1_000, Duration::from_secs(10));
+        let kept = Kept::<u32>::new(10, 1_000, Duration::from_secs(10), Duration::ZERO);
         let early = kept.ticket();
         let t = kept.ticket();
         assert_eq!(kept.put(&key(1), t, 1, 4, Duration::ZERO), Put::Kept);
@@ -522,5 +638,51 @@ mod tests {
         assert_eq!(kept.put(&key(1), after, 3, 4, Duration::ZERO), Put::Kept);
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(kept.look(&key(1)).is_none(), "past its windows");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_that_went_keeps_older_work_out_until_its_floor_ends() {
+        let secs = Duration::from_secs;
+        let kept = Kept::<u32>::new(2, 1_000, secs(10), secs(5));
+        let older = kept.ticket();
+        let t = kept.ticket();
+        assert_eq!(kept.put(&key(1), t, 1, 4, Duration::ZERO), Put::Kept);
+        assert_eq!(kept.floor(&key(1)), None, "a copy is no floor");
+        let done = Instant::now();
+        tokio::time::advance(secs(11)).await;
+        assert!(kept.look(&key(1)).is_none(), "past its windows");
+        assert_eq!(kept.floor(&key(1)), Some(done), "what the node gave stays");
+        // Work that started before the given result's never becomes the
+        // copy; work that started after it does, and the floor goes.
+        assert_eq!(kept.put(&key(1), older, 0, 4, Duration::ZERO), Put::Fenced);
+        let later = kept.ticket();
+        assert_eq!(kept.put(&key(1), later, 2, 4, Duration::ZERO), Put::Kept);
+        assert_eq!(kept.floor(&key(1)), None);
+        // A floor ends `keep_for` + `settle` after the copy's end.
+        tokio::time::advance(secs(11)).await;
+        assert!(kept.look(&key(1)).is_none());
+        assert!(kept.floor(&key(1)).is_some());
+        tokio::time::advance(secs(4)).await;
+        assert_eq!(kept.floor(&key(1)), None, "15 s after its end");
+        // Evicted by the count, a copy leaves its floor too; so does a
+        // given result too large to keep, or one a purge fenced.
+        let (a, b) = (kept.ticket(), kept.ticket());
+        kept.put(&key(2), a, 2, 4, Duration::ZERO);
+        kept.put(&key(3), b, 3, 4, Duration::ZERO);
+        let c = kept.ticket();
+        kept.put(&key(4), c, 4, 4, Duration::ZERO);
+        assert!(kept.look(&key(2)).is_none() && kept.floor(&key(2)).is_some());
+        let big = kept.ticket();
+        assert_eq!(
+            kept.put(&key(5), big, 5, 2_000, Duration::ZERO),
+            Put::TooLarge
+        );
+        assert!(kept.floor(&key(5)).is_some());
+        let fenced = kept.ticket();
+        kept.purge(&key(6));
+        assert_eq!(kept.put(&key(6), fenced, 6, 4, Duration::ZERO), Put::Fenced);
+        assert!(kept.floor(&key(6)).is_some());
+        // At most `max_entries` floors: the oldest went.
+        assert_eq!(kept.floor(&key(2)), None);
     }
 }

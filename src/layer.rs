@@ -477,6 +477,7 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayerBuilder<R, Sh> {
                     cfg.stale_max_bytes,
                     cfg.replay_ttl
                         .saturating_add(cfg.stale_windows().keep_stale()),
+                    cfg.settle_bound(),
                 )),
                 failures: self.failures.clone().unwrap_or_else(Sh::failures),
                 weigh: self.weigh.clone(),

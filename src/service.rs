@@ -40,6 +40,7 @@ use flightdeck_core::error::{find, BoxError};
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::{ErrorClass, FlightKey, Serves, Share, Shareable, SharedForm, StageName};
+use flightdeck_distributed::KeptHere;
 use flightdeck_local::future::Run;
 use flightdeck_local::{Answer, Caller, FlightWork, OnAbandon};
 use tokio::time::Instant;
@@ -522,9 +523,18 @@ where
         if !self.mode.is_distributed() || stage.ctl.breakers.any_degraded() {
             return None;
         }
-        let here = look.map(|l| (&l.value, now.saturating_duration_since(l.done), l.took));
+        let kept = &stage.stale.as_ref()?.kept;
+        let here = match look {
+            Some(l) => Some(KeptHere::copy(
+                &l.value,
+                now.saturating_duration_since(l.done),
+            )),
+            None => kept
+                .floor(key)
+                .map(|done| KeptHere::gone(now.saturating_duration_since(done))),
+        };
         // Taken before asking: a purge meanwhile fences what is kept.
-        let ticket = stage.stale.as_ref()?.kept.ticket_at(now);
+        let ticket = kept.ticket_at(now);
         let (value, answered) = l2.answer_during_refresh(key, here, |v| self.serves(v))?;
         let served = Served::by_store(answered, stage.ctl.cfg.replay_ttl)?;
         if let Served::Hit { age, .. } = served {

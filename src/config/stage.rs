@@ -530,6 +530,18 @@ impl StageConfig {
             || (self.cache_status && !self.replay_ttl.is_zero())
     }
 
+    /// How long after a work starts its result may still reach the store:
+    /// the work's bound (`execution-timeout`, or `wait-timeout` without
+    /// one), two leases (a commit's retries while its lease holds, and
+    /// one more) and a call. What remains of a kept copy that went keeps
+    /// older work from answering that much past the copy's windows.
+    pub(crate) fn settle_bound(&self) -> Duration {
+        self.execution_timeout
+            .unwrap_or(self.wait_timeout)
+            .saturating_add(self.lease_timeout.saturating_mul(2))
+            .saturating_add(self.coordination_timeout)
+    }
+
     /// The L2 policy these settings describe.
     pub fn distributed_policy(&self) -> DistributedPolicy {
         DistributedPolicy::new()

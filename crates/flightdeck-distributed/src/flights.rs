@@ -32,7 +32,7 @@ use crate::stale::{
     owned, within, Answered, EndedHere, PurgeMark, Purges, RefreshesElsewhere, Reply,
 };
 use crate::start::{Admitted, FlightFuture};
-use crate::work::{Execute, Role};
+use crate::work::{Execute, KeptHere, Role};
 
 /// An answer the work (or another node's) gave, not a kept one.
 fn ran<T, O>(out: Result<Shareable<T, O>, BoxError>) -> Reply<T, O> {
@@ -405,14 +405,19 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     pub fn answer_during_refresh<T>(
         &self,
         key: &FlightKey,
-        kept_here: Option<(&T, Duration, Duration)>,
+        kept_here: Option<KeptHere<&T>>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, Answered)>
     where
         C: ResultCodec<T>,
         T: Clone + Send + Sync + 'static,
     {
-        let kept_here = || kept_here.map(|(v, age, took)| (age, took, || v.clone()));
+        let kept_here = || {
+            kept_here.map(|h| {
+                let (value, ended) = h.into_parts();
+                (ended, value.map(|v| || v.clone()))
+            })
+        };
         self.st.during_refresh(key, kept_here, serves)
     }
 

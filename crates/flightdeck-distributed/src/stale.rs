@@ -39,7 +39,7 @@ use crate::flights::{kept_reply, Cx, Judge, Named, State};
 use crate::lease_release::TokenGuard;
 use crate::metrics::{Op, Refresh, StageMetrics};
 use crate::owner::Settled;
-use crate::work::Execute;
+use crate::work::{Execute, KeptHere};
 
 /// How a caller of [`DistributedFlights::run_answered`] was answered.
 ///
@@ -90,12 +90,28 @@ pub(crate) fn within(past: Duration, window: Duration) -> bool {
 }
 
 /// A copy already owned ([`Execute::kept_here`]'s) as
-/// [`State::here_instead`] weighs one: its age and work time, then its
-/// value.
+/// [`State::here_instead`] weighs one: when its work ended, then its
+/// value, if it may still answer.
 pub(crate) fn owned<T>(
-    here: Option<(T, Duration, Duration)>,
-) -> Option<(Duration, Duration, impl FnOnce() -> T)> {
-    here.map(|(v, age, took)| (age, took, move || v))
+    here: Option<KeptHere<T>>,
+) -> Option<(Duration, Option<impl FnOnce() -> T>)> {
+    here.map(|h| {
+        let (value, ended) = h.into_parts();
+        (ended, value.map(|v| move || v))
+    })
+}
+
+/// What answers in place of the store's kept result (see
+/// [`State::here_instead`]).
+enum Instead<T> {
+    /// This node's copy, dated by its own end.
+    Copy(T, StoredResult),
+    /// Nothing of this node: the kept result's work started after the
+    /// copy's ended, or there is no copy, or it does not serve the caller.
+    Kept,
+    /// Nothing at all: this node gave a result of work that ended after
+    /// the kept result's started, and its copy went since.
+    Neither,
 }
 
 /// `r` as it is `by` later (its age grows by this node's clock between
@@ -445,7 +461,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     pub(crate) fn during_refresh<T, V: FnOnce() -> T>(
         &self,
         key: &FlightKey,
-        kept_here: impl FnOnce() -> Option<(Duration, Duration, V)>,
+        kept_here: impl FnOnce() -> Option<(Duration, Option<V>)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, Answered)>
     where
@@ -465,11 +481,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }
         let kept = aged(&watched.kept, now.saturating_duration_since(watched.at));
         let (value, kept) = match self.here_instead(&kept, kept_here(), &serves) {
-            Some(here) => here,
-            None => {
+            Instead::Copy(value, kept) => (value, kept),
+            Instead::Kept => {
                 let value = watched.value(|| self.replay(named, &watched.kept))?;
                 (serves(&value).then_some(value)?, kept)
             }
+            Instead::Neither => return None,
         };
         within(kept.stale_for(), revalidate)
             .then(|| self.kept_answer(named, value, &kept, StaleReason::Revalidate))
@@ -626,8 +643,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         }
         let serves = |v: &E::Shared| exec.serves(v, req);
         let here = owned(exec.kept_here());
-        if let Some(here) = self.here_instead(&kept, here, serves) {
-            return Some(here);
+        match self.here_instead(&kept, here, serves) {
+            Instead::Copy(value, kept) => return Some((value, kept)),
+            Instead::Kept => {}
+            Instead::Neither => return None,
         }
         let value = self.replay::<E::Shared>(cx.named(), &kept).ok()??;
         serves(&value).then_some((value, kept))
@@ -643,30 +662,38 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// (a fallback run after a store call that failed includes the call),
     /// which would date it too early and let an older-started result of
     /// the store's answer in its place. Unsure, the copy answers: a
-    /// result the node gave is never older than one it gave.
+    /// result the node gave is never older than one it gave. When the
+    /// copy went (expired, evicted) but `kept`'s work started before it
+    /// ended, neither answers.
     fn here_instead<T>(
         &self,
         kept: &StoredResult,
-        here: Option<(Duration, Duration, impl FnOnce() -> T)>,
+        here: Option<(Duration, Option<impl FnOnce() -> T>)>,
         serves: impl Fn(&T) -> bool,
-    ) -> Option<(T, StoredResult)> {
-        let (age, _took, value) = here?;
-        if age >= kept.age.saturating_add(kept.work_time) {
-            return None;
+    ) -> Instead<T> {
+        let Some((ended, value)) = here else {
+            return Instead::Kept;
+        };
+        if ended >= kept.age.saturating_add(kept.work_time) {
+            return Instead::Kept;
         }
+        let Some(value) = value else {
+            return Instead::Neither;
+        };
         let value = value();
-        if serves(&value) {
-            let ttl = self.policy.replay_ttl_duration();
-            return Some((
-                value,
-                StoredResult {
-                    age,
-                    ttl,
-                    ..kept.clone()
-                },
-            ));
+        if !serves(&value) {
+            return Instead::Kept;
         }
-        None
+        let ttl = self.policy.replay_ttl_duration();
+        let age = ended;
+        Instead::Copy(
+            value,
+            StoredResult {
+                age,
+                ttl,
+                ..kept.clone()
+            },
+        )
     }
 
     /// `kept` with its age since its work ended, as far as this node

@@ -63,16 +63,67 @@ pub trait Execute<Req>: Send {
         Arc::new(ErrorFailures)
     }
 
-    /// This node's own copy of the key's result, if it keeps one: the
-    /// value, how long ago the work that produced it ended (by this node's
-    /// clock) and how long that work took. When a stale result would
-    /// answer, the copy answers instead unless the store's kept result's
-    /// work started after the copy's ended: a node never answers a result
-    /// older than one it gave already. (The copy is dated by its end: the
-    /// time its work took, as a node measures it, may include its
-    /// flight's store calls.) By default none.
-    fn kept_here(&self) -> Option<(Self::Shared, Duration, Duration)> {
+    /// This node's own copy of the key's result, if it keeps one (see
+    /// [`KeptHere`]). When a stale result would answer, the copy answers
+    /// instead unless the store's kept result's work started after the
+    /// copy's ended: a node never answers a result older than one it gave
+    /// already. Once the copy went (expired or evicted) while a result of
+    /// older work may still answer from the store, what remains of it
+    /// (when it ended) keeps that older result from answering stale. By
+    /// default none.
+    fn kept_here(&self) -> Option<KeptHere<Self::Shared>> {
         None
+    }
+}
+
+/// A node's own copy of a key's result, as [`Execute::kept_here`] tells
+/// it: the copy while it may still answer, and when the work that
+/// produced it ended, by this node's clock. The copy is dated by its end:
+/// the time its work took, as a node measures it, may include its flight's
+/// store calls, which would date it too early.
+#[derive(Clone, Debug)]
+pub struct KeptHere<T> {
+    value: Option<T>,
+    ended: Duration,
+}
+
+impl<T> KeptHere<T> {
+    /// The copy `value`, of work that ended `ended` ago.
+    pub fn copy(value: T, ended: Duration) -> Self {
+        Self {
+            value: Some(value),
+            ended,
+        }
+    }
+
+    /// No copy any more, but the node gave a result of work that ended
+    /// `ended` ago (its copy expired, was evicted, or was too large to
+    /// keep): no stale result of work that started before then answers.
+    pub fn gone(ended: Duration) -> Self {
+        Self { value: None, ended }
+    }
+
+    /// The copy, if it may still answer.
+    pub fn value(&self) -> Option<&T> {
+        self.value.as_ref()
+    }
+
+    /// How long ago the work that produced it ended.
+    pub fn ended(&self) -> Duration {
+        self.ended
+    }
+
+    /// The copy lent: `KeptHere<&T>`.
+    pub fn as_ref(&self) -> KeptHere<&T> {
+        KeptHere {
+            value: self.value.as_ref(),
+            ended: self.ended,
+        }
+    }
+
+    /// Its parts: the copy, if any, and when its work ended.
+    pub(crate) fn into_parts(self) -> (Option<T>, Duration) {
+        (self.value, self.ended)
     }
 }
 

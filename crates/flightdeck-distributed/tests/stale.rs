@@ -14,7 +14,7 @@ use flightdeck_core::stale::{StaleReason, StaleWindows};
 use flightdeck_core::{metric, FlightKey, Shareable, StageName};
 use flightdeck_distributed::backend::{Backend, BackendFuture, CommitArgs, Committed};
 use flightdeck_distributed::{
-    forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId,
+    forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId, KeptHere,
     OwnerToken, PostcardCodec, Propagate, ResultCodec, Role,
 };
 use flightdeck_test::recorded::{self, counter_where};
@@ -111,9 +111,9 @@ impl Execute<()> for Work {
         Ok(Shareable::Shared(format!("v{n}")))
     }
 
-    fn kept_here(&self) -> Option<(String, Duration, Duration)> {
+    fn kept_here(&self) -> Option<KeptHere<String>> {
         let kept = self.kept.lock().unwrap().clone();
-        kept.map(|(v, ended)| (v, ended.elapsed(), Duration::ZERO))
+        kept.map(|(v, ended)| KeptHere::copy(v, ended.elapsed()))
     }
 }
 
@@ -1308,7 +1308,7 @@ async fn callers_during_a_refresh_elsewhere_share_one_decode() {
         sleep(Duration::from_millis(100)).await;
         let here = work.kept_here();
         let (v, how) = b
-            .answer_during_refresh(&k, here.as_ref().map(|(v, a, t)| (v, *a, *t)), |_| true)
+            .answer_during_refresh(&k, here.as_ref().map(KeptHere::as_ref), |_| true)
             .expect("answered without a flight");
         assert_eq!(v, "v1");
         assert_eq!(

@@ -60,19 +60,26 @@
 //! now dates it from its work's end). Seeds 7011144, 7017003 and 7031719
 //! found a node's copy of a local-fallback run dated from its flight's
 //! start (the failed store call included), so the store's older result
-//! answered in its place; the copy is now dated by its end. Seeds 7028086
-//! and 7058018 still fail the same check by the documented limit: a
-//! commit held up on its way (a frozen store) makes the store's result
-//! look younger by the hold-up (docs/guarantees.md). Seed 7051418 found
-//! an early refresh across nodes asking the store from a task the
+//! answered in its place; the copy is now dated by its end. Seed 7051418
+//! found an early refresh across nodes asking the store from a task the
 //! stage's `idle` did not wait for: a lease it was granted, its answer
 //! lost, was still held when the node was idle. Seed 9021986 found a
 //! follower's run in the local fallback kept from its flight's start, so
 //! the owner's older-started result on the same node stayed the copy;
-//! both are now kept from their work's start. Still failing the
-//! "had given" check, on the session's start too: 1046349, 9022866,
-//! 9023623, 9032838, 9036686, 9041767, 9044177, 9052612 and 9056798
-//! (outside the range CI runs).
+//! both are now kept from their work's start. Seeds 9023623, 9032838,
+//! 9052612 and 9056798 found a node's copy expired while the store's
+//! result of older work, which ended later, could still answer stale in
+//! its place, and 9044177 a failover bringing back a result a purge had
+//! removed: a copy that goes, and a purge, now leave a floor that keeps
+//! older work from answering. Still failing the "had given" check
+//! (outside the range CI runs; each fails without this session's changes
+//! too): 1046349 and 7028086, by the documented limit (a commit held up
+//! on its way by a frozen store makes the store's result look younger by
+//! the hold-up, docs/guarantees.md); 9022866 and 9041767 (a result a
+//! follower received is ordered by its flight's start on this node, not
+//! by its work's, which began earlier on another node); 9036686 and
+//! 3018727 (a caller told how another flight of its key, run at the same
+//! time after a purge or beside its own run, was answered: stale).
 //!
 //! # The fault model
 //!

@@ -228,3 +228,23 @@ fn seed_9021986_a_fallback_runs_result_is_kept_from_its_works_start() {
     let report = run(9_021_986);
     assert!(report.passed(), "{report}");
 }
+
+/// Seeds 9023623, 9032838, 9052612 and 9056798 found it: a node ran the
+/// work in the local fallback and gave its result; its copy expired
+/// (freshness plus window) while the store's kept result, of work that
+/// started earlier but ended later, was still within its window, and
+/// answered stale: older than one the node had given. A copy that goes
+/// now leaves a floor behind (when its work ended), and no stale result of
+/// the store's whose work started before it answers. Seed 9044177: a
+/// failover brought back the store's result a purge had removed; the
+/// purge leaves that floor too. Seed 7058018 (a commit held up by a
+/// frozen store) passes by the same floor.
+#[test]
+fn seed_9023623_a_copy_that_went_still_keeps_older_results_out() {
+    for seed in [
+        9_023_623, 9_032_838, 9_052_612, 9_056_798, 9_044_177, 7_058_018,
+    ] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}

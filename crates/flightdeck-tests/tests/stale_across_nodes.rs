@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,11 +27,12 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-/// The origin every node calls: answers `v<n>` after 200 ms with the
-/// status it is told, counting its executions.
+/// The origin every node calls: answers `v<n>` after 200 ms (or the delay
+/// it is told) with the status it is told, counting its executions.
 struct Origin {
     calls: AtomicUsize,
     status: AtomicU16,
+    delay_ms: AtomicU64,
 }
 
 impl Origin {
@@ -39,6 +40,7 @@ impl Origin {
         Arc::new(Self {
             calls: AtomicUsize::new(0),
             status: AtomicU16::new(200),
+            delay_ms: AtomicU64::new(200),
         })
     }
 
@@ -49,7 +51,8 @@ impl Origin {
 
 async fn page(State(origin): State<Arc<Origin>>) -> Response<Body> {
     let n = origin.calls.fetch_add(1, Ordering::SeqCst) + 1;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let delay = origin.delay_ms.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(delay)).await;
     Response::builder()
         .status(origin.status.load(Ordering::SeqCst))
         .body(Body::from(format!("v{n}")))
@@ -321,6 +324,37 @@ async fn a_copy_of_a_store_replay_is_not_replayed_past_the_replay_ttl() {
     let next = answer(&b).await;
     assert_eq!(next.body, "v2", "replayed from a copy past replay-ttl");
     assert_eq!(origin.calls(), 2);
+}
+
+/// A node never answers a result older than one it gave, even once its
+/// copy went: b ran the work alone while the store was down (v2, started
+/// after a's v1 began and ended before it); a's v1, committed later, is
+/// still within its window when b's copy of v2 expires, and must not
+/// answer on b in its place. b waits for its refresh instead.
+#[tokio::test(start_paused = true)]
+async fn a_copy_that_expired_keeps_the_stores_older_result_from_answering() {
+    let origin = Origin::new();
+    let store = flightdeck_test::MemoryBackend::new();
+    let [a, b] = nodes_on(store.clone(), "x-floor", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(2);
+    });
+    origin.delay_ms.store(1_500, Ordering::SeqCst);
+    let first = tokio::spawn(call(&a));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    origin.delay_ms.store(200, Ordering::SeqCst);
+    store.set_unavailable(true);
+    assert_eq!(call(&b).await.1, "v2", "b runs it alone, the store down");
+    store.set_unavailable(false);
+    assert_eq!(first.await.unwrap().1, "v1");
+    // v1 was committed at 1.5 s (now): stale from 2.5 s to 4.5 s. b's
+    // copy of v2 (ended at 0.3 s) may answer until 3.3 s, then goes.
+    tokio::time::advance(Duration::from_millis(2_000)).await;
+    let got = answer(&b).await;
+    assert_eq!(
+        (got.body.as_str(), got.stale),
+        ("v3", None),
+        "v1 started before v2 ended: b refreshes instead"
+    );
 }
 
 fn local_flights(stage: &str) -> u64 {
