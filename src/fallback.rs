@@ -10,7 +10,7 @@
 //! | re-check failed while following | `in-progress` / `fail`: answer now; `wait` / `local`: keep following | same |
 //! | following ended (wait timed out, owner gone, garbage) | `local`: run here; otherwise the policy's answer | the policy's answer (`local` is refused by validation) |
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use flightdeck_core::error::{BoxError, CoordinationUnavailable, InProgress};
@@ -43,9 +43,10 @@ pub(crate) enum Here {
 }
 
 /// [`Here`], told by the flight's fallback to its run, which may already
-/// be on its way (a failed wait decides late).
+/// be on its way (a failed wait decides late); and, told back by the run,
+/// whether it ran here (for its flight's callers, see `Record`).
 #[derive(Debug, Default)]
-pub(crate) struct WhyHere(AtomicU8);
+pub(crate) struct WhyHere(AtomicU8, AtomicBool);
 
 impl WhyHere {
     pub(crate) fn set(&self, why: Here) {
@@ -64,6 +65,11 @@ impl WhyHere {
             2 => Here::StoreAnswered,
             _ => Here::StoreDown,
         }
+    }
+
+    /// Whether the flight's work ran here, in the local fallback.
+    pub(crate) fn ran(&self) -> bool {
+        self.1.load(Ordering::Relaxed)
     }
 }
 
@@ -96,6 +102,15 @@ impl Why {
         match self {
             Self::Now(why) => *why,
             Self::Later(told) => told.get(),
+        }
+    }
+
+    /// The flight's work runs here, in the local fallback: told to a
+    /// flight launched to the store (a run that began here from the
+    /// start is known as such by its flight).
+    pub(crate) fn ran_here(&self) {
+        if let Self::Later(told) = self {
+            told.1.store(true, Ordering::Relaxed);
         }
     }
 }

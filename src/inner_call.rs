@@ -27,7 +27,6 @@ use crate::layer::StageShare;
 use crate::leader::{Lead, Record};
 use crate::readers::RequestReaders;
 use crate::stage::{Control, Path, Stage};
-use crate::stale::Served;
 
 /// A request's execution: the stage (whose readers hand the owner's token
 /// to the request), the inner service, how responses are shared, and the
@@ -126,13 +125,8 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
             unshared => unshared,
         };
         if path == Path::Fallback {
-            // Its callers (all arrived by now: the flight ends with this
-            // answer) are told it was coordinated here alone.
-            if let (Some(key), Some(setup)) = (&self.key, &self.stage.stale) {
-                setup
-                    .kept
-                    .note_answer(key, Served::Fallback { collapsed: false });
-            }
+            // Its callers are told it was coordinated here alone.
+            self.why.ran_here();
         }
         Ok(out)
     }
@@ -187,7 +181,7 @@ where
         // results so), not from its flight's: a follower's run in the
         // local fallback may start after the owner's on this node.
         let record = match (&self.key, path) {
-            (Some(key), Path::Owner | Path::Fallback) => Record::start(&self.stage, key),
+            (Some(key), Path::Owner | Path::Fallback) => Record::start(&self.stage, key, 0),
             _ => None,
         };
         Lead::Here {

@@ -60,6 +60,20 @@ struct Floor {
     until: Instant,
 }
 
+/// How a flight ended (see [`Kept::note_answer`]).
+#[derive(Clone, Copy)]
+struct Note {
+    /// Its leader's arrival.
+    tag: u64,
+    /// When it ended, in the same order.
+    end: u64,
+    served: Option<Served>,
+}
+
+/// How many flights' notes a key keeps: more than run at once but for a
+/// purge or a waiter's run alone beside a flight.
+const NOTES_PER_KEY: usize = 4;
+
 /// `key`'s last response could not be shared: its callers run their own.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pass;
@@ -104,10 +118,10 @@ struct Inner<V> {
     /// (hit-for-pass), at most `max_entries`, oldest first.
     passes: Map<FlightKey, Instant>,
     pass_order: VecDeque<(Instant, FlightKey)>,
-    /// How the store answered each key's last coordinated flight that it
-    /// answered itself (a hit, a stale result), in the order they ended:
-    /// what its callers are told. At most `max_entries`.
-    answers: Map<FlightKey, (u64, Served)>,
+    /// How each key's last flights were answered (see
+    /// [`Kept::note_answer`]), at most `NOTES_PER_KEY` per key, oldest
+    /// first, and at most `max_entries` keys.
+    answers: Map<FlightKey, Vec<Note>>,
     /// Each key's runs in the local fallback (its coordination failed:
     /// the store was unreachable; or it was not asked): when the last one
     /// ended, in the same order, and whether the store was down. At most
@@ -207,23 +221,44 @@ impl<V: Clone> Kept<V> {
         self.next()
     }
 
-    /// Notes how the store answered `key`'s flight that ends now.
-    pub(crate) fn note_answer(&self, key: &FlightKey, served: Served) {
-        let seq = self.next();
+    /// Notes how `key`'s flight (or a caller's run alone) that ends now
+    /// was answered: `tag`, its leader's [`arrival`](Self::arrival);
+    /// `served`, how the store answered it itself (a hit, a stale result)
+    /// or that it ran in the local fallback, `None` for neither. Each run
+    /// notes, so that a caller finds its own flight's note even while
+    /// another flight of the key runs beside it (one a purge left, or a
+    /// waiter's own run).
+    pub(crate) fn note_answer(&self, key: &FlightKey, tag: u64, served: Option<Served>) {
+        let end = self.next();
         let mut inner = self.lock();
         if inner.answers.len() >= self.max_entries && !inner.answers.contains_key(key) {
             // Bounded: forgetting only costs a caller its Cache-Status.
             inner.answers.clear();
         }
-        inner.answers.insert(key.clone(), (seq, served));
+        let notes = inner.answers.entry(key.clone()).or_default();
+        if notes.len() >= NOTES_PER_KEY {
+            notes.remove(0);
+        }
+        notes.push(Note { tag, end, served });
     }
 
-    /// How the store answered the flight of `key` that ended after a
-    /// caller's `arrival`, if it answered it itself.
-    pub(crate) fn answer_since(&self, key: &FlightKey, arrival: u64) -> Option<Served> {
+    /// How the flight of `key` that answered a caller arrived at
+    /// `arrival` was answered, if the store answered it itself or it ran
+    /// in the local fallback: as its leader (or alone, `led`), the note
+    /// of its own run; as a caller that joined a flight, the note of the
+    /// latest-led flight that began before it arrived and ended after.
+    pub(crate) fn answer_since(&self, key: &FlightKey, arrival: u64, led: bool) -> Option<Served> {
         let inner = self.lock();
-        let (seq, served) = inner.answers.get(key)?;
-        (*seq > arrival).then_some(*served)
+        let notes = inner.answers.get(key)?;
+        let note = if led {
+            notes.iter().find(|n| n.tag == arrival)
+        } else {
+            notes
+                .iter()
+                .filter(|n| n.tag <= arrival && n.end > arrival)
+                .max_by_key(|n| n.tag)
+        };
+        note?.served
     }
 
     /// A run of `key` in the local fallback begins now: its flight could

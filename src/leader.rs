@@ -16,7 +16,7 @@ use flightdeck_local::FlightWork;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::fallback::{Here, ModeFallback, Why};
+use crate::fallback::{Here, ModeFallback, Why, WhyHere};
 use crate::inner_call::InnerCall;
 use crate::kept::Ticket;
 use crate::layer::StageShare;
@@ -78,12 +78,30 @@ pub(crate) struct Record<Sh: SharedForm> {
     pass_for: Duration,
     /// The stage's `replay-ttl`: how far past freshness a stale answer is.
     fresh: Duration,
+    /// A caller's own flight (or run alone): its leader's arrival, under
+    /// which it notes how it was answered for its callers
+    /// ([`Kept::note_answer`](crate::kept::Kept::note_answer)); 0 for a
+    /// run within a flight, which notes nothing.
+    tag: u64,
+    /// Whether it ran in the local fallback (told late by a flight
+    /// launched to the store).
+    fell_back: FellBack,
+}
+
+/// Whether a flight ran in the local fallback (see [`Record`]).
+enum FellBack {
+    No,
+    Yes,
+    Told(Arc<WhyHere>),
 }
 
 impl<Sh: StageShare> Record<Sh> {
-    pub(crate) fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey) -> Option<Box<Self>> {
+    /// The record of work that starts now: `tag`, see [`Record`].
+    pub(crate) fn start<R>(stage: &Stage<R, Sh>, key: &FlightKey, tag: u64) -> Option<Box<Self>> {
         let ticket = stage.stale.as_ref()?.kept.ticket();
-        Self::ticketed(stage, key, ticket)
+        let mut record = Self::ticketed(stage, key, ticket)?;
+        record.tag = tag;
+        Some(record)
     }
 
     /// The record of work that took `ticket`.
@@ -100,15 +118,26 @@ impl<Sh: StageShare> Record<Sh> {
             share: stage.share.clone(),
             pass_for: stage.ctl.cfg.hit_for_pass,
             fresh: stage.ctl.cfg.replay_ttl,
+            tag: 0,
+            fell_back: FellBack::No,
         }))
     }
 
-    /// Notes how the store answered, for every caller of this flight.
+    /// Notes how the store answered (or that the work ran in the local
+    /// fallback), for every caller of this flight.
     #[inline(never)]
     fn note(&self, answered: Answered) {
-        if let Some(served) = Served::by_store(answered, self.fresh) {
-            self.setup.kept.note_answer(&self.key, served);
+        if self.tag == 0 {
+            return;
         }
+        let fell_back = match &self.fell_back {
+            FellBack::No => false,
+            FellBack::Yes => true,
+            FellBack::Told(why) => why.ran(),
+        };
+        let served = Served::by_store(answered, self.fresh)
+            .or(fell_back.then_some(Served::Fallback { collapsed: false }));
+        self.setup.kept.note_answer(&self.key, self.tag, served);
     }
 
     /// Keeps a shared result `age` old, unless it is a failure.
@@ -154,6 +183,7 @@ where
             LeadProj::Here { fut, record } => {
                 let out = ready!(fut.poll(cx));
                 if let Some(r) = record.take() {
+                    r.note(Answered::Ran);
                     r.keep(&out, Duration::ZERO);
                 }
                 Poll::Ready(out)
@@ -197,6 +227,11 @@ pub struct Leader<S, Req, R, Sh: SharedForm> {
     pub(crate) coordination: Option<Duration>,
     /// The execution bound (see [`InnerCall::bound`]).
     pub(crate) bound: Option<Duration>,
+    /// Where the caller stands among its key's flights on this node
+    /// ([`Kept::arrival`](crate::kept::Kept::arrival)), when the stage
+    /// keeps results; 0 otherwise. The flight it leads (or its run alone)
+    /// notes how it was answered under it.
+    pub(crate) arrival: u64,
 }
 
 impl<S, Req, R, Sh: SharedForm> std::fmt::Debug for Leader<S, Req, R, Sh> {
@@ -284,7 +319,7 @@ where
         key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
-        let record = Record::start(&self.stage, key);
+        let mut record = Record::start(&self.stage, key, self.arrival);
         let Self {
             stage,
             mode,
@@ -293,6 +328,7 @@ where
             share,
             coordination,
             bound,
+            ..
         } = self;
         let flight = Self::sharded_flight(&stage, mode, key);
         let mut why = None;
@@ -318,6 +354,9 @@ where
                         exec.key = Some(key.clone());
                     }
                     exec.why = fallback.launched();
+                    if let (Some(r), Why::Later(why)) = (&mut record, &exec.why) {
+                        r.fell_back = FellBack::Told(Arc::clone(why));
+                    }
                     let fut = l2.launch(admitted, key.clone(), req, exec, fallback, coordination);
                     return Lead::Flight { fut, record };
                 }
@@ -330,6 +369,9 @@ where
         // The local fallback path answers from, and keeps, this node's
         // copy of the key (see `InnerCall`), as why it runs here allows.
         let keeps = path == Path::Fallback && stage.stale.is_some();
+        if let (true, Some(r)) = (keeps, &mut record) {
+            r.fell_back = FellBack::Yes;
+        }
         let mut exec = Self::exec(stage, inner, share, bound, flight);
         if keeps {
             exec.key = Some(key.clone());
@@ -348,7 +390,7 @@ where
         key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
-        let record = Record::start(&self.stage, key);
+        let record = Record::start(&self.stage, key, self.arrival);
         let flight = Self::sharded_flight(&self.stage, self.mode, key);
         let exec = Self::exec(self.stage, self.inner, self.share, self.bound, flight);
         Lead::Here {

@@ -180,6 +180,7 @@ where
             share: share.clone(),
             coordination,
             bound,
+            arrival: 0,
         };
         let caller = Caller::new().deadline(at).on_abandon(on_abandon);
         let headers = ctl.cfg.cache_status;
@@ -246,7 +247,7 @@ where
         let kept = &setup.kept;
         // A distributed flight may be answered by the store itself (a
         // stale result, a hit): its callers are told how.
-        let flight = |leader: Self, caller: Caller, share: Sh| {
+        let flight = |mut leader: Self, caller: Caller, share: Sh| {
             if !leader.mode.is_distributed() {
                 return ResponseFuture::flight(
                     stage.local.run(&key, caller, leader),
@@ -256,6 +257,7 @@ where
             }
             let (kept, key, ctl) = (Arc::clone(&setup.kept), key.clone(), Arc::clone(ctl));
             let arrival = kept.arrival();
+            leader.arrival = arrival;
             let run = stage.local.run(&key, caller, leader);
             let marks = Box::new(move |joined| stored_answer(&kept, &key, arrival, &ctl, joined));
             ResponseFuture::flight_marked(run, headers, share, marks)
@@ -379,6 +381,7 @@ where
             caller.on_abandon(OnAbandon::Finish)
         };
         let arrival = kept.arrival();
+        leader.arrival = arrival;
         let run = stage.local.run(&key, caller, leader);
         let retry_after = windows.retry_after;
         let ctl = Arc::clone(ctl);
@@ -673,10 +676,11 @@ where
     }
 }
 
-/// How the flight of `key` that ended after a caller's `arrival` was
-/// answered, if the store answered it itself (a hit, a stale result) or it
-/// ran in the local fallback; a stale answer to a caller that joined the
-/// flight is counted here (L2 counted the flight's own).
+/// How the flight of `key` that answered a caller arrived at `arrival`
+/// was answered (see [`Kept::answer_since`]), if the store answered it
+/// itself (a hit, a stale result) or it ran in the local fallback; a stale
+/// answer to a caller that joined the flight is counted here (L2 counted
+/// the flight's own).
 fn stored_answer<V: Clone>(
     kept: &Kept<V>,
     key: &FlightKey,
@@ -684,7 +688,7 @@ fn stored_answer<V: Clone>(
     ctl: &Control,
     joined: bool,
 ) -> Option<Served> {
-    let served = match kept.answer_since(key, arrival) {
+    let served = match kept.answer_since(key, arrival, !joined) {
         Some(Served::Fallback { .. }) => Some(Served::Fallback { collapsed: joined }),
         served => served,
     };

@@ -71,15 +71,17 @@
 //! result of older work, which ended later, could still answer stale in
 //! its place, and 9044177 a failover bringing back a result a purge had
 //! removed: a copy that goes, and a purge, now leave a floor that keeps
-//! older work from answering. Still failing the "had given" check
-//! (outside the range CI runs; each fails without this session's changes
-//! too): 1046349 and 7028086, by the documented limit (a commit held up
-//! on its way by a frozen store makes the store's result look younger by
-//! the hold-up, docs/guarantees.md); 9022866 and 9041767 (a result a
-//! follower received is ordered by its flight's start on this node, not
-//! by its work's, which began earlier on another node); 9036686 and
-//! 3018727 (a caller told how another flight of its key, run at the same
-//! time after a purge or beside its own run, was answered: stale).
+//! older work from answering. Seeds 9036686, 3026286 and 3018727 found a
+//! caller told how another run of its key, beside its own on the same
+//! node (after a purge, or a waiter's own run), was answered (stale);
+//! each run now notes its answer under its leader's arrival. Still
+//! failing the "had given" check (outside the range CI runs; each fails
+//! without these fixes too): 1046349, 7028086 and 3050253, by the
+//! documented limit (a commit held up on its way by a frozen store makes
+//! the store's result look younger by the hold-up, docs/guarantees.md);
+//! 9022866 and 9041767 (a result a follower received is ordered by its
+//! flight's start on this node, not by its work's, which began earlier on
+//! another node).
 //!
 //! # The fault model
 //!

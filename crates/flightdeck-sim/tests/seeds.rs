@@ -248,3 +248,18 @@ fn seed_9023623_a_copy_that_went_still_keeps_older_results_out() {
         assert!(report.passed(), "{report}");
     }
 }
+
+/// Seeds 9036686, 3026286 and 3018727 found it: two runs of one key on
+/// one node at once (a flight a purge left running beside the next one;
+/// a waiter's own run beside the key's next flight), and a caller of one
+/// was told how the other was answered (stale), because callers read
+/// "the last flight of the key that ended after they arrived". Each run
+/// now notes its answer under its leader's arrival, and a caller reads
+/// its own flight's note.
+#[test]
+fn seed_9036686_a_caller_is_told_of_its_own_flight() {
+    for seed in [9_036_686, 3_026_286, 3_018_727] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}

@@ -357,6 +357,38 @@ async fn a_copy_that_expired_keeps_the_stores_older_result_from_answering() {
     );
 }
 
+/// A caller is told how its own flight was answered, not another's of
+/// the same key: a purge on a leaves a's flight running for its caller
+/// (v1) while the next caller there starts another, answered at once with
+/// the store's stale v2; v1's caller is not told "stale".
+#[tokio::test(start_paused = true)]
+async fn a_caller_is_told_of_its_own_flight_not_of_one_beside_it() {
+    let origin = Origin::new();
+    let [a, b] = nodes("x-own-flight", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.cache_status = true;
+    });
+    origin.delay_ms.store(1_500, Ordering::SeqCst);
+    let first = tokio::spawn(answer(&a));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    origin.delay_ms.store(200, Ordering::SeqCst);
+    let req = Request::get("http://svc/p").body(Body::empty()).unwrap();
+    assert!(a.layer.invalidate_request(req).await.unwrap());
+    assert_eq!(call(&b).await.1, "v2", "b runs it after the purge");
+    // v2 is past its freshness at 1.4 s; a's first flight ends at 1.5 s.
+    tokio::time::advance(Duration::from_millis(1_150)).await;
+    let beside = answer(&a).await;
+    assert_eq!(beside.body, "v2");
+    assert_eq!(
+        beside.stale.map(|s| s.reason),
+        Some(StaleReason::Revalidate)
+    );
+    let got = first.await.unwrap();
+    assert_eq!((got.body.as_str(), got.stale), ("v1", None));
+    let status = got.headers.get("cache-status").unwrap().to_str().unwrap();
+    assert!(!status.contains("stale"), "{status}");
+}
+
 fn local_flights(stage: &str) -> u64 {
     common::counter(metric::LOCAL_OWNER_TOTAL, stage)
 }
