@@ -27,11 +27,30 @@ use crate::stale::Served;
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Where a work starts: the generation its result is tagged with. A purge
-/// of its key after this fences its result.
+/// of its key after this fences its result. Results are ordered by when
+/// their work started (`at`), then by generation.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ticket {
     gen: u64,
     at: Instant,
+}
+
+impl Ticket {
+    /// This ticket for a result that came from elsewhere (the store), of
+    /// work that began `ago` before now (its age and its work time): as
+    /// newly taken for a purge, ordered among results by its work's start.
+    pub(crate) fn began_before(self, ago: Duration) -> Self {
+        match Instant::now().checked_sub(ago) {
+            Some(at) => Self { at, ..self },
+            None => self,
+        }
+    }
+
+    /// Its place among the key's results: its work's start, then its
+    /// generation.
+    fn order(&self) -> (Instant, u64) {
+        (self.at, self.gen)
+    }
 }
 
 /// A kept copy, as looked up.
@@ -55,7 +74,9 @@ pub(crate) struct Look<V> {
 /// answers in its place.
 #[derive(Clone, Copy)]
 struct Floor {
-    gen: u64,
+    /// The given result's work's start and generation (see
+    /// [`Ticket::order`]).
+    order: (Instant, u64),
     done: Instant,
     until: Instant,
 }
@@ -96,6 +117,8 @@ struct Entry<V> {
     size: usize,
     done: Instant,
     took: Duration,
+    /// When its work started (see [`Ticket::order`]).
+    started: Instant,
     gen: u64,
     seq: u64,
     refreshing: bool,
@@ -373,20 +396,24 @@ impl<V: Clone> Kept<V> {
         let purged = inner.purged.get(key).copied().unwrap_or(0);
         if ticket.gen < inner.purge_floor || purged > ticket.gen {
             // Not kept, but given: nothing older answers after it.
-            inner.leave_floor(key, ticket.gen, done, now, bounds);
+            inner.leave_floor(key, ticket.order(), done, now, bounds);
             return Put::Fenced;
         }
-        if inner.floors.get(key).is_some_and(|f| f.gen > ticket.gen) {
+        if inner
+            .floors
+            .get(key)
+            .is_some_and(|f| f.order > ticket.order())
+        {
             return Put::Fenced;
         }
         let (refreshing, seq) = match inner.map.get(key) {
-            Some(e) if e.gen > ticket.gen => return Put::Fenced,
+            Some(e) if (e.started, e.gen) > ticket.order() => return Put::Fenced,
             Some(e) => (e.refreshing, e.seq),
             None => (false, 0),
         };
         if size > self.max_bytes {
             inner.remove(key);
-            inner.leave_floor(key, ticket.gen, done, now, bounds);
+            inner.leave_floor(key, ticket.order(), done, now, bounds);
             return Put::TooLarge;
         }
         if seq != 0 {
@@ -402,7 +429,8 @@ impl<V: Clone> Kept<V> {
                 value,
                 size,
                 done,
-                took: now.saturating_duration_since(ticket.at),
+                took: done.saturating_duration_since(ticket.at),
+                started: ticket.at,
                 gen: ticket.gen,
                 seq,
                 refreshing,
@@ -478,7 +506,7 @@ impl<V: Clone> Kept<V> {
         // What remains of it is the purge: no stale result of the store's
         // whose work started before now answers here, even one a failover
         // brought back after the store acknowledged the purge.
-        inner.leave_floor(key, gen, now, now, bounds);
+        inner.leave_floor(key, (now, gen), now, now, bounds);
         inner.purged.insert(key.clone(), gen);
         inner.purge_order.push_back((gen, key.clone()));
         while inner.purge_order.len() > self.max_entries {
@@ -558,18 +586,27 @@ impl<V> Inner<V> {
         if let Some(e) = self.map.remove(key) {
             self.order.remove(&e.seq);
             self.bytes -= e.size;
-            self.leave_floor(key, e.gen, e.done, now, bounds);
+            self.leave_floor(key, (e.started, e.gen), e.done, now, bounds);
         }
     }
 
-    /// The result of the work that took `gen`, done at `done`, was given
-    /// but is not (or no longer) `key`'s copy: see [`Floor`]. The newest
-    /// started stays; the oldest go first past their time or the count.
-    fn leave_floor(&mut self, key: &FlightKey, gen: u64, done: Instant, now: Instant, b: Bounds) {
+    /// The result of the work at `order` (see [`Ticket::order`]), done at
+    /// `done`, was given but is not (or no longer) `key`'s copy: see
+    /// [`Floor`]. The newest started stays; the oldest go first past their
+    /// time or the count.
+    fn leave_floor(
+        &mut self,
+        key: &FlightKey,
+        order: (Instant, u64),
+        done: Instant,
+        now: Instant,
+        b: Bounds,
+    ) {
         let until = done + b.floor_for;
-        let newer = self.floors.get(key).is_some_and(|f| f.gen > gen);
+        let newer = self.floors.get(key).is_some_and(|f| f.order > order);
         if until > now && !newer {
-            self.floors.insert(key.clone(), Floor { gen, done, until });
+            self.floors
+                .insert(key.clone(), Floor { order, done, until });
             self.floor_order.push_back((until, key.clone()));
         }
         trim(&mut self.floor_order, now, b.max_entries, |k, at| {

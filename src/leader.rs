@@ -140,8 +140,10 @@ impl<Sh: StageShare> Record<Sh> {
         self.setup.kept.note_answer(&self.key, self.tag, served);
     }
 
-    /// Keeps a shared result `age` old, unless it is a failure.
-    pub(crate) fn keep_shared(&self, v: &Sh::Shared, age: Duration) {
+    /// Keeps a shared result `age` old, unless it is a failure: of work
+    /// that took `work_time` when it came from the store (ordered among the
+    /// node's results by that work's start, not this flight's).
+    pub(crate) fn keep_shared(&self, v: &Sh::Shared, age: Duration, work_time: Option<Duration>) {
         if self.setup.failures.failed(Ok(v)) {
             return;
         }
@@ -150,17 +152,26 @@ impl<Sh: StageShare> Record<Sh> {
             None => self.share.kept_size(v),
         };
         let copy = self.share.kept_form(v);
-        self.setup.kept.put(&self.key, self.ticket, copy, size, age);
+        let ticket = match work_time {
+            Some(took) => self.ticket.began_before(age.saturating_add(took)),
+            None => self.ticket,
+        };
+        self.setup.kept.put(&self.key, ticket, copy, size, age);
     }
 
     /// Keeps what the work produced, `age` old (a hit is as old as the
     /// store says: never a fresh copy here). Out of line: the common
     /// leader records nothing.
     #[inline(never)]
-    fn keep<O>(self: Box<Self>, out: &Result<Shareable<Sh::Shared, O>, BoxError>, age: Duration) {
+    fn keep<O>(
+        self: Box<Self>,
+        out: &Result<Shareable<Sh::Shared, O>, BoxError>,
+        age: Duration,
+        work_time: Option<Duration>,
+    ) {
         let r = self;
         match out {
-            Ok(Shareable::Shared(v)) => r.keep_shared(v, age),
+            Ok(Shareable::Shared(v)) => r.keep_shared(v, age, work_time),
             Ok(Shareable::Unshared(..)) if !r.pass_for.is_zero() => {
                 let until = tokio::time::Instant::now() + r.pass_for;
                 r.setup.kept.pass(&r.key, r.ticket, until);
@@ -184,7 +195,7 @@ where
                 let out = ready!(fut.poll(cx));
                 if let Some(r) = record.take() {
                     r.note(Answered::Ran);
-                    r.keep(&out, Duration::ZERO);
+                    r.keep(&out, Duration::ZERO, None);
                 }
                 Poll::Ready(out)
             }
@@ -204,8 +215,9 @@ where
                     // `InnerCall`) must not be fenced by it.
                     match answered {
                         Answered::Stale(_) => {}
-                        Answered::Hit { age, .. } => r.keep(&out, age),
-                        _ => r.keep(&out, Duration::ZERO),
+                        Answered::Hit { age, work_time, .. } => r.keep(&out, age, Some(work_time)),
+                        Answered::Followed { age, work_time } => r.keep(&out, age, work_time),
+                        _ => r.keep(&out, Duration::ZERO, None),
                     }
                 }
                 Poll::Ready(out)

@@ -40,7 +40,7 @@ use flightdeck_core::error::{find, BoxError};
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
 use flightdeck_core::{ErrorClass, FlightKey, Serves, Share, Shareable, SharedForm, StageName};
-use flightdeck_distributed::KeptHere;
+use flightdeck_distributed::{Answered, KeptHere};
 use flightdeck_local::future::Run;
 use flightdeck_local::{Answer, Caller, FlightWork, OnAbandon};
 use tokio::time::Instant;
@@ -531,6 +531,7 @@ where
             Some(l) => Some(KeptHere::copy(
                 &l.value,
                 now.saturating_duration_since(l.done),
+                l.took,
             )),
             None => kept
                 .floor(key)
@@ -540,11 +541,11 @@ where
         let ticket = kept.ticket_at(now);
         let (value, answered) = l2.answer_during_refresh(key, here, |v| self.serves(v))?;
         let served = Served::by_store(answered, stage.ctl.cfg.replay_ttl)?;
-        if let Served::Hit { age, .. } = served {
+        if let Answered::Hit { age, work_time, .. } = answered {
             // The refresh's result, committed elsewhere: this node's copy
             // from now on, as a flight's hit would make it.
             if let Some(record) = Record::ticketed(stage, key, ticket) {
-                record.keep_shared(&value, age);
+                record.keep_shared(&value, age, Some(work_time));
             }
         }
         Some((Answer::Shared(value), served))

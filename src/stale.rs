@@ -104,7 +104,7 @@ impl Served {
     ) -> Option<Served> {
         use flightdeck_distributed::Answered as By;
         match answered {
-            By::Hit { age, fresh_for } => Some(Served::Hit {
+            By::Hit { age, fresh_for, .. } => Some(Served::Hit {
                 age,
                 ttl: fresh_for,
             }),

@@ -1,5 +1,6 @@
-//! A message on a node's inbox: `<record>|<gen>|c|<payload>`,
-//! `<record>|<gen>|c`, `<record>|<gen>|a`, or anything another client
+//! A message on a node's inbox: `<record>|<gen>|c<work_ms>|<payload>`,
+//! `<record>|<gen>|c<work_ms>` (`<work_ms>` may be absent),
+//! `<record>|<gen>|a`, or anything another client
 //! published there. Parsed into the notice it spells, or refused; never a
 //! panic.
 #![no_main]
@@ -23,14 +24,25 @@ fuzz_target!(|data: &[u8]| {
     let digits = std::str::from_utf8(&rest[..gen_end]).expect("digits");
     let tail = &rest[gen_end + 1..];
     match notice {
-        Notice::Committed { generation, inline } => {
+        Notice::Committed {
+            generation,
+            inline,
+            work_time,
+        } => {
             assert_eq!(digits.parse::<u64>().ok(), Some(generation));
+            assert_eq!(tail[0], b'c');
+            let ms = tail[1..].iter().take_while(|b| b.is_ascii_digit()).count();
+            let told = std::str::from_utf8(&tail[1..1 + ms]).expect("digits");
+            assert_eq!(work_time.map(|t| t.as_millis().to_string()), (ms > 0).then(|| {
+                told.parse::<u64>().expect("a number").to_string()
+            }));
+            let rest = &tail[1 + ms..];
             match inline {
                 Some(p) => {
-                    assert_eq!(&tail[..2], b"c|");
-                    assert_eq!(&p[..], &tail[2..]);
+                    assert_eq!(rest[0], b'|');
+                    assert_eq!(&p[..], &rest[1..]);
                 }
-                None => assert_eq!(tail, b"c"),
+                None => assert!(rest.is_empty()),
             }
         }
         Notice::Abandoned { generation } => {

@@ -414,8 +414,8 @@ impl<B: Backend, C: Send + Sync + 'static> DistributedFlights<B, C> {
     {
         let kept_here = || {
             kept_here.map(|h| {
-                let (value, ended) = h.into_parts();
-                (ended, value.map(|v| || v.clone()))
+                let (value, ended, took) = h.into_parts();
+                (ended, took, value.map(|v| || v.clone()))
             })
         };
         self.st.during_refresh(key, kept_here, serves)
@@ -649,6 +649,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                         let hit = Answered::Hit {
                             age,
                             fresh_for: stored.fresh_for().min(stored.ttl.saturating_sub(age)),
+                            work_time: stored.work_time,
                         };
                         Ok((Shareable::Shared(v), hit))
                     }
@@ -757,10 +758,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                         let following = follow::follow(st, &cx, guard, first, req, exec, fallback);
                         Box::pin(st.follow_stale(&cx, judge, kept, following)).await
                     }
-                    None => ran(Box::pin(follow::follow(
-                        st, &cx, guard, first, req, exec, fallback,
-                    ))
-                    .await),
+                    None => {
+                        Box::pin(follow::follow(st, &cx, guard, first, req, exec, fallback)).await
+                    }
                 }
             }
         }

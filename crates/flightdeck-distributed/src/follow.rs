@@ -28,6 +28,7 @@ use crate::fallback::{FailureClass, Fallback, WaitEnded};
 use crate::flights::{wait_deadline, Cx, State};
 use crate::lease_release::TokenGuard;
 use crate::metrics::Op;
+use crate::stale::{Answered, Reply};
 use crate::work::{Execute, Role};
 
 /// The shortest pause between two re-checks of a follower.
@@ -52,7 +53,32 @@ pub(crate) struct Following {
     pub(crate) stale: bool,
 }
 
+/// Follows the flight another node owns until its result comes (or the
+/// wait ends): how this caller was answered says so when the result is
+/// another node's ([`Answered::Followed`]: how old, of how long a work).
 pub(crate) async fn follow<B, C, Req, E, P>(
+    st: &Arc<State<B, C>>,
+    cx: &Cx,
+    guard: TokenGuard<'_, B, C>,
+    first: Following,
+    req: Req,
+    exec: E,
+    fallback: &P,
+) -> Reply<E::Shared, E::Output>
+where
+    B: Backend,
+    C: ResultCodec<E::Shared> + Send + Sync + 'static,
+    Req: Send,
+    E: Execute<Req>,
+    P: Fallback<Req>,
+{
+    let mut came = None;
+    let out = follow_until(st, cx, guard, first, req, exec, fallback, &mut came).await;
+    out.map(|s| (s, came.unwrap_or(Answered::Ran)))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn follow_until<B, C, Req, E, P>(
     st: &Arc<State<B, C>>,
     cx: &Cx,
     mut guard: TokenGuard<'_, B, C>,
@@ -60,6 +86,7 @@ pub(crate) async fn follow<B, C, Req, E, P>(
     req: Req,
     exec: E,
     fallback: &P,
+    came: &mut Option<Answered>,
 ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
 where
     B: Backend,
@@ -126,7 +153,7 @@ where
                 .max(MIN_POLL);
             let wake_at = (Instant::now() + jittered(poll, 0.5, 1.0)).min(deadline);
             match wait(&mut sub, wake_at, observed).await {
-                Wake::Inline(committed, payload) => {
+                Wake::Inline(committed, payload, work_time) => {
                     record_wait();
                     tracing::debug!(stage = %cx.stage(), flight = %cx.flight, role = "follower", "result arrived inline");
                     // Committed after this follower's first call. With
@@ -143,6 +170,10 @@ where
                     return match st.decode::<E::Shared>(cx.named(), &payload) {
                         Ok(v) if exec.serves(&v, &req) => {
                             st.hit_here(cx, committed);
+                            *came = Some(Answered::Followed {
+                                age: Duration::ZERO,
+                                work_time,
+                            });
                             Ok(Shareable::Shared(v))
                         }
                         Ok(_) => exec.execute(req, Role::Unserved).await,
@@ -198,6 +229,10 @@ where
                 return match st.replay::<E::Shared>(cx.named(), &stored) {
                     Ok(Some(v)) if exec.serves(&v, &req) => {
                         st.hit_here(cx, stored.generation);
+                        *came = Some(Answered::Followed {
+                            age: st.age_here(&cx.flight, stored.generation, stored.age),
+                            work_time: Some(stored.work_time),
+                        });
                         Ok(Shareable::Shared(v))
                     }
                     Ok(Some(_)) => exec.execute(req, Role::Unserved).await,
@@ -295,8 +330,9 @@ where
 }
 
 enum Wake {
-    /// The generation that committed, and its payload.
-    Inline(u64, Bytes),
+    /// The generation that committed, its payload, and how long its work
+    /// took (when the store told).
+    Inline(u64, Bytes, Option<Duration>),
     Recheck,
     Timer,
 }
@@ -323,9 +359,13 @@ async fn wait(sub: &mut Option<Subscription>, until: Instant, observed: u64) -> 
         match notice {
             None => return Wake::Timer,
             Some(None) => *sub = None,
-            Some(Some(Notice::Committed { generation, inline })) if generation >= observed => {
+            Some(Some(Notice::Committed {
+                generation,
+                inline,
+                work_time,
+            })) if generation >= observed => {
                 return match inline {
-                    Some(p) => Wake::Inline(generation, p),
+                    Some(p) => Wake::Inline(generation, p, work_time),
                     None => Wake::Recheck,
                 }
             }

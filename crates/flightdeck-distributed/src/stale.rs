@@ -47,8 +47,7 @@ use crate::work::{Execute, KeptHere};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Answered {
-    /// By the work this flight ran, or another node's result it waited
-    /// for.
+    /// By the work this flight ran (here, or in the local fallback).
     Ran,
     /// By a stored result, fresh: `age` old by the store's clock, fresh
     /// for `fresh_for` more (or by this node's own copy of later work,
@@ -59,6 +58,16 @@ pub enum Answered {
         age: Duration,
         /// How long it stays fresh.
         fresh_for: Duration,
+        /// How long the work that produced it took.
+        work_time: Duration,
+    },
+    /// By another node's result this flight waited for (its commit's
+    /// notice, or a re-check that found it committed).
+    Followed {
+        /// How old it was when it came (zero for a notice).
+        age: Duration,
+        /// How long the work that produced it took, when the store told.
+        work_time: Option<Duration>,
     },
     /// By a result past its freshness: why, and how old (by the store's
     /// clock).
@@ -90,14 +99,14 @@ pub(crate) fn within(past: Duration, window: Duration) -> bool {
 }
 
 /// A copy already owned ([`Execute::kept_here`]'s) as
-/// [`State::here_instead`] weighs one: when its work ended, then its
-/// value, if it may still answer.
+/// [`State::here_instead`] weighs one: when its work ended, how long it
+/// took, then its value, if it may still answer.
 pub(crate) fn owned<T>(
     here: Option<KeptHere<T>>,
-) -> Option<(Duration, Option<impl FnOnce() -> T>)> {
+) -> Option<(Duration, Duration, Option<impl FnOnce() -> T>)> {
     here.map(|h| {
-        let (value, ended) = h.into_parts();
-        (ended, value.map(|v| move || v))
+        let (value, ended, took) = h.into_parts();
+        (ended, took, value.map(|v| move || v))
     })
 }
 
@@ -403,18 +412,24 @@ impl Watched {
     /// at least as long as it ran since this node was told of it (a
     /// later-started copy here still answers instead). `None` when it is
     /// no newer than the result watched.
-    fn committed(&self, generation: u64, payload: Bytes) -> Option<Arc<Watched>> {
+    fn committed(
+        &self,
+        generation: u64,
+        payload: Bytes,
+        work_time: Option<Duration>,
+    ) -> Option<Arc<Watched>> {
         if generation <= self.kept.generation {
             return None;
         }
         let now = Instant::now();
+        let since = now.saturating_duration_since(self.at);
         let kept = StoredResult {
             generation,
             status: ResultStatus::Ok,
             payload,
             age: Duration::ZERO,
             ttl: self.fresh,
-            work_time: now.saturating_duration_since(self.at),
+            work_time: work_time.map_or(since, |w| w.max(since)),
         };
         Some(Arc::new(Watched {
             flight: self.flight,
@@ -461,7 +476,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     pub(crate) fn during_refresh<T, V: FnOnce() -> T>(
         &self,
         key: &FlightKey,
-        kept_here: impl FnOnce() -> Option<(Duration, Option<V>)>,
+        kept_here: impl FnOnce() -> Option<(Duration, Duration, Option<V>)>,
         serves: impl Fn(&T) -> bool,
     ) -> Option<(T, Answered)>
     where
@@ -551,7 +566,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                     Ok(Some(Notice::Committed {
                         generation,
                         inline: Some(payload),
-                    })) => watched.committed(generation, payload),
+                        work_time,
+                    })) => watched.committed(generation, payload, work_time),
                     _ => None,
                 };
                 let Some(next) = next else { break };
@@ -668,10 +684,10 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     fn here_instead<T>(
         &self,
         kept: &StoredResult,
-        here: Option<(Duration, Option<impl FnOnce() -> T>)>,
+        here: Option<(Duration, Duration, Option<impl FnOnce() -> T>)>,
         serves: impl Fn(&T) -> bool,
     ) -> Instead<T> {
-        let Some((ended, value)) = here else {
+        let Some((ended, took, value)) = here else {
             return Instead::Kept;
         };
         if ended >= kept.age.saturating_add(kept.work_time) {
@@ -685,12 +701,12 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             return Instead::Kept;
         }
         let ttl = self.policy.replay_ttl_duration();
-        let age = ended;
         Instead::Copy(
             value,
             StoredResult {
-                age,
+                age: ended,
                 ttl,
+                work_time: took,
                 ..kept.clone()
             },
         )
@@ -742,6 +758,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             let hit = Answered::Hit {
                 age: kept.age,
                 fresh_for: kept.fresh_for(),
+                work_time: kept.work_time,
             };
             return (value, hit);
         }
@@ -808,14 +825,26 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         following: F,
     ) -> Reply<T, O>
     where
-        F: Future<Output = Result<Shareable<T, O>, BoxError>>,
+        F: Future<Output = Reply<T, O>>,
     {
         if within(kept.stale_for(), self.policy.stale().revalidate) {
             return kept_reply(self.kept_answer(cx.named(), value, &kept, StaleReason::Revalidate));
         }
-        let following = std::pin::pin!(following);
-        self.stand_by(cx, &judge, (value, kept), following, drop)
-            .await
+        // How the following was answered (another node's result), told
+        // past the kept result standing by.
+        let came = OnceLock::new();
+        let following = std::pin::pin!(async {
+            let (out, how) = following.await?;
+            let _ = came.set(how);
+            Ok(out)
+        });
+        let reply = self
+            .stand_by(cx, &judge, (value, kept), following, drop)
+            .await;
+        reply.map(|(out, how)| match (how, came.get()) {
+            (Answered::Ran, Some(came)) => (out, *came),
+            _ => (out, how),
+        })
     }
 
     /// Waits for `work` with `kept` standing by: answered instead once the

@@ -85,14 +85,16 @@ pub trait Execute<Req>: Send {
 pub struct KeptHere<T> {
     value: Option<T>,
     ended: Duration,
+    took: Duration,
 }
 
 impl<T> KeptHere<T> {
-    /// The copy `value`, of work that ended `ended` ago.
-    pub fn copy(value: T, ended: Duration) -> Self {
+    /// The copy `value`, of work that ended `ended` ago and took `took`.
+    pub fn copy(value: T, ended: Duration, took: Duration) -> Self {
         Self {
             value: Some(value),
             ended,
+            took,
         }
     }
 
@@ -100,7 +102,11 @@ impl<T> KeptHere<T> {
     /// `ended` ago (its copy expired, was evicted, or was too large to
     /// keep): no stale result of work that started before then answers.
     pub fn gone(ended: Duration) -> Self {
-        Self { value: None, ended }
+        Self {
+            value: None,
+            ended,
+            took: Duration::ZERO,
+        }
     }
 
     /// The copy, if it may still answer.
@@ -113,17 +119,24 @@ impl<T> KeptHere<T> {
         self.ended
     }
 
+    /// How long the work that produced it took.
+    pub fn took(&self) -> Duration {
+        self.took
+    }
+
     /// The copy lent: `KeptHere<&T>`.
     pub fn as_ref(&self) -> KeptHere<&T> {
         KeptHere {
             value: self.value.as_ref(),
             ended: self.ended,
+            took: self.took,
         }
     }
 
-    /// Its parts: the copy, if any, and when its work ended.
-    pub(crate) fn into_parts(self) -> (Option<T>, Duration) {
-        (self.value, self.ended)
+    /// Its parts: the copy, if any, when its work ended, and how long it
+    /// took.
+    pub(crate) fn into_parts(self) -> (Option<T>, Duration, Duration) {
+        (self.value, self.ended, self.took)
     }
 }
 

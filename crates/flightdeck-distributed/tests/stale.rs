@@ -113,7 +113,7 @@ impl Execute<()> for Work {
 
     fn kept_here(&self) -> Option<KeptHere<String>> {
         let kept = self.kept.lock().unwrap().clone();
-        kept.map(|(v, ended)| KeptHere::copy(v, ended.elapsed()))
+        kept.map(|(v, ended)| KeptHere::copy(v, ended.elapsed(), Duration::ZERO))
     }
 }
 
@@ -441,12 +441,9 @@ async fn hits_carry_the_stores_age() {
     sleep(3 * SEC).await;
     let (v, how, _) = call(&b, &k, &work).await;
     assert_eq!(v, "v1");
-    assert_eq!(
-        how,
-        Answered::Hit {
-            age: 3 * SEC,
-            fresh_for: FRESH - 3 * SEC
-        }
+    assert!(
+        matches!(how, Answered::Hit { age, fresh_for, .. } if age == 3 * SEC && fresh_for == FRESH - 3 * SEC),
+        "{how:?}"
     );
 }
 
@@ -1208,12 +1205,9 @@ async fn a_fresh_copy_standing_in_for_a_remembered_result_is_no_stale_answer() {
     };
     let (v, how, _) = call(&b, &k, &on_b).await;
     assert_eq!(v, "v9");
-    assert_eq!(
-        how,
-        Answered::Hit {
-            age: SEC,
-            fresh_for: FRESH - SEC
-        }
+    assert!(
+        matches!(how, Answered::Hit { age, fresh_for, .. } if age == SEC && fresh_for == FRESH - SEC),
+        "{how:?}"
     );
     assert_eq!(revalidated(), before, "a fresh answer is no stale one");
     a.idle().await;

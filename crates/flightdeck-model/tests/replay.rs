@@ -482,8 +482,12 @@ impl Replay {
                 let gen: u64 = gen
                     .and_then(|g| g.parse().ok())
                     .ok_or(format!("notice {text}"))?;
+                // `c<work_ms>`: the work's time rides along (not modelled).
+                let committed = kind
+                    .and_then(|k| k.strip_prefix('c'))
+                    .is_some_and(|ms| ms.parse::<u64>().is_ok());
                 let body = match (kind, payload) {
-                    (Some("c"), Some(p)) => Some(body_of(p.as_bytes())),
+                    (Some(_), Some(p)) if committed => Some(body_of(p.as_bytes())),
                     (Some("a"), None) => None,
                     _ => return Err(format!("notice {text}")),
                 };

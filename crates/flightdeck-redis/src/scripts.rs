@@ -90,9 +90,11 @@
 //! neither a SUBSCRIBE nor a second ACQUIRE. A grant that ends with nobody
 //! following publishes nothing.
 //!
-//! **Messages** to an inbox: `<record>|<gen>|c|<payload>` (inline),
-//! `<record>|<gen>|c`, or `<record>|<gen>|a` (abandoned, released or
-//! invalidated: race again), where `<record>` is the flight's record name.
+//! **Messages** to an inbox: `<record>|<gen>|c<work_ms>|<payload>`
+//! (inline), `<record>|<gen>|c<work_ms>`, or `<record>|<gen>|a`
+//! (abandoned, released or invalidated: race again), where `<record>` is
+//! the flight's record name and `<work_ms>` the work's time in
+//! milliseconds (the commit's `work_ms`).
 //!
 //! **Inner commands** per answer (the per-flight budget, checked by the
 //! crate's tests through `INFO commandstats`); `+ n PUBLISH` is one per
@@ -358,7 +360,7 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep))
 if w ~= '' then
-  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c'
+  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c' .. ARGV[8]
   if ARGV[5] == '1' then
     m = m .. '|' .. ARGV[3]
   end

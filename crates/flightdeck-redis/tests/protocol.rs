@@ -671,7 +671,8 @@ async fn old_and_new_layouts_never_read_each_other() {
             .unwrap(),
         Some(Notice::Committed {
             generation: g,
-            inline: Some(Bytes::from_static(b"new result"))
+            inline: Some(Bytes::from_static(b"new result")),
+            work_time: Some(Duration::ZERO),
         })
     );
 
@@ -786,7 +787,8 @@ async fn f2_and_f3_layouts_never_read_each_other() {
             .unwrap(),
         Some(Notice::Committed {
             generation: g,
-            inline: Some(Bytes::from_static(b"new"))
+            inline: Some(Bytes::from_static(b"new")),
+            work_time: Some(Duration::ZERO),
         })
     );
     assert!(

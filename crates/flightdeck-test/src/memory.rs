@@ -578,6 +578,7 @@ impl MemoryBackend {
             Notice::Committed {
                 generation: gen,
                 inline,
+                work_time: Some(args.work_time),
             },
         );
         Committed::Committed

@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::broadcast;
@@ -15,6 +16,11 @@ pub enum Notice {
         generation: u64,
         /// The payload, when it was small enough to travel inline.
         inline: Option<Bytes>,
+        /// How long the work that produced it took
+        /// ([`CommitArgs::work_time`](crate::backend::CommitArgs::work_time)),
+        /// when the backend tells (this workspace's do): a node orders a
+        /// result it receives by its work's start.
+        work_time: Option<Duration>,
     },
     /// A generation was abandoned: race for the flight again.
     Abandoned {

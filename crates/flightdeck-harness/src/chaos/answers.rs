@@ -71,6 +71,7 @@ pub fn answered_from_text(text: &str) -> Option<Answered> {
             return Some(Answered::Hit {
                 age: Duration::ZERO,
                 fresh_for: Duration::ZERO,
+                work_time: Duration::ZERO,
             })
         }
         _ => {}

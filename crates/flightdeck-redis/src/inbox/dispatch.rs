@@ -247,7 +247,8 @@ pub(super) mod tests {
             rx1.recv().await.unwrap(),
             Notice::Committed {
                 generation: 9,
-                inline: None
+                inline: None,
+                work_time: None,
             }
         );
         assert!(rx2.try_recv().is_err());

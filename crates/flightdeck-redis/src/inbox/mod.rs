@@ -477,7 +477,8 @@ mod tests {
             backlog,
             [Notice::Committed {
                 generation: 2,
-                inline: Some(Bytes::from_static(b"after"))
+                inline: Some(Bytes::from_static(b"after")),
+                work_time: None,
             }]
         );
     }

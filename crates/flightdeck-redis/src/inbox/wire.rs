@@ -2,6 +2,8 @@
 //! carries them and the node subscribes them, and the messages the
 //! scripts publish to them (see [`scripts`](crate::scripts)).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use flightdeck_distributed::backend::Notice;
 use fred::types::Value;
@@ -88,20 +90,33 @@ pub(crate) fn parse_message(msg: &Bytes) -> Option<(Bytes, Notice)> {
     Some((msg.slice(..bar), notice))
 }
 
-/// Parses `<gen>|c|<payload>`, `<gen>|c`, `<gen>|a`.
+/// Parses `<gen>|c<work_ms>|<payload>`, `<gen>|c<work_ms>`, `<gen>|a`
+/// (`<work_ms>`, the work's time in milliseconds, may be absent).
 fn parse_notice(payload: &Bytes) -> Option<Notice> {
     let bar = payload.iter().position(|b| *b == b'|')?;
     let generation: u64 = std::str::from_utf8(&payload[..bar]).ok()?.parse().ok()?;
     match &payload[bar + 1..] {
         b"a" => Some(Notice::Abandoned { generation }),
-        b"c" => Some(Notice::Committed {
-            generation,
-            inline: None,
-        }),
-        [b'c', b'|', ..] => Some(Notice::Committed {
-            generation,
-            inline: Some(payload.slice(bar + 3..)),
-        }),
+        [b'c', tail @ ..] => {
+            let digits = tail.iter().take_while(|b| b.is_ascii_digit()).count();
+            let work_time = match digits {
+                0 => None,
+                _ => {
+                    let ms: u64 = std::str::from_utf8(&tail[..digits]).ok()?.parse().ok()?;
+                    Some(Duration::from_millis(ms))
+                }
+            };
+            let inline = match &tail[digits..] {
+                [] => None,
+                [b'|', ..] => Some(payload.slice(bar + 3 + digits..)),
+                _ => return None,
+            };
+            Some(Notice::Committed {
+                generation,
+                inline,
+                work_time,
+            })
+        }
         _ => None,
     }
 }
@@ -120,7 +135,8 @@ mod tests {
                 Bytes::from_static(b"p:{ab}:f4"),
                 Notice::Committed {
                     generation: 7,
-                    inline: Some(Bytes::from_static(b"\x00a|b"))
+                    inline: Some(Bytes::from_static(b"\x00a|b")),
+                    work_time: None,
                 }
             ))
         );
@@ -130,7 +146,30 @@ mod tests {
                 Bytes::from_static(b"r"),
                 Notice::Committed {
                     generation: 7,
-                    inline: None
+                    inline: None,
+                    work_time: None,
+                }
+            ))
+        );
+        assert_eq!(
+            m(b"r|7|c250|9|x"),
+            Some((
+                Bytes::from_static(b"r"),
+                Notice::Committed {
+                    generation: 7,
+                    inline: Some(Bytes::from_static(b"9|x")),
+                    work_time: Some(Duration::from_millis(250)),
+                }
+            ))
+        );
+        assert_eq!(
+            m(b"r|7|c0"),
+            Some((
+                Bytes::from_static(b"r"),
+                Notice::Committed {
+                    generation: 7,
+                    inline: None,
+                    work_time: Some(Duration::ZERO),
                 }
             ))
         );
@@ -151,6 +190,8 @@ mod tests {
             b"r|1|z",
             b"r|-1|a",
             b"r|1|cx",
+            b"r|1|c12x",
+            b"r|1|c99999999999999999999999",
         ] {
             assert_eq!(parse_message(&Bytes::from_static(bad)), None, "{bad:?}");
         }

@@ -51,7 +51,8 @@ pub async fn notices_carry_small_payloads_inline<B: Backend>(b: &B) {
         next_notice(&mut sub).await,
         Notice::Committed {
             generation: g,
-            inline: Some(Bytes::from_static(b"\x01small\xfe|x"))
+            inline: Some(Bytes::from_static(b"\x01small\xfe|x")),
+            work_time: Some(Duration::ZERO),
         }
     );
     drop(sub);
@@ -66,7 +67,8 @@ pub async fn notices_carry_small_payloads_inline<B: Backend>(b: &B) {
         next_notice(&mut sub).await,
         Notice::Committed {
             generation: g,
-            inline: None
+            inline: None,
+            work_time: Some(Duration::ZERO),
         }
     );
 }
