@@ -508,6 +508,7 @@ where
                 work_time,
                 inline_below: st.policy.inline_below_bytes(),
                 state_ttl: cx.terms.state_ttl,
+                sent: None,
             };
             let attempts = st.policy.commit_attempt_count();
             let mut attempt = 0;
@@ -515,7 +516,9 @@ where
             loop {
                 attempt += 1;
                 if !keep_stale.is_zero() {
-                    args.ttl = replay_ttl.saturating_sub(ended.elapsed());
+                    let now = Instant::now();
+                    args.ttl = replay_ttl.saturating_sub(now.saturating_duration_since(ended));
+                    args.sent = Some(now);
                 }
                 let call = st.timed(
                     cx,

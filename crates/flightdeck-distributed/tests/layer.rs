@@ -215,6 +215,7 @@ async fn commit_as(mem: &MemoryBackend, flight: &FlightId, tok: &OwnerToken, val
         state_ttl: 120 * SEC,
         stale_for: Duration::ZERO,
         work_time: Duration::ZERO,
+        sent: None,
     };
     let done = mem.commit(flight, tok, 1, &args).await.unwrap();
     assert_eq!(done, Committed::Committed);

@@ -644,11 +644,10 @@ async fn slow_node_ran(
     (node, ended)
 }
 
-/// A commit 0.5 s on its way: the store dates the result from its
-/// arrival, but the node that ran the work counts its stale answers from
-/// the work's end, so past freshness + window by its clock it runs the
-/// work instead; another node counts from the result's arrival at the
-/// store.
+/// A commit 0.5 s on its way: the node that ran the work counts its stale
+/// answers from the work's end, so past freshness + window by its clock it
+/// runs the work instead; so does another node, by the store's date of
+/// the result, its commit's sending (not its arrival, 0.5 s later).
 #[tokio::test(start_paused = true)]
 async fn the_node_that_ran_the_work_counts_from_its_end_despite_a_slow_commit() {
     let window = 5 * SEC;
@@ -667,23 +666,28 @@ async fn the_node_that_ran_the_work_counts_from_its_end_despite_a_slow_commit() 
     let (a, ended) = slow_node_ran(&store, policy.clone(), &k, &work).await;
     let b = DistributedFlights::new(store, policy, PostcardCodec::new()).unwrap();
     tokio::time::sleep_until(ended + FRESH + window + SEC / 4).await;
-    // The store still keeps v1 (0.25 s left by its clock), but the node
-    // that ran it knows it ended 15.25 s ago: nothing stale answers, the
-    // work runs.
+    // The node that ran v1 knows it ended 15.25 s ago (and the store dates
+    // it from its commit's sending): nothing stale answers, the work runs.
     let (v, how, _) = call(&a, &k, &work).await;
     assert_eq!((v.as_str(), how), ("v2", Answered::Ran));
-    // Another node counts from the result's arrival: the store's age.
+    // Another node counts from the commit's sending: the store's age.
     let k = key("transit-other");
+    let sent = Instant::now();
     let (v, _, _) = call(&a, &k, &work).await;
     assert_eq!(v, "v3");
     a.idle().await;
-    let arrived = Instant::now();
-    tokio::time::sleep_until(arrived + FRESH + window - SEC / 4).await;
+    assert_eq!(
+        Instant::now(),
+        sent + SEC / 2,
+        "the commit landed 0.5 s late"
+    );
+    tokio::time::sleep_until(sent + FRESH + window - SEC / 4).await;
     let (v, how, _) = call(&b, &k, &work).await;
     assert_eq!(
         (v.as_str(), reason(how)),
         ("v3", Some(StaleReason::Revalidate))
     );
+    // As old as since its sending (since its arrival: 0.5 s less).
     assert_eq!(how.stale().unwrap().age, FRESH + window - SEC / 4);
 }
 

@@ -351,6 +351,7 @@ impl Replay {
                     state_ttl: ms(t.state_ttl),
                     stale_for: ms(t.stale_for),
                     work_time: ms(t.work_time),
+                    sent: None,
                 };
                 Real::Committed(
                     b.commit(flight, &token(tok), gens.real(gen), &args)

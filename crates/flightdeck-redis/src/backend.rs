@@ -458,9 +458,16 @@ impl Backend for RedisBackend {
         generation: u64,
         args: &'a CommitArgs,
     ) -> BackendFuture<'a, Committed> {
+        // When it was sent, in the server's time (see `CommitArgs::sent`),
+        // as the last ACQUIRE reply from its slot lets the client tell.
+        let sent = args.sent.and_then(|sent| {
+            let now = tokio::time::Instant::now();
+            self.inner.clocks.not_after(self.slot_of(flight), now, sent)
+        });
         Box::pin(async move {
             let argv = || {
-                self.script_args(flight, Names::Record, 8)
+                let argv = self
+                    .script_args(flight, Names::Record, 9)
                     .bytes(token.as_bytes())
                     .uint(generation)
                     .value(bytes(&args.payload))
@@ -468,7 +475,11 @@ impl Backend for RedisBackend {
                     .fixed(flag(args.payload.len() <= args.inline_below))
                     .millis(args.retain)
                     .millis_or_zero(args.stale_for)
-                    .millis_or_zero(args.work_time)
+                    .millis_or_zero(args.work_time);
+                match sent {
+                    Some(ms) => argv.uint(ms),
+                    None => argv.fixed(""),
+                }
             };
             committed(&self.eval(COMMIT, argv).await?)
         })

@@ -316,12 +316,14 @@ redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]),
 return 'RENEWED'
 ";
 
-/// `COMMIT(tok, gen, payload, ttl_ms, inline, retain_ms, stale_ms, work_ms)`
-/// → `COMMITTED` | `FENCED`. Only the last grant commits (its lease live
-/// or run out), so a refresh replaces the result it refreshes, and a
-/// refresh an invalidation fenced (or a later grant superseded) replaces
-/// nothing. Stores the result with its commit time (`ct`) and work time
-/// (`wt`, `work_ms`): fresh for `ttl_ms` (`fu`; 0: never replayed to an
+/// `COMMIT(tok, gen, payload, ttl_ms, inline, retain_ms, stale_ms, work_ms,
+/// sent_ms)` → `COMMITTED` | `FENCED`. Only the last grant commits (its
+/// lease live or run out), so a refresh replaces the result it refreshes,
+/// and a refresh an invalidation fenced (or a later grant superseded)
+/// replaces nothing. Stores the result with its commit time (`ct`: when it
+/// was sent, `sent_ms` in the server's time as the client estimates it,
+/// when given and earlier than now, else now) and work time (`wt`,
+/// `work_ms`): fresh for `ttl_ms` from `ct` (`fu`; 0: never replayed to an
 /// acquire), answered stale for `stale_ms` more (`su`), kept for the
 /// waiters for `retain_ms`; the record (`ku`, and its expiry) lives for
 /// the longest of these. Ends the lease and a cached failure (`eu`; a
@@ -350,9 +352,14 @@ local w = r[5] or ''
 local tm = redis.call('TIME')
 local now = math.floor(tm[1] * 1000 + tm[2] / 1000)
 local ttl = tonumber(ARGV[4])
-local keep = math.max(ttl + ARGV[7], tonumber(ARGV[6]), 1)
-local fu, su = string.format('%.0f', now + ttl), string.format('%.0f', now + ttl + ARGV[7])
-local ku, ct, x = string.format('%.0f', now + keep), string.format('%.0f', now), remember(r[6], ARGV[1])
+local base = now
+local sent = tonumber(ARGV[9])
+if sent and sent < now then
+  base = sent
+end
+local keep = math.max(base + ttl + ARGV[7] - now, tonumber(ARGV[6]), 1)
+local fu, su = string.format('%.0f', base + ttl), string.format('%.0f', base + ttl + ARGV[7])
+local ku, ct, x = string.format('%.0f', now + keep), string.format('%.0f', base), remember(r[6], ARGV[1])
 if w == '' and (not r[8] or r[8] == '0') then
   redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', ARGV[8], 'x', x)
 else

@@ -542,6 +542,7 @@ async fn owner_follower_hit(a: &RedisBackend, b: &RedisBackend, key: &str) {
         state_ttl: Duration::from_secs(20),
         stale_for: Duration::ZERO,
         work_time: Duration::ZERO,
+        sent: None,
     };
     let committed = a.commit(&f, &me, generation, &args).await;
     assert_eq!(committed.ok(), Some(Committed::Committed), "{key}");

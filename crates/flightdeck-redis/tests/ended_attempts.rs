@@ -84,6 +84,7 @@ async fn late_acquire_of_a_committed_token(b: &dyn Backend) {
         state_ttl: TERMS.state_ttl,
         stale_for: Duration::ZERO,
         work_time: Duration::ZERO,
+        sent: None,
     };
     assert_eq!(
         b.commit(&f, &t1, g1, &args).await.unwrap(),

@@ -436,6 +436,7 @@ async fn publish_before_subscribe_is_not_a_lost_wakeup() {
                 state_ttl: Duration::from_secs(60),
                 stale_for: Duration::ZERO,
                 work_time: Duration::ZERO,
+                sent: None,
             };
             let done = committer
                 .commit(&flight, &tok, generation, &args)

@@ -67,6 +67,7 @@ fn commit(payload: &'static [u8], ttl: Duration, stale_for: Duration) -> CommitA
         work_time: WORK,
         inline_below: 1024,
         state_ttl: Duration::from_secs(60),
+        sent: None,
     }
 }
 

@@ -74,14 +74,16 @@
 //! older work from answering. Seeds 9036686, 3026286 and 3018727 found a
 //! caller told how another run of its key, beside its own on the same
 //! node (after a purge, or a waiter's own run), was answered (stale);
-//! each run now notes its answer under its leader's arrival. Still
-//! failing the "had given" check (outside the range CI runs; each fails
-//! without these fixes too): 1046349, 7028086 and 3050253, by the
-//! documented limit (a commit held up on its way by a frozen store makes
-//! the store's result look younger by the hold-up, docs/guarantees.md);
-//! 9022866 and 9041767 (a result a follower received is ordered by its
+//! each run now notes its answer under its leader's arrival. Seeds
+//! 9022866 and 9041767 found a result a follower received ordered by its
 //! flight's start on this node, not by its work's, which began earlier on
-//! another node).
+//! another node; the commit notice now carries the work's time. Seeds
+//! 1046349, 7028086 and 3050253 found a commit held up on its way by a
+//! frozen store dated from its arrival, so the store's result looked
+//! younger by the hold-up and answered in place of a newer one; a commit
+//! now says when it was sent, and the store dates it from then. With
+//! these, seeds 1000000–1059999, 2000000–2059999, 3000000–3059999,
+//! 5000000–5059999, 7000000–7059999 and 9000000–9059999 all pass.
 //!
 //! # The fault model
 //!

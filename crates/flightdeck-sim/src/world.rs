@@ -412,14 +412,16 @@ impl World {
         }
     }
 
-    /// Journals an applied COMMIT's answer and checks it.
+    /// Journals an applied COMMIT's answer and checks it: its `ttl` runs
+    /// from when it was `sent` (see `CommitArgs::sent`), never later than
+    /// now.
     fn committed(
         &self,
         who: Incarnation,
         flight: &FlightId,
         token: &OwnerToken,
         gen: u64,
-        ttl: Duration,
+        (ttl, sent): (Duration, Option<Instant>),
         answer: &Committed,
     ) {
         let mut st = self.lock();
@@ -443,8 +445,9 @@ impl World {
             // A retry of the commit (or its duplicate) answers COMMITTED
             // again and changes nothing: the result's TTL runs from the
             // first.
+            let now = Instant::now();
             log.last = Some(Last::Committed {
-                expires: Instant::now() + ttl,
+                expires: sent.map_or(now, |sent| sent.min(now)) + ttl,
             });
             log.lost = None;
         }
@@ -705,7 +708,14 @@ impl Backend for SimBackend {
         let (flight, token, args, who) = (*flight, token.clone(), args.clone(), self.who);
         self.call(label("COMMIT", &flight, Some(&token)), move |w| {
             let answer = now(w.mem.commit(&flight, &token, generation, &args))?;
-            w.committed(who, &flight, &token, generation, args.ttl, &answer);
+            w.committed(
+                who,
+                &flight,
+                &token,
+                generation,
+                (args.ttl, args.sent),
+                &answer,
+            );
             Ok(answer)
         })
     }

@@ -263,3 +263,30 @@ fn seed_9036686_a_caller_is_told_of_its_own_flight() {
         assert!(report.passed(), "{report}");
     }
 }
+
+/// Seeds 9022866 and 9041767 found it: a node ran the work in the local
+/// fallback while another node's owner ran it; this node's follower then
+/// received the owner's result, whose work had started earlier, and kept
+/// it as if it had started with its own flight: the older result became
+/// the copy and answered stale. A result from the store is now ordered by
+/// its work's start (its work time rides with the commit notice).
+#[test]
+fn seed_9022866_a_result_from_the_store_is_ordered_by_its_works_start() {
+    for seed in [9_022_866, 9_041_767] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}
+
+/// Seeds 1046349, 7028086 and 3050253 found it: a commit held up on its
+/// way by a frozen store was dated from its arrival, so the store's result
+/// looked younger by the hold-up, and its work, older than a result a node
+/// had given, answered stale there. A commit now says when it was sent,
+/// and the store dates it from then.
+#[test]
+fn seed_1046349_a_commit_held_up_on_its_way_is_dated_from_its_sending() {
+    for seed in [1_046_349, 7_028_086, 3_050_253] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}

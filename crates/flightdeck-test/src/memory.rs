@@ -552,7 +552,10 @@ impl MemoryBackend {
             (None, Some(_)) => {}
         }
         r.deadline = None;
-        let fresh_until = now + args.ttl;
+        // Dated from its sending (see `CommitArgs::sent`), never later
+        // than now.
+        let at = args.sent.map_or(now, |sent| sent.min(now));
+        let fresh_until = at + args.ttl;
         let stale_until = fresh_until + args.stale_for;
         // As the scripts' `ku`: the waiters get it as long as it is kept.
         let keep_until = stale_until.max(now + args.retain);
@@ -562,7 +565,7 @@ impl MemoryBackend {
             gen,
             status: ResultStatus::Ok,
             payload: args.payload.clone(),
-            at: now,
+            at,
             ttl: args.ttl,
             work_time: args.work_time,
             fresh_until,

@@ -130,6 +130,7 @@
 //!     work_time: Duration::from_millis(40),
 //!     inline_below: 1024,
 //!     state_ttl: Duration::from_secs(120),
+//!     sent: None,
 //! };
 //! assert_eq!(backend.commit(&flight, &me, generation, &args).await.unwrap(), Committed::Committed);
 //! # }

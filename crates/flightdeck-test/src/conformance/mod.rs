@@ -208,6 +208,7 @@ pub fn commit_args(payload: &'static [u8], inline_below: usize) -> CommitArgs {
         state_ttl: Duration::from_secs(30),
         stale_for: Duration::ZERO,
         work_time: Duration::ZERO,
+        sent: None,
     }
 }
 

@@ -436,6 +436,38 @@ pub async fn stored_results_carry_age_ttl_and_work_time<B: Backend>(b: &B) {
     }
 }
 
+/// A commit that says when it was sent ([`CommitArgs::sent`]) is dated
+/// from then, not from its arrival: one held up on its way (here 400 ms,
+/// as by a frozen store) is as old as it is, and fresh no longer for it.
+pub async fn a_commit_is_dated_from_its_sending<B: Backend>(b: &B) {
+    let f = fresh_flight();
+    let a = OwnerToken::random();
+    let t = long_terms();
+    let g = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let held = Duration::from_millis(400);
+    let sent = Instant::now();
+    tokio::time::sleep(held).await;
+    let ttl = Duration::from_secs(30);
+    let args = CommitArgs {
+        sent: Some(sent),
+        ..stale_commit(b"v", ttl, Duration::ZERO)
+    };
+    assert_eq!(
+        b.commit(&f, &a, g, &args).await.unwrap(),
+        Committed::Committed
+    );
+    match b.acquire(&f, &OwnerToken::random(), &t).await.unwrap() {
+        Acquired::Hit(r) => {
+            assert!(
+                r.age >= held - CLOCK_MARGIN && r.age < ttl,
+                "dated from its sending, by the store's clock: {r:?}"
+            );
+            assert_eq!(r.fresh_for(), ttl - r.age, "{r:?}");
+        }
+        other => panic!("expected HIT, got {other:?}"),
+    }
+}
+
 /// Durations past any deployment's (`Duration::MAX`) are taken as
 /// [`MAX_DURATION`]: a commit, an early refresh's grant and an abandon
 /// caching a failure with a throttle all take effect, none panics nor is
@@ -493,6 +525,7 @@ pub async fn stale_checks<B: Backend>(b: &B) {
         a_failed_refresh_throttles_the_next(b),
         early_refreshes_are_granted_once(b),
         stored_results_carry_age_ttl_and_work_time(b),
+        a_commit_is_dated_from_its_sending(b),
         huge_durations_are_capped(b),
     );
 }
