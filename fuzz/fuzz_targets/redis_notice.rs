@@ -1,5 +1,6 @@
-//! A message on a node's inbox: `<record>|<gen>|c<work_ms>|<payload>`,
-//! `<record>|<gen>|c<work_ms>` (`<work_ms>` may be absent),
+//! A message on a node's inbox: `<record>|<gen>|c<work_ms>,<age_ms>|<payload>`,
+//! `<record>|<gen>|c<work_ms>,<age_ms>` (`<work_ms>` and `,<age_ms>` may
+//! be absent),
 //! `<record>|<gen>|a`, or anything another client
 //! published there. Parsed into the notice it spells, or refused; never a
 //! panic.
@@ -28,6 +29,7 @@ fuzz_target!(|data: &[u8]| {
             generation,
             inline,
             work_time,
+            age,
         } => {
             assert_eq!(digits.parse::<u64>().ok(), Some(generation));
             assert_eq!(tail[0], b'c');
@@ -36,7 +38,19 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(work_time.map(|t| t.as_millis().to_string()), (ms > 0).then(|| {
                 told.parse::<u64>().expect("a number").to_string()
             }));
-            let rest = &tail[1 + ms..];
+            let mut rest = &tail[1 + ms..];
+            match rest.first() {
+                Some(b',') => {
+                    let n = rest[1..].iter().take_while(|b| b.is_ascii_digit()).count();
+                    let told: u64 = std::str::from_utf8(&rest[1..1 + n])
+                        .expect("digits")
+                        .parse()
+                        .expect("a number");
+                    assert_eq!(age.as_millis(), u128::from(told));
+                    rest = &rest[1 + n..];
+                }
+                _ => assert!(age.is_zero()),
+            }
             match inline {
                 Some(p) => {
                     assert_eq!(rest[0], b'|');

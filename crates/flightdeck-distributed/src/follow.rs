@@ -153,7 +153,7 @@ where
                 .max(MIN_POLL);
             let wake_at = (Instant::now() + jittered(poll, 0.5, 1.0)).min(deadline);
             match wait(&mut sub, wake_at, observed).await {
-                Wake::Inline(committed, payload, work_time) => {
+                Wake::Inline(committed, payload, work_time, age) => {
                     record_wait();
                     tracing::debug!(stage = %cx.stage(), flight = %cx.flight, role = "follower", "result arrived inline");
                     // Committed after this follower's first call. With
@@ -170,10 +170,7 @@ where
                     return match st.decode::<E::Shared>(cx.named(), &payload) {
                         Ok(v) if exec.serves(&v, &req) => {
                             st.hit_here(cx, committed);
-                            *came = Some(Answered::Followed {
-                                age: Duration::ZERO,
-                                work_time,
-                            });
+                            *came = Some(Answered::Followed { age, work_time });
                             Ok(Shareable::Shared(v))
                         }
                         Ok(_) => exec.execute(req, Role::Unserved).await,
@@ -330,9 +327,9 @@ where
 }
 
 enum Wake {
-    /// The generation that committed, its payload, and how long its work
-    /// took (when the store told).
-    Inline(u64, Bytes, Option<Duration>),
+    /// The generation that committed, its payload, how long its work took
+    /// (when the store told) and how old it was when the notice was sent.
+    Inline(u64, Bytes, Option<Duration>, Duration),
     Recheck,
     Timer,
 }
@@ -363,9 +360,10 @@ async fn wait(sub: &mut Option<Subscription>, until: Instant, observed: u64) -> 
                 generation,
                 inline,
                 work_time,
+                age,
             })) if generation >= observed => {
                 return match inline {
-                    Some(p) => Wake::Inline(generation, p, work_time),
+                    Some(p) => Wake::Inline(generation, p, work_time, age),
                     None => Wake::Recheck,
                 }
             }

@@ -417,6 +417,7 @@ impl Watched {
         generation: u64,
         payload: Bytes,
         work_time: Option<Duration>,
+        age: Duration,
     ) -> Option<Arc<Watched>> {
         if generation <= self.kept.generation {
             return None;
@@ -427,9 +428,9 @@ impl Watched {
             generation,
             status: ResultStatus::Ok,
             payload,
-            age: Duration::ZERO,
+            age,
             ttl: self.fresh,
-            work_time: work_time.map_or(since, |w| w.max(since)),
+            work_time: work_time.map_or(since, |w| w.max(since.saturating_sub(age))),
         };
         Some(Arc::new(Watched {
             flight: self.flight,
@@ -567,7 +568,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                         generation,
                         inline: Some(payload),
                         work_time,
-                    })) => watched.committed(generation, payload, work_time),
+                        age,
+                    })) => watched.committed(generation, payload, work_time, age),
                     _ => None,
                 };
                 let Some(next) = next else { break };

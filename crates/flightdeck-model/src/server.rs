@@ -281,9 +281,9 @@ impl Answer {
     }
 }
 
-/// A message published to a node's inbox: `<record>|<gen>|c<work_ms>|<payload>`
-/// (`Some`: inline, which the model always asks for; the work's time is
-/// not modelled) or `<record>|<gen>|a` (`None`).
+/// A message published to a node's inbox: `<record>|<gen>|c<work_ms>,<age_ms>|<payload>`
+/// (`Some`: inline, which the model always asks for; the work's time and
+/// the result's age are not modelled) or `<record>|<gen>|a` (`None`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Notice {
     /// The inbox's node.

@@ -483,10 +483,11 @@ impl Replay {
                 let gen: u64 = gen
                     .and_then(|g| g.parse().ok())
                     .ok_or(format!("notice {text}"))?;
-                // `c<work_ms>`: the work's time rides along (not modelled).
-                let committed = kind
-                    .and_then(|k| k.strip_prefix('c'))
-                    .is_some_and(|ms| ms.parse::<u64>().is_ok());
+                // `c<work_ms>,<age_ms>`: the work's time and the result's
+                // age ride along (not modelled).
+                let committed = kind.and_then(|k| k.strip_prefix('c')).is_some_and(|ms| {
+                    ms.split(',').count() == 2 && ms.split(',').all(|n| n.parse::<u64>().is_ok())
+                });
                 let body = match (kind, payload) {
                     (Some(_), Some(p)) if committed => Some(body_of(p.as_bytes())),
                     (Some("a"), None) => None,

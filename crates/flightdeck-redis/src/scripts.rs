@@ -90,11 +90,12 @@
 //! neither a SUBSCRIBE nor a second ACQUIRE. A grant that ends with nobody
 //! following publishes nothing.
 //!
-//! **Messages** to an inbox: `<record>|<gen>|c<work_ms>|<payload>`
-//! (inline), `<record>|<gen>|c<work_ms>`, or `<record>|<gen>|a`
+//! **Messages** to an inbox: `<record>|<gen>|c<work_ms>,<age_ms>|<payload>`
+//! (inline), `<record>|<gen>|c<work_ms>,<age_ms>`, or `<record>|<gen>|a`
 //! (abandoned, released or invalidated: race again), where `<record>` is
-//! the flight's record name and `<work_ms>` the work's time in
-//! milliseconds (the commit's `work_ms`).
+//! the flight's record name, `<work_ms>` the work's time (the commit's
+//! `work_ms`) and `<age_ms>` the result's age as the commit dates it
+//! (its `ct`), in milliseconds.
 //!
 //! **Inner commands** per answer (the per-flight budget, checked by the
 //! crate's tests through `INFO commandstats`); `+ n PUBLISH` is one per
@@ -367,7 +368,7 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep))
 if w ~= '' then
-  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c' .. ARGV[8]
+  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c' .. ARGV[8] .. ',' .. string.format('%.0f', now - base)
   if ARGV[5] == '1' then
     m = m .. '|' .. ARGV[3]
   end

@@ -673,6 +673,7 @@ async fn old_and_new_layouts_never_read_each_other() {
             generation: g,
             inline: Some(Bytes::from_static(b"new result")),
             work_time: Some(Duration::ZERO),
+            age: Duration::ZERO,
         })
     );
 
@@ -789,6 +790,7 @@ async fn f2_and_f3_layouts_never_read_each_other() {
             generation: g,
             inline: Some(Bytes::from_static(b"new")),
             work_time: Some(Duration::ZERO),
+            age: Duration::ZERO,
         })
     );
     assert!(

@@ -44,6 +44,7 @@ pub struct Hooked<B> {
     inner: B,
     before_subscribe: Option<Hook>,
     after_acquire: Option<Hook>,
+    before_commit: Option<Hook>,
     lose_acquire_replies: Arc<AtomicUsize>,
 }
 
@@ -54,6 +55,7 @@ impl<B> Hooked<B> {
             inner,
             before_subscribe: None,
             after_acquire: None,
+            before_commit: None,
             lose_acquire_replies: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -83,6 +85,17 @@ impl<B> Hooked<B> {
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.after_acquire = Some(Arc::new(move |f| Box::pin(hook(f))));
+        self
+    }
+
+    /// Runs `hook(flight)` to completion before every `commit` reaches
+    /// the backend (a commit held up on its way: a frozen store).
+    pub fn before_commit<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(FlightId) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.before_commit = Some(Arc::new(move |f| Box::pin(hook(f))));
         self
     }
 
@@ -139,7 +152,22 @@ impl<B: Backend> Backend for Hooked<B> {
         Box::pin(self.hooked(flight, self.inner.acquire_with(flight, token, ask, terms)))
     }
 
-    flightdeck_distributed::forward_backend!(inner => heartbeat, commit, abandon, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+    flightdeck_distributed::forward_backend!(inner => heartbeat, abandon, invalidate, release, reject_early, unreachable, shard, sharded, shards, invalidated_since, wait_replicas, call_timeout_hint);
+
+    fn commit<'a>(
+        &'a self,
+        flight: &'a FlightId,
+        token: &'a OwnerToken,
+        generation: u64,
+        args: &'a flightdeck_distributed::backend::CommitArgs,
+    ) -> BackendFuture<'a, flightdeck_distributed::backend::Committed> {
+        Box::pin(async move {
+            if let Some(hook) = &self.before_commit {
+                hook(*flight).await;
+            }
+            self.inner.commit(flight, token, generation, args).await
+        })
+    }
 
     fn subscribe<'a>(&'a self, flight: &'a FlightId) -> BackendFuture<'a, Subscription> {
         Box::pin(async move {

@@ -582,6 +582,7 @@ impl MemoryBackend {
                 generation: gen,
                 inline,
                 work_time: Some(args.work_time),
+                age: now.saturating_duration_since(at),
             },
         );
         Committed::Committed

@@ -726,3 +726,46 @@ fn a_runtime_shutdown_does_not_leave_an_early_refresh_claim_behind() {
         assert_eq!(origin.calls(), 3, "the grace refresh ran");
     });
 }
+
+/// A result a node receives in a commit's notice is ordered by its work's
+/// start even when the commit was held up on its way (a frozen store:
+/// 150 ms here): a's v1 (started at 0) must not look as if its work
+/// started after b's own v2 (started at 0.1 s, run alone with the store
+/// down, given to b's caller), replace v2 as b's copy, and later answer on
+/// b although b gave v2, of work that started later.
+#[tokio::test(start_paused = true)]
+async fn a_held_up_commits_notice_does_not_replace_a_later_started_copy() {
+    let origin = Origin::new();
+    let store = flightdeck_test::MemoryBackend::new();
+    let held = flightdeck_test::Hooked::new(store.clone())
+        .before_commit(|_| tokio::time::sleep(Duration::from_millis(150)));
+    let [a, b] = nodes_on(held, "x-held-notice", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(10);
+    });
+    origin.delay_ms.store(1_500, Ordering::SeqCst);
+    let first = tokio::spawn(call(&a));
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    origin.delay_ms.store(200, Ordering::SeqCst);
+    store.set_unavailable(true);
+    assert_eq!(call(&b).await.1, "v2", "b runs it alone, the store down");
+    store.set_unavailable(false);
+    // b's copy of v2 (ended at 0.3 s) is past its freshness at 1.3 s: b's
+    // next caller follows a's flight and gets v1 by its commit's notice.
+    tokio::time::advance(Duration::from_millis(1_050)).await;
+    assert_eq!(call(&b).await.1, "v1", "b follows a's flight");
+    assert_eq!(first.await.unwrap().1, "v1");
+    // With b's store down, its copy answers: it must be the result of
+    // the latest-started work b gave, v2.
+    b.layer
+        .stage("x-held-notice")
+        .unwrap()
+        .breaker()
+        .force_open();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(
+        call(&b).await.1,
+        "v2",
+        "b's copy is of the latest-started work it gave"
+    );
+}

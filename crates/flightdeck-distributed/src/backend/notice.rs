@@ -21,6 +21,11 @@ pub enum Notice {
         /// when the backend tells (this workspace's do): a node orders a
         /// result it receives by its work's start.
         work_time: Option<Duration>,
+        /// How old the result was when the notice was sent: a commit dated
+        /// from its sending ([`CommitArgs::sent`](crate::backend::CommitArgs::sent))
+        /// that was held up on its way is that much older than its
+        /// notice. Zero when the backend does not tell.
+        age: Duration,
     },
     /// A generation was abandoned: race for the flight again.
     Abandoned {

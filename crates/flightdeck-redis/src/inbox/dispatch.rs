@@ -223,6 +223,7 @@ impl Drop for Registered {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use std::time::Duration;
 
     pub(crate) fn message(text: &str) -> Message {
         Message {
@@ -249,6 +250,7 @@ pub(super) mod tests {
                 generation: 9,
                 inline: None,
                 work_time: None,
+                age: Duration::ZERO,
             }
         );
         assert!(rx2.try_recv().is_err());

@@ -479,6 +479,7 @@ mod tests {
                 generation: 2,
                 inline: Some(Bytes::from_static(b"after")),
                 work_time: None,
+                age: Duration::ZERO,
             }]
         );
     }

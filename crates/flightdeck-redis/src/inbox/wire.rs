@@ -90,8 +90,9 @@ pub(crate) fn parse_message(msg: &Bytes) -> Option<(Bytes, Notice)> {
     Some((msg.slice(..bar), notice))
 }
 
-/// Parses `<gen>|c<work_ms>|<payload>`, `<gen>|c<work_ms>`, `<gen>|a`
-/// (`<work_ms>`, the work's time in milliseconds, may be absent).
+/// Parses `<gen>|c<work_ms>,<age_ms>|<payload>`, `<gen>|c<work_ms>,<age_ms>`,
+/// `<gen>|a` (`<work_ms>`, the work's time, and `,<age_ms>`, the result's
+/// age when published, in milliseconds, may be absent).
 fn parse_notice(payload: &Bytes) -> Option<Notice> {
     let bar = payload.iter().position(|b| *b == b'|')?;
     let generation: u64 = std::str::from_utf8(&payload[..bar]).ok()?.parse().ok()?;
@@ -106,15 +107,24 @@ fn parse_notice(payload: &Bytes) -> Option<Notice> {
                     Some(Duration::from_millis(ms))
                 }
             };
-            let inline = match &tail[digits..] {
+            let (age, rest) = match &tail[digits..] {
+                [b',', rest @ ..] => {
+                    let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+                    let ms: u64 = std::str::from_utf8(&rest[..n]).ok()?.parse().ok()?;
+                    (Duration::from_millis(ms), &rest[n..])
+                }
+                rest => (Duration::ZERO, rest),
+            };
+            let inline = match rest {
                 [] => None,
-                [b'|', ..] => Some(payload.slice(bar + 3 + digits..)),
+                [b'|', ..] => Some(payload.slice(payload.len() - rest.len() + 1..)),
                 _ => return None,
             };
             Some(Notice::Committed {
                 generation,
                 inline,
                 work_time,
+                age,
             })
         }
         _ => None,
@@ -137,6 +147,7 @@ mod tests {
                     generation: 7,
                     inline: Some(Bytes::from_static(b"\x00a|b")),
                     work_time: None,
+                    age: Duration::ZERO,
                 }
             ))
         );
@@ -148,6 +159,7 @@ mod tests {
                     generation: 7,
                     inline: None,
                     work_time: None,
+                    age: Duration::ZERO,
                 }
             ))
         );
@@ -159,17 +171,31 @@ mod tests {
                     generation: 7,
                     inline: Some(Bytes::from_static(b"9|x")),
                     work_time: Some(Duration::from_millis(250)),
+                    age: Duration::ZERO,
                 }
             ))
         );
         assert_eq!(
-            m(b"r|7|c0"),
+            m(b"r|7|c250,1800|,x"),
+            Some((
+                Bytes::from_static(b"r"),
+                Notice::Committed {
+                    generation: 7,
+                    inline: Some(Bytes::from_static(b",x")),
+                    work_time: Some(Duration::from_millis(250)),
+                    age: Duration::from_millis(1800),
+                }
+            ))
+        );
+        assert_eq!(
+            m(b"r|7|c0,0"),
             Some((
                 Bytes::from_static(b"r"),
                 Notice::Committed {
                     generation: 7,
                     inline: None,
                     work_time: Some(Duration::ZERO),
+                    age: Duration::ZERO,
                 }
             ))
         );
@@ -191,6 +217,9 @@ mod tests {
             b"r|-1|a",
             b"r|1|cx",
             b"r|1|c12x",
+            b"r|1|c12,",
+            b"r|1|c12,x",
+            b"r|1|c12,3x",
             b"r|1|c99999999999999999999999",
         ] {
             assert_eq!(parse_message(&Bytes::from_static(bad)), None, "{bad:?}");

@@ -53,6 +53,7 @@ pub async fn notices_carry_small_payloads_inline<B: Backend>(b: &B) {
             generation: g,
             inline: Some(Bytes::from_static(b"\x01small\xfe|x")),
             work_time: Some(Duration::ZERO),
+            age: Duration::ZERO,
         }
     );
     drop(sub);
@@ -69,6 +70,7 @@ pub async fn notices_carry_small_payloads_inline<B: Backend>(b: &B) {
             generation: g,
             inline: None,
             work_time: Some(Duration::ZERO),
+            age: Duration::ZERO,
         }
     );
 }
