@@ -145,6 +145,7 @@ struct Inner<V> {
     /// [`Kept::note_answer`]), at most `NOTES_PER_KEY` per key, oldest
     /// first, and at most `max_entries` keys.
     answers: Map<FlightKey, Vec<Note>>,
+    answer_order: VecDeque<FlightKey>,
     /// Each key's runs in the local fallback (its coordination failed:
     /// the store was unreachable; or it was not asked): when the last one
     /// ended, in the same order, and whether the store was down. At most
@@ -205,6 +206,7 @@ impl<V: Clone> Kept<V> {
                 passes: Map::default(),
                 pass_order: VecDeque::new(),
                 answers: Map::default(),
+                answer_order: VecDeque::new(),
                 fallbacks: Map::default(),
                 floors: Map::default(),
                 floor_order: VecDeque::new(),
@@ -254,9 +256,15 @@ impl<V: Clone> Kept<V> {
     pub(crate) fn note_answer(&self, key: &FlightKey, tag: u64, served: Option<Served>) {
         let end = self.next();
         let mut inner = self.lock();
-        if inner.answers.len() >= self.max_entries && !inner.answers.contains_key(key) {
-            // Bounded: forgetting only costs a caller its Cache-Status.
-            inner.answers.clear();
+        if !inner.answers.contains_key(key) {
+            // Bounded: the keys noted longest ago go first (a caller whose
+            // note went is told nothing of how the store answered it).
+            inner.answer_order.push_back(key.clone());
+            while inner.answer_order.len() > self.max_entries {
+                if let Some(old) = inner.answer_order.pop_front() {
+                    inner.answers.remove(&old);
+                }
+            }
         }
         let notes = inner.answers.entry(key.clone()).or_default();
         if notes.len() >= NOTES_PER_KEY {
@@ -265,21 +273,29 @@ impl<V: Clone> Kept<V> {
         notes.push(Note { tag, end, served });
     }
 
-    /// How the flight of `key` that answered a caller arrived at
-    /// `arrival` was answered, if the store answered it itself or it ran
-    /// in the local fallback: as its leader (or alone, `led`), the note
-    /// of its own run; as a caller that joined a flight, the note of the
-    /// latest-led flight that began before it arrived and ended after.
-    pub(crate) fn answer_since(&self, key: &FlightKey, arrival: u64, led: bool) -> Option<Served> {
+    /// How the flight of `key` that answered a caller was answered, if
+    /// the store answered it itself or it ran in the local fallback. The
+    /// caller took `arrival` (its tag, had it led) before it joined its
+    /// key's flights and `joined_at` right after: as their leader (or
+    /// alone), the note of its own run; as a caller that `joined` a
+    /// flight, the note of the latest-led flight that began before it
+    /// joined and ended after it arrived (its leader may have begun
+    /// between the two, on another thread).
+    pub(crate) fn answer_since(
+        &self,
+        key: &FlightKey,
+        (arrival, joined_at): (u64, u64),
+        joined: bool,
+    ) -> Option<Served> {
         let inner = self.lock();
         let notes = inner.answers.get(key)?;
-        let note = if led {
-            notes.iter().find(|n| n.tag == arrival)
-        } else {
+        let note = if joined {
             notes
                 .iter()
-                .filter(|n| n.tag <= arrival && n.end > arrival)
+                .filter(|n| n.tag <= joined_at && n.end > arrival)
                 .max_by_key(|n| n.tag)
+        } else {
+            notes.iter().find(|n| n.tag == arrival)
         };
         note?.served
     }
@@ -756,5 +772,39 @@ mod tests {
         assert!(kept.floor(&key(6)).is_some());
         // At most `max_entries` floors: the oldest went.
         assert_eq!(kept.floor(&key(2)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn notes_are_read_by_their_own_callers_and_bounded_by_key() {
+        let kept = Kept::<u32>::new(2, 1_000, Duration::from_secs(10), Duration::ZERO);
+        let served = Some(Served::Fallback { collapsed: false });
+        // Two flights of key 1 at once: each caller reads its own.
+        let (a, b) = (kept.arrival(), kept.arrival());
+        let joiner = (kept.arrival(), kept.arrival());
+        kept.note_answer(&key(1), b, served);
+        kept.note_answer(&key(1), a, None);
+        assert_eq!(kept.answer_since(&key(1), (a, a), false), None);
+        assert_eq!(kept.answer_since(&key(1), (b, b), false), served);
+        assert_eq!(
+            kept.answer_since(&key(1), joiner, true),
+            served,
+            "b's: the latest led"
+        );
+        // At most `max_entries` keys: the one noted longest ago goes first.
+        for k in [2, 3] {
+            let t = kept.arrival();
+            kept.note_answer(&key(k), t, served);
+        }
+        assert_eq!(kept.answer_since(&key(1), (b, b), false), None);
+        let t = kept.arrival();
+        kept.note_answer(&key(2), t, served);
+        assert_eq!(kept.answer_since(&key(2), (t, t), false), served);
+        // A caller that joined a flight whose leader began between its
+        // arrival and its joining (another thread) reads that flight's.
+        let arrived = kept.arrival();
+        let leader = kept.arrival();
+        let joined = kept.arrival();
+        kept.note_answer(&key(3), leader, served);
+        assert_eq!(kept.answer_since(&key(3), (arrived, joined), true), served);
     }
 }

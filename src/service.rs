@@ -259,6 +259,7 @@ where
             let arrival = kept.arrival();
             leader.arrival = arrival;
             let run = stage.local.run(&key, caller, leader);
+            let arrival = (arrival, kept.arrival());
             let marks = Box::new(move |joined| stored_answer(&kept, &key, arrival, &ctl, joined));
             ResponseFuture::flight_marked(run, headers, share, marks)
         };
@@ -383,6 +384,7 @@ where
         let arrival = kept.arrival();
         leader.arrival = arrival;
         let run = stage.local.run(&key, caller, leader);
+        let joined_at = kept.arrival();
         let retry_after = windows.retry_after;
         let ctl = Arc::clone(ctl);
         let copy = look.value;
@@ -490,7 +492,7 @@ where
             let out = out?;
             let joined = matches!(out, Answer::Shared(_));
             let stored = fallback_only
-                .then(|| stored_answer(&setup.kept, &key, arrival, &ctl, joined))
+                .then(|| stored_answer(&setup.kept, &key, (arrival, joined_at), &ctl, joined))
                 .flatten();
             let served = stored.unwrap_or(if joined {
                 Served::Collapsed
@@ -677,7 +679,8 @@ where
     }
 }
 
-/// How the flight of `key` that answered a caller arrived at `arrival`
+/// How the flight of `key` that answered a caller (`arrival`: before and
+/// after it joined its key's flights, see [`Kept::answer_since`])
 /// was answered (see [`Kept::answer_since`]), if the store answered it
 /// itself (a hit, a stale result) or it ran in the local fallback; a stale
 /// answer to a caller that joined the flight is counted here (L2 counted
@@ -685,11 +688,11 @@ where
 fn stored_answer<V: Clone>(
     kept: &Kept<V>,
     key: &FlightKey,
-    arrival: u64,
+    arrival: (u64, u64),
     ctl: &Control,
     joined: bool,
 ) -> Option<Served> {
-    let served = match kept.answer_since(key, arrival, !joined) {
+    let served = match kept.answer_since(key, arrival, joined) {
         Some(Served::Fallback { .. }) => Some(Served::Fallback { collapsed: joined }),
         served => served,
     };
