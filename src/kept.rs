@@ -95,6 +95,11 @@ struct Note {
 /// purge or a waiter's run alone beside a flight.
 const NOTES_PER_KEY: usize = 4;
 
+/// How many keys' notes are kept: a flight's callers read its note as it
+/// ends, so only the flights that end together need theirs; more would
+/// only hold memory under a churn of keys.
+const NOTES_MAX_KEYS: usize = 4096;
+
 /// `key`'s last response could not be shared: its callers run their own.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pass;
@@ -143,7 +148,7 @@ struct Inner<V> {
     pass_order: VecDeque<(Instant, FlightKey)>,
     /// How each key's last flights were answered (see
     /// [`Kept::note_answer`]), at most `NOTES_PER_KEY` per key, oldest
-    /// first, and at most `max_entries` keys.
+    /// first, and at most `max_entries` (and `NOTES_MAX_KEYS`) keys.
     answers: Map<FlightKey, Vec<Note>>,
     answer_order: VecDeque<FlightKey>,
     /// Each key's runs in the local fallback (its coordination failed:
@@ -152,7 +157,7 @@ struct Inner<V> {
     /// `max_entries`.
     fallbacks: Map<FlightKey, Fallbacks>,
     /// What remains of copies that went (see [`Floor`]), at most
-    /// `max_entries`, in the order they were left.
+    /// `max_floors`, in the order they were left.
     floors: Map<FlightKey, Floor>,
     floor_order: VecDeque<(Instant, FlightKey)>,
 }
@@ -184,7 +189,16 @@ pub(crate) struct Kept<V> {
     /// after the copy's end a result of work that started before it may
     /// reach the store.
     floor_for: Duration,
+    /// How many floors are kept: `max_entries`, and no more than a quarter
+    /// of `max_bytes` holds at [`FLOOR_COST`] each (a churn of keys whose
+    /// copies the byte bound evicts leaves one floor per key).
+    max_floors: usize,
 }
+
+/// What a floor holds in memory, about, as measured (a churn of 1M keys
+/// whose copies the byte bound evicts: ~650 bytes per floor, its key twice
+/// with what it points to, its instants, the map's overhead).
+const FLOOR_COST: usize = 640;
 
 impl<V: Clone> Kept<V> {
     /// `settle`: how long after a work's start its result may still reach
@@ -216,6 +230,7 @@ impl<V: Clone> Kept<V> {
             max_bytes,
             keep_for,
             floor_for: keep_for.saturating_add(settle),
+            max_floors: max_entries.min(max_bytes / 4 / FLOOR_COST).max(1),
         }
     }
 
@@ -260,7 +275,7 @@ impl<V: Clone> Kept<V> {
             // Bounded: the keys noted longest ago go first (a caller whose
             // note went is told nothing of how the store answered it).
             inner.answer_order.push_back(key.clone());
-            while inner.answer_order.len() > self.max_entries {
+            while inner.answer_order.len() > self.max_entries.min(NOTES_MAX_KEYS) {
                 if let Some(old) = inner.answer_order.pop_front() {
                     inner.answers.remove(&old);
                 }
@@ -383,7 +398,7 @@ impl<V: Clone> Kept<V> {
         Bounds {
             keep_for: self.keep_for,
             floor_for: self.floor_for,
-            max_entries: self.max_entries,
+            max_floors: self.max_floors,
         }
     }
 
@@ -569,7 +584,7 @@ impl<V: Clone> Kept<V> {
 struct Bounds {
     keep_for: Duration,
     floor_for: Duration,
-    max_entries: usize,
+    max_floors: usize,
 }
 
 impl<V: Clone> Inner<V> {
@@ -625,7 +640,7 @@ impl<V> Inner<V> {
                 .insert(key.clone(), Floor { order, done, until });
             self.floor_order.push_back((until, key.clone()));
         }
-        trim(&mut self.floor_order, now, b.max_entries, |k, at| {
+        trim(&mut self.floor_order, now, b.max_floors, |k, at| {
             if self.floors.get(&k).is_some_and(|f| f.until == at) {
                 self.floors.remove(&k);
             }

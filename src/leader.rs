@@ -194,7 +194,11 @@ where
             LeadProj::Here { fut, record } => {
                 let out = ready!(fut.poll(cx));
                 if let Some(r) = record.take() {
-                    r.note(Answered::Ran);
+                    // Only a run in the local fallback has something to
+                    // say; a local one never asked the store.
+                    if !matches!(r.fell_back, FellBack::No) {
+                        r.note(Answered::Ran);
+                    }
                     r.keep(&out, Duration::ZERO, None);
                 }
                 Poll::Ready(out)
