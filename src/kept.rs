@@ -261,6 +261,12 @@ impl<V: Clone> Kept<V> {
         self.next()
     }
 
+    /// Where the order stands now, taking no place in it (a read, not an
+    /// increment): every arrival taken before is at most this.
+    pub(crate) fn now_at(&self) -> u64 {
+        self.next.load(Ordering::Acquire)
+    }
+
     /// Notes how `key`'s flight (or a caller's run alone) that ends now
     /// was answered: `tag`, its leader's [`arrival`](Self::arrival);
     /// `served`, how the store answered it itself (a hit, a stale result)

@@ -259,7 +259,7 @@ where
             let arrival = kept.arrival();
             leader.arrival = arrival;
             let run = stage.local.run(&key, caller, leader);
-            let arrival = (arrival, kept.arrival());
+            let arrival = (arrival, kept.now_at());
             let marks = Box::new(move |joined| stored_answer(&kept, &key, arrival, &ctl, joined));
             ResponseFuture::flight_marked(run, headers, share, marks)
         };
@@ -384,7 +384,7 @@ where
         let arrival = kept.arrival();
         leader.arrival = arrival;
         let run = stage.local.run(&key, caller, leader);
-        let joined_at = kept.arrival();
+        let joined_at = kept.now_at();
         let retry_after = windows.retry_after;
         let ctl = Arc::clone(ctl);
         let copy = look.value;
