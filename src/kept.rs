@@ -267,13 +267,15 @@ impl<V: Clone> Kept<V> {
         self.next.load(Ordering::Acquire)
     }
 
-    /// Notes how `key`'s flight (or a caller's run alone) that ends now
-    /// was answered: `tag`, its leader's [`arrival`](Self::arrival);
-    /// `served`, how the store answered it itself (a hit, a stale result)
-    /// or that it ran in the local fallback, `None` for neither. Each run
-    /// notes, so that a caller finds its own flight's note even while
-    /// another flight of the key runs beside it (one a purge left, or a
-    /// waiter's own run).
+    /// Notes how `key`'s flight that ends now was answered: `tag`, its
+    /// leader's [`arrival`](Self::arrival); `served`, how the store
+    /// answered it itself (a hit, a stale result) or that it ran in the
+    /// local fallback, `None` for neither. Every flight that could ask the
+    /// store notes, `None` too, so that a caller that joined it finds its
+    /// note, not that of another flight of the key running beside it (one
+    /// a purge left); a run here that never could (LOCAL_ONLY, a caller's
+    /// own run) notes nothing, and its leader, reading its own tag, finds
+    /// nothing.
     pub(crate) fn note_answer(&self, key: &FlightKey, tag: u64, served: Option<Served>) {
         let end = self.next();
         let mut inner = self.lock();

@@ -80,8 +80,9 @@ pub(crate) struct Record<Sh: SharedForm> {
     fresh: Duration,
     /// A caller's own flight (or run alone): its leader's arrival, under
     /// which it notes how it was answered for its callers
-    /// ([`Kept::note_answer`](crate::kept::Kept::note_answer)); 0 for a
-    /// run within a flight, which notes nothing.
+    /// ([`Kept::note_answer`](crate::kept::Kept::note_answer)) when it
+    /// could ask the store; 0 for a run within a flight, which notes
+    /// nothing.
     tag: u64,
     /// Whether it ran in the local fallback (told late by a flight
     /// launched to the store).
@@ -245,8 +246,8 @@ pub struct Leader<S, Req, R, Sh: SharedForm> {
     pub(crate) bound: Option<Duration>,
     /// Where the caller stands among its key's flights on this node
     /// ([`Kept::arrival`](crate::kept::Kept::arrival)), when the stage
-    /// keeps results; 0 otherwise. The flight it leads (or its run alone)
-    /// notes how it was answered under it.
+    /// keeps results; 0 otherwise. The flight it leads notes how it was
+    /// answered under it (a run here, only from the local fallback).
     pub(crate) arrival: u64,
 }
 
