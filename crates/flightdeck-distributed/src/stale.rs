@@ -64,7 +64,7 @@ pub enum Answered {
     /// By another node's result this flight waited for (its commit's
     /// notice, or a re-check that found it committed).
     Followed {
-        /// How old it was when it came (zero for a notice).
+        /// How old it was when it came (a notice's: as old as it says).
         age: Duration,
         /// How long the work that produced it took, when the store told.
         work_time: Option<Duration>,

@@ -77,8 +77,9 @@ pub trait Execute<Req>: Send {
 }
 
 /// A node's own copy of a key's result, as [`Execute::kept_here`] tells
-/// it: the copy while it may still answer, and when the work that
-/// produced it ended, by this node's clock. The copy is dated by its end:
+/// it: the copy while it may still answer, when the work that produced it
+/// ended, by this node's clock, and how long it took (a copy standing in
+/// for the store's result is told with it). The copy is dated by its end:
 /// the time its work took, as a node measures it, may include its flight's
 /// store calls, which would date it too early.
 #[derive(Clone, Debug)]
