@@ -207,10 +207,7 @@ where
     /// answer from the store never goes back past it.
     fn kept_here(&self) -> Option<KeptHere<Sh::Shared>> {
         let (key, setup) = (self.key.as_ref()?, self.stage.stale.as_ref()?);
-        match setup.kept.look(key) {
-            Some(look) => Some(KeptHere::copy(look.value, look.done.elapsed(), look.took)),
-            None => Some(KeptHere::gone(setup.kept.floor(key)?.elapsed())),
-        }
+        setup.kept.here(key)
     }
 }
 

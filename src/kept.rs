@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use flightdeck_core::FlightKey;
+use flightdeck_distributed::KeptHere;
 use tokio::time::Instant;
 
 use crate::stale::Served;
@@ -392,6 +393,20 @@ impl<V: Clone> Kept<V> {
         self.lock().look(key, now, self.bounds())
     }
 
+    /// `key`'s copy as L2 weighs it against the store's kept result: the
+    /// copy, if it may still answer, else what remains of it (its
+    /// [`Floor`]), in one look under the lock and one clock read.
+    pub(crate) fn here(&self, key: &FlightKey) -> Option<KeptHere<V>> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if let Some(l) = inner.look(key, now, self.bounds()) {
+            let ended = now.saturating_duration_since(l.done);
+            return Some(KeptHere::copy(l.value, ended, l.took));
+        }
+        let f = inner.floors.get(key)?;
+        (now < f.until).then(|| KeptHere::gone(now.saturating_duration_since(f.done)))
+    }
+
     /// When the work of the result last given of `key` ended, once its
     /// copy went (see [`Floor`]): no stale result of work that started
     /// before then answers.
@@ -759,10 +774,13 @@ mod tests {
         let t = kept.ticket();
         assert_eq!(kept.put(&key(1), t, 1, 4, Duration::ZERO), Put::Kept);
         assert_eq!(kept.floor(&key(1)), None, "a copy is no floor");
+        assert_eq!(kept.here(&key(1)).and_then(|h| h.value().copied()), Some(1));
         let done = Instant::now();
         tokio::time::advance(secs(11)).await;
         assert!(kept.look(&key(1)).is_none(), "past its windows");
         assert_eq!(kept.floor(&key(1)), Some(done), "what the node gave stays");
+        let gone = kept.here(&key(1)).expect("its floor");
+        assert_eq!((gone.value(), gone.ended()), (None, secs(11)));
         // Work that started before the given result's never becomes the
         // copy; work that started after it does, and the floor goes.
         assert_eq!(kept.put(&key(1), older, 0, 4, Duration::ZERO), Put::Fenced);
