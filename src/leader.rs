@@ -214,12 +214,17 @@ where
                 };
                 if let Some(r) = record.take() {
                     r.note(answered);
-                    // A stale answer is not recorded: the node keeps a copy
-                    // at least as new already, or the refresh that runs
-                    // meanwhile (whose result becomes the copy, see
-                    // `InnerCall`) must not be fenced by it.
+                    // A result from the store is kept ordered by its
+                    // work's start. A stale one too: the store's kept result
+                    // answers only when its work started after this node's
+                    // copy ended (else the copy answers in its place), so it
+                    // is the newest result the node gave, and a copy older
+                    // than it must not answer after it (a refresh that runs
+                    // meanwhile started later, and replaces it).
                     match answered {
-                        Answered::Stale(_) => {}
+                        Answered::Stale { stale, work_time } => {
+                            r.keep(&out, stale.age, Some(work_time));
+                        }
                         Answered::Hit { age, work_time, .. } => r.keep(&out, age, Some(work_time)),
                         Answered::Followed { age, work_time } => r.keep(&out, age, work_time),
                         _ => r.keep(&out, Duration::ZERO, None),

@@ -543,10 +543,24 @@ where
         let ticket = kept.ticket_at(now);
         let (value, answered) = l2.answer_during_refresh(key, here, |v| self.serves(v))?;
         let served = Served::by_store(answered, stage.ctl.cfg.replay_ttl)?;
-        if let Answered::Hit { age, work_time, .. } = answered {
-            // The refresh's result, committed elsewhere: this node's copy
-            // from now on, as a flight's hit would make it.
-            if let Some(record) = Record::ticketed(stage, key, ticket) {
+        // The refresh's result, committed elsewhere (a hit), or the kept
+        // result, which answers only when its work started after the
+        // copy's ended (stale): this node's copy from now on, as a
+        // flight's answer would make it.
+        let kept_as = match answered {
+            Answered::Hit { age, work_time, .. } => Some((age, work_time)),
+            Answered::Stale { stale, work_time } => Some((stale.age, work_time)),
+            _ => None,
+        };
+        if let Some((age, work_time)) = kept_as {
+            // Once: a copy that ended after this result's work started is
+            // this result already, or the copy standing in for it.
+            let started = now.checked_sub(age.saturating_add(work_time));
+            let newer = look.is_none_or(|l| started.is_some_and(|s| l.done <= s));
+            if let Some(record) = newer
+                .then(|| Record::ticketed(stage, key, ticket))
+                .flatten()
+            {
                 record.keep_shared(&value, age, Some(work_time));
             }
         }

@@ -108,7 +108,7 @@ impl Served {
                 age,
                 ttl: fresh_for,
             }),
-            By::Stale(stale) => Some(Served::Stale {
+            By::Stale { stale, .. } => Some(Served::Stale {
                 stale,
                 past: stale.age.saturating_sub(fresh),
             }),

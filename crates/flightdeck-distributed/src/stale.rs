@@ -71,14 +71,19 @@ pub enum Answered {
     },
     /// By a result past its freshness: why, and how old (by the store's
     /// clock).
-    Stale(Stale),
+    Stale {
+        /// Why it answered, and how old it is.
+        stale: Stale,
+        /// How long the work that produced it took.
+        work_time: Duration,
+    },
 }
 
 impl Answered {
     /// The [`Stale`] marker of a stale answer.
     pub fn stale(&self) -> Option<Stale> {
         match self {
-            Answered::Stale(s) => Some(*s),
+            Answered::Stale { stale, .. } => Some(*stale),
             _ => None,
         }
     }
@@ -781,7 +786,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         };
         self.count(named, |m| m.stale(stale));
         tracing::debug!(stage = %named.stage, flight = %named.flight, generation = kept.generation, reason = reason.as_str(), "answering a stale result");
-        (value, Answered::Stale(stale))
+        let work_time = kept.work_time;
+        (value, Answered::Stale { stale, work_time })
     }
 
     /// This caller was granted the refresh of `kept` (past its

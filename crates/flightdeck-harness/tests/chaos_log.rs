@@ -206,7 +206,10 @@ fn a_run_past_the_committed_results_freshness_is_a_refresh() {
 fn stale_answers_past_their_bound_or_going_back_are_found() {
     let t0 = Instant::now();
     let (fresh, ms) = (Duration::from_secs(1), Duration::from_millis);
-    let stale = |reason, age| Answered::Stale(Stale { reason, age });
+    let stale = |reason, age| Answered::Stale {
+        stale: Stale { reason, age },
+        work_time: Duration::ZERO,
+    };
     let answer = |generation, from, at, how| Answer {
         node: 0,
         key: "k".into(),

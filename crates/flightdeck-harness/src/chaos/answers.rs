@@ -57,13 +57,16 @@ pub fn work_down(since: Duration) -> bool {
 pub fn answered_to_text(how: &Answered) -> String {
     match how {
         Answered::Hit { .. } => "hit".to_owned(),
-        Answered::Stale(s) => format!("stale:{}:{}", s.reason.as_str(), s.age.as_micros()),
+        Answered::Stale { stale: s, .. } => {
+            format!("stale:{}:{}", s.reason.as_str(), s.age.as_micros())
+        }
         _ => "ran".to_owned(),
     }
 }
 
 /// [`answered_to_text`] read back (`None`: not one of its forms). A hit's
-/// age is not carried: the checks bound stale answers alone.
+/// age and work times are not carried: the checks bound stale answers
+/// alone, by their age.
 pub fn answered_from_text(text: &str) -> Option<Answered> {
     match text {
         "ran" => return Some(Answered::Ran),
@@ -88,7 +91,10 @@ pub fn answered_from_text(text: &str) -> Option<Answered> {
     .into_iter()
     .find(|r| r.as_str() == reason)?;
     let age = Duration::from_micros(parts.next()?.parse().ok()?);
-    Some(Answered::Stale(Stale { reason, age }))
+    Some(Answered::Stale {
+        stale: Stale { reason, age },
+        work_time: Duration::ZERO,
+    })
 }
 
 /// What one request was answered.
@@ -175,7 +181,7 @@ pub fn check_answers(
         ..AnswerChecks::default()
     };
     for a in answers {
-        if let (Answered::Stale(s), Some(end)) =
+        if let (Answered::Stale { stale: s, .. }, Some(end)) =
             (a.how, ended.get(&(&*a.key, a.generation, a.from)))
         {
             let bound = stale_bound(fresh, windows, s.reason);
@@ -197,7 +203,7 @@ pub fn check_answers(
             // node's (its copy's work end, the trip back) it may be a hair
             // past: no bound here.
             Answered::Hit { .. } => ("hit".to_owned(), Duration::ZERO, Duration::MAX),
-            Answered::Stale(s) => {
+            Answered::Stale { stale: s, .. } => {
                 let bound = stale_bound(fresh, windows, s.reason);
                 let oldest = out.oldest.entry(s.reason.as_str()).or_default();
                 *oldest = (oldest.0.max(s.age), bound);
