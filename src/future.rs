@@ -18,7 +18,7 @@ use crate::stale::{Answered, MarkAnswer, Served};
 /// (asked once the flight has ended), told whether this caller joined
 /// another's flight (L2 counted the flight's own answer; a joiner's is
 /// counted here).
-pub(crate) type Marks = Box<dyn Fn(bool) -> Option<Served> + Send + Sync>;
+pub(crate) type Marks = Box<dyn FnOnce(bool) -> Option<Served> + Send + Sync>;
 
 /// A caller's output from its answer: the leader's own copy (its own
 /// cookies, say); everybody else gets what strangers may get.
@@ -151,7 +151,12 @@ where
                 let headers = *headers;
                 Poll::Ready(ready!(run.poll(cx)).map(|answer| {
                     let joined = matches!(answer, Answer::Shared(_));
-                    let stored = marks.as_ref().and_then(|m| m(joined));
+                    // Taken (what it holds goes now), only when there is one.
+                    let stored = if marks.is_some() {
+                        marks.take().and_then(|m| m(joined))
+                    } else {
+                        None
+                    };
                     let served = stored.unwrap_or(match &answer {
                         Answer::Shared(_) => Served::Collapsed,
                         _ => Served::Miss,

@@ -247,22 +247,29 @@ where
         let kept = &setup.kept;
         // A distributed flight may be answered by the store itself (a
         // stale result, a hit): its callers are told how.
-        let flight = |mut leader: Self, caller: Caller, share: Sh| {
-            if !leader.mode.is_distributed() {
-                return ResponseFuture::flight(
-                    stage.local.run(&key, caller, leader),
-                    headers,
-                    share,
-                );
-            }
-            let (kept, key, ctl) = (Arc::clone(&setup.kept), key.clone(), Arc::clone(ctl));
-            let arrival = kept.arrival();
-            leader.arrival = arrival;
-            let run = stage.local.run(&key, caller, leader);
-            let arrival = (arrival, kept.now_at());
-            let marks = Box::new(move |joined| stored_answer(&kept, &key, arrival, &ctl, joined));
-            ResponseFuture::flight_marked(run, headers, share, marks)
-        };
+        // `claim`: the key's refresh on this node, when this flight
+        // refreshes the copy (see below), held until its leader is
+        // answered (its result kept) or leaves.
+        let flight =
+            |mut leader: Self, caller: Caller, share: Sh, claim: Option<RefreshClaim<_>>| {
+                if !leader.mode.is_distributed() {
+                    return ResponseFuture::flight(
+                        stage.local.run(&key, caller, leader),
+                        headers,
+                        share,
+                    );
+                }
+                let (kept, key, ctl) = (Arc::clone(&setup.kept), key.clone(), Arc::clone(ctl));
+                let arrival = kept.arrival();
+                leader.arrival = arrival;
+                let run = stage.local.run(&key, caller, leader);
+                let arrival = (arrival, kept.now_at());
+                let marks = Box::new(move |joined| {
+                    drop(claim);
+                    stored_answer(&kept, &key, arrival, &ctl, joined)
+                });
+                ResponseFuture::flight_marked(run, headers, share, marks)
+            };
         let found = kept.find(&key);
         if found.is_err() {
             ctl.count_hit_for_pass();
@@ -303,7 +310,7 @@ where
             }
         }
         let Some(look) = look else {
-            return flight(leader, caller, share);
+            return flight(leader, caller, share, None);
         };
         let age = now.saturating_duration_since(look.done);
         if age < fresh {
@@ -330,16 +337,15 @@ where
                 r
             }
         };
-        let stale_answer = |r: StaleReason, value: Sh::Shared| {
-            let stale = Stale {
-                reason: reason(r),
-                age,
-            };
+        // `r` as it is (not mapped to `redis_down`).
+        let stale_answer_as = |r: StaleReason, value: Sh::Shared| {
+            let stale = Stale { reason: r, age };
             ctl.count_stale(stale);
             let fut =
                 std::future::ready(Ok((Answer::Shared(value), Served::Stale { stale, past })));
             ResponseFuture::stale(Box::pin(fut) as Answering<_, _>, headers, share.clone())
         };
+        let stale_answer = |r: StaleReason, value: Sh::Shared| stale_answer_as(reason(r), value);
         // While the store is reachable it answers (across nodes); a flight
         // that could not reach it (or was not sent there) runs in the local
         // fallback, and the copy stands by for that run's failure (within
@@ -347,12 +353,24 @@ where
         // timeout, as while the store is degraded: the breaker opens only
         // after a few such flights.
         let fallback_only = !answers;
+        let mut claim = None;
         if fallback_only {
+            // Grace while the store is up: the key's flight on this node
+            // asks it (the first caller's, which the store may answer with
+            // a newer result, its kept one, or the refresh itself); the
+            // callers that arrive before that flight ends are answered by
+            // the copy at once, not made to wait for the store's answer.
+            if within(past, windows.revalidate) && leader.during_store_up() {
+                match kept.claim_refresh(&key) {
+                    Some(c) => claim = Some(c),
+                    None => return stale_answer_as(StaleReason::Revalidate, look.value),
+                }
+            }
             let soft_on = !windows.soft_timeout.is_zero();
             let stands_by =
                 within(past, windows.if_error) || (soft_on && within(past, windows.keep_stale()));
             if !(mode.is_distributed() && stands_by) {
-                return flight(leader, caller, share);
+                return flight(leader, caller, share, claim);
             }
         } else {
             // Throttled after a failure: the copy answers, the work waits.
@@ -366,7 +384,7 @@ where
                 return stale_answer(StaleReason::Revalidate, look.value);
             }
             if !within(past, windows.keep_stale()) {
-                return flight(leader, caller, share);
+                return flight(leader, caller, share, None);
             }
         }
         // The flight runs; the copy stands by for a failure (within
@@ -391,6 +409,8 @@ where
         let done = look.done;
         let gen = look.gen;
         let fut = async move {
+            // Held until this caller is answered (see `flight`).
+            let _claim = claim;
             // How far past its freshness the copy is now, if it may still
             // answer in `window`: it never answers past freshness + window,
             // nor once it is no longer the key's copy (purged, or replaced

@@ -290,3 +290,18 @@ fn seed_1046349_a_commit_held_up_on_its_way_is_dated_from_its_sending() {
         assert!(report.passed(), "{report}");
     }
 }
+
+/// Seeds 3003319, 32937, 105192 and 2006125 found it (once callers past a
+/// copy's freshness stopped waiting for their node's flight to ask the
+/// store): the store's kept result, newer than the node's copy, answered a
+/// caller stale (a flight's, or, during a refresh elsewhere, without one)
+/// but was not kept; a caller during the node's next flight was then
+/// answered the older copy. A stale result from the store is now kept as
+/// the node's copy, ordered by its work's start.
+#[test]
+fn seed_3003319_a_stale_result_from_the_store_becomes_the_copy() {
+    for seed in [3_003_319, 32_937, 105_192, 2_006_125] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}

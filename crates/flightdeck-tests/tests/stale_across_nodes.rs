@@ -240,6 +240,88 @@ async fn every_caller_answered_stale_is_counted_joiners_too() {
     assert_eq!(stale_served("x-count", StaleReason::Revalidate), 10);
 }
 
+/// Grace while the store answers slowly: the first caller past the copy's
+/// freshness leads the node's flight, which asks the store (50 ms here);
+/// the callers that arrive meanwhile are answered by the node's copy at
+/// once, not made to wait for the store's answer, and are told and
+/// counted as stale answers; one refresh runs.
+#[tokio::test(start_paused = true)]
+async fn callers_do_not_wait_for_the_store_to_answer_their_nodes_refresh() {
+    common::metrics_on();
+    let stage = "x-no-wait";
+    let origin = Origin::new();
+    let slow = flightdeck_test::Hooked::new(flightdeck_test::MemoryBackend::new())
+        .after_acquire(|_| tokio::time::sleep(Duration::from_millis(50)));
+    let [a, _] = nodes_on(slow, stage, &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+        c.cache_status = true;
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let led = tokio::spawn(answer(&a));
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    for _ in 0..5 {
+        let got = answer(&a).await;
+        assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "v1"));
+        let stale = got.stale.expect("marked stale");
+        assert_eq!(stale.reason, StaleReason::Revalidate);
+        assert_eq!(
+            got.headers.get("cache-status").unwrap(),
+            "flightdeck; fwd=stale; ttl=-1; detail=revalidate"
+        );
+        assert_eq!(got.headers.get("age").unwrap(), "2");
+    }
+    assert_eq!(started.elapsed(), Duration::ZERO, "nobody waited");
+    let led = led.await.unwrap();
+    assert_eq!(
+        led.body, "v1",
+        "the store's kept result, the refresh granted"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(50),
+        "the leader asked"
+    );
+    assert_eq!(stale_served(stage, StaleReason::Revalidate), 6);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.calls(), 2, "one refresh");
+    assert_eq!(call(&a).await.1, "v2", "the refresh's result answers next");
+}
+
+/// A stale result the store gave a caller on this node is the node's copy
+/// from then on: the store's kept v2 answers a's caller only because its
+/// work started after a's copy v1 ended, and a caller that arrives while
+/// a's next flight asks the store is answered by the copy at once, which
+/// must not be v1 then (the node gave v2 already).
+#[tokio::test(start_paused = true)]
+async fn a_stale_result_the_store_gave_is_the_copy_that_answers_next() {
+    let origin = Origin::new();
+    let slow = flightdeck_test::Hooked::new(flightdeck_test::MemoryBackend::new())
+        .after_acquire(|_| tokio::time::sleep(Duration::from_millis(50)));
+    let [a, b] = nodes_on(slow, "x-given-stale", &origin, |c| {
+        c.stale_while_revalidate = Duration::from_secs(30);
+    });
+    assert_eq!(call(&a).await.1, "v1");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // b, with no copy, is granted the refresh: v2 is stored, a not told.
+    assert_eq!(call(&b).await.1, "v1");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(origin.calls(), 2);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let first = answer(&a).await;
+    assert_eq!(
+        first.body, "v2",
+        "the store's kept result, newer than a's copy"
+    );
+    assert!(first.stale.is_some());
+    let second = tokio::spawn(answer(&a));
+    tokio::task::yield_now().await;
+    let third = answer(&a).await;
+    assert_eq!(third.body, "v2", "never older than what a gave");
+    assert_eq!(second.await.unwrap().body, "v2");
+}
+
 /// Stale-if-error across nodes: while the origin fails, both nodes answer
 /// the stale value, and the origin runs at most once per
 /// `stale-retry-after` for the whole deployment.
