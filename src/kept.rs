@@ -407,6 +407,19 @@ impl<V: Clone> Kept<V> {
         (now < f.until).then(|| KeptHere::gone(now.saturating_duration_since(f.done)))
     }
 
+    /// When the work of `key`'s copy ended, or, once it went, of what
+    /// remains of it (its [`Floor`]): asked again by a kept result standing
+    /// by (see [`flightdeck_distributed::Execute::kept_end`]).
+    pub(crate) fn ended(&self, key: &FlightKey) -> Option<Instant> {
+        let now = Instant::now();
+        let inner = self.lock();
+        if let Some(e) = inner.map.get(key) {
+            return Some(e.done);
+        }
+        let f = inner.floors.get(key)?;
+        (now < f.until).then_some(f.done)
+    }
+
     /// When the work of the result last given of `key` ended, once its
     /// copy went (see [`Floor`]): no stale result of work that started
     /// before then answers.

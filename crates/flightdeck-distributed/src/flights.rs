@@ -755,8 +755,9 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 match kept {
                     Some(kept) => {
                         let judge = exec.failures();
+                        let end = exec.kept_end();
                         let following = follow::follow(st, &cx, guard, first, req, exec, fallback);
-                        Box::pin(st.follow_stale(&cx, judge, kept, following)).await
+                        Box::pin(st.follow_stale(&cx, judge, kept, end, following)).await
                     }
                     None => {
                         Box::pin(follow::follow(st, &cx, guard, first, req, exec, fallback)).await

@@ -39,7 +39,7 @@ use crate::flights::{kept_reply, Cx, Judge, Named, State};
 use crate::lease_release::TokenGuard;
 use crate::metrics::{Op, Refresh, StageMetrics};
 use crate::owner::Settled;
-use crate::work::{Execute, KeptHere};
+use crate::work::{Execute, KeptEnd, KeptHere};
 
 /// How a caller of [`DistributedFlights::run_answered`] was answered.
 ///
@@ -812,13 +812,15 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     {
         let windows = self.policy.stale();
         let judge = exec.failures();
+        let end = exec.kept_end();
         let (work, told) = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
         if within(kept.stale_for(), windows.revalidate) {
             drop(self.detach(cx, work, told, judge));
             return kept_reply(self.kept_answer(cx.named(), value, &kept, StaleReason::Revalidate));
         }
         let detach = |work| drop(self.detach(cx, work, told, Arc::clone(&judge)));
-        self.stand_by(cx, &judge, (value, kept), work, detach).await
+        self.stand_by(cx, &judge, (value, kept), end, work, detach)
+            .await
     }
 
     /// Another node refreshes `kept`: within `stale-while-revalidate`
@@ -830,6 +832,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         cx: &Cx,
         judge: Judge<T>,
         (value, kept): (T, StoredResult),
+        end: Option<KeptEnd>,
         following: F,
     ) -> Reply<T, O>
     where
@@ -847,7 +850,7 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             Ok(out)
         });
         let reply = self
-            .stand_by(cx, &judge, (value, kept), following, drop)
+            .stand_by(cx, &judge, (value, kept), end, following, drop)
             .await;
         reply.map(|(out, how)| match (how, came.get()) {
             (Answered::Ran, Some(came)) => (out, *came),
@@ -859,12 +862,16 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// soft timeout passes (`work` then goes to `on_soft`), or when `work`
     /// fails (or its wait runs past the wait timeout: `wait_timeout`)
     /// within `stale-if-error`; never past its freshness plus the window
-    /// that answers.
+    /// that answers, nor once this node has a copy of newer work (`end`,
+    /// see [`Execute::kept_end`]: a copy that ended after `kept`'s work
+    /// started, or after the copy standing in as `kept` ended, came
+    /// meanwhile: this node gave it, or may have).
     async fn stand_by<T: 'static, O, F>(
         &self,
         cx: &Cx,
         judge: &Judge<T>,
         (value, kept): (T, StoredResult),
+        end: Option<KeptEnd>,
         mut work: F,
         on_soft: impl FnOnce(F),
     ) -> Reply<T, O>
@@ -873,6 +880,15 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     {
         let windows = self.policy.stale();
         let received = Instant::now();
+        // Past this, a copy's end is of newer work than what stands by.
+        let bar = end.as_ref().map(|end| {
+            let started = received.checked_sub(kept.age.saturating_add(kept.work_time));
+            end.now().max(started).unwrap_or(received)
+        });
+        let superseded = || {
+            bar.zip(end.as_ref())
+                .is_some_and(|(bar, end)| end.now().is_some_and(|done| done > bar))
+        };
         let out = if windows.soft_timeout.is_zero() {
             (&mut work).await
         } else {
@@ -880,13 +896,17 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                 Ok(out) => out,
                 Err(_) => {
                     let now = aged(&kept, received.elapsed());
-                    if within(now.stale_for(), windows.keep_stale()) && !self.purged(cx) {
+                    if within(now.stale_for(), windows.keep_stale())
+                        && !self.purged(cx)
+                        && !superseded()
+                    {
                         on_soft(work);
                         let answer =
                             self.stale_answer(cx.named(), value, &now, StaleReason::SoftTimeout);
                         return kept_reply(answer);
                     }
-                    // Too old by now: the caller waits on.
+                    // Too old by now, or of older work than a copy that
+                    // came meanwhile: the caller waits on.
                     (&mut work).await
                 }
             }
@@ -904,7 +924,8 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
             StaleReason::Error
         };
         let answers = waited_out || failed(&**judge, &out);
-        if within(now.stale_for(), windows.if_error) && answers && !self.purged(cx) {
+        if within(now.stale_for(), windows.if_error) && answers && !self.purged(cx) && !superseded()
+        {
             return kept_reply(self.stale_answer(cx.named(), value, &now, why));
         }
         out.map(|s| (s, Answered::Ran))

@@ -6,6 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use flightdeck_core::error::BoxError;
 use flightdeck_core::stale::{ErrorFailures, Failures};
 use flightdeck_core::Shareable;
@@ -73,6 +75,39 @@ pub trait Execute<Req>: Send {
     /// default none.
     fn kept_here(&self) -> Option<KeptHere<Self::Shared>> {
         None
+    }
+
+    /// When this node's copy of the key ended, asked again later: a kept
+    /// result standing by for a flight's work (`stale-if-error`,
+    /// `soft-timeout`) answers only if no copy of newer work came meanwhile
+    /// (this node's own refresh may commit while its followers wait). By
+    /// default none: nothing is asked again.
+    fn kept_end(&self) -> Option<KeptEnd> {
+        None
+    }
+}
+
+/// When a node's copy of a key ended ([`Execute::kept_end`]), asked at any
+/// time: the end of the work of the copy, or, once it went, of what
+/// remains of it (see [`KeptHere::gone`]); `None` when there is neither.
+#[derive(Clone)]
+pub struct KeptEnd(Arc<dyn Fn() -> Option<Instant> + Send + Sync>);
+
+impl KeptEnd {
+    /// Asks `ended` each time.
+    pub fn new(ended: impl Fn() -> Option<Instant> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(ended))
+    }
+
+    /// When the copy's work ended, as of now.
+    pub fn now(&self) -> Option<Instant> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for KeptEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("KeptEnd").field(&self.now()).finish()
     }
 }
 

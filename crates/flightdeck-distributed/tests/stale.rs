@@ -14,8 +14,8 @@ use flightdeck_core::stale::{StaleReason, StaleWindows};
 use flightdeck_core::{metric, FlightKey, Shareable, StageName};
 use flightdeck_distributed::backend::{Backend, BackendFuture, CommitArgs, Committed};
 use flightdeck_distributed::{
-    forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId, KeptHere,
-    OwnerToken, PostcardCodec, Propagate, ResultCodec, Role,
+    forward_backend, Answered, DistributedFlights, DistributedPolicy, Execute, FlightId, KeptEnd,
+    KeptHere, OwnerToken, PostcardCodec, Propagate, ResultCodec, Role,
 };
 use flightdeck_test::recorded::{self, counter_where};
 use flightdeck_test::MemoryBackend;
@@ -114,6 +114,13 @@ impl Execute<()> for Work {
     fn kept_here(&self) -> Option<KeptHere<String>> {
         let kept = self.kept.lock().unwrap().clone();
         kept.map(|(v, ended)| KeptHere::copy(v, ended.elapsed(), Duration::ZERO))
+    }
+
+    fn kept_end(&self) -> Option<KeptEnd> {
+        let kept = Arc::clone(&self.kept);
+        Some(KeptEnd::new(move || {
+            kept.lock().unwrap().as_ref().map(|(_, ended)| *ended)
+        }))
     }
 }
 
@@ -545,6 +552,52 @@ async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before(
     assert!(took > soft);
     // The owner's node did not purge: its caller was answered at its soft
     // timeout.
+    let (v, how, _) = owner.await.unwrap();
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::SoftTimeout))
+    );
+}
+
+/// A follower's kept result standing by does not answer at the soft
+/// timeout once its node has a copy of newer work (its own refresh
+/// committed meanwhile, say, and the commit's notice is slow): the node
+/// gave that copy, or may have; the caller waits on for the work instead.
+#[tokio::test(start_paused = true)]
+async fn a_kept_result_standing_by_yields_to_a_newer_copy_on_its_node() {
+    let soft = SEC;
+    let (a, b) = nodes(StaleWindows {
+        if_error: 60 * SEC,
+        soft_timeout: soft,
+        ..StaleWindows::OFF
+    });
+    let k = key("superseded-soft");
+    let work = Work::new(3 * SEC);
+    prime(&a, &k, &work).await;
+    sleep(FRESH + SEC).await;
+    let owner = tokio::spawn({
+        let (a, k, work) = (a.clone(), k.clone(), work.clone());
+        async move { call(&a, &k, &work).await }
+    });
+    sleep(SEC / 10).await;
+    let on_b = Work {
+        kept: Arc::default(),
+        ..work.clone()
+    };
+    let follower = tokio::spawn({
+        let (b, k, on_b) = (b.clone(), k.clone(), on_b.clone());
+        async move { call(&b, &k, &on_b).await }
+    });
+    sleep(SEC / 2).await;
+    // b gets a copy of newer work while its follower waits.
+    *on_b.kept.lock().unwrap() = Some(("v7".to_owned(), Instant::now()));
+    let (v, how, took) = follower.await.unwrap();
+    assert_ne!(
+        v, "v1",
+        "an older result than b's copy answered at the soft timeout"
+    );
+    assert!(how.stale().is_none(), "{how:?}");
+    assert!(took > soft);
     let (v, how, _) = owner.await.unwrap();
     assert_eq!(
         (v.as_str(), reason(how)),

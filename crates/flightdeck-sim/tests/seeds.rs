@@ -305,3 +305,14 @@ fn seed_3003319_a_stale_result_from_the_store_becomes_the_copy() {
         assert!(report.passed(), "{report}");
     }
 }
+
+/// Seed 10224 found it: a node's follower waited with the store's kept
+/// result standing by while the node's own refresh committed (its notice
+/// lost), and answered that older result at its soft timeout after the
+/// node had given the refresh's. A kept result standing by now answers
+/// only while no copy of newer work came to its node.
+#[test]
+fn seed_10224_a_kept_result_standing_by_yields_to_a_newer_copy() {
+    let report = run(10_224);
+    assert!(report.passed(), "{report}");
+}
