@@ -37,7 +37,7 @@
 //!
 //! # What it found
 //!
-//! Eight defects, each fixed with its seed as a regression test
+//! Defects, each fixed with its seed as a regression test
 //! (`tests/seeds.rs`): a waiter's own run past its deadline (seed 34), a
 //! `Set-Cookie` response handed to a waiter (111), a panic in a waiter's
 //! own run reaching its caller (562), a token whose ACQUIRE could still
@@ -81,9 +81,16 @@
 //! 1046349, 7028086 and 3050253 found a commit held up on its way by a
 //! frozen store dated from its arrival, so the store's result looked
 //! younger by the hold-up and answered in place of a newer one; a commit
-//! now says when it was sent, and the store dates it from then. With
-//! these, seeds 1000000–1059999, 2000000–2059999, 3000000–3059999,
-//! 5000000–5059999, 7000000–7059999 and 9000000–9059999 all pass.
+//! now says when it was sent, and the store dates it from then. Seeds
+//! 3003319, 32937, 105192 and 2006125 found the store's kept result, given
+//! stale in place of an older copy, not kept, so that the copy answered after
+//! it (once callers past freshness stopped waiting for their node's
+//! flight); it is now kept as the copy. Seed 10224 found a follower's
+//! kept result standing by answered at the soft timeout after its node's
+//! own refresh had committed and given a newer one; it now yields to a
+//! newer copy. With these, seeds 0–159999, 1000000–1059999,
+//! 2000000–2059999, 3000000–3059999, 5000000–5059999, 7000000–7059999
+//! and 9000000–9059999 all pass.
 //!
 //! # The fault model
 //!
