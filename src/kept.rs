@@ -403,8 +403,8 @@ impl<V: Clone> Kept<V> {
             let ended = now.saturating_duration_since(l.done);
             return Some(KeptHere::copy(l.value, ended, l.took));
         }
-        let f = inner.floors.get(key)?;
-        (now < f.until).then(|| KeptHere::gone(now.saturating_duration_since(f.done)))
+        let done = inner.floor_done(key, now)?;
+        Some(KeptHere::gone(now.saturating_duration_since(done)))
     }
 
     /// When the work of `key`'s copy ended, or, once it went, of what
@@ -413,11 +413,10 @@ impl<V: Clone> Kept<V> {
     pub(crate) fn ended(&self, key: &FlightKey) -> Option<Instant> {
         let now = Instant::now();
         let inner = self.lock();
-        if let Some(e) = inner.map.get(key) {
-            return Some(e.done);
+        match inner.map.get(key) {
+            Some(e) => Some(e.done),
+            None => inner.floor_done(key, now),
         }
-        let f = inner.floors.get(key)?;
-        (now < f.until).then_some(f.done)
     }
 
     /// When the work of the result last given of `key` ended, once its
@@ -425,9 +424,7 @@ impl<V: Clone> Kept<V> {
     /// before then answers.
     pub(crate) fn floor(&self, key: &FlightKey) -> Option<Instant> {
         let now = Instant::now();
-        let inner = self.lock();
-        let f = inner.floors.get(key)?;
-        (now < f.until).then_some(f.done)
+        self.lock().floor_done(key, now)
     }
 
     fn bounds(&self) -> Bounds {
@@ -624,6 +621,13 @@ struct Bounds {
 }
 
 impl<V: Clone> Inner<V> {
+    /// When the work of `key`'s last given result ended, while its floor
+    /// (see [`Floor`]) holds at `now`.
+    fn floor_done(&self, key: &FlightKey, now: Instant) -> Option<Instant> {
+        let f = self.floors.get(key)?;
+        (now < f.until).then_some(f.done)
+    }
+
     fn look(&mut self, key: &FlightKey, now: Instant, bounds: Bounds) -> Option<Look<V>> {
         let e = self.map.get(key)?;
         if now.saturating_duration_since(e.done) > bounds.keep_for {

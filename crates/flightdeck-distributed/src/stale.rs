@@ -880,14 +880,15 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     {
         let windows = self.policy.stale();
         let received = Instant::now();
-        // Past this, a copy's end is of newer work than what stands by.
-        let bar = end.as_ref().map(|end| {
+        // Past its bar, a copy's end is of newer work than what stands by.
+        let bar = end.map(|end| {
             let started = received.checked_sub(kept.age.saturating_add(kept.work_time));
-            end.now().max(started).unwrap_or(received)
+            let bar = end.now().max(started).unwrap_or(received);
+            (end, bar)
         });
         let superseded = || {
-            bar.zip(end.as_ref())
-                .is_some_and(|(bar, end)| end.now().is_some_and(|done| done > bar))
+            bar.as_ref()
+                .is_some_and(|(end, bar)| end.now().is_some_and(|done| done > *bar))
         };
         let out = if windows.soft_timeout.is_zero() {
             (&mut work).await
