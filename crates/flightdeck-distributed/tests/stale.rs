@@ -520,18 +520,25 @@ async fn a_panicking_refresh_is_counted() {
     );
 }
 
-/// A follower on the node that purges: the stale result it fetched before
-/// the purge never answers after it began (not at the soft timeout); it
-/// waits for the work instead.
-#[tokio::test(start_paused = true)]
-async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before() {
-    let soft = SEC;
+/// Two nodes with `stale-if-error` and a `soft` timeout; `a` primed `k`
+/// (`v1`, with work that takes 3 s) and, past its freshness, owns its
+/// refresh (`owner`, running); 0.1 s later.
+async fn owner_past_freshness(
+    name: &str,
+    soft: Duration,
+) -> (
+    Node,
+    Node,
+    FlightKey,
+    Work,
+    tokio::task::JoinHandle<(String, Answered, Duration)>,
+) {
     let (a, b) = nodes(StaleWindows {
         if_error: 60 * SEC,
         soft_timeout: soft,
         ..StaleWindows::OFF
     });
-    let k = key("purge-soft");
+    let k = key(name);
     let work = Work::new(3 * SEC);
     prime(&a, &k, &work).await;
     sleep(FRESH + SEC).await;
@@ -540,6 +547,16 @@ async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before(
         async move { call(&a, &k, &work).await }
     });
     sleep(SEC / 10).await;
+    (a, b, k, work, owner)
+}
+
+/// A follower on the node that purges: the stale result it fetched before
+/// the purge never answers after it began (not at the soft timeout); it
+/// waits for the work instead.
+#[tokio::test(start_paused = true)]
+async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before() {
+    let soft = SEC;
+    let (_a, b, k, work, owner) = owner_past_freshness("purge-soft", soft).await;
     let follower = tokio::spawn({
         let (b, k, work) = (b.clone(), k.clone(), work.clone());
         async move { call(&b, &k, &work).await }
@@ -566,20 +583,7 @@ async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before(
 #[tokio::test(start_paused = true)]
 async fn a_kept_result_standing_by_yields_to_a_newer_copy_on_its_node() {
     let soft = SEC;
-    let (a, b) = nodes(StaleWindows {
-        if_error: 60 * SEC,
-        soft_timeout: soft,
-        ..StaleWindows::OFF
-    });
-    let k = key("superseded-soft");
-    let work = Work::new(3 * SEC);
-    prime(&a, &k, &work).await;
-    sleep(FRESH + SEC).await;
-    let owner = tokio::spawn({
-        let (a, k, work) = (a.clone(), k.clone(), work.clone());
-        async move { call(&a, &k, &work).await }
-    });
-    sleep(SEC / 10).await;
+    let (_a, b, k, work, owner) = owner_past_freshness("superseded-soft", soft).await;
     let on_b = Work {
         kept: Arc::default(),
         ..work.clone()
