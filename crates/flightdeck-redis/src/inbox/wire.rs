@@ -99,19 +99,13 @@ fn parse_notice(payload: &Bytes) -> Option<Notice> {
     match &payload[bar + 1..] {
         b"a" => Some(Notice::Abandoned { generation }),
         [b'c', tail @ ..] => {
-            let digits = tail.iter().take_while(|b| b.is_ascii_digit()).count();
-            let work_time = match digits {
-                0 => None,
-                _ => {
-                    let ms: u64 = std::str::from_utf8(&tail[..digits]).ok()?.parse().ok()?;
-                    Some(Duration::from_millis(ms))
-                }
-            };
-            let (age, rest) = match &tail[digits..] {
+            let (work_time, tail) = split_millis(tail)?;
+            let (age, rest) = match tail {
                 [b',', rest @ ..] => {
-                    let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-                    let ms: u64 = std::str::from_utf8(&rest[..n]).ok()?.parse().ok()?;
-                    (Duration::from_millis(ms), &rest[n..])
+                    let (Some(age), rest) = split_millis(rest)? else {
+                        return None;
+                    };
+                    (age, rest)
                 }
                 rest => (Duration::ZERO, rest),
             };
@@ -129,6 +123,19 @@ fn parse_notice(payload: &Bytes) -> Option<Notice> {
         }
         _ => None,
     }
+}
+
+/// Splits the run of ASCII digits `b` starts with from what follows: the
+/// run read as milliseconds (`None` for an empty run), and the rest. `None`
+/// when the run does not fit a `u64`.
+fn split_millis(b: &[u8]) -> Option<(Option<Duration>, &[u8])> {
+    let n = b.iter().take_while(|b| b.is_ascii_digit()).count();
+    let (digits, rest) = b.split_at(n);
+    if digits.is_empty() {
+        return Some((None, rest));
+    }
+    let ms: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some((Some(Duration::from_millis(ms)), rest))
 }
 
 #[cfg(test)]
@@ -221,6 +228,7 @@ mod tests {
             b"r|1|c12,x",
             b"r|1|c12,3x",
             b"r|1|c99999999999999999999999",
+            b"r|1|c12,99999999999999999999999",
         ] {
             assert_eq!(parse_message(&Bytes::from_static(bad)), None, "{bad:?}");
         }
