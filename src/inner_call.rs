@@ -62,11 +62,16 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
     /// Runs `req` here, on `path`: behind the bulkhead, within the bound,
     /// its response shared (and what a shared result needs of the request
     /// recorded, for the callers it will be handed to).
-    pub(crate) async fn run<Req>(
+    // Not an `async fn`: one moves its arguments from the future's upvars
+    // into locals of their own when first polled, so the future holds the
+    // call and the request twice (552 bytes more for an HTTP request) and
+    // copies them once more. The block uses its captures in place.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn run<Req>(
         self,
         req: Req,
         path: Path,
-    ) -> Result<Shareable<Sh::Shared, Sh::Output>, BoxError>
+    ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>>
     where
         S: Service<Req> + Clone + Send,
         S::Error: Into<BoxError>,
@@ -74,61 +79,63 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
         Sh: Share<S::Response> + Serves<Req>,
         Req: Send,
     {
-        let leader = self.share.leader(&req);
-        // A stage that keeps its results notes a fallback run's end, and
-        // whether the store was down: its callers' copy may answer its
-        // failure, as while the store is degraded.
-        let fell_back = match (&self.key, &self.stage.stale, path) {
-            (Some(key), Some(setup), Path::Fallback) => match self.why.get() {
-                Here::StoreAnswered => None,
-                why => Some((key.clone(), setup.kept.clone(), why == Here::StoreDown)),
-            },
-            _ => None,
-        };
-        let _noted = fell_back.map(|(key, kept, down)| {
-            kept.begin_fallback(&key, down);
-            NoteFallback { key, kept, down }
-        });
-        let timed = Timed {
-            inner: self.inner,
-            ctl: Arc::clone(&self.stage.ctl),
-            path,
-        };
-        let bulkhead = self.stage.bulkhead.layer(timed);
-        let degraded = self
-            .flight
-            .is_some_and(|f| self.stage.ctl.in_degraded_shard(&f));
-        // The degraded lane's call is boxed: the common path's future does
-        // not grow by it.
-        let resp = if degraded {
-            let call = Box::pin(self.stage.lane.layer(bulkhead).oneshot(req));
-            match self.bound {
-                None => call.await?,
-                Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
-            }
-        } else {
-            match self.bound {
-                None => {
-                    // Readied and called here rather than through `oneshot`:
-                    // the bulkhead's `call` is inlined into this future.
-                    let mut bulkhead = bulkhead;
-                    poll_fn(|cx| bulkhead.poll_ready(cx)).await?;
-                    bulkhead.call(req).await?
+        async move {
+            let leader = self.share.leader(&req);
+            // A stage that keeps its results notes a fallback run's end, and
+            // whether the store was down: its callers' copy may answer its
+            // failure, as while the store is degraded.
+            let fell_back = match (&self.key, &self.stage.stale, path) {
+                (Some(key), Some(setup), Path::Fallback) => match self.why.get() {
+                    Here::StoreAnswered => None,
+                    why => Some((key.clone(), setup.kept.clone(), why == Here::StoreDown)),
+                },
+                _ => None,
+            };
+            let _noted = fell_back.map(|(key, kept, down)| {
+                kept.begin_fallback(&key, down);
+                NoteFallback { key, kept, down }
+            });
+            let timed = Timed {
+                inner: self.inner,
+                ctl: Arc::clone(&self.stage.ctl),
+                path,
+            };
+            let bulkhead = self.stage.bulkhead.layer(timed);
+            let degraded = self
+                .flight
+                .is_some_and(|f| self.stage.ctl.in_degraded_shard(&f));
+            // The degraded lane's call is boxed: the common path's future does
+            // not grow by it.
+            let resp = if degraded {
+                let call = Box::pin(self.stage.lane.layer(bulkhead).oneshot(req));
+                match self.bound {
+                    None => call.await?,
+                    Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
                 }
-                Some(bound) => timeout(bound, bulkhead.oneshot(req))
-                    .await
-                    .map_err(|_| out_of_time())??,
+            } else {
+                match self.bound {
+                    None => {
+                        // Readied and called here rather than through `oneshot`:
+                        // the bulkhead's `call` is inlined into this future.
+                        let mut bulkhead = bulkhead;
+                        poll_fn(|cx| bulkhead.poll_ready(cx)).await?;
+                        bulkhead.call(req).await?
+                    }
+                    Some(bound) => timeout(bound, bulkhead.oneshot(req))
+                        .await
+                        .map_err(|_| out_of_time())??,
+                }
+            };
+            let out = match self.share.share(resp).await? {
+                Shareable::Shared(v) => Shareable::Shared(self.share.record(v, leader)),
+                unshared => unshared,
+            };
+            if path == Path::Fallback {
+                // Its callers are told it was coordinated here alone.
+                self.why.ran_here();
             }
-        };
-        let out = match self.share.share(resp).await? {
-            Shareable::Shared(v) => Shareable::Shared(self.share.record(v, leader)),
-            unshared => unshared,
-        };
-        if path == Path::Fallback {
-            // Its callers are told it was coordinated here alone.
-            self.why.ran_here();
+            Ok(out)
         }
-        Ok(out)
     }
 }
 
