@@ -553,214 +553,232 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
         Err(fallback.before_acquire(class, refused, req))
     }
 
-    /// What the fallback decided before any call.
-    async fn decided<Req, E: Execute<Req>>(
+    /// What the fallback decided before any call (or when a wait ended).
+    // An async block, as every future here that takes the request and its
+    // execution by value: an `async fn` moves its arguments from the
+    // future's captures into locals of their own when first polled, so its
+    // future holds them twice (an HTTP request and its execution are 552
+    // bytes) and copies them once more; a block uses its captures in place.
+    #[allow(clippy::manual_async_fn)]
+    fn decided<Req, E: Execute<Req>>(
         &self,
         verdict: Verdict,
         req: Req,
         exec: E,
-    ) -> Result<Shareable<E::Shared, E::Output>, BoxError> {
-        match verdict {
-            Verdict::RunHere => exec.execute(req, Role::Fallback).await,
-            Verdict::Fail(e) => Err(e),
+    ) -> impl Future<Output = Result<Shareable<E::Shared, E::Output>, BoxError>> {
+        async move {
+            match verdict {
+                Verdict::RunHere => exec.execute(req, Role::Fallback).await,
+                Verdict::Fail(e) => Err(e),
+            }
         }
     }
 
     /// The flight of `key`, admitted: its calls to the backend, then its
     /// role (owner, follower, hit).
-    async fn fly<Req, E, P>(
-        self: &Arc<Self>,
-        key: &FlightKey,
+    // An async block: see `decided`.
+    #[allow(clippy::manual_async_fn)]
+    fn fly<'a, Req, E, P>(
+        self: &'a Arc<Self>,
+        key: &'a FlightKey,
         flight: Option<FlightId>,
         req: Req,
         exec: E,
-        fallback: &P,
+        fallback: &'a P,
         call_timeout: Option<Duration>,
-    ) -> Reply<E::Shared, E::Output>
+    ) -> impl Future<Output = Reply<E::Shared, E::Output>> + 'a
     where
         Req: Send + 'static,
         C: ResultCodec<E::Shared>,
         E: Execute<Req> + 'static,
         P: Fallback<Req>,
     {
-        let st = self;
-        // A refresh of the key runs elsewhere, as the store told this node:
-        // its kept result answers without asking again (nothing of the
-        // flight is built for it).
-        let kept_here = || owned(exec.kept_here());
-        if let Some(answered) = st.during_refresh(key, kept_here, |v| exec.serves(v, &req)) {
-            return kept_reply(answered);
-        }
-        let flight = flight.unwrap_or_else(|| FlightId::of(key));
-        let cx = st.cx(key, flight, call_timeout);
-        // Until the token is known to hold no lease (or the owner's lease
-        // takes it over), dropping this flight releases it.
-        let mut guard = TokenGuard::new(st, &cx);
-        // A subscription in force before the first call: if this flight
-        // follows, it needs no subscribe and no re-check.
-        let mut joined = st.backend.join_subscription(&cx.flight);
-        // A stage with stale windows also asks for a result kept past its
-        // freshness.
-        let ask = st.ask();
-        let mut first = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
-        // Every flight whose first call went out is counted (a refusal by
-        // a local guard sent nothing).
-        if !matches!(&first, Err(e) if e.is_rejected()) {
-            cx.metrics.with(|m| m.request.increment(1));
-        }
-        // An ambiguous first try is resolved by a retry with the same
-        // token (the backend answers OWNER with the same generation if the
-        // first one ran).
-        if matches!(&first, Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown) {
-            let ask = Ask {
-                recheck: true,
-                ..ask
+        async move {
+            let st = self;
+            // A refresh of the key runs elsewhere, as the store told this node:
+            // its kept result answers without asking again (nothing of the
+            // flight is built for it).
+            let kept_here = || owned(exec.kept_here());
+            if let Some(answered) = st.during_refresh(key, kept_here, |v| exec.serves(v, &req)) {
+                return kept_reply(answered);
+            }
+            let flight = flight.unwrap_or_else(|| FlightId::of(key));
+            let cx = st.cx(key, flight, call_timeout);
+            // Until the token is known to hold no lease (or the owner's lease
+            // takes it over), dropping this flight releases it.
+            let mut guard = TokenGuard::new(st, &cx);
+            // A subscription in force before the first call: if this flight
+            // follows, it needs no subscribe and no re-check.
+            let mut joined = st.backend.join_subscription(&cx.flight);
+            // A stage with stale windows also asks for a result kept past its
+            // freshness.
+            let ask = st.ask();
+            let mut first = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
+            // Every flight whose first call went out is counted (a refusal by
+            // a local guard sent nothing).
+            if !matches!(&first, Err(e) if e.is_rejected()) {
+                cx.metrics.with(|m| m.request.increment(1));
+            }
+            // An ambiguous first try is resolved by a retry with the same
+            // token (the backend answers OWNER with the same generation if the
+            // first one ran).
+            if matches!(&first, Err(e) if e.kind() == BackendErrorKind::OutcomeUnknown) {
+                let ask = Ask {
+                    recheck: true,
+                    ..ask
+                };
+                first = st.acquire(&cx, Op::Recheck, &mut guard, ask).await;
+            }
+            let acquired = match first {
+                Ok(a) => a,
+                Err(e) => {
+                    drop(joined);
+                    // Given up: a lease this token may hold is released.
+                    drop(guard);
+                    return ran(st.before_acquire(e, req, exec, fallback).await);
+                }
             };
-            first = st.acquire(&cx, Op::Recheck, &mut guard, ask).await;
-        }
-        let acquired = match first {
-            Ok(a) => a,
-            Err(e) => {
-                drop(joined);
-                // Given up: a lease this token may hold is released.
-                drop(guard);
-                return ran(st.before_acquire(e, req, exec, fallback).await);
+            if !matches!(acquired, Acquired::Hit(_) | Acquired::Stale(_)) {
+                st.missing(&cx);
             }
-        };
-        if !matches!(acquired, Acquired::Hit(_) | Acquired::Stale(_)) {
-            st.missing(&cx);
-        }
-        if !matches!(acquired, Acquired::Follower { .. }) {
-            joined = None;
-        }
-        match acquired {
-            Acquired::Hit(stored) => {
-                guard.settled();
-                st.seen_commits.forget_other(&cx.flight, stored.generation);
-                cx.metrics.with(|m| m.hit.increment(1));
-                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
-                match st.replay(cx.named(), &stored) {
-                    Ok(Some(v)) if exec.serves(&v, &req) => {
-                        st.hit_here(&cx, stored.generation);
-                        // As old as the store says, or, when it ran here,
-                        // since its work ended (a commit may land late).
-                        let age = st.age_here(&cx.flight, stored.generation, stored.age);
-                        st.refresh_early(&cx, &stored, req, exec);
-                        let hit = Answered::Hit {
-                            age,
-                            fresh_for: stored.fresh_for().min(stored.ttl.saturating_sub(age)),
-                            work_time: stored.work_time,
-                        };
-                        Ok((Shareable::Shared(v), hit))
-                    }
-                    Ok(Some(_)) => ran(exec.execute(req, Role::Unserved).await),
-                    Ok(None) => Err(Box::new(cached_failure::decode(&stored.payload))),
-                    // A stored value this node cannot read (a foreign or
-                    // newer format) is a protocol failure before acquire.
-                    Err(e) => ran(st.before_acquire(e, req, exec, fallback).await),
-                }
+            if !matches!(acquired, Acquired::Follower { .. }) {
+                joined = None;
             }
-            // A refresh failed a moment ago (the store throttles the next
-            // one) or the store refuses writes: it grants no refresh and
-            // answers the kept result, as `error` within
-            // `stale-if-error`, else as `revalidate` within that window
-            // (the store keeps it for the longest window of the node that
-            // committed it); past this stage's windows it is no answer.
-            Acquired::Stale(stored) => {
-                guard.settled();
-                let windows = st.policy.stale();
-                let reason = |kept: &StoredResult| {
-                    if within(kept.stale_for(), windows.if_error) {
-                        Some(StaleReason::Error)
-                    } else if within(kept.stale_for(), windows.revalidate) {
-                        Some(StaleReason::Revalidate)
-                    } else {
-                        None
-                    }
-                };
-                let usable = st.usable(&cx, Some(stored), &exec, &req);
-                match usable.and_then(|(v, kept)| Some((v, reason(&kept)?, kept))) {
-                    Some((v, reason, kept)) => {
-                        kept_reply(st.kept_answer(cx.named(), v, &kept, reason))
-                    }
-                    None => ran(exec.execute(req, Role::Unserved).await),
-                }
-            }
-            Acquired::Owner {
-                generation,
-                takeover,
-                stale,
-            } => {
-                cx.metrics.with(|m| {
-                    m.owner.increment(1);
-                    m.miss.increment(1);
-                    if takeover {
-                        m.takeover.increment(1);
-                    }
-                });
-                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, takeover, role = "owner", "owning flight");
-                guard.owned();
-                match st.usable(&cx, stale, &exec, &req) {
-                    // Boxed, as the follower's paths below: this future
-                    // is as large as its largest path, and its caller
-                    // moves it (a boxed launch copies all of it).
-                    Some(kept) => {
-                        Box::pin(st.refresh_stale(&cx, generation, req, exec, kept)).await
-                    }
-                    None => ran(st.own(&cx, generation, req, exec).await),
-                }
-            }
-            Acquired::Follower { generation, .. } | Acquired::Expired { generation } => {
-                guard.settled();
-                cx.metrics.with(|m| {
-                    m.follower.increment(1);
-                    m.miss.increment(1);
-                });
-                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, role = "follower", "following flight");
-                let (lease_remaining, stale) = match acquired {
-                    Acquired::Follower {
-                        lease_remaining,
-                        stale,
-                        ..
-                    } => (Some(lease_remaining), stale),
-                    _ => (None, None),
-                };
-                // Kept, for this node's next callers while the refresh runs.
-                let watch = match (&stale, lease_remaining, &joined) {
-                    (Some(raw), Some(lease), Some(_)) => Some((raw.clone(), lease)),
-                    _ => None,
-                };
-                let kept = st.usable(&cx, stale, &exec, &req);
-                let revalidate = st.policy.stale().revalidate;
-                let kept = match kept {
-                    Some((value, kept)) if within(kept.stale_for(), revalidate) => {
-                        if let (Some((raw, lease)), Some(notices)) = (watch, joined) {
-                            st.watch_refresh(&cx, raw, lease, notices);
+            match acquired {
+                Acquired::Hit(stored) => {
+                    guard.settled();
+                    st.seen_commits.forget_other(&cx.flight, stored.generation);
+                    cx.metrics.with(|m| m.hit.increment(1));
+                    tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation = stored.generation, role = "hit", "replaying stored result");
+                    match st.replay(cx.named(), &stored) {
+                        Ok(Some(v)) if exec.serves(&v, &req) => {
+                            st.hit_here(&cx, stored.generation);
+                            // As old as the store says, or, when it ran here,
+                            // since its work ended (a commit may land late).
+                            let age = st.age_here(&cx.flight, stored.generation, stored.age);
+                            st.refresh_early(&cx, &stored, req, exec);
+                            let hit = Answered::Hit {
+                                age,
+                                fresh_for: stored.fresh_for().min(stored.ttl.saturating_sub(age)),
+                                work_time: stored.work_time,
+                            };
+                            Ok((Shareable::Shared(v), hit))
                         }
-                        return kept_reply(st.kept_answer(
-                            cx.named(),
-                            value,
-                            &kept,
-                            StaleReason::Revalidate,
-                        ));
+                        Ok(Some(_)) => ran(exec.execute(req, Role::Unserved).await),
+                        Ok(None) => Err(Box::new(cached_failure::decode(&stored.payload))),
+                        // A stored value this node cannot read (a foreign or
+                        // newer format) is a protocol failure before acquire.
+                        Err(e) => ran(st.before_acquire(e, req, exec, fallback).await),
                     }
-                    other => other,
-                };
-                let first = follow::Following {
+                }
+                // A refresh failed a moment ago (the store throttles the next
+                // one) or the store refuses writes: it grants no refresh and
+                // answers the kept result, as `error` within
+                // `stale-if-error`, else as `revalidate` within that window
+                // (the store keeps it for the longest window of the node that
+                // committed it); past this stage's windows it is no answer.
+                Acquired::Stale(stored) => {
+                    guard.settled();
+                    let windows = st.policy.stale();
+                    let reason = |kept: &StoredResult| {
+                        if within(kept.stale_for(), windows.if_error) {
+                            Some(StaleReason::Error)
+                        } else if within(kept.stale_for(), windows.revalidate) {
+                            Some(StaleReason::Revalidate)
+                        } else {
+                            None
+                        }
+                    };
+                    let usable = st.usable(&cx, Some(stored), &exec, &req);
+                    match usable.and_then(|(v, kept)| Some((v, reason(&kept)?, kept))) {
+                        Some((v, reason, kept)) => {
+                            kept_reply(st.kept_answer(cx.named(), v, &kept, reason))
+                        }
+                        None => ran(exec.execute(req, Role::Unserved).await),
+                    }
+                }
+                Acquired::Owner {
                     generation,
-                    lease_remaining,
-                    joined,
-                    stale: kept.is_some(),
-                };
-                match kept {
-                    Some(kept) => {
-                        let judge = exec.failures();
-                        let end = exec.kept_end();
-                        let following = follow::follow(st, &cx, guard, first, req, exec, fallback);
-                        Box::pin(st.follow_stale(&cx, judge, kept, end, following)).await
+                    takeover,
+                    stale,
+                } => {
+                    cx.metrics.with(|m| {
+                        m.owner.increment(1);
+                        m.miss.increment(1);
+                        if takeover {
+                            m.takeover.increment(1);
+                        }
+                    });
+                    tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, takeover, role = "owner", "owning flight");
+                    guard.owned();
+                    match st.usable(&cx, stale, &exec, &req) {
+                        // Boxed, as the follower's paths below: this future
+                        // is as large as its largest path, and its caller
+                        // moves it (a boxed launch copies all of it).
+                        Some(kept) => {
+                            Box::pin(st.refresh_stale(&cx, generation, req, exec, kept)).await
+                        }
+                        None => ran(st.own(&cx, generation, req, exec).await),
                     }
-                    None => {
-                        Box::pin(follow::follow(st, &cx, guard, first, req, exec, fallback)).await
+                }
+                Acquired::Follower { generation, .. } | Acquired::Expired { generation } => {
+                    guard.settled();
+                    cx.metrics.with(|m| {
+                        m.follower.increment(1);
+                        m.miss.increment(1);
+                    });
+                    tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, role = "follower", "following flight");
+                    let (lease_remaining, stale) = match acquired {
+                        Acquired::Follower {
+                            lease_remaining,
+                            stale,
+                            ..
+                        } => (Some(lease_remaining), stale),
+                        _ => (None, None),
+                    };
+                    // Kept, for this node's next callers while the refresh runs.
+                    let watch = match (&stale, lease_remaining, &joined) {
+                        (Some(raw), Some(lease), Some(_)) => Some((raw.clone(), lease)),
+                        _ => None,
+                    };
+                    let kept = st.usable(&cx, stale, &exec, &req);
+                    let revalidate = st.policy.stale().revalidate;
+                    let kept = match kept {
+                        Some((value, kept)) if within(kept.stale_for(), revalidate) => {
+                            if let (Some((raw, lease)), Some(notices)) = (watch, joined) {
+                                st.watch_refresh(&cx, raw, lease, notices);
+                            }
+                            return kept_reply(st.kept_answer(
+                                cx.named(),
+                                value,
+                                &kept,
+                                StaleReason::Revalidate,
+                            ));
+                        }
+                        other => other,
+                    };
+                    let first = follow::Following {
+                        generation,
+                        lease_remaining,
+                        joined,
+                        stale: kept.is_some(),
+                    };
+                    match kept {
+                        Some(kept) => {
+                            let judge = exec.failures();
+                            let end = exec.kept_end();
+                            // Boxed apart: `follow_stale` moves what it
+                            // follows into the block that notes how it came,
+                            // and a follow's future is kilobytes.
+                            let following = Box::pin(follow::follow(
+                                st, &cx, guard, first, req, exec, fallback,
+                            ));
+                            Box::pin(st.follow_stale(&cx, judge, kept, end, following)).await
+                        }
+                        None => {
+                            Box::pin(follow::follow(st, &cx, guard, first, req, exec, fallback))
+                                .await
+                        }
                     }
                 }
             }
@@ -864,39 +882,37 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
 
     /// Coordination failed before this node acquired the flight: the
     /// fallback decides.
-    async fn before_acquire<Req, E, P>(
+    fn before_acquire<Req, E, P>(
         &self,
         error: BackendError,
         req: Req,
         exec: E,
         fallback: &P,
-    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    ) -> impl Future<Output = Result<Shareable<E::Shared, E::Output>, BoxError>>
     where
         E: Execute<Req>,
         P: Fallback<Req>,
     {
         let class = FailureClass::of(error.kind(), error.is_rejected());
         let verdict = fallback.before_acquire(class, error, &req);
-        self.decided(verdict, req, exec).await
+        self.decided(verdict, req, exec)
     }
 
     /// Following ended without a result: the fallback decides.
-    pub(crate) async fn wait_ended<Req, E, P>(
+    pub(crate) fn wait_ended<Req, E, P>(
         &self,
         end: WaitEnded,
         error: BoxError,
         req: Req,
         exec: E,
         fallback: &P,
-    ) -> Result<Shareable<E::Shared, E::Output>, BoxError>
+    ) -> impl Future<Output = Result<Shareable<E::Shared, E::Output>, BoxError>>
     where
         E: Execute<Req>,
         P: Fallback<Req>,
     {
-        match fallback.wait_ended(end, error, &req) {
-            Verdict::RunHere => exec.execute(req, Role::Fallback).await,
-            Verdict::Fail(e) => Err(e),
-        }
+        let verdict = fallback.wait_ended(end, error, &req);
+        self.decided(verdict, req, exec)
     }
 
     /// Counts for `named`'s stage.

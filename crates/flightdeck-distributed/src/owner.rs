@@ -431,26 +431,35 @@ where
 {
     /// Settles the flight (with heartbeats until the settling call has
     /// returned), then waits for the replicas a commit needs.
-    async fn run(mut self, how: Finish) {
-        let settled = settle(&self.st, &self.cx, self.generation, how, &mut self.beats).await;
-        // A settled flight needs no more heartbeats (and must not count a
-        // heartbeat answered after its commit as a lost lease).
-        drop(self.beats);
-        if let Some(to) = self.told.take() {
-            // Nobody listening any more is fine: it was only asked.
-            let _ = to.send(settled);
-        }
-        let committed = settled == Settled::Stored;
-        let (st, cx, generation) = (&self.st, &self.cx, self.generation);
-        // Remembered as a result the store must keep (its later absence
-        // counts as lost) once it is as durable as the stage asks.
-        if committed && wait_replicas(st, cx, generation).await {
-            st.seen_commits.remember(
-                cx.flight,
-                generation,
-                cx.started,
-                st.policy.replay_ttl_duration(),
-            );
+    // An async block: an `async fn` would hold the settling twice (see
+    // `State::decided`).
+    #[allow(clippy::manual_async_fn)]
+    fn run(mut self, how: Finish) -> impl Future<Output = ()> {
+        async move {
+            let settled = settle(&self.st, &self.cx, self.generation, how, &mut self.beats).await;
+            // A settled flight needs no more heartbeats (and must not count a
+            // heartbeat answered after its commit as a lost lease).
+            drop(self.beats);
+            if let Some(to) = self.told.take() {
+                // Nobody listening any more is fine: it was only asked.
+                let _ = to.send(settled);
+            }
+            let committed = settled == Settled::Stored;
+            let (st, cx, generation) = (&self.st, &self.cx, self.generation);
+            // Remembered as a result the store must keep (its later absence
+            // counts as lost) once it is as durable as the stage asks.
+            if committed && wait_replicas(st, cx, generation).await {
+                st.seen_commits.remember(
+                    cx.flight,
+                    generation,
+                    cx.started,
+                    st.policy.replay_ttl_duration(),
+                );
+            }
+            // Named so that the block owns it: a block captures only the
+            // fields it names, and the token, named nowhere else, would go
+            // when the block is made, not when the settling ends.
+            drop(self._tracked);
         }
     }
 }

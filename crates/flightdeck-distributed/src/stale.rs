@@ -797,30 +797,39 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// (within `stale-if-error`, the store then throttles the next
     /// refresh) or is still running at the soft timeout (the work goes
     /// on in the background).
-    pub(crate) async fn refresh_stale<Req, E>(
-        self: &Arc<Self>,
-        cx: &Cx,
+    // An async block: see `State::decided`.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn refresh_stale<'a, Req, E>(
+        self: &'a Arc<Self>,
+        cx: &'a Cx,
         generation: u64,
         req: Req,
         exec: E,
         (value, kept): (E::Shared, StoredResult),
-    ) -> Reply<E::Shared, E::Output>
+    ) -> impl Future<Output = Reply<E::Shared, E::Output>> + 'a
     where
         C: ResultCodec<E::Shared>,
         Req: Send + 'static,
         E: Execute<Req> + 'static,
     {
-        let windows = self.policy.stale();
-        let judge = exec.failures();
-        let end = exec.kept_end();
-        let (work, told) = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
-        if within(kept.stale_for(), windows.revalidate) {
-            drop(self.detach(cx, work, told, judge));
-            return kept_reply(self.kept_answer(cx.named(), value, &kept, StaleReason::Revalidate));
+        async move {
+            let windows = self.policy.stale();
+            let judge = exec.failures();
+            let end = exec.kept_end();
+            let (work, told) = self.refreshing(cx, generation, req, exec, Arc::clone(&judge));
+            if within(kept.stale_for(), windows.revalidate) {
+                drop(self.detach(cx, work, told, judge));
+                return kept_reply(self.kept_answer(
+                    cx.named(),
+                    value,
+                    &kept,
+                    StaleReason::Revalidate,
+                ));
+            }
+            let detach = |work| drop(self.detach(cx, work, told, Arc::clone(&judge)));
+            self.stand_by(cx, &judge, (value, kept), end, work, detach)
+                .await
         }
-        let detach = |work| drop(self.detach(cx, work, told, Arc::clone(&judge)));
-        self.stand_by(cx, &judge, (value, kept), end, work, detach)
-            .await
     }
 
     /// Another node refreshes `kept`: within `stale-while-revalidate`
@@ -971,53 +980,57 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     /// chose by its own copy, not by the store's answer: a grant beside a
     /// result whose work started after that one ended (another node
     /// refreshed it already) is given back, not run.
-    pub(crate) async fn early_grant<Req, E>(
+    // An async block: see `State::decided`.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn early_grant<Req, E>(
         self: Arc<Self>,
         cx: Cx,
         req: Req,
         exec: E,
         copy_age: Option<Duration>,
-    ) -> Option<JoinHandle<()>>
+    ) -> impl Future<Output = Option<JoinHandle<()>>>
     where
         C: ResultCodec<E::Shared>,
         Req: Send + 'static,
         E: Execute<Req> + 'static,
     {
-        let st = self;
-        let ask = Ask {
-            early: true,
-            ..st.ask()
-        };
-        // Dropped mid-call (a runtime shutting down), it releases what
-        // the token may hold.
-        let mut guard = TokenGuard::new(&st, &cx);
-        let granted = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
-        let Ok(Acquired::Owner {
-            generation, stale, ..
-        }) = granted
-        else {
-            return None;
-        };
-        let newer = |kept: &StoredResult| {
-            copy_age.is_some_and(|age| kept.age.saturating_add(kept.work_time) < age)
-        };
-        if stale.as_ref().is_some_and(newer) {
-            tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "a newer result is stored: no early refresh");
-            // Given back at once; a release that fails is left to the
-            // guard, which lists the token for release in the background.
-            let terms = cx.terms.state_ttl;
-            let release = st.backend.release(&cx.flight, &cx.token, terms);
-            if st.timed(&cx, Op::Release, release).await.is_err() {
-                guard.suspect();
+        async move {
+            let st = self;
+            let ask = Ask {
+                early: true,
+                ..st.ask()
+            };
+            // Dropped mid-call (a runtime shutting down), it releases what
+            // the token may hold.
+            let mut guard = TokenGuard::new(&st, &cx);
+            let granted = st.acquire(&cx, Op::Acquire, &mut guard, ask).await;
+            let Ok(Acquired::Owner {
+                generation, stale, ..
+            }) = granted
+            else {
+                return None;
+            };
+            let newer = |kept: &StoredResult| {
+                copy_age.is_some_and(|age| kept.age.saturating_add(kept.work_time) < age)
+            };
+            if stale.as_ref().is_some_and(newer) {
+                tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "a newer result is stored: no early refresh");
+                // Given back at once; a release that fails is left to the
+                // guard, which lists the token for release in the background.
+                let terms = cx.terms.state_ttl;
+                let release = st.backend.release(&cx.flight, &cx.token, terms);
+                if st.timed(&cx, Op::Release, release).await.is_err() {
+                    guard.suspect();
+                }
+                return None;
             }
-            return None;
+            guard.owned();
+            cx.metrics.with(|m| m.owner.increment(1));
+            tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "refreshing a hit early");
+            let judge = exec.failures();
+            let (work, told) = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
+            st.detach(&cx, work, told, judge)
         }
-        guard.owned();
-        cx.metrics.with(|m| m.owner.increment(1));
-        tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "refreshing a hit early");
-        let judge = exec.failures();
-        let (work, told) = st.refreshing(&cx, generation, req, exec, Arc::clone(&judge));
-        st.detach(&cx, work, told, judge)
     }
 
     /// The refresh of `generation` (granted to this caller), owning all it
