@@ -119,7 +119,7 @@ where
         return bypass(parts, body, Reason::BodyTooLarge, unkeyed);
     }
     Extraction::Pending(KeyFuture {
-        state: Some(Reading {
+        state: Some(Box::new(Reading {
             parts,
             body,
             plan,
@@ -129,7 +129,7 @@ where
             first: None,
             buf: BytesMut::new(),
             trailers: None,
-        }),
+        })),
     })
 }
 
@@ -142,7 +142,11 @@ where
 /// named without boxing. It requires `B: Unpin` (axum's, tonic's and hyper's
 /// bodies are) to move the body back into the request when done.
 pub struct KeyFuture<B> {
-    state: Option<Reading<B>>,
+    // Boxed: the reading holds the request's head and the key's encoder
+    // (a kilobyte), and the key layer's response future is as large as
+    // its largest state, which every request moves and its server boxes,
+    // whether or not its body is read.
+    state: Option<Box<Reading<B>>>,
 }
 
 struct Reading<B> {
@@ -186,7 +190,7 @@ impl<B> Reading<B> {
 impl<B> std::fmt::Debug for KeyFuture<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyFuture")
-            .field("read", &self.state.as_ref().map(Reading::len))
+            .field("read", &self.state.as_ref().map(|r| r.len()))
             .finish()
     }
 }
@@ -228,9 +232,10 @@ where
                 Poll::Ready(None) => break,
             }
         }
-        let Some(mut r) = self.state.take() else {
+        let Some(r) = self.state.take() else {
             return Poll::Ready(Err("key future polled after completion".into()));
         };
+        let mut r = *r;
         let data = r.take_bytes();
         if r.len() + data.len() > r.cap {
             r.unkeyed.record(&r.parts, Reason::BodyTooLarge);
