@@ -19,6 +19,7 @@ use flightdeck_distributed::{
 };
 use flightdeck_test::recorded::{self, counter_where};
 use flightdeck_test::MemoryBackend;
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -141,6 +142,12 @@ async fn call<B: Backend>(
     (v, how, started.elapsed())
 }
 
+/// [`call`] on a task of its own.
+fn spawn_call(node: &Node, k: &FlightKey, work: &Work) -> JoinHandle<(String, Answered, Duration)> {
+    let (node, k, work) = (node.clone(), k.clone(), work.clone());
+    tokio::spawn(async move { call(&node, &k, &work).await })
+}
+
 /// `node` runs the work once and its result is stored: `v1`.
 async fn prime(node: &Node, k: &FlightKey, work: &Work) {
     let (v, how, _) = call(node, k, work).await;
@@ -182,11 +189,7 @@ async fn grace_answers_every_node_at_once_while_one_refresh_runs() {
     let work = Work::new(2 * SEC);
     prime(&a, &k, &work).await;
     sleep(FRESH + SEC).await;
-    let calls = (0..50).map(|i| {
-        let node = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let (k, work) = (k.clone(), work.clone());
-        tokio::spawn(async move { call(&node, &k, &work).await })
-    });
+    let calls = (0..50).map(|i| spawn_call(if i % 2 == 0 { &a } else { &b }, &k, &work));
     for answer in futures_join(calls).await {
         let (v, how, took) = answer;
         assert_eq!(v, "v1");
@@ -279,10 +282,7 @@ async fn the_soft_timeout_answers_both_nodes_and_the_work_goes_on() {
     let work = Work::new(5 * SEC);
     prime(&a, &k, &work).await;
     sleep(FRESH + SEC).await;
-    let owner = tokio::spawn({
-        let (a, k, work) = (a.clone(), k.clone(), work.clone());
-        async move { call(&a, &k, &work).await }
-    });
+    let owner = spawn_call(&a, &k, &work);
     sleep(SEC / 10).await;
     let follower = call(&b, &k, &work).await;
     let owner = owner.await.unwrap();
@@ -531,7 +531,7 @@ async fn owner_past_freshness(
     Node,
     FlightKey,
     Work,
-    tokio::task::JoinHandle<(String, Answered, Duration)>,
+    JoinHandle<(String, Answered, Duration)>,
 ) {
     let (a, b) = nodes(StaleWindows {
         if_error: 60 * SEC,
@@ -542,12 +542,29 @@ async fn owner_past_freshness(
     let work = Work::new(3 * SEC);
     prime(&a, &k, &work).await;
     sleep(FRESH + SEC).await;
-    let owner = tokio::spawn({
-        let (a, k, work) = (a.clone(), k.clone(), work.clone());
-        async move { call(&a, &k, &work).await }
-    });
+    let owner = spawn_call(&a, &k, &work);
     sleep(SEC / 10).await;
     (a, b, k, work, owner)
+}
+
+/// The follower waited past its soft timeout for the work (not `v1`,
+/// `unless` says why, nor a stale answer); the owner's caller was answered
+/// `v1` at its soft timeout.
+async fn follower_waited_owner_did_not(
+    follower: JoinHandle<(String, Answered, Duration)>,
+    owner: JoinHandle<(String, Answered, Duration)>,
+    soft: Duration,
+    unless: &str,
+) {
+    let (v, how, took) = follower.await.unwrap();
+    assert_ne!(v, "v1", "{unless}");
+    assert!(how.stale().is_none(), "{how:?}");
+    assert!(took > soft);
+    let (v, how, _) = owner.await.unwrap();
+    assert_eq!(
+        (v.as_str(), reason(how)),
+        ("v1", Some(StaleReason::SoftTimeout))
+    );
 }
 
 /// A follower on the node that purges: the stale result it fetched before
@@ -557,23 +574,18 @@ async fn owner_past_freshness(
 async fn a_purge_keeps_a_waiting_follower_from_answering_what_it_fetched_before() {
     let soft = SEC;
     let (_a, b, k, work, owner) = owner_past_freshness("purge-soft", soft).await;
-    let follower = tokio::spawn({
-        let (b, k, work) = (b.clone(), k.clone(), work.clone());
-        async move { call(&b, &k, &work).await }
-    });
+    let follower = spawn_call(&b, &k, &work);
     sleep(SEC / 2).await;
     b.invalidate(&k).await.unwrap();
-    let (v, how, took) = follower.await.unwrap();
-    assert_ne!(v, "v1", "the purged result answered at the soft timeout");
-    assert!(how.stale().is_none(), "{how:?}");
-    assert!(took > soft);
     // The owner's node did not purge: its caller was answered at its soft
     // timeout.
-    let (v, how, _) = owner.await.unwrap();
-    assert_eq!(
-        (v.as_str(), reason(how)),
-        ("v1", Some(StaleReason::SoftTimeout))
-    );
+    follower_waited_owner_did_not(
+        follower,
+        owner,
+        soft,
+        "the purged result answered at the soft timeout",
+    )
+    .await;
 }
 
 /// A follower's kept result standing by does not answer at the soft
@@ -588,25 +600,17 @@ async fn a_kept_result_standing_by_yields_to_a_newer_copy_on_its_node() {
         kept: Arc::default(),
         ..work.clone()
     };
-    let follower = tokio::spawn({
-        let (b, k, on_b) = (b.clone(), k.clone(), on_b.clone());
-        async move { call(&b, &k, &on_b).await }
-    });
+    let follower = spawn_call(&b, &k, &on_b);
     sleep(SEC / 2).await;
     // b gets a copy of newer work while its follower waits.
     *on_b.kept.lock().unwrap() = Some(("v7".to_owned(), Instant::now()));
-    let (v, how, took) = follower.await.unwrap();
-    assert_ne!(
-        v, "v1",
-        "an older result than b's copy answered at the soft timeout"
-    );
-    assert!(how.stale().is_none(), "{how:?}");
-    assert!(took > soft);
-    let (v, how, _) = owner.await.unwrap();
-    assert_eq!(
-        (v.as_str(), reason(how)),
-        ("v1", Some(StaleReason::SoftTimeout))
-    );
+    follower_waited_owner_did_not(
+        follower,
+        owner,
+        soft,
+        "an older result than b's copy answered at the soft timeout",
+    )
+    .await;
 }
 
 /// A node whose own copy is of work that started later than the store's
@@ -806,10 +810,7 @@ async fn a_follower_of_a_failed_refresh_runs_nothing_while_throttled() {
     prime(&a, &k, &work).await;
     sleep(FRESH + SEC).await;
     work.failing.store(true, Ordering::SeqCst);
-    let owner = tokio::spawn({
-        let (a, k, work) = (a.clone(), k.clone(), work.clone());
-        async move { call(&a, &k, &work).await }
-    });
+    let owner = spawn_call(&a, &k, &work);
     sleep(SEC / 10).await;
     let (v, how, _) = call(&b, &k, &work).await;
     assert_eq!(
@@ -858,10 +859,7 @@ async fn a_follower_granted_after_the_throttle_throttles_on_failure() {
     sleep(FRESH + SEC).await;
     work.failing.store(true, Ordering::SeqCst);
     store.set_drop_notices(true);
-    let owner = tokio::spawn({
-        let (a, k, work) = (a.clone(), k.clone(), work.clone());
-        async move { call(&a, &k, &work).await }
-    });
+    let owner = spawn_call(&a, &k, &work);
     sleep(SEC / 10).await;
     // Polls at least a second later, past the owner's failure and its
     // throttle: granted, it refreshes and fails too.
