@@ -36,20 +36,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use flightdeck_benches::cpu_time;
 use flightdeck_core::{FlightKey, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use tower::{service_fn, Layer, ServiceExt};
 
 const WORK: Duration = Duration::from_millis(200);
 const SETTLE: Duration = Duration::from_millis(50);
-
-fn cpu_time() -> Duration {
-    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
-        .expect("getrusage");
-    let tv =
-        |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
-    tv(u.user_time()) + tv(u.system_time())
-}
 
 /// What the work records: its executions, the CPU time at SETTLE, and the
 /// instant it finished.

@@ -13,18 +13,32 @@
 //! - `degraded`: HYBRID over a Redis that was killed, the breaker open;
 //! - `floor`: the bare app whose handler sends two trivial `EVALSHA`s per
 //!   request through fred to the same Redis (the least a distributed
-//!   flight asks of Redis: two round trips).
+//!   flight asks of Redis: two round trips);
+//! - `store floor`: the bare app whose handler sends two `EVALSHA`s that do
+//!   what an ACQUIRE and a COMMIT of a fresh key ask of Redis (read the
+//!   flight record, the server's clock, write the lease, the result, set
+//!   the record's life) without the protocol's decisions: the two round
+//!   trips with Redis's own work for them, on a key per request.
 //!
-//! Printed: req/s per row and round, and the median over rounds of
-//! LOCAL/bare, HYBRID/floor and degraded/LOCAL.
+//! Printed: req/s per row and round; the median over rounds of
+//! LOCAL/bare, HYBRID/floor, HYBRID/store floor and degraded/LOCAL; and
+//! per row the CPU time per request of this process (the server:
+//! `getrusage`) and of the Redis server the HYBRID and floor rows share
+//! (`INFO cpu`), which on a machine that runs the server, Redis and wrk
+//! on the same cores is what the rows' throughput divides.
 //!
 //! ```text
 //! scripts/http-bench                       # installs wrk if missing
 //! HTTP_ROUNDS=3 HTTP_SECS=5 cargo bench -p flightdeck-benches --bench http_stack
 //! ```
 //!
+//! With `HTTP_SERVE=1` it prints each row's address and serves them until
+//! killed, for a profiler or a tracer driven from outside (`perf stat -p`,
+//! `strace -c -p`, wrk by hand).
+//!
 //! With `HTTP_ROW=<row>` (`bare`, `local`, `degraded`, each also `-hot`;
-//! `hybrid` and `floor` over a `redis-server` started for the row) and
+//! `hybrid`, `floor` and `store-floor` over a `redis-server` started for
+//! the row) and
 //! `HTTP_ITERS=<n>` it instead runs `n` requests of that row in process,
 //! one after another, through `tower::Service::call` on the same axum
 //! `Router` (its routes made once, as `axum::serve` makes them; no
@@ -45,6 +59,7 @@ use flightdeck::breaker::Outcome;
 use flightdeck::key::http::{HttpKeyExtractor, Route};
 use flightdeck::redis::{RedisBackend, RedisConfig};
 use flightdeck::{Mode, SingleFlightLayer, StageConfig};
+use flightdeck_benches::cpu_time;
 use flightdeck_benches::l2::{floor_client, load_floor};
 use flightdeck_harness::RedisServer;
 use flightdeck_test::MemoryBackend;
@@ -109,6 +124,61 @@ async fn floor(State(f): State<Floor>, Path(id): Path<String>) -> String {
         let _: i64 = f
             .client
             .evalsha(&f.sha, vec!["httpbench:floor"], Vec::<String>::new())
+            .await
+            .expect("EVALSHA");
+    }
+    id
+}
+
+/// The store floor's first script: what an ACQUIRE of a fresh key asks of
+/// Redis (read the flight record's fields, the server's clock, write the
+/// lease, set the record's life), without the protocol's decisions.
+const STORE_ACQUIRE: &str = "\
+local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x', 'w', 'rg', 'fu', 'ku', 'ct', 'su', 'wt', 'ra', 'eb', 'eg', 'ec', 'eu')
+local tm = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'g', tm[1], 't', ARGV[1], 'd', tm[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1";
+
+/// The store floor's second script: what a COMMIT asks of Redis (read the
+/// record, the clock, write the result and its times, set the life).
+const STORE_COMMIT: &str = "\
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x', 'rg', 'eu')
+local tm = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[1], 'rg', tm[1], 'fu', tm[2], 'su', tm[2], 'ku', tm[2], 'ct', tm[2], 'wt', '0', 'x', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1";
+
+/// The store floor: the bare app sending, per request, the two scripts
+/// above on a key of its own, one after the other.
+#[derive(Clone)]
+struct StoreFloor {
+    client: Client,
+    shas: [String; 2],
+}
+
+impl StoreFloor {
+    async fn new(client: Client) -> Self {
+        let mut shas = [String::new(), String::new()];
+        for (sha, src) in shas.iter_mut().zip([STORE_ACQUIRE, STORE_COMMIT]) {
+            *sha = client.script_load(src).await.expect("SCRIPT LOAD");
+        }
+        Self { client, shas }
+    }
+
+    fn router(self) -> Router {
+        Router::new()
+            .route(ROUTE, get(store_floor))
+            .with_state(self)
+    }
+}
+
+async fn store_floor(State(f): State<StoreFloor>, Path(id): Path<String>) -> String {
+    let key = format!("httpbench:{{{id}}}");
+    for sha in &f.shas {
+        let _: i64 = f
+            .client
+            .evalsha(sha, vec![key.as_str()], vec![id.as_str(), "2200"])
             .await
             .expect("EVALSHA");
     }
@@ -197,11 +267,16 @@ async fn in_process(row: &str, n: u64) {
             assert!(handle.is_degraded());
             (app().layer(l), row == "degraded-hot")
         }
-        "hybrid" | "floor" => {
+        "hybrid" | "floor" | "store-floor" => {
             let server = RedisServer::start().expect("redis-server");
             let url = server.url();
             redis = Some(server);
-            if row == "floor" {
+            if row == "store-floor" {
+                (
+                    StoreFloor::new(floor_client(&url).await).await.router(),
+                    false,
+                )
+            } else if row == "floor" {
                 let client = floor_client(&url).await;
                 let sha = load_floor(&client).await;
                 let app = Router::new()
@@ -223,7 +298,7 @@ async fn in_process(row: &str, n: u64) {
         other => {
             eprintln!(
                 "no row {other:?}: bare, bare-hot, local, local-hot, degraded, degraded-hot, \
-                 hybrid, floor"
+                 hybrid, floor, store-floor"
             );
             std::process::exit(2);
         }
@@ -272,8 +347,15 @@ function request()
 end
 "#;
 
-/// Runs wrk against `addr` for `secs`: requests per second.
-fn wrk(addr: SocketAddr, unique: bool, run: u64, secs: u64, script: &std::path::Path) -> f64 {
+/// Runs wrk against `addr` for `secs`: requests per second, and the
+/// requests answered.
+fn wrk(
+    addr: SocketAddr,
+    unique: bool,
+    run: u64,
+    secs: u64,
+    script: &std::path::Path,
+) -> (f64, f64) {
     let mut cmd = Command::new("wrk");
     cmd.args(["-t2", "-c32", &format!("-d{secs}s"), "--latency"]);
     let url = if unique {
@@ -294,10 +376,35 @@ fn wrk(addr: SocketAddr, unique: bool, run: u64, secs: u64, script: &std::path::
         !text.contains("Non-2xx") && !text.contains("Socket errors"),
         "wrk saw errors:\n{text}"
     );
-    text.lines()
+    let rps = text
+        .lines()
         .find_map(|l| l.strip_prefix("Requests/sec:"))
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Requests/sec in wrk's output:\n{text}"))
+        .unwrap_or_else(|| panic!("no Requests/sec in wrk's output:\n{text}"));
+    // "  123456 requests in 5.00s, 15.38MB read"
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no request count in wrk's output:\n{text}"));
+    (rps, requests)
+}
+
+/// CPU time the Redis server behind `client` has used (`INFO cpu`).
+async fn redis_cpu(client: &Client) -> Duration {
+    let info: String = client
+        .info(Some(fred::types::InfoKind::Cpu))
+        .await
+        .expect("INFO cpu");
+    let secs: f64 = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .map(|v| v.trim().parse::<f64>().expect("a CPU time"))
+        .sum();
+    Duration::from_secs_f64(secs)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -332,21 +439,30 @@ async fn over_wrk() {
     let degraded_app = app().layer(degraded.clone());
     open_breaker(&degraded_app, &degraded).await;
 
-    let rows: [(&str, SocketAddr); 5] = [
+    let store_floor = StoreFloor::new(client.clone()).await.router();
+    let rows: [(&str, SocketAddr); 6] = [
         ("bare", serve(app()).await),
         ("local", serve(app().layer(local)).await),
         ("hybrid", serve(app().layer(hybrid)).await),
         ("degraded", serve(degraded_app).await),
         (
             "floor",
-            serve(
-                Router::new()
-                    .route(ROUTE, get(floor))
-                    .with_state(Floor { client, sha }),
-            )
+            serve(Router::new().route(ROUTE, get(floor)).with_state(Floor {
+                client: client.clone(),
+                sha,
+            }))
             .await,
         ),
+        ("store floor", serve(store_floor).await),
     ];
+    if std::env::var_os("HTTP_SERVE").is_some() {
+        // Serve the rows until killed, for a profiler or a tracer driven
+        // from outside (`perf stat -p`, `strace -c -p`, wrk by hand).
+        for (name, addr) in &rows {
+            println!("{name} http://{addr}/item/");
+        }
+        std::future::pending::<()>().await;
+    }
     let script =
         std::env::temp_dir().join(format!("flightdeck-http-bench-{}.lua", std::process::id()));
     std::fs::write(&script, UNIQUE_LUA).expect("write wrk script");
@@ -358,6 +474,9 @@ async fn over_wrk() {
     for unique in [true, false] {
         let kind = if unique { "unique keys" } else { "one hot key" };
         let mut rps = vec![Vec::new(); rows.len()];
+        // CPU per request (µs), of this process (the server) and of the
+        // Redis server that the HYBRID and floor rows use.
+        let mut cpu = vec![(Vec::new(), Vec::new()); rows.len()];
         for r in 0..rounds {
             let order: Vec<usize> = if r % 2 == 0 {
                 (0..rows.len()).collect()
@@ -366,7 +485,12 @@ async fn over_wrk() {
             };
             for i in order {
                 run += 1;
-                let v = tokio::task::block_in_place(|| wrk(rows[i].1, unique, run, secs, &script));
+                let (own, theirs) = (cpu_time(), redis_cpu(&client).await);
+                let (v, requests) =
+                    tokio::task::block_in_place(|| wrk(rows[i].1, unique, run, secs, &script));
+                let per = |d: Duration| d.as_secs_f64() * 1e6 / requests;
+                cpu[i].0.push(per(cpu_time() - own));
+                cpu[i].1.push(per(redis_cpu(&client).await - theirs));
                 rps[i].push(v);
             }
             let line: Vec<String> = rows
@@ -389,8 +513,24 @@ async fn over_wrk() {
         };
         show("LOCAL_ONLY / bare", ratio(1, 0));
         show("HYBRID / floor", ratio(2, 4));
+        show("HYBRID / store floor", ratio(2, 5));
         show("degraded / LOCAL_ONLY", ratio(3, 1));
         show("HYBRID / LOCAL_ONLY", ratio(2, 1));
+        let each: Vec<String> = rows
+            .iter()
+            .zip(&cpu)
+            .map(|((name, _), (own, redis))| {
+                format!(
+                    "{name} {:.1} + {:.1}",
+                    median(own.clone()),
+                    median(redis.clone())
+                )
+            })
+            .collect();
+        println!(
+            "{kind}: µs of CPU per request, server + Redis (medians): {}",
+            each.join(", ")
+        );
     }
     assert!(
         degraded.stage(STAGE).expect("stage").is_degraded(),

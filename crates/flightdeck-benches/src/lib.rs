@@ -17,6 +17,17 @@ use flightdeck_core::{BoxError, FlightKey, KeyEncoder, StageName};
 use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use tower::{service_fn, Layer, Service};
 
+/// CPU time this process has used, every thread's, user and system
+/// (`getrusage`; a child such as wrk apart).
+pub fn cpu_time() -> std::time::Duration {
+    use std::time::Duration;
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let tv =
+        |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
+    tv(u.user_time()) + tv(u.system_time())
+}
+
 /// The error type the peers' services return (they need `Clone`).
 #[derive(Debug, Clone)]
 pub struct PeerError;
