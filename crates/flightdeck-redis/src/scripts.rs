@@ -74,10 +74,14 @@
 //! 1.7e15 as `1.7e+15` (`tostring`, `..`), and Redis 7.2+ turns a number
 //! argument into its shortest form, which may use an exponent. A new
 //! generation is the two parts of `TIME` put side by side (exact digits),
-//! `g + 1` is formatted with `%.0f`, deadlines are milliseconds (13 digits,
-//! exact under Lua's 14 significant digits), and generations are compared
-//! as the strings the client sent. Arithmetic stays exact: integers below
-//! 2^53 (microseconds since 1970 stay below that until the year 2255).
+//! every other number a script writes is an integer formatted with `%d`
+//! (Lua 5.1 formats it as a C `long`: every digit, no exponent, and half
+//! the cost of `%.0f`, which goes through C's floating-point printer), and
+//! generations are compared as the strings the client sent. Arithmetic
+//! stays exact: integers below 2^53 (microseconds since 1970 stay below
+//! that until the year 2255); times are whole milliseconds (`math.floor`
+//! of `TIME`, waits rounded up with `math.ceil`) before they are
+//! formatted.
 //!
 //! **Inboxes, not channels per flight.** Each node (each
 //! [`RedisBackend`](crate::RedisBackend)) keeps a subscription open to an
@@ -200,7 +204,7 @@ local d, ra, eu = tonumber(r[3] or 0), tonumber(r[14] or 0), tonumber(r[18] or 0
 if not d or not ra or not eu then
   return redis.error_reply('FDPROTO unreadable flight record')
 end
-local stamp = string.format('%.0f', math.floor(now))
+local stamp = string.format('%d', math.floor(now))
 local function with(a, res)
   if res then
     for i = 1, 6 do
@@ -281,16 +285,16 @@ if r[1] then
     return redis.error_reply('FDPROTO unreadable flight record')
   end
   if g >= tm[1] * 1000000 + tm[2] then
-    gen = string.format('%.0f', g + 1)
+    gen = string.format('%d', g + 1)
   end
 end
-local lease = tostring(math.floor(now) + ARGV[2])
+local lease = string.format('%d', math.floor(now) + ARGV[2])
 if ra > 0 then
   redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', lease, 'ra', '0')
 else
   redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', lease)
 end
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now), math.ceil(eu - now))))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(tonumber(ARGV[4]), math.ceil(ku - now), math.ceil(eu - now))))
 return with({'OWNER', gen, takeover}, beside)
 ";
 
@@ -311,9 +315,9 @@ local now = tm[1] * 1000 + tm[2] / 1000
 if d <= now then
   return 'LOST'
 end
-redis.call('HSET', KEYS[1], 'd', tostring(math.floor(now) + ARGV[3]))
+redis.call('HSET', KEYS[1], 'd', string.format('%d', math.floor(now) + ARGV[3]))
 local ku, eu = tonumber(r[4] or 0) or 0, tonumber(r[5] or 0) or 0
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), math.ceil(ku - now), math.ceil(eu - now))))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(tonumber(ARGV[4]), math.ceil(ku - now), math.ceil(eu - now))))
 return 'RENEWED'
 ";
 
@@ -359,16 +363,16 @@ if sent and sent < now then
   base = sent
 end
 local keep = math.max(base + ttl + ARGV[7] - now, tonumber(ARGV[6]), 1)
-local fu, su = string.format('%.0f', base + ttl), string.format('%.0f', base + ttl + ARGV[7])
-local ku, ct, x = string.format('%.0f', now + keep), string.format('%.0f', base), remember(r[6], ARGV[1])
+local fu, su = string.format('%d', base + ttl), string.format('%d', base + ttl + ARGV[7])
+local ku, ct, x = string.format('%d', now + keep), string.format('%d', base), remember(r[6], ARGV[1])
 if w == '' and (not r[8] or r[8] == '0') then
   redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', ARGV[8], 'x', x)
 else
   redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', ARGV[8], 'x', x, 'w', '', 'eu', '0', 'eb', '')
 end
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', keep))
 if w ~= '' then
-  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c' .. ARGV[8] .. ',' .. string.format('%.0f', now - base)
+  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c' .. ARGV[8] .. ',' .. string.format('%d', now - base)
   if ARGV[5] == '1' then
     m = m .. '|' .. ARGV[3]
   end
@@ -404,18 +408,18 @@ if cache or retry then
   now = math.floor(tm[1] * 1000 + tm[2] / 1000)
 end
 if retry and now < (tonumber(r[7] or 0) or 0) then
-  f[#f + 1], f[#f + 2] = 'ra', string.format('%.0f', now + ARGV[5])
+  f[#f + 1], f[#f + 2] = 'ra', string.format('%d', now + ARGV[5])
 end
 if cache then
   local n = #f
   f[n + 1], f[n + 2], f[n + 3], f[n + 4] = 'eb', ARGV[3], 'eg', ARGV[2]
-  f[n + 5], f[n + 6] = 'ec', string.format('%.0f', now)
-  f[n + 7], f[n + 8] = 'eu', string.format('%.0f', now + ARGV[4])
+  f[n + 5], f[n + 6] = 'ec', string.format('%d', now)
+  f[n + 7], f[n + 8] = 'eu', string.format('%d', now + ARGV[4])
 end
 redis.call('HSET', KEYS[1], unpack(f))
 if cache then
   local ku = tonumber(r[8] or 0) or 0
-  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(tonumber(ARGV[4]), ku - now)))
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(tonumber(ARGV[4]), ku - now)))
 end
 for inbox in string.gmatch(r[4] or '', '%S+') do
   redis.call('PUBLISH', inbox, KEYS[1] .. '|' .. ARGV[2] .. '|a')
@@ -460,7 +464,7 @@ end
 local tm = redis.call('TIME')
 local gen = tm[1] .. string.sub('00000' .. tm[2], -6)
 if g >= tm[1] * 1000000 + tm[2] then
-  gen = string.format('%.0f', g + 1)
+  gen = string.format('%d', g + 1)
 end
 redis.call('HSET', KEYS[1], 'g', gen, 't', '', 'd', '0')
 redis.call('HDEL', KEYS[1], 's', 'b', 'w', 'rg', 'fu', 'ku', 'ct', 'su', 'wt', 'ra', 'eb', 'eg', 'ec', 'eu')

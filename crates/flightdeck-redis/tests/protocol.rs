@@ -1111,3 +1111,55 @@ async fn measure_server_time_per_owner_flight_idle_and_busy() {
         );
     }
 }
+
+/// Every number the scripts write is a whole number in plain digits: a
+/// generation past the clock (`g + 1`, 16 digits, beyond Lua's 14
+/// significant digits of `tostring`), the lease's deadline, the stored
+/// result's times and the record's life, after a grant and a commit.
+#[tokio::test]
+async fn the_scripts_write_whole_numbers_in_plain_digits() {
+    use fred::interfaces::{HashesInterface, KeysInterface};
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let plain = plain_client(&redis).await;
+    let f = fresh_flight();
+    let record = b.record_key(&f);
+    // A record whose last generation is ahead of the server's clock (in
+    // the year 2033), its grant ended: the next grant takes `g + 1`.
+    let ahead: u64 = 1_999_999_999_999_999;
+    let _: () = plain
+        .hset(
+            record.as_str(),
+            [("g", ahead.to_string()), ("d", "0".to_owned())],
+        )
+        .await
+        .unwrap();
+    let _: () = plain.pexpire(record.as_str(), 60_000, None).await.unwrap();
+
+    let a = OwnerToken::random();
+    let g = owned(b.acquire(&f, &a, &conformance::terms(true)).await.unwrap());
+    assert_eq!(g, ahead + 1);
+    let digits = |v: &Option<String>| {
+        v.as_deref()
+            .is_some_and(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+    };
+    let fields: Vec<Option<String>> = plain.hmget(record.as_str(), vec!["g", "d"]).await.unwrap();
+    assert_eq!(fields[0].as_deref(), Some("2000000000000000"));
+    assert!(digits(&fields[1]), "lease deadline {:?}", fields[1]);
+
+    let args = commit_args(b"a result");
+    assert_eq!(
+        b.commit(&f, &a, g, &args).await.unwrap(),
+        Committed::Committed
+    );
+    let fields: Vec<Option<String>> = plain
+        .hmget(record.as_str(), vec!["rg", "fu", "su", "ku", "ct"])
+        .await
+        .unwrap();
+    assert_eq!(fields[0].as_deref(), Some("2000000000000000"));
+    for (name, v) in ["fu", "su", "ku", "ct"].iter().zip(&fields[1..]) {
+        assert!(digits(v), "{name} = {v:?}");
+    }
+    let ttl: i64 = plain.pttl(record.as_str()).await.unwrap();
+    assert!(ttl > 0, "the record has a life: {ttl}");
+}
