@@ -166,8 +166,9 @@ end
 /// `{FOLLOWER, gen, remaining_ms[, <result>], now}` | `{STALE, <result>, now}` |
 /// `{EXPIRED, gen, now}` | `{LATE, now}`, where `<result>` is a stored
 /// result's six items `gen, status, body, age_ms, ttl_ms, work_ms` (its
-/// age by the server's clock) and `now` the server's `TIME` in ms, from
-/// which the client estimates the server's clock for its next ACQUIRE.
+/// age by the server's clock) and `now` the server's `TIME` in ms (an
+/// integer reply: a Lua number, not formatted), from which the client
+/// estimates the server's clock for its next ACQUIRE.
 ///
 /// `not_after` (server time in ms; `''`: none) is when the client gives
 /// the call up: an ACQUIRE that runs later (queued on a frozen server,
@@ -204,7 +205,7 @@ local d, ra, eu = tonumber(r[3] or 0), tonumber(r[14] or 0), tonumber(r[18] or 0
 if not d or not ra or not eu then
   return redis.error_reply('FDPROTO unreadable flight record')
 end
-local stamp = string.format('%d', math.floor(now))
+local stamp = math.floor(now)
 local function with(a, res)
   if res then
     for i = 1, 6 do
