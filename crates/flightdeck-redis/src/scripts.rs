@@ -70,18 +70,27 @@
 //! failover to a replica whose clock is behind); within a record's life
 //! the clock does not matter.
 //!
-//! Numbers never reach Redis as Lua numbers: Lua 5.1 prints a double like
-//! 1.7e15 as `1.7e+15` (`tostring`, `..`), and Redis 7.2+ turns a number
-//! argument into its shortest form, which may use an exponent. A new
-//! generation is the two parts of `TIME` put side by side (exact digits),
-//! every other number a script writes is an integer formatted with `%d`
-//! (Lua 5.1 formats it as a C `long`: every digit, no exponent, and half
-//! the cost of `%.0f`, which goes through C's floating-point printer), and
-//! generations are compared as the strings the client sent. Arithmetic
-//! stays exact: integers below 2^53 (microseconds since 1970 stay below
-//! that until the year 2255); times are whole milliseconds (`math.floor`
-//! of `TIME`, waits rounded up with `math.ceil`) before they are
-//! formatted.
+//! Numbers never reach Redis as Lua numbers in a command's arguments (a
+//! reply's server time does, as an integer reply): Lua 5.1 prints a
+//! double like 1.7e15 as `1.7e+15` (`tostring`, `..`), and Redis 7.2+
+//! turns a number argument into its shortest form, which may use an
+//! exponent. A new generation is the two parts of `TIME` put side by side
+//! (exact digits), every other number a script writes is an integer
+//! formatted with `%d` (Lua 5.1 formats it as a C `long`: every digit, no
+//! exponent, and half the cost of `%.0f`, which goes through C's
+//! floating-point printer), and generations are compared as the strings
+//! the client sent. Arithmetic stays exact: integers below 2^53
+//! (microseconds since 1970 stay below that until the year 2255); times
+//! are whole milliseconds (`math.floor` of `TIME`, waits rounded up with
+//! `math.ceil`) before they are formatted.
+//!
+//! **A 64-bit Redis server is needed.** On a 32-bit build (`make 32bit`,
+//! some armhf packages) a C `long` is 32 bits and a millisecond time does
+//! not fit: a lease would be written in the past. ACQUIRE checks the
+//! lease it formats (a millisecond time has 13 digits from 2001 to 2286)
+//! and, on such a server, grants nothing and answers a protocol error
+//! (`FDPROTO`) instead: every flight fails loudly, none is granted a lease
+//! written wrong.
 //!
 //! **Inboxes, not channels per flight.** Each node (each
 //! [`RedisBackend`](crate::RedisBackend)) keeps a subscription open to an
@@ -290,6 +299,9 @@ if r[1] then
   end
 end
 local lease = string.format('%d', math.floor(now) + ARGV[2])
+if #lease < 13 then
+  return redis.error_reply('FDPROTO this server formats integers in 32 bits: a 64-bit Redis is needed')
+end
 if ra > 0 then
   redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', lease, 'ra', '0')
 else

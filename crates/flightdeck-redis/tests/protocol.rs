@@ -1163,3 +1163,51 @@ async fn the_scripts_write_whole_numbers_in_plain_digits() {
     let ttl: i64 = plain.pttl(record.as_str()).await.unwrap();
     assert!(ttl > 0, "the record has a life: {ttl}");
 }
+
+/// On a 32-bit Redis build a C `long` cannot hold a millisecond time, and
+/// Lua's `%d` writes a clipped number: ACQUIRE refuses to grant a lease it
+/// would write wrong, with a protocol error, and writes nothing. CI's
+/// servers are 64-bit, so the script runs here with `string.format`'s
+/// `%d` clipped as a 32-bit build clips it.
+#[tokio::test]
+async fn a_32_bit_server_grants_nothing_and_says_why() {
+    use fred::interfaces::{KeysInterface, LuaInterface};
+    let redis = RedisServer::start().unwrap();
+    let b = backend(&redis).await;
+    let plain = plain_client(&redis).await;
+    let source = flightdeck_redis::scripts::ACQUIRE;
+    let (shebang, body) = source.split_once('\n').unwrap();
+    let clipped = format!(
+        "{shebang}\n\
+         local format64 = string.format\n\
+         local string = setmetatable({{format = function(f, x, ...)\n\
+           if f == '%d' and x >= 2^31 then return '2147483647' end\n\
+           return format64(f, x, ...)\n\
+         end}}, {{__index = string}})\n\
+         {body}"
+    );
+    // ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows, stale, early, not_after)
+    let args = || vec!["tok-32", "2200", "1", "2200", "", "", "0", "0", ""];
+    let f = fresh_flight();
+    let record = b.record_key(&f);
+    let refused: Result<Value, _> = plain
+        .eval(clipped.as_str(), vec![record.as_str()], args())
+        .await;
+    let e = refused.expect_err("a clipped lease is not granted");
+    assert!(
+        e.details()
+            .starts_with("FDPROTO this server formats integers in 32 bits"),
+        "{e}"
+    );
+    let written: i64 = plain.exists(record.as_str()).await.unwrap();
+    assert_eq!(written, 0, "nothing written");
+    // The same script on the same server, `%d` as this build has it: a grant.
+    let granted: Value = plain
+        .eval(source, vec![record.as_str()], args())
+        .await
+        .unwrap();
+    let Value::Array(items) = granted else {
+        panic!("{granted:?}")
+    };
+    assert_eq!(items[0].as_str().as_deref(), Some("OWNER"));
+}
