@@ -87,10 +87,10 @@
 //! **A 64-bit Redis server is needed.** On a 32-bit build (`make 32bit`,
 //! some armhf packages) a C `long` is 32 bits and a millisecond time does
 //! not fit: a lease would be written in the past. ACQUIRE checks the
-//! lease it formats (a millisecond time has 13 digits from 2001 to 2286)
-//! and, on such a server, grants nothing and answers a protocol error
-//! (`FDPROTO`) instead: every flight fails loudly, none is granted a lease
-//! written wrong.
+//! lease it formats (a time in milliseconds has at least three digits
+//! more than `TIME`'s seconds) and, on such a server, grants nothing and
+//! answers a protocol error (`FDPROTO`) instead: every flight fails
+//! loudly, none is granted a lease written wrong.
 //!
 //! **Inboxes, not channels per flight.** Each node (each
 //! [`RedisBackend`](crate::RedisBackend)) keeps a subscription open to an
@@ -299,7 +299,7 @@ if r[1] then
   end
 end
 local lease = string.format('%d', math.floor(now) + ARGV[2])
-if #lease < 13 then
+if #lease < #tm[1] + 3 then
   return redis.error_reply('FDPROTO this server formats integers in 32 bits: a 64-bit Redis is needed')
 end
 if ra > 0 then
