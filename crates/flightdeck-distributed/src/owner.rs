@@ -266,6 +266,9 @@ pub(crate) struct Heartbeats {
     call: Option<Renewing>,
     /// A heartbeat found the lease gone: no more are sent.
     lost: bool,
+    /// When the last heartbeat that renewed the lease was answered: the
+    /// store had renewed it by then, for one lease.
+    renewed: Option<Instant>,
 }
 
 /// A heartbeat's call, owning what it needs (it moves as the timer does).
@@ -280,6 +283,7 @@ impl Heartbeats {
             timer: None,
             call: None,
             lost: false,
+            renewed: None,
         }
     }
 
@@ -312,6 +316,9 @@ impl Heartbeats {
             if let Some(call) = &mut self.call {
                 let res = ready!(call.as_mut().poll(task));
                 self.call = None;
+                if let Ok(Renewal::Renewed) = res {
+                    self.renewed = Some(Instant::now());
+                }
                 if let Ok(Renewal::Lost) = res {
                     cx.metrics.with(|m| m.heartbeat_lost.increment(1));
                     tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation = self.generation, "lease lost while the owner still holds its flight; its commit will be fenced");
@@ -336,6 +343,23 @@ impl Heartbeats {
             self.call = Some(renew(st, cx, self.generation));
         });
         std::pin::pin!(tokio::task::coop::unconstrained(due)).poll(task)
+    }
+
+    /// After a settling that gave up with the lease maybe still held: sends
+    /// no more heartbeats, takes the answer of the one on its way (its call
+    /// is cut at the call timeout), and waits until the last renewal has
+    /// run out, so that the node is idle only once its lease is over. A
+    /// heartbeat whose answer never came may still land later: like a late
+    /// ACQUIRE, a known limit (docs/guarantees.md).
+    async fn lapse(mut self, lease: Duration) {
+        if let Some(call) = self.call.take() {
+            if let Ok(Renewal::Renewed) = call.await {
+                self.renewed = Some(Instant::now());
+            }
+        }
+        if let Some(at) = self.renewed.filter(|_| !self.lost) {
+            sleep_until(at + lease).await;
+        }
     }
 
     /// `step` of the settling, which has surely ended `within` from its
@@ -436,13 +460,19 @@ where
     #[allow(clippy::manual_async_fn)]
     fn run(mut self, how: Finish) -> impl Future<Output = ()> {
         async move {
-            let settled = settle(&self.st, &self.cx, self.generation, how, &mut self.beats).await;
-            // A settled flight needs no more heartbeats (and must not count a
-            // heartbeat answered after its commit as a lost lease).
-            drop(self.beats);
+            let (settled, held) =
+                settle(&self.st, &self.cx, self.generation, how, &mut self.beats).await;
             if let Some(to) = self.told.take() {
                 // Nobody listening any more is fine: it was only asked.
                 let _ = to.send(settled);
+            }
+            // A settled flight needs no more heartbeats (and must not count a
+            // heartbeat answered after its commit as a lost lease). One that
+            // gave up waits until the lease its heartbeats kept is over.
+            if held {
+                self.beats.lapse(self.st.policy.lease_duration()).await;
+            } else {
+                drop(self.beats);
             }
             let committed = settled == Settled::Stored;
             let (st, cx, generation) = (&self.st, &self.cx, self.generation);
@@ -472,14 +502,15 @@ where
 /// meantime reaches them instead. Safe to repeat: a commit is idempotent
 /// for (token, generation), and fenced once a newer owner holds the flight.
 /// An abandon is retried the same way, so followers race again as soon as
-/// the backend answers. How it ended.
+/// the backend answers. How it ended, and whether it gave up (its lease
+/// may still be held: see `Heartbeats::lapse`).
 async fn settle<B, C>(
     st: &Arc<State<B, C>>,
     cx: &Cx,
     generation: u64,
     how: Finish,
     beats: &mut Heartbeats,
-) -> Settled
+) -> (Settled, bool)
 where
     B: Backend,
     C: Send + Sync + 'static,
@@ -543,12 +574,12 @@ where
                         if attempt > attempts {
                             tracing::info!(stage = %cx.stage(), flight = %cx.flight, generation, "commit settled in the background");
                         }
-                        return Settled::Stored;
+                        return (Settled::Stored, false);
                     }
                     Ok(Committed::Fenced) => {
                         cx.metrics.with(|m| m.fenced.increment(1));
                         tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, "commit fenced: a newer owner holds the flight; the value served this node's callers");
-                        return Settled::Fenced;
+                        return (Settled::Fenced, false);
                     }
                     Err(e) => e,
                 };
@@ -558,7 +589,7 @@ where
                 }
                 if !retry(st, cx, beats, &err, &mut pause, until).await {
                     tracing::debug!(stage = %cx.stage(), flight = %cx.flight, generation, "result never stored; the lease ends and followers take over");
-                    return Settled::Unstored;
+                    return (Settled::Unstored, true);
                 }
             }
         }
@@ -579,13 +610,13 @@ where
                 );
                 let res = beats.during(st, cx, cx.call_timeout, call).await;
                 match res {
-                    Ok(_) => return Settled::Unstored,
+                    Ok(_) => return (Settled::Unstored, false),
                     Err(e) => {
                         if !retry(st, cx, beats, &e, &mut pause, until).await {
                             // The lease expires on its own; followers then
                             // take over.
                             tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation, error = %e, "abandon failed");
-                            return Settled::Unstored;
+                            return (Settled::Unstored, true);
                         }
                     }
                 }

@@ -88,9 +88,13 @@
 //! flight); it is now kept as the copy. Seed 10224 found a follower's
 //! kept result standing by answered at the soft timeout after its node's
 //! own refresh had committed and given a newer one; it now yields to a
-//! newer copy. With these, seeds 0–159999, 1000000–1059999,
-//! 2000000–2059999, 3000000–3059999, 5000000–5059999, 7000000–7059999
-//! and 9000000–9059999 all pass.
+//! newer copy. Seeds 7112008 and 7116734 found an owner whose commit (or
+//! abandon) failed on every try give up with its lease still renewed by
+//! the heartbeats it sent while it tried: its node was idle with a lease
+//! nobody worked on; the settling now waits for the last renewal to run
+//! out. With these, seeds 0–159999, 1000000–1059999, 2000000–2059999,
+//! 3000000–3059999, 5000000–5059999, 7000000–7299999 and
+//! 9000000–9059999 all pass.
 //!
 //! # The fault model
 //!

@@ -316,3 +316,16 @@ fn seed_10224_a_kept_result_standing_by_yields_to_a_newer_copy() {
     let report = run(10_224);
     assert!(report.passed(), "{report}");
 }
+
+/// Seeds 7112008 and 7116734 found it: an owner whose commit (or abandon)
+/// failed on every try gave up after a lease of tries, while the
+/// heartbeats it sent meanwhile had kept its lease: the node was idle with
+/// a lease nobody worked on. A settling that gives up now waits until its
+/// last renewal has run out.
+#[test]
+fn seed_7112008_a_settling_that_gives_up_leaves_no_lease() {
+    for seed in [7_112_008, 7_116_734] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}
