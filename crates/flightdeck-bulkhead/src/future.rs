@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use flightdeck_core::time::later;
 use flightdeck_core::BoxError;
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
@@ -74,7 +75,8 @@ impl<S, Req> Waiting<S, Req> {
     ) -> Box<Self> {
         Box::new(Self {
             slot,
-            sleep: Box::pin(sleep_until(Instant::now() + timeout)),
+            // A timeout too long to add to the clock waits "for ever".
+            sleep: Box::pin(sleep_until(later(Instant::now(), timeout))),
             svc: Some(svc),
             req: Some(req),
             timeout,

@@ -156,6 +156,28 @@ async fn queue_waits_in_order_then_times_out() {
     assert_eq!(layer.handle().active(), 0);
 }
 
+/// A queue timeout too long to add to the clock (`Duration::MAX`: "wait
+/// for ever") queues the call instead of panicking.
+#[tokio::test(start_paused = true)]
+async fn a_queue_timeout_of_duration_max_queues_without_panicking() {
+    let layer = BulkheadLayer::from_config(BulkheadConfig::new(1).queue(1, Duration::MAX));
+    let probe = Probe::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(probe.service());
+    let running = tokio::spawn(svc.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    let queued = tokio::spawn(svc.clone().oneshot(5));
+    tokio::task::yield_now().await;
+    assert_eq!(layer.handle().queued(), 1);
+    advance(Duration::from_secs(3600)).await;
+    assert_eq!(layer.handle().queued(), 1, "still waiting for its slot");
+    probe.release.notify_waiters();
+    running.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap();
+    assert_eq!(layer.handle().active(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn degraded_limit_applies_to_new_calls_and_spares_running_ones() {
     let layer = BulkheadLayer::from_config(BulkheadConfig::new(4).degraded_limit(1));
