@@ -543,3 +543,32 @@ mode = "local-only"
         "{err}"
     );
 }
+
+/// "Every duration is bounded by 30 days": the execution timeout and the
+/// bulkhead's queue timeout too, in a file as in code.
+#[test]
+fn execution_and_queue_timeouts_are_bounded_like_every_duration() {
+    let cases = [
+        ("execution-timeout = \"31d\"", "execution-timeout"),
+        (
+            "bulkhead.queue = 4\nbulkhead.queue-timeout = \"31d\"",
+            "bulkhead.queue-timeout",
+        ),
+    ];
+    for (line, field) in cases {
+        let text = format!("[single-flight.stages.my-stage]\nmode = \"local-only\"\n{line}\n");
+        let err = SingleFlightConfig::from_toml(&text).unwrap_err();
+        assert_names(&err, field);
+        assert!(err.to_string().contains("30 days"), "{err}");
+    }
+    let mut cfg = flightdeck::StageConfig::new().mode(Mode::LocalOnly);
+    cfg.execution_timeout = Some(Duration::MAX);
+    assert_names(&cfg.validate("my-stage").unwrap_err(), "execution-timeout");
+    let mut cfg = flightdeck::StageConfig::new().mode(Mode::LocalOnly);
+    cfg.bulkhead.queue = 1;
+    cfg.bulkhead.queue_timeout = Duration::MAX;
+    assert_names(
+        &cfg.validate("my-stage").unwrap_err(),
+        "bulkhead.queue-timeout",
+    );
+}

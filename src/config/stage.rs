@@ -335,6 +335,11 @@ impl StageConfig {
             ("soft-timeout", self.soft_timeout),
             ("early-refresh", self.early_refresh),
             ("hit-for-pass", self.hit_for_pass),
+            (
+                "execution-timeout",
+                self.execution_timeout.unwrap_or_default(),
+            ),
+            ("bulkhead.queue-timeout", self.bulkhead.queue_timeout),
         ] {
             if d > MAX_DURATION {
                 return bad(field, format!("{d:?} is over the bound of 30 days"));
