@@ -46,8 +46,9 @@ mod http_headers {
     /// attaches the [`Deadline`] to the request's extensions (where an outer
     /// `Deadline` is also honoured).
     ///
-    /// A malformed header is an [`InvalidTimeout`] error by default, or is
-    /// ignored with [`ignore_invalid`](Self::ignore_invalid).
+    /// A malformed header (or one given twice: "more than one value") is an
+    /// [`InvalidTimeout`] error by default, or is ignored with
+    /// [`ignore_invalid`](Self::ignore_invalid).
     #[derive(Debug, Clone)]
     pub struct FromHeaders {
         header: HeaderName,
@@ -88,10 +89,10 @@ mod http_headers {
 
         fn read<B>(&self, req: &http::Request<B>) -> Result<Option<Duration>, InvalidTimeout> {
             let mut best: Option<Duration> = None;
-            if let Some(v) = req.headers().get(GRPC_TIMEOUT) {
+            if let Some(v) = only(req.headers(), &GRPC_TIMEOUT)? {
                 best = Some(parse_grpc_timeout(v.as_bytes())?);
             }
-            if let Some(v) = req.headers().get(&self.header) {
+            if let Some(v) = only(req.headers(), &self.header)? {
                 let s = v
                     .to_str()
                     .map_err(|_| InvalidTimeout::new(self.header.as_str(), "not ASCII"))?;
@@ -100,6 +101,21 @@ mod http_headers {
             }
             Ok(best)
         }
+    }
+
+    /// The one value of `name`, if any. Given twice it is as malformed as
+    /// its values joined by a comma (HTTP makes them the same field):
+    /// neither is picked in silence.
+    fn only<'a>(
+        headers: &'a http::HeaderMap,
+        name: &HeaderName,
+    ) -> Result<Option<&'a http::HeaderValue>, InvalidTimeout> {
+        let mut values = headers.get_all(name).iter();
+        let first = values.next();
+        if values.next().is_some() {
+            return Err(InvalidTimeout::new(name.as_str(), "more than one value"));
+        }
+        Ok(first)
     }
 
     impl<B> Inbound<http::Request<B>> for FromHeaders {

@@ -213,6 +213,45 @@ async fn malformed_header_is_an_error_or_ignored_by_config() {
     assert_eq!(d.remaining(), Duration::from_secs(1));
 }
 
+/// A timeout header given twice is as bad as its values joined by a comma
+/// (`x-request-timeout: 5000, 100`, which HTTP makes the same field): a
+/// named error, never one of the two picked in silence.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_header_given_twice_is_a_named_error() {
+    let svc = ServiceBuilder::new()
+        .layer(BudgetLayer::new(Duration::from_secs(10)))
+        .service(echo_deadline());
+    for (name, first, second) in [
+        ("x-request-timeout", "5000", "100"),
+        ("grpc-timeout", "5S", "100m"),
+    ] {
+        let err = svc
+            .clone()
+            .oneshot(req(&[(name, first), (name, second)]))
+            .await
+            .unwrap_err();
+        let invalid = err.downcast_ref::<InvalidTimeout>().expect("typed error");
+        assert_eq!(invalid.header(), name);
+        assert_eq!(invalid.problem(), "more than one value");
+        assert_eq!(ErrorClass::of(&*err).http_status(), 400);
+    }
+    // Ignored as any malformed value is, when asked.
+    let svc = ServiceBuilder::new()
+        .layer(
+            BudgetLayer::new(Duration::from_secs(1))
+                .inbound(FromHeaders::new().ignore_invalid(true)),
+        )
+        .service(echo_deadline());
+    let d = svc
+        .oneshot(req(&[
+            ("x-request-timeout", "5000"),
+            ("x-request-timeout", "100"),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(d.remaining(), Duration::from_secs(1));
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_inner_service_runs_within_the_execution_slice() {
     let svc = ServiceBuilder::new()
