@@ -165,7 +165,8 @@ impl BreakerConfig {
         self
     }
 
-    /// How many probe calls half-open admits at once (not every call).
+    /// How many probe calls half-open admits at once (not every call):
+    /// 1 to 10,000.
     pub fn half_open_probes(mut self, n: u32) -> Self {
         self.half_open_probes = n;
         self
@@ -227,8 +228,9 @@ impl BreakerConfig {
         if !(self.wait_growth >= 1.0 && self.wait_growth.is_finite()) {
             return bad("wait growth factor must be >= 1");
         }
-        if self.half_open_probes == 0 {
-            return bad("half-open probes must be > 0");
+        // Each probe holds a slot of an array allocated up front.
+        if self.half_open_probes == 0 || self.half_open_probes > MAX_PROBES {
+            return bad("half-open probes must be in 1..=10000");
         }
         if self.successes_needed() == 0 {
             return bad("success threshold must be > 0");
@@ -247,6 +249,10 @@ impl BreakerConfig {
         Ok(())
     }
 }
+
+/// The most half-open probes (each holds a slot, allocated when the
+/// breaker is built).
+const MAX_PROBES: u32 = 10_000;
 
 /// A breaker setting is out of range.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -491,6 +491,18 @@ fn invalid_settings_are_named() {
     .is_err());
 }
 
+/// Each half-open probe holds a slot allocated when the breaker is built:
+/// a count past the bound is a named error, not an allocation that aborts
+/// the process.
+#[test]
+fn a_huge_probe_count_is_refused_not_allocated() {
+    let cfg = BreakerConfig::default().half_open_probes(u32::MAX);
+    let err = cfg.validate().unwrap_err();
+    assert!(err.to_string().contains("half-open probes"), "{err}");
+    assert!(Breaker::new("t", cfg).is_err());
+    assert!(Breaker::new("t", BreakerConfig::default().half_open_probes(10_000)).is_ok());
+}
+
 #[tokio::test(start_paused = true)]
 async fn business_errors_do_not_open_with_the_transient_classifier() {
     let b = Breaker::new("redis", no_jitter().consecutive_failures(3)).unwrap();
