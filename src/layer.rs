@@ -121,8 +121,7 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayer<R, Sh> {
     /// The runtime handle of a stage (mode switch, degraded state, breaker,
     /// bulkhead).
     pub fn stage(&self, name: &str) -> Option<StageHandle> {
-        let name = StageName::new(name).ok()?;
-        self.shared.stages.get(&name).map(|s| handle(s))
+        self.find(name).map(handle)
     }
 
     /// Handles of every stage.
@@ -133,8 +132,18 @@ impl<R, Sh: SharedForm> GenericSingleFlightLayer<R, Sh> {
     /// Local flights running right now in a stage (for tests and health
     /// checks).
     pub fn running_flights(&self, stage: &str) -> Option<usize> {
-        let name = StageName::new(stage).ok()?;
-        self.shared.stages.get(&name).map(|s| s.local.running())
+        self.find(stage).map(|s| s.local.running())
+    }
+
+    /// The stage of that name. Compared by string, not made a
+    /// `StageName`: a lookup of a name from outside (a health check's
+    /// path) must not intern it, since a process keeps a bounded number.
+    fn find(&self, name: &str) -> Option<&Arc<Stage<R, Sh>>> {
+        self.shared
+            .stages
+            .iter()
+            .find(|(stage, _)| stage.as_str() == name)
+            .map(|(_, s)| s)
     }
 
     /// The stages that can store results in a shared backend (those built
