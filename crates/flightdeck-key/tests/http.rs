@@ -472,6 +472,27 @@ fn a_body_route_that_hashes_nothing_is_a_build_error() {
     }
 }
 
+/// `hash_bodies(0)` hashes nothing, as `hash_body(0)` does: refused too,
+/// rather than letting a body route build that coalesces no request with a
+/// body.
+#[test]
+fn hashing_every_body_up_to_zero_bytes_is_a_build_error() {
+    let err = HttpKeyExtractor::builder()
+        .route(Route::new(Method::POST, "/v1/score", "score"))
+        .hash_bodies(0)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("hash_bodies(0)"), "{err}");
+    let err = HttpKeyExtractor::builder()
+        .default_stage("items")
+        .hash_bodies(0)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("hash_bodies(0)"), "{err}");
+}
+
 #[test]
 fn the_authority_can_be_left_out_of_the_key() {
     let at = |ex: &HttpKeyExtractor, host: &str| {

@@ -433,7 +433,8 @@ impl HttpKeyExtractorBuilder {
     }
 
     /// Hashes request bodies of every coalesced request up to `cap` bytes
-    /// (route rules may set their own cap).
+    /// (route rules may set their own cap). A cap of 0 hashes nothing: a
+    /// build error.
     pub fn hash_bodies(mut self, cap: usize) -> Self {
         self.body_cap = Some(cap);
         self
@@ -476,6 +477,13 @@ impl HttpKeyExtractorBuilder {
     /// would ever coalesce, and nothing would say so.
     pub fn build(self) -> Result<HttpKeyExtractor, KeyConfigError> {
         let scope = self.scope.build()?;
+        if self.body_cap == Some(0) {
+            return Err(KeyConfigError::new(
+                "body cap",
+                "0",
+                "hash_bodies(0) hashes nothing; give the largest body to hash",
+            ));
+        }
         let body_cap = self.body_cap;
         let unkeyed = Arc::new(Unkeyed::new(
             self.routes
