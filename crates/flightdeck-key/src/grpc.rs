@@ -129,7 +129,8 @@ pub struct GrpcKeyExtractorBuilder {
 }
 
 impl GrpcKeyExtractorBuilder {
-    /// Allowlists a **unary** method (`/pkg.Service/Method`) in `stage`.
+    /// Allowlists a **unary** method (`/pkg.Service/Method`) in `stage`
+    /// (a method listed in two stages fails the build).
     pub fn method(mut self, path: &str, stage: &str) -> Self {
         self.methods.push((path.to_owned(), stage.to_owned()));
         self
@@ -153,7 +154,7 @@ impl GrpcKeyExtractorBuilder {
     /// Validates the configuration.
     pub fn build(self) -> Result<GrpcKeyExtractor, KeyConfigError> {
         let scope = self.scope.build()?;
-        let mut methods = HashMap::new();
+        let mut methods: HashMap<Box<str>, StageName> = HashMap::new();
         for (path, stage) in self.methods {
             let valid = path.len() > 3
                 && path.starts_with('/')
@@ -168,6 +169,13 @@ impl GrpcKeyExtractorBuilder {
             }
             let stage =
                 StageName::new(&stage).map_err(|e| KeyConfigError::new("stage", &stage, e))?;
+            if let Some(before) = methods.get(path.as_str()).filter(|s| **s != stage) {
+                return Err(KeyConfigError::new(
+                    "gRPC method",
+                    &path,
+                    format_args!("is listed in two stages, {before} and {stage}"),
+                ));
+            }
             methods.insert(path.into_boxed_str(), stage);
         }
         let mut metadata = self

@@ -193,6 +193,26 @@ fn bad_method_paths_are_config_errors() {
     }
 }
 
+/// A method listed in two stages is a contradiction, named at build: the
+/// later one never silently wins.
+#[test]
+fn a_method_in_two_stages_is_a_config_error() {
+    let err = GrpcKeyExtractor::builder()
+        .method(CHECK, "health")
+        .method(CHECK, "other")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(CHECK), "{err}");
+    assert!(err.contains("health") && err.contains("other"), "{err}");
+    // The same listing twice is no contradiction.
+    assert!(GrpcKeyExtractor::builder()
+        .method(CHECK, "health")
+        .method(CHECK, "health")
+        .build()
+        .is_ok());
+}
+
 #[tokio::test]
 async fn layer_sets_the_extension_for_the_service() {
     let svc = KeyLayer::new(extractor()).layer(service_fn(|req: Request<_>| async move {
