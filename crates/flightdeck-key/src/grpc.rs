@@ -67,6 +67,10 @@ use crate::http::{write_headers, KeyFuture, ScopeConfig};
 /// Default cap on a hashed gRPC message: 1 MiB.
 pub const DEFAULT_MESSAGE_CAP: usize = 1024 * 1024;
 
+/// Every gRPC message is at least its frame header (a flag byte and a
+/// 4-byte length).
+const FRAME_HEADER: usize = 5;
+
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_ACCEPT_ENCODING: HeaderName = HeaderName::from_static("grpc-accept-encoding");
 
@@ -143,7 +147,8 @@ impl GrpcKeyExtractorBuilder {
     }
 
     /// The largest message body hashed (default 1 MiB); larger calls are
-    /// not coalesced and reach the service intact.
+    /// not coalesced and reach the service intact. At least 5 bytes (a
+    /// frame header), or the build fails.
     pub fn message_cap(mut self, cap: usize) -> Self {
         self.cap = cap;
         self
@@ -154,6 +159,13 @@ impl GrpcKeyExtractorBuilder {
     /// Validates the configuration.
     pub fn build(self) -> Result<GrpcKeyExtractor, KeyConfigError> {
         let scope = self.scope.build()?;
+        if self.cap < FRAME_HEADER {
+            return Err(KeyConfigError::new(
+                "message cap",
+                &self.cap.to_string(),
+                "is smaller than a gRPC frame header (5 bytes), so no call would coalesce",
+            ));
+        }
         let mut methods: HashMap<Box<str>, StageName> = HashMap::new();
         for (path, stage) in self.methods {
             let valid = path.len() > 3

@@ -213,6 +213,30 @@ fn a_method_in_two_stages_is_a_config_error() {
         .is_ok());
 }
 
+/// Every message is at least its 5-byte frame header: a smaller cap would
+/// coalesce no call of the allowlist, and nothing would say so.
+#[test]
+fn a_message_cap_under_a_frame_header_is_a_config_error() {
+    for cap in [0, 4] {
+        let err = GrpcKeyExtractor::builder()
+            .method(CHECK, "health")
+            .message_cap(cap)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("message cap"), "{err}");
+    }
+    let ex = GrpcKeyExtractor::builder()
+        .method(CHECK, "health")
+        .message_cap(5)
+        .build()
+        .unwrap();
+    assert!(
+        key_now(&ex, call(CHECK, b"")).is_some(),
+        "an empty message fits"
+    );
+}
+
 #[tokio::test]
 async fn layer_sets_the_extension_for_the_service() {
     let svc = KeyLayer::new(extractor()).layer(service_fn(|req: Request<_>| async move {
