@@ -3,7 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-#[cfg(feature = "tls")]
 use flightdeck_distributed::backend::BackendError;
 
 /// Settings of a [`RedisBackend`](crate::RedisBackend).
@@ -175,6 +174,37 @@ impl RedisConfig {
     pub fn subscriber_ping(mut self, d: Duration) -> Self {
         self.subscriber_ping = d;
         self
+    }
+}
+
+/// The longest any of the durations may be (as every duration of a
+/// stage): deadlines are added to the clock.
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+impl RedisConfig {
+    /// Checks the durations: each at most 30 days (so deadlines can be
+    /// added to the clock), the timeouts positive (a zero timeout is one
+    /// every call misses).
+    pub(crate) fn check(&self) -> Result<(), BackendError> {
+        for (name, d, positive) in [
+            ("command timeout", self.command_timeout, true),
+            ("connect timeout", self.connect_timeout, true),
+            ("migration retry", self.migration_retry, false),
+            ("reconnect max delay", self.reconnect_max_delay, false),
+            ("subscriber ping", self.subscriber_ping, false),
+        ] {
+            if d > MAX_DURATION || (positive && d.is_zero()) {
+                let bound = if positive {
+                    "(0, 30 days]"
+                } else {
+                    "[0, 30 days]"
+                };
+                return Err(BackendError::protocol(format!(
+                    "invalid {name} {d:?}: must be in {bound}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -47,7 +47,8 @@ impl RedisBackend {
     /// do. Call [`ready`](Self::ready) to wait for the connections.
     ///
     /// Fails only on what waiting would not fix: an invalid prefix or
-    /// URL, or no tokio runtime to connect from.
+    /// URL, a duration out of range (over 30 days, or a zero timeout), or
+    /// no tokio runtime to connect from.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -63,6 +64,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn new(config: RedisConfig) -> Result<Self, BackendError> {
+        config.check()?;
         if !valid_prefix(&config.prefix) {
             return Err(BackendError::protocol(format!(
                 "invalid key prefix {:?}: use 1-64 ASCII letters, digits, '_', '-', '.', ':'",
@@ -123,6 +125,7 @@ impl RedisBackend {
     /// tests that need Redis now. A service that should start during an
     /// outage uses `new` (and, if it likes, `ready` with its own deadline).
     pub async fn connect(config: RedisConfig) -> Result<Self, BackendError> {
+        config.check()?;
         let deadline = config.connect_timeout + config.command_timeout;
         let backend = Self::new(config)?;
         match backend.ready(deadline).await {

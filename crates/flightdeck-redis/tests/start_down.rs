@@ -191,3 +191,47 @@ fn new_outside_a_runtime_is_an_error_not_a_panic() {
     assert_eq!(err.kind(), BackendErrorKind::Protocol, "{err}");
     assert!(err.to_string().contains("tokio runtime"), "{err}");
 }
+
+/// A timeout too long to add to the clock (or none at all) is refused by
+/// name when the backend is made, before anything connects: not a panic
+/// (`connect` added two of them at once), nor a deadline that every call
+/// misses.
+#[tokio::test]
+async fn a_timeout_out_of_range_is_an_error_not_a_panic() {
+    let url = || "redis://127.0.0.1:1".to_owned();
+    let err = RedisBackend::connect(config(url()).connect_timeout(Duration::MAX))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Protocol, "{err}");
+    assert!(err.to_string().contains("connect timeout"), "{err}");
+    for (name, cfg) in [
+        (
+            "command timeout",
+            config(url()).command_timeout(Duration::MAX),
+        ),
+        (
+            "command timeout",
+            config(url()).command_timeout(Duration::ZERO),
+        ),
+        (
+            "connect timeout",
+            config(url()).connect_timeout(Duration::ZERO),
+        ),
+        (
+            "migration retry",
+            config(url()).migration_retry(Duration::MAX),
+        ),
+        (
+            "reconnect max delay",
+            config(url()).reconnect_max_delay(Duration::MAX),
+        ),
+        (
+            "subscriber ping",
+            config(url()).subscriber_ping(Duration::MAX),
+        ),
+    ] {
+        let err = RedisBackend::new(cfg).unwrap_err();
+        assert_eq!(err.kind(), BackendErrorKind::Protocol, "{err}");
+        assert!(err.to_string().contains(name), "{name}: {err}");
+    }
+}
