@@ -572,3 +572,23 @@ fn execution_and_queue_timeouts_are_bounded_like_every_duration() {
         "bulkhead.queue-timeout",
     );
 }
+
+/// A stage given twice in one YAML document is refused, naming it: the
+/// second table never silently replaces the first (TOML refuses a
+/// duplicate table as a syntax error).
+#[test]
+fn a_stage_given_twice_is_refused() {
+    let err = SingleFlightConfig::from_yaml(
+        "single-flight:\n  stages:\n    my-stage:\n      mode: local-only\n      \
+         replay-ttl: 5s\n    my-stage:\n      mode: bypass\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("my-stage"), "{err}");
+    assert!(err.to_string().contains("twice"), "{err}");
+    let err = SingleFlightConfig::from_toml(
+        "[single-flight.stages.my-stage]\nmode = \"local-only\"\n\
+         [single-flight.stages.my-stage]\nmode = \"bypass\"\n",
+    )
+    .unwrap_err();
+    assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+}

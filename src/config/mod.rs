@@ -65,9 +65,47 @@ pub(crate) use self::suggest::did_you_mean;
 #[non_exhaustive]
 pub struct SingleFlightConfig {
     /// The stages, by name.
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "unique_stages"))]
     pub stages: BTreeMap<String, StageConfig>,
     /// What of the HTTP key the deployment decides.
     pub keys: KeySettings,
+}
+
+/// The stages of a document, each name once: a stage given twice (YAML
+/// lets a mapping repeat a key) is refused, naming it, rather than the
+/// later table replacing the earlier in silence.
+#[cfg(feature = "serde")]
+fn unique_stages<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, StageConfig>, D::Error> {
+    struct Stages;
+
+    impl<'de> serde::de::Visitor<'de> for Stages {
+        type Value = BTreeMap<String, StageConfig>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut stages = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                if stages.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format_args!(
+                        "stage {name:?} is given twice"
+                    )));
+                }
+                let stage = map.next_value()?;
+                stages.insert(name, stage);
+            }
+            Ok(stages)
+        }
+    }
+
+    d.deserialize_map(Stages)
 }
 
 /// Which stages of a document have a `mode` key: read beside the
