@@ -151,9 +151,9 @@
 //! flight goes on for the callers still waiting. Each coordination round
 //! trip gets the stage's `coordination-timeout` (and at most an outer
 //! budget's coordination slice); the work runs within the stage's
-//! `execution-timeout` (and at most an outer budget's execution slice). The
-//! outcome of a caller out of time is `DeadlineExceeded` (504 /
-//! `DEADLINE_EXCEEDED`).
+//! `execution-timeout` (an outer budget's execution slice bounds only its
+//! own caller's wait, not the work others share). The outcome of a caller
+//! out of time is `DeadlineExceeded` (504 / `DEADLINE_EXCEEDED`).
 //!
 //! # Any request type
 //!

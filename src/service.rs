@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use flightdeck_budget::{Phase, Slices};
+use flightdeck_budget::Slices;
 use flightdeck_core::error::{find, BoxError};
 use flightdeck_core::error::{DeadlineExceeded, FlightAbandoned, WaitTimeout, WorkPanicked};
 use flightdeck_core::stale::{xfetch, Stale, StaleReason};
@@ -154,16 +154,13 @@ where
             Ok(d) => d,
             Err(e) => return ResponseFuture::failed(e, share),
         };
-        // An outer budget's slices bound each backend call and the work,
-        // as the stage's own settings do.
+        // An outer budget's coordination slice bounds each backend call.
+        // The work is every caller's: bounded by the stage's own settings,
+        // never by one caller's execution slice (which bounds that
+        // caller's own wait, where its budget layer enforces it), or a
+        // caller that joins would get another's deadline.
         let coordination = slices.map(|s| s.coordination);
-        let bound = match (
-            ctl.cfg.execution_timeout,
-            slices.and_then(|s| s.of(Phase::Execution)),
-        ) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let bound = ctl.cfg.execution_timeout;
         // The flight's abandon rule comes from the mode in force: other
         // nodes may wait on a distributed flight, so it finishes when its
         // callers leave; a local one is cancelled.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use flightdeck::budget::{Inbound, InvalidTimeout};
+use flightdeck::budget::{Deadline, Inbound, InvalidTimeout, Slices};
 use flightdeck::core::error::{find, BoxError, DeadlineExceeded};
 use flightdeck::core::{metric, CloneShare, FlightKey, StageName};
 use flightdeck::distributed::backend::{Acquired, Backend, LeaseTerms};
@@ -34,12 +34,15 @@ use tower::{service_fn, Layer, ServiceExt};
 struct Job {
     id: String,
     timeout: Option<Duration>,
+    /// A deadline an outer layer attached (with its slices).
+    outer: Option<Deadline>,
 }
 
 fn job(id: &str, timeout: Option<Duration>) -> Job {
     Job {
         id: id.to_owned(),
         timeout,
+        outer: None,
     }
 }
 
@@ -50,6 +53,10 @@ struct JobDeadline;
 impl Inbound<Job> for JobDeadline {
     fn inbound(&self, job: &Job) -> Result<Option<Duration>, InvalidTimeout> {
         Ok(job.timeout)
+    }
+
+    fn existing(&self, job: &Job) -> Option<Deadline> {
+        job.outer
     }
 }
 
@@ -160,6 +167,30 @@ async fn a_waiter_leaves_at_its_own_deadline_and_the_flight_goes_on() {
     );
     assert_eq!(leader.await.unwrap().unwrap(), "done:k");
     assert_eq!(calls.load(Ordering::SeqCst), 1, "one execution");
+}
+
+/// The work is every caller's: the execution slice of one caller's
+/// budget (its outer `Deadline`) bounds that caller's own wait, never the
+/// work another caller, with a budget of its own or none, waits for.
+#[tokio::test(start_paused = true)]
+async fn one_callers_execution_slice_does_not_cut_the_work_of_another() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let l = layer("slice-of-one", fast(Mode::LocalOnly), None);
+    let svc: JobSvc = BoxCloneService::new(l.layer(work(&calls, Duration::from_secs(1))));
+
+    let slices = Slices {
+        execution: Some(Duration::from_millis(100)),
+        ..Slices::default()
+    };
+    let mut hurried = job("k", None);
+    hurried.outer = Some(Deadline::after(Duration::from_secs(60), slices));
+    let leader = tokio::spawn(svc.clone().oneshot(hurried));
+    tokio::task::yield_now().await;
+    assert_eq!(l.running_flights("slice-of-one"), Some(1));
+    let patient = svc.clone().oneshot(job("k", None)).await;
+    assert_eq!(patient.unwrap(), "done:k");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one execution");
+    drop(leader);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
