@@ -49,3 +49,42 @@ impl fmt::Display for ModeError {
 }
 
 impl std::error::Error for ModeError {}
+
+/// A key given to a stage's handle that belongs to another stage
+/// ([`StageHandle::invalidate`](crate::StageHandle::invalidate)): the
+/// handle reaches only its own stage's copies, so it refuses, naming both,
+/// rather than purging nothing of that key's here in silence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrongStage {
+    stage: StageName,
+    key_stage: StageName,
+}
+
+impl WrongStage {
+    pub(crate) fn new(stage: StageName, key_stage: StageName) -> Self {
+        Self { stage, key_stage }
+    }
+
+    /// The stage of the handle.
+    pub fn stage(&self) -> &StageName {
+        &self.stage
+    }
+
+    /// The stage the key belongs to.
+    pub fn key_stage(&self) -> &StageName {
+        &self.key_stage
+    }
+}
+
+impl fmt::Display for WrongStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a key of stage {} given to the handle of stage {}: purge it through its own \
+             stage's handle (or the layer's invalidate_request)",
+            self.key_stage, self.stage
+        )
+    }
+}
+
+impl std::error::Error for WrongStage {}

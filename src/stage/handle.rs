@@ -183,7 +183,17 @@ impl StageHandle {
     /// so for their stages build it from a request with the layer's
     /// `invalidate_request`. (Across nodes the store purges by digest
     /// either way; this node's copies are found by key.)
+    ///
+    /// A key of another stage is refused
+    /// ([`WrongStage`](crate::error::WrongStage)): this handle reaches none
+    /// of its copies.
     pub async fn invalidate(&self, key: &FlightKey) -> Result<(), BoxError> {
+        if key.stage() != self.name() {
+            return Err(Box::new(crate::error::WrongStage::new(
+                self.name().clone(),
+                key.stage().clone(),
+            )));
+        }
         self.purge.purge(key).await
     }
 

@@ -461,6 +461,30 @@ async fn a_purge_during_a_refresh_never_brings_the_result_back() {
     handle.invalidate(&key).await.unwrap();
 }
 
+/// A stage's handle purges its own keys: a key of another stage is refused,
+/// naming both, rather than "purged" here (where nothing of it is) while
+/// its own stage's copies go on answering.
+#[tokio::test(start_paused = true)]
+async fn a_key_of_another_stage_is_refused_not_purged_in_silence() {
+    let origin = Origin::new(Duration::from_millis(10));
+    let app = app("purge-here", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(60);
+        c.stale_if_error = Duration::from_secs(60);
+    });
+    let handle = app.layer.stage(app.stage).unwrap();
+    let other = flightdeck::FlightKey::from_bytes(
+        flightdeck::StageName::new("purge-elsewhere").unwrap(),
+        "k",
+    );
+    let err = handle.invalidate(&other).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(err.is::<flightdeck::error::WrongStage>(), "{msg}");
+    assert!(
+        msg.contains("purge-elsewhere") && msg.contains("purge-here"),
+        "{msg}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn cache_status_and_age_only_when_asked_for() {
     let origin = Origin::new(Duration::from_millis(10));
