@@ -2,14 +2,14 @@
 //! single-flight, on [fred](https://docs.rs/fred).
 //!
 //! [`RedisBackend`] implements
-//! [`Backend`](flightdeck_distributed::Backend) with six Lua scripts,
-//! ACQUIRE / HEARTBEAT / COMMIT / ABANDON / RELEASE / INVALIDATE (see
-//! [`scripts`] for the exact protocol and its command budget), run by
+//! [`Backend`](flightdeck_distributed::Backend) with seven Lua scripts,
+//! ACQUIRE / HEARTBEAT / COMMIT / ABANDON / RELEASE / INVALIDATE / READ
+//! (see [`scripts`] for the exact protocol and its command budget), run by
 //! `EVALSHA` with a transparent reload on `NOSCRIPT`. A flight is one key,
 //! the hash `{prefix}:{h}:f5` (its record: last grant, lease deadline,
 //! result, kept for the stage's stale windows, the nodes that follow it),
-//! where `h` is the flight digest in
-//! hex: one hash tag per flight, no raw input. Lease deadlines and
+//! and one more after an invalidation (`{prefix}:{h}:f5:i`), where `h` is
+//! the flight digest in hex: one hash tag per flight, no raw input. Lease deadlines and
 //! expiries use the server's clock (`TIME`, `PEXPIRE`), never the
 //! clients'.
 //!
