@@ -1,8 +1,8 @@
 //! The Redis protocol of flightdeck's distributed single-flight, as a
 //! [`stateright`](https://docs.rs/stateright) model (not published).
 //!
-//! [`server`] is the six Lua scripts of `flightdeck_redis::scripts` over a
-//! flight's record (its lease, the result kept for waiters and for stale
+//! [`server`] is the six Lua scripts of `flightdeck_redis::scripts` that
+//! write (all but READ) over a flight's record (its lease, the result kept for waiters and for stale
 //! answers, a failed refresh's throttle), one function each; [`model`] puts two nodes (or more),
 //! the network, the server clock, a replica and its failover around them,
 //! and states the promises of `docs/guarantees.md` as properties, which
