@@ -177,11 +177,12 @@ pub struct StageConfig {
     /// results: a window, hit-for-pass, or `cache-status` with a replay.
     pub stale_max_entries: usize,
     /// Bytes of kept results of the stage on this node, at most (64 MiB,
-    /// counted by the codec's encoded size; the oldest goes first).
+    /// counted by the share adapter's measure or the builder's
+    /// `stale_weigher`, not the codec's encoding; the oldest goes first).
     pub stale_max_bytes: usize,
     /// Answers carry an RFC 9211 `Cache-Status` header (`flightdeck; hit`,
-    /// `flightdeck; fwd=stale; …`), and stale ones an `Age` (gRPC: the
-    /// same as metadata). Off by default.
+    /// `flightdeck; fwd=stale; …`), and those from a kept result (hits and
+    /// stale ones) an `Age` (gRPC: the same as metadata). Off by default.
     pub cache_status: bool,
     /// Whether the mode was chosen ([`mode`](Self::mode), or `mode` in a
     /// file) rather than left at its default.
