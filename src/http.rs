@@ -348,7 +348,8 @@ impl<E> SingleFlightLayerBuilder<E> {
     }
 
     /// Shares responses with `share` instead of the default [`HttpShare`]
-    /// (e.g. a larger body cap, or other credential headers).
+    /// (e.g. a larger body cap, or other `Set-Cookie` and `Cache-Control`
+    /// rules).
     pub fn share(mut self, share: HttpShare) -> Self {
         self.inner = self.inner.share(share);
         self
