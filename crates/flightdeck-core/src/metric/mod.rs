@@ -1,6 +1,7 @@
 //! Metric names, in one place, and how layers hold their handles.
 //!
-//! Every metric carries a `stage` label (breaker metrics: `breaker`).
+//! Every metric carries a `stage` label (breaker metrics: `breaker`;
+//! [`UNKEYED_TOTAL`] and [`READONLY_REPLAY_TOTAL`]: none).
 //! Recorded through the [`metrics`](https://docs.rs/metrics) facade: install
 //! any recorder (e.g. `metrics-exporter-prometheus`) to export them.
 
@@ -18,7 +19,8 @@ pub const LOCAL_OWNER_TOTAL: &str = "singleflight_local_owner_total";
 pub const LOCAL_WAITER_TOTAL: &str = "singleflight_local_waiter_total";
 /// Counter: calls answered from a finished flight's replay window.
 pub const LOCAL_REPLAY_TOTAL: &str = "singleflight_local_replay_total";
-/// Counter: calls rejected by a bound (`reason` = `flights` | `waiters`).
+/// Counter: calls rejected by a bound (max flights, or max waiters per
+/// flight; no `reason` label).
 pub const LOCAL_REJECTED_TOTAL: &str = "singleflight_local_rejected_total";
 /// Counter: waiters released to run alone because the result was not
 /// shareable.
@@ -143,7 +145,8 @@ pub const MODE: &str = "singleflight_mode";
 pub const STALE_SERVED_TOTAL: &str = "singleflight_stale_served_total";
 /// Counter: refreshes of a kept result that ran in the background (grace,
 /// early refresh, a soft timeout's work), by how they ended (`outcome` =
-/// `committed` their result replaced the kept one | `failed` the work
+/// `committed` their result replaced the kept one | `write_failed` (across
+/// nodes) their result never got into the store | `failed` the work
 /// failed | `fenced` a purge (or a newer result) came first, their result
 /// was dropped | `abandoned` cut by the execution timeout or cancelled).
 pub const REFRESH_TOTAL: &str = "singleflight_refresh_total";
