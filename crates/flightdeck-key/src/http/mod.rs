@@ -426,7 +426,9 @@ impl HttpKeyExtractorBuilder {
         self
     }
 
-    /// Removes every header from the key, including the default ones.
+    /// Removes the selected headers from the key, the default ones
+    /// included; `Content-Type` and `Content-Encoding` stay (they say what
+    /// the body means).
     pub fn clear_headers(mut self) -> Self {
         self.headers.clear();
         self
