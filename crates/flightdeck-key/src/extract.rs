@@ -137,7 +137,8 @@ pub enum Reason {
     Method,
     /// No route rule, stage header or default stage gave a stage.
     NoStage,
-    /// The stage header named a stage that is not in the allowed list.
+    /// The stage header named a stage that is not in the allowed list, or
+    /// was given more than once.
     UnknownStage,
     /// The request has a body, and body hashing is not enabled for it:
     /// requests that differ only in unhashed bytes must not share.

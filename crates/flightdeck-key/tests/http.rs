@@ -371,6 +371,27 @@ fn routes_and_stage_header_choose_stages() {
     assert_eq!(reason(&ex, r), Some(Reason::UnknownStage));
 }
 
+/// A stage header given twice names no stage, whichever comes first: the
+/// request is not coalesced (as with two `Idempotency-Key`s), rather than
+/// keyed by one of the two in silence.
+#[test]
+fn a_stage_header_given_twice_names_no_stage() {
+    let ex = HttpKeyExtractor::builder()
+        .stage_header("x-stage", ["summary", "report"])
+        .build()
+        .unwrap();
+    for second in ["report", "summary"] {
+        let mut r = Request::get("/v1/other")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        r.headers_mut()
+            .append("x-stage", HeaderValue::from_static("summary"));
+        r.headers_mut()
+            .append("x-stage", HeaderValue::from_static(second));
+        assert_eq!(reason(&ex, r), Some(Reason::UnknownStage), "{second}");
+    }
+}
+
 #[test]
 fn bad_configuration_is_a_typed_error() {
     let e = HttpKeyExtractor::builder()

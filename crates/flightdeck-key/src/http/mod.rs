@@ -713,7 +713,13 @@ impl Config {
 
     fn header_stage(&self, parts: &Parts) -> Result<Option<StageName>, Reason> {
         if let Some((name, allowed)) = &self.stage_header {
-            if let Some(value) = parts.headers.get(name) {
+            let mut values = parts.headers.get_all(name).iter();
+            if let Some(value) = values.next() {
+                // Given twice, it names no stage: neither value is more
+                // the request's than the other.
+                if values.next().is_some() {
+                    return Err(Reason::UnknownStage);
+                }
                 return allowed
                     .iter()
                     .find(|s| s.as_str().as_bytes() == value.as_bytes())

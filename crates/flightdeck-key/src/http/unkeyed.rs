@@ -133,7 +133,9 @@ fn why(reason: Reason, method: &Method) -> String {
             "no route rule matches, and {method} coalesces only through one \
              (or an Idempotency-Key)"
         ),
-        Reason::UnknownStage => "the stage header names a stage that is not allowed".into(),
+        Reason::UnknownStage => {
+            "the stage header names a stage that is not allowed, or is given twice".into()
+        }
         Reason::UnhashedBody => "it has a body, and no body hashing is set for it".into(),
         Reason::BodyTooLarge => "its body is larger than the cap".into(),
         Reason::Trailers => "its body ends with trailers".into(),
