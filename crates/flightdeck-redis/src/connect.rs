@@ -237,7 +237,7 @@ impl RedisBackend {
     /// will not fix them). Either way the backend keeps reconnecting in
     /// the background and can be used as it is.
     pub async fn ready(&self, deadline: Duration) -> Result<(), BackendError> {
-        let until = tokio::time::Instant::now() + deadline;
+        let until = flightdeck_core::time::later(tokio::time::Instant::now(), deadline);
         loop {
             if self.serving(false) {
                 return self.load_scripts(until).await;

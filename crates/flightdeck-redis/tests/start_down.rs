@@ -235,3 +235,12 @@ async fn a_timeout_out_of_range_is_an_error_not_a_panic() {
         assert!(err.to_string().contains(name), "{name}: {err}");
     }
 }
+
+/// `ready` given no deadline to speak of (`Duration::MAX`) waits as long
+/// as it takes: it answered a panic, adding the wait to the clock.
+#[tokio::test]
+async fn ready_without_a_deadline_waits_and_does_not_panic() {
+    let redis = RedisServer::start().unwrap();
+    let b = RedisBackend::new(config(redis.url())).unwrap();
+    within(10, "ready", b.ready(Duration::MAX)).await.unwrap();
+}
