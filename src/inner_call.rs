@@ -13,7 +13,7 @@ use std::time::Duration;
 use flightdeck_core::error::{BoxError, DeadlineExceeded};
 use flightdeck_core::stale::{ErrorFailures, Failures};
 use flightdeck_core::{FlightKey, Serves, Share, Shareable};
-use flightdeck_distributed::{Execute, FlightId, KeptEnd, KeptHere, Role};
+use flightdeck_distributed::{Execute, FlightId, KeptEnd, KeptHere, RefreshMark, Role};
 use pin_project_lite::pin_project;
 use tokio::time::timeout;
 use tokio::time::Instant;
@@ -223,6 +223,13 @@ where
         let (key, setup) = (self.key.clone()?, self.stage.stale.as_ref()?);
         let kept = Arc::clone(&setup.kept);
         Some(KeptEnd::new(move || kept.ended(&key)))
+    }
+
+    /// A refresh the store granted marks this node's copy while it runs:
+    /// the node starts none of its own meanwhile, whatever its mode now.
+    fn refresh_mark(&self) -> Option<RefreshMark> {
+        let (key, setup) = (self.key.as_ref()?, self.stage.stale.as_ref()?);
+        Some(RefreshMark::new(setup.kept.mark_refresh(key)))
     }
 }
 

@@ -161,6 +161,10 @@ struct Inner<V> {
     /// `max_floors`, in the order they were left.
     floors: Map<FlightKey, Floor>,
     floor_order: VecDeque<(Instant, FlightKey)>,
+    /// The refreshes the store granted that run on this node, by key (the
+    /// ids of their marks, see [`Kept::mark_refresh`]): one per running
+    /// refresh, gone when it ends.
+    granted: Map<FlightKey, Vec<u64>>,
 }
 
 /// A key's runs in the local fallback (see [`Kept::begin_fallback`]).
@@ -225,6 +229,7 @@ impl<V: Clone> Kept<V> {
                 fallbacks: Map::default(),
                 floors: Map::default(),
                 floor_order: VecDeque::new(),
+                granted: Map::default(),
             }),
             next: AtomicU64::new(0),
             max_entries,
@@ -526,11 +531,15 @@ impl<V: Clone> Kept<V> {
             .max(inner.purge_floor)
     }
 
-    /// Claims the one refresh of `key`'s copy (`None` when one runs),
-    /// until the returned claim is dropped: when the refresh's task ends,
-    /// or is dropped with a runtime shutting down.
+    /// Claims the one refresh of `key`'s copy (`None` when one runs,
+    /// this node's own or one the store granted it), until the returned
+    /// claim is dropped: when the refresh's task ends, or is dropped with a
+    /// runtime shutting down.
     pub(crate) fn claim_refresh(self: &Arc<Self>, key: &FlightKey) -> Option<RefreshClaim<V>> {
         let mut inner = self.lock();
+        if inner.granted.contains_key(key) {
+            return None;
+        }
         match inner.map.get_mut(key) {
             Some(e) if !e.refreshing => e.refreshing = true,
             _ => return None,
@@ -539,6 +548,20 @@ impl<V: Clone> Kept<V> {
             kept: Arc::clone(self),
             key: key.clone(),
         })
+    }
+
+    /// Marks a refresh of `key` that the store granted, running here
+    /// until the mark is dropped: meanwhile this node claims no refresh of
+    /// its own (its mode may have changed since the grant). A purge of
+    /// the key passes it by, as it passes this node's own.
+    pub(crate) fn mark_refresh(self: &Arc<Self>, key: &FlightKey) -> GrantedRefresh<V> {
+        let id = self.next();
+        self.lock().granted.entry(key.clone()).or_default().push(id);
+        GrantedRefresh {
+            kept: Arc::clone(self),
+            key: key.clone(),
+            id,
+        }
     }
 
     /// The refresh of `key` ended (whatever became of it).
@@ -564,8 +587,10 @@ impl<V: Clone> Kept<V> {
         let bounds = self.bounds();
         let mut inner = self.lock();
         inner.remove(key);
-        // Its hit-for-pass goes too: the next response decides anew.
+        // Its hit-for-pass goes too: the next response decides anew; and
+        // a refresh the store granted no longer keeps this node's own.
         inner.passes.remove(key);
+        inner.granted.remove(key);
         let gen = self.next();
         // What remains of it is the purge: no stale result of the store's
         // whose work started before now answers here, even one a failover
@@ -719,6 +744,26 @@ impl<V: Clone> Drop for RefreshClaim<V> {
     }
 }
 
+/// A refresh the store granted, running on this node (see
+/// [`Kept::mark_refresh`]).
+pub(crate) struct GrantedRefresh<V: Clone> {
+    kept: Arc<Kept<V>>,
+    key: FlightKey,
+    id: u64,
+}
+
+impl<V: Clone> Drop for GrantedRefresh<V> {
+    fn drop(&mut self) {
+        let mut inner = self.kept.lock();
+        if let Some(ids) = inner.granted.get_mut(&self.key) {
+            ids.retain(|&id| id != self.id);
+            if ids.is_empty() {
+                inner.granted.remove(&self.key);
+            }
+        }
+    }
+}
+
 impl<V> std::fmt::Debug for Kept<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kept")
@@ -760,6 +805,40 @@ mod tests {
             kept.put(&key(1), t, vec![0; 6_000], 6_000, Duration::ZERO),
             Put::TooLarge
         );
+    }
+
+    /// A refresh the store granted, running here, keeps this node from
+    /// claiming one of its own (seeds 3123145 and 3211498 of the
+    /// simulation: after a switch to local-only, the node's callers
+    /// started a refresh beside it); its end, or a purge, frees the claim.
+    #[tokio::test(start_paused = true)]
+    async fn a_granted_refresh_running_here_holds_off_the_nodes_own() {
+        let kept = Arc::new(Kept::<u32>::new(
+            10,
+            1_000,
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ));
+        let t = kept.ticket();
+        assert_eq!(kept.put(&key(1), t, 1, 4, Duration::ZERO), Put::Kept);
+        let granted = kept.mark_refresh(&key(1));
+        let second = kept.mark_refresh(&key(1));
+        assert!(kept.claim_refresh(&key(1)).is_none(), "one runs here");
+        drop(granted);
+        assert!(kept.claim_refresh(&key(1)).is_none(), "another still runs");
+        drop(second);
+        let claim = kept.claim_refresh(&key(1));
+        assert!(claim.is_some(), "none runs any more");
+        drop(claim);
+        let _running = kept.mark_refresh(&key(1));
+        kept.purge(&key(1));
+        let t = kept.ticket();
+        assert_eq!(kept.put(&key(1), t, 2, 4, Duration::ZERO), Put::Kept);
+        assert!(
+            kept.claim_refresh(&key(1)).is_some(),
+            "a purge passes the running refresh by"
+        );
+        assert!(kept.claim_refresh(&key(2)).is_none(), "no copy, no refresh");
     }
 
     #[tokio::test(start_paused = true)]

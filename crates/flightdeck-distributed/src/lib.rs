@@ -132,4 +132,4 @@ pub use stale::Answered;
 pub use start::{Admitted, FlightFuture};
 #[cfg(feature = "http")]
 pub use work::ExtensionFence;
-pub use work::{Execute, Fence, KeptEnd, KeptHere, NoFence, Role};
+pub use work::{Execute, Fence, KeptEnd, KeptHere, NoFence, RefreshMark, Role};

@@ -1050,7 +1050,11 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
     {
         let (st, cx) = (Arc::clone(self), cx.clone());
         let (tell, told) = oneshot::channel();
+        // Held while the refresh runs, its end included (see
+        // `Execute::refresh_mark`).
+        let mark = exec.refresh_mark();
         let work = Box::pin(async move {
+            let _mark = mark;
             st.own_judged(&cx, generation, req, exec, Some(&judge), Some(tell))
                 .await
         });

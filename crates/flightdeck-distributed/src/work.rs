@@ -85,6 +85,39 @@ pub trait Execute<Req>: Send {
     fn kept_end(&self) -> Option<KeptEnd> {
         None
     }
+
+    /// Asked when this flight's work is about to run as a refresh of a
+    /// kept result (the store granted it past the result's freshness, or
+    /// near its end): what it returns is held until the refresh ends. A
+    /// node that keeps copies marks its copy with it, so that it starts no
+    /// refresh of its own meanwhile (after a switch to `local-only`, its
+    /// callers no longer ask the store, which granted this one). By
+    /// default nothing.
+    fn refresh_mark(&self) -> Option<RefreshMark> {
+        None
+    }
+}
+
+/// Held while a refresh granted by the store runs on this node (see
+/// [`Execute::refresh_mark`]); what it holds is dropped when the refresh
+/// ends.
+pub struct RefreshMark {
+    _held: Box<dyn Send>,
+}
+
+impl RefreshMark {
+    /// Holds `held` until the refresh ends.
+    pub fn new(held: impl Send + 'static) -> Self {
+        Self {
+            _held: Box::new(held),
+        }
+    }
+}
+
+impl std::fmt::Debug for RefreshMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RefreshMark")
+    }
 }
 
 /// When a node's copy of a key ended ([`Execute::kept_end`]), asked at any

@@ -329,3 +329,16 @@ fn seed_7112008_a_settling_that_gives_up_leaves_no_lease() {
         assert!(report.passed(), "{report}");
     }
 }
+
+/// Seeds 3123145 and 3211498 found it: a node switched to local-only
+/// while its flight, led through the store, was granted a refresh; its
+/// local callers past freshness then started a refresh of their own
+/// beside it. A refresh the store granted now marks the node's copy while
+/// it runs.
+#[test]
+fn seed_3211498_a_granted_refresh_holds_off_a_local_one_after_a_switch() {
+    for seed in [3_123_145, 3_211_498] {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}
