@@ -266,8 +266,10 @@ pub(crate) struct Heartbeats {
     call: Option<Renewing>,
     /// A heartbeat found the lease gone: no more are sent.
     lost: bool,
-    /// When the last heartbeat that renewed the lease was answered: the
-    /// store had renewed it by then, for one lease.
+    /// When the last heartbeat that renewed the lease, or may have (its
+    /// outcome unknown: its answer lost, or cut at the call timeout), was
+    /// answered: the store had renewed it by then, if at all, for one
+    /// lease.
     renewed: Option<Instant>,
 }
 
@@ -316,9 +318,7 @@ impl Heartbeats {
             if let Some(call) = &mut self.call {
                 let res = ready!(call.as_mut().poll(task));
                 self.call = None;
-                if let Ok(Renewal::Renewed) = res {
-                    self.renewed = Some(Instant::now());
-                }
+                self.answered(&res);
                 if let Ok(Renewal::Lost) = res {
                     cx.metrics.with(|m| m.heartbeat_lost.increment(1));
                     tracing::warn!(stage = %cx.stage(), flight = %cx.flight, generation = self.generation, "lease lost while the owner still holds its flight; its commit will be fenced");
@@ -345,6 +345,18 @@ impl Heartbeats {
         std::pin::pin!(tokio::task::coop::unconstrained(due)).poll(task)
     }
 
+    /// Notes when a heartbeat renewed the lease, or may have.
+    fn answered(&mut self, res: &Result<Renewal, BackendError>) {
+        let renewed = match res {
+            Ok(Renewal::Renewed) => true,
+            Ok(Renewal::Lost) => false,
+            Err(e) => e.kind() == BackendErrorKind::OutcomeUnknown,
+        };
+        if renewed {
+            self.renewed = Some(Instant::now());
+        }
+    }
+
     /// After a settling that gave up with the lease maybe still held: sends
     /// no more heartbeats, takes the answer of the one on its way (its call
     /// is cut at the call timeout), and waits until the last renewal has
@@ -353,9 +365,8 @@ impl Heartbeats {
     /// ACQUIRE, a known limit (docs/guarantees.md).
     async fn lapse(mut self, lease: Duration) {
         if let Some(call) = self.call.take() {
-            if let Ok(Renewal::Renewed) = call.await {
-                self.renewed = Some(Instant::now());
-            }
+            let res = call.await;
+            self.answered(&res);
         }
         if let Some(at) = self.renewed.filter(|_| !self.lost) {
             sleep_until(at + lease).await;
