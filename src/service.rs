@@ -642,7 +642,8 @@ where
     /// wait timeout for this caller), never by the triggering caller's
     /// budget. Its result replaces the copy unless a purge came after it
     /// started. `claim`, the key's refresh on this node, is held until it
-    /// ends.
+    /// ends: past L1's wait timeout the work goes on for nobody, and the
+    /// claim is held until its bound has passed.
     fn refresh(self, key: &FlightKey, claim: RefreshClaim<Sh::Shared>) {
         let mut leader = self;
         // The refresh is every caller's: bounded by the stage's own
@@ -650,7 +651,8 @@ where
         // Without an execution timeout, the longest a caller waits: no
         // work runs on for nobody.
         let cfg = &leader.stage.ctl.cfg;
-        leader.bound = Some(cfg.execution_timeout.unwrap_or(cfg.wait_timeout));
+        let bound = cfg.execution_timeout.unwrap_or(cfg.wait_timeout);
+        leader.bound = Some(bound);
         leader.coordination = None;
         let stage = Arc::clone(&leader.stage);
         let key = key.clone();
@@ -669,7 +671,21 @@ where
         let purged = setup.kept.purged(&key);
         let retry_after = stage.ctl.cfg.stale_retry_after;
         drop(rt.spawn(async move {
+            // The work's bound starts in this poll, where the leader first
+            // drives it.
+            let first_poll = Instant::now();
             let out = run.await;
+            if out.as_ref().is_err_and(|e| e.is::<WaitTimeout>()) {
+                // The work goes on for nobody, within its bound (its
+                // queue for the bulkhead included) and the timer's
+                // millisecond: the claim is held until it has surely ended,
+                // or another refresh of the key would run beside it.
+                let ended = flightdeck_core::time::later(
+                    first_poll,
+                    bound.saturating_add(Duration::from_millis(2)),
+                );
+                tokio::time::sleep_until(ended).await;
+            }
             // A failing refresh throttles the key as a failing flight does
             // (`stale-retry-after`): the copy answers, the work waits.
             let failed = match &out {
