@@ -7,6 +7,14 @@ use flightdeck_sim::run;
 /// cores). `scripts/simulate N` runs more.
 const SEEDS: std::ops::Range<u64> = 0..6_000;
 
+/// Runs each of `seeds` and fails with the first failing one's report.
+fn passes(seeds: &[u64]) {
+    for &seed in seeds {
+        let report = run(seed);
+        assert!(report.passed(), "{report}");
+    }
+}
+
 #[test]
 fn a_fixed_set_of_seeds_keeps_every_invariant() {
     let mut failed = Vec::new();
@@ -73,16 +81,14 @@ fn seed_38_an_acquire_applied_after_its_caller_gave_up_grants_nothing() {
 /// ran its own request past its own deadline (the own run had no bound).
 #[test]
 fn seed_34_a_waiter_running_its_own_request_ends_by_its_deadline() {
-    let report = run(34);
-    assert!(report.passed(), "{report}");
+    passes(&[34]);
 }
 
 /// Seed 111 found it: when a flight's leader had left, its response with
 /// `Set-Cookie` went to the first waiter instead of to nobody.
 #[test]
 fn seed_111_a_response_meant_for_its_caller_never_goes_to_a_waiter() {
-    let report = run(111);
-    assert!(report.passed(), "{report}");
+    passes(&[111]);
 }
 
 /// Seed 562 found it: the work panicked in a waiter's own run (after an
@@ -90,8 +96,7 @@ fn seed_111_a_response_meant_for_its_caller_never_goes_to_a_waiter() {
 /// `WorkPanicked` error.
 #[test]
 fn seed_562_a_panic_in_a_waiters_own_run_is_a_typed_error() {
-    let report = run(562);
-    assert!(report.passed(), "{report}");
+    passes(&[562]);
 }
 
 /// Seed 491 found it: an ACQUIRE timed out (the backend was frozen), its
@@ -100,8 +105,7 @@ fn seed_562_a_panic_in_a_waiters_own_run_is_a_typed_error() {
 /// left a lease nobody worked on.
 #[test]
 fn seed_491_a_token_whose_acquire_may_still_run_is_released() {
-    let report = run(491);
-    assert!(report.passed(), "{report}");
+    passes(&[491]);
 }
 
 /// Seed 1017654 found it: a caller of a key under hit-for-pass ran its
@@ -109,16 +113,14 @@ fn seed_491_a_token_whose_acquire_may_still_run_is_released() {
 /// 566 ms taken).
 #[test]
 fn seed_1017654_a_run_alone_under_hit_for_pass_ends_by_the_deadline() {
-    let report = run(1_017_654);
-    assert!(report.passed(), "{report}");
+    passes(&[1_017_654]);
 }
 
 /// Seed 1008810 found it: the work panicked in a hit-for-pass caller's run
 /// alone, and the panic reached the caller instead of `WorkPanicked`.
 #[test]
 fn seed_1008810_a_panic_in_a_run_alone_under_hit_for_pass_is_typed() {
-    let report = run(1_008_810);
-    assert!(report.passed(), "{report}");
+    passes(&[1_008_810]);
 }
 
 /// Seed 1006980 found it: at its soft timeout a caller got the copy it
@@ -127,8 +129,7 @@ fn seed_1008810_a_panic_in_a_run_alone_under_hit_for_pass_is_typed() {
 /// than one already given.
 #[test]
 fn seed_1006980_a_soft_timeout_answers_only_the_current_copy() {
-    let report = run(1_006_980);
-    assert!(report.passed(), "{report}");
+    passes(&[1_006_980]);
 }
 
 /// Seed 3031915 found it: between a purge's start (the node's copy
@@ -137,8 +138,7 @@ fn seed_1006980_a_soft_timeout_answers_only_the_current_copy() {
 /// returned got it from the copy.
 #[test]
 fn seed_3031915_a_purge_drops_what_the_store_handed_back_meanwhile() {
-    let report = run(3_031_915);
-    assert!(report.passed(), "{report}");
+    passes(&[3_031_915]);
 }
 
 /// Seed 5097118: a HYBRID follower with `on-wait-failure = local` ran the
@@ -146,8 +146,7 @@ fn seed_3031915_a_purge_drops_what_the_store_handed_back_meanwhile() {
 /// documented cause (counted as `reason="wait_failure"`), now attributed.
 #[test]
 fn seed_5097118_a_failed_wait_run_here_is_attributed() {
-    let report = run(5_097_118);
-    assert!(report.passed(), "{report}");
+    passes(&[5_097_118]);
 }
 
 /// Seed 1000391 found it: a refresh granted by the store panicked in the
@@ -155,8 +154,7 @@ fn seed_5097118_a_failed_wait_run_here_is_attributed() {
 /// simulation saw one refresh execution, the metric none).
 #[test]
 fn seed_1000391_a_panicking_refresh_is_counted() {
-    let report = run(1_000_391);
-    assert!(report.passed(), "{report}");
+    passes(&[1_000_391]);
 }
 
 /// Seed 7002686 found it: a follower that fetched the kept result before
@@ -164,8 +162,7 @@ fn seed_1000391_a_panicking_refresh_is_counted() {
 /// purge.
 #[test]
 fn seed_7002686_a_purge_keeps_a_fetched_stale_result_from_answering() {
-    let report = run(7_002_686);
-    assert!(report.passed(), "{report}");
+    passes(&[7_002_686]);
 }
 
 /// Seed 1001064 found it: a node that had run the work itself (the store
@@ -173,8 +170,7 @@ fn seed_7002686_a_purge_keeps_a_fetched_stale_result_from_answering() {
 /// kept result stale afterwards.
 #[test]
 fn seed_1001064_a_node_never_answers_older_than_its_own_copy() {
-    let report = run(1_001_064);
-    assert!(report.passed(), "{report}");
+    passes(&[1_001_064]);
 }
 
 /// Seed 1001600 found it: the node's copy was of work that started after
@@ -182,8 +178,7 @@ fn seed_1001064_a_node_never_answers_older_than_its_own_copy() {
 /// answered, older than one the node had given.
 #[test]
 fn seed_1001600_the_copy_of_later_started_work_answers() {
-    let report = run(1_001_600);
-    assert!(report.passed(), "{report}");
+    passes(&[1_001_600]);
 }
 
 /// Seed 7000686 found it: a commit held up by a stalled store landed
@@ -191,8 +186,7 @@ fn seed_1001600_the_copy_of_later_started_work_answers() {
 /// stale 0.26 s past freshness + window by its own clock.
 #[test]
 fn seed_7000686_the_node_that_ran_the_work_counts_from_its_end() {
-    let report = run(7_000_686);
-    assert!(report.passed(), "{report}");
+    passes(&[7_000_686]);
 }
 
 /// Seeds 7011144, 7017003 and 7031719 found it: a node ran the work in
@@ -202,10 +196,7 @@ fn seed_7000686_the_node_that_ran_the_work_counts_from_its_end() {
 /// stale: older than one the node had given.
 #[test]
 fn seed_7017003_a_copy_is_dated_by_its_end_against_the_store() {
-    for seed in [7_011_144, 7_017_003, 7_031_719] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    passes(&[7_011_144, 7_017_003, 7_031_719]);
 }
 
 /// Seed 7051418 found it: an early refresh across nodes asked the store
@@ -213,8 +204,7 @@ fn seed_7017003_a_copy_is_dated_by_its_end_against_the_store() {
 /// answer lost, still held a lease when the node was idle.
 #[test]
 fn seed_7051418_an_early_refresh_ask_is_waited_for_by_idle() {
-    let report = run(7_051_418);
-    assert!(report.passed(), "{report}");
+    passes(&[7_051_418]);
 }
 
 /// Seed 9021986 found it: a follower whose wait failed ran the work in
@@ -225,8 +215,7 @@ fn seed_7051418_an_early_refresh_ask_is_waited_for_by_idle() {
 /// start, as an owner's is.
 #[test]
 fn seed_9021986_a_fallback_runs_result_is_kept_from_its_works_start() {
-    let report = run(9_021_986);
-    assert!(report.passed(), "{report}");
+    passes(&[9_021_986]);
 }
 
 /// Seeds 9023623, 9032838, 9052612 and 9056798 found it: a node ran the
@@ -241,12 +230,9 @@ fn seed_9021986_a_fallback_runs_result_is_kept_from_its_works_start() {
 /// frozen store) passes by the same floor.
 #[test]
 fn seed_9023623_a_copy_that_went_still_keeps_older_results_out() {
-    for seed in [
+    passes(&[
         9_023_623, 9_032_838, 9_052_612, 9_056_798, 9_044_177, 7_058_018,
-    ] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    ]);
 }
 
 /// Seeds 9036686, 3026286 and 3018727 found it: two runs of one key on
@@ -258,10 +244,7 @@ fn seed_9023623_a_copy_that_went_still_keeps_older_results_out() {
 /// its own flight's note.
 #[test]
 fn seed_9036686_a_caller_is_told_of_its_own_flight() {
-    for seed in [9_036_686, 3_026_286, 3_018_727] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    passes(&[9_036_686, 3_026_286, 3_018_727]);
 }
 
 /// Seeds 9022866 and 9041767 found it: a node ran the work in the local
@@ -272,10 +255,7 @@ fn seed_9036686_a_caller_is_told_of_its_own_flight() {
 /// its work's start (its work time rides with the commit notice).
 #[test]
 fn seed_9022866_a_result_from_the_store_is_ordered_by_its_works_start() {
-    for seed in [9_022_866, 9_041_767] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    passes(&[9_022_866, 9_041_767]);
 }
 
 /// Seeds 1046349, 7028086 and 3050253 found it: a commit held up on its
@@ -285,10 +265,7 @@ fn seed_9022866_a_result_from_the_store_is_ordered_by_its_works_start() {
 /// and the store dates it from then.
 #[test]
 fn seed_1046349_a_commit_held_up_on_its_way_is_dated_from_its_sending() {
-    for seed in [1_046_349, 7_028_086, 3_050_253] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    passes(&[1_046_349, 7_028_086, 3_050_253]);
 }
 
 /// Seeds 3003319, 32937, 105192 and 2006125 found it (once callers past a
@@ -300,10 +277,7 @@ fn seed_1046349_a_commit_held_up_on_its_way_is_dated_from_its_sending() {
 /// the node's copy, ordered by its work's start.
 #[test]
 fn seed_3003319_a_stale_result_from_the_store_becomes_the_copy() {
-    for seed in [3_003_319, 32_937, 105_192, 2_006_125] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    passes(&[3_003_319, 32_937, 105_192, 2_006_125]);
 }
 
 /// Seed 10224 found it: a node's follower waited with the store's kept
@@ -313,8 +287,7 @@ fn seed_3003319_a_stale_result_from_the_store_becomes_the_copy() {
 /// only while no copy of newer work came to its node.
 #[test]
 fn seed_10224_a_kept_result_standing_by_yields_to_a_newer_copy() {
-    let report = run(10_224);
-    assert!(report.passed(), "{report}");
+    passes(&[10_224]);
 }
 
 /// Seeds 7112008 and 7116734 found it: an owner whose commit (or abandon)
@@ -325,10 +298,7 @@ fn seed_10224_a_kept_result_standing_by_yields_to_a_newer_copy() {
 /// have renewed it (applied, its answer lost).
 #[test]
 fn seed_7112008_a_settling_that_gives_up_leaves_no_lease() {
-    for seed in [7_112_008, 7_116_734, 5_175_895] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    passes(&[7_112_008, 7_116_734, 5_175_895]);
 }
 
 /// Seeds 3123145 and 3211498 found it: a node switched to local-only
@@ -338,10 +308,7 @@ fn seed_7112008_a_settling_that_gives_up_leaves_no_lease() {
 /// it runs.
 #[test]
 fn seed_3211498_a_granted_refresh_holds_off_a_local_one_after_a_switch() {
-    for seed in [3_123_145, 3_211_498] {
-        let report = run(seed);
-        assert!(report.passed(), "{report}");
-    }
+    passes(&[3_123_145, 3_211_498]);
 }
 
 /// Seed 9137408 found it: a refresh in local-only whose work ran past
@@ -351,6 +318,5 @@ fn seed_3211498_a_granted_refresh_holds_off_a_local_one_after_a_switch() {
 /// passed.
 #[test]
 fn seed_9137408_a_refresh_past_the_wait_timeout_keeps_its_claim() {
-    let report = run(9_137_408);
-    assert!(report.passed(), "{report}");
+    passes(&[9_137_408]);
 }
