@@ -464,7 +464,15 @@ impl<V: Clone> Kept<V> {
         let mut inner = self.lock();
         let purged = inner.purged.get(key).copied().unwrap_or(0);
         if ticket.gen < inner.purge_floor || purged > ticket.gen {
-            // Not kept, but given: nothing older answers after it.
+            // Not kept, but given: nothing older answers after it, an
+            // older copy included (as for a result too large to keep).
+            if inner
+                .map
+                .get(key)
+                .is_some_and(|e| (e.started, e.gen) < ticket.order())
+            {
+                inner.remove(key);
+            }
             inner.leave_floor(key, ticket.order(), done, now, bounds);
             return Put::Fenced;
         }
@@ -860,6 +868,47 @@ mod tests {
         assert_eq!(kept.put(&key(1), after, 3, 4, Duration::ZERO), Put::Kept);
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(kept.look(&key(1)).is_none(), "past its windows");
+    }
+
+    /// A result given here whose work started after the copy's, fenced by
+    /// a purge its flight's ticket predates, is not kept; the older copy
+    /// then goes too: it must never answer after a newer result was given
+    /// (seed 5158570 of the simulation: a follower was given another
+    /// node's newer result, and the node's own older copy answered stale
+    /// after it).
+    #[tokio::test(start_paused = true)]
+    async fn a_newer_result_given_but_fenced_retires_the_older_copy() {
+        let ms = Duration::from_millis;
+        let kept = Kept::<u32>::new(10, 1_000, Duration::from_secs(10), ms(500));
+        // A follower's flight takes its ticket; a purge; the node's own
+        // work starts and ends, and becomes the copy.
+        let follower = kept.ticket();
+        kept.purge(&key(1));
+        let own = kept.ticket();
+        tokio::time::advance(ms(50)).await;
+        // (the other node's work starts here)
+        tokio::time::advance(ms(100)).await;
+        assert_eq!(kept.put(&key(1), own, 0, 4, Duration::ZERO), Put::Kept);
+        // The follower is given the other node's result, whose work began
+        // 250 ms ago (ended 150 ms ago, took 100 ms): after the copy's.
+        tokio::time::advance(ms(150)).await;
+        let given = follower.began_before(ms(250));
+        assert_eq!(kept.put(&key(1), given, 1, 4, ms(150)), Put::Fenced);
+        assert!(
+            kept.look(&key(1)).is_none(),
+            "the older copy answers no more"
+        );
+        let ended = Instant::now() - ms(150);
+        assert_eq!(kept.floor(&key(1)), Some(ended), "what was given stays");
+        // A given result older than the copy leaves the copy alone.
+        let stale = kept.ticket();
+        kept.purge(&key(2));
+        let own = kept.ticket();
+        tokio::time::advance(ms(10)).await;
+        assert_eq!(kept.put(&key(2), own, 2, 4, Duration::ZERO), Put::Kept);
+        let older = stale.began_before(ms(500));
+        assert_eq!(kept.put(&key(2), older, 3, 4, ms(5)), Put::Fenced);
+        assert_eq!(kept.look(&key(2)).map(|l| l.value), Some(2));
     }
 
     #[tokio::test(start_paused = true)]

@@ -320,3 +320,13 @@ fn seed_3211498_a_granted_refresh_holds_off_a_local_one_after_a_switch() {
 fn seed_9137408_a_refresh_past_the_wait_timeout_keeps_its_claim() {
     passes(&[9_137_408]);
 }
+
+/// Seed 5158570 found it: a node's follower was given another node's
+/// result, of work that started after the node's own copy's; a purge here
+/// that the follower's flight predated kept that result from becoming the
+/// copy, and the older copy then answered a later caller stale. A result
+/// given but fenced now retires an older copy, and its floor stays.
+#[test]
+fn seed_5158570_a_newer_result_given_retires_the_older_copy() {
+    passes(&[5_158_570]);
+}
