@@ -21,6 +21,11 @@ use tokio::time::Instant;
 /// to an instant of a running process cannot overflow.
 pub const FAR_FUTURE: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
 
+/// The longest duration a setting may have (30 days): every configured
+/// timeout, TTL and window is checked against it, so that no deadline
+/// computed from one can overflow.
+pub const MAX_SETTING: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// `at + d`, where a `d` past [`FAR_FUTURE`] (a `Duration::MAX` timeout or
 /// TTL, meaning "never") counts as [`FAR_FUTURE`]: never overflows.
 pub fn later(at: Instant, d: Duration) -> Instant {

@@ -274,7 +274,7 @@ impl DistributedPolicy {
     pub fn validate(self) -> Result<Self, PolicyError> {
         let err = |field, reason| Err(PolicyError { field, reason });
         // Bounded so deadline arithmetic can never overflow.
-        const MAX: Duration = Duration::from_secs(30 * 24 * 3600);
+        const MAX: Duration = flightdeck_core::time::MAX_SETTING;
         for (field, d) in [
             ("lease", self.lease),
             ("heartbeat", self.heartbeat),

@@ -179,7 +179,7 @@ impl RedisConfig {
 
 /// The longest any of the durations may be (as every duration of a
 /// stage): deadlines are added to the clock.
-const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+const MAX_DURATION: Duration = flightdeck_core::time::MAX_SETTING;
 
 impl RedisConfig {
     /// Checks the durations: each at most 30 days (so deadlines can be
