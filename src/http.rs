@@ -341,7 +341,9 @@ impl<E> SingleFlightLayerBuilder<E> {
 
     /// Gives `cfg` to every stage the key rules name and the configuration
     /// does not. Without it, such a stage is a build error: a typo in a
-    /// config file would otherwise fail every request of the route.
+    /// config file would otherwise fail every request of the route. With
+    /// it, a configured stage that no rule names and that is spelled like
+    /// one given the default is still refused, as the typo it is.
     pub fn default_policy(mut self, cfg: StageConfig) -> Self {
         self.default_policy = Some(cfg);
         self
@@ -377,15 +379,41 @@ impl<E> SingleFlightLayerBuilder<E> {
             ));
         };
         let keys = keys.apply_settings(&self.key_settings)?;
-        for stage in keys.stages() {
+        let named = keys.stages();
+        for stage in &named {
             if self.inner.has_stage(stage.as_str()) {
                 continue;
             }
-            let cfg = match &self.default_policy {
-                Some(cfg) => cfg.clone(),
+            let defaults = match &self.default_policy {
+                Some(cfg) => Some(cfg.clone()),
                 // Every stage runs here anyway: a declaration would say
                 // nothing the defaults do not.
-                None if self.local_only => StageConfig::new(),
+                None if self.local_only => Some(StageConfig::new()),
+                None => None,
+            };
+            // A configured stage that no rule names, close to this one, is
+            // a typo: the defaults would leave its policy unused in silence.
+            let unnamed = || {
+                self.inner
+                    .stage_names()
+                    .filter(|c| !named.iter().any(|n| n.as_str() == *c))
+            };
+            let cfg = match defaults {
+                Some(cfg) => match crate::config::closest(stage.as_str(), unnamed()) {
+                    None => cfg,
+                    Some(c) => {
+                        return Err(ConfigError::invalid(
+                            Some(stage.as_str()),
+                            "stage",
+                            format!(
+                                "is named by the key rules but has no policy, and the \
+                                 configuration has {c:?}, which no rule names: a typo? (the \
+                                 defaults would run {:?} and leave {c:?} unused)",
+                                stage.as_str()
+                            ),
+                        ));
+                    }
+                },
                 None => {
                     return Err(ConfigError::invalid(
                         Some(stage.as_str()),

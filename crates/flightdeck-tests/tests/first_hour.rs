@@ -116,6 +116,38 @@ fn a_stage_the_key_rules_name_without_a_policy_is_a_build_error() {
     assert_eq!(invalid(&err), (Some("score"), "stage"));
 }
 
+#[test]
+fn a_misspelt_stage_is_a_build_error_beside_a_default_policy_too() {
+    // "scroe" is configured, the rules name "score": the default policy
+    // (or the local-only switch's defaults) would run "score" and leave
+    // the configured policy unused in silence.
+    for local_only in [false, true] {
+        let mut builder = SingleFlightLayer::builder()
+            .keys(score_keys())
+            .stage("scroe", StageConfig::new().mode(Mode::LocalOnly));
+        builder = if local_only {
+            builder.local_only()
+        } else {
+            builder.default_policy(StageConfig::new().mode(Mode::LocalOnly))
+        };
+        let err = builder.build().unwrap_err();
+        assert_eq!(invalid(&err), (Some("score"), "stage"), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("\"scroe\"") && text.contains("typo"),
+            "{text}"
+        );
+    }
+    // A configured stage unlike any the rules name is no typo: it builds.
+    let layer = SingleFlightLayer::builder()
+        .keys(score_keys())
+        .stage("reports", StageConfig::new().mode(Mode::LocalOnly))
+        .default_policy(StageConfig::new().mode(Mode::LocalOnly))
+        .build()
+        .unwrap();
+    assert_eq!(layer.stage("score").unwrap().mode(), Mode::LocalOnly);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_default_policy_is_an_explicit_choice() {
     let runs = Arc::new(AtomicUsize::new(0));
