@@ -39,12 +39,16 @@ pub use self::http_headers::FromHeaders;
 mod http_headers {
     use super::*;
     use crate::parse::{parse_grpc_timeout, parse_timeout};
+    use flightdeck_core::Received;
     use http::header::HeaderName;
 
     /// For `http::Request`s: reads `grpc-timeout` (gRPC wire format) and
     /// `x-request-timeout` (or another header), takes the smaller, and
     /// attaches the [`Deadline`] to the request's extensions (where an outer
-    /// `Deadline` is also honoured).
+    /// `Deadline` is also honoured). The timeout counts from when the
+    /// request's head was read: from a [`Received`](flightdeck_core::Received)
+    /// in its extensions (the key layer puts one there when it waited for
+    /// the body), else from now.
     ///
     /// A malformed header (or one given twice: "more than one value") is an
     /// [`InvalidTimeout`] error by default, or is ignored with
@@ -122,6 +126,12 @@ mod http_headers {
         fn inbound(&self, req: &http::Request<B>) -> Result<Option<Duration>, InvalidTimeout> {
             match self.read(req) {
                 Err(_) if self.ignore_invalid => Ok(None),
+                // Counted from the head's arrival when a layer waited for
+                // the body (see `Received`).
+                Ok(Some(d)) => Ok(Some(match req.extensions().get::<Received>() {
+                    Some(received) => received.left_of(d),
+                    None => d,
+                })),
                 other => other,
             }
         }

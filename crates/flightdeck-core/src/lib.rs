@@ -26,6 +26,7 @@ pub mod key;
 pub mod metric;
 #[doc(hidden)]
 pub mod random;
+mod received;
 #[doc(hidden)]
 pub mod rt;
 pub mod share;
@@ -36,6 +37,7 @@ pub mod time;
 
 pub use error::{BoxError, ErrorClass, SharedError};
 pub use key::{Digest, FlightKey, KeyEncoder, StageName};
+pub use received::Received;
 pub use share::{CloneShare, Serves, Share, Shareable, SharedForm, Unshareable};
 pub use source::{FromExtension, KeySource};
 pub use stale::{Failures, Stale, StaleReason, StaleWindows};

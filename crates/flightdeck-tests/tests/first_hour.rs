@@ -148,6 +148,55 @@ fn a_misspelt_stage_is_a_build_error_beside_a_default_policy_too() {
     assert_eq!(layer.stage("score").unwrap().mode(), Mode::LocalOnly);
 }
 
+/// A request body that arrives `after` its head.
+struct SlowBody {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    data: Option<bytes::Bytes>,
+}
+
+impl http_body::Body for SlowBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::ready!(std::future::Future::poll(self.sleep.as_mut(), cx));
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(http_body::Frame::data(d))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_requests_timeout_counts_from_its_head_not_from_its_hashed_body() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let flights = SingleFlightLayer::builder()
+        .keys(score_keys())
+        .default_policy(StageConfig::new().mode(Mode::LocalOnly))
+        .build()
+        .unwrap();
+    // The work takes 300 ms; the body comes 200 ms after the head, and the
+    // caller gives the whole request 400 ms: it cannot be answered in time.
+    let app = scoring(&runs).layer(flights);
+    let start = tokio::time::Instant::now();
+    let body = SlowBody {
+        sleep: Box::pin(tokio::time::sleep(Duration::from_millis(200))),
+        data: Some(bytes::Bytes::from_static(b"7")),
+    };
+    let resp = app
+        .oneshot(
+            Request::post("/v1/score")
+                .header("x-request-timeout", "400ms")
+                .body(Body::new(body))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(start.elapsed(), Duration::from_millis(400));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_default_policy_is_an_explicit_choice() {
     let runs = Arc::new(AtomicUsize::new(0));

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use flightdeck_core::error::{IdempotencyConflict, RequestBodyError};
 use flightdeck_core::http::FlightBody;
-use flightdeck_core::{BoxError, Digest, KeyEncoder, StageName};
+use flightdeck_core::{BoxError, Digest, KeyEncoder, Received, StageName};
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{HeaderMap, Request};
@@ -126,6 +126,7 @@ where
             encoder,
             cap,
             unkeyed: Arc::clone(unkeyed),
+            received: Received::now(),
             first: None,
             buf: BytesMut::new(),
             trailers: None,
@@ -156,6 +157,9 @@ struct Reading<B> {
     encoder: HeadEncoder,
     cap: usize,
     unkeyed: Arc<Unkeyed>,
+    /// When the head was read: the request carries it on, so that its
+    /// own timeout counts from then, not from the body's end.
+    received: Received,
     // The first data frame, kept without copying in the common case of a
     // body that arrives in one frame.
     first: Option<Bytes>,
@@ -236,6 +240,7 @@ where
             return Poll::Ready(Err("key future polled after completion".into()));
         };
         let mut r = *r;
+        r.parts.extensions.insert(r.received);
         let data = r.take_bytes();
         if r.len() + data.len() > r.cap {
             r.unkeyed.record(&r.parts, Reason::BodyTooLarge);
