@@ -32,6 +32,15 @@ fn score_keys() -> HttpKeyExtractor {
         .unwrap()
 }
 
+/// The layer over `score_keys()` whose stages run local-only by default.
+fn local_by_default() -> SingleFlightLayer {
+    SingleFlightLayer::builder()
+        .keys(score_keys())
+        .default_policy(StageConfig::new().mode(Mode::LocalOnly))
+        .build()
+        .unwrap()
+}
+
 /// The handler: counts its runs, takes a while.
 fn scoring(runs: &Arc<AtomicUsize>) -> Router {
     let runs = runs.clone();
@@ -170,11 +179,7 @@ impl http_body::Body for SlowBody {
 #[tokio::test(start_paused = true)]
 async fn a_requests_timeout_counts_from_its_head_not_from_its_hashed_body() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let flights = SingleFlightLayer::builder()
-        .keys(score_keys())
-        .default_policy(StageConfig::new().mode(Mode::LocalOnly))
-        .build()
-        .unwrap();
+    let flights = local_by_default();
     // The work takes 300 ms; the body comes 200 ms after the head, and the
     // caller gives the whole request 400 ms: it cannot be answered in time.
     let app = scoring(&runs).layer(flights);
@@ -200,11 +205,7 @@ async fn a_requests_timeout_counts_from_its_head_not_from_its_hashed_body() {
 #[tokio::test(start_paused = true)]
 async fn a_default_policy_is_an_explicit_choice() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let flights = SingleFlightLayer::builder()
-        .keys(score_keys())
-        .default_policy(StageConfig::new().mode(Mode::LocalOnly))
-        .build()
-        .unwrap();
+    let flights = local_by_default();
     assert_eq!(flights.stage("score").unwrap().mode(), Mode::LocalOnly);
     let app = scoring(&runs).layer(flights);
     let mut calls = tokio::task::JoinSet::new();
