@@ -23,6 +23,19 @@ struct Probe {
 }
 
 impl Probe {
+    /// This probe's service behind `layer`.
+    fn behind(
+        &self,
+        layer: &BulkheadLayer,
+    ) -> impl Service<u64, Response = (), Error = flightdeck_core::BoxError, Future = impl Send>
+           + Clone
+           + Send
+           + 'static {
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(self.service())
+    }
+
     fn service(
         &self,
     ) -> impl Service<u64, Response = (), Error = std::convert::Infallible, Future = impl Send>
@@ -52,9 +65,7 @@ impl Probe {
 async fn a_thousand_concurrent_callers_never_exceed_the_limit() {
     let layer = BulkheadLayer::new(8);
     let probe = Probe::default();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(probe.service());
+    let svc = probe.behind(&layer);
     let barrier = Arc::new(Barrier::new(1000));
     let tasks: Vec<_> = (0..1000u64)
         .map(|i| {
@@ -89,9 +100,7 @@ async fn a_thousand_callers_through_a_queue_never_exceed_the_limit() {
     let layer =
         BulkheadLayer::from_config(BulkheadConfig::new(4).queue(1000, Duration::from_secs(60)));
     let probe = Probe::default();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(probe.service());
+    let svc = probe.behind(&layer);
     let tasks: Vec<_> = (0..1000u64)
         .map(|_| {
             let svc = svc.clone();
@@ -129,9 +138,7 @@ async fn queue_waits_in_order_then_times_out() {
             .stage(StageName::new("score").unwrap()),
     );
     let probe = Probe::default();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(probe.service());
+    let svc = probe.behind(&layer);
     let running = tokio::spawn(svc.clone().oneshot(0));
     tokio::task::yield_now().await;
     let queued = tokio::spawn(svc.clone().oneshot(0));
@@ -162,9 +169,7 @@ async fn queue_waits_in_order_then_times_out() {
 async fn a_queue_timeout_of_duration_max_queues_without_panicking() {
     let layer = BulkheadLayer::from_config(BulkheadConfig::new(1).queue(1, Duration::MAX));
     let probe = Probe::default();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(probe.service());
+    let svc = probe.behind(&layer);
     let running = tokio::spawn(svc.clone().oneshot(0));
     tokio::task::yield_now().await;
     let queued = tokio::spawn(svc.clone().oneshot(5));
@@ -183,9 +188,7 @@ async fn degraded_limit_applies_to_new_calls_and_spares_running_ones() {
     let layer = BulkheadLayer::from_config(BulkheadConfig::new(4).degraded_limit(1));
     let handle = layer.handle();
     let probe = Probe::default();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(probe.service());
+    let svc = probe.behind(&layer);
     let running: Vec<_> = (0..3)
         .map(|_| tokio::spawn(svc.clone().oneshot(0)))
         .collect();
