@@ -79,6 +79,16 @@ impl Watched {
     fn sent(&self) -> Vec<Sent> {
         self.sent.lock().unwrap().clone()
     }
+
+    /// What another node asking for `name`'s flight now is answered (by
+    /// the store itself, past the watch).
+    async fn asked(&self, name: &str) -> Acquired {
+        let flight = FlightId::of(&key(name));
+        self.inner
+            .acquire(&flight, &OwnerToken::random(), &probe_terms())
+            .await
+            .unwrap()
+    }
 }
 
 impl Backend for Watched {
@@ -233,24 +243,14 @@ async fn heartbeats_keep_the_lease_on_the_grants_schedule_until_a_retried_commit
     );
     sleep_until(started + SEC * 46 / 10).await;
     assert_eq!(b.sent().len(), 4, "the fourth attempt is under way");
-    let flight = FlightId::of(&key("z"));
-    let seen = b
-        .inner
-        .acquire(&flight, &OwnerToken::random(), &probe_terms())
-        .await
-        .unwrap();
+    let seen = b.asked("z").await;
     assert!(
         matches!(seen, Acquired::Follower { generation: 1, .. }),
         "the owner's lease lapsed while its commit was being tried: {seen:?}"
     );
     flights.idle().await;
     assert_eq!(b.inner.calls().heartbeat, 5, "1, 2, 3, 4 and 5 s");
-    match b
-        .inner
-        .acquire(&flight, &OwnerToken::random(), &probe_terms())
-        .await
-        .unwrap()
-    {
+    match b.asked("z").await {
         Acquired::Hit(stored) => assert_eq!(stored.generation, 1),
         other => panic!("the owner's commit did not land: {other:?}"),
     }
@@ -284,12 +284,7 @@ async fn a_settling_that_gives_up_is_idle_only_once_its_lease_is_over() {
         renewals >= 2,
         "the lease was kept while commits were tried: {renewals}"
     );
-    let flight = FlightId::of(&key("u"));
-    let seen = b
-        .inner
-        .acquire(&flight, &OwnerToken::random(), &probe_terms())
-        .await
-        .unwrap();
+    let seen = b.asked("u").await;
     assert!(
         matches!(seen, Acquired::Owner { generation: 2, .. }),
         "the node is idle, yet its lease still blocks the key: {seen:?} at {:?}",
