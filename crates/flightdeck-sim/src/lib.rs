@@ -98,12 +98,13 @@
 //! beside it; a granted refresh now marks the node's copy while it runs.
 //! Seed 9137408 found a refresh whose work outlived L1's wait timeout
 //! drop its claim while the work went on, so a second refresh ran beside
-//! it; the claim is now held until the work's bound has passed. With
-//! these, seeds 0–159999, 1000000–1059999, 2000000–2059999,
-//! 3000000–3059999, 3100000–3399999, 5000000–5059999, 7000000–7299999,
-//! 9000000–9059999 and 9100000–9399999 all pass, and 5100000–5399999 all
-//! but 5158570 (open: a node answered its own copy stale after it had
-//! given a newer result it followed from another node).
+//! it; the claim is now held until the work's bound has passed. Seed
+//! 5158570 found a node's follower given another node's newer result
+//! that a purge here kept from becoming the copy: the node's older copy
+//! then answered stale after it; a result given but not kept now retires
+//! an older copy. With these, seeds 0–159999, 1000000–1059999,
+//! 2000000–2059999, 3000000–3059999, 3100000–3399999, 5000000–5399999,
+//! 7000000–7299999, 9000000–9059999 and 9100000–9399999 all pass.
 //!
 //! # The fault model
 //!
