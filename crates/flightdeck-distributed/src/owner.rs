@@ -551,7 +551,7 @@ where
                 let until = ended + replay_ttl.saturating_add(keep_stale) + landed;
                 st.ended_here.remember(cx.flight, generation, ended, until);
             }
-            let mut args = CommitArgs {
+            let args = CommitArgs {
                 payload,
                 ttl: st.policy.replay_ttl_duration(),
                 retain: st.policy.waiter_retention(),
@@ -559,18 +559,17 @@ where
                 work_time,
                 inline_below: st.policy.inline_below_bytes(),
                 state_ttl: cx.terms.state_ttl,
-                sent: None,
+                // Dated from the work's end, whichever attempt lands: the
+                // store then tells its age (and the start of its work, its
+                // age plus its work time, which orders results on every
+                // node) as from here, not from a retry that went later.
+                sent: (!keep_stale.is_zero()).then_some(ended),
             };
             let attempts = st.policy.commit_attempt_count();
             let mut attempt = 0;
             let mut pause = SETTLE_FIRST_PAUSE;
             loop {
                 attempt += 1;
-                if !keep_stale.is_zero() {
-                    let now = Instant::now();
-                    args.ttl = replay_ttl.saturating_sub(now.saturating_duration_since(ended));
-                    args.sent = Some(now);
-                }
                 let call = st.timed(
                     cx,
                     Op::Commit,

@@ -330,3 +330,14 @@ fn seed_9137408_a_refresh_past_the_wait_timeout_keeps_its_claim() {
 fn seed_5158570_a_newer_result_given_retires_the_older_copy() {
     passes(&[5_158_570]);
 }
+
+/// Seed 8178885 found it: an owner's first commit was lost and its retry
+/// landed later; the store dated the result from the retry, so a node
+/// ordered it (by its work's start: its age plus its work time) after a
+/// result of its own whose work had begun later, kept it as its copy, and
+/// answered it stale after the newer one. A commit is now dated from the
+/// work's end, whichever attempt lands.
+#[test]
+fn seed_8178885_a_retried_commit_is_dated_from_the_works_end() {
+    passes(&[8_178_885]);
+}

@@ -552,7 +552,7 @@ impl MemoryBackend {
             (None, Some(_)) => {}
         }
         r.deadline = None;
-        // Dated from its sending (see `CommitArgs::sent`), never later
+        // Dated as the owner says (see `CommitArgs::sent`), never later
         // than now.
         let at = args.sent.map_or(now, |sent| sent.min(now));
         let fresh_until = at + args.ttl;

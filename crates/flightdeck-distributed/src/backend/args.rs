@@ -155,12 +155,14 @@ pub struct CommitArgs {
     /// How long the owner's work took (kept as
     /// [`StoredResult::work_time`], for early refreshes).
     pub work_time: Duration,
-    /// When this attempt was sent, by the owner's tokio clock, `ttl`
-    /// counting from then (the owner shortens it by the time since its work
-    /// ended): the store dates the result from then as well as it can tell
-    /// (its age, its freshness and stale windows; never later than its
-    /// arrival), so that a commit held up on its way (a frozen store) is no
-    /// younger for it. `None`: from its arrival.
+    /// What the result is dated from, by the owner's tokio clock, `ttl`
+    /// counting from then: the owner gives its work's end, whichever
+    /// attempt lands. The store dates the result from it as well as it can
+    /// tell (its age, its freshness and stale windows; never later than
+    /// its arrival), so that a commit retried or held up on its way (a
+    /// frozen store) is no younger for it, and the start of its work (its
+    /// age plus its work time), by which every node orders results, is
+    /// where it was. `None`: from its arrival.
     pub sent: Option<tokio::time::Instant>,
     /// Payloads up to this size travel inline in the completion notice.
     pub inline_below: usize,
