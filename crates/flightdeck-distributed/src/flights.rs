@@ -689,12 +689,24 @@ impl<B: Backend, C: Send + Sync + 'static> State<B, C> {
                             None
                         }
                     };
-                    let usable = st.usable(&cx, Some(stored), &exec, &req);
+                    let usable = st.usable(&cx, Some(stored.clone()), &exec, &req);
                     match usable.and_then(|(v, kept)| Some((v, reason(&kept)?, kept))) {
                         Some((v, reason, kept)) => {
                             kept_reply(st.kept_answer(cx.named(), v, &kept, reason))
                         }
-                        None => ran(exec.execute(req, Role::Unserved).await),
+                        // A result that does not serve this request (HTTP's
+                        // `Vary`): it runs its own, as at a hit.
+                        None if st
+                            .replay::<E::Shared>(cx.named(), &stored)
+                            .is_ok_and(|v| v.is_some_and(|v| !exec.serves(&v, &req))) =>
+                        {
+                            ran(exec.execute(req, Role::Unserved).await)
+                        }
+                        // Nothing this node may answer (past its windows,
+                        // or older than a result it gave): as a follower
+                        // told so, the caller gets the failure the store
+                        // throttles, and runs nothing beside it.
+                        None => Err(follow::throttled()),
                     }
                 }
                 Acquired::Owner {

@@ -16,6 +16,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightdeck_core::error::{BoxError, ErrorClass, RemoteFailure, WaitTimeout};
+
+/// What a caller gets when the store throttles the key's work after a
+/// failed refresh (it answers `STALE` and grants nothing) and no kept
+/// result may answer it here: that failure, which a copy standing by
+/// answers in turn (`stale-if-error`).
+pub(crate) fn throttled() -> BoxError {
+    Box::new(RemoteFailure::new(
+        ErrorClass::Unavailable,
+        "the refresh failed; the store throttles the next one",
+    ))
+}
 use flightdeck_core::time::jittered;
 use flightdeck_core::Shareable;
 use tokio::time::{sleep_until, Instant};
@@ -221,10 +232,7 @@ where
                 // next one: a failure, answered by the result standing by.
                 Ok(Acquired::Stale(_)) if stale => {
                     record_wait();
-                    return Err(Box::new(RemoteFailure::new(
-                        ErrorClass::Unavailable,
-                        "the refresh failed; the store throttles the next one",
-                    )));
+                    return Err(throttled());
                 }
                 // Not asked for stale results: a backend answers no Stale.
                 Ok(Acquired::Hit(stored) | Acquired::Stale(stored)) => {

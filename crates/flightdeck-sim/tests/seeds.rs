@@ -341,3 +341,14 @@ fn seed_5158570_a_newer_result_given_retires_the_older_copy() {
 fn seed_8178885_a_retried_commit_is_dated_from_the_works_end() {
     passes(&[8_178_885]);
 }
+
+/// Seeds 5416816 and 5459434 found it: the store throttled a key after a
+/// failed refresh and answered its kept result, which the asking node
+/// could not give (past its windows; older than a result it had given),
+/// and the node ran its caller's work uncoordinated beside the throttle:
+/// a run no mode or response explained. It now answers the throttled
+/// failure, as a follower of the failed refresh does, and runs nothing.
+#[test]
+fn seed_5459434_a_throttled_key_runs_nothing_beside_the_throttle() {
+    passes(&[5_459_434, 5_416_816]);
+}
