@@ -2,7 +2,10 @@
 //! into one buffer: the flight's names and the short arguments are written
 //! one after the other and split off it, so that every argument shares one
 //! allocation (and fred's clones of them are reference counts), instead of
-//! a `String` (and a copy of it) per argument and per call.
+//! a `String` (and a copy of it) per argument and per call. ACQUIRE's and
+//! COMMIT's short arguments are packed into one (see
+//! [`scripts`](crate::scripts)): each argument costs fred's encoding and
+//! Redis's parsing a bulk string.
 
 use std::time::Duration;
 
@@ -44,6 +47,49 @@ impl Names {
 
 /// Longest a number's decimal digits get.
 const DIGITS: usize = 20;
+
+/// A number's decimal digits, written on the stack.
+struct Decimal {
+    digits: [u8; DIGITS],
+    at: usize,
+}
+
+impl Decimal {
+    fn of(n: u64) -> Self {
+        let mut d = Self {
+            digits: [0; DIGITS],
+            at: DIGITS,
+        };
+        let mut rest = n;
+        loop {
+            d.at -= 1;
+            d.digits[d.at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        d
+    }
+
+    fn digits(&self) -> &[u8] {
+        &self.digits[self.at..]
+    }
+}
+
+/// `d` in whole milliseconds, at least 1 (Redis refuses an expiry of 0)
+/// and at most [`MAX_DURATION`].
+pub(crate) fn millis(d: Duration) -> u64 {
+    millis_or_zero(d.max(Duration::from_millis(1)))
+}
+
+/// `d` in whole milliseconds, at most [`MAX_DURATION`] (the scripts add
+/// durations to the server's clock: the sums stay exact in Lua and valid
+/// expiries for Redis).
+pub(crate) fn millis_or_zero(d: Duration) -> u64 {
+    let ms = d.min(MAX_DURATION).as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
 
 impl ScriptArgs {
     /// Arguments whose keys are `names` of `flight` under `prefix` (see
@@ -96,35 +142,71 @@ impl ScriptArgs {
         self
     }
 
-    /// An argument: `d` in whole milliseconds, at least 1 (Redis refuses
-    /// an expiry of 0).
+    /// An argument: [`millis`] of `d`, in decimal.
     pub(crate) fn millis(self, d: Duration) -> Self {
-        self.millis_or_zero(d.max(Duration::from_millis(1)))
+        self.uint(millis(d))
     }
 
-    /// An argument: `d` in whole milliseconds, at most [`MAX_DURATION`]
-    /// (the scripts add durations to the server's clock: the sums stay
-    /// exact in Lua and valid expiries for Redis).
+    /// An argument: [`millis_or_zero`] of `d`, in decimal.
     pub(crate) fn millis_or_zero(self, d: Duration) -> Self {
-        let ms = d.min(MAX_DURATION).as_millis();
-        self.uint(u64::try_from(ms).unwrap_or(u64::MAX))
+        self.uint(millis_or_zero(d))
     }
 
     /// An argument: `n` in decimal.
-    pub(crate) fn uint(mut self, n: u64) -> Self {
-        let mut digits = [0u8; DIGITS];
-        let mut at = digits.len();
-        let mut rest = n;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
+    pub(crate) fn uint(self, n: u64) -> Self {
+        self.bytes(Decimal::of(n).digits())
+    }
+
+    /// Appends a number to the packed argument being written (see
+    /// [`end`](Self::end)): an IEEE double, little-endian (Lua's
+    /// `struct.unpack` format `<d`), which a script reads as a Lua number
+    /// with no `tonumber` of digits. Exact for every `n` below 2^53 (the
+    /// durations, at most [`MAX_DURATION`], and the server times in ms);
+    /// a larger `n` reads as `tonumber` of its digits would.
+    pub(crate) fn num(mut self, n: u64) -> Self {
+        self.buf.put_f64_le(n as f64);
+        self
+    }
+
+    /// [`num`](Self::num) of `n`, or `-1` (none) for `None`.
+    pub(crate) fn num_or_none(mut self, n: Option<u64>) -> Self {
+        match n {
+            Some(n) => self.num(n),
+            None => {
+                self.buf.put_f64_le(-1.0);
+                self
             }
         }
-        self.buf.put_slice(&digits[at..]);
-        self.text("")
+    }
+
+    /// Appends a flag to the packed argument: one byte, `1` or `0`
+    /// (format `B`).
+    pub(crate) fn flag(mut self, yes: bool) -> Self {
+        self.buf.put_u8(u8::from(yes));
+        self
+    }
+
+    /// Appends a string to the packed argument: its length in four bytes,
+    /// little-endian, then its bytes (format `<I4c0`).
+    pub(crate) fn string(mut self, s: &[u8]) -> Self {
+        self.buf
+            .put_u32_le(u32::try_from(s.len()).unwrap_or(u32::MAX));
+        self.buf.put_slice(s);
+        self
+    }
+
+    /// Appends `n`'s decimal digits as a [`string`](Self::string) (a
+    /// generation, which the scripts compare and store as the client
+    /// wrote it).
+    pub(crate) fn digits(self, n: u64) -> Self {
+        self.string(Decimal::of(n).digits())
+    }
+
+    /// Ends the packed argument (what [`num`](Self::num),
+    /// [`flag`](Self::flag) and [`string`](Self::string) wrote since the
+    /// last argument).
+    pub(crate) fn end(self) -> Self {
+        self.bytes(&[])
     }
 
     /// An argument of its own (a payload: not copied).
@@ -227,6 +309,69 @@ mod tests {
                 "1".to_owned(),
             ]
         );
+    }
+
+    /// Reads what the scripts' `struct.unpack('<I4c0dB', …)` would.
+    fn unpack(mut b: &[u8], format: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for f in format.chars() {
+            match f {
+                's' => {
+                    let len = u32::from_le_bytes(b[..4].try_into().unwrap()) as usize;
+                    out.push(String::from_utf8(b[4..4 + len].to_vec()).unwrap());
+                    b = &b[4 + len..];
+                }
+                'd' => {
+                    out.push(f64::from_le_bytes(b[..8].try_into().unwrap()).to_string());
+                    b = &b[8..];
+                }
+                'B' => {
+                    out.push(b[0].to_string());
+                    b = &b[1..];
+                }
+                _ => unreachable!(),
+            }
+        }
+        assert!(b.is_empty(), "{} bytes left over", b.len());
+        out
+    }
+
+    #[test]
+    fn packed_arguments_are_one_argument_in_struct_format() {
+        let f = flight();
+        let argv = ScriptArgs::new("p", &f, Names::Record, 2)
+            .string(b"tok")
+            .string(b"inbox")
+            .string(b"")
+            .digits(1_700_000_000_123_456)
+            .num(millis(Duration::ZERO))
+            .num(millis_or_zero(Duration::MAX))
+            .num((1 << 53) - 1)
+            .num_or_none(Some(0))
+            .num_or_none(None)
+            .flag(true)
+            .flag(false)
+            .end()
+            .value(Value::Bytes(bytes::Bytes::from_static(b"payload")))
+            .into_argv();
+        assert_eq!(argv.len(), 5, "script, key count, record, packed, payload");
+        assert_eq!(
+            unpack(&arg_bytes(&argv[3]), "ssssdddddBB"),
+            [
+                "tok",
+                "inbox",
+                "",
+                "1700000000123456",
+                "1",
+                &MAX_DURATION.as_millis().to_string(),
+                "9007199254740991",
+                "0",
+                "-1",
+                "1",
+                "0",
+            ]
+        );
+        assert_eq!(arg_bytes(&argv[4]), "payload");
     }
 
     #[test]

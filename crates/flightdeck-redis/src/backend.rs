@@ -12,7 +12,7 @@ use fred::bytes_utils::Str;
 use fred::prelude::*;
 use tokio::task::JoinHandle;
 
-use crate::args::{Names, ScriptArgs};
+use crate::args::{millis, millis_or_zero, Names, ScriptArgs};
 use crate::classify::classify;
 use crate::clock::ServerClocks;
 use crate::connect::timed_out;
@@ -103,23 +103,22 @@ impl RedisBackend {
         give_up: tokio::time::Instant,
     ) -> Result<Option<Acquired>, BackendError> {
         let not_after = self.inner.clocks.not_after(slot, now, give_up);
+        // The short arguments packed into one (see `scripts::ACQUIRE`):
+        // each argument more costs fred and Redis a bulk string. Then the
+        // inbox, not copied on one server.
         let args = || {
             let args = self
-                .script_args(flight, Names::Record, 9)
-                .bytes(token.as_bytes())
-                .millis(terms.lease)
-                .fixed(flag(terms.allow_takeover))
-                .millis(terms.record_ttl());
-            let args = self.inner.inboxes.name_in(slot, args);
-            let args = match ask.follows {
-                Some(g) => args.uint(g),
-                None => args.fixed(""),
-            };
-            let args = args.fixed(flag(ask.stale)).fixed(flag(ask.early));
-            match not_after {
-                Some(ms) => args.uint(ms),
-                None => args.fixed(""),
-            }
+                .script_args(flight, Names::Record, 2)
+                .string(token.as_bytes())
+                .num(millis(terms.lease))
+                .num(millis(terms.record_ttl()))
+                .num_or_none(ask.follows)
+                .num_or_none(not_after)
+                .flag(terms.allow_takeover)
+                .flag(ask.stale)
+                .flag(ask.early)
+                .end();
+            self.inner.inboxes.name_in(slot, args)
         };
         match self.eval(ACQUIRE, args).await {
             Ok(v) => {
@@ -201,15 +200,6 @@ impl RedisBackend {
 /// each incompatible layout takes a new name, so nodes of two layouts
 /// never read each other's keys (see the crate docs on rolling upgrades).
 pub const LAYOUT: &str = "f5";
-
-/// A yes/no script argument: `1` or `0`.
-fn flag(yes: bool) -> &'static str {
-    if yes {
-        "1"
-    } else {
-        "0"
-    }
-}
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -465,21 +455,20 @@ impl Backend for RedisBackend {
             self.inner.clocks.not_after(self.slot_of(flight), now, sent)
         });
         Box::pin(async move {
+            // The short arguments packed into one (see `scripts::COMMIT`),
+            // then the payload, not copied.
             let argv = || {
-                let argv = self
-                    .script_args(flight, Names::Record, 9)
-                    .bytes(token.as_bytes())
-                    .uint(generation)
+                self.script_args(flight, Names::Record, 2)
+                    .string(token.as_bytes())
+                    .digits(generation)
+                    .digits(millis_or_zero(args.work_time))
+                    .num(millis_or_zero(args.ttl))
+                    .num(millis(args.retain))
+                    .num(millis_or_zero(args.stale_for))
+                    .num_or_none(sent)
+                    .flag(args.payload.len() <= args.inline_below)
+                    .end()
                     .value(bytes(&args.payload))
-                    .millis_or_zero(args.ttl)
-                    .fixed(flag(args.payload.len() <= args.inline_below))
-                    .millis(args.retain)
-                    .millis_or_zero(args.stale_for)
-                    .millis_or_zero(args.work_time);
-                match sent {
-                    Some(ms) => argv.uint(ms),
-                    None => argv.fixed(""),
-                }
             };
             committed(&self.eval(COMMIT, argv).await?)
         })

@@ -43,7 +43,10 @@
 //! its answers with the server's time) is a new script with a new SHA and
 //! reads and writes the same record: nodes from before it keep running
 //! their own ACQUIRE and coordinate with newer ones as before; only their
-//! late ACQUIREs may still grant a lease nobody works on.
+//! late ACQUIREs may still grant a lease nobody works on. So are the
+//! ACQUIRE and COMMIT that take their short arguments packed into one
+//! (see [`scripts`]): a node sends its arguments to its own scripts, by
+//! their SHAs, and every build writes the record's fields alike.
 //!
 //! One [`RedisBackend`] holds one command connection and one subscriber
 //! connection per server (per primary in a cluster). On its subscriber it

@@ -4,7 +4,17 @@
 //! the invalidation key (below) as `KEYS[2]`. Both share one hash tag
 //! (`{prefix}:{h}:…`), so a flight lives in one cluster slot; the `#!lua`
 //! shebang makes Redis reject undeclared cross-slot access. Numbers are
-//! sent as their decimal digits.
+//! sent as their decimal digits, but for ACQUIRE and COMMIT, which run
+//! once or twice per flight: their short arguments go packed into one
+//! (`ARGV[1]`), which the script reads with one `struct.unpack` (Redis's
+//! Lua library): a number as a little-endian IEEE double (`d`: a Lua
+//! number, exact below 2^53; `-1` for none), a flag as a byte (`B`, `1`
+//! or `0`), a string as its length in four bytes and its bytes (`I4c0`).
+//! Each argument more costs the client's RESP encoding and the server's
+//! parsing a bulk string, and the script a `tonumber` of digits. Every
+//! script is named by its source's SHA, so a node running another
+//! revision of a script sends its own arguments to its own script: the
+//! record's fields (below), which nodes share, are written alike.
 //!
 //! **One key per flight** (and one more after an invalidation, below),
 //! the record `{prefix}:{h}:f5`, a hash:
@@ -170,7 +180,9 @@ end
     };
 }
 
-/// `ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows, stale, early, not_after)`
+/// `ACQUIRE(packed, inbox)`, `packed` holding `tok, lease_ms, record_ms,
+/// follows, not_after, takeover_ok, stale, early` in `struct`'s format
+/// `<I4c0ddddBBB` (see the module docs)
 /// → `{HIT, <result>, now}` | `{OWNER, gen, takeover[, <result>], now}` |
 /// `{FOLLOWER, gen, remaining_ms[, <result>], now}` | `{STALE, <result>, now}` |
 /// `{EXPIRED, gen, now}` | `{LATE, now}`, where `<result>` is a stored
@@ -179,7 +191,7 @@ end
 /// integer reply: a Lua number, not formatted), from which the client
 /// estimates the server's clock for its next ACQUIRE.
 ///
-/// `not_after` (server time in ms; `''`: none) is when the client gives
+/// `not_after` (server time in ms; `-1`: none) is when the client gives
 /// the call up: an ACQUIRE that runs later (queued on a frozen server,
 /// resent after its caller walked away) answers `LATE` and changes
 /// nothing, so it never grants a lease nobody works on. The client sends
@@ -188,7 +200,7 @@ end
 /// early.
 ///
 /// HIT when the stored result is fresh (`fu`), or when `follows` (a
-/// follower's re-check: the generation it first followed; `''` for an
+/// follower's re-check: the generation it first followed; `-1` for an
 /// acquire) is at most the result's generation and the result is still
 /// kept for waiters (`ku`); otherwise HIT with the cached failure while
 /// it lasts (`eu`), unless a result goes beside the answer. With `stale`
@@ -207,6 +219,8 @@ end
 /// grant is published there. A grant ends a throttle, leaves the stored
 /// result and the cached failure in place and never shortens their life.
 pub const ACQUIRE: &str = r"#!lua
+local tok, lease, record, follows, late, takeover_ok, stale, early = struct.unpack('<I4c0ddddBBB', ARGV[1])
+local inbox = ARGV[2]
 local r = redis.call('HMGET', KEYS[1], 'g', 't', 'd', 's', 'b', 'x', 'w', 'rg', 'fu', 'ku', 'ct', 'su', 'wt', 'ra', 'eb', 'eg', 'ec', 'eu')
 local tm = redis.call('TIME')
 local now = tm[1] * 1000 + tm[2] / 1000
@@ -224,16 +238,10 @@ local function with(a, res)
   a[#a + 1] = stamp
   return a
 end
-if ARGV[9] ~= '' then
-  local late = tonumber(ARGV[9])
-  if not late then
-    return redis.error_reply('FDPROTO unreadable not-after')
-  end
-  if now > late then
-    return with({'LATE'}, nil)
-  end
+if late >= 0 and now > late then
+  return with({'LATE'}, nil)
 end
-local live, mine, ku, beside = d > now, r[2] == ARGV[1], 0, nil
+local live, mine, ku, beside = d > now, r[2] == tok, 0, nil
 if r[4] then
   local rg, fu, ct = tonumber(r[8] or ''), tonumber(r[9] or ''), tonumber(r[11] or '')
   local su, wt = tonumber(r[12] or ''), tonumber(r[13] or '')
@@ -242,12 +250,12 @@ if r[4] then
     return redis.error_reply('FDPROTO unreadable flight record')
   end
   local res = {r[8], r[4], r[5] or '', math.max(0, math.floor(now - ct)), fu - ct, wt}
-  if now < fu or (ARGV[6] ~= '' and tonumber(ARGV[6]) <= rg and now < ku) then
-    if ARGV[8] ~= '1' or ARGV[6] ~= '' or now >= fu or r[4] ~= 'ok' or now < ra or now < eu or (live and not mine) then
+  if now < fu or (follows >= 0 and follows <= rg and now < ku) then
+    if early ~= 1 or follows >= 0 or now >= fu or r[4] ~= 'ok' or now < ra or now < eu or (live and not mine) then
       return with({'HIT'}, res)
     end
     beside = res
-  elseif ARGV[7] == '1' and r[4] == 'ok' and now < su then
+  elseif stale == 1 and r[4] == 'ok' and now < su then
     beside = res
   end
 end
@@ -271,21 +279,21 @@ if mine then
   end
 elseif live then
   local w = r[7] or ''
-  if ARGV[5] ~= '' and not string.find(' ' .. w .. ' ', ' ' .. ARGV[5] .. ' ', 1, true) then
+  if inbox ~= '' and not string.find(' ' .. w .. ' ', ' ' .. inbox .. ' ', 1, true) then
     if w ~= '' then
       w = w .. ' '
     end
-    redis.call('HSET', KEYS[1], 'w', w .. ARGV[5])
+    redis.call('HSET', KEYS[1], 'w', w .. inbox)
   end
   return with({'FOLLOWER', r[1], math.ceil(d - now)}, beside)
 end
 if d > 0 then
-  if ARGV[3] ~= '1' then
+  if takeover_ok ~= 1 then
     return with({'EXPIRED', r[1]}, nil)
   end
   takeover = 1
 end
-if r[6] and string.find(' ' .. r[6] .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
+if r[6] and string.find(' ' .. r[6] .. ' ', ' ' .. tok .. ' ', 1, true) then
   return with({'EXPIRED', r[1] or '0'}, nil)
 end
 local gen = tm[1] .. string.sub('00000' .. tm[2], -6)
@@ -298,16 +306,16 @@ if r[1] then
     gen = string.format('%d', g + 1)
   end
 end
-local lease = string.format('%d', math.floor(now) + ARGV[2])
-if #lease < #tm[1] + 3 then
+local deadline = string.format('%d', math.floor(now) + lease)
+if #deadline < #tm[1] + 3 then
   return redis.error_reply('FDPROTO this server formats integers in 32 bits: a 64-bit Redis is needed')
 end
 if ra > 0 then
-  redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', lease, 'ra', '0')
+  redis.call('HSET', KEYS[1], 'g', gen, 't', tok, 'd', deadline, 'ra', '0')
 else
-  redis.call('HSET', KEYS[1], 'g', gen, 't', ARGV[1], 'd', lease)
+  redis.call('HSET', KEYS[1], 'g', gen, 't', tok, 'd', deadline)
 end
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(tonumber(ARGV[4]), math.ceil(ku - now), math.ceil(eu - now))))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(record, math.ceil(ku - now), math.ceil(eu - now))))
 return with({'OWNER', gen, takeover}, beside)
 ";
 
@@ -334,13 +342,16 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(tonumber(ARGV[4]), m
 return 'RENEWED'
 ";
 
-/// `COMMIT(tok, gen, payload, ttl_ms, inline, retain_ms, stale_ms, work_ms,
-/// sent_ms)` → `COMMITTED` | `FENCED`. Only the last grant commits (its
+/// `COMMIT(packed, payload)`, `packed` holding `tok, gen, work_ms, ttl_ms,
+/// retain_ms, stale_ms, sent_ms, inline` in `struct`'s format
+/// `<I4c0I4c0I4c0ddddB` (see the module docs; `gen` and `work_ms` as
+/// their decimal digits, which the script stores and compares as they
+/// are) → `COMMITTED` | `FENCED`. Only the last grant commits (its
 /// lease live or run out), so a refresh replaces the result it refreshes,
 /// and a refresh an invalidation fenced (or a later grant superseded)
 /// replaces nothing. Stores the result with its commit time (`ct`: when it
 /// was sent, `sent_ms` in the server's time as the client estimates it,
-/// when given and earlier than now, else now) and work time (`wt`,
+/// when given (not `-1`) and earlier than now, else now) and work time (`wt`,
 /// `work_ms`): fresh for `ttl_ms` from `ct` (`fu`; 0: never replayed to an
 /// acquire), answered stale for `stale_ms` more (`su`), kept for the
 /// waiters for `retain_ms`; the record (`ku`, and its expiry) lives for
@@ -353,11 +364,12 @@ return 'RENEWED'
 pub const COMMIT: &str = concat!(
     "#!lua\n",
     remember!(),
-    r"local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x', 'rg', 'eu')
-if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
+    r"local tok, gen, work, ttl, retain, stale_for, sent, inline = struct.unpack('<I4c0I4c0I4c0ddddB', ARGV[1])
+local r = redis.call('HMGET', KEYS[1], 't', 'g', 'd', 's', 'w', 'x', 'rg', 'eu')
+if r[1] ~= tok or r[2] ~= gen then
   return 'FENCED'
 end
-if r[4] and r[7] == ARGV[2] then
+if r[4] and r[7] == gen then
   if r[4] == 'ok' then
     return 'COMMITTED'
   end
@@ -369,25 +381,23 @@ end
 local w = r[5] or ''
 local tm = redis.call('TIME')
 local now = math.floor(tm[1] * 1000 + tm[2] / 1000)
-local ttl = tonumber(ARGV[4])
 local base = now
-local sent = tonumber(ARGV[9])
-if sent and sent < now then
+if sent >= 0 and sent < now then
   base = sent
 end
-local keep = math.max(base + ttl + ARGV[7] - now, tonumber(ARGV[6]), 1)
-local fu, su = string.format('%d', base + ttl), string.format('%d', base + ttl + ARGV[7])
-local ku, ct, x = string.format('%d', now + keep), string.format('%d', base), remember(r[6], ARGV[1])
+local keep = math.max(base + ttl + stale_for - now, retain, 1)
+local fu, su = string.format('%d', base + ttl), string.format('%d', base + ttl + stale_for)
+local ku, ct, x = string.format('%d', now + keep), string.format('%d', base), remember(r[6], tok)
 if w == '' and (not r[8] or r[8] == '0') then
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', ARGV[8], 'x', x)
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[2], 'rg', gen, 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', work, 'x', x)
 else
-  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[3], 'rg', ARGV[2], 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', ARGV[8], 'x', x, 'w', '', 'eu', '0', 'eb', '')
+  redis.call('HSET', KEYS[1], 'd', '0', 's', 'ok', 'b', ARGV[2], 'rg', gen, 'fu', fu, 'su', su, 'ku', ku, 'ct', ct, 'wt', work, 'x', x, 'w', '', 'eu', '0', 'eb', '')
 end
 redis.call('PEXPIRE', KEYS[1], string.format('%d', keep))
 if w ~= '' then
-  local m = KEYS[1] .. '|' .. ARGV[2] .. '|c' .. ARGV[8] .. ',' .. string.format('%d', now - base)
-  if ARGV[5] == '1' then
-    m = m .. '|' .. ARGV[3]
+  local m = KEYS[1] .. '|' .. gen .. '|c' .. work .. ',' .. string.format('%d', now - base)
+  if inline == 1 then
+    m = m .. '|' .. ARGV[2]
   end
   for inbox in string.gmatch(w, '%S+') do
     redis.call('PUBLISH', inbox, m)

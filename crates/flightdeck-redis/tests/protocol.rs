@@ -1186,8 +1186,20 @@ async fn a_32_bit_server_grants_nothing_and_says_why() {
          end}}, {{__index = string}})\n\
          {body}"
     );
-    // ACQUIRE(tok, lease_ms, takeover_ok, record_ms, inbox, follows, stale, early, not_after)
-    let args = || vec!["tok-32", "2200", "1", "2200", "", "", "0", "0", ""];
+    // ACQUIRE(packed, inbox), `packed` holding tok, lease_ms, record_ms,
+    // follows, not_after, takeover_ok, stale, early in `struct`'s format
+    // `<I4c0ddddBBB`.
+    let packed = [
+        &6u32.to_le_bytes()[..],
+        b"tok-32",
+        &2200f64.to_le_bytes(),
+        &2200f64.to_le_bytes(),
+        &(-1f64).to_le_bytes(),
+        &(-1f64).to_le_bytes(),
+        &[1, 0, 0],
+    ]
+    .concat();
+    let args = || vec![Bytes::from(packed.clone()), Bytes::new()];
     let f = fresh_flight();
     let record = b.record_key(&f);
     let refused: Result<Value, _> = plain
