@@ -380,7 +380,10 @@ impl Backend for RedisBackend {
         ask: Ask,
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
-        Box::pin(async move {
+        // Allocated first, then written: the future (~7.5 KB, fred's
+        // command future inside) is made in its box, not on the stack
+        // and copied in whole as `Box::pin(async move { … })` does.
+        let fut = Box::write(Box::new_uninit(), async move {
             let now = tokio::time::Instant::now();
             let slot = self.slot_of(flight);
             let give_up = self.inner.given_up_at(now, ask.not_after);
@@ -397,7 +400,8 @@ impl Backend for RedisBackend {
                 answer => answer,
             };
             answer.ok_or_else(too_late)
-        })
+        });
+        Box::into_pin(fut)
     }
 
     /// From the invalidation key INVALIDATE leaves for `state_ttl`.
