@@ -287,7 +287,8 @@ impl fmt::Debug for ShortDigest {
 /// or the fields' hash, taken once when the key is made with a seed of
 /// the process (requests, the attacker's input, cannot be made to collide
 /// without it).
-#[derive(Clone, PartialEq, Eq)]
+// `Clone` by hand (see its impl).
+#[derive(PartialEq, Eq)]
 pub struct FlightKey {
     stage: StageName,
     scope: Option<Digest>,
@@ -299,6 +300,25 @@ pub struct FlightKey {
     /// A key of fields: its fields, their digest computed when first
     /// asked for.
     fields: Option<Arc<Fields>>,
+}
+
+// The fields' reference count first, then the rest read from `self`
+// straight into the clone. Derived, the other fields were read first and
+// the count taken last: the atomic increment kept the compiler from moving
+// those reads past it, so every clone went through a copy on the stack
+// (on L1's path a request's key is cloned twice: by the key source, into
+// the flight's slot).
+impl Clone for FlightKey {
+    #[inline]
+    fn clone(&self) -> Self {
+        let fields = self.fields.clone();
+        Self {
+            stage: self.stage.clone(),
+            scope: self.scope,
+            id: self.id,
+            fields,
+        }
+    }
 }
 
 struct Fields {
