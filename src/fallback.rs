@@ -49,6 +49,7 @@ pub(crate) enum Here {
 pub(crate) struct WhyHere(AtomicU8, AtomicBool);
 
 impl WhyHere {
+    #[inline]
     pub(crate) fn set(&self, why: Here) {
         let v = match why {
             Here::StoreDown => 0,
@@ -59,6 +60,7 @@ impl WhyHere {
     }
 
     /// Why the flight runs here (the store down, until told otherwise).
+    #[inline]
     pub(crate) fn get(&self) -> Here {
         match self.0.load(Ordering::Relaxed) {
             1 => Here::NotDown,
@@ -68,6 +70,7 @@ impl WhyHere {
     }
 
     /// Whether the flight's work ran here, in the local fallback.
+    #[inline]
     pub(crate) fn ran(&self) -> bool {
         self.1.load(Ordering::Relaxed)
     }
@@ -108,6 +111,7 @@ impl Why {
     /// The flight's work runs here, in the local fallback: told to a
     /// flight launched to the store (a run that began here from the
     /// start is known as such by its flight).
+    #[inline]
     pub(crate) fn ran_here(&self) {
         if let Self::Later(told) = self {
             told.1.store(true, Ordering::Relaxed);
@@ -140,6 +144,7 @@ impl ModeFallback {
     }
 
     /// Why a refusal at admission runs the flight here.
+    #[inline]
     pub(crate) fn refused_as(&self) -> Here {
         self.why.get()
     }

@@ -8,6 +8,7 @@
 /// timer?" on every call. tokio's `runtime::Id` shows its number only
 /// through `Hash` (and `Display`, which allocates), so the number is what
 /// it writes to a hasher that keeps it.
+#[inline]
 pub fn runtime_id(rt: &tokio::runtime::Handle) -> u64 {
     use std::hash::{Hash, Hasher};
     /// Keeps what the id writes.

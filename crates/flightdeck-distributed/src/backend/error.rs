@@ -88,6 +88,7 @@ impl BackendError {
     /// [`rejected`](Self::rejected) call whose guard's error is a
     /// `CircuitOpen`): the breaker judges the backend failing. Any other
     /// guard's refusal says nothing of the backend.
+    #[inline]
     pub fn is_circuit_open(&self) -> bool {
         self.rejected
             && match &self.source {
