@@ -10,6 +10,7 @@
 //! | re-check failed while following | `in-progress` / `fail`: answer now; `wait` / `local`: keep following | same |
 //! | following ended (wait timed out, owner gone, garbage) | `local`: run here; otherwise the policy's answer | the policy's answer (`local` is refused by validation) |
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -120,8 +121,13 @@ impl Why {
 }
 
 /// A stage's failure matrix in the mode its leader found on arrival.
-pub(crate) struct ModeFallback {
-    pub(crate) ctl: Arc<Control>,
+///
+/// Admission borrows the stage's control (`C` = `&Control`): a flight
+/// refused there (an open breaker) runs here without ever taking a
+/// reference count on it; one admitted takes it to its launch
+/// ([`owned`](Self::owned)).
+pub(crate) struct ModeFallback<C = Arc<Control>> {
+    pub(crate) ctl: C,
     pub(crate) mode: Mode,
     /// Why the flight runs here, when it does (see [`Here`]): a refusal
     /// at admission is read at once from the fallback itself (nothing is
@@ -132,14 +138,25 @@ pub(crate) struct ModeFallback {
     told: Option<Arc<WhyHere>>,
 }
 
-impl ModeFallback {
+impl<C: Deref<Target = Control>> ModeFallback<C> {
     /// The fallback of a flight L2 is about to admit.
-    pub(crate) fn admitting(ctl: Arc<Control>, mode: Mode) -> Self {
+    pub(crate) fn admitting(ctl: C, mode: Mode) -> Self {
         Self {
             ctl,
             mode,
             why: WhyHere::default(),
             told: None,
+        }
+    }
+
+    /// The same fallback, holding the stage's control itself (`ctl`), for
+    /// a flight admitted to the store: it goes with the flight.
+    pub(crate) fn owned(self, ctl: Arc<Control>) -> ModeFallback {
+        ModeFallback {
+            ctl,
+            mode: self.mode,
+            why: WhyHere::new(self.why.get()),
+            told: self.told,
         }
     }
 
@@ -165,7 +182,7 @@ impl ModeFallback {
     }
 }
 
-impl ModeFallback {
+impl<C: Deref<Target = Control>> ModeFallback<C> {
     /// Coordination failed (or was refused) before acquiring: HYBRID runs
     /// the flight here, for `why`; DISTRIBUTED_ONLY fails fast.
     fn refused(&self, class: FailureClass, error: BackendError, why: Here) -> Verdict {
@@ -191,7 +208,7 @@ impl ModeFallback {
     }
 }
 
-impl<Req> Fallback<Req> for ModeFallback {
+impl<Req, C: Deref<Target = Control> + Send + Sync> Fallback<Req> for ModeFallback<C> {
     fn before_acquire(&self, class: FailureClass, error: BackendError, _req: &Req) -> Verdict {
         // A call that failed, or an open breaker: the store is failing. A
         // refusal by another local guard says nothing of the store, and an

@@ -298,7 +298,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
         req: &Req,
         flight: Option<FlightId>,
     ) -> Route {
-        let fallback = ModeFallback::admitting(Arc::clone(&stage.ctl), mode);
+        let fallback = ModeFallback::admitting(&*stage.ctl, mode);
         let admitted = l2.admit(key, req, &fallback);
         if flight.is_some() {
             // A shard seen for the first time has a breaker now: its
@@ -308,7 +308,7 @@ impl<S, Req, R, Sh: SharedForm> Leader<S, Req, R, Sh> {
         match admitted {
             Err(Verdict::RunHere) => Route::Here(fallback.refused_as()),
             Err(Verdict::Fail(error)) => Route::Failed(error),
-            Ok(admitted) => Route::Launch(admitted, fallback),
+            Ok(admitted) => Route::Launch(admitted, fallback.owned(Arc::clone(&stage.ctl))),
         }
     }
 

@@ -55,6 +55,7 @@ pub(super) const CLASSES: [FailureClass; 4] = [
     FailureClass::Protocol,
 ];
 
+#[inline]
 pub(super) fn class_index(class: FailureClass) -> usize {
     CLASSES.iter().position(|c| *c == class).unwrap_or(0)
 }

@@ -294,6 +294,7 @@ impl Control {
     }
 
     /// A HYBRID leader runs locally.
+    #[inline]
     pub(crate) fn count_fallback(&self, why: FallbackReason) {
         let i = match why {
             FallbackReason::Coordination(class) => class_index(class),
