@@ -115,6 +115,7 @@ impl BackendBreakers {
 
     /// The breaker that judges the flights of `shard` now: the whole-store
     /// breaker while it is not closed, otherwise the shard's own.
+    #[inline]
     pub(crate) fn judging(&self, shard: &Shard) -> Cow<'_, Breaker> {
         if shard.is_whole() || self.whole.state() != CircuitState::Closed {
             return Cow::Borrowed(&self.whole);
