@@ -81,7 +81,9 @@
 //! 1046349, 7028086 and 3050253 found a commit held up on its way by a
 //! frozen store dated from its arrival, so the store's result looked
 //! younger by the hold-up and answered in place of a newer one; a commit
-//! now says when it was sent, and the store dates it from then. Seeds
+//! now says when it was sent, and the store dates it from then (seed
+//! 8178885: from its work's end, whichever attempt lands; a retry's own
+//! time made its work look as if it had begun later). Seeds
 //! 3003319, 32937, 105192 and 2006125 found the store's kept result, given
 //! stale in place of an older copy, not kept, so that the copy answered after
 //! it (once callers past freshness stopped waiting for their node's
@@ -102,9 +104,13 @@
 //! 5158570 found a node's follower given another node's newer result
 //! that a purge here kept from becoming the copy: the node's older copy
 //! then answered stale after it; a result given but not kept now retires
-//! an older copy. With these, seeds 0–159999, 1000000–1059999,
-//! 2000000–2059999, 3000000–3059999, 3100000–3399999, 5000000–5399999,
-//! 7000000–7299999, 9000000–9059999 and 9100000–9399999 all pass.
+//! an older copy. Seeds 5416816 and 5459434 found a node that could not
+//! give the store's throttled result (past its windows, older than a
+//! result it gave) run its caller's work beside the throttle; it now
+//! answers the throttled failure and runs nothing. With these, seeds
+//! 0–159999, 1000000–1059999, 2000000–2059999, 3000000–3059999,
+//! 3100000–3399999, 5000000–5059999, 5100000–5699999, 7000000–7299999,
+//! 8000000–8299999, 9000000–9059999 and 9100000–9399999 all pass.
 //!
 //! # The fault model
 //!
