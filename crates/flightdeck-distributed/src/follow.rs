@@ -15,7 +15,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightdeck_core::error::{BoxError, ErrorClass, RemoteFailure, WaitTimeout};
+use flightdeck_core::error::{BoxError, ErrorClass, OwnerGone, RemoteFailure, WaitTimeout};
+use flightdeck_core::time::jittered;
+use flightdeck_core::Shareable;
+use tokio::time::{sleep_until, Instant};
+
+use crate::backend::{Acquired, Ask, Backend, BackendErrorKind, Notice, Subscription};
+use crate::cached_failure;
+use crate::codec::ResultCodec;
+use crate::fallback::{FailureClass, Fallback, WaitEnded};
+use crate::flights::{wait_deadline, Cx, State};
+use crate::lease_release::TokenGuard;
+use crate::metrics::Op;
+use crate::stale::{Answered, Reply};
+use crate::work::{Execute, Role};
 
 /// What a caller gets when the store throttles the key's work after a
 /// failed refresh (it answers `STALE` and grants nothing) and no kept
@@ -27,21 +40,6 @@ pub(crate) fn throttled() -> BoxError {
         "the refresh failed; the store throttles the next one",
     ))
 }
-use flightdeck_core::time::jittered;
-use flightdeck_core::Shareable;
-use tokio::time::{sleep_until, Instant};
-
-use crate::backend::{Acquired, Ask, Backend, BackendErrorKind, Notice, Subscription};
-use crate::codec::ResultCodec;
-use flightdeck_core::error::OwnerGone;
-
-use crate::cached_failure;
-use crate::fallback::{FailureClass, Fallback, WaitEnded};
-use crate::flights::{wait_deadline, Cx, State};
-use crate::lease_release::TokenGuard;
-use crate::metrics::Op;
-use crate::stale::{Answered, Reply};
-use crate::work::{Execute, Role};
 
 /// The shortest pause between two re-checks of a follower.
 const MIN_POLL: Duration = Duration::from_millis(5);
