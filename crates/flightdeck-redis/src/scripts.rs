@@ -214,6 +214,13 @@ end
 /// Without `stale` and `early` (`0` each), exactly the answers of a stage
 /// without stale windows.
 ///
+/// The token that holds the live lease is answered OWNER with its
+/// generation whatever else the record says by then (a kept result past
+/// its stale window, a cached failure, `not_after` gone by): an earlier
+/// attempt of its ACQUIRE was applied (its reply lost, the command sent
+/// again), and only this token ends that lease, so it must hear it holds
+/// it.
+///
 /// A FOLLOWER answer adds `inbox` (unless empty) to the flight's waiting
 /// nodes `w`, in the same script as the read: every later end of the
 /// grant is published there. A grant ends a throttle, leaves the stored
@@ -238,10 +245,11 @@ local function with(a, res)
   a[#a + 1] = stamp
   return a
 end
-if late >= 0 and now > late then
+local live, mine, ku, beside = d > now, r[2] == tok, 0, nil
+local held = live and mine
+if late >= 0 and now > late and not held then
   return with({'LATE'}, nil)
 end
-local live, mine, ku, beside = d > now, r[2] == tok, 0, nil
 if r[4] then
   local rg, fu, ct = tonumber(r[8] or ''), tonumber(r[9] or ''), tonumber(r[11] or '')
   local su, wt = tonumber(r[12] or ''), tonumber(r[13] or '')
@@ -251,7 +259,7 @@ if r[4] then
   end
   local res = {r[8], r[4], r[5] or '', math.max(0, math.floor(now - ct)), fu - ct, wt}
   if now < fu or (follows >= 0 and follows <= rg and now < ku) then
-    if early ~= 1 or follows >= 0 or now >= fu or r[4] ~= 'ok' or now < ra or now < eu or (live and not mine) then
+    if not held and (early ~= 1 or follows >= 0 or now >= fu or r[4] ~= 'ok' or now < ra or now < eu or live) then
       return with({'HIT'}, res)
     end
     beside = res
@@ -259,14 +267,14 @@ if r[4] then
     beside = res
   end
 end
-if now < eu and not beside then
+if now < eu and not beside and not held then
   local ec = tonumber(r[17] or '')
   if not ec or not r[16] then
     return redis.error_reply('FDPROTO unreadable flight record')
   end
   return with({'HIT'}, {r[16], 'err', r[15] or '', math.max(0, math.floor(now - ec)), eu - ec, 0})
 end
-if beside and now < ra then
+if beside and now < ra and not held then
   return with({'STALE'}, beside)
 end
 local takeover = 0

@@ -352,3 +352,16 @@ fn seed_8178885_a_retried_commit_is_dated_from_the_works_end() {
 fn seed_5459434_a_throttled_key_runs_nothing_beside_the_throttle() {
     passes(&[5_459_434, 5_416_816]);
 }
+
+/// Seeds 4106302 and 4113215 found it: a node's ACQUIRE asking for stale
+/// results was granted (a refresh beside the kept result) while the last
+/// refresh's failure was cached; its reply was lost and the command sent
+/// again, which the store answered HIT with that failure, as the kept
+/// result's stale window had ended meanwhile. The node answered its caller
+/// and went idle while its token held the lease: the key waited a lease
+/// for nothing. The token that holds the live lease is now answered OWNER
+/// again, whatever else the record says.
+#[test]
+fn seed_4106302_a_retry_of_the_leases_holder_is_its_owner() {
+    passes(&[4_106_302, 4_113_215]);
+}

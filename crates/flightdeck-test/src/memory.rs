@@ -385,11 +385,24 @@ impl MemoryBackend {
         token: &OwnerToken,
         ask: Ask,
         terms: &LeaseTerms,
-    ) -> Acquired {
+    ) -> Result<Acquired, BackendError> {
         let now = Instant::now();
         let terms = &capped(terms);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
+        // The token that holds the live lease is its owner whatever else
+        // the record says by now (a result past its stale window, the
+        // not-after of a resent ACQUIRE): an earlier attempt of its ACQUIRE
+        // was applied and only this token ends the lease, so every retry
+        // answers OWNER, as the Redis script does.
+        let held = f.record(now).is_some_and(|r| {
+            r.token.as_ref() == Some(token) && r.deadline.is_some_and(|d| d > now)
+        });
+        if !held && ask.not_after.is_some_and(|t| now >= t) {
+            return Err(BackendError::unavailable(
+                "memory backend: acquire past its not-after, nothing granted",
+            ));
+        }
         let mut takeover = false;
         let mut released = Vec::new();
         let mut kept = None;
@@ -410,8 +423,8 @@ impl MemoryBackend {
                     && !throttled
                     && !failed
                     && (mine || live.is_none());
-                if !early {
-                    return Acquired::Hit(k.stored(now));
+                if !early && !held {
+                    return Ok(Acquired::Hit(k.stored(now)));
                 }
                 beside = Some(k.stored(now));
             } else if ask.stale {
@@ -421,42 +434,42 @@ impl MemoryBackend {
                     .filter(|k| k.status == ResultStatus::Ok && k.stale_at(now))
                     .map(|k| k.stored(now));
             }
-            if beside.is_none() {
+            if beside.is_none() && !held {
                 if let Some(k) = r.failure.as_ref().filter(|k| k.answers(now, ask.follows)) {
-                    return Acquired::Hit(k.stored(now));
+                    return Ok(Acquired::Hit(k.stored(now)));
                 }
             }
-            if let Some(stale) = beside.as_ref().filter(|_| throttled) {
-                return Acquired::Stale(stale.clone());
+            if let Some(stale) = beside.as_ref().filter(|_| throttled && !held) {
+                return Ok(Acquired::Stale(stale.clone()));
             }
             if mine {
                 if live.is_some() {
-                    return Acquired::Owner {
+                    return Ok(Acquired::Owner {
                         generation: r.gen,
                         takeover: false,
                         stale: beside,
-                    };
+                    });
                 }
                 if r.deadline.is_none() {
                     // This attempt ended (released or abandoned).
-                    return Acquired::Expired { generation: r.gen };
+                    return Ok(Acquired::Expired { generation: r.gen });
                 }
             } else if let Some(deadline) = live {
-                return Acquired::Follower {
+                return Ok(Acquired::Follower {
                     generation: r.gen,
                     lease_remaining: deadline - now,
                     stale: beside,
-                };
+                });
             }
             if r.deadline.is_some() {
                 // The last grant's lease ran out without a commit or abandon.
                 if !terms.allow_takeover {
-                    return Acquired::Expired { generation: r.gen };
+                    return Ok(Acquired::Expired { generation: r.gen });
                 }
                 takeover = true;
             }
             if r.released.contains(token) {
-                return Acquired::Expired { generation: r.gen };
+                return Ok(Acquired::Expired { generation: r.gen });
             }
             released = std::mem::take(&mut r.released);
             kept = r.result.take().filter(|k| k.until() > now);
@@ -480,11 +493,11 @@ impl MemoryBackend {
             released,
             expires,
         });
-        Acquired::Owner {
+        Ok(Acquired::Owner {
             generation: gen,
             takeover,
             stale: beside,
-        }
+        })
     }
 
     /// The record whose last grant is (token, generation) and has not
@@ -716,12 +729,9 @@ impl Backend for MemoryBackend {
         terms: &'a LeaseTerms,
     ) -> BackendFuture<'a, Acquired> {
         self.inner.calls.acquire.fetch_add(1, Ordering::Relaxed);
-        let res = self.check().and_then(|()| match ask.not_after {
-            Some(t) if Instant::now() >= t => Err(BackendError::unavailable(
-                "memory backend: acquire past its not-after, nothing granted",
-            )),
-            _ => Ok(self.acquire_now(flight, token, ask, terms)),
-        });
+        let res = self
+            .check()
+            .and_then(|()| self.acquire_now(flight, token, ask, terms));
         Box::pin(async move { res })
     }
 

@@ -45,7 +45,9 @@ pub struct Ask {
     /// time): an acquire that reaches the store after it grants nothing
     /// and answers *unavailable* (a late acquire, queued on a frozen
     /// server or resent after its caller walked away, would otherwise
-    /// grant a lease nobody works on). The layer sets it on every
+    /// grant a lease nobody works on); the token that holds the live
+    /// lease is still answered [`Acquired::Owner`] (an earlier attempt
+    /// granted it). The layer sets it on every
     /// acquire it sends, to the time it gives that call up. `None` (a
     /// backend called directly): no deadline of the caller's; a backend
     /// may still bound the call by its own timeout (the Redis backend

@@ -10,7 +10,9 @@
 //!   and still fresh ([`CommitArgs::ttl`], the stage's replay TTL),
 //!   [`Acquired::Follower`] when another token holds a live lease,
 //!   [`Acquired::Owner`] when this token holds it (also on a retry with the
-//!   same token: acquire is idempotent), and otherwise grants the flight
+//!   same token, whatever the record says by then: a cached failure, a
+//!   kept result past its stale window, the retry's not-after gone by;
+//!   acquire is idempotent), and otherwise grants the flight
 //!   to the caller with a new generation (the fencing token), marked
 //!   `takeover` when it replaces an owner whose lease ran out without a
 //!   commit or abandon. [`Acquired::Expired`] is the answer instead of a

@@ -409,6 +409,93 @@ pub async fn early_refreshes_are_granted_once<B: Backend>(b: &B) {
     expect_hit(b.acquire(&f, &other, &t).await.unwrap(), g2, b"v2");
 }
 
+/// The token that holds the live lease is answered OWNER with its
+/// generation on every retry of its ACQUIRE, whatever the record says by
+/// then: here a refresh granted beside a stale result while the last
+/// refresh's failure is cached, retried after the result's stale window
+/// ended (the first attempt's reply lost, the command sent again late),
+/// then past the retry's not-after. A HIT with the cached failure or a
+/// refusal would leave the lease held by a token nobody works for.
+pub async fn a_retry_of_the_leases_holder_is_answered_owner<B: Backend>(b: &B) {
+    conclusive("a_retry_of_the_leases_holder_is_answered_owner", || {
+        a_retry_of_the_leases_holder_is_answered_owner_once(b)
+    })
+    .await
+}
+
+async fn a_retry_of_the_leases_holder_is_answered_owner_once<B: Backend>(
+    b: &B,
+) -> Result<(), Stalled> {
+    let f = fresh_flight();
+    let t = long_terms();
+    let a = OwnerToken::random();
+    let g1 = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
+    let stale_for = Duration::from_secs(1);
+    let kept = Window {
+        opened: Instant::now(),
+        len: (SHORT_TTL + stale_for).saturating_sub(CLOCK_MARGIN),
+        what: "the stale window of the result the grant is answered beside",
+    };
+    let args = stale_commit(b"v1", SHORT_TTL, stale_for);
+    assert_eq!(
+        b.commit(&f, &a, g1, &args).await.unwrap(),
+        Committed::Committed
+    );
+    tokio::time::sleep(PAST_TTL).await;
+    let failed = OwnerToken::random();
+    let g2 = owned(
+        b.acquire_with(&f, &failed, STALE, &t).await.unwrap(),
+        "a refresh",
+    );
+    assert_eq!(
+        b.abandon(&f, &failed, g2, &abandon_args(Some("boom")))
+            .await
+            .unwrap(),
+        Released::Released
+    );
+    let holder = OwnerToken::random();
+    let sent = Instant::now();
+    let ask = Ask {
+        not_after: Some(sent + REFRESH_LEASE),
+        ..STALE
+    };
+    let granted = b.acquire_with(&f, &holder, ask, &t).await.unwrap();
+    kept.kept()?;
+    let g3 = match granted {
+        Acquired::Owner {
+            generation, stale, ..
+        } => {
+            expect_kept(stale.as_ref(), g1, b"v1", "the refresh after a failed one");
+            generation
+        }
+        other => panic!("a refresh beside a stale result: expected OWNER, got {other:?}"),
+    };
+    tokio::time::sleep(stale_for + CLOCK_MARGIN * 2).await;
+    let holds = Acquired::Owner {
+        generation: g3,
+        takeover: false,
+        stale: None,
+    };
+    assert_eq!(
+        b.acquire_with(&f, &holder, ask, &t).await.unwrap(),
+        holds,
+        "a retry after the stale window, the failure still cached"
+    );
+    let late = Ask {
+        not_after: Some(sent),
+        ..STALE
+    };
+    match b.acquire_with(&f, &holder, late, &t).await {
+        Ok(answer) => assert_eq!(answer, holds, "a retry past its not-after"),
+        Err(e) => panic!("a retry past its not-after, the lease held: {e}"),
+    }
+    match b.acquire_with(&f, &OwnerToken::random(), late, &t).await {
+        Err(e) => assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}"),
+        Ok(a) => panic!("another token's acquire past its not-after was answered {a:?}"),
+    }
+    Ok(())
+}
+
 /// A HIT carries the result's age by the store's clock, its ttl and its
 /// owner's work time.
 pub async fn stored_results_carry_age_ttl_and_work_time<B: Backend>(b: &B) {
@@ -524,6 +611,7 @@ pub async fn stale_checks<B: Backend>(b: &B) {
         invalidate_drops_the_kept_result(b),
         a_failed_refresh_throttles_the_next(b),
         early_refreshes_are_granted_once(b),
+        a_retry_of_the_leases_holder_is_answered_owner(b),
         stored_results_carry_age_ttl_and_work_time(b),
         a_commit_is_dated_from_its_sending(b),
         huge_durations_are_capped(b),
