@@ -285,7 +285,7 @@ impl BreakerSettings {
             ("breaker.probe-timeout", self.probe_timeout),
             ("breaker.ramp-step", self.ramp_step),
         ] {
-            if d > super::stage::MAX_DURATION {
+            if d > flightdeck_core::time::MAX_SETTING {
                 return bad(field, format!("{d:?} is over the bound of 30 days"));
             }
         }

@@ -26,8 +26,6 @@ pub(crate) const DEFAULT_STALE_MAX_ENTRIES: usize = 10_000;
 pub(crate) const DEFAULT_STALE_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// The largest `stale-max-bytes` (4 GiB).
 const MAX_STALE_BYTES: usize = 4 * 1024 * 1024 * 1024;
-/// The longest duration any setting may have.
-pub(super) const MAX_DURATION: Duration = flightdeck_core::time::MAX_SETTING;
 
 /// The configuration key of each field a distributed policy's validation
 /// can name: a table, not a match with a catch-all arm, so that a field
@@ -342,7 +340,7 @@ impl StageConfig {
             ),
             ("bulkhead.queue-timeout", self.bulkhead.queue_timeout),
         ] {
-            if d > MAX_DURATION {
+            if d > flightdeck_core::time::MAX_SETTING {
                 return bad(field, format!("{d:?} is over the bound of 30 days"));
             }
         }

@@ -177,10 +177,6 @@ impl RedisConfig {
     }
 }
 
-/// The longest any of the durations may be (as every duration of a
-/// stage): deadlines are added to the clock.
-const MAX_DURATION: Duration = flightdeck_core::time::MAX_SETTING;
-
 impl RedisConfig {
     /// Checks the durations: each at most 30 days (so deadlines can be
     /// added to the clock), the timeouts positive (a zero timeout is one
@@ -193,7 +189,7 @@ impl RedisConfig {
             ("reconnect max delay", self.reconnect_max_delay, false),
             ("subscriber ping", self.subscriber_ping, false),
         ] {
-            if d > MAX_DURATION || (positive && d.is_zero()) {
+            if d > flightdeck_core::time::MAX_SETTING || (positive && d.is_zero()) {
                 let bound = if positive {
                     "(0, 30 days]"
                 } else {
