@@ -464,15 +464,7 @@ impl<V: Clone> Kept<V> {
         let mut inner = self.lock();
         let purged = inner.purged.get(key).copied().unwrap_or(0);
         if ticket.gen < inner.purge_floor || purged > ticket.gen {
-            // Not kept, but given: nothing older answers after it, an
-            // older copy included (as for a result too large to keep).
-            if inner
-                .map
-                .get(key)
-                .is_some_and(|e| (e.started, e.gen) < ticket.order())
-            {
-                inner.remove(key);
-            }
+            inner.drop_older(key, ticket.order());
             inner.leave_floor(key, ticket.order(), done, now, bounds);
             return Put::Fenced;
         }
@@ -489,7 +481,7 @@ impl<V: Clone> Kept<V> {
             None => (false, 0),
         };
         if size > self.max_bytes {
-            inner.remove(key);
+            inner.drop_older(key, ticket.order());
             inner.leave_floor(key, ticket.order(), done, now, bounds);
             return Put::TooLarge;
         }
@@ -691,6 +683,19 @@ impl<V> Inner<V> {
             self.order.remove(&e.seq);
             self.bytes -= e.size;
             self.leave_floor(key, (e.started, e.gen), e.done, now, bounds);
+        }
+    }
+
+    /// A result of the work at `order` was given but is not kept (fenced
+    /// by a purge, too large): nothing older answers after it, an older
+    /// copy included (its floor is left with [`leave_floor`](Self::leave_floor)).
+    fn drop_older(&mut self, key: &FlightKey, order: (Instant, u64)) {
+        if self
+            .map
+            .get(key)
+            .is_some_and(|e| (e.started, e.gen) < order)
+        {
+            self.remove(key);
         }
     }
 
