@@ -553,9 +553,9 @@ where
             }
             let args = CommitArgs {
                 payload,
-                ttl: st.policy.replay_ttl_duration(),
+                ttl: replay_ttl,
                 retain: st.policy.waiter_retention(),
-                stale_for: st.policy.stale().keep_stale(),
+                stale_for: keep_stale,
                 work_time,
                 inline_below: st.policy.inline_below_bytes(),
                 state_ttl: cx.terms.state_ttl,
