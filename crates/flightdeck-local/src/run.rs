@@ -17,7 +17,7 @@ use crate::group::board::Board;
 use crate::group::completion::Completion;
 use crate::group::delivery::{Msg, Outcome};
 use crate::group::detach::{Expiry, Work};
-use crate::group::slot::{FlightId, Join};
+use crate::group::slot::{FlightId, Join, Leader};
 use crate::group::timers::expiry_of;
 use crate::group::Group;
 use crate::metrics::{StageMetrics, WaitTime};
@@ -142,22 +142,40 @@ where
         group: &Arc<Group<V>>,
         key: &FlightKey,
         caller: Caller,
-        mut work: W,
+        work: W,
     ) -> Self {
-        // Only waiters and leaders have a flight to trace.
-        let span = |role: &'static str| {
-            tracing::debug_span!(
-                "flight",
-                role,
-                stage = %key.stage(),
-                key = %key.digest().short(),
-            )
-        };
         let joined = if INLINED {
             group.join_inlined(key, caller)
         } else {
             group.join(key, caller)
         };
+        match joined {
+            Join::Leader(leader) => {
+                let completion = arm_leader(group, leader, || work.replay_here());
+                // A disabled span is not worth a wrapper polled every time.
+                let span = flight_span("leader", key);
+                let work = if span.is_disabled() {
+                    Work::new(completion, || outcome(work.lead(key)), caller.deadline)
+                } else {
+                    let fut = || outcome(work.lead(key)).instrument(span);
+                    Work::new(completion, fut, caller.deadline)
+                };
+                Self::led(work)
+            }
+            joined => Self::joined(group, key, caller, joined, work),
+        }
+    }
+
+    /// The run of a caller whose lookup found a flight to join, a result
+    /// to replay, or no room (not [`Join::Leader`]: see [`arm_leader`]).
+    #[inline(always)]
+    pub(crate) fn joined(
+        group: &Arc<Group<V>>,
+        key: &FlightKey,
+        caller: Caller,
+        joined: Join<V>,
+        mut work: W,
+    ) -> Self {
         let state = match joined {
             Join::Replay(value) => {
                 if work.serves(&value) {
@@ -194,35 +212,61 @@ where
                         key: key.clone(),
                         since,
                         deadline: caller.deadline,
-                        span: span("waiter"),
+                        span: flight_span("waiter", key),
                     }),
                 }
             }
-            Join::Leader(leader) => {
-                // Whether its value is kept for replay: the policy's
-                // replay TTL, and its leader's say.
-                let replays = !group.policy.replay_ttl.is_zero() && work.replay_here();
-                // Armed before starting the work (or dropping the result it
-                // replaced): if starting it panics, waiters that already
-                // joined get `WorkPanicked`.
-                let (completion, expired) = Completion::new(Arc::clone(group), leader, replays);
-                completion.started();
-                drop(expired);
-                // A disabled span is not worth a wrapper polled every time.
-                let span = span("leader");
-                let work = if span.is_disabled() {
-                    Work::new(completion, || outcome(work.lead(key)), caller.deadline)
-                } else {
-                    let fut = || outcome(work.lead(key)).instrument(span);
-                    Work::new(completion, fut, caller.deadline)
-                };
-                State::Lead {
-                    lead: LeaderGuard { work: Some(work) },
-                }
-            }
+            Join::Leader(_) => unreachable!("a leader's run starts from `arm_leader`"),
         };
         Self { state }
     }
+
+    /// The run of the leader of a flight, polling its work.
+    #[inline(always)]
+    pub(crate) fn led(work: Work<V>) -> Self {
+        Self {
+            state: State::Lead {
+                lead: LeaderGuard { work: Some(work) },
+            },
+        }
+    }
+}
+
+/// The completion of the flight `leader` started, armed: its leader's
+/// work is built (and its request consumed) only after this, so that
+/// should building it panic, waiters that already joined get
+/// `WorkPanicked` (the completion, dropped, ends the flight).
+/// `replay_here`: the leader's say on whether its value is kept for
+/// replay (see [`FlightWork::replay_here`]), asked only when the
+/// policy replays.
+#[inline(always)]
+pub(crate) fn arm_leader<V: Clone + Send + Sync + 'static>(
+    group: &Arc<Group<V>>,
+    leader: Leader<V>,
+    replay_here: impl FnOnce() -> bool,
+) -> Completion<V> {
+    // Whether its value is kept for replay: the policy's replay TTL,
+    // and its leader's say.
+    let replays = !group.policy.replay_ttl.is_zero() && replay_here();
+    // Armed before starting the work (or dropping the result it
+    // replaced): if starting it panics, waiters that already joined
+    // get `WorkPanicked`.
+    let (completion, expired) = Completion::new(Arc::clone(group), leader, replays);
+    completion.started();
+    drop(expired);
+    completion
+}
+
+/// A flight's span (only waiters and leaders have a flight to trace).
+/// Inlined: where it is disabled, a test of the level in force.
+#[inline(always)]
+pub(crate) fn flight_span(role: &'static str, key: &FlightKey) -> tracing::Span {
+    tracing::debug_span!(
+        "flight",
+        role,
+        stage = %key.stage(),
+        key = %key.digest().short(),
+    )
 }
 
 /// How a caller the flight's result did not serve runs its work.
@@ -276,7 +320,7 @@ fn alone<V: 'static, W: FlightWork<V>>(
 }
 
 /// The work's answer as the flight's outcome.
-fn outcome<F>(work: F) -> Outcomes<F> {
+pub(crate) fn outcome<F>(work: F) -> Outcomes<F> {
     Outcomes { work }
 }
 
@@ -284,7 +328,7 @@ pin_project! {
     /// The future of [`outcome`]: a plain map, not an `async fn`, whose
     /// state machine (and the call a poll of it costs) every flight would
     /// pay for.
-    struct Outcomes<F> {
+    pub(crate) struct Outcomes<F> {
         #[pin]
         work: F,
     }

@@ -10,9 +10,13 @@ use flightdeck_core::{
 use pin_project_lite::pin_project;
 use tower::util::ServiceExt;
 use tower_service::Service;
+use tracing::Instrument;
 
 use crate::flights::{Caller, FlightWork, LocalFlights};
 use crate::future::ResponseFuture;
+use crate::group::detach::Work;
+use crate::group::slot::Join;
+use crate::run::{arm_leader, flight_span, outcome, Run};
 
 /// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
 ///
@@ -105,15 +109,34 @@ where
         // services").
         let clone = self.inner.clone();
         let svc = std::mem::replace(&mut self.inner, clone);
-        let work = ServiceWork {
-            svc,
-            req,
-            share: self.share.clone(),
+        let share = self.share.clone();
+        // `LocalFlights::run`, with the leader's work built here once the
+        // lookup made this call the leader: the request moves once, into
+        // the inner service's call, instead of into a `ServiceWork`, the
+        // closure that leads it and the call (a request with drop glue,
+        // such as a key's, is copied whole at each move).
+        let caller = Caller::new();
+        let group = &self.flights.group;
+        let run = match group.join(&key, caller) {
+            Join::Leader(leader) => {
+                let completion = arm_leader(group, leader, || true);
+                // Built once its allocation is made, to be written there
+                // (see `Work::fill`).
+                let span = flight_span("leader", &key);
+                let work = if span.is_disabled() {
+                    let cell = Work::cell();
+                    let fut = outcome(lead(svc, req, share));
+                    Work::fill(cell, completion, fut, caller.deadline)
+                } else {
+                    let cell = Work::cell();
+                    let fut = outcome(lead(svc, req, share)).instrument(span);
+                    Work::fill(cell, completion, fut, caller.deadline)
+                };
+                Run::led(work)
+            }
+            joined => Run::joined(group, &key, caller, joined, ServiceWork { svc, req, share }),
         };
-        ResponseFuture::flight(
-            self.flights.run(&key, Caller::new(), work),
-            self.share.clone(),
-        )
+        ResponseFuture::flight(run, self.share.clone())
     }
 }
 
@@ -140,20 +163,8 @@ where
         _key: &FlightKey,
     ) -> impl Future<Output = Result<Shareable<Sh::Shared, Sh::Output>, BoxError>> + Send + 'static
     {
-        let Self {
-            mut svc,
-            req,
-            share,
-        } = self;
-        let leader = share.leader(&req);
-        // Called at once, as tower expects of a service polled ready.
-        let fut = svc.call(req);
-        Lead {
-            step: Step::Call { fut },
-            share,
-            leader: Some(leader),
-            _req: PhantomData,
-        }
+        let Self { svc, req, share } = self;
+        lead(svc, req, share)
     }
 
     fn alone(
@@ -179,6 +190,24 @@ where
 
     fn serves(&self, shared: &Sh::Shared) -> bool {
         self.share.serves(shared, &self.req)
+    }
+}
+
+/// The leader's run of the inner service: `svc`, polled ready, is called
+/// at once, as tower expects.
+#[inline(always)]
+fn lead<S, Req, Sh>(mut svc: S, req: Req, share: Sh) -> Lead<S::Future, Sh, Req, S::Response>
+where
+    S: Service<Req>,
+    Sh: Share<S::Response> + Serves<Req>,
+{
+    let leader = share.leader(&req);
+    let fut = svc.call(req);
+    Lead {
+        step: Step::Call { fut },
+        share,
+        leader: Some(leader),
+        _req: PhantomData,
     }
 }
 

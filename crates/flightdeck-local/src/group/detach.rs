@@ -325,6 +325,42 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
         }
     }
 
+    /// The allocation of a work whose future `F` its caller builds after
+    /// it (see [`fill`](Self::fill)), as [`new`](Self::new) does with its
+    /// closure.
+    #[inline(always)]
+    pub(crate) fn cell<F>() -> Cell<V, F> {
+        Cell(Box::new_uninit())
+    }
+
+    /// [`new`](Self::new), with the work's future `fut` built by the
+    /// caller after its `cell`'s allocation: written into it, without a
+    /// closure to carry what the future is built from (a request, copied
+    /// into the closure, and out of it).
+    #[inline(always)]
+    pub(crate) fn fill<F>(
+        cell: Cell<V, F>,
+        completion: Completion<V>,
+        fut: F,
+        deadline: Option<Instant>,
+    ) -> Self
+    where
+        F: Future<Output = Outcome<V>> + Send + 'static,
+    {
+        let cell = Box::write(
+            cell.0,
+            MovableWork {
+                fut,
+                completion,
+                deadline: deadline.map_or(FlightDeadline::None, FlightDeadline::At),
+                clock: LeaderClock::new(deadline),
+            },
+        );
+        Self {
+            cell: Box::into_pin(cell),
+        }
+    }
+
     fn completion(&mut self) -> &mut Completion<V> {
         self.cell.as_mut().completion()
     }
@@ -374,6 +410,11 @@ impl<V: Clone + Send + Sync + 'static> Work<V> {
         }
     }
 }
+
+/// The allocation of a work, its future not yet built (see [`Work::cell`]).
+pub(crate) struct Cell<V: Clone + Send + Sync + 'static, F>(
+    Box<std::mem::MaybeUninit<MovableWork<V, F>>>,
+);
 
 /// The work on a task of its own, after its leader left.
 struct Detached<V: Clone + Send + Sync + 'static>(Work<V>);
