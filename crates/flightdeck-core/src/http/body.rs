@@ -25,7 +25,11 @@ pin_project! {
     enum Kind<B> {
         Replay {
             data: Option<Bytes>,
-            trailers: Option<HeaderMap>,
+            // Boxed: trailers are rare (gRPC), and a header map inline
+            // would make every request and response that carries this
+            // body (the inner body's requests too) 80 bytes larger, each
+            // of their moves copying them.
+            trailers: Option<Box<HeaderMap>>,
         },
         Inner {
             // Bytes read while trying to buffer, sent first.
@@ -42,7 +46,7 @@ impl<B> FlightBody<B> {
         Self {
             kind: Kind::Replay {
                 data: (!data.is_empty()).then_some(data),
-                trailers,
+                trailers: trailers.map(Box::new),
             },
         }
     }
@@ -102,7 +106,7 @@ where
                 if let Some(d) = data.take() {
                     Poll::Ready(Some(Ok(Frame::data(d))))
                 } else if let Some(t) = trailers.take() {
-                    Poll::Ready(Some(Ok(Frame::trailers(t))))
+                    Poll::Ready(Some(Ok(Frame::trailers(*t))))
                 } else {
                     Poll::Ready(None)
                 }
