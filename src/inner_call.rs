@@ -268,22 +268,23 @@ where
     // elsewhere in this module.
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        self.ctl.count_execution(self.path);
+        // Timed only when a recorder records executions' durations: under
+        // none (the no-op recorder), no clock read and no handle held.
+        let timed = self.ctl.count_execution(self.path);
         TimedFuture {
             fut: self.inner.call(req),
-            ctl: Arc::clone(&self.ctl),
-            started: Instant::now(),
+            timed: timed.then(|| (Arc::clone(&self.ctl), Instant::now())),
         }
     }
 }
 
 pin_project! {
-    /// Records the execution's duration when it ends.
+    /// Records the execution's duration when it ends (when its start was
+    /// read: a recorder records durations).
     pub(crate) struct TimedFuture<F> {
         #[pin]
         fut: F,
-        ctl: Arc<Control>,
-        started: Instant,
+        timed: Option<(Arc<Control>, Instant)>,
     }
 }
 
@@ -293,7 +294,9 @@ impl<F: Future> Future for TimedFuture<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let out = std::task::ready!(this.fut.poll(cx));
-        this.ctl.record_execution(this.started.elapsed());
+        if let Some((ctl, started)) = this.timed.take() {
+            ctl.record_execution(started.elapsed());
+        }
         Poll::Ready(out)
     }
 }

@@ -2,7 +2,7 @@
 //! carry (where an execution ran, why a leader fell back, what a failed
 //! wait answered).
 
-use flightdeck_core::metric;
+use flightdeck_core::metric::{self, records};
 use flightdeck_core::StaleReason;
 use flightdeck_distributed::FailureClass;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
@@ -140,6 +140,9 @@ pub(crate) struct Bundle {
     pub(super) wait_failure: [Counter; WaitAction::ALL.len()],
     pub(super) execution: [Counter; Path::ALL.len()],
     pub(super) execution_duration: Histogram,
+    /// Whether a recorder stands behind `execution_duration` (so an
+    /// execution's start is worth a clock read).
+    pub(super) timed: bool,
     pub(super) degraded_duration: Histogram,
     pub(super) mode: Gauge,
     pub(super) stale_served: [Counter; STALE_REASONS.len()],
@@ -164,6 +167,8 @@ impl Bundle {
         };
         let counter = |name, extra| r.register_counter(&key(name, extra), &METADATA);
         let by_class = |name| CLASSES.map(|c| counter(name, Some(("reason", c.as_str()))));
+        let execution_duration =
+            r.register_histogram(&key(metric::EXECUTION_DURATION, None), &METADATA);
         let b = Self {
             request: counter(metric::REQUEST_TOTAL, None),
             bypass: counter(metric::BYPASS_TOTAL, None),
@@ -192,8 +197,8 @@ impl Bundle {
                 .map(|a| counter(metric::WAIT_FAILURE_TOTAL, Some(("action", a.as_str())))),
             execution: Path::ALL
                 .map(|p| counter(metric::EXECUTION_TOTAL, Some(("path", p.as_str())))),
-            execution_duration: r
-                .register_histogram(&key(metric::EXECUTION_DURATION, None), &METADATA),
+            timed: records(&execution_duration),
+            execution_duration,
             degraded_duration: r
                 .register_histogram(&key(metric::DEGRADED_DURATION, None), &METADATA),
             mode: r.register_gauge(&key(metric::MODE, None), &METADATA),

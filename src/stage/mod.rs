@@ -323,15 +323,18 @@ impl Control {
     }
 
     /// A real execution of the inner service starts (admitted by the
-    /// bulkhead).
-    pub(crate) fn count_execution(&self, path: Path) {
+    /// bulkhead). Returns whether the recorder in force records its
+    /// duration (see [`record_execution`](Self::record_execution)): when
+    /// none does, its start is not worth a clock read.
+    pub(crate) fn count_execution(&self, path: Path) -> bool {
         let i = Path::ALL.iter().position(|p| *p == path).unwrap_or(0);
         self.metrics(|m| {
             m.execution[i].increment(1);
             if path == Path::Fallback {
                 m.fallback_execution.increment(1);
             }
-        });
+            m.timed
+        })
     }
 
     /// A caller was answered from a stale result `age` old.
