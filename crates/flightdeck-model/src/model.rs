@@ -1158,8 +1158,16 @@ impl ProtocolModel {
             Action::Subscribe(n) => s.nodes[usize::from(n)].inbox = true,
             Action::Run(req) => {
                 take(s, &req);
+                // A token that held the live lease already is answered
+                // OWNER again (its earlier attempt granted it): no grant.
+                let held = s.primary.record.as_ref().is_some_and(|r| {
+                    matches!(req.call, Call::Acquire(tok, _) if r.t == Some(tok))
+                        && r.d.is_some_and(|d| d > s.now)
+                });
                 let (answer, notices) = self.run(s, req);
-                if let (Call::Acquire(tok, ask), Answer::Owner(..)) = (req.call, answer) {
+                if let (Call::Acquire(tok, ask), Answer::Owner(..), false) =
+                    (req.call, answer, held)
+                {
                     // Nobody works on a lease granted to a token its node
                     // no longer waits with, after the tick it gave the
                     // call up (in real time: the server's clock plus the

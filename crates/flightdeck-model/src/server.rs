@@ -366,14 +366,17 @@ pub fn acquire(
     tok: Tok,
     ask: Ask,
 ) -> Answer {
-    if ask.not_after.is_some_and(|t| now > t) {
-        return Answer::Late;
-    }
     let r = store.record.clone().unwrap_or_default();
     let d = r.d.unwrap_or(0);
     let g = r.g.unwrap_or(0);
     let live = d > now;
     let mine = r.t == Some(tok);
+    // The token that holds the live lease is answered OWNER whatever else
+    // the record says: an earlier attempt of its ACQUIRE was applied.
+    let held = live && mine;
+    if ask.not_after.is_some_and(|t| now > t) && !held {
+        return Answer::Late;
+    }
     let mut beside = None;
     if let Some(s) = r.s {
         let res = Res {
@@ -401,7 +404,7 @@ pub fn acquire(
             beside = Some(res);
         }
     }
-    if let (true, None, Some((gen, body))) = (now < r.eu, beside, r.failure) {
+    if let (true, None, Some((gen, body))) = (now < r.eu && !held, beside, r.failure) {
         return Answer::Hit(Res {
             gen,
             status: Status::Err,
@@ -411,7 +414,7 @@ pub fn acquire(
             work: 0,
         });
     }
-    if let (true, Some(res)) = (now < r.ra, beside) {
+    if let (true, Some(res)) = (now < r.ra && !held, beside) {
         return Answer::Stale(res);
     }
     let mut takeover = false;

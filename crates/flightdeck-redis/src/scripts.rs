@@ -215,8 +215,9 @@ end
 /// without stale windows.
 ///
 /// The token that holds the live lease is answered OWNER with its
-/// generation whatever else the record says by then (a kept result past
-/// its stale window, a cached failure, `not_after` gone by): an earlier
+/// generation, unless a result answers it as a HIT, whatever else the
+/// record says by then (a kept result past its stale window, a cached
+/// failure, a throttle, `not_after` gone by): an earlier
 /// attempt of its ACQUIRE was applied (its reply lost, the command sent
 /// again), and only this token ends that lease, so it must hear it holds
 /// it.
@@ -259,7 +260,7 @@ if r[4] then
   end
   local res = {r[8], r[4], r[5] or '', math.max(0, math.floor(now - ct)), fu - ct, wt}
   if now < fu or (follows >= 0 and follows <= rg and now < ku) then
-    if not held and (early ~= 1 or follows >= 0 or now >= fu or r[4] ~= 'ok' or now < ra or now < eu or live) then
+    if early ~= 1 or follows >= 0 or now >= fu or r[4] ~= 'ok' or now < ra or now < eu or (live and not mine) then
       return with({'HIT'}, res)
     end
     beside = res

@@ -390,11 +390,11 @@ impl MemoryBackend {
         let terms = &capped(terms);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
-        // The token that holds the live lease is its owner whatever else
-        // the record says by now (a result past its stale window, the
-        // not-after of a resent ACQUIRE): an earlier attempt of its ACQUIRE
-        // was applied and only this token ends the lease, so every retry
-        // answers OWNER, as the Redis script does.
+        // The token that holds the live lease is its owner, unless a result
+        // answers it as a hit, whatever else the record says by now (a
+        // cached failure, a throttle, the not-after of a resent ACQUIRE): an
+        // earlier attempt of its ACQUIRE was applied and only this token
+        // ends the lease, so a retry answers OWNER, as the Redis script does.
         let held = f.record(now).is_some_and(|r| {
             r.token.as_ref() == Some(token) && r.deadline.is_some_and(|d| d > now)
         });
@@ -423,7 +423,7 @@ impl MemoryBackend {
                     && !throttled
                     && !failed
                     && (mine || live.is_none());
-                if !early && !held {
+                if !early {
                     return Ok(Acquired::Hit(k.stored(now)));
                 }
                 beside = Some(k.stored(now));
