@@ -76,12 +76,12 @@ fn expect_kept(stale: Option<&StoredResult>, generation: u64, payload: &[u8], wh
 }
 
 /// A flight whose result `v1` (generation returned) is past its
-/// freshness and kept [`STALE_FOR`] to answer stale.
-async fn stale_flight<B: Backend>(b: &B) -> (FlightId, u64) {
+/// freshness and kept `stale_for` past it to answer stale.
+async fn stale_flight<B: Backend>(b: &B, stale_for: Duration) -> (FlightId, u64) {
     let f = fresh_flight();
     let a = OwnerToken::random();
     let g = owned(b.acquire(&f, &a, &long_terms()).await.unwrap(), "fresh");
-    let args = stale_commit(b"v1", SHORT_TTL, STALE_FOR);
+    let args = stale_commit(b"v1", SHORT_TTL, stale_for);
     assert_eq!(
         b.commit(&f, &a, g, &args).await.unwrap(),
         Committed::Committed
@@ -95,7 +95,7 @@ async fn stale_flight<B: Backend>(b: &B) -> (FlightId, u64) {
 /// beside FOLLOWER to the others while the refresh runs; never to an
 /// acquire that does not ask; the refresh's commit replaces it.
 pub async fn stale_results_are_answered_beside_the_refresh<B: Backend>(b: &B) {
-    let (f, g1) = stale_flight(b).await;
+    let (f, g1) = stale_flight(b, STALE_FOR).await;
     let t = long_terms();
     let (owner, plain, other) = (
         OwnerToken::random(),
@@ -158,7 +158,7 @@ pub async fn stale_results_are_answered_beside_the_refresh<B: Backend>(b: &B) {
 /// Without `ask.stale` a result past its freshness is not answered: the
 /// flight is granted as if nothing were kept.
 pub async fn stale_results_need_ask_stale<B: Backend>(b: &B) {
-    let (f, _) = stale_flight(b).await;
+    let (f, _) = stale_flight(b, STALE_FOR).await;
     expect_granted_alone(
         b.acquire(&f, &OwnerToken::random(), &long_terms())
             .await
@@ -172,7 +172,7 @@ pub async fn stale_results_need_ask_stale<B: Backend>(b: &B) {
 /// `retain` and `ttl + stale_for`), stale or not, as the Redis scripts
 /// do: the follower waited for that very result.
 pub async fn rechecks_are_replayed_what_the_record_keeps<B: Backend>(b: &B) {
-    let (f, g1) = stale_flight(b).await;
+    let (f, g1) = stale_flight(b, STALE_FOR).await;
     expect_hit(
         b.recheck(&f, &OwnerToken::random(), Some(g1), &long_terms())
             .await
@@ -186,7 +186,7 @@ pub async fn rechecks_are_replayed_what_the_record_keeps<B: Backend>(b: &B) {
 /// and the flight's record lives that long (past `retain`).
 pub async fn stale_results_end_with_their_window<B: Backend>(b: &B) {
     // Kept past ttl and retain: the record lives for ttl + stale_for.
-    let (f, g1) = stale_flight(b).await;
+    let (f, g1) = stale_flight(b, STALE_FOR).await;
     tokio::time::sleep(SHORT_STATE).await;
     match ask_stale(b, &f).await {
         Acquired::Owner { stale, .. } => {
@@ -209,7 +209,7 @@ pub async fn stale_results_end_with_their_window<B: Backend>(b: &B) {
 /// another caller took the flight over) is fenced: its commit does not
 /// replace the kept result, which the new refresh's followers still get.
 pub async fn a_fenced_refresh_does_not_replace_the_kept_result<B: Backend>(b: &B) {
-    let (f, g1) = stale_flight(b).await;
+    let (f, g1) = stale_flight(b, STALE_FOR).await;
     let (late, next) = (OwnerToken::random(), OwnerToken::random());
     let g2 = owned(
         b.acquire_with(&f, &late, STALE, &terms(true))
@@ -253,7 +253,7 @@ pub async fn a_fenced_refresh_does_not_replace_the_kept_result<B: Backend>(b: &B
 /// INVALIDATE during a refresh drops the kept result: the refresh's
 /// commit is fenced and nothing stale is answered after.
 pub async fn invalidate_drops_the_kept_result<B: Backend>(b: &B) {
-    let (f, _) = stale_flight(b).await;
+    let (f, _) = stale_flight(b, STALE_FOR).await;
     let t = long_terms();
     let refresh = OwnerToken::random();
     let g2 = owned(
@@ -309,7 +309,7 @@ pub async fn a_failed_refresh_throttles_the_next<B: Backend>(b: &B) {
 }
 
 async fn a_failed_refresh_throttles_the_next_once<B: Backend>(b: &B) -> Result<(), Stalled> {
-    let (f, g1) = stale_flight(b).await;
+    let (f, g1) = stale_flight(b, STALE_FOR).await;
     let t = long_terms();
     let refresh = OwnerToken::random();
     let g2 = owned(
@@ -426,22 +426,14 @@ pub async fn a_retry_of_the_leases_holder_is_answered_owner<B: Backend>(b: &B) {
 async fn a_retry_of_the_leases_holder_is_answered_owner_once<B: Backend>(
     b: &B,
 ) -> Result<(), Stalled> {
-    let f = fresh_flight();
     let t = long_terms();
-    let a = OwnerToken::random();
-    let g1 = owned(b.acquire(&f, &a, &t).await.unwrap(), "fresh");
     let stale_for = Duration::from_secs(1);
     let kept = Window {
         opened: Instant::now(),
         len: (SHORT_TTL + stale_for).saturating_sub(CLOCK_MARGIN),
         what: "the stale window of the result the grant is answered beside",
     };
-    let args = stale_commit(b"v1", SHORT_TTL, stale_for);
-    assert_eq!(
-        b.commit(&f, &a, g1, &args).await.unwrap(),
-        Committed::Committed
-    );
-    tokio::time::sleep(PAST_TTL).await;
+    let (f, g1) = stale_flight(b, stale_for).await;
     let failed = OwnerToken::random();
     let g2 = owned(
         b.acquire_with(&f, &failed, STALE, &t).await.unwrap(),
