@@ -390,14 +390,20 @@ impl MemoryBackend {
         let terms = &capped(terms);
         let mut flights = self.flights();
         let f = flights.entry(*flight).or_default();
+        let record = f.record(now);
+        let live = record
+            .as_ref()
+            .and_then(|r| r.deadline)
+            .filter(|d| *d > now);
+        let mine = record
+            .as_ref()
+            .is_some_and(|r| r.token.as_ref() == Some(token));
         // The token that holds the live lease is its owner, unless a result
         // answers it as a hit, whatever else the record says by now (a
         // cached failure, a throttle, the not-after of a resent ACQUIRE): an
         // earlier attempt of its ACQUIRE was applied and only this token
         // ends the lease, so a retry answers OWNER, as the Redis script does.
-        let held = f.record(now).is_some_and(|r| {
-            r.token.as_ref() == Some(token) && r.deadline.is_some_and(|d| d > now)
-        });
+        let held = live.is_some() && mine;
         if !held && ask.not_after.is_some_and(|t| now >= t) {
             return Err(BackendError::unavailable(
                 "memory backend: acquire past its not-after, nothing granted",
@@ -408,9 +414,7 @@ impl MemoryBackend {
         let mut kept = None;
         let mut failure = None;
         let mut beside = None;
-        if let Some(r) = f.record(now) {
-            let live = r.deadline.filter(|d| *d > now);
-            let mine = r.token.as_ref() == Some(token);
+        if let Some(r) = record {
             let throttled = r.retry_until.is_some_and(|u| now < u);
             let failed = r.failure.as_ref().is_some_and(|k| now < k.fresh_until);
             if let Some(k) = r.result.as_ref().filter(|k| k.answers(now, ask.follows)) {
