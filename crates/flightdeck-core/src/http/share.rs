@@ -122,16 +122,19 @@ impl HttpShare {
 
     pub(crate) fn looks_streaming(&self, head: &Parts, seen: &Present, hint: &SizeHint) -> bool {
         let h = &head.headers;
-        let ctype = seen
-            .get(AT_CONTENT_TYPE, &CONTENT_TYPE, h)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if ctype.starts_with("text/event-stream") || head.status == StatusCode::PARTIAL_CONTENT {
+        // A prefix of the raw value first: the whole value is checked for
+        // text (as `to_str` would, first, on every response) only when the
+        // prefix matched.
+        let ctype = seen.get(AT_CONTENT_TYPE, &CONTENT_TYPE, h);
+        let is = |prefix: &str| {
+            ctype.is_some_and(|v| v.as_bytes().starts_with(prefix.as_bytes()) && v.to_str().is_ok())
+        };
+        if head.status == StatusCode::PARTIAL_CONTENT || is("text/event-stream") {
             return true;
         }
         // gRPC unary replies have no declared length; the key layer only
         // coalesces allow-listed unary methods, so buffer them (with the cap).
-        if ctype.starts_with("application/grpc") {
+        if is("application/grpc") {
             return false;
         }
         let known = hint.exact().is_some() || seen.has(AT_CONTENT_LENGTH, &CONTENT_LENGTH, h);

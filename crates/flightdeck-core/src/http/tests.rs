@@ -120,6 +120,34 @@ async fn streams_and_declared_oversize_are_not_shared() {
     ));
 }
 
+/// A content type is judged by its text: one with a streaming type's
+/// prefix but bytes that are not text (obs-text) is not a stream, and a
+/// stream's type with parameters still is.
+#[tokio::test]
+async fn a_streaming_content_type_is_judged_by_its_text() {
+    let share = HttpShare::new();
+    let typed = |ctype: HeaderValue| {
+        let mut r = Response::new(Full::new(Bytes::from_static(b"data: x\n\n")));
+        r.headers_mut().insert(CONTENT_TYPE, ctype);
+        r
+    };
+    let sse = typed(HeaderValue::from_static("text/event-stream; charset=utf-8"));
+    assert!(matches!(
+        share.share(sse).await.unwrap(),
+        Shareable::Unshared(..)
+    ));
+    let not_text = HeaderValue::from_bytes(b"text/event-stream\xff").unwrap();
+    assert!(matches!(
+        share.share(typed(not_text)).await.unwrap(),
+        Shareable::Shared(_)
+    ));
+    let plain = typed(HeaderValue::from_static("text/plain; charset=utf-8"));
+    assert!(matches!(
+        share.share(plain).await.unwrap(),
+        Shareable::Shared(_)
+    ));
+}
+
 #[tokio::test]
 async fn errors_map_to_http_and_grpc() {
     let r: Response<FlightBody<Full<Bytes>>> = error_response(&BulkheadFull::new(None), false);
