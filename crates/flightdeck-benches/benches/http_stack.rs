@@ -37,8 +37,9 @@
 //! `strace -c -p`, wrk by hand).
 //!
 //! With `HTTP_ROW=<row>` (`bare`, `local`, `degraded`, each also `-hot`;
-//! `hybrid`, `floor` and `store-floor` over a `redis-server` started for
-//! the row) and
+//! `local-bypass`, the layer whose one rule names another route, so that
+//! every request passes it by; `hybrid`, `floor` and `store-floor` over a
+//! `redis-server` started for the row) and
 //! `HTTP_ITERS=<n>` it instead runs `n` requests of that row in process,
 //! one after another, through `tower::Service::call` on the same axum
 //! `Router` (its routes made once, as `axum::serve` makes them; no
@@ -83,8 +84,13 @@ fn stage(mode: Mode, backend: Option<&str>) -> StageConfig {
 
 /// The layer of one row: one GET route rule, one stage.
 fn layer(mode: Mode, backend: Option<(&str, RedisOrMemory)>) -> SingleFlightLayer {
+    layer_for(ROUTE, mode, backend)
+}
+
+/// The layer with its one rule for `route`.
+fn layer_for(route: &str, mode: Mode, backend: Option<(&str, RedisOrMemory)>) -> SingleFlightLayer {
     let keys = HttpKeyExtractor::builder()
-        .route(Route::get(ROUTE, STAGE))
+        .route(Route::get(route, STAGE))
         .build()
         .expect("key rules");
     let mut b = SingleFlightLayer::builder()
@@ -249,6 +255,12 @@ async fn in_process(row: &str, n: u64) {
             app().layer(layer(Mode::LocalOnly, None)),
             row == "local-hot",
         ),
+        // No rule names the app's route: every request passes the layer
+        // by (the cost of the layer for the routes it does not coalesce).
+        "local-bypass" => (
+            app().layer(layer_for("/elsewhere/{id}", Mode::LocalOnly, None)),
+            false,
+        ),
         "degraded" | "degraded-hot" => {
             // The breaker opened by recorded failures (a timed open, as
             // with Redis down): nothing runs in the background.
@@ -297,8 +309,8 @@ async fn in_process(row: &str, n: u64) {
         }
         other => {
             eprintln!(
-                "no row {other:?}: bare, bare-hot, local, local-hot, degraded, degraded-hot, \
-                 hybrid, floor, store-floor"
+                "no row {other:?}: bare, bare-hot, local, local-hot, local-bypass, degraded, \
+                 degraded-hot, hybrid, floor, store-floor"
             );
             std::process::exit(2);
         }
