@@ -642,8 +642,9 @@ where
     /// wait timeout for this caller), never by the triggering caller's
     /// budget. Its result replaces the copy unless a purge came after it
     /// started. `claim`, the key's refresh on this node, is held until it
-    /// ends: past L1's wait timeout the work goes on for nobody, and the
-    /// claim is held until its bound has passed.
+    /// ends: by the work itself (past L1's wait timeout the work goes on
+    /// for nobody, and holds it until it ends), and by this refresh until
+    /// its outcome has been judged (a failure throttles the key first).
     fn refresh(self, key: &FlightKey, claim: RefreshClaim<Sh::Shared>) {
         let mut leader = self;
         // The refresh is every caller's: bounded by the stage's own
@@ -665,27 +666,18 @@ where
             return;
         };
         let caller = Caller::new().on_abandon(OnAbandon::Finish);
-        let run = stage.local.run(&key, caller, leader);
+        let claim = Arc::new(claim);
+        let work = Claimed {
+            work: leader,
+            claim: Arc::clone(&claim),
+        };
+        let run = stage.local.run(&key, caller, work);
         let ctl = Arc::clone(&stage.ctl);
         let started = Instant::now();
         let purged = setup.kept.purged(&key);
         let retry_after = stage.ctl.cfg.stale_retry_after;
         drop(rt.spawn(async move {
-            // The work's bound starts in this poll, where the leader first
-            // drives it.
-            let first_poll = Instant::now();
             let out = run.await;
-            if out.as_ref().is_err_and(|e| e.is::<WaitTimeout>()) {
-                // The work goes on for nobody, within its bound (its
-                // queue for the bulkhead included) and the timer's
-                // millisecond: the claim is held until it has surely ended,
-                // or another refresh of the key would run beside it.
-                let ended = flightdeck_core::time::later(
-                    first_poll,
-                    bound.saturating_add(Duration::from_millis(2)),
-                );
-                tokio::time::sleep_until(ended).await;
-            }
             // A failing refresh throttles the key as a failing flight does
             // (`stale-retry-after`): the copy answers, the work waits.
             let failed = match &out {
@@ -723,6 +715,72 @@ where
             drop(claim);
             ctl.count_refresh(outcome);
         }));
+    }
+}
+
+/// A refresh's work, holding the key's refresh claim (see
+/// [`Leader::refresh`]) for as long as the work itself runs, wherever it
+/// runs: in the refresh's flight, on past the refresh's wait for nobody
+/// (its flight abandoned), or as a waiter of another flight of the key.
+struct Claimed<W, C> {
+    work: W,
+    claim: C,
+}
+
+impl<V, W, C> FlightWork<V> for Claimed<W, C>
+where
+    W: FlightWork<V>,
+    C: Send + Sync + 'static,
+{
+    type Output = W::Output;
+
+    fn lead(
+        self,
+        key: &FlightKey,
+    ) -> impl Future<Output = Result<Shareable<V, W::Output>, BoxError>> + Send + 'static {
+        Holding {
+            fut: self.work.lead(key),
+            _held: self.claim,
+        }
+    }
+
+    fn alone(
+        self,
+        key: &FlightKey,
+    ) -> impl Future<Output = Result<Shareable<V, W::Output>, BoxError>> + Send + 'static {
+        Holding {
+            fut: self.work.alone(key),
+            _held: self.claim,
+        }
+    }
+
+    fn waiting(&mut self) {
+        self.work.waiting();
+    }
+
+    fn replay_here(&self) -> bool {
+        self.work.replay_here()
+    }
+
+    fn serves(&self, shared: &V) -> bool {
+        self.work.serves(shared)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future that holds `_held` until it is dropped.
+    struct Holding<F, H> {
+        #[pin]
+        fut: F,
+        _held: H,
+    }
+}
+
+impl<F: Future, H> Future for Holding<F, H> {
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().fut.poll(cx)
     }
 }
 

@@ -100,7 +100,7 @@
 //! beside it; a granted refresh now marks the node's copy while it runs.
 //! Seed 9137408 found a refresh whose work outlived L1's wait timeout
 //! drop its claim while the work went on, so a second refresh ran beside
-//! it; the claim is now held until the work's bound has passed. Seed
+//! it; the work now holds the claim itself, until it ends. Seed
 //! 5158570 found a node's follower given another node's newer result
 //! that a purge here kept from becoming the copy: the node's older copy
 //! then answered stale after it; a result given but not kept now retires

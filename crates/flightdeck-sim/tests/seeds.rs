@@ -314,8 +314,7 @@ fn seed_3211498_a_granted_refresh_holds_off_a_local_one_after_a_switch() {
 /// Seed 9137408 found it: a refresh in local-only whose work ran past
 /// L1's wait timeout went on for nobody, and its claim on the key's
 /// refresh was dropped then: a caller past freshness started a second
-/// refresh beside it. The claim is now held until the work's bound has
-/// passed.
+/// refresh beside it. The work now holds the claim itself, until it ends.
 #[test]
 fn seed_9137408_a_refresh_past_the_wait_timeout_keeps_its_claim() {
     passes(&[9_137_408]);

@@ -229,6 +229,47 @@ async fn a_hung_refresh_ends_at_the_execution_timeout_and_another_may_run() {
     assert_eq!(call(&app).await.body, "v3");
 }
 
+/// A refresh whose work outlives L1's wait timeout goes on for nobody and
+/// holds the key's refresh until its work ends: no second refresh beside
+/// it, and none held off once it ended (its result, kept, is stale again).
+#[tokio::test(start_paused = true)]
+async fn a_refresh_past_the_wait_timeout_holds_its_claim_as_long_as_its_work() {
+    common::metrics_on();
+    let origin = Origin::new(Duration::from_millis(100));
+    let app = app("grace-outlived", &origin, |c| {
+        c.replay_ttl = Duration::from_secs(1);
+        c.stale_while_revalidate = Duration::from_secs(60);
+        c.lease_timeout = Duration::from_secs(2);
+        c.heartbeat_interval = Duration::from_millis(500);
+        c.wait_timeout = Duration::from_secs(2);
+        c.execution_timeout = Some(Duration::from_secs(30));
+    });
+    assert_eq!(call(&app).await.body, "v1");
+    origin.work.store(5_000, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    settle().await;
+    assert_eq!(origin.calls(), 2, "the refresh runs");
+    // Past the refresh's wait timeout its work goes on: no other starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(call(&app).await.body, "v1");
+    settle().await;
+    assert_eq!(origin.calls(), 2, "one refresh at a time");
+    // Its work ends (5 s) and its result is kept.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    settle().await;
+    assert_eq!(call(&app).await.body, "v2");
+    // Stale again long before the refresh's bound (30 s): the next stale
+    // answer starts the next refresh at once.
+    origin.work.store(100, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(call(&app).await.body, "v2");
+    settle().await;
+    assert_eq!(origin.calls(), 3, "the claim ended with the work");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(call(&app).await.body, "v3");
+}
+
 #[tokio::test(start_paused = true)]
 async fn stale_if_error_answers_failures_and_throttles_the_work() {
     common::metrics_on();
