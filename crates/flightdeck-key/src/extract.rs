@@ -158,6 +158,28 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in the order of [`index`](Self::index).
+    #[cfg(feature = "http")]
+    pub(crate) const ALL: [Reason; 11] = [
+        Self::Declined,
+        Self::Method,
+        Self::NoStage,
+        Self::UnknownStage,
+        Self::UnhashedBody,
+        Self::BodyTooLarge,
+        Self::Trailers,
+        Self::NoScope,
+        Self::BadIdempotencyKey,
+        Self::NotGrpc,
+        Self::NotAllowlisted,
+    ];
+
+    /// This reason's place in [`ALL`](Self::ALL).
+    #[cfg(feature = "http")]
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+
     /// A short label: `"declined"`, `"method"`, `"no_stage"`, ...
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -11,9 +11,10 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use flightdeck_core::metric::UNKEYED_TOTAL;
+use flightdeck_core::metric::{Handles, UNKEYED_TOTAL};
 use http::request::Parts;
 use http::Method;
+use metrics::{Counter, Key, Label, Level, Metadata};
 
 use crate::extract::Reason;
 
@@ -22,6 +23,15 @@ pub(crate) const LOGGED: usize = 64;
 
 /// Paths are logged (and remembered) up to this many bytes.
 const SHOWN_PATH: usize = 256;
+
+/// `singleflight_unkeyed_total`, one counter per reason, registered once
+/// per recorder: the `counter!` macro built the key (its label, its hash)
+/// and asked the recorder for it on every unkeyed request, which on an app
+/// whose routes the rules mostly do not name is most requests.
+static COUNTERS: Handles<[Counter; Reason::ALL.len()]> = Handles::new();
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// The unkeyed requests of one extractor: what was logged, and the rules
 /// to compare a path with.
@@ -46,7 +56,19 @@ impl Unkeyed {
     /// Counts a request that gets no key, and logs it if its method and
     /// path are new (and the log is not full).
     pub(crate) fn record(&self, parts: &Parts, reason: Reason) {
-        metrics::counter!(UNKEYED_TOTAL, "reason" => reason.as_str()).increment(1);
+        COUNTERS.with(
+            |r| {
+                Reason::ALL.map(|reason| {
+                    let labels = vec![Label::new("reason", reason.as_str())];
+                    r.register_counter(&Key::from_parts(UNKEYED_TOTAL, labels), &METADATA)
+                })
+            },
+            |counters| match counters.get(reason.index()) {
+                Some(counter) => counter.increment(1),
+                // A reason missing from `ALL` is still counted.
+                None => metrics::counter!(UNKEYED_TOTAL, "reason" => reason.as_str()).increment(1),
+            },
+        );
         if self.full.load(Ordering::Relaxed) {
             return;
         }
@@ -173,6 +195,13 @@ mod tests {
         }
         assert_eq!(u.seen.lock().unwrap().len(), LOGGED);
         assert!(u.full.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn every_reason_has_its_counter() {
+        for (i, reason) in Reason::ALL.into_iter().enumerate() {
+            assert_eq!(reason.index(), i, "{reason}");
+        }
     }
 
     #[test]
