@@ -169,11 +169,11 @@ where
     /// The run of a caller whose lookup found a flight to join, a result
     /// to replay, or no room (not [`Join::Leader`]: see [`arm_leader`]).
     #[inline(always)]
-    pub(crate) fn joined(
+    pub(crate) fn joined<L>(
         group: &Arc<Group<V>>,
         key: &FlightKey,
         caller: Caller,
-        joined: Join<V>,
+        joined: Join<V, L>,
         mut work: W,
     ) -> Self {
         let state = match joined {

@@ -2,6 +2,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use flightdeck_core::{
@@ -14,9 +15,10 @@ use tracing::Instrument;
 
 use crate::flights::{Caller, FlightWork, LocalFlights};
 use crate::future::ResponseFuture;
+use crate::group::completion::Completion;
 use crate::group::detach::Work;
 use crate::group::slot::Join;
-use crate::run::{arm_leader, flight_span, outcome, Run};
+use crate::run::{flight_span, outcome, Run};
 
 /// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
 ///
@@ -117,9 +119,20 @@ where
         // such as a key's, is copied whole at each move).
         let caller = Caller::new();
         let group = &self.flights.group;
-        let run = match group.join(&key, caller) {
-            Join::Leader(leader) => {
-                let completion = arm_leader(group, leader, || true);
+        // The completion is built where the lookup made this call the
+        // leader, as its answer: the leader's name, handles and generation,
+        // carried through the answer into a completion and then into the
+        // work's allocation, were stored and loaded once more each way.
+        let joined = group.join_with(&key, caller, |leader| {
+            let replays = !group.policy.replay_ttl.is_zero();
+            Completion::new(Arc::clone(group), leader, replays)
+        });
+        let run = match joined {
+            Join::Leader((completion, expired)) => {
+                // The rest of `arm_leader`: counted once armed, then the
+                // result it replaced dropped.
+                completion.started();
+                drop(expired);
                 // Built once its allocation is made, to be written there
                 // (see `Work::fill`).
                 let span = flight_span("leader", &key);

@@ -133,6 +133,21 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// [`LocalFlights::run_inlined`](crate::LocalFlights::run_inlined)).
     #[inline(always)]
     pub(crate) fn join_inlined(&self, key: &FlightKey, caller: Caller) -> Join<V> {
+        self.join_with(key, caller, |leader| leader)
+    }
+
+    /// [`join_inlined`](Self::join_inlined), a leader's [`Leader`] turned
+    /// by `lead` into what its caller needs of it, once the shard's lock
+    /// is released (`LocalFlight::call` builds its flight's completion
+    /// there, straight into the answer, instead of reading a `Leader` out
+    /// of the answer to build it).
+    #[inline(always)]
+    pub(crate) fn join_with<L>(
+        &self,
+        key: &FlightKey,
+        caller: Caller,
+        lead: impl FnOnce(Leader<V>) -> L,
+    ) -> Join<V, L> {
         // Looked up before the lock: the first use of a stage registers its
         // handles with the recorder, which is not the shard's business (the
         // first stage's handles are borrowed, not reference-counted).
@@ -275,13 +290,13 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             drop(guard);
             // The expired result is dropped (`V::drop` is the user's code)
             // once the caller has armed the flight's completion.
-            return Join::Leader(Leader {
+            return Join::Leader(lead(Leader {
                 flight: id,
                 metrics: metrics.keep(),
                 gen,
                 timed,
                 expired: Expired { _replaced: old },
-            });
+            }));
         }
     }
 
@@ -292,7 +307,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             .collect(|i, take| take(&mut lock(&self.shards[i]).tokens))
     }
 
-    fn reject(&self, metrics: &StageMetrics, key: &FlightKey, waiters: bool) -> Join<V> {
+    fn reject<L>(&self, metrics: &StageMetrics, key: &FlightKey, waiters: bool) -> Join<V, L> {
         metrics.rejected();
         let stage = Some(key.stage().clone());
         Join::Rejected(if waiters {

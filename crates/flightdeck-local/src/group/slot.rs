@@ -176,11 +176,13 @@ pub(crate) struct Leader<V> {
     pub(crate) expired: Expired<V>,
 }
 
-pub(crate) enum Join<V> {
+/// `L`: what the leader's caller made of its [`Leader`] (see
+/// `Group::join_with`).
+pub(crate) enum Join<V, L = Leader<V>> {
     /// With the stage's metric handles (`None`: the first stage's, see
     /// `Registry::kept`), whether its execution is timed, and the result
     /// it replaced.
-    Leader(Leader<V>),
+    Leader(L),
     /// With the stage's metric handles, its board and index there, when
     /// it joined, and its expiry when it keeps its own clock (see
     /// `Group::serves_here`).
