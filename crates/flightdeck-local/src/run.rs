@@ -269,6 +269,17 @@ pub(crate) fn flight_span(role: &'static str, key: &FlightKey) -> tracing::Span 
     )
 }
 
+/// A leader's span, `None` where it would be disabled (a disabled span is
+/// not worth a wrapper polled every time). Below the debug level nothing
+/// is built: no span to test, and none to drop.
+#[inline(always)]
+pub(crate) fn leader_span(key: &FlightKey) -> Option<tracing::Span> {
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        return None;
+    }
+    Some(flight_span("leader", key)).filter(|span| !span.is_disabled())
+}
+
 /// How a caller the flight's result did not serve runs its work.
 #[derive(Clone, Copy)]
 enum Own {

@@ -18,7 +18,7 @@ use crate::future::ResponseFuture;
 use crate::group::completion::Completion;
 use crate::group::detach::Work;
 use crate::group::slot::Join;
-use crate::run::{flight_span, outcome, Run};
+use crate::run::{leader_span, outcome, Run};
 
 /// The service built by [`LocalFlightLayer`](crate::LocalFlightLayer).
 ///
@@ -135,15 +135,17 @@ where
                 drop(expired);
                 // Built once its allocation is made, to be written there
                 // (see `Work::fill`).
-                let span = flight_span("leader", &key);
-                let work = if span.is_disabled() {
-                    let cell = Work::cell();
-                    let fut = outcome(lead(svc, req, share));
-                    Work::fill(cell, completion, fut, caller.deadline)
-                } else {
-                    let cell = Work::cell();
-                    let fut = outcome(lead(svc, req, share)).instrument(span);
-                    Work::fill(cell, completion, fut, caller.deadline)
+                let work = match leader_span(&key) {
+                    None => {
+                        let cell = Work::cell();
+                        let fut = outcome(lead(svc, req, share));
+                        Work::fill(cell, completion, fut, caller.deadline)
+                    }
+                    Some(span) => {
+                        let cell = Work::cell();
+                        let fut = outcome(lead(svc, req, share)).instrument(span);
+                        Work::fill(cell, completion, fut, caller.deadline)
+                    }
                 };
                 Run::led(work)
             }
