@@ -95,22 +95,8 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
             Outcome::Panicked | Outcome::Abandoned => None,
             _ => self.began,
         };
-        let (leader, until) =
-            self.group
-                .finish(self.flight, self.metrics(), outcome, replay, began);
-        if let Some(until) = until {
-            let group = Arc::clone(&self.group);
-            let flight = self.flight;
-            // Without a runtime the entry expires when its key is next
-            // looked up.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    tokio::time::sleep_until(until).await;
-                    group.expire_replay(flight);
-                });
-            }
-        }
-        leader
+        self.group
+            .finish(self.flight, self.metrics(), outcome, replay, began)
     }
 }
 

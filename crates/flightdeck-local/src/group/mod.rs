@@ -479,32 +479,30 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// `replay` is a copy of the value to replay (made by the caller, out
     /// of the lock: `V::clone` is the user's code), `began` when the work
     /// began, for work that ran to its end. Returns the leader's message
-    /// when the leader is still there, and the replay deadline when the
-    /// value was kept for replay.
+    /// when the leader is still there; a value kept for replay is removed
+    /// when its window ends.
     #[inline(always)]
     fn finish(
-        &self,
+        self: &Arc<Self>,
         flight: FlightId,
         metrics: &StageMetrics,
         outcome: Outcome<V>,
         replay: Option<V>,
         began: Option<Instant>,
-    ) -> (Option<Msg<V>>, Option<Instant>) {
+    ) -> Option<Msg<V>> {
         let until = replay
             .as_ref()
             .map(|_| later(Instant::now(), self.policy.replay_ttl));
         let mut shard = self.shard(flight.hash);
         let Ok(mut e) = shard.table.find_entry(flight.hash, |s| s.id == flight.id) else {
             // Cancelled: nobody is left to tell.
-            return (None, None);
+            return None;
         };
         let slot = e.get_mut();
         // For the log line of a panic, read before the slot goes.
         let panicked = matches!(outcome, Outcome::Panicked).then(|| slot.key.digest().short());
         let keeps_fields = slot.key.keeps_fields();
-        let Some(r) = slot.running() else {
-            return (None, None);
-        };
+        let r = slot.running()?;
         let joiners = r.joiners.take();
         let gen = r.gen;
         let timer = r.timer.take();
@@ -551,7 +549,23 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
             // Nobody joined: the leader takes the outcome as it is.
             None => outcome.into_msg(),
         };
-        (leader, until)
+        if let Some(until) = until {
+            self.expire_at(flight, until);
+        }
+        leader
+    }
+
+    /// Removes the replay entry of `flight` at `until`, the end of its
+    /// window. Without a runtime the entry expires when its key is next
+    /// looked up.
+    fn expire_at(self: &Arc<Self>, flight: FlightId, until: Instant) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let group = Arc::clone(self);
+            rt.spawn(async move {
+                tokio::time::sleep_until(until).await;
+                group.expire_replay(flight);
+            });
+        }
     }
 
     /// Forgets `key`: its replayed result goes, and a flight of it still
