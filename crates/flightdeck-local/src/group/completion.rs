@@ -91,10 +91,11 @@ impl<V: Clone + Send + Sync + 'static> Completion<V> {
         if mem::replace(&mut self.done, true) {
             return None;
         }
-        let began = match &outcome {
-            Outcome::Panicked | Outcome::Abandoned => None,
-            _ => self.began,
-        };
+        // Work that ran to its end. `began` first: untimed, it is `None`
+        // and the outcome is not looked at.
+        let began = self
+            .began
+            .filter(|_| !matches!(outcome, Outcome::Panicked | Outcome::Abandoned));
         self.group
             .finish(self.flight, self.metrics(), outcome, replay, began)
     }
