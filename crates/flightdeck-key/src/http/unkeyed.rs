@@ -57,10 +57,10 @@ impl Unkeyed {
     /// path are new (and the log is not full).
     pub(crate) fn record(&self, parts: &Parts, reason: Reason) {
         COUNTERS.with(
-            |r| {
-                Reason::ALL.map(|reason| {
-                    let labels = vec![Label::new("reason", reason.as_str())];
-                    r.register_counter(&Key::from_parts(UNKEYED_TOTAL, labels), &METADATA)
+            |recorder| {
+                Reason::ALL.map(|each| {
+                    let labels = vec![Label::new("reason", each.as_str())];
+                    recorder.register_counter(&Key::from_parts(UNKEYED_TOTAL, labels), &METADATA)
                 })
             },
             |counters| match counters.get(reason.index()) {
