@@ -1159,14 +1159,13 @@ impl ProtocolModel {
             Action::Run(req) => {
                 take(s, &req);
                 // A token that held the live lease already is answered
-                // OWNER again (its earlier attempt granted it): no grant.
-                let held = s.primary.record.as_ref().is_some_and(|r| {
-                    matches!(req.call, Call::Acquire(tok, _) if r.t == Some(tok))
-                        && r.d.is_some_and(|d| d > s.now)
-                });
+                // OWNER again (its earlier attempt granted it): a grant is
+                // an OWNER answer that issued a generation, as `run`
+                // counts it.
+                let grants = s.grants;
                 let (answer, notices) = self.run(s, req);
-                if let (Call::Acquire(tok, ask), Answer::Owner(..), false) =
-                    (req.call, answer, held)
+                if let (Call::Acquire(tok, ask), Answer::Owner(..), true) =
+                    (req.call, answer, s.grants > grants)
                 {
                     // Nobody works on a lease granted to a token its node
                     // no longer waits with, after the tick it gave the
