@@ -7,7 +7,7 @@
 //! (in `singleflight_unkeyed_total{reason}`, whose labels are the fixed
 //! reasons, never a path).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -37,7 +37,7 @@ static METADATA: Metadata<'static> =
 /// to compare a path with.
 #[derive(Debug)]
 pub(crate) struct Unkeyed {
-    seen: Mutex<HashSet<(Method, Box<str>)>>,
+    seen: Mutex<Seen>,
     full: AtomicBool,
     /// The rules, as `METHOD /pattern` (HTTP) or `/pkg.Service/Method`
     /// (gRPC): the closest one is named in the log line.
@@ -47,7 +47,7 @@ pub(crate) struct Unkeyed {
 impl Unkeyed {
     pub(crate) fn new(rules: Vec<String>) -> Self {
         Self {
-            seen: Mutex::new(HashSet::new()),
+            seen: Mutex::new(Seen::default()),
             full: AtomicBool::new(false),
             rules,
         }
@@ -75,12 +75,11 @@ impl Unkeyed {
         let path = shown(parts.uri.path());
         let log = {
             let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            if seen.len() < LOGGED {
-                if seen.insert((parts.method.clone(), path.into())) {
-                    Log::This
-                } else {
-                    Log::Nothing
-                }
+            if seen.has(&parts.method, path) {
+                Log::Nothing
+            } else if seen.count < LOGGED {
+                seen.add(&parts.method, path);
+                Log::This
             } else if self.full.swap(true, Ordering::Relaxed) {
                 Log::Nothing
             } else {
@@ -136,6 +135,35 @@ fn shown(path: &str) -> &str {
     &path[..end]
 }
 
+/// The method and path pairs logged. By method, then path, so that a pair
+/// seen before is found by the request's own `&str` (an app's unkeyed
+/// routes, `/health` or `/metrics`, come back on every scrape): only a new
+/// pair allocates.
+#[derive(Debug, Default)]
+struct Seen {
+    paths: HashMap<Method, HashSet<Box<str>>>,
+    count: usize,
+}
+
+impl Seen {
+    fn has(&self, method: &Method, path: &str) -> bool {
+        self.paths
+            .get(method)
+            .is_some_and(|paths| paths.contains(path))
+    }
+
+    fn add(&mut self, method: &Method, path: &str) {
+        if self
+            .paths
+            .entry(method.clone())
+            .or_default()
+            .insert(path.into())
+        {
+            self.count += 1;
+        }
+    }
+}
+
 /// What a request calls for in the log.
 enum Log {
     Nothing,
@@ -189,11 +217,11 @@ mod tests {
         u.record(&parts(Method::POST, "/v1/scores"), Reason::Method);
         u.record(&parts(Method::POST, "/v1/scores"), Reason::Method);
         u.record(&parts(Method::GET, "/v1/scores"), Reason::NoStage);
-        assert_eq!(u.seen.lock().unwrap().len(), 2);
+        assert_eq!(u.seen.lock().unwrap().count, 2);
         for i in 0..LOGGED * 2 {
             u.record(&parts(Method::GET, &format!("/items/{i}")), Reason::NoStage);
         }
-        assert_eq!(u.seen.lock().unwrap().len(), LOGGED);
+        assert_eq!(u.seen.lock().unwrap().count, LOGGED);
         assert!(u.full.load(Ordering::Relaxed));
     }
 
