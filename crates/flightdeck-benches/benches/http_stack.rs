@@ -38,7 +38,8 @@
 //!
 //! With `HTTP_ROW=<row>` (`bare`, `local`, `degraded`, each also `-hot`;
 //! `local-bypass`, the layer whose one rule names another route, so that
-//! every request passes it by; `hybrid`, `floor` and `store-floor` over a
+//! every request passes it by, and `local-bypass-hot`, the same on one
+//! path, as a health check or a metrics scrape comes; `hybrid`, `floor` and `store-floor` over a
 //! `redis-server` started for the row) and
 //! `HTTP_ITERS=<n>` it instead runs `n` requests of that row in process,
 //! one after another, through `tower::Service::call` on the same axum
@@ -257,9 +258,9 @@ async fn in_process(row: &str, n: u64) {
         ),
         // No rule names the app's route: every request passes the layer
         // by (the cost of the layer for the routes it does not coalesce).
-        "local-bypass" => (
+        "local-bypass" | "local-bypass-hot" => (
             app().layer(layer_for("/elsewhere/{id}", Mode::LocalOnly, None)),
-            false,
+            row == "local-bypass-hot",
         ),
         "degraded" | "degraded-hot" => {
             // The breaker opened by recorded failures (a timed open, as
@@ -309,8 +310,8 @@ async fn in_process(row: &str, n: u64) {
         }
         other => {
             eprintln!(
-                "no row {other:?}: bare, bare-hot, local, local-hot, local-bypass, degraded, \
-                 degraded-hot, hybrid, floor, store-floor"
+                "no row {other:?}: bare, bare-hot, local, local-hot, local-bypass, \
+                 local-bypass-hot, degraded, degraded-hot, hybrid, floor, store-floor"
             );
             std::process::exit(2);
         }
