@@ -138,12 +138,16 @@ fn shown(path: &str) -> &str {
 /// The method and path pairs logged. By method, then path, so that a pair
 /// seen before is found by the request's own `&str` (an app's unkeyed
 /// routes, `/health` or `/metrics`, come back on every scrape): only a new
-/// pair allocates.
+/// pair allocates. Hashed with foldhash: the maps hold 64 pairs at most,
+/// so a flood of chosen paths cannot grow them, and SipHash (the default)
+/// cost more than the rest of the lookup.
 #[derive(Debug, Default)]
 struct Seen {
-    paths: HashMap<Method, HashSet<Box<str>>>,
+    paths: HashMap<Method, HashSet<Box<str>, Hasher>, Hasher>,
     count: usize,
 }
+
+type Hasher = foldhash::fast::RandomState;
 
 impl Seen {
     fn has(&self, method: &Method, path: &str) -> bool {
