@@ -120,7 +120,7 @@ fn the_scope_secret_comes_from_the_variable_the_file_names() {
     // Another secret in the code: set in two places, refused.
     let keyed = HttpKeyExtractor::builder()
         .route(Route::new(Method::GET, "/v1/score", "score"))
-        .scope_secret("another")
+        .scope_secret("another-deployment-secret")
         .build()
         .unwrap();
     let err = build(cfg(var), keyed).unwrap_err();
@@ -131,6 +131,15 @@ fn the_scope_secret_comes_from_the_variable_the_file_names() {
     std::env::set_var(empty, "");
     let err = build(cfg(empty), score_keys()).unwrap_err();
     assert!(err.to_string().contains("empty"), "{err}");
+
+    // Shorter than the minimum: refused, naming the variable, never the value.
+    let short = "FLIGHTDECK_TEST_CONFIG_APPLIED_SHORT";
+    std::env::set_var(short, "hunter2");
+    let err = build(cfg(short), score_keys()).unwrap_err();
+    assert_eq!(err.field(), Some("keys.scope-secret-env"), "{err}");
+    assert!(err.to_string().contains(short), "{err}");
+    assert!(err.to_string().contains("7 bytes"), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
 }
 
 #[test]

@@ -103,6 +103,7 @@ impl KeySettings {
     /// The secret named by `scope-secret-env`, read now.
     #[cfg(feature = "http")]
     pub(crate) fn scope_secret(&self) -> Result<Option<String>, ConfigError> {
+        use flightdeck_key::http::MIN_SCOPE_SECRET_LEN;
         let Some(var) = &self.scope_secret_env else {
             return Ok(None);
         };
@@ -111,6 +112,11 @@ impl KeySettings {
             Ok(secret) if secret.is_empty() => Err(bad(format!(
                 "the variable {var} is empty; give every node the same random secret \
                  (32 bytes or more)"
+            ))),
+            Ok(secret) if secret.len() < MIN_SCOPE_SECRET_LEN => Err(bad(format!(
+                "the variable {var} holds {} bytes, fewer than {MIN_SCOPE_SECRET_LEN}; give \
+                 every node the same random secret (32 bytes or more)",
+                secret.len()
             ))),
             Ok(secret) => Ok(Some(secret)),
             Err(std::env::VarError::NotPresent) => Err(bad(format!(

@@ -25,7 +25,9 @@ macro_rules! scope_setters {
         /// credentials (a Basic-auth password, a short API key) seen in
         /// Redis key names cannot be checked offline against guesses. Use
         /// the same random secret (32 bytes or more) on every node; an
-        /// empty one is a configuration error. Without a secret, a layer
+        /// empty one, or one shorter than
+        /// [`MIN_SCOPE_SECRET_LEN`](crate::http::MIN_SCOPE_SECRET_LEN)
+        /// (16 bytes), is a configuration error. Without a secret, a layer
         /// that stores results in a shared backend warns at build (see
         /// [`Scope`](crate::http::Scope#why-a-scope-secret-matters)).
         pub fn scope_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
@@ -78,8 +80,9 @@ macro_rules! extractor_scope_methods {
         /// These rules with their scope digests keyed by `secret` (see the
         /// builder's `scope_secret`): for a secret the deployment gives
         /// (an environment variable) to rules built in code. The same
-        /// secret again changes nothing; an empty one, or another secret
-        /// than the one already set, is an error.
+        /// secret again changes nothing; an empty or short one (see
+        /// `scope_secret`), or another secret than the one already set, is
+        /// an error.
         pub fn with_scope_secret(
             mut self,
             secret: impl AsRef<[u8]>,

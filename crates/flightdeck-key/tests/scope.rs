@@ -33,7 +33,10 @@ fn key(ex: &HttpKeyExtractor, headers: &[(&str, &str)]) -> FlightKey {
 
 #[test]
 fn every_default_credential_header_separates_users() {
-    let ex = builder().scope_secret("s").build().unwrap();
+    let ex = builder()
+        .scope_secret("a-deployment-secret")
+        .build()
+        .unwrap();
     let anon = key(&ex, &[]);
     assert_eq!(anon.scope(), None);
     let names: Vec<&str> = DEFAULT_CREDENTIAL_HEADERS
@@ -74,7 +77,7 @@ fn the_credential_list_is_configurable() {
     let ex = builder()
         .credential_header("X-Session-Token")
         .remove_credential_header("cookie")
-        .scope_secret("s")
+        .scope_secret("a-deployment-secret")
         .build()
         .unwrap();
     assert_ne!(
@@ -108,7 +111,11 @@ fn the_credential_list_is_configurable() {
     );
     let only = Scope::credential_headers(["X-Key", "x-key"]);
     assert_eq!(only.credential_header_names().unwrap().len(), 1);
-    let ex = builder().scope(only).scope_secret("s").build().unwrap();
+    let ex = builder()
+        .scope(only)
+        .scope_secret("a-deployment-secret")
+        .build()
+        .unwrap();
     assert_eq!(key(&ex, &[("authorization", "A")]).scope(), None);
     assert_ne!(key(&ex, &[("x-key", "1")]), key(&ex, &[("x-key", "2")]));
 }
@@ -136,12 +143,46 @@ fn credential_list_mistakes_are_config_errors() {
 }
 
 #[test]
+fn a_scope_secret_shorter_than_the_minimum_is_refused_without_being_shown() {
+    use flightdeck_key::http::MIN_SCOPE_SECRET_LEN;
+    let short = "hunter2-secret";
+    assert!(short.len() < MIN_SCOPE_SECRET_LEN);
+    let e = builder()
+        .scope_secret(short)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("scope secret") && e.contains("14 bytes"), "{e}");
+    assert!(!e.contains("hunter2"), "{e}");
+    let built = builder().build().unwrap();
+    let e = built.with_scope_secret(short).unwrap_err().to_string();
+    assert!(e.contains("14 bytes") && !e.contains("hunter2"), "{e}");
+    // The minimum itself is enough.
+    let least = "x".repeat(MIN_SCOPE_SECRET_LEN);
+    builder().scope_secret(&least).build().unwrap();
+    builder()
+        .build()
+        .unwrap()
+        .with_scope_secret(&least)
+        .unwrap();
+}
+
+#[test]
 fn a_scope_secret_keys_the_digest() {
     let auth = [("authorization", "Basic dTpw")];
     let plain = builder().build().unwrap();
-    let one = builder().scope_secret("secret-one").build().unwrap();
-    let same = builder().scope_secret(b"secret-one").build().unwrap();
-    let two = builder().scope_secret("secret-two").build().unwrap();
+    let one = builder()
+        .scope_secret("deployment-secret-one")
+        .build()
+        .unwrap();
+    let same = builder()
+        .scope_secret(b"deployment-secret-one")
+        .build()
+        .unwrap();
+    let two = builder()
+        .scope_secret("deployment-secret-two")
+        .build()
+        .unwrap();
     let unkeyed = *key(&plain, &auth).scope().unwrap();
     let keyed = *key(&one, &auth).scope().unwrap();
     assert_eq!(
@@ -153,7 +194,10 @@ fn a_scope_secret_keys_the_digest() {
     assert_ne!(keyed, unkeyed);
     // BLAKE3 keyed mode, under a key derived from the secret, of the
     // unkeyed scope digest: without the secret a guess cannot be checked.
-    let k = blake3::derive_key("flightdeck-key 2 tenant scope digest key", b"secret-one");
+    let k = blake3::derive_key(
+        "flightdeck-key 2 tenant scope digest key",
+        b"deployment-secret-one",
+    );
     assert_eq!(
         keyed.as_bytes(),
         blake3::keyed_hash(&k, unkeyed.as_bytes()).as_bytes()
@@ -161,7 +205,7 @@ fn a_scope_secret_keys_the_digest() {
     // Requests without credentials have no scope, secret or not.
     assert_eq!(key(&one, &[]).scope(), None);
     // The secret never shows in Debug output.
-    let shown = format!("{:?}", builder().scope_secret("hunter2-secret"));
+    let shown = format!("{:?}", builder().scope_secret("hunter2-deployment-secret"));
     assert!(!shown.contains("hunter2"), "{shown}");
 }
 
@@ -169,7 +213,7 @@ fn a_scope_secret_keys_the_digest() {
 fn grpc_authorization_metadata_scopes_the_key_by_default() {
     let ex = GrpcKeyExtractor::builder()
         .method("/grpc.health.v1.Health/Check", "health")
-        .scope_secret("s")
+        .scope_secret("a-deployment-secret")
         .build()
         .unwrap();
     let k = |h: &[(&str, &str)]| key_now(&ex, grpc_call(h)).expect("keyed");
@@ -182,7 +226,10 @@ fn grpc_authorization_metadata_scopes_the_key_by_default() {
     assert_eq!(alice.digest(), bob.digest(), "same call, other scope");
     assert_ne!(k(&[("x-api-key", "A")]), k(&[("x-api-key", "B")]));
     // The same credentials scope HTTP and gRPC alike.
-    let http = builder().scope_secret("s").build().unwrap();
+    let http = builder()
+        .scope_secret("a-deployment-secret")
+        .build()
+        .unwrap();
     assert_eq!(
         alice.scope(),
         key(&http, &[("authorization", "Bearer alice")]).scope()
@@ -193,8 +240,14 @@ fn grpc_authorization_metadata_scopes_the_key_by_default() {
 fn a_secret_given_to_built_rules_keys_as_the_builders_does() {
     let auth = [("authorization", "Basic dTpw")];
     let built = builder().build().unwrap();
-    let later = built.clone().with_scope_secret("secret-one").unwrap();
-    let at_build = builder().scope_secret("secret-one").build().unwrap();
+    let later = built
+        .clone()
+        .with_scope_secret("deployment-secret-one")
+        .unwrap();
+    let at_build = builder()
+        .scope_secret("deployment-secret-one")
+        .build()
+        .unwrap();
     assert_eq!(key(&later, &auth).scope(), key(&at_build, &auth).scope());
     assert_ne!(key(&later, &auth).scope(), key(&built, &auth).scope());
     // The authority, likewise.

@@ -56,7 +56,7 @@ fn building_without_a_secret_reports_unkeyed_scopes_and_does_not_warn() {
             .unwrap();
         assert!(grpc.scope_digests_unkeyed(), "gRPC reports the same");
         assert!(!builder()
-            .scope_secret("s")
+            .scope_secret("a-deployment-secret")
             .build()
             .unwrap()
             .scope_digests_unkeyed());
@@ -77,7 +77,9 @@ fn a_secret_given_to_built_rules_keys_them_and_is_set_in_one_place() {
     assert!(!keyed.scope_digests_unkeyed());
     // The same secret again: nothing changes; another one: refused.
     let keyed = keyed.with_scope_secret("deployment-secret").unwrap();
-    let err = keyed.with_scope_secret("another").unwrap_err();
+    let err = keyed
+        .with_scope_secret("another-deployment-secret")
+        .unwrap_err();
     assert!(err.to_string().contains("one place"), "{err}");
     let err = builder()
         .build()

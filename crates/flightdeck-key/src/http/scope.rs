@@ -24,6 +24,12 @@ type ScopeWriter = dyn Fn(&Parts, &mut KeyEncoder) -> bool + Send + Sync;
 /// `Authorization` and `Cookie`, and mixed the secret in as a field.
 pub const SCOPE_ENCODING_VERSION: u8 = 2;
 
+/// The shortest scope secret accepted, in bytes: a shorter one (a word, a
+/// placeholder left in a deployment file) could be found by trying
+/// guesses against the digests it keys, which is what the secret is there
+/// to prevent. Use 32 random bytes or more.
+pub const MIN_SCOPE_SECRET_LEN: usize = 16;
+
 /// The `X-Api-Key` header.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -292,6 +298,8 @@ pub(crate) enum Secret {
     None,
     /// `scope_secret("")`: a mistake (an unset variable?), refused.
     Empty,
+    /// Shorter than [`MIN_SCOPE_SECRET_LEN`] (its length): refused.
+    Short(usize),
     Key([u8; 32]),
 }
 
@@ -301,6 +309,8 @@ impl Secret {
     pub(crate) fn new(secret: &[u8]) -> Self {
         if secret.is_empty() {
             Self::Empty
+        } else if secret.len() < MIN_SCOPE_SECRET_LEN {
+            Self::Short(secret.len())
         } else {
             Self::Key(blake3::derive_key(
                 "flightdeck-key 2 tenant scope digest key",
@@ -316,6 +326,15 @@ impl Secret {
                 "",
                 "is empty; give every node the same random secret (32 bytes or more)",
             )),
+            // The value is never shown.
+            Self::Short(n) => Err(KeyConfigError::new(
+                "scope secret",
+                "(not shown)",
+                format_args!(
+                    "is {n} bytes long, shorter than {MIN_SCOPE_SECRET_LEN}; give every node \
+                     the same random secret (32 bytes or more)"
+                ),
+            )),
             _ => Ok(()),
         }
     }
@@ -327,6 +346,7 @@ impl fmt::Debug for Secret {
         f.write_str(match self {
             Self::None => "None",
             Self::Empty => "Empty",
+            Self::Short(_) => "Short(..)",
             Self::Key(_) => "Key(..)",
         })
     }
