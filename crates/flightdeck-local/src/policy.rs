@@ -68,13 +68,18 @@ impl FlightPolicy {
     }
 
     /// Sets how long each caller waits for a shared result (`None`: no
-    /// limit; put a deadline elsewhere then).
+    /// limit; put a deadline elsewhere then). `Some(0)` fails every caller
+    /// that joins a flight at once with `WaitTimeout` (a warning says so
+    /// when the layer is built).
     pub const fn wait_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.wait_timeout = timeout;
         self
     }
 
-    /// Sets how long a running flight may be joined.
+    /// Sets how long a running flight may be joined. `0` means no caller
+    /// ever joins one (every caller runs its own work: the layer coalesces
+    /// nothing, and says so with a warning when it is built); for no limit,
+    /// give `Duration::MAX`.
     pub const fn flight_ttl(mut self, ttl: Duration) -> Self {
         self.flight_ttl = ttl;
         self
@@ -102,6 +107,41 @@ impl FlightPolicy {
     pub const fn max_waiters(mut self, n: usize) -> Self {
         self.max_waiters = n;
         self
+    }
+}
+
+impl FlightPolicy {
+    /// The settings under which the layer does nothing useful, each with
+    /// what it does instead: legal (each has a meaning, and a test may
+    /// want it), but a `0` read as "no limit" is an easy mistake, so
+    /// building a layer with one is never silent.
+    pub(crate) fn degenerate(&self) -> impl Iterator<Item = (&'static str, &'static str)> {
+        [
+            (
+                self.flight_ttl.is_zero(),
+                "flight_ttl",
+                "is 0: no caller ever joins a running flight, every caller runs its own \
+                 work (for no limit, give Duration::MAX)",
+            ),
+            (
+                self.wait_timeout.is_some_and(|t| t.is_zero()),
+                "wait_timeout",
+                "is Some(0): every caller that joins a flight fails at once with \
+                 WaitTimeout (for no limit, give None)",
+            ),
+            (
+                self.max_flights == 0,
+                "max_flights",
+                "is 0: every call is rejected with TooManyFlights",
+            ),
+            (
+                self.max_waiters == 0,
+                "max_waiters",
+                "is 0: every call is rejected with TooManyWaiters",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(on, setting, what)| on.then_some((setting, what)))
     }
 }
 
