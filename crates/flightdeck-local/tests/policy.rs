@@ -2,31 +2,20 @@
 //! limit") is legal, does what its documentation says, and is never
 //! silent: building a layer with one warns, naming the setting.
 
-use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use flightdeck_core::{BoxError, CloneShare, FlightKey, Shareable, StageName};
 use flightdeck_local::{Caller, FlightPolicy, LocalFlightLayer, LocalFlights};
 use tokio::time::sleep;
 
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+mod support;
+use support::LogBuffer;
 
 /// The warnings logged while `build` runs.
 fn warnings(build: impl FnOnce()) -> Vec<String> {
-    let buffer = Buffer::default();
+    let buffer = LogBuffer::default();
     let writer = buffer.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
@@ -34,7 +23,7 @@ fn warnings(build: impl FnOnce()) -> Vec<String> {
         .with_writer(move || writer.clone())
         .finish();
     tracing::subscriber::with_default(subscriber, build);
-    let out = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    let out = buffer.text();
     out.lines().map(str::to_owned).collect()
 }
 

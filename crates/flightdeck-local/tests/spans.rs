@@ -1,8 +1,6 @@
 //! The `flight` span: a leader's and a waiter's carry their role, stage and
 //! short digest; a replayed call has no flight, so no span.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flightdeck_core::{FlightKey, StageName};
@@ -10,22 +8,12 @@ use flightdeck_local::{FlightPolicy, LocalFlightLayer};
 use tower::{service_fn, Layer, ServiceExt};
 use tracing_subscriber::fmt::format::FmtSpan;
 
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+mod support;
+use support::LogBuffer;
 
 #[tokio::test(start_paused = true)]
 async fn leaders_and_waiters_have_a_flight_span_with_their_role() {
-    let buffer = Buffer::default();
+    let buffer = LogBuffer::default();
     let writer = buffer.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::DEBUG)
@@ -53,7 +41,7 @@ async fn leaders_and_waiters_have_a_flight_span_with_their_role() {
     // Replayed: no new span.
     assert_eq!(svc.clone().oneshot("q".to_owned()).await.unwrap(), "q");
 
-    let out = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    let out = buffer.text();
     let spans: Vec<&str> = out.lines().filter(|l| l.contains("flight{")).collect();
     assert_eq!(spans.len(), 2, "{out}");
     for role in ["leader", "waiter"] {
