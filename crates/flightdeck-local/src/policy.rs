@@ -115,7 +115,17 @@ impl FlightPolicy {
     /// what it does instead: legal (each has a meaning, and a test may
     /// want it), but a `0` read as "no limit" is an easy mistake, so
     /// building a layer with one is never silent.
-    pub(crate) fn degenerate(&self) -> impl Iterator<Item = (&'static str, &'static str)> {
+    /// Warns of each setting [`degenerate`](Self::degenerate) finds (out
+    /// of line: it runs once per layer).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn warn_if_degenerate(&self) {
+        for (setting, what) in self.degenerate() {
+            tracing::warn!(setting, "the local flight policy's {setting} {what}");
+        }
+    }
+
+    fn degenerate(&self) -> impl Iterator<Item = (&'static str, &'static str)> {
         [
             (
                 self.flight_ttl.is_zero(),

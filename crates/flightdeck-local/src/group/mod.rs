@@ -76,9 +76,7 @@ impl<V: Clone + Send + Sync + 'static> Group<V> {
     /// `time_work`: whether executions are timed here (see
     /// `StageMetrics::new`).
     pub(crate) fn new(policy: FlightPolicy, time_work: bool) -> Arc<Self> {
-        for (setting, what) in policy.degenerate() {
-            tracing::warn!(setting, "the local flight policy's {setting} {what}");
-        }
+        policy.warn_if_degenerate();
         let n = std::thread::available_parallelism()
             .map_or(4, |n| n.get())
             .saturating_mul(4)
