@@ -306,7 +306,7 @@ impl<Req: 'static, Sh: SharedForm> GenericSingleFlightLayerBuilder<DynReaders<Re
     }
 
     /// Reads each request's own deadline with `deadlines` (an
-    /// [`Inbound`](flightdeck_budget::Inbound) of the budget crate): a
+    /// [`Inbound`] of the budget crate): a
     /// caller never waits past it, and a request whose time is up reaches
     /// neither the work nor the backend.
     pub fn deadlines(mut self, deadlines: impl Inbound<Req> + Send + Sync + 'static) -> Self {
@@ -587,7 +587,7 @@ pub trait StageShare: SharedForm + Sized {
     /// Which outcomes a stage's stale copy answers for (`stale-if-error`)
     /// unless the builder was given a rule
     /// ([`stale_failures`](GenericSingleFlightLayerBuilder::stale_failures)):
-    /// [`ErrorFailures`](flightdeck_core::stale::ErrorFailures).
+    /// [`ErrorFailures`].
     fn failures() -> Arc<dyn Failures<Self::Shared>> {
         Arc::new(ErrorFailures)
     }

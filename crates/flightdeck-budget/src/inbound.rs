@@ -46,7 +46,7 @@ mod http_headers {
     /// `x-request-timeout` (or another header), takes the smaller, and
     /// attaches the [`Deadline`] to the request's extensions (where an outer
     /// `Deadline` is also honoured). The timeout counts from when the
-    /// request's head was read: from a [`Received`](flightdeck_core::Received)
+    /// request's head was read: from a [`Received`]
     /// in its extensions (the key layer puts one there when it waited for
     /// the body), else from now.
     ///

@@ -1,7 +1,7 @@
 //! Rejection errors of the bulkhead.
 //!
 //! A plain full bulkhead is flightdeck's
-//! [`BulkheadFull`](flightdeck_core::error::BulkheadFull). The two other
+//! [`BulkheadFull`]. The two other
 //! rejections carry a `BulkheadFull` as their `source()`, so
 //! `flightdeck_core::ErrorClass::of` maps all three to HTTP 429 / gRPC
 //! `RESOURCE_EXHAUSTED`, while callers can still tell them apart.

@@ -17,7 +17,7 @@ use crate::layer::DistributedFlightLayer;
 use crate::work::{Execute, Fence, Role};
 
 /// The service built by
-/// [`DistributedFlightLayer`](crate::DistributedFlightLayer).
+/// [`DistributedFlightLayer`].
 pub struct DistributedFlight<S, B, Sh, C, K, F, P> {
     pub(crate) inner: S,
     pub(crate) layer: DistributedFlightLayer<B, Sh, C, K, F, P>,

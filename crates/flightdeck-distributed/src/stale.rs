@@ -1,7 +1,8 @@
 //! Answering anyway across nodes: what a flight does with a result the
 //! store kept past its freshness ([`Acquired::Owner`] or
 //! [`Acquired::Follower`] with a stale result beside, [`Acquired::Stale`])
-//! under the stage's [`StaleWindows`], and early refreshes of fresh hits.
+//! under the stage's [`StaleWindows`](flightdeck_core::stale::StaleWindows),
+//! and early refreshes of fresh hits.
 //!
 //! The store grants one refresh per key across the deployment (the
 //! flight's lease) and throttles it after a failure; this module decides,

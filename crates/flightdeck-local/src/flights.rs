@@ -1,8 +1,8 @@
 //! L1 as a library: [`LocalFlights::run`] runs a piece of work once per key
 //! for all of its concurrent callers, like Go's `Group.Do` or moka's
-//! `try_get_with`, without a `Service` in sight. [`LocalFlightLayer`]
-//! (crate::LocalFlightLayer) is a thin `tower` shell around it, and the
-//! `flightdeck` facade calls it directly.
+//! `try_get_with`, without a `Service` in sight.
+//! [`LocalFlightLayer`](crate::LocalFlightLayer) is a thin `tower` shell
+//! around it, and the `flightdeck` facade calls it directly.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
