@@ -100,25 +100,19 @@ impl KeySettings {
         set
     }
 
-    /// The secret named by `scope-secret-env`, read now.
+    /// The secret named by `scope-secret-env`, read now and checked by the
+    /// key rules' own rule (never shown), the error naming the variable.
     #[cfg(feature = "http")]
     pub(crate) fn scope_secret(&self) -> Result<Option<String>, ConfigError> {
-        use flightdeck_key::http::MIN_SCOPE_SECRET_LEN;
         let Some(var) = &self.scope_secret_env else {
             return Ok(None);
         };
         let bad = |message: String| ConfigError::invalid(None, SCOPE_SECRET_ENV, message);
         match std::env::var(var) {
-            Ok(secret) if secret.is_empty() => Err(bad(format!(
-                "the variable {var} is empty; give every node the same random secret \
-                 (32 bytes or more)"
-            ))),
-            Ok(secret) if secret.len() < MIN_SCOPE_SECRET_LEN => Err(bad(format!(
-                "the variable {var} holds {} bytes, fewer than {MIN_SCOPE_SECRET_LEN}; give \
-                 every node the same random secret (32 bytes or more)",
-                secret.len()
-            ))),
-            Ok(secret) => Ok(Some(secret)),
+            Ok(secret) => match flightdeck_key::http::check_scope_secret(&secret) {
+                Ok(()) => Ok(Some(secret)),
+                Err(e) => Err(bad(format!("the variable {var}: {e}"))),
+            },
             Err(std::env::VarError::NotPresent) => Err(bad(format!(
                 "the variable {var} is not set; set it to the same random secret \
                  (32 bytes or more) on every node"

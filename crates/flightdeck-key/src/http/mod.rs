@@ -117,8 +117,8 @@ use http_body::Body;
 pub use self::body::KeyFuture;
 pub(crate) use self::scope::ScopeConfig;
 pub use self::scope::{
-    Scope, ScopeId, DEFAULT_CREDENTIAL_HEADERS, MIN_SCOPE_SECRET_LEN, SCOPE_ENCODING_VERSION,
-    X_API_KEY,
+    check_scope_secret, Scope, ScopeId, DEFAULT_CREDENTIAL_HEADERS, MIN_SCOPE_SECRET_LEN,
+    SCOPE_ENCODING_VERSION, X_API_KEY,
 };
 
 use self::body::{HeadEncoder, Plan};

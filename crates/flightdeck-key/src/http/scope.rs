@@ -30,6 +30,22 @@ pub const SCOPE_ENCODING_VERSION: u8 = 2;
 /// to prevent. Use 32 random bytes or more.
 pub const MIN_SCOPE_SECRET_LEN: usize = 16;
 
+/// Checks a scope secret as the key builders do (not empty, at least
+/// [`MIN_SCOPE_SECRET_LEN`] bytes), never showing it in the error: for a
+/// secret read somewhere else (an environment variable) and refused where
+/// it is read, so that the error can name where it came from.
+///
+/// ```
+/// use flightdeck_key::http::check_scope_secret;
+///
+/// assert!(check_scope_secret("a-random-secret-of-the-deployment").is_ok());
+/// let err = check_scope_secret("hunter2").unwrap_err();
+/// assert!(err.to_string().contains("7 bytes") && !err.to_string().contains("hunter2"));
+/// ```
+pub fn check_scope_secret(secret: impl AsRef<[u8]>) -> Result<(), KeyConfigError> {
+    Secret::new(secret.as_ref()).check()
+}
+
 /// The `X-Api-Key` header.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
