@@ -111,23 +111,15 @@ impl FlightPolicy {
 }
 
 impl FlightPolicy {
-    /// Warns of each setting [`degenerate`](Self::degenerate) finds (out
-    /// of line and cold: it runs once per layer, and inline it moved the
-    /// codegen of the request path).
+    /// Warns of each setting under which the layer does nothing useful,
+    /// with what it does instead: legal (each has a meaning, and a test
+    /// may want it), but a `0` read as "no limit" is an easy mistake, so
+    /// building a layer with one is never silent. Out of line and cold: it
+    /// runs once per layer, and inline it moved the request path's codegen.
     #[cold]
     #[inline(never)]
     pub(crate) fn warn_if_degenerate(&self) {
-        for (setting, what) in self.degenerate() {
-            tracing::warn!(setting, "the local flight policy's {setting} {what}");
-        }
-    }
-
-    /// The settings under which the layer does nothing useful, each with
-    /// what it does instead: legal (each has a meaning, and a test may
-    /// want it), but a `0` read as "no limit" is an easy mistake, so
-    /// building a layer with one is never silent.
-    fn degenerate(&self) -> impl Iterator<Item = (&'static str, &'static str)> {
-        [
+        let degenerate = [
             (
                 self.flight_ttl.is_zero(),
                 "flight_ttl",
@@ -150,9 +142,10 @@ impl FlightPolicy {
                 "max_waiters",
                 "is 0: every call is rejected with TooManyWaiters",
             ),
-        ]
-        .into_iter()
-        .filter_map(|(on, setting, what)| on.then_some((setting, what)))
+        ];
+        for (_, setting, what) in degenerate.into_iter().filter(|(on, ..)| *on) {
+            tracing::warn!(setting, "the local flight policy's {setting} {what}");
+        }
     }
 }
 

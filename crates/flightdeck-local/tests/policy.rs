@@ -16,11 +16,10 @@ use support::LogBuffer;
 /// The warnings logged while `build` runs.
 fn warnings(build: impl FnOnce()) -> Vec<String> {
     let buffer = LogBuffer::default();
-    let writer = buffer.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
         .with_ansi(false)
-        .with_writer(move || writer.clone())
+        .with_writer(buffer.clone())
         .finish();
     tracing::subscriber::with_default(subscriber, build);
     let out = buffer.text();

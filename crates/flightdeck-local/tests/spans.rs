@@ -14,12 +14,11 @@ use support::LogBuffer;
 #[tokio::test(start_paused = true)]
 async fn leaders_and_waiters_have_a_flight_span_with_their_role() {
     let buffer = LogBuffer::default();
-    let writer = buffer.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::DEBUG)
         .with_span_events(FmtSpan::NEW)
         .with_ansi(false)
-        .with_writer(move || writer.clone())
+        .with_writer(buffer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 

@@ -25,6 +25,15 @@ impl LogBuffer {
     }
 }
 
+/// Given to `with_writer` as it is: every event writes to the same buffer.
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}
+
 impl Write for LogBuffer {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(buf);
