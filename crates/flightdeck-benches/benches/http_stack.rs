@@ -18,14 +18,22 @@
 //!   what an ACQUIRE and a COMMIT of a fresh key ask of Redis (read the
 //!   flight record, the server's clock, write the lease, the result, set
 //!   the record's life) without the protocol's decisions: the two round
-//!   trips with Redis's own work for them, on a key per request.
+//!   trips with Redis's own work for them, on a key per request;
+//! - `bare 1ms`, `local 1ms`, `hybrid 1ms`: the realistic case, an app
+//!   whose handler's work is pending at its first poll and takes a
+//!   millisecond (a timer of 1 ms: 1–2 ms with tokio's millisecond
+//!   wheel), as a database load or a call to another service does; bare,
+//!   LOCAL_ONLY and HYBRID over the same Redis. The handler counts its
+//!   runs: what the layer spares the work.
 //!
 //! Printed: req/s per row and round; the median over rounds of
-//! LOCAL/bare, HYBRID/floor, HYBRID/store floor and degraded/LOCAL; and
-//! per row the CPU time per request of this process (the server:
-//! `getrusage`) and of the Redis server the HYBRID and floor rows share
-//! (`INFO cpu`), which on a machine that runs the server, Redis and wrk
-//! on the same cores is what the rows' throughput divides.
+//! LOCAL/bare, HYBRID/floor, HYBRID/store floor and degraded/LOCAL, and of
+//! LOCAL/bare and HYBRID/bare with the millisecond of work; per row the
+//! CPU time per request of this process (the server: `getrusage`) and of
+//! the Redis server the HYBRID and floor rows share (`INFO cpu`), which
+//! on a machine that runs the server, Redis and wrk on the same cores is
+//! what the rows' throughput divides; and for the rows with work, how
+//! often the handler ran per request answered.
 //!
 //! ```text
 //! scripts/http-bench                       # installs wrk if missing
@@ -51,6 +59,8 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -117,6 +127,32 @@ async fn answer(Path(id): Path<String>) -> String {
 /// The app: `GET /item/{id}` answers its id at once.
 fn app() -> Router {
     Router::new().route(ROUTE, get(answer))
+}
+
+/// How often a [`slow_app`]'s handler ran.
+#[derive(Clone, Default)]
+struct Runs(Arc<AtomicU64>);
+
+impl Runs {
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The realistic case's handler: its work is pending at the first poll and
+/// takes a millisecond (1–2 ms: tokio's timer counts whole milliseconds).
+async fn slow_answer(State(runs): State<Runs>, Path(id): Path<String>) -> String {
+    runs.0.fetch_add(1, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    id
+}
+
+/// The app of the realistic rows: `GET /item/{id}` answers its id after a
+/// millisecond of work, counted in `runs`.
+fn slow_app(runs: Runs) -> Router {
+    Router::new()
+        .route(ROUTE, get(slow_answer))
+        .with_state(runs)
 }
 
 #[derive(Clone)]
@@ -431,21 +467,14 @@ async fn over_wrk() {
     let redis = RedisServer::start().expect("redis-server");
     let mut down = RedisServer::start().expect("redis-server");
 
+    // A HYBRID layer over the Redis at `url`.
+    let over = |name: &'static str, url: String| async move {
+        let b = backend(url, Duration::from_millis(200)).await;
+        layer(Mode::Hybrid, Some((name, RedisOrMemory::Redis(b))))
+    };
     let local = layer(Mode::LocalOnly, None);
-    let hybrid = layer(
-        Mode::Hybrid,
-        Some((
-            "redis",
-            RedisOrMemory::Redis(backend(redis.url(), Duration::from_millis(200)).await),
-        )),
-    );
-    let degraded = layer(
-        Mode::Hybrid,
-        Some((
-            "down",
-            RedisOrMemory::Redis(backend(down.url(), Duration::from_millis(200)).await),
-        )),
-    );
+    let hybrid = over("redis", redis.url()).await;
+    let degraded = over("down", down.url()).await;
     let client = floor_client(&redis.url()).await;
     let sha = load_floor(&client).await;
     down.kill();
@@ -453,7 +482,10 @@ async fn over_wrk() {
     open_breaker(&degraded_app, &degraded).await;
 
     let store_floor = StoreFloor::new(client.clone()).await.router();
-    let rows: [(&str, SocketAddr); 6] = [
+    let runs: [Runs; 3] = Default::default();
+    let slow_local = layer(Mode::LocalOnly, None);
+    let slow_hybrid = over("redis", redis.url()).await;
+    let rows: [(&str, SocketAddr); 9] = [
         ("bare", serve(app()).await),
         ("local", serve(app().layer(local)).await),
         ("hybrid", serve(app().layer(hybrid)).await),
@@ -467,7 +499,18 @@ async fn over_wrk() {
             .await,
         ),
         ("store floor", serve(store_floor).await),
+        ("bare 1ms", serve(slow_app(runs[0].clone())).await),
+        (
+            "local 1ms",
+            serve(slow_app(runs[1].clone()).layer(slow_local)).await,
+        ),
+        (
+            "hybrid 1ms",
+            serve(slow_app(runs[2].clone()).layer(slow_hybrid.clone())).await,
+        ),
     ];
+    // Rows 6, 7, 8: the app with a millisecond of work.
+    let slow = |i: usize| i.checked_sub(6).map(|j| &runs[j]);
     if std::env::var_os("HTTP_SERVE").is_some() {
         // Serve the rows until killed, for a profiler or a tracer driven
         // from outside (`perf stat -p`, `strace -c -p`, wrk by hand).
@@ -481,7 +524,7 @@ async fn over_wrk() {
     std::fs::write(&script, UNIQUE_LUA).expect("write wrk script");
     println!(
         "wrk -t2 -c32, {secs} s per row, {rounds} rounds, rows alternating; req/s (every row is the same \
-         axum app; the handler answers at once)"
+         axum app; its handler answers at once, or after 1 ms of work in the rows so named)"
     );
     let mut run = 0u64;
     for unique in [true, false] {
@@ -490,6 +533,8 @@ async fn over_wrk() {
         // CPU per request (µs), of this process (the server) and of the
         // Redis server that the HYBRID and floor rows use.
         let mut cpu = vec![(Vec::new(), Vec::new()); rows.len()];
+        // Handler runs per request answered, in the rows with work.
+        let mut ran = vec![Vec::new(); rows.len()];
         for r in 0..rounds {
             let order: Vec<usize> = if r % 2 == 0 {
                 (0..rows.len()).collect()
@@ -499,11 +544,17 @@ async fn over_wrk() {
             for i in order {
                 run += 1;
                 let (own, theirs) = (cpu_time(), redis_cpu(&client).await);
+                let runs_before = slow(i).map(Runs::get);
                 let (v, requests) =
                     tokio::task::block_in_place(|| wrk(rows[i].1, unique, run, secs, &script));
                 let per = |d: Duration| d.as_secs_f64() * 1e6 / requests;
                 cpu[i].0.push(per(cpu_time() - own));
                 cpu[i].1.push(per(redis_cpu(&client).await - theirs));
+                if let (Some(r), Some(before)) = (slow(i), runs_before) {
+                    // wrk's count leaves out the requests still open when
+                    // it stops (at most one per connection).
+                    ran[i].push((r.get() - before) as f64 / requests);
+                }
                 rps[i].push(v);
             }
             let line: Vec<String> = rows
@@ -529,6 +580,15 @@ async fn over_wrk() {
         show("HYBRID / store floor", ratio(2, 5));
         show("degraded / LOCAL_ONLY", ratio(3, 1));
         show("HYBRID / LOCAL_ONLY", ratio(2, 1));
+        show("LOCAL_ONLY / bare, 1 ms of work", ratio(7, 6));
+        show("HYBRID / bare, 1 ms of work", ratio(8, 6));
+        let each: Vec<String> = (6..rows.len())
+            .map(|i| format!("{} {:.3}", rows[i].0, median(ran[i].clone())))
+            .collect();
+        println!(
+            "{kind}: handler runs per request answered (medians): {}",
+            each.join(", ")
+        );
         let each: Vec<String> = rows
             .iter()
             .zip(&cpu)
@@ -548,6 +608,10 @@ async fn over_wrk() {
     assert!(
         degraded.stage(STAGE).expect("stage").is_degraded(),
         "still degraded"
+    );
+    assert!(
+        !slow_hybrid.stage(STAGE).expect("stage").is_degraded(),
+        "the HYBRID row with work ran over Redis"
     );
     let _ = std::fs::remove_file(&script);
 }
