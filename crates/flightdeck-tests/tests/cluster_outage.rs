@@ -541,7 +541,7 @@ async fn a_live_reshard_counts_no_protocol_error_and_gives_no_wrong_value() {
     // most a 600 ms lease allows), not `fast`'s 250: on a loaded machine
     // (CI runs this beside other tests, each with its own cluster) the
     // redirects' round trips and the retries' last attempt took more than
-    // 250 ms at times, and the stage cut 1 or 2 calls of 616 off.
+    // 250 ms at times.
     let mut cfg = fast(Mode::Hybrid);
     cfg.coordination_timeout = Duration::from_millis(500);
     let f = Fixture::start_with(stage, cfg, Duration::from_secs(1), 2).await;
