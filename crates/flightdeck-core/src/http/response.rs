@@ -60,6 +60,20 @@ impl LeaderCookies {
         let trailers = trailers.map(drain).unwrap_or_default();
         (!head.is_empty() || !trailers.is_empty()).then_some(Self { head, trailers })
     }
+
+    /// Puts the values back into a copy of the response's head and
+    /// trailers: the leader's own response.
+    fn put_back(&self, headers: &mut HeaderMap, trailers: &mut Option<HeaderMap>) {
+        for v in &self.head {
+            headers.append(SET_COOKIE, v.clone());
+        }
+        if !self.trailers.is_empty() {
+            let t = trailers.get_or_insert_with(HeaderMap::new);
+            for v in &self.trailers {
+                t.append(SET_COOKIE, v.clone());
+            }
+        }
+    }
 }
 
 /// A response in shared form: head, body bytes, trailers, and what it
@@ -272,22 +286,19 @@ impl SharedResponse {
                 .to_leader_response()
             }
         };
-        let trailers = trailers.map(|t| Arc::try_unwrap(t).unwrap_or_else(|t| (*t).clone()));
-        let (headers, trailers) = with_cookies(
-            std::mem::take(&mut head.headers),
-            trailers,
-            leader_cookies.as_deref(),
-        );
-        head.headers = headers;
+        let mut trailers = trailers.map(|t| Arc::try_unwrap(t).unwrap_or_else(|t| (*t).clone()));
+        if let Some(cookies) = leader_cookies.as_deref() {
+            cookies.put_back(&mut head.headers, &mut trailers);
+        }
         Response::from_parts(head, FlightBody::replay(body, trailers))
     }
 
     pub(crate) fn build<B>(&self, cookies: Option<&LeaderCookies>) -> Response<FlightBody<B>> {
-        let (headers, trailers) = with_cookies(
-            self.head.headers.clone(),
-            self.trailers.as_deref().cloned(),
-            cookies,
-        );
+        let mut headers = self.head.headers.clone();
+        let mut trailers = self.trailers.as_deref().cloned();
+        if let Some(cookies) = cookies {
+            cookies.put_back(&mut headers, &mut trailers);
+        }
         let mut resp = Response::new(FlightBody::replay(self.body.clone(), trailers));
         *resp.status_mut() = self.head.status;
         *resp.version_mut() = self.head.version;
@@ -295,27 +306,6 @@ impl SharedResponse {
         *resp.extensions_mut() = self.head.extensions.clone();
         resp
     }
-}
-
-/// The headers and trailers of a response with the leader's own cookies
-/// (if any) put back.
-fn with_cookies(
-    mut headers: HeaderMap,
-    mut trailers: Option<HeaderMap>,
-    cookies: Option<&LeaderCookies>,
-) -> (HeaderMap, Option<HeaderMap>) {
-    if let Some(c) = cookies {
-        for v in &c.head {
-            headers.append(SET_COOKIE, v.clone());
-        }
-        if !c.trailers.is_empty() {
-            let t = trailers.get_or_insert_with(HeaderMap::new);
-            for v in &c.trailers {
-                t.append(SET_COOKIE, v.clone());
-            }
-        }
-    }
-    (headers, trailers)
 }
 
 impl fmt::Debug for SharedResponse {
