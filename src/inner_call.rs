@@ -95,9 +95,12 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
                 kept.begin_fallback(&key, down);
                 NoteFallback { key, kept, down }
             });
+            // The stage's control lent, not shared: this future holds the
+            // stage, and a count on it would be one more atomic write to a
+            // line every request's core takes in turn.
             let timed = Timed {
                 inner: self.inner,
-                ctl: Arc::clone(&self.stage.ctl),
+                ctl: &self.stage.ctl,
                 path,
             };
             let bulkhead = self.stage.bulkhead.layer(timed);
@@ -235,29 +238,20 @@ where
 
 /// The inner service, counted and timed when the bulkhead lets a call
 /// through (a rejected call is not an execution).
-pub(crate) struct Timed<S> {
+#[derive(Clone)]
+pub(crate) struct Timed<'a, S> {
     pub(crate) inner: S,
-    pub(crate) ctl: Arc<Control>,
+    pub(crate) ctl: &'a Control,
     pub(crate) path: Path,
 }
 
-impl<S: Clone> Clone for Timed<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            ctl: Arc::clone(&self.ctl),
-            path: self.path,
-        }
-    }
-}
-
-impl<S, Req> Service<Req> for Timed<S>
+impl<'a, S, Req> Service<Req> for Timed<'a, S>
 where
     S: Service<Req>,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = TimedFuture<S::Future>;
+    type Future = TimedFuture<'a, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -273,7 +267,7 @@ where
         let timed = self.ctl.count_execution(self.path);
         TimedFuture {
             fut: self.inner.call(req),
-            timed: timed.then(|| (Arc::clone(&self.ctl), Instant::now())),
+            timed: timed.then(|| (self.ctl, Instant::now())),
         }
     }
 }
@@ -281,14 +275,14 @@ where
 pin_project! {
     /// Records the execution's duration when it ends (when its start was
     /// read: a recorder records durations).
-    pub(crate) struct TimedFuture<F> {
+    pub(crate) struct TimedFuture<'a, F> {
         #[pin]
         fut: F,
-        timed: Option<(Arc<Control>, Instant)>,
+        timed: Option<(&'a Control, Instant)>,
     }
 }
 
-impl<F: Future> Future for TimedFuture<F> {
+impl<F: Future> Future for TimedFuture<'_, F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
