@@ -54,7 +54,11 @@
 //! `Router` (its routes made once, as `axum::serve` makes them; no
 //! socket), each response body read to its end, on one
 //! thread: what `scripts/http-instructions` counts under callgrind (the
-//! client's side only: Redis is another process).
+//! client's side only: Redis is another process). With `HTTP_THREADS=<k>`
+//! too (the rows without Redis), the requests are split among `k` tasks on
+//! `k` worker threads and it prints requests per second of wall time;
+//! `HTTP_LAYER_PER_THREAD=1` gives each task an app and a layer of its own
+//! (what `scripts/http-threads` compares).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -279,13 +283,10 @@ async fn open_breaker(router: &Router, layer: &SingleFlightLayer) {
     );
 }
 
-/// `HTTP_ROW`: `n` requests in process (see the module docs).
-async fn in_process(row: &str, n: u64) {
-    // The rows over Redis keep their server (and the layer, to wait for
-    // its owners' commits) until the last request's work is done.
-    let mut redis = None;
-    let mut hybrid = None;
-    let (router, hot) = match row {
+/// The rows that need no Redis: the app, and whether its requests share
+/// one key. `None` for another row.
+fn memory_row(row: &str) -> Option<(Router, bool)> {
+    Some(match row {
         "bare" => (app(), false),
         "bare-hot" => (app(), true),
         "local" | "local-hot" => (
@@ -316,7 +317,19 @@ async fn in_process(row: &str, n: u64) {
             assert!(handle.is_degraded());
             (app().layer(l), row == "degraded-hot")
         }
-        "hybrid" | "floor" | "store-floor" => {
+        _ => return None,
+    })
+}
+
+/// `HTTP_ROW`: `n` requests in process (see the module docs).
+async fn in_process(row: &str, n: u64) {
+    // The rows over Redis keep their server (and the layer, to wait for
+    // its owners' commits) until the last request's work is done.
+    let mut redis = None;
+    let mut hybrid = None;
+    let (router, hot) = match (memory_row(row), row) {
+        (Some(made), _) => made,
+        (None, "hybrid" | "floor" | "store-floor") => {
             let server = RedisServer::start().expect("redis-server");
             let url = server.url();
             redis = Some(server);
@@ -344,7 +357,7 @@ async fn in_process(row: &str, n: u64) {
                 (app().layer(l), false)
             }
         }
-        other => {
+        (None, other) => {
             eprintln!(
                 "no row {other:?}: bare, bare-hot, local, local-hot, local-bypass, \
                  local-bypass-hot, degraded, degraded-hot, hybrid, floor, store-floor"
@@ -358,13 +371,7 @@ async fn in_process(row: &str, n: u64) {
     let router: Router = router.with_state(());
     let mut path = String::with_capacity(32);
     for i in 0..n {
-        path.clear();
-        path.push_str("/item/");
-        if hot {
-            path.push_str("hot");
-        } else {
-            path.push_str(&i.to_string());
-        }
+        item(&mut path, hot, i);
         once(&mut router.clone(), &path).await;
     }
     if let Some(l) = hybrid {
@@ -375,6 +382,57 @@ async fn in_process(row: &str, n: u64) {
         assert!(!l.stage(STAGE).expect("stage").is_degraded(), "Redis up");
     }
     drop(redis);
+}
+
+/// Writes request `i`'s path into `path`: its own key, or the hot one.
+fn item(path: &mut String, hot: bool, i: u64) {
+    path.clear();
+    path.push_str("/item/");
+    if hot {
+        path.push_str("hot");
+    } else {
+        path.push_str(&i.to_string());
+    }
+}
+
+/// `HTTP_THREADS`: the row's `n` requests split among `threads` tasks on
+/// as many worker threads, each task's requests one after another, in
+/// process (no socket, no load generator on the cores): requests per
+/// second of wall time. Everything a request touches that other requests
+/// touch too (a reference count, a lock, a counter) moves between the
+/// cores here, which callgrind's counts do not show. With
+/// `HTTP_LAYER_PER_THREAD=1` each task builds its own app and layer, so
+/// that nothing of the layer is shared: the difference is what sharing
+/// one costs.
+async fn in_threads(row: &str, n: u64, threads: u64, per_thread: bool) {
+    let Some((router, hot)) = memory_row(row) else {
+        eprintln!("no row {row:?} with HTTP_THREADS: the rows without Redis only");
+        std::process::exit(2);
+    };
+    let router: Router = router.with_state(());
+    let mut routers = vec![router.clone()];
+    for _ in 1..threads {
+        routers.push(match memory_row(row).filter(|_| per_thread) {
+            Some((own, _)) => own.with_state(()),
+            None => router.clone(),
+        });
+    }
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for (t, router) in (0u64..).zip(routers) {
+        tasks.push(tokio::spawn(async move {
+            let mut path = String::with_capacity(32);
+            for i in 0..n / threads {
+                item(&mut path, hot, t * n + i);
+                once(&mut router.clone(), &path).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let per_sec = (n / threads * threads) as f64 / started.elapsed().as_secs_f64();
+    println!("{row} threads={threads} per_thread={per_thread} {per_sec:.0} req/s");
 }
 
 /// wrk's request script for unique keys: every request a new path, per
@@ -633,6 +691,17 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn main() {
     if let Ok(row) = std::env::var("HTTP_ROW") {
         let n: u64 = env("HTTP_ITERS", 10_000);
+        let threads: u64 = env("HTTP_THREADS", 0);
+        if threads > 0 {
+            let per_thread = env("HTTP_LAYER_PER_THREAD", 0) == 1;
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads as usize)
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(in_threads(&row, n, threads, per_thread));
+            return;
+        }
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
