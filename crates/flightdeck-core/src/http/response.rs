@@ -61,8 +61,8 @@ impl LeaderCookies {
         (!head.is_empty() || !trailers.is_empty()).then_some(Self { head, trailers })
     }
 
-    /// Puts the values back into a copy of the response's head and
-    /// trailers: the leader's own response.
+    /// Puts the values back into the headers and trailers of the
+    /// response that goes to the leader.
     fn put_back(&self, headers: &mut HeaderMap, trailers: &mut Option<HeaderMap>) {
         for v in &self.head {
             headers.append(SET_COOKIE, v.clone());
