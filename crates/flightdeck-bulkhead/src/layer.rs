@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use crate::service::Bulkhead;
-use crate::shared::{BulkheadConfig, BulkheadHandle, Shared};
+use crate::shared::{BulkheadConfig, BulkheadHandle, Shared, Slot};
 
 /// Limits concurrent calls through the services it builds. The counters,
 /// queue and rate limiter are created here, behind an `Arc`, and shared by
@@ -37,6 +37,31 @@ impl BulkheadLayer {
     /// The shared handle (switch the degraded limit, read the load).
     pub fn handle(&self) -> BulkheadHandle {
         self.handle.clone()
+    }
+
+    /// A slot now, lent for as long as the returned guard lives, on the
+    /// bulkhead's fast path only: `None` when no slot is free, when calls
+    /// queue for one, or when a rate limit applies. Then call through the
+    /// service ([`Bulkhead`]), which queues, rate-limits or rejects, and
+    /// counts the rejection; `None` here counts nothing.
+    ///
+    /// For code that holds the layer while its call runs (as tokio's
+    /// `Semaphore::try_acquire` lends a permit): a service's slot holds a
+    /// count on the bulkhead's shared state, this one borrows it.
+    ///
+    /// ```
+    /// use flightdeck_bulkhead::BulkheadLayer;
+    ///
+    /// let bulkhead = BulkheadLayer::new(1);
+    /// let slot = bulkhead.try_slot().expect("one slot free");
+    /// assert!(bulkhead.try_slot().is_none());
+    /// assert_eq!(bulkhead.handle().active(), 1);
+    /// drop(slot);
+    /// assert_eq!(bulkhead.handle().active(), 0);
+    /// ```
+    #[inline]
+    pub fn try_slot(&self) -> Option<Slot<'_>> {
+        Slot::try_take(&self.handle.shared)
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {

@@ -63,7 +63,7 @@ pub use error::{QueueTimeout, RateLimited};
 pub use future::ResponseFuture;
 pub use layer::BulkheadLayer;
 pub use service::Bulkhead;
-pub use shared::{BulkheadConfig, BulkheadHandle};
+pub use shared::{BulkheadConfig, BulkheadHandle, Slot};
 
 /// Metric names recorded by the bulkhead (label `stage`).
 ///

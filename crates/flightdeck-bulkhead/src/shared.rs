@@ -341,6 +341,41 @@ impl Drop for QueuePlace {
     }
 }
 
+/// A slot of a bulkhead lent by [`BulkheadLayer::try_slot`](crate::BulkheadLayer::try_slot):
+/// given back when dropped. It borrows the bulkhead rather than sharing
+/// it, as tokio's `SemaphorePermit` borrows its semaphore: no count on the
+/// bulkhead's state to take and give back.
+pub struct Slot<'a> {
+    shared: &'a Arc<Shared>,
+}
+
+impl<'a> Slot<'a> {
+    /// A slot now, if one is free, nobody queues for it and no rate limit
+    /// applies (see [`BulkheadLayer::try_slot`](crate::BulkheadLayer::try_slot)).
+    #[inline]
+    pub(crate) fn try_take(shared: &'a Arc<Shared>) -> Option<Self> {
+        // Built only once the slot is taken: a `Slot` dropped gives one back.
+        if !shared.rated.load(Ordering::Relaxed) && shared.slots.try_take() {
+            Some(Self { shared })
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.shared.release();
+    }
+}
+
+impl fmt::Debug for Slot<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Slot").finish_non_exhaustive()
+    }
+}
+
 /// One slot of the bulkhead, released when dropped.
 pub(crate) struct Permit {
     shared: Option<Arc<Shared>>,

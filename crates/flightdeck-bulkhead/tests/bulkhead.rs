@@ -591,3 +591,47 @@ async fn a_new_call_does_not_overtake_the_queue() {
     assert_eq!(*started.lock().unwrap(), [1, 2, 3]);
     third.abort();
 }
+
+/// A lent slot counts as a running call against the service's callers,
+/// and the fast path lends none where the service would queue, limit the
+/// rate or wait: a queued call keeps its turn, a rate limit its budget.
+#[tokio::test(start_paused = true)]
+async fn a_lent_slot_holds_its_place_and_gives_way_to_the_queue_and_the_rates() {
+    let layer = BulkheadLayer::from_config(
+        BulkheadConfig::new(1)
+            .queue(1, Duration::from_secs(1))
+            .degraded_limit(1)
+            .degraded_rate_limit(NonZeroU32::new(10).unwrap(), NonZeroU32::new(1).unwrap()),
+    );
+    let probe = Probe::default();
+    let svc = probe.behind(&layer);
+    let slot = layer.try_slot().expect("the one slot is free");
+    assert_eq!(layer.handle().active(), 1);
+    // Asked again while full (and again): the slot lent stays lent.
+    assert!(layer.try_slot().is_none(), "full: no second slot");
+    assert!(layer.try_slot().is_none(), "full: no second slot");
+    assert_eq!(layer.handle().active(), 1);
+    // A call through the service queues behind the lent slot, and the
+    // fast path does not overtake it once the slot is back.
+    let queued = tokio::spawn(svc.clone().oneshot(5));
+    tokio::task::yield_now().await;
+    assert_eq!(layer.handle().queued(), 1);
+    drop(slot);
+    assert!(
+        layer.try_slot().is_none(),
+        "the freed slot is the queued call's"
+    );
+    queued.await.unwrap().unwrap();
+    assert_eq!((layer.handle().active(), layer.handle().queued()), (0, 0));
+    // A rate limit that applies (the degraded one, while degraded): the
+    // fast path lends nothing; the service's own admission decides.
+    layer.handle().set_degraded(true);
+    assert!(layer.try_slot().is_none(), "a rate limit applies");
+    svc.clone().oneshot(1).await.unwrap();
+    let err = svc.clone().oneshot(1).await.unwrap_err();
+    assert!(err.is::<RateLimited>());
+    layer.handle().set_degraded(false);
+    let slot = layer.try_slot().expect("no rate limit applies again");
+    drop(slot);
+    assert_eq!(layer.handle().active(), 0);
+}
