@@ -98,35 +98,45 @@ impl<S, R, Sh: flightdeck_core::SharedForm> InnerCall<S, R, Sh> {
             // The stage's control lent, not shared: this future holds the
             // stage, and a count on it would be one more atomic write to a
             // line every request's core takes in turn.
-            let timed = Timed {
+            let mut timed = Timed {
                 inner: self.inner,
                 ctl: &self.stage.ctl,
                 path,
             };
-            let bulkhead = self.stage.bulkhead.layer(timed);
             let degraded = self
                 .flight
                 .is_some_and(|f| self.stage.ctl.in_degraded_shard(&f));
-            // The degraded lane's call is boxed: the common path's future does
-            // not grow by it.
             let resp = if degraded {
-                let call = Box::pin(self.stage.lane.layer(bulkhead).oneshot(req));
+                // The degraded lane's call is boxed: the common path's future
+                // does not grow by it.
+                let call = Box::pin(
+                    self.stage
+                        .lane
+                        .layer(self.stage.bulkhead.layer(timed))
+                        .oneshot(req),
+                );
                 match self.bound {
                     None => call.await?,
                     Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
                 }
             } else {
-                match self.bound {
-                    None => {
-                        // Readied and called here rather than through `oneshot`:
-                        // the bulkhead's `call` is inlined into this future.
-                        let mut bulkhead = bulkhead;
-                        poll_fn(|cx| bulkhead.poll_ready(cx)).await?;
-                        bulkhead.call(req).await?
-                    }
-                    Some(bound) => timeout(bound, bulkhead.oneshot(req))
+                let call = async {
+                    poll_fn(|cx| timed.poll_ready(cx))
                         .await
-                        .map_err(|_| out_of_time())??,
+                        .map_err(Into::into)?;
+                    // The slot lent by the stage's bulkhead, which this future
+                    // holds, as the control above: a service of the bulkhead
+                    // and its permit would each take a count on its state.
+                    // The service is built only when the fast path says no
+                    // (full, a queue, a rate limit), to queue, limit or reject.
+                    match self.stage.bulkhead.try_slot() {
+                        Some(_slot) => timed.call(req).await.map_err(Into::into),
+                        None => Box::pin(self.stage.bulkhead.layer(timed).oneshot(req)).await,
+                    }
+                };
+                match self.bound {
+                    None => call.await?,
+                    Some(bound) => timeout(bound, call).await.map_err(|_| out_of_time())??,
                 }
             };
             let out = match self.share.share(resp).await? {
