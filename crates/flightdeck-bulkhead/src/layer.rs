@@ -61,7 +61,7 @@ impl BulkheadLayer {
     /// ```
     #[inline]
     pub fn try_slot(&self) -> Option<Slot<'_>> {
-        Slot::try_take(&self.handle.shared)
+        Slot::try_take(self.shared())
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {

@@ -227,13 +227,18 @@ impl Shared {
             .then(|| Permit::armed(Arc::clone(self)))
     }
 
+    /// The fast path's rule: a slot taken now, when no rate limit applies
+    /// (one is checked only by `admit`) and nobody queues for it. The
+    /// service's permit and the lent [`Slot`] both take theirs here.
+    #[inline]
+    fn take_fast(&self) -> bool {
+        !self.rated.load(Ordering::Relaxed) && self.slots.try_take()
+    }
+
     /// The fast path: a slot now, with no rate limit to check.
     #[inline]
     pub(crate) fn try_admit(self: &Arc<Self>) -> Option<Permit> {
-        if self.rated.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.try_take()
+        self.take_fast().then(|| Permit::armed(Arc::clone(self)))
     }
 
     /// Admits a call now, queues it, or says why not.
@@ -355,7 +360,7 @@ impl<'a> Slot<'a> {
     #[inline]
     pub(crate) fn try_take(shared: &'a Arc<Shared>) -> Option<Self> {
         // Built only once the slot is taken: a `Slot` dropped gives one back.
-        if !shared.rated.load(Ordering::Relaxed) && shared.slots.try_take() {
+        if shared.take_fast() {
             Some(Self { shared })
         } else {
             None
